@@ -1,0 +1,12 @@
+//! Compiles `proto/gpuctl.proto` with a vendored protoc, so no system protoc is needed.
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let protoc = protoc_bin_vendored::protoc_bin_path()?;
+    // SAFETY: build scripts are single-threaded.
+    unsafe { std::env::set_var("PROTOC", protoc) };
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .compile_protos(&["proto/gpuctl.proto"], &["proto"])?;
+    println!("cargo:rerun-if-changed=proto/gpuctl.proto");
+    Ok(())
+}
