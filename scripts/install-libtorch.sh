@@ -30,11 +30,22 @@ else
   echo "unpacking libtorch into $SP"
   # Only what a CPU build and a CPU run need: the CUDA libraries of the wheel
   # are a gigabyte and GPU hosts bring their own (see docs/operations.md).
-  unzip -q -o "$CACHE"/wheels/torch-$TORCH_VERSION-*.whl \
-    'torch/lib/libtorch_cpu.so' 'torch/lib/libc10.so' 'torch/lib/libgomp.so.1' \
-    'torch/lib/libtorch.so' 'torch/include/*' 'torch/version.py' -d "$SP"
-  unzip -q -o "$CACHE"/wheels/nvidia_cuda_runtime-$CUDART_VERSION-*.whl 'nvidia/cu13/lib/libcudart.so.13' -d "$SP"
-  unzip -q -o "$CACHE"/wheels/nvidia_cuda_cupti-$CUPTI_VERSION-*.whl 'nvidia/cu13/lib/libcupti.so.13' -d "$SP"
+  # Python's zipfile rather than unzip(1), which a bare CI image may lack.
+  "$PY" - "$CACHE/wheels" "$SP" "$TORCH_VERSION" "$CUDART_VERSION" "$CUPTI_VERSION" <<'PYEOF'
+import glob, sys, zipfile
+wheels, sp, tv, rv, cv = sys.argv[1:]
+def extract(pattern, want):
+    path = glob.glob(f"{wheels}/{pattern}")[0]
+    with zipfile.ZipFile(path) as z:
+        names = [n for n in z.namelist() if want(n)]
+        for n in names:
+            z.extract(n, sp)
+        print(f"  {len(names)} files from {path.rsplit('/', 1)[-1]}")
+keep = {"torch/lib/libtorch_cpu.so", "torch/lib/libc10.so", "torch/lib/libgomp.so.1", "torch/lib/libtorch.so", "torch/version.py"}
+extract(f"torch-{tv}-*.whl", lambda n: n in keep or n.startswith("torch/include/"))
+extract(f"nvidia_cuda_runtime-{rv}-*.whl", lambda n: n == "nvidia/cu13/lib/libcudart.so.13")
+extract(f"nvidia_cuda_cupti-{cv}-*.whl", lambda n: n == "nvidia/cu13/lib/libcupti.so.13")
+PYEOF
   # The folder tch builds against: only the CPU libraries, so the binary needs
   # no CUDA library to link or to start (DESIGN.md).
   mkdir -p "$DEST/libtorch/lib"

@@ -1,0 +1,365 @@
+//! Test harness: a real coordinator, real agents and real workers as processes
+//! on loopback, driven through the real `gpuctl` binary. Nothing is mocked; the
+//! harness only starts processes, runs the CLI and reads /proc.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// The folder holding all four binaries (cargo builds them side by side).
+pub fn bin_dir() -> PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_gpuctl"))
+        .parent()
+        .expect("binary folder")
+        .to_path_buf()
+}
+
+pub fn bin(name: &str) -> PathBuf {
+    let p = bin_dir().join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: run `cargo build --workspace` before the tests (scripts/test.sh does)",
+        p.display()
+    );
+    p
+}
+
+/// One local fleet: a coordinator and `agents` agents, each with `cpu_ranks` ranks.
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub url: String,
+    pub port: u16,
+    coordinator: Option<Child>,
+    agents: Vec<Option<Child>>,
+    node_timeout: String,
+}
+
+impl Cluster {
+    pub fn start(agents: usize, cpu_ranks: u32) -> Cluster {
+        Self::start_with(agents, cpu_ranks, "15s")
+    }
+
+    pub fn start_with(agents: usize, cpu_ranks: u32, node_timeout: &str) -> Cluster {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (coordinator, url, port) = spawn_coordinator(dir.path(), "127.0.0.1:0", node_timeout);
+        let mut cluster = Cluster {
+            dir,
+            url,
+            port,
+            coordinator: Some(coordinator),
+            agents: Vec::new(),
+            node_timeout: node_timeout.to_string(),
+        };
+        for i in 0..agents {
+            let child = cluster.spawn_agent(i, cpu_ranks);
+            cluster.agents.push(Some(child));
+        }
+        cluster.wait_ready(agents, Duration::from_secs(60));
+        cluster
+    }
+
+    pub fn agent_name(i: usize) -> String {
+        format!("node-{i}")
+    }
+
+    fn spawn_agent(&self, i: usize, cpu_ranks: u32) -> Child {
+        let work = self.dir.path().join(format!("agent-{i}"));
+        std::fs::create_dir_all(&work).unwrap();
+        let log = std::fs::File::create(self.dir.path().join(format!("agent-{i}.log"))).unwrap();
+        Command::new(bin("gpuctl-agent"))
+            .args(["--coordinator", &self.url, "--name", &Self::agent_name(i)])
+            .args(["--cpu-ranks", &cpu_ranks.to_string()])
+            .arg("--work-dir")
+            .arg(&work)
+            .args(["--heartbeat-interval", "500ms"])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start gpuctl-agent")
+    }
+
+    /// Runs `gpuctl` against this cluster.
+    pub fn gpuctl(&self, args: &[&str]) -> Output {
+        Command::new(bin("gpuctl"))
+            .args(args)
+            .env("GPUCTL_COORDINATOR", &self.url)
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .output()
+            .expect("run gpuctl")
+    }
+
+    /// Runs `gpuctl ... --output json` and parses stdout.
+    pub fn json(&self, args: &[&str]) -> Value {
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend(["--output", "json"]);
+        let out = self.gpuctl(&all);
+        parse_json(&out, &all)
+    }
+
+    pub fn wait_ready(&self, n: usize, limit: Duration) {
+        let start = Instant::now();
+        loop {
+            let out = self.gpuctl(&["nodes", "--output", "json"]);
+            if out.status.success() {
+                if let Ok(v) = serde_json::from_slice::<Value>(&out.stdout) {
+                    let ready = nodes_array(&v)
+                        .iter()
+                        .filter(|n| n["state"] == "ready")
+                        .count();
+                    if ready >= n {
+                        return;
+                    }
+                }
+            }
+            if start.elapsed() > limit {
+                panic!(
+                    "{n} agents not ready after {limit:?}: {}\n{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    self.logs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Submits a job without waiting and returns its id.
+    pub fn submit(&self, args: &[&str]) -> String {
+        let mut all = vec!["submit"];
+        all.extend(args);
+        let v = self.json(&all);
+        job_id(&v).unwrap_or_else(|| panic!("no job id in {v}"))
+    }
+
+    pub fn job(&self, id: &str) -> Value {
+        self.json(&["status", id])
+    }
+
+    pub fn job_state(&self, id: &str) -> String {
+        let v = self.job(id);
+        v.get("state")
+            .or_else(|| v.pointer("/job/state"))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    }
+
+    /// Waits until the job reaches one of `states`; returns the state seen.
+    pub fn wait_state(&self, id: &str, states: &[&str], limit: Duration) -> String {
+        let start = Instant::now();
+        loop {
+            let s = self.job_state(id);
+            if states.contains(&s.as_str()) {
+                return s;
+            }
+            if start.elapsed() > limit {
+                panic!(
+                    "job {id} still `{s}` after {limit:?}, wanted {states:?}\n{}",
+                    self.logs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Waits until `n` worker processes of the job are alive.
+    pub fn wait_workers(&self, id: &str, n: usize, limit: Duration) {
+        let start = Instant::now();
+        while worker_pids(id).len() < n {
+            if start.elapsed() > limit {
+                panic!(
+                    "only {} of {n} workers of {id} started after {limit:?}\n{}",
+                    worker_pids(id).len(),
+                    self.logs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn kill_agent(&mut self, i: usize) {
+        if let Some(mut c) = self.agents[i].take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Kills the coordinator hard (SIGKILL: nothing gets flushed on the way out).
+    pub fn kill_coordinator(&mut self) {
+        if let Some(mut c) = self.coordinator.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the coordinator again on the same port and data folder.
+    pub fn restart_coordinator(&mut self) {
+        self.kill_coordinator();
+        let listen = format!("127.0.0.1:{}", self.port);
+        let (child, url, _) = spawn_coordinator(self.dir.path(), &listen, &self.node_timeout);
+        assert_eq!(url, self.url, "restarted coordinator must keep its address");
+        self.coordinator = Some(child);
+    }
+
+    /// Every process log, for failure messages.
+    pub fn logs(&self) -> String {
+        let mut s = String::new();
+        if let Ok(entries) = std::fs::read_dir(self.dir.path()) {
+            let mut paths: Vec<_> = entries.flatten().map(|e| e.path()).collect();
+            paths.sort();
+            for p in paths {
+                if p.extension().is_some_and(|e| e == "log") {
+                    let text = std::fs::read_to_string(&p).unwrap_or_default();
+                    let tail: Vec<&str> = text.lines().rev().take(40).collect();
+                    s += &format!("--- {} (last 40 lines)\n", p.display());
+                    for l in tail.into_iter().rev() {
+                        s += l;
+                        s.push('\n');
+                    }
+                }
+            }
+        }
+        s
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for i in 0..self.agents.len() {
+            if let Some(mut c) = self.agents[i].take() {
+                unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+                let deadline = Instant::now() + Duration::from_secs(5);
+                while Instant::now() < deadline {
+                    if let Ok(Some(_)) = c.try_wait() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        self.kill_coordinator();
+    }
+}
+
+fn spawn_coordinator(dir: &Path, listen: &str, node_timeout: &str) -> (Child, String, u16) {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("coordinator.log"))
+        .unwrap();
+    let mut child = Command::new(bin("gpuctl-coordinator"))
+        .args(["--listen", listen, "--node-timeout", node_timeout])
+        .arg("--data-dir")
+        .arg(dir.join("coordinator"))
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .expect("start gpuctl-coordinator");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        if let Some(Ok(line)) = lines.next() {
+            let _ = tx.send(line);
+        }
+        for _ in lines {}
+    });
+    let line = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("coordinator printed no `listening on` line");
+    let url = line
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line from coordinator: {line}"))
+        .trim()
+        .to_string();
+    let port = url.rsplit(':').next().unwrap().parse().expect("port");
+    (child, url, port)
+}
+
+pub fn parse_json(out: &Output, args: &[&str]) -> Value {
+    assert!(
+        out.status.success(),
+        "gpuctl {args:?} failed ({}):\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "gpuctl {args:?} printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+pub fn nodes_array(v: &Value) -> Vec<Value> {
+    v.as_array()
+        .or_else(|| v.get("nodes").and_then(Value::as_array))
+        .cloned()
+        .unwrap_or_default()
+}
+
+pub fn job_id(v: &Value) -> Option<String> {
+    ["job_id", "id"]
+        .iter()
+        .find_map(|k| v.get(*k).and_then(Value::as_str))
+        .or_else(|| v.pointer("/job/id").and_then(Value::as_str))
+        .map(str::to_string)
+}
+
+/// PIDs of live `gpuctl-worker` processes of one job, read from /proc.
+pub fn worker_pids(job: &str) -> Vec<u32> {
+    let mut pids = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return pids;
+    };
+    for e in entries.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
+        let is_worker = args
+            .first()
+            .is_some_and(|a| a.ends_with(b"gpuctl-worker"));
+        let for_job = args.iter().any(|a| *a == job.as_bytes());
+        // A zombie has released everything; it only waits for its parent.
+        let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+            .unwrap_or(false);
+        if is_worker && for_job && !zombie {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// Waits until no worker process of the job is left; returns how long it took.
+pub fn wait_workers_gone(job: &str, limit: Duration) -> Result<Duration, Vec<u32>> {
+    let start = Instant::now();
+    loop {
+        let pids = worker_pids(job);
+        if pids.is_empty() {
+            return Ok(start.elapsed());
+        }
+        if start.elapsed() > limit {
+            return Err(pids);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).to_string()
+}
