@@ -333,7 +333,7 @@ pub fn worker_pids(job: &str) -> Vec<u32> {
         let is_worker = args
             .first()
             .is_some_and(|a| a.ends_with(b"gpuctl-worker"));
-        let for_job = args.iter().any(|a| *a == job.as_bytes());
+        let for_job = args.contains(&job.as_bytes());
         // A zombie has released everything; it only waits for its parent.
         let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .map(|s| s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))

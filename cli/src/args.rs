@@ -1,0 +1,629 @@
+//! Command-line grammar (clap derive) and the one translation that matters most:
+//! submit/plan flags → `JobSpec`. The translation is checked here, with the same
+//! `spec::normalize` the coordinator runs, so a bad flag fails before anything is
+//! sent and names the flag to fix.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use gpuctl_proto::pb::JobSpec;
+use gpuctl_proto::{spec, units};
+
+/// Default coordinator address; `gpuctl local up` listens here by default too.
+pub const DEFAULT_COORDINATOR: &str = "http://127.0.0.1:7070";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "gpuctl",
+    version,
+    about = "GPU cluster acceptance tests: submit workloads to a fleet, watch them, read the report",
+    propagate_version = true
+)]
+pub struct Cli {
+    /// Coordinator URL.
+    #[arg(long, env = "GPUCTL_COORDINATOR", default_value = DEFAULT_COORDINATOR, global = true)]
+    pub coordinator: String,
+
+    /// Output format for listings and reports.
+    #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Table, global = true)]
+    pub output: OutputFormat,
+
+    /// More log output on stderr (-v info, -vv debug, -vvv trace); RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    Table,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List the fleet's nodes.
+    Nodes,
+    /// Submit a workload (stress, nccl, ddp, fsdp, maxbatch).
+    Submit(SubmitArgs),
+    /// List jobs, newest first.
+    Jobs(JobsArgs),
+    /// Show one job with per-rank progress.
+    Status(JobRef),
+    /// Follow one job until it ends, refreshing a table in place.
+    Watch(WatchArgs),
+    /// Cancel a job.
+    Cancel(CancelArgs),
+    /// Print a job's report.
+    Report(JobRef),
+    /// Print a job's worker logs.
+    Logs(LogsArgs),
+    /// Dry run: show the ranks and the NCCL environment a submit would get; nothing starts.
+    Plan(JobArgs),
+    /// Run a coordinator and agents on this machine.
+    #[command(subcommand)]
+    Local(LocalCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct JobRef {
+    /// Job id, as `gpuctl submit` or `gpuctl jobs` print it.
+    pub job: String,
+}
+
+#[derive(Debug, Args)]
+pub struct JobsArgs {
+    /// Show at most this many jobs (0 = all).
+    #[arg(long, default_value_t = 50)]
+    pub limit: u32,
+}
+
+#[derive(Debug, Args)]
+pub struct WatchArgs {
+    pub job: String,
+    /// Refresh interval.
+    #[arg(long, default_value = "1s")]
+    pub interval: String,
+}
+
+#[derive(Debug, Args)]
+pub struct CancelArgs {
+    pub job: String,
+    /// Why, recorded with the job.
+    #[arg(long, default_value = "cancelled by user")]
+    pub reason: String,
+}
+
+#[derive(Debug, Args)]
+pub struct LogsArgs {
+    pub job: String,
+    /// Only this rank.
+    #[arg(long)]
+    pub rank: Option<u32>,
+    /// Only the last N lines (per the whole selection).
+    #[arg(long)]
+    pub tail: Option<u32>,
+}
+
+#[derive(Debug, Args)]
+pub struct SubmitArgs {
+    #[command(flatten)]
+    pub job: JobArgs,
+    /// Wait for the job to end, showing progress, then print its report.
+    #[arg(long)]
+    pub wait: bool,
+}
+
+/// Everything that makes a `JobSpec`; shared by `submit` and `plan`.
+#[derive(Debug, Args)]
+pub struct JobArgs {
+    /// Workload: stress, nccl, ddp, fsdp or maxbatch.
+    pub workload: String,
+
+    /// How many nodes, or `all`.
+    #[arg(long, default_value = "1", allow_hyphen_values = true)]
+    pub nodes: String,
+
+    /// Node selector, key=value or key!=value (labels, gpu=H200, node=NAME, gpus=8); repeatable.
+    #[arg(long = "selector", short = 'l', value_name = "K=V")]
+    pub selectors: Vec<String>,
+
+    /// Run time of timed workloads (stress), e.g. 30s, 15m.
+    #[arg(long, allow_hyphen_values = true)]
+    pub duration: Option<String>,
+
+    /// Hard deadline for the whole job (default: derived from --duration).
+    #[arg(long, allow_hyphen_values = true)]
+    pub timeout: Option<String>,
+
+    /// Environment override for every worker, K=V; repeatable; wins over the plan.
+    #[arg(long = "env", short = 'e', value_name = "K=V")]
+    pub env: Vec<String>,
+
+    /// Free-text label for the job.
+    #[arg(long)]
+    pub name: Option<String>,
+
+    #[command(flatten)]
+    pub params: WorkloadParams,
+}
+
+/// Workload parameters as flags. All are strings here on purpose: the shared
+/// `spec::normalize` owns their rules, so CLI and coordinator never disagree.
+#[derive(Debug, Default, Args)]
+#[command(next_help_heading = "Workload parameters")]
+pub struct WorkloadParams {
+    /// nccl: smallest message size (e.g. 1M).
+    #[arg(long)]
+    pub min_bytes: Option<String>,
+    /// nccl: largest message size (e.g. 1G).
+    #[arg(long)]
+    pub max_bytes: Option<String>,
+    /// nccl: size multiplier between steps.
+    #[arg(long)]
+    pub factor: Option<String>,
+    /// nccl: collectives, comma-separated, or `all`.
+    #[arg(long)]
+    pub ops: Option<String>,
+    /// nccl: float, bfloat16 or half.
+    #[arg(long)]
+    pub dtype: Option<String>,
+    /// nccl: timed iterations per size.
+    #[arg(long)]
+    pub iters: Option<String>,
+    /// nccl: untimed iterations per size.
+    #[arg(long)]
+    pub warmup: Option<String>,
+    /// stress: matrix side.
+    #[arg(long)]
+    pub size: Option<String>,
+    /// stress/ddp/fsdp/maxbatch: bf16, fp16, fp32 (stress also tf32, fp8).
+    #[arg(long)]
+    pub precision: Option<String>,
+    /// stress: TFLOP/s sampling interval (e.g. 1s).
+    #[arg(long)]
+    pub interval: Option<String>,
+    /// stress: GPU memory to fill: GiB (20), size (20G) or fraction (0.8).
+    #[arg(long)]
+    pub target_memory: Option<String>,
+    /// stress: keep an all_reduce running beside the GEMMs.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub with_comm: Option<String>,
+    /// stress: compare the result digest every N products.
+    #[arg(long)]
+    pub check_every: Option<String>,
+    /// ddp/fsdp/maxbatch: model (resnet50, gpt, cnn, ...).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// ddp/fsdp: batch per rank.
+    #[arg(long)]
+    pub batch_size: Option<String>,
+    /// ddp/fsdp: timed steps.
+    #[arg(long)]
+    pub steps: Option<String>,
+    /// ddp/fsdp: untimed steps first.
+    #[arg(long)]
+    pub warmup_steps: Option<String>,
+    /// ddp/fsdp: channels_last layout for CNNs.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub channels_last: Option<String>,
+    /// ddp/fsdp: gradient bucket size (e.g. 25M).
+    #[arg(long)]
+    pub bucket_bytes: Option<String>,
+    /// ddp/fsdp/maxbatch: tokens per sample for gpt.
+    #[arg(long)]
+    pub seq_len: Option<String>,
+    /// maxbatch: safety margin (0..0.9).
+    #[arg(long)]
+    pub margin: Option<String>,
+    /// maxbatch: first batch tried.
+    #[arg(long)]
+    pub start: Option<String>,
+    /// maxbatch: largest batch tried.
+    #[arg(long)]
+    pub limit: Option<String>,
+    /// Any workload parameter as key=value; repeatable.
+    #[arg(long = "param", short = 'p', value_name = "KEY=VALUE")]
+    pub param: Vec<String>,
+}
+
+impl WorkloadParams {
+    /// The dedicated flags as (parameter name, value); names as in `spec::WORKLOADS`.
+    fn named(&self) -> [(&'static str, &Option<String>); 23] {
+        [
+            ("min_bytes", &self.min_bytes),
+            ("max_bytes", &self.max_bytes),
+            ("factor", &self.factor),
+            ("ops", &self.ops),
+            ("dtype", &self.dtype),
+            ("iters", &self.iters),
+            ("warmup", &self.warmup),
+            ("size", &self.size),
+            ("precision", &self.precision),
+            ("interval", &self.interval),
+            ("target_memory", &self.target_memory),
+            ("with_comm", &self.with_comm),
+            ("check_every", &self.check_every),
+            ("model", &self.model),
+            ("batch_size", &self.batch_size),
+            ("steps", &self.steps),
+            ("warmup_steps", &self.warmup_steps),
+            ("channels_last", &self.channels_last),
+            ("bucket_bytes", &self.bucket_bytes),
+            ("seq_len", &self.seq_len),
+            ("margin", &self.margin),
+            ("start", &self.start),
+            ("limit", &self.limit),
+        ]
+    }
+}
+
+/// Bad input caught before anything was sent; exits with status 2 like clap's own errors.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageError(pub String);
+
+impl fmt::Display for UsageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+fn usage(msg: impl Into<String>) -> UsageError {
+    UsageError(msg.into())
+}
+
+/// `K=V` → (K, V); `flag` names the flag in the error.
+fn split_kv<'a>(
+    flag: &str,
+    text: &'a str,
+    example: &str,
+) -> Result<(&'a str, &'a str), UsageError> {
+    match text.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim(), v)),
+        _ => Err(usage(format!(
+            "{flag}: `{text}` is not KEY=VALUE; write it like {flag} {example}"
+        ))),
+    }
+}
+
+fn parse_nodes(text: &str) -> Result<(u32, bool), UsageError> {
+    let t = text.trim();
+    if t.eq_ignore_ascii_case("all") {
+        return Ok((0, true));
+    }
+    let bad = |why: &str| {
+        usage(format!(
+            "--nodes: `{t}` {why}; give a number of nodes (1 or more) or `all`"
+        ))
+    };
+    match t.parse::<i64>() {
+        Ok(n) if n <= 0 => Err(bad("is not a node count")),
+        Ok(n) => u32::try_from(n)
+            .map(|n| (n, false))
+            .map_err(|_| bad("is too large")),
+        Err(_) => Err(bad("is not a number")),
+    }
+}
+
+/// A duration flag outside the job spec (`watch --interval`, `local up --node-timeout`).
+pub fn parse_interval(flag: &str, text: &str) -> Result<std::time::Duration, UsageError> {
+    units::parse_duration(text).map_err(|m| usage(format!("{flag}: {m}")))
+}
+
+fn parse_duration_flag(flag: &str, text: &str) -> Result<u64, UsageError> {
+    units::parse_duration(text)
+        .map(|d| d.as_millis() as u64)
+        .map_err(|m| usage(format!("{flag}: {m}")))
+}
+
+impl JobArgs {
+    /// Builds and checks the spec. Every error names the flag to fix; nothing is
+    /// sent when this fails.
+    pub fn to_spec(&self) -> Result<JobSpec, UsageError> {
+        let (node_count, all_nodes) = parse_nodes(&self.nodes)?;
+        let mut spec = JobSpec {
+            workload: self.workload.trim().to_ascii_lowercase(),
+            node_count,
+            all_nodes,
+            selectors: self
+                .selectors
+                .iter()
+                .map(|s| s.trim().to_string())
+                .collect(),
+            name: self.name.clone().unwrap_or_default(),
+            ..Default::default()
+        };
+        if let Some(d) = &self.duration {
+            spec.duration_ms = parse_duration_flag("--duration", d)?;
+        }
+        if let Some(t) = &self.timeout {
+            spec.timeout_ms = parse_duration_flag("--timeout", t)?;
+        }
+        for e in &self.env {
+            let (k, v) = split_kv("--env", e, "NCCL_DEBUG=INFO")?;
+            spec.env.insert(k.to_string(), v.to_string());
+        }
+        // Generic --param first, dedicated flags last: the flag the user spelled out wins.
+        let mut from_flag: HashSet<&str> = HashSet::new();
+        for p in &self.params.param {
+            let (k, v) = split_kv("--param", p, "size=4096")?;
+            let key = k.replace('-', "_");
+            spec.params.insert(key, v.trim().to_string());
+        }
+        for (key, value) in self.params.named() {
+            if let Some(v) = value {
+                spec.params.insert(key.to_string(), v.trim().to_string());
+                from_flag.insert(key);
+            }
+        }
+        let def = spec::workload(&spec.workload);
+        if def.is_some_and(|d| !d.timed) && spec.duration_ms > 0 {
+            // Not an error (the coordinator ignores it), but the user should know.
+            tracing::warn!(
+                "--duration has no effect on `{}`: it runs until its work is done",
+                spec.workload
+            );
+        }
+        spec::normalize(&spec).map_err(|e| {
+            // normalize names a dedicated flag's parameter `--param key`; say the
+            // flag the user actually typed instead.
+            let field = match e.field.strip_prefix("--param ") {
+                Some(key) if from_flag.contains(key) => format!("--{}", key.replace('_', "-")),
+                _ => e.field.clone(),
+            };
+            if field == "workload" {
+                usage(e.message)
+            } else {
+                usage(format!("{field}: {}", e.message))
+            }
+        })
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LocalCommand {
+    /// Start a coordinator and N agents on this machine and stay in the foreground.
+    Up(LocalUpArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct LocalUpArgs {
+    /// Agents to start (local-0 .. local-N-1).
+    #[arg(long, default_value_t = 4)]
+    pub agents: u32,
+    /// Where the coordinator's store, the agents' work folders and the logs go
+    /// (default: a gpuctl-local-PORT folder in the temp dir).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// CPU ranks each agent offers when it has no GPU.
+    #[arg(long, default_value_t = 2)]
+    pub cpu_ranks: u32,
+    /// Coordinator port on 127.0.0.1 (0 picks a free one).
+    #[arg(long, default_value_t = 7070)]
+    pub port: u16,
+    /// A node without heartbeat this long is lost.
+    #[arg(long, default_value = "15s")]
+    pub node_timeout: String,
+    /// gpuctl-coordinator binary (default: next to gpuctl).
+    #[arg(long)]
+    pub coordinator_bin: Option<PathBuf>,
+    /// gpuctl-agent binary (default: next to gpuctl).
+    #[arg(long)]
+    pub agent_bin: Option<PathBuf>,
+    /// Extra argument for every agent, e.g. --agent-arg=--libtorch=/opt/libtorch; repeatable.
+    #[arg(long, allow_hyphen_values = true)]
+    pub agent_arg: Vec<String>,
+    /// Extra argument for the coordinator; repeatable.
+    #[arg(long, allow_hyphen_values = true)]
+    pub coordinator_arg: Vec<String>,
+    /// How long to wait for every agent to register.
+    #[arg(long, default_value = "60s")]
+    pub ready_timeout: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Cli {
+        let mut v = vec!["gpuctl"];
+        v.extend_from_slice(args);
+        Cli::try_parse_from(v).unwrap_or_else(|e| panic!("{args:?}: {e}"))
+    }
+
+    fn spec_of(args: &[&str]) -> Result<JobSpec, UsageError> {
+        match parse(args).command {
+            Command::Submit(s) => s.job.to_spec(),
+            Command::Plan(j) => j.to_spec(),
+            other => panic!("not a job command: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn stress_flags_map_to_spec() {
+        let s = spec_of(&[
+            "submit",
+            "stress",
+            "--nodes",
+            "3",
+            "--duration",
+            "30s",
+            "--selector",
+            "gpu=H200",
+            "--selector",
+            "rack!=a1",
+            "--env",
+            "NCCL_DEBUG=INFO",
+            "--name",
+            "burn-in",
+            "--size",
+            "4096",
+            "--precision",
+            "bf16",
+            "--with-comm",
+            "--target-memory",
+            "0.8",
+        ])
+        .unwrap();
+        assert_eq!(s.workload, "stress");
+        assert_eq!(s.node_count, 3);
+        assert!(!s.all_nodes);
+        assert_eq!(s.duration_ms, 30_000);
+        assert_eq!(s.selectors, vec!["gpu=H200", "rack!=a1"]);
+        assert_eq!(s.env.get("NCCL_DEBUG").map(String::as_str), Some("INFO"));
+        assert_eq!(s.name, "burn-in");
+        assert_eq!(s.params.get("size").map(String::as_str), Some("4096"));
+        assert_eq!(s.params.get("precision").map(String::as_str), Some("bf16"));
+        assert_eq!(s.params.get("with_comm").map(String::as_str), Some("true"));
+        assert_eq!(
+            s.params.get("target_memory").map(String::as_str),
+            Some("0.8")
+        );
+        assert_eq!(s.params.len(), 4);
+    }
+
+    #[test]
+    fn nccl_and_train_flags_map_to_params() {
+        let s = spec_of(&[
+            "plan",
+            "nccl",
+            "--nodes",
+            "all",
+            "--ops",
+            "all_reduce,all_gather",
+            "--min-bytes",
+            "1K",
+            "--max-bytes",
+            "1M",
+            "--factor",
+            "4",
+            "--dtype",
+            "half",
+            "--iters",
+            "3",
+            "--warmup",
+            "1",
+        ])
+        .unwrap();
+        assert!(s.all_nodes);
+        assert_eq!(s.params.get("ops").unwrap(), "all_reduce,all_gather");
+        assert_eq!(s.params.get("min_bytes").unwrap(), "1K");
+        assert_eq!(s.params.get("max_bytes").unwrap(), "1M");
+        assert_eq!(s.params.get("factor").unwrap(), "4");
+        assert_eq!(s.params.get("dtype").unwrap(), "half");
+        assert_eq!(s.params.get("iters").unwrap(), "3");
+        assert_eq!(s.params.get("warmup").unwrap(), "1");
+        assert_eq!(s.duration_ms, 0, "nccl is not timed");
+
+        let s = spec_of(&[
+            "submit",
+            "ddp",
+            "--model",
+            "cnn",
+            "--batch-size",
+            "32",
+            "--steps",
+            "10",
+            "--warmup-steps",
+            "2",
+            "--channels-last=false",
+            "--bucket-bytes",
+            "25M",
+            "--param",
+            "seq-len=128",
+        ])
+        .unwrap();
+        assert_eq!(s.params.get("channels_last").unwrap(), "false");
+        assert_eq!(
+            s.params.get("seq_len").unwrap(),
+            "128",
+            "--param dashes become underscores"
+        );
+        assert_eq!(s.params.get("batch_size").unwrap(), "32");
+        assert_eq!(s.params.get("warmup_steps").unwrap(), "2");
+        assert_eq!(s.params.get("bucket_bytes").unwrap(), "25M");
+
+        let s = spec_of(&[
+            "submit", "maxbatch", "--margin", "0.2", "--start", "4", "--limit", "64",
+        ])
+        .unwrap();
+        assert_eq!(s.params.get("margin").unwrap(), "0.2");
+        assert_eq!(s.params.get("start").unwrap(), "4");
+        assert_eq!(s.params.get("limit").unwrap(), "64");
+    }
+
+    #[test]
+    fn timed_workload_gets_default_duration() {
+        let s = spec_of(&["submit", "stress"]).unwrap();
+        assert_eq!(s.node_count, 1);
+        assert_eq!(s.duration_ms, spec::DEFAULT_DURATION_MS);
+    }
+
+    #[test]
+    fn bad_nodes_name_the_flag() {
+        for bad in ["0", "-2", "two", "99999999999"] {
+            let e = spec_of(&["submit", "stress", "--nodes", bad]).unwrap_err();
+            assert!(e.0.starts_with("--nodes:"), "{bad}: {e}");
+            assert!(e.0.contains("`all`"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn bad_duration_and_selector_and_workload() {
+        let e = spec_of(&["submit", "stress", "--duration", "-5m"]).unwrap_err();
+        assert!(
+            e.0.starts_with("--duration:") && e.0.contains("negative"),
+            "{e}"
+        );
+        let e = spec_of(&["submit", "stress", "--duration", "soon"]).unwrap_err();
+        assert!(e.0.starts_with("--duration:"), "{e}");
+        let e = spec_of(&["submit", "stress", "--selector", "gpu"]).unwrap_err();
+        assert!(
+            e.0.starts_with("--selector:") && e.0.contains("key=value"),
+            "{e}"
+        );
+        let e = spec_of(&["submit", "burn"]).unwrap_err();
+        assert!(
+            e.0.contains("unknown workload `burn`") && e.0.contains("stress"),
+            "{e}"
+        );
+        let e = spec_of(&["submit", "stress", "--env", "NOEQUALS"]).unwrap_err();
+        assert!(e.0.starts_with("--env:"), "{e}");
+        let e = spec_of(&["submit", "stress", "--param", "x"]).unwrap_err();
+        assert!(e.0.starts_with("--param:"), "{e}");
+    }
+
+    #[test]
+    fn param_errors_name_the_dedicated_flag() {
+        let e = spec_of(&["submit", "stress", "--factor", "2"]).unwrap_err();
+        assert!(
+            e.0.starts_with("--factor:") && e.0.contains("no parameter `factor`"),
+            "{e}"
+        );
+        let e = spec_of(&["submit", "nccl", "--min-bytes", "2M", "--max-bytes", "1M"]).unwrap_err();
+        assert!(e.0.starts_with("--min-bytes:"), "{e}");
+        let e = spec_of(&["submit", "stress", "--size", "abc"]).unwrap_err();
+        assert!(e.0.starts_with("--size:"), "{e}");
+        let e = spec_of(&["submit", "stress", "--param", "bogus=1"]).unwrap_err();
+        assert!(e.0.starts_with("--param bogus:"), "{e}");
+    }
+
+    #[test]
+    fn unknown_flags_are_clap_errors() {
+        let e = Cli::try_parse_from(["gpuctl", "submit", "stress", "--frobnicate"]).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+    }
+
+    #[test]
+    fn global_flags_anywhere() {
+        let c = parse(&["jobs", "--output", "json", "--coordinator", "http://h:1"]);
+        assert_eq!(c.output, OutputFormat::Json);
+        assert_eq!(c.coordinator, "http://h:1");
+    }
+}

@@ -1,0 +1,179 @@
+//! The coordinator connection: one `JobService` client and a method per RPC that
+//! turns gRPC failures into sentences a user can act on ("cannot reach
+//! coordinator at ...", the coordinator's own refusal text).
+
+use std::time::Duration;
+
+use anyhow::{anyhow, Result};
+use gpuctl_proto::pb::{self, job_service_client::JobServiceClient};
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
+
+use crate::args::UsageError;
+
+/// Same ceiling as the servers (`gpuctl_proto::server`): big fleets make big reports.
+const MAX_MESSAGE_BYTES: usize = gpuctl_proto::server::MAX_MESSAGE_BYTES;
+
+pub struct Coordinator {
+    url: String,
+    inner: JobServiceClient<Channel>,
+}
+
+fn unreachable(url: &str, why: &str) -> anyhow::Error {
+    anyhow!(
+        "cannot reach coordinator at {url}: {why} (start one with `gpuctl local up` or set --coordinator)"
+    )
+}
+
+/// The innermost cause is what says "connection refused"; tonic's outer text is generic.
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur = e;
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    cur.to_string()
+}
+
+impl Coordinator {
+    /// Connects eagerly so that a missing coordinator is reported once, up front.
+    pub async fn connect(url: &str) -> Result<Self> {
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(UsageError(format!(
+                "--coordinator: `{url}` is not a URL; write it like http://127.0.0.1:7070"
+            ))
+            .into());
+        }
+        let endpoint = Endpoint::from_shared(url.to_string())
+            .map_err(|e| {
+                UsageError(format!(
+                    "--coordinator: `{url}` is not a URL ({e}); write it like http://127.0.0.1:7070"
+                ))
+            })?
+            .connect_timeout(Duration::from_secs(5))
+            .tcp_nodelay(true);
+        tracing::debug!("connecting to {url}");
+        let channel = endpoint
+            .connect()
+            .await
+            .map_err(|e| unreachable(url, &root_cause(&e)))?;
+        Ok(Coordinator {
+            url: url.to_string(),
+            inner: JobServiceClient::new(channel)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        })
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn status(&self, what: &str, s: Status) -> anyhow::Error {
+        status_error(&self.url, what, s)
+    }
+
+    pub async fn submit(&mut self, spec: pb::JobSpec) -> Result<pb::Job> {
+        let req = pb::SubmitRequest { spec: Some(spec) };
+        self.inner
+            .submit(req)
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| self.status("submit", s))
+    }
+
+    pub async fn plan(&mut self, spec: pb::JobSpec) -> Result<pb::Plan> {
+        let req = pb::SubmitRequest { spec: Some(spec) };
+        self.inner
+            .plan_job(req)
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| self.status("plan", s))
+    }
+
+    pub async fn job(&mut self, id: &str) -> Result<pb::Job> {
+        let req = pb::GetJobRequest { job_id: id.into() };
+        self.inner
+            .get_job(req)
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| self.status("get job", s))
+    }
+
+    pub async fn jobs(&mut self, limit: u32) -> Result<Vec<pb::Job>> {
+        let req = pb::ListJobsRequest { limit };
+        self.inner
+            .list_jobs(req)
+            .await
+            .map(|r| r.into_inner().jobs)
+            .map_err(|s| self.status("list jobs", s))
+    }
+
+    pub async fn cancel(&mut self, id: &str, reason: &str) -> Result<pb::Job> {
+        let req = pb::CancelJobRequest {
+            job_id: id.into(),
+            reason: reason.into(),
+        };
+        self.inner
+            .cancel_job(req)
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| self.status("cancel", s))
+    }
+
+    /// The raw status is kept for callers that wait for a report to appear.
+    pub async fn report_raw(&mut self, id: &str) -> std::result::Result<pb::Report, Status> {
+        let req = pb::GetReportRequest { job_id: id.into() };
+        self.inner.get_report(req).await.map(|r| r.into_inner())
+    }
+
+    pub async fn report(&mut self, id: &str) -> Result<pb::Report> {
+        self.report_raw(id)
+            .await
+            .map_err(|s| self.status("report", s))
+    }
+
+    pub async fn logs(
+        &mut self,
+        id: &str,
+        rank: Option<u32>,
+        tail: u32,
+    ) -> Result<Vec<pb::LogLine>> {
+        let req = pb::GetLogsRequest {
+            job_id: id.into(),
+            has_rank: rank.is_some(),
+            rank: rank.unwrap_or(0),
+            tail,
+        };
+        self.inner
+            .get_logs(req)
+            .await
+            .map(|r| r.into_inner().lines)
+            .map_err(|s| self.status("logs", s))
+    }
+
+    pub async fn nodes(&mut self) -> Result<Vec<pb::Node>> {
+        self.inner
+            .list_nodes(pb::ListNodesRequest {})
+            .await
+            .map(|r| r.into_inner().nodes)
+            .map_err(|s| self.status("list nodes", s))
+    }
+}
+
+/// A gRPC status as one sentence. The coordinator's messages are written for
+/// users ("asked for 5 nodes, 4 match"), so they are shown as they are.
+pub fn status_error(url: &str, what: &str, s: Status) -> anyhow::Error {
+    let msg = s.message().trim().to_string();
+    match s.code() {
+        Code::Unavailable => unreachable(url, &msg),
+        Code::InvalidArgument | Code::FailedPrecondition | Code::AlreadyExists => {
+            anyhow!("{what} refused by the coordinator: {msg}")
+        }
+        Code::NotFound if msg.is_empty() => anyhow!("{what}: not found"),
+        Code::NotFound => anyhow!("{msg}"),
+        Code::Unimplemented => anyhow!(
+            "the coordinator at {url} does not implement {what} ({msg}); is it an older gpuctl-coordinator?"
+        ),
+        code => anyhow!("{what} failed: {msg} ({code:?})"),
+    }
+}

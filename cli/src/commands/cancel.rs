@@ -1,0 +1,24 @@
+//! `gpuctl cancel JOB`: asks the coordinator to stop a job; agents kill its workers.
+
+use anyhow::Result;
+
+use crate::args::OutputFormat;
+use crate::client::Coordinator;
+use crate::output;
+
+pub async fn run(c: &mut Coordinator, id: &str, reason: &str, out: OutputFormat) -> Result<i32> {
+    let job = c.cancel(id, reason).await?;
+    match out {
+        OutputFormat::Json => output::print_json(&output::json::job(&job)),
+        OutputFormat::Table => {
+            // A job that had already ended keeps its state; say so rather than pretend.
+            let state = output::job_state(&job);
+            if job.state().is_terminal() && state != "cancelled" {
+                println!("{} had already ended ({state})", job.id);
+            } else {
+                println!("{} {state}", job.id);
+            }
+        }
+    }
+    Ok(0)
+}

@@ -1,0 +1,66 @@
+//! `gpuctl jobs`: recent jobs, newest first, one line each.
+
+use anyhow::Result;
+use gpuctl_proto::pb;
+
+use crate::args::OutputFormat;
+use crate::client::Coordinator;
+use crate::output::{self, table::Table};
+
+pub async fn run(c: &mut Coordinator, limit: u32, out: OutputFormat) -> Result<i32> {
+    let mut jobs = c.jobs(limit).await?;
+    // The coordinator's order is not part of the contract; newest first is what people expect.
+    jobs.sort_by(|a, b| {
+        b.created_unix_ms
+            .cmp(&a.created_unix_ms)
+            .then(b.id.cmp(&a.id))
+    });
+    match out {
+        OutputFormat::Json => output::print_json(&serde_json::Value::Array(
+            jobs.iter().map(output::json::job).collect(),
+        )),
+        OutputFormat::Table => {
+            if jobs.is_empty() {
+                eprintln!("no jobs yet; submit one with `gpuctl submit stress --duration 30s`");
+            } else {
+                output::print_text(&render(&jobs, gpuctl_proto::now_ms()));
+            }
+        }
+    }
+    Ok(0)
+}
+
+/// Planned node names when there are few, else a count; the asked count before planning.
+pub fn nodes_cell(j: &pb::Job) -> String {
+    if let Some(p) = j.plan.as_ref().filter(|p| !p.nodes.is_empty()) {
+        if p.nodes.len() <= 3 {
+            return p.nodes.join(",");
+        }
+        return p.nodes.len().to_string();
+    }
+    match &j.spec {
+        Some(s) if s.all_nodes => "all".into(),
+        Some(s) => s.node_count.to_string(),
+        None => "-".into(),
+    }
+}
+
+pub fn render(jobs: &[pb::Job], now: u64) -> String {
+    let mut t = Table::new(&[
+        "ID", "WORKLOAD", "STATE", "NODES", "CREATED", "DURATION", "NAME", "MESSAGE",
+    ]);
+    for j in jobs {
+        let spec = j.spec.clone().unwrap_or_default();
+        t.row([
+            j.id.clone(),
+            spec.workload,
+            output::job_state(j).to_string(),
+            nodes_cell(j),
+            output::age(j.created_unix_ms, now),
+            output::fmt_duration_opt(output::job_duration_ms(j, now)),
+            output::dash(&spec.name),
+            output::truncate(&output::dash(&j.message), 60),
+        ]);
+    }
+    t.render()
+}

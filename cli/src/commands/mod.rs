@@ -1,0 +1,58 @@
+//! One module per verb. Each returns the process exit code; errors bubble up as
+//! `anyhow` and `main` prints them (usage errors exit 2, everything else 1).
+
+pub mod cancel;
+pub mod jobs;
+pub mod local;
+pub mod logs;
+pub mod nodes;
+pub mod plan;
+pub mod report;
+pub mod status;
+pub mod submit;
+pub mod watch;
+
+use anyhow::Result;
+
+use crate::args::{Cli, Command, LocalCommand};
+use crate::client::Coordinator;
+
+pub async fn run(cli: Cli) -> Result<i32> {
+    let out = cli.output;
+    let url = cli.coordinator.as_str();
+    match cli.command {
+        // Validation comes before connecting: bad input must send nothing.
+        Command::Submit(a) => {
+            let spec = a.job.to_spec()?;
+            let mut c = Coordinator::connect(url).await?;
+            submit::run(&mut c, spec, a.wait, out).await
+        }
+        Command::Plan(a) => {
+            let spec = a.to_spec()?;
+            let mut c = Coordinator::connect(url).await?;
+            plan::run(&mut c, spec, out).await
+        }
+        Command::Nodes => nodes::run(&mut Coordinator::connect(url).await?, out).await,
+        Command::Jobs(a) => jobs::run(&mut Coordinator::connect(url).await?, a.limit, out).await,
+        Command::Status(a) => status::run(&mut Coordinator::connect(url).await?, &a.job, out).await,
+        Command::Watch(a) => {
+            let interval = crate::args::parse_interval("--interval", &a.interval)?;
+            watch::run(&mut Coordinator::connect(url).await?, &a.job, interval, out).await
+        }
+        Command::Cancel(a) => {
+            cancel::run(
+                &mut Coordinator::connect(url).await?,
+                &a.job,
+                &a.reason,
+                out,
+            )
+            .await
+        }
+        Command::Report(a) => report::run(&mut Coordinator::connect(url).await?, &a.job, out).await,
+        Command::Logs(a) => {
+            let mut c = Coordinator::connect(url).await?;
+            logs::run(&mut c, &a.job, a.rank, a.tail, out).await
+        }
+        Command::Local(LocalCommand::Up(a)) => local::up(a).await,
+    }
+}

@@ -1,0 +1,131 @@
+//! `gpuctl plan WORKLOAD ...`: the dry run. Shows which nodes and devices the job
+//! would get, rank by rank, the planned environment with a reason per variable,
+//! and the preflight checks. Nothing is stored or started.
+
+use anyhow::Result;
+use gpuctl_proto::pb;
+
+use crate::args::OutputFormat;
+use crate::client::Coordinator;
+use crate::output::{self, table::Table};
+
+pub async fn run(c: &mut Coordinator, spec: pb::JobSpec, out: OutputFormat) -> Result<i32> {
+    let plan = c.plan(spec).await?;
+    match out {
+        OutputFormat::Json => output::print_json(&output::json::plan(&plan)),
+        OutputFormat::Table => output::print_text(&render(&plan)),
+    }
+    // A plan whose preflight already fails would fail as a job: say so in the exit code.
+    let failing = plan
+        .checks
+        .iter()
+        .any(|ch| ch.verdict() == pb::Verdict::Fail);
+    Ok(if failing { 1 } else { 0 })
+}
+
+pub fn rank_table(ranks: &[pb::RankPlacement]) -> String {
+    let mut t = Table::new(&["RANK", "NODE", "LOCAL RANK", "DEVICE", "DEVICE NAME"]).right(&[0, 2]);
+    let mut ranks: Vec<&pb::RankPlacement> = ranks.iter().collect();
+    ranks.sort_by_key(|r| r.rank);
+    for r in ranks {
+        t.row([
+            r.rank.to_string(),
+            r.node.clone(),
+            r.local_rank.to_string(),
+            r.device.clone(),
+            output::dash(&r.device_name),
+        ]);
+    }
+    t.render()
+}
+
+pub fn env_table(env: &[pb::EnvVar]) -> String {
+    let mut t = Table::new(&["NAME", "VALUE", "REASON"]);
+    for e in env {
+        t.row([
+            e.name.clone(),
+            output::dash(&e.value),
+            output::dash(&e.reason),
+        ]);
+    }
+    t.render()
+}
+
+pub fn checks_table(checks: &[pb::PreflightCheck]) -> String {
+    let mut t = Table::new(&["NODE", "CHECK", "VERDICT", "DETAIL", "FIX"]);
+    for ch in checks {
+        t.row([
+            ch.node.clone(),
+            ch.name.clone(),
+            ch.verdict().label().to_string(),
+            output::dash(&ch.detail),
+            output::dash(&ch.fix),
+        ]);
+    }
+    t.render()
+}
+
+pub fn render(p: &pb::Plan) -> String {
+    let mut s = output::table::key_values(&[
+        ("NODES", output::dash(&p.nodes.join(", "))),
+        ("WORLD SIZE", p.world_size.to_string()),
+        (
+            "MASTER",
+            format!("{}:{}", output::dash(&p.master_addr), p.master_port),
+        ),
+    ]);
+    s.push_str("\nRANKS\n");
+    s.push_str(&rank_table(&p.ranks));
+    s.push_str("\nENVIRONMENT\n");
+    s.push_str(&env_table(&p.env));
+    if !p.checks.is_empty() {
+        s.push_str("\nPREFLIGHT\n");
+        s.push_str(&checks_table(&p.checks));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plan_tables_list_ranks_in_order_and_env_reasons() {
+        let p = pb::Plan {
+            nodes: vec!["a".into(), "b".into()],
+            world_size: 2,
+            master_addr: "10.0.0.1".into(),
+            master_port: 29500,
+            ranks: vec![
+                pb::RankPlacement {
+                    rank: 1,
+                    node: "b".into(),
+                    device: "cpu".into(),
+                    node_rank: 1,
+                    ..Default::default()
+                },
+                pb::RankPlacement {
+                    rank: 0,
+                    node: "a".into(),
+                    device: "cpu".into(),
+                    ..Default::default()
+                },
+            ],
+            env: vec![pb::EnvVar {
+                name: "NCCL_IB_DISABLE".into(),
+                value: "1".into(),
+                reason: "node b has no InfiniBand device".into(),
+            }],
+            ..Default::default()
+        };
+        let s = render(&p);
+        let a = s.find("\n   0   a").expect(&s);
+        let b = s.find("\n   1   b").expect(&s);
+        assert!(a < b, "{s}");
+        assert!(
+            s.contains("NCCL_IB_DISABLE   1       node b has no InfiniBand device"),
+            "{s}"
+        );
+        assert!(s.contains("10.0.0.1:29500"));
+    }
+}

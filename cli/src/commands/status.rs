@@ -1,0 +1,206 @@
+//! `gpuctl status JOB`: one job, its plan and each rank's latest progress.
+//! `watch` redraws the same rendering until the job ends.
+
+use std::collections::BTreeMap;
+
+use anyhow::Result;
+use gpuctl_proto::pb;
+
+use crate::args::OutputFormat;
+use crate::client::Coordinator;
+use crate::output::{self, table::Table};
+
+pub async fn run(c: &mut Coordinator, id: &str, out: OutputFormat) -> Result<i32> {
+    let job = c.job(id).await?;
+    match out {
+        OutputFormat::Json => output::print_json(&output::json::job(&job)),
+        OutputFormat::Table => output::print_text(&render(
+            &job,
+            gpuctl_proto::now_ms(),
+            &ExtraColumns::default(),
+        )),
+    }
+    Ok(0)
+}
+
+/// Columns appended to the rank table by callers that know more per rank
+/// (`watch` will add GPU telemetry here).
+#[derive(Debug, Default)]
+pub struct ExtraColumns {
+    pub headers: Vec<String>,
+    /// Cells by rank; a rank without an entry gets `-`.
+    pub cells: BTreeMap<u32, Vec<String>>,
+}
+
+pub fn header(job: &pb::Job, now: u64) -> String {
+    let spec = job.spec.clone().unwrap_or_default();
+    let world = job.plan.as_ref().map(|p| p.world_size).unwrap_or(0);
+    let mut pairs = vec![("JOB", job.id.clone())];
+    if !spec.name.is_empty() {
+        pairs.push(("NAME", spec.name.clone()));
+    }
+    pairs.extend([
+        ("WORKLOAD", output::dash(&spec.workload)),
+        ("STATE", output::job_state(job).to_string()),
+        ("ATTEMPT", job.attempt.to_string()),
+        ("NODES", super::jobs::nodes_cell(job)),
+        ("CREATED", output::age(job.created_unix_ms, now)),
+        (
+            "DURATION",
+            output::fmt_duration_opt(output::job_duration_ms(job, now)),
+        ),
+        (
+            "RESULTS",
+            if world > 0 {
+                format!("{}/{world} ranks", job.results_in)
+            } else {
+                job.results_in.to_string()
+            },
+        ),
+    ]);
+    if !job.message.is_empty() {
+        pairs.push(("MESSAGE", job.message.clone()));
+    }
+    output::table::key_values(&pairs)
+}
+
+/// One row per planned rank (or per reporting rank when there is no plan yet).
+pub fn ranks_table(job: &pb::Job, now: u64, extra: &ExtraColumns) -> String {
+    let progress: BTreeMap<u32, &pb::RankProgress> =
+        job.progress.iter().map(|p| (p.rank, p)).collect();
+    let mut placements: BTreeMap<u32, (String, String)> = BTreeMap::new();
+    if let Some(plan) = &job.plan {
+        for r in &plan.ranks {
+            placements.insert(r.rank, (r.node.clone(), r.device.clone()));
+        }
+    }
+    for p in progress.values() {
+        placements
+            .entry(p.rank)
+            .or_insert_with(|| (p.node.clone(), String::new()));
+    }
+    let mut headers: Vec<String> = [
+        "RANK", "NODE", "DEVICE", "PHASE", "PROGRESS", "METRICS", "UPDATED", "MESSAGE",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    headers.extend(extra.headers.iter().cloned());
+    let mut t = Table::new(&headers).right(&[0, 4]);
+    for (rank, (node, device)) in &placements {
+        let p = progress.get(rank);
+        let mut row = vec![
+            rank.to_string(),
+            node.clone(),
+            output::dash(device),
+            output::dash(p.map(|p| p.phase.as_str()).unwrap_or("")),
+            p.map(|p| format!("{:.0}%", (p.fraction.clamp(0.0, 1.0)) * 100.0))
+                .unwrap_or_else(|| "-".into()),
+            output::dash(
+                &p.map(|p| output::fmt_metrics(&p.metrics))
+                    .unwrap_or_default(),
+            ),
+            p.map(|p| output::age(p.unix_ms, now))
+                .unwrap_or_else(|| "-".into()),
+            output::truncate(
+                &output::dash(p.map(|p| p.message.as_str()).unwrap_or("")),
+                50,
+            ),
+        ];
+        match extra.cells.get(rank) {
+            Some(cells) => row.extend(cells.iter().cloned()),
+            None => row.extend(std::iter::repeat_n("-".to_string(), extra.headers.len())),
+        }
+        t.row(row);
+    }
+    t.render()
+}
+
+pub fn render(job: &pb::Job, now: u64, extra: &ExtraColumns) -> String {
+    let mut s = header(job, now);
+    let has_ranks =
+        job.plan.as_ref().is_some_and(|p| !p.ranks.is_empty()) || !job.progress.is_empty();
+    if has_ranks {
+        s.push_str("\nRANKS\n");
+        s.push_str(&ranks_table(job, now, extra));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranks_join_plan_and_progress() {
+        let mut metrics = std::collections::HashMap::new();
+        metrics.insert("tflops".to_string(), 12.34);
+        let job = pb::Job {
+            id: "job-000001".into(),
+            state: pb::JobState::Running as i32,
+            spec: Some(pb::JobSpec {
+                workload: "stress".into(),
+                node_count: 1,
+                ..Default::default()
+            }),
+            started_unix_ms: 1_000,
+            plan: Some(pb::Plan {
+                nodes: vec!["local-0".into()],
+                world_size: 2,
+                ranks: vec![
+                    pb::RankPlacement {
+                        rank: 0,
+                        node: "local-0".into(),
+                        device: "cpu".into(),
+                        ..Default::default()
+                    },
+                    pb::RankPlacement {
+                        rank: 1,
+                        node: "local-0".into(),
+                        device: "cpu".into(),
+                        local_rank: 1,
+                        ..Default::default()
+                    },
+                ],
+                ..Default::default()
+            }),
+            progress: vec![pb::RankProgress {
+                rank: 0,
+                node: "local-0".into(),
+                phase: "gemm".into(),
+                fraction: 0.5,
+                metrics,
+                unix_ms: 10_000,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let s = render(
+            &job,
+            11_000,
+            &ExtraColumns {
+                headers: vec!["GPU UTIL".into()],
+                cells: BTreeMap::new(),
+            },
+        );
+        assert!(s.contains("STATE     running"), "{s}");
+        assert!(s.contains("RESULTS   0/2 ranks"), "{s}");
+        let r0 = s
+            .lines()
+            .find(|l| l.trim_start().starts_with("0   local-0"))
+            .expect(&s);
+        assert!(
+            r0.contains("gemm")
+                && r0.contains("50%")
+                && r0.contains("12.3 TFLOP/s")
+                && r0.contains("1s ago"),
+            "{r0}"
+        );
+        let r1 = s
+            .lines()
+            .find(|l| l.trim_start().starts_with("1   local-0"))
+            .expect(&s);
+        assert!(r1.ends_with('-'), "{r1}");
+        assert!(s.contains("GPU UTIL"));
+    }
+}

@@ -1,0 +1,401 @@
+//! `gpuctl submit WORKLOAD ...`: sends a checked spec; with `--wait` follows the
+//! job with one progress bar per node and prints the report when it ends. The
+//! exit code then carries the verdict (0 only for succeeded + pass), so CI can
+//! gate on it.
+
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use gpuctl_proto::pb;
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use tonic::Code;
+
+use crate::args::OutputFormat;
+use crate::client::Coordinator;
+use crate::output;
+
+const POLL: Duration = Duration::from_millis(500);
+/// Without a terminal, a progress line this often (and on every state change).
+const PLAIN_EVERY: Duration = Duration::from_secs(5);
+/// How long a coordinator may be unreachable mid-wait (a restart) before we give up.
+const UNREACHABLE_GRACE: Duration = Duration::from_secs(30);
+/// The report is stored just before the job turns terminal; allow a little slack anyway.
+const REPORT_GRACE: Duration = Duration::from_secs(5);
+
+pub async fn run(
+    c: &mut Coordinator,
+    spec: pb::JobSpec,
+    wait: bool,
+    out: OutputFormat,
+) -> Result<i32> {
+    let job = c.submit(spec).await?;
+    if !wait {
+        match out {
+            OutputFormat::Json => output::print_json(&output::json::job(&job)),
+            // Only the id on stdout, so `JOB=$(gpuctl submit ...)` works.
+            OutputFormat::Table => println!("{}", job.id),
+        }
+        return Ok(0);
+    }
+    eprintln!("submitted {} ({})", job.id, output::job_state(&job));
+    let job = tokio::select! {
+        r = follow(c, job) => r?,
+        _ = tokio::signal::ctrl_c() => {
+            // Detach, don't cancel: a long burn-in should survive a closed laptop lid.
+            eprintln!("\nstopped waiting; the job goes on. Follow it with `gpuctl watch ID`, stop it with `gpuctl cancel ID`");
+            return Ok(130);
+        }
+    };
+    finish(c, &job, out).await
+}
+
+/// Per-node bars (terminal) or periodic plain lines on stderr (no terminal).
+struct Display {
+    mp: MultiProgress,
+    top: ProgressBar,
+    bars: BTreeMap<String, ProgressBar>,
+    plain: bool,
+    last_plain: Option<Instant>,
+    last_state: i32,
+}
+
+impl Display {
+    fn new() -> Self {
+        // Bars draw on stderr; hide them when stdout is not a terminal (piped
+        // into a file or CI), where a redraw would only be noise.
+        let plain = !std::io::stdout().is_terminal() || !std::io::stderr().is_terminal();
+        let target = if plain {
+            ProgressDrawTarget::hidden()
+        } else {
+            ProgressDrawTarget::stderr()
+        };
+        let mp = MultiProgress::with_draw_target(target);
+        let top = mp.add(ProgressBar::new_spinner());
+        top.set_style(ProgressStyle::with_template("{spinner} {msg}").expect("template"));
+        if !plain {
+            top.enable_steady_tick(Duration::from_millis(120));
+        }
+        Display {
+            mp,
+            top,
+            bars: BTreeMap::new(),
+            plain,
+            last_plain: None,
+            last_state: -1,
+        }
+    }
+
+    fn bar(&mut self, node: &str) -> &ProgressBar {
+        let mp = &self.mp;
+        self.bars.entry(node.to_string()).or_insert_with(|| {
+            let b = mp.add(ProgressBar::new(1000));
+            b.set_style(
+                ProgressStyle::with_template(
+                    "  {prefix:<16} [{bar:30.cyan/blue}] {percent:>3}%  {msg}",
+                )
+                .expect("template")
+                .progress_chars("=> "),
+            );
+            b.set_prefix(node.to_string());
+            b
+        })
+    }
+
+    fn update(&mut self, job: &pb::Job) {
+        let now = gpuctl_proto::now_ms();
+        let nodes = node_views(job);
+        let state = output::job_state(job);
+        let elapsed = output::fmt_duration_opt(output::job_duration_ms(job, now));
+        let world = job.plan.as_ref().map(|p| p.world_size).unwrap_or(0);
+        self.top.set_message(format!(
+            "{} {state} {elapsed}  results {}/{}",
+            job.id, job.results_in, world
+        ));
+        for v in &nodes {
+            let b = self.bar(&v.name).clone();
+            b.set_position((v.fraction.clamp(0.0, 1.0) * 1000.0) as u64);
+            b.set_message(format!("{state}  {}", v.detail));
+        }
+        if self.plain {
+            let due = self.last_plain.is_none_or(|t| t.elapsed() >= PLAIN_EVERY);
+            if due || job.state != self.last_state {
+                let per_node: Vec<String> = nodes
+                    .iter()
+                    .map(|v| format!("{} {:.0}% {}", v.name, v.fraction * 100.0, v.detail))
+                    .collect();
+                eprintln!("{} {state} {elapsed} | {}", job.id, per_node.join(" | "));
+                self.last_plain = Some(Instant::now());
+            }
+        }
+        self.last_state = job.state;
+    }
+
+    fn finish(&self) {
+        for b in self.bars.values() {
+            b.finish();
+        }
+        self.top.finish_and_clear();
+        let _ = self.mp.clear();
+    }
+}
+
+/// What one node's bar shows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeView {
+    pub name: String,
+    pub fraction: f64,
+    pub detail: String,
+}
+
+/// Per node: fraction = mean of its ranks' progress (a rank not heard from
+/// counts 0); detail = the headline metric, else the ranks' phase.
+pub fn node_views(job: &pb::Job) -> Vec<NodeView> {
+    let mut ranks_of: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    if let Some(plan) = &job.plan {
+        for n in &plan.nodes {
+            ranks_of.entry(n.clone()).or_default();
+        }
+        for r in &plan.ranks {
+            ranks_of.entry(r.node.clone()).or_default().push(r.rank);
+        }
+    }
+    for p in &job.progress {
+        let v = ranks_of.entry(p.node.clone()).or_default();
+        if !v.contains(&p.rank) {
+            v.push(p.rank);
+        }
+    }
+    let progress: BTreeMap<u32, &pb::RankProgress> =
+        job.progress.iter().map(|p| (p.rank, p)).collect();
+    ranks_of
+        .into_iter()
+        .map(|(name, ranks)| {
+            let mine: Vec<&pb::RankProgress> = ranks
+                .iter()
+                .filter_map(|r| progress.get(r).copied())
+                .collect();
+            let fraction = if ranks.is_empty() {
+                0.0
+            } else {
+                mine.iter()
+                    .fold(0.0, |acc, p| acc + p.fraction.clamp(0.0, 1.0))
+                    / ranks.len() as f64
+            };
+            NodeView {
+                name,
+                fraction,
+                detail: node_detail(&mine),
+            }
+        })
+        .collect()
+}
+
+fn node_detail(ranks: &[&pb::RankProgress]) -> String {
+    let values = |key: &str| -> Vec<f64> {
+        ranks
+            .iter()
+            .filter_map(|p| p.metrics.get(key).copied())
+            .collect()
+    };
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    // Per-GPU TFLOP/s is what operators compare against a spec sheet: the mean.
+    let tflops = values("tflops");
+    if !tflops.is_empty() {
+        return output::fmt_metric("tflops", mean(&tflops));
+    }
+    // A collective is as fast as its slowest rank: the minimum.
+    let busbw = values("busbw_gbps");
+    if !busbw.is_empty() {
+        return output::fmt_metric(
+            "busbw_gbps",
+            busbw.iter().cloned().fold(f64::INFINITY, f64::min),
+        );
+    }
+    // Training throughput adds up across the node's ranks.
+    let sps = values("samples_per_s");
+    if !sps.is_empty() {
+        return output::fmt_metric("samples_per_s", sps.iter().sum());
+    }
+    let mut phases: Vec<&str> = ranks
+        .iter()
+        .map(|p| p.phase.as_str())
+        .filter(|p| !p.is_empty())
+        .collect();
+    phases.sort();
+    phases.dedup();
+    if phases.is_empty() {
+        "waiting".into()
+    } else {
+        phases.join(",")
+    }
+}
+
+/// Polls until the job is terminal; tolerates a coordinator restart for a while.
+async fn follow(c: &mut Coordinator, mut job: pb::Job) -> Result<pb::Job> {
+    let mut display = Display::new();
+    let mut unreachable_since: Option<Instant> = None;
+    loop {
+        display.update(&job);
+        if job.state().is_terminal() {
+            display.finish();
+            return Ok(job);
+        }
+        tokio::time::sleep(POLL).await;
+        match c.job(&job.id).await {
+            Ok(j) => {
+                job = j;
+                unreachable_since = None;
+            }
+            Err(e) => {
+                let since = *unreachable_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > UNREACHABLE_GRACE {
+                    display.finish();
+                    return Err(e.context(format!("lost track of {}", job.id)));
+                }
+                tracing::warn!("polling {}: {e:#}", job.id);
+            }
+        }
+    }
+}
+
+async fn finish(c: &mut Coordinator, job: &pb::Job, out: OutputFormat) -> Result<i32> {
+    let deadline = Instant::now() + REPORT_GRACE;
+    loop {
+        match c.report_raw(&job.id).await {
+            Ok(report) => {
+                super::report::print(&report, out);
+                return Ok(super::report::exit_code(&report));
+            }
+            Err(s)
+                if matches!(
+                    s.code(),
+                    Code::NotFound | Code::FailedPrecondition | Code::Unavailable
+                ) && Instant::now() < deadline =>
+            {
+                tokio::time::sleep(POLL).await;
+            }
+            Err(s) => {
+                // No report (e.g. cancelled before it started): the job itself is the answer.
+                tracing::debug!("no report for {}: {s}", job.id);
+                match out {
+                    OutputFormat::Json => output::print_json(&output::json::job(job)),
+                    OutputFormat::Table => output::print_text(&super::status::render(
+                        job,
+                        gpuctl_proto::now_ms(),
+                        &Default::default(),
+                    )),
+                }
+                if job.state() == pb::JobState::Succeeded {
+                    bail!(
+                        "{} succeeded but its report could not be read: {}",
+                        job.id,
+                        s.message()
+                    );
+                }
+                return Ok(1);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn progress(
+        rank: u32,
+        node: &str,
+        fraction: f64,
+        metric: Option<(&str, f64)>,
+    ) -> pb::RankProgress {
+        pb::RankProgress {
+            rank,
+            node: node.into(),
+            phase: "gemm".into(),
+            fraction,
+            metrics: metric
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn node_bars_average_ranks_and_pick_a_headline() {
+        let job = pb::Job {
+            plan: Some(pb::Plan {
+                nodes: vec!["a".into(), "b".into()],
+                ranks: vec![
+                    pb::RankPlacement {
+                        rank: 0,
+                        node: "a".into(),
+                        ..Default::default()
+                    },
+                    pb::RankPlacement {
+                        rank: 1,
+                        node: "a".into(),
+                        ..Default::default()
+                    },
+                    pb::RankPlacement {
+                        rank: 2,
+                        node: "b".into(),
+                        ..Default::default()
+                    },
+                ],
+                ..Default::default()
+            }),
+            progress: vec![
+                progress(0, "a", 0.5, Some(("tflops", 10.0))),
+                progress(1, "a", 1.0, Some(("tflops", 14.6))),
+                progress(2, "b", 0.25, None),
+            ],
+            ..Default::default()
+        };
+        let v = node_views(&job);
+        assert_eq!(v.len(), 2);
+        assert_eq!(v[0].name, "a");
+        assert!((v[0].fraction - 0.75).abs() < 1e-9);
+        assert_eq!(v[0].detail, "12.3 TFLOP/s");
+        assert!((v[1].fraction - 0.25).abs() < 1e-9);
+        assert_eq!(v[1].detail, "gemm");
+
+        let job = pb::Job {
+            progress: vec![
+                progress(0, "a", 0.1, Some(("busbw_gbps", 3.1))),
+                progress(1, "a", 0.3, Some(("busbw_gbps", 2.0))),
+            ],
+            ..Default::default()
+        };
+        let v = node_views(&job);
+        assert_eq!(v[0].detail, "busbw 2.00 GB/s");
+        assert!((v[0].fraction - 0.2).abs() < 1e-9);
+    }
+
+    #[test]
+    fn silent_ranks_pull_the_bar_down() {
+        let job = pb::Job {
+            plan: Some(pb::Plan {
+                nodes: vec!["a".into()],
+                ranks: vec![
+                    pb::RankPlacement {
+                        rank: 0,
+                        node: "a".into(),
+                        ..Default::default()
+                    },
+                    pb::RankPlacement {
+                        rank: 1,
+                        node: "a".into(),
+                        ..Default::default()
+                    },
+                ],
+                ..Default::default()
+            }),
+            progress: vec![progress(0, "a", 1.0, None)],
+            ..Default::default()
+        };
+        assert!((node_views(&job)[0].fraction - 0.5).abs() < 1e-9);
+    }
+}

@@ -1,0 +1,305 @@
+//! JSON shapes of nodes, jobs, plans and reports, built by hand with serde_json
+//! because the prost types carry no serde. Enums are lower-case words (the
+//! `.label()` helpers), maps have sorted keys, and key names are stable: scripts
+//! and the end-to-end tests read them.
+
+use std::collections::HashMap;
+
+use gpuctl_proto::pb;
+use serde_json::{json, Map, Value};
+
+fn sorted_map(m: &HashMap<String, String>) -> Value {
+    // serde_json's Map is a BTreeMap without `preserve_order`: keys come out sorted.
+    Value::Object(
+        m.iter()
+            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+            .collect::<Map<_, _>>(),
+    )
+}
+
+pub fn spec(s: &pb::JobSpec) -> Value {
+    json!({
+        "workload": s.workload,
+        "node_count": s.node_count,
+        "all_nodes": s.all_nodes,
+        "selectors": s.selectors,
+        "duration_ms": s.duration_ms,
+        "timeout_ms": s.timeout_ms,
+        "params": sorted_map(&s.params),
+        "env": sorted_map(&s.env),
+        "name": s.name,
+    })
+}
+
+pub fn gpu(g: &pb::GpuInfo) -> Value {
+    json!({
+        "index": g.index,
+        "uuid": g.uuid,
+        "name": g.name,
+        "memory_total_bytes": g.memory_total_bytes,
+        "pci_bus_id": g.pci_bus_id,
+        "pcie_gen_max": g.pcie_gen_max,
+        "pcie_width_max": g.pcie_width_max,
+        "nvlinks_active": g.nvlinks_active,
+        "compute_capability": g.compute_capability,
+        "sm_count": g.sm_count,
+    })
+}
+
+pub fn node(n: &pb::Node, now_ms: u64) -> Value {
+    let f = n.facts.clone().unwrap_or_default();
+    json!({
+        "name": n.name,
+        "state": n.state().label(),
+        "state_reason": n.state_reason,
+        "slots": n.slots,
+        "gpus": n.gpus.iter().map(gpu).collect::<Vec<_>>(),
+        "cpu_ranks": f.cpu_ranks,
+        "current_job": n.current_job,
+        "last_heartbeat_unix_ms": n.last_heartbeat_unix_ms,
+        "heartbeat_age_ms": if n.last_heartbeat_unix_ms == 0 { Value::Null } else { json!(now_ms.saturating_sub(n.last_heartbeat_unix_ms)) },
+        "registered_unix_ms": n.registered_unix_ms,
+        "facts": {
+            "hostname": f.hostname,
+            "addresses": f.addresses,
+            "cpu_count": f.cpu_count,
+            "cpu_model": f.cpu_model,
+            "memory_total_bytes": f.memory_total_bytes,
+            "shm_bytes": f.shm_bytes,
+            "driver_version": f.driver_version,
+            "cuda_driver_version": f.cuda_driver_version,
+            "nvml_status": f.nvml_status,
+            "ib_devices": f.ib_devices,
+            "labels": sorted_map(&f.labels),
+            "agent_version": f.agent_version,
+            "libtorch": f.libtorch,
+            "os": f.os,
+            "kernel": f.kernel,
+        },
+    })
+}
+
+pub fn placement(r: &pb::RankPlacement) -> Value {
+    json!({
+        "rank": r.rank,
+        "local_rank": r.local_rank,
+        "node_rank": r.node_rank,
+        "node": r.node,
+        "device": r.device,
+        "gpu_uuid": r.gpu_uuid,
+        "device_name": r.device_name,
+    })
+}
+
+pub fn env_var(e: &pb::EnvVar) -> Value {
+    json!({ "name": e.name, "value": e.value, "reason": e.reason })
+}
+
+pub fn check(c: &pb::PreflightCheck) -> Value {
+    json!({
+        "node": c.node,
+        "name": c.name,
+        "verdict": c.verdict().label(),
+        "detail": c.detail,
+        "fix": c.fix,
+    })
+}
+
+pub fn plan(p: &pb::Plan) -> Value {
+    json!({
+        "nodes": p.nodes,
+        "world_size": p.world_size,
+        "master_addr": p.master_addr,
+        "master_port": p.master_port,
+        "ranks": p.ranks.iter().map(placement).collect::<Vec<_>>(),
+        "env": p.env.iter().map(env_var).collect::<Vec<_>>(),
+        "checks": p.checks.iter().map(check).collect::<Vec<_>>(),
+        "spec": p.spec.as_ref().map(spec),
+    })
+}
+
+pub fn progress(p: &pb::RankProgress) -> Value {
+    let metrics: Map<String, Value> = p
+        .metrics
+        .iter()
+        .map(|(k, v)| (k.clone(), json!(v)))
+        .collect();
+    json!({
+        "rank": p.rank,
+        "node": p.node,
+        "phase": p.phase,
+        "fraction": p.fraction,
+        "metrics": metrics,
+        "message": p.message,
+        "unix_ms": p.unix_ms,
+    })
+}
+
+pub fn job(j: &pb::Job) -> Value {
+    let mut progress: Vec<&pb::RankProgress> = j.progress.iter().collect();
+    progress.sort_by_key(|p| p.rank);
+    json!({
+        "id": j.id,
+        "job_id": j.id,
+        "name": j.spec.as_ref().map(|s| s.name.clone()).unwrap_or_default(),
+        "workload": j.spec.as_ref().map(|s| s.workload.clone()).unwrap_or_default(),
+        "state": j.state().label(),
+        "attempt": j.attempt,
+        "created_unix_ms": j.created_unix_ms,
+        "started_unix_ms": j.started_unix_ms,
+        "finished_unix_ms": j.finished_unix_ms,
+        "message": j.message,
+        "results_in": j.results_in,
+        "spec": j.spec.as_ref().map(spec),
+        "plan": j.plan.as_ref().map(plan),
+        "progress": progress.into_iter().map(self::progress).collect::<Vec<_>>(),
+    })
+}
+
+pub fn collective_row(r: &pb::CollectiveRow) -> Value {
+    json!({
+        "op": r.op,
+        "bytes": r.bytes,
+        "count": r.count,
+        "dtype": r.dtype,
+        "redop": r.redop,
+        "root": r.root,
+        "time_us": r.time_us,
+        "algbw_gbps": r.algbw_gbps,
+        "busbw_gbps": r.busbw_gbps,
+        "wrong": r.wrong,
+        "time_us_ip": r.time_us_ip,
+        "algbw_gbps_ip": r.algbw_gbps_ip,
+        "busbw_gbps_ip": r.busbw_gbps_ip,
+        "wrong_ip": r.wrong_ip,
+    })
+}
+
+fn stress(s: &pb::StressResult) -> Value {
+    json!({
+        "dtype": s.dtype,
+        "matrix_size": s.matrix_size,
+        "iterations": s.iterations,
+        "tflops_min": s.tflops_min,
+        "tflops_median": s.tflops_median,
+        "tflops_max": s.tflops_max,
+        "tflops_per_interval": s.tflops_per_interval,
+        "interval_s": s.interval_s,
+        "digest": s.digest,
+        "self_mismatches": s.self_mismatches,
+        "checks": s.checks,
+        "device_class": s.device_class,
+    })
+}
+
+fn train(t: &pb::TrainResult) -> Value {
+    json!({
+        "model": t.model,
+        "mode": t.mode,
+        "precision": t.precision,
+        "batch_size": t.batch_size,
+        "steps": t.steps,
+        "samples_per_s": t.samples_per_s,
+        "unit": t.unit,
+        "step_ms_p50": t.step_ms_p50,
+        "step_ms_p99": t.step_ms_p99,
+        "param_digest": t.param_digest,
+        "final_loss": t.final_loss,
+        "peak_memory_bytes": t.peak_memory_bytes,
+        "comm_ms_per_step": t.comm_ms_per_step,
+    })
+}
+
+fn maxbatch(m: &pb::MaxBatchResult) -> Value {
+    json!({
+        "model": m.model,
+        "precision": m.precision,
+        "max_batch": m.max_batch,
+        "recommended": m.recommended,
+        "margin": m.margin,
+        "points": m.points.iter().map(|p| json!({
+            "batch_size": p.batch_size,
+            "fits": p.fits,
+            "peak_memory_bytes": p.peak_memory_bytes,
+            "error": p.error,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn collectives(c: &pb::CollectiveResult) -> Value {
+    json!({
+        "backend": c.backend,
+        "world_size": c.world_size,
+        "rows": c.rows.iter().map(collective_row).collect::<Vec<_>>(),
+    })
+}
+
+pub fn rank_report(node: &str, r: &pb::RankReport) -> Value {
+    let mut o = json!({
+        "rank": r.rank,
+        "local_rank": r.local_rank,
+        "node": node,
+        "device": r.device,
+        "device_name": r.device_name,
+        "gpu_uuid": r.gpu_uuid,
+        "verdict": r.verdict().label(),
+        "reason": r.reason,
+        "reported": r.result.is_some(),
+    });
+    if let Some(res) = &r.result {
+        let m = o.as_object_mut().expect("object");
+        m.insert("ok".into(), json!(res.ok));
+        m.insert("error".into(), json!(res.error));
+        m.insert("elapsed_ms".into(), json!(res.elapsed_ms));
+        m.insert("peak_memory_bytes".into(), json!(res.peak_memory_bytes));
+        m.insert("torch_version".into(), json!(res.torch_version));
+        m.insert("nccl_version".into(), json!(res.nccl_version));
+        match &res.detail {
+            Some(pb::rank_result::Detail::Stress(s)) => {
+                m.insert("stress".into(), stress(s));
+            }
+            Some(pb::rank_result::Detail::Train(t)) => {
+                m.insert("train".into(), train(t));
+            }
+            Some(pb::rank_result::Detail::Maxbatch(x)) => {
+                m.insert("maxbatch".into(), maxbatch(x));
+            }
+            Some(pb::rank_result::Detail::Collectives(c)) => {
+                m.insert("collectives".into(), collectives(c));
+            }
+            None => {}
+        }
+    }
+    o
+}
+
+pub fn report(r: &pb::Report) -> Value {
+    json!({
+        "job_id": r.job_id,
+        "workload": r.workload,
+        "state": r.state().label(),
+        "verdict": r.verdict().label(),
+        "reason": r.reason,
+        "duration_ms": r.duration_ms,
+        "started_unix_ms": r.started_unix_ms,
+        "finished_unix_ms": r.finished_unix_ms,
+        "world_size": r.world_size,
+        "backend": r.backend,
+        "nccl_version": r.nccl_version,
+        "sdc_note": r.sdc_note,
+        "notes": r.notes,
+        "spec": r.spec.as_ref().map(spec),
+        "nodes": r.nodes.iter().map(|n| json!({
+            "name": n.name,
+            "verdict": n.verdict().label(),
+            "reason": n.reason,
+            "ranks": n.ranks.iter().map(|x| rank_report(&n.name, x)).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+        "collectives": r.collectives.iter().map(collective_row).collect::<Vec<_>>(),
+        "env": r.env.iter().map(env_var).collect::<Vec<_>>(),
+    })
+}
+
+pub fn log_line(l: &pb::LogLine) -> Value {
+    json!({ "rank": l.rank, "node": l.node, "line": l.line })
+}
