@@ -1,1 +1,134 @@
-fn main() {}
+//! The `gpuctl-agent` binary: parses the command line, sets up logging and the
+//! shutdown signal (SIGINT/SIGTERM), and runs the agent until told to stop.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use tokio_util::sync::CancellationToken;
+
+/// Runs on every GPU host: registers with the coordinator and runs one
+/// gpuctl-worker per assigned rank.
+#[derive(Debug, Parser)]
+#[command(name = "gpuctl-agent", version)]
+struct Args {
+    /// Coordinator URL.
+    #[arg(
+        long,
+        env = "GPUCTL_COORDINATOR",
+        default_value = "http://127.0.0.1:7070"
+    )]
+    coordinator: String,
+
+    /// Node name, unique in the fleet (default: the host name).
+    #[arg(long)]
+    name: Option<String>,
+
+    /// Ranks to offer when the host has no GPU (or NVML is absent).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    cpu_ranks: u32,
+
+    /// libtorch: an install-libtorch.sh folder, a site-packages, a torch
+    /// folder, or a libtorch folder (default: ~/.cache/gpuctl/libtorch-2.11.0).
+    #[arg(long, env = "GPUCTL_LIBTORCH")]
+    libtorch: Option<PathBuf>,
+
+    /// Worker binary (default: gpuctl-worker next to this executable).
+    #[arg(long)]
+    worker_bin: Option<PathBuf>,
+
+    /// Folder for job folders and the NCCL link (default:
+    /// ~/.local/state/gpuctl/agent-NAME).
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+
+    /// Node label key=value, used by job selectors (repeatable).
+    #[arg(long = "label", value_parser = parse_label)]
+    labels: Vec<(String, String)>,
+
+    /// Time between heartbeats (e.g. 1s, 500ms).
+    #[arg(long, default_value = "1s", value_parser = parse_interval)]
+    heartbeat_interval: Duration,
+
+    /// Where the host's /proc, /sys and /etc are (for an agent in a container
+    /// with the host's mounted elsewhere).
+    #[arg(long, env = "GPUCTL_HOST_ROOT", default_value = "/")]
+    host_root: PathBuf,
+
+    /// Ignore the GPUs NVML finds and offer --cpu-ranks CPU ranks.
+    #[arg(long)]
+    no_gpu: bool,
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
+        _ => Err(format!(
+            "`{s}` is not a label; write key=value, e.g. --label rack=a7"
+        )),
+    }
+}
+
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    gpuctl_proto::units::parse_duration(s)
+}
+
+/// A bare `host:port` is taken as plain HTTP, the way operators type it.
+fn normalize_url(url: &str) -> String {
+    if url.contains("://") {
+        url.to_string()
+    } else {
+        format!("http://{url}")
+    }
+}
+
+fn default_worker_bin() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join("gpuctl-worker")))
+        .unwrap_or_else(|| PathBuf::from("gpuctl-worker"))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        // Colour codes only for a person at a terminal, not for journald or files.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let args = Args::parse();
+    let labels: BTreeMap<String, String> = args.labels.into_iter().collect();
+    let cfg = gpuctl_agent::Config {
+        coordinator: normalize_url(&args.coordinator),
+        name: args.name.filter(|n| !n.is_empty()),
+        cpu_ranks: args.cpu_ranks,
+        libtorch: args.libtorch.filter(|p| !p.as_os_str().is_empty()),
+        worker_bin: args.worker_bin.unwrap_or_else(default_worker_bin),
+        work_dir: args.work_dir,
+        labels,
+        heartbeat_interval: args.heartbeat_interval,
+        host_root: args.host_root,
+        no_gpu: args.no_gpu,
+    };
+
+    // The one shutdown signal: every loop watches this token, and the agent
+    // kills its workers before it exits.
+    let shutdown = CancellationToken::new();
+    let token = shutdown.clone();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::spawn(async move {
+        let which = tokio::select! {
+            _ = tokio::signal::ctrl_c() => "SIGINT",
+            _ = term.recv() => "SIGTERM",
+        };
+        tracing::info!("{which}: stopping (killing workers first)");
+        token.cancel();
+    });
+
+    gpuctl_agent::run(cfg, shutdown).await
+}

@@ -1,0 +1,354 @@
+//! Host facts: what the coordinator needs to know about this machine to plan a
+//! job on it (addresses for `MASTER_ADDR`, CPU and memory, `/dev/shm` size,
+//! InfiniBand devices for the NCCL plan, OS and kernel).
+//!
+//! Everything is read from files under one root (`/` normally), so that tests
+//! can point the reader at a fixture tree and a containerised agent can read
+//! the host's `/proc` and `/sys` mounted elsewhere (`--host-root`).
+
+use std::ffi::CString;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+
+use gpuctl_proto::pb::HostFacts;
+
+/// Where the host's `/proc`, `/sys`, `/etc` and `/dev/shm` are found.
+#[derive(Debug, Clone)]
+pub struct HostRoot {
+    root: PathBuf,
+}
+
+impl Default for HostRoot {
+    fn default() -> Self {
+        HostRoot {
+            root: PathBuf::from("/"),
+        }
+    }
+}
+
+impl HostRoot {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        HostRoot { root: root.into() }
+    }
+
+    /// `rel` is written without its leading slash: `proc/meminfo`.
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.root.join(rel)
+    }
+
+    /// True when this is the machine the agent runs on (not a fixture or a
+    /// mounted host root): only then do the process-level calls (affinity,
+    /// network interfaces) describe the same host as the files.
+    pub fn is_live(&self) -> bool {
+        self.root == Path::new("/")
+    }
+
+    fn read(&self, rel: &str) -> Option<String> {
+        std::fs::read_to_string(self.path(rel)).ok()
+    }
+}
+
+/// Reads every fact that does not come from NVML or the command line; the
+/// caller fills `labels`, `cpu_ranks`, `libtorch` and the NVML fields.
+pub fn gather(root: &HostRoot) -> HostFacts {
+    let cpuinfo = root.read("proc/cpuinfo").unwrap_or_default();
+    let (cpu_model, cpuinfo_count) = parse_cpuinfo(&cpuinfo);
+    let mut cpu_count = cpuinfo_count;
+    if root.is_live() {
+        // The CPUs this agent (and so its workers) may run on: affinity and
+        // cgroup limits make this smaller than /proc/cpuinfo in containers.
+        if let Ok(n) = std::thread::available_parallelism() {
+            let n = n.get() as u32;
+            cpu_count = if cpu_count == 0 { n } else { cpu_count.min(n) };
+        }
+    }
+    let hostname = root
+        .read("proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(libc_hostname);
+    let addresses = if root.is_live() {
+        local_addresses()
+    } else {
+        vec![Ipv4Addr::LOCALHOST.to_string()]
+    };
+    HostFacts {
+        hostname,
+        addresses,
+        cpu_count,
+        memory_total_bytes: root
+            .read("proc/meminfo")
+            .and_then(|m| parse_meminfo_total(&m))
+            .unwrap_or(0),
+        shm_bytes: fs_size(&root.path("dev/shm")).unwrap_or(0),
+        cpu_model,
+        ib_devices: ib_devices(&root.path("sys/class/infiniband")),
+        agent_version: env!("CARGO_PKG_VERSION").to_string(),
+        os: root
+            .read("etc/os-release")
+            .and_then(|s| parse_os_release(&s))
+            .unwrap_or_else(|| "Linux".to_string()),
+        kernel: root
+            .read("proc/sys/kernel/osrelease")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default(),
+        ..Default::default()
+    }
+}
+
+/// The machine's host name, through the system call (fallback when
+/// `/proc/sys/kernel/hostname` cannot be read).
+pub fn libc_hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its whole length; gethostname writes at most that.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "localhost".to_string();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+/// `MemTotal:  1234 kB` → bytes.
+pub fn parse_meminfo_total(meminfo: &str) -> Option<u64> {
+    meminfo.lines().find_map(|line| {
+        let rest = line.strip_prefix("MemTotal:")?;
+        let mut parts = rest.split_whitespace();
+        let value: u64 = parts.next()?.parse().ok()?;
+        let mult = match parts.next().map(|u| u.to_ascii_lowercase()) {
+            Some(u) if u == "kb" => 1024,
+            Some(u) if u == "mb" => 1024 * 1024,
+            None => 1,
+            Some(_) => 1024,
+        };
+        Some(value * mult)
+    })
+}
+
+/// CPU model and number of logical CPUs from `/proc/cpuinfo`. x86 names the
+/// model in `model name`; arm64 kernels may only give `Model` or `Hardware`.
+pub fn parse_cpuinfo(cpuinfo: &str) -> (String, u32) {
+    let mut model = None;
+    let mut fallback = None;
+    let mut count = 0u32;
+    for line in cpuinfo.lines() {
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
+        let (key, value) = (key.trim(), value.trim());
+        match key {
+            "processor" => count += 1,
+            "model name" if model.is_none() && !value.is_empty() => model = Some(value.to_string()),
+            "Model" | "Hardware" | "cpu model" if fallback.is_none() && !value.is_empty() => {
+                fallback = Some(value.to_string())
+            }
+            _ => {}
+        }
+    }
+    let model = model
+        .or(fallback)
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+    (model, count)
+}
+
+/// `PRETTY_NAME="Ubuntu 22.04.4 LTS"` from `/etc/os-release`.
+pub fn parse_os_release(text: &str) -> Option<String> {
+    let field = |name: &str| {
+        text.lines().find_map(|l| {
+            let v = l.strip_prefix(name)?.strip_prefix('=')?;
+            let v = v.trim().trim_matches('"').trim_matches('\'');
+            (!v.is_empty()).then(|| v.to_string())
+        })
+    };
+    field("PRETTY_NAME").or_else(|| field("NAME"))
+}
+
+/// Size of the file system holding `path` (for `/dev/shm`: what NCCL's shared
+/// memory transport can use; Docker's default is only 64 MiB).
+pub fn fs_size(path: &Path) -> Option<u64> {
+    let c = CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: statvfs is plain old data; the call fills it or fails.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid NUL-terminated path and `st` a valid out-pointer.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    (rc == 0).then(|| st.f_blocks as u64 * st.f_frsize as u64)
+}
+
+/// InfiniBand (and RoCE) devices that NCCL could use: those with at least one
+/// ACTIVE port. A device whose ports are all down is left out, because the
+/// coordinator plans `NCCL_IB_DISABLE` from this list and NCCL would otherwise
+/// try a dead link. Devices without a `ports` folder are listed as they are.
+pub fn ib_devices(class_dir: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(class_dir) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let ports = entry.path().join("ports");
+        let states: Vec<String> = std::fs::read_dir(&ports)
+            .map(|rd| {
+                rd.flatten()
+                    .filter_map(|p| std::fs::read_to_string(p.path().join("state")).ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if states.is_empty() || states.iter().any(|s| s.contains("ACTIVE")) {
+            out.push(name);
+        } else {
+            tracing::warn!(device = %name, "InfiniBand device has no ACTIVE port; not offered to NCCL");
+        }
+    }
+    out.sort();
+    out
+}
+
+/// IPv4 addresses of this host, best first: up, non-loopback, non-link-local
+/// interfaces (container bridges last, since other hosts cannot reach them),
+/// then 127.0.0.1 so that a single-host fleet on loopback always works.
+pub fn local_addresses() -> Vec<String> {
+    let mut found: Vec<(u8, String, Ipv4Addr)> = Vec::new();
+    let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs allocates a list we walk read-only and free below.
+    if unsafe { libc::getifaddrs(&mut ifap) } == 0 {
+        let mut cur = ifap;
+        while !cur.is_null() {
+            // SAFETY: `cur` is a node of the list getifaddrs returned.
+            let ifa = unsafe { &*cur };
+            cur = ifa.ifa_next;
+            if ifa.ifa_addr.is_null() {
+                continue;
+            }
+            // SAFETY: ifa_addr is non-null and points at a sockaddr.
+            let family = unsafe { (*ifa.ifa_addr).sa_family } as i32;
+            if family != libc::AF_INET {
+                continue;
+            }
+            let flags = ifa.ifa_flags;
+            if flags & libc::IFF_UP as u32 == 0 || flags & libc::IFF_LOOPBACK as u32 != 0 {
+                continue;
+            }
+            // SAFETY: family is AF_INET, so the sockaddr is a sockaddr_in.
+            let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+            let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+            if ip.is_loopback() || ip.is_link_local() || ip.is_unspecified() {
+                continue;
+            }
+            // SAFETY: ifa_name is a NUL-terminated C string owned by the list.
+            let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }
+                .to_string_lossy()
+                .into_owned();
+            found.push((interface_rank(&name), name, ip));
+        }
+        // SAFETY: frees the list allocated above, once.
+        unsafe { libc::freeifaddrs(ifap) };
+    }
+    found.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+    let mut out: Vec<String> = Vec::new();
+    for (_, _, ip) in found {
+        let s = ip.to_string();
+        if !out.contains(&s) {
+            out.push(s);
+        }
+    }
+    out.push(Ipv4Addr::LOCALHOST.to_string());
+    out
+}
+
+/// Bridges and virtual links of container runtimes come after real NICs.
+fn interface_rank(name: &str) -> u8 {
+    const VIRTUAL: &[&str] = &[
+        "docker", "br-", "virbr", "veth", "cni", "flannel", "cali", "tun", "tap",
+    ];
+    if VIRTUAL.iter().any(|p| name.starts_with(p)) {
+        1
+    } else {
+        0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(root: &Path, rel: &str, text: &str) {
+        let p = root.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+
+    const CPUINFO: &str = "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n\nprocessor\t: 1\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n\nprocessor\t: 2\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n";
+
+    #[test]
+    fn fixture_tree_gives_every_fact() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = dir.path();
+        write(
+            r,
+            "proc/meminfo",
+            "MemFree:   100 kB\nMemTotal:       2097152 kB\nSwapTotal: 0 kB\n",
+        );
+        write(r, "proc/cpuinfo", CPUINFO);
+        write(r, "proc/sys/kernel/hostname", "gpu-node-07\n");
+        write(r, "proc/sys/kernel/osrelease", "6.8.0-45-generic\n");
+        write(
+            r,
+            "etc/os-release",
+            "NAME=\"Ubuntu\"\nPRETTY_NAME=\"Ubuntu 24.04.1 LTS\"\n",
+        );
+        write(r, "sys/class/infiniband/mlx5_1/ports/1/state", "1: DOWN\n");
+        write(
+            r,
+            "sys/class/infiniband/mlx5_0/ports/1/state",
+            "4: ACTIVE\n",
+        );
+        write(
+            r,
+            "sys/class/infiniband/mlx5_2/ports/1/state",
+            "4: ACTIVE\n",
+        );
+        std::fs::create_dir_all(r.join("dev/shm")).unwrap();
+
+        let f = gather(&HostRoot::new(r));
+        assert_eq!(f.hostname, "gpu-node-07");
+        assert_eq!(f.memory_total_bytes, 2097152 * 1024);
+        assert_eq!(f.cpu_count, 3);
+        assert_eq!(f.cpu_model, "Intel(R) Xeon(R) Platinum 8480+");
+        assert_eq!(
+            f.ib_devices,
+            vec!["mlx5_0", "mlx5_2"],
+            "mlx5_1 has no ACTIVE port"
+        );
+        assert_eq!(f.os, "Ubuntu 24.04.1 LTS");
+        assert_eq!(f.kernel, "6.8.0-45-generic");
+        assert_eq!(f.addresses, vec!["127.0.0.1"]);
+        assert!(f.shm_bytes > 0, "statvfs of the fixture's dev/shm");
+    }
+
+    #[test]
+    fn missing_files_give_empty_facts_not_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = gather(&HostRoot::new(dir.path()));
+        assert_eq!(f.memory_total_bytes, 0);
+        assert_eq!(f.cpu_count, 0);
+        assert!(f.ib_devices.is_empty());
+        assert_eq!(f.shm_bytes, 0);
+        assert!(!f.hostname.is_empty(), "falls back to gethostname");
+    }
+
+    #[test]
+    fn arm_cpuinfo_and_meminfo_units() {
+        let (model, n) =
+            parse_cpuinfo("processor : 0\nBogoMIPS : 50\n\nprocessor : 1\nModel : NVIDIA Grace\n");
+        assert_eq!((model.as_str(), n), ("NVIDIA Grace", 2));
+        assert_eq!(parse_meminfo_total("MemTotal: 3 kB"), Some(3072));
+        assert_eq!(parse_meminfo_total("MemFree: 3 kB"), None);
+    }
+
+    #[test]
+    fn live_addresses_end_with_loopback() {
+        let a = local_addresses();
+        assert_eq!(a.last().map(String::as_str), Some("127.0.0.1"));
+        assert_eq!(a.iter().filter(|s| *s == "127.0.0.1").count(), 1);
+    }
+}

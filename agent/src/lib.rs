@@ -1,0 +1,199 @@
+//! gpuctl-agent: runs on every host of the fleet. It reads the host's facts
+//! and GPUs, registers with the coordinator, holds a session with it, and runs
+//! one `gpuctl-worker` process per rank it is assigned.
+//!
+//! - `facts`: host facts from `/proc`, `/sys`, `/etc` (under a root tests can move)
+//! - `gpus`: the GPUs through NVML (absent NVML → CPU ranks)
+//! - `libtorch`: finding libtorch and the workers' `LD_LIBRARY_PATH`
+//! - `workers`: spawning, supervising and killing worker processes
+//! - `session`: register, heartbeats, assignments, reconnecting
+//! - `metrics`: the HTTP `/metrics` endpoint (issue 4; placeholder)
+
+pub mod facts;
+pub mod gpus;
+pub mod libtorch;
+pub mod metrics;
+pub mod session;
+pub mod workers;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+/// Everything the command line decides.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `http://host:port` of the coordinator.
+    pub coordinator: String,
+    /// Node name; the host name when `None`.
+    pub name: Option<String>,
+    /// Ranks offered when there is no GPU.
+    pub cpu_ranks: u32,
+    /// `--libtorch` / `GPUCTL_LIBTORCH`.
+    pub libtorch: Option<PathBuf>,
+    pub worker_bin: PathBuf,
+    /// Default: `default_work_dir(name)`.
+    pub work_dir: Option<PathBuf>,
+    pub labels: BTreeMap<String, String>,
+    pub heartbeat_interval: Duration,
+    /// Where the host's `/proc`, `/sys`, `/etc` and `/dev/shm` are (`/`).
+    pub host_root: PathBuf,
+    /// Offer CPU ranks even where NVML finds GPUs.
+    pub no_gpu: bool,
+}
+
+/// `$XDG_STATE_HOME/gpuctl/agent-NAME`, else `~/.local/state/gpuctl/agent-NAME`,
+/// else a folder under the temp dir. Per agent, so that several agents on one
+/// host (tests, `gpuctl local up`) never share job folders.
+pub fn default_work_dir(name: &str) -> PathBuf {
+    let leaf = format!("agent-{name}");
+    if let Some(x) = std::env::var_os("XDG_STATE_HOME").filter(|x| !x.is_empty()) {
+        return PathBuf::from(x).join("gpuctl").join(leaf);
+    }
+    if let Some(h) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+        return PathBuf::from(h).join(".local/state/gpuctl").join(leaf);
+    }
+    std::env::temp_dir().join(format!("gpuctl-{leaf}"))
+}
+
+/// Runs the agent until `shutdown` is cancelled; on return no worker is left.
+pub async fn run(cfg: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let root = facts::HostRoot::new(&cfg.host_root);
+    let mut host = facts::gather(&root);
+    let name = cfg.name.clone().unwrap_or_else(|| host.hostname.clone());
+
+    let inventory = if cfg.no_gpu {
+        gpus::GpuInventory::none("not used: --no-gpu")
+    } else {
+        gpus::probe()
+    };
+    if inventory.gpus.is_empty() {
+        // Said once, here: a CPU host is a normal case, not an error.
+        tracing::warn!(
+            "NVML not available ({}): offering {} CPU ranks",
+            inventory.status,
+            cfg.cpu_ranks
+        );
+    }
+    host.nvml_status = inventory.status.clone();
+    host.driver_version = inventory.driver_version.clone();
+    host.cuda_driver_version = inventory.cuda_driver_version.clone();
+    host.cpu_ranks = cfg.cpu_ranks;
+    host.labels = cfg.labels.clone().into_iter().collect();
+
+    let work_dir = cfg
+        .work_dir
+        .clone()
+        .unwrap_or_else(|| default_work_dir(&name));
+    std::fs::create_dir_all(&work_dir).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot create the work dir {}: {e}; pass --work-dir DIR",
+            work_dir.display()
+        )
+    })?;
+
+    let torch = libtorch::find(cfg.libtorch.as_deref());
+    host.libtorch = match &torch {
+        Ok(t) => t.describe(),
+        Err(e) => e.clone(),
+    };
+    if let Err(e) = &torch {
+        tracing::warn!("libtorch {e}; workers get the agent's own LD_LIBRARY_PATH");
+    }
+    if let Ok(t) = &torch {
+        if !inventory.gpus.is_empty() && t.nccl().is_none() {
+            tracing::warn!(
+                "no PyTorch NCCL in {}/nvidia/nccl/lib: GPU workers may load a different NCCL than libtorch_cuda (pip install nvidia-nccl-cu13 there, or pass --libtorch with a full torch install)",
+                t.describe()
+            );
+        }
+    }
+    let ld_library_path = match libtorch::ld_library_path(
+        torch.as_ref().ok(),
+        &work_dir.join("nccl-shim"),
+        std::env::var_os("LD_LIBRARY_PATH").as_deref(),
+    ) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            tracing::warn!(
+                "cannot build the workers' LD_LIBRARY_PATH ({e}); they get the agent's own"
+            );
+            None
+        }
+    };
+    check_worker_bin(&cfg.worker_bin);
+
+    for g in &inventory.gpus {
+        tracing::info!(
+            "GPU {}: {} {} {} memory, PCI {} (max gen {} x{}), {} NVLinks, compute {} with {} SMs",
+            g.index,
+            g.name,
+            g.uuid,
+            gpuctl_proto::units::format_bytes(g.memory_total_bytes),
+            g.pci_bus_id,
+            g.pcie_gen_max,
+            g.pcie_width_max,
+            g.nvlinks_active,
+            g.compute_capability,
+            g.sm_count
+        );
+    }
+    let gpu_list = inventory
+        .gpus
+        .iter()
+        .map(|g| format!("{}:{}", g.index, g.name))
+        .collect::<Vec<_>>()
+        .join(", ");
+    tracing::info!(
+        node = %name,
+        gpus = inventory.gpus.len(),
+        cpu_ranks = if inventory.gpus.is_empty() { cfg.cpu_ranks } else { 0 },
+        libtorch = %host.libtorch,
+        worker = %cfg.worker_bin.display(),
+        work_dir = %work_dir.display(),
+        "gpuctl-agent {} starting{}",
+        env!("CARGO_PKG_VERSION"),
+        if gpu_list.is_empty() { String::new() } else { format!(" with GPUs {gpu_list}") }
+    );
+
+    let settings = workers::WorkerSettings {
+        node: name.clone(),
+        worker_bin: cfg.worker_bin.clone(),
+        work_dir,
+        ld_library_path,
+        gpu_uuids: inventory
+            .gpus
+            .iter()
+            .map(|g| (g.index, g.uuid.clone()))
+            .collect::<HashMap<_, _>>(),
+        kill_grace: workers::KILL_GRACE,
+    };
+    let (workers, events) = workers::Workers::new(settings, cfg.coordinator.clone());
+
+    // Issue 4: start the HTTP /metrics endpoint (crate::metrics) here, with
+    // `inventory.nvml` and `workers`, stopped by the same `shutdown` token.
+
+    let session_cfg = session::SessionConfig {
+        coordinator: cfg.coordinator.clone(),
+        name,
+        facts: host,
+        gpus: inventory.gpus.clone(),
+        heartbeat_interval: cfg.heartbeat_interval,
+    };
+    session::run(session_cfg, workers, events, shutdown).await;
+    tracing::info!("gpuctl-agent stopped");
+    Ok(())
+}
+
+/// A missing worker binary is not fatal (the agent still registers and shows
+/// up in `gpuctl nodes`), but the operator should hear about it at start.
+fn check_worker_bin(path: &Path) {
+    if !path.is_file() {
+        tracing::warn!(
+            "worker binary {} not found: assignments will fail until it exists (cargo build -p gpuctl-worker, or --worker-bin PATH)",
+            path.display()
+        );
+    }
+}

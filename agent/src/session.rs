@@ -1,0 +1,328 @@
+//! The agent's life with the coordinator: `Register`, then one long `Session`
+//! stream (heartbeats and worker events up, assignments and cancels down).
+//!
+//! When the stream breaks or ends, the coordinator is taken for lost: every
+//! worker is killed (`killed_by = "coordinator-lost"`; a job cannot go on
+//! without its coordinator), and the agent reconnects with backoff and
+//! registers again, forever, until it is shut down. Worker events not yet
+//! sent are kept and sent on the next session.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpuctl_proto::pb::{
+    agent_message::Msg, agent_service_client::AgentServiceClient, coordinator_message,
+    AgentMessage, Assignment, GpuInfo, Heartbeat, HostFacts, RegisterRequest,
+};
+use gpuctl_proto::PROTOCOL_VERSION;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::workers::{killed_by, EventReceiver, Workers};
+
+/// First wait before reconnecting; doubled after each failure...
+const BACKOFF_START: Duration = Duration::from_millis(500);
+/// ...up to this.
+const BACKOFF_CAP: Duration = Duration::from_secs(5);
+/// Connecting and registering must answer within this.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
+/// A stream that accepts nothing for this long is as good as broken.
+const SEND_TIMEOUT: Duration = Duration::from_secs(30);
+/// Killing workers takes the kill grace (2 s) plus pipe draining; this bounds
+/// it so a wedged process cannot hold up reconnecting or exiting.
+const KILL_WAIT: Duration = Duration::from_secs(10);
+
+/// What the agent tells the coordinator about itself.
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    /// `http://host:port`.
+    pub coordinator: String,
+    pub name: String,
+    pub facts: HostFacts,
+    pub gpus: Vec<GpuInfo>,
+    pub heartbeat_interval: Duration,
+}
+
+/// Why one connection ended.
+enum Ended {
+    Shutdown,
+    /// `registered` says whether the coordinator had accepted us, which
+    /// resets the backoff.
+    Lost {
+        reason: String,
+        registered: bool,
+    },
+}
+
+/// Runs sessions until `shutdown`; returns once every worker is gone.
+pub async fn run(
+    cfg: SessionConfig,
+    workers: Arc<Workers>,
+    mut events: EventReceiver,
+    shutdown: CancellationToken,
+) {
+    let mut backoff = BACKOFF_START;
+    let mut failures = 0u32;
+    while !shutdown.is_cancelled() {
+        match serve_once(&cfg, &workers, &mut events, &shutdown).await {
+            Ended::Shutdown => break,
+            Ended::Lost { reason, registered } => {
+                if registered {
+                    backoff = BACKOFF_START;
+                    failures = 0;
+                    tracing::warn!(coordinator = %cfg.coordinator, "lost the coordinator: {reason}; killing workers and reconnecting");
+                } else {
+                    failures += 1;
+                    tracing::warn!(coordinator = %cfg.coordinator, failures, "cannot register with the coordinator: {reason}; retrying in {backoff:?}");
+                }
+                workers
+                    .kill_all_and_wait(killed_by::COORDINATOR_LOST, KILL_WAIT)
+                    .await;
+                // The events still queued (last logs, the exits of the workers
+                // just killed) stay queued: the next session sends them after
+                // its first heartbeat, so a coordinator that only blinked learns
+                // at once why the job's ranks ended, and one that restarted
+                // ignores jobs it already failed.
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = shutdown.cancelled() => break,
+                }
+                backoff = (backoff * 2).min(BACKOFF_CAP);
+            }
+        }
+    }
+    // Nothing may outlive the agent (also covers a shutdown between sessions).
+    workers
+        .kill_all_and_wait(killed_by::AGENT_SHUTDOWN, KILL_WAIT)
+        .await;
+}
+
+async fn connect(url: &str) -> Result<AgentServiceClient<Channel>, String> {
+    let endpoint = Endpoint::from_shared(url.to_string())
+        .map_err(|e| format!("bad coordinator URL `{url}`: {e}"))?
+        .connect_timeout(CONNECT_TIMEOUT)
+        .tcp_nodelay(true)
+        // Keepalive is how an idle session notices a vanished coordinator
+        // host (no FIN ever arrives from a machine that lost power).
+        .http2_keep_alive_interval(Duration::from_secs(5))
+        .keep_alive_timeout(Duration::from_secs(10))
+        .keep_alive_while_idle(true);
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|e| format!("cannot connect: {}", error_chain(&e)))?;
+    Ok(AgentServiceClient::new(channel)
+        .max_decoding_message_size(gpuctl_proto::server::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(gpuctl_proto::server::MAX_MESSAGE_BYTES))
+}
+
+/// One connection: register, open the session, serve it until it ends.
+async fn serve_once(
+    cfg: &SessionConfig,
+    workers: &Arc<Workers>,
+    events: &mut EventReceiver,
+    shutdown: &CancellationToken,
+) -> Ended {
+    let lost = |reason: String| Ended::Lost {
+        reason,
+        registered: false,
+    };
+    let mut client = tokio::select! {
+        c = connect(&cfg.coordinator) => match c {
+            Ok(c) => c,
+            Err(e) => return lost(e),
+        },
+        _ = shutdown.cancelled() => return Ended::Shutdown,
+    };
+    let request = RegisterRequest {
+        protocol_version: PROTOCOL_VERSION,
+        name: cfg.name.clone(),
+        facts: Some(cfg.facts.clone()),
+        gpus: cfg.gpus.clone(),
+    };
+    let resp = tokio::select! {
+        r = tokio::time::timeout(REGISTER_TIMEOUT, client.register(request)) => match r {
+            Ok(Ok(r)) => r.into_inner(),
+            Ok(Err(status)) => {
+                return lost(format!("Register refused ({:?}): {}", status.code(), status.message()))
+            }
+            Err(_) => return lost(format!("Register got no answer within {REGISTER_TIMEOUT:?}")),
+        },
+        _ = shutdown.cancelled() => return Ended::Shutdown,
+    };
+    let name = if resp.name.is_empty() {
+        cfg.name.clone()
+    } else {
+        resp.name.clone()
+    };
+    let coordinator_url = if resp.coordinator_url.is_empty() {
+        cfg.coordinator.clone()
+    } else {
+        resp.coordinator_url.clone()
+    };
+    workers.set_coordinator_url(coordinator_url.clone());
+    // Beat at least as often as we were asked and as the coordinator wants.
+    let mut interval = cfg.heartbeat_interval;
+    if resp.heartbeat_interval_ms > 0 {
+        interval = interval.min(Duration::from_millis(resp.heartbeat_interval_ms as u64));
+    }
+    let interval = interval.max(Duration::from_millis(50));
+
+    // The first message must be a Heartbeat: queue it before the call so the
+    // coordinator has it as soon as the stream opens.
+    let (tx, rx) = mpsc::channel::<AgentMessage>(256);
+    let _ = tx.try_send(heartbeat(&name, workers));
+    let mut inbound = tokio::select! {
+        r = client.session(ReceiverStream::new(rx)) => match r {
+            Ok(r) => r.into_inner(),
+            Err(status) => return lost(format!("Session refused ({:?}): {}", status.code(), status.message())),
+        },
+        _ = shutdown.cancelled() => return Ended::Shutdown,
+    };
+    tracing::info!(coordinator = %cfg.coordinator, node = %name, workers_told = %coordinator_url,
+        heartbeat = ?interval, "registered; session open");
+
+    let broken = |reason: String| Ended::Lost {
+        reason,
+        registered: true,
+    };
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await; // the first tick is immediate; the first heartbeat is already queued
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => {
+                stop_gracefully(&tx, workers, events).await;
+                drop(tx);
+                // Give the transport a moment to flush the last messages.
+                let _ = tokio::time::timeout(Duration::from_millis(500), inbound.message()).await;
+                return Ended::Shutdown;
+            }
+            m = inbound.message() => match m {
+                Ok(Some(m)) => {
+                    if let Some(msg) = m.msg {
+                        if let Err(e) = handle(msg, workers, &tx).await {
+                            return broken(e);
+                        }
+                    }
+                }
+                Ok(None) => return broken("the coordinator ended the session".into()),
+                Err(status) => return broken(format!("session broke ({:?}): {}", status.code(), status.message())),
+            },
+            _ = tick.tick() => {
+                if let Err(e) = send(&tx, heartbeat(&name, workers)).await {
+                    return broken(e);
+                }
+            }
+            Some(ev) = events.recv() => {
+                if let Err(e) = send(&tx, ev).await {
+                    return broken(e);
+                }
+            }
+        }
+    }
+}
+
+async fn handle(
+    msg: coordinator_message::Msg,
+    workers: &Arc<Workers>,
+    tx: &mpsc::Sender<AgentMessage>,
+) -> Result<(), String> {
+    match msg {
+        coordinator_message::Msg::Assignment(a) => {
+            log_assignment(&a);
+            // The ack goes out before any of the new workers' events, which
+            // only this loop forwards.
+            let ack = workers.start(a);
+            send(
+                tx,
+                AgentMessage {
+                    msg: Some(Msg::Ack(ack)),
+                },
+            )
+            .await
+        }
+        coordinator_message::Msg::Cancel(c) => {
+            let found = workers.cancel(&c.job_id, c.attempt, killed_by::CANCEL);
+            if found {
+                tracing::info!(job = %c.job_id, attempt = c.attempt, reason = %c.reason, "cancel: killing the job's workers");
+            } else {
+                tracing::debug!(job = %c.job_id, attempt = c.attempt, "cancel for a job with no workers here");
+            }
+            Ok(())
+        }
+    }
+}
+
+fn log_assignment(a: &Assignment) {
+    let ranks: Vec<u32> = a.ranks.iter().map(|p| p.rank).collect();
+    let workload = a.spec.as_ref().map(|s| s.workload.as_str()).unwrap_or("");
+    tracing::info!(job = %a.job_id, attempt = a.attempt, workload, ?ranks, world_size = a.world_size,
+        node_rank = a.node_rank, master = %format!("{}:{}", a.master_addr, a.master_port), "assignment");
+}
+
+/// On agent shutdown: kill the workers while still forwarding their last
+/// logs and exits, so that the coordinator learns why the ranks ended.
+async fn stop_gracefully(
+    tx: &mpsc::Sender<AgentMessage>,
+    workers: &Arc<Workers>,
+    events: &mut EventReceiver,
+) {
+    let kill = workers.kill_all_and_wait(killed_by::AGENT_SHUTDOWN, KILL_WAIT);
+    tokio::pin!(kill);
+    loop {
+        tokio::select! {
+            _ = &mut kill => break,
+            Some(ev) = events.recv() => {
+                if send(tx, ev).await.is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    while let Some(ev) = events.try_recv() {
+        if send(tx, ev).await.is_err() {
+            break;
+        }
+    }
+}
+
+fn heartbeat(name: &str, workers: &Workers) -> AgentMessage {
+    AgentMessage {
+        msg: Some(Msg::Heartbeat(Heartbeat {
+            node: name.to_string(),
+            protocol_version: PROTOCOL_VERSION,
+            unix_ms: gpuctl_proto::now_ms(),
+            running: workers.running(),
+        })),
+    }
+}
+
+async fn send(tx: &mpsc::Sender<AgentMessage>, msg: AgentMessage) -> Result<(), String> {
+    match tokio::time::timeout(SEND_TIMEOUT, tx.send(msg)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(_)) => Err("the session stream closed".into()),
+        Err(_) => Err(format!(
+            "the coordinator accepted nothing for {SEND_TIMEOUT:?}"
+        )),
+    }
+}
+
+/// tonic's transport errors hide the cause (connection refused, DNS) in
+/// their source chain; operators need it.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let t = c.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        cur = c.source();
+    }
+    s
+}

@@ -1,0 +1,805 @@
+//! Worker processes: one `gpuctl-worker` per rank of an assignment.
+//!
+//! Each worker runs in its own process group so that a kill reaches whatever
+//! it started too (SIGTERM to the group, SIGKILL after the grace period). A
+//! supervising task per rank forwards the worker's stdout and stderr lines as
+//! `WorkerLog` batches, keeps the last stderr lines, and reports
+//! `WorkerExited` when the worker ends, with who killed it if anyone did.
+//!
+//! Workers are killed on `CancelJob`, when the assignment's deadline passes,
+//! when the coordinator is lost and when the agent shuts down: the agent never
+//! leaves a worker behind. As last resorts, a dropped child is killed
+//! (`kill_on_drop`) and the kernel kills a worker whose agent died
+//! (`PR_SET_PDEATHSIG`).
+
+mod command;
+mod logs;
+mod process;
+
+pub use command::{parse_device, worker_command, WorkerCommand};
+pub use process::{kill_group, signal_group, signal_name, spawn_in_group};
+
+use std::collections::{BTreeSet, HashMap};
+use std::ffi::OsString;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use gpuctl_proto::pb::{
+    agent_message::Msg, AgentMessage, Assignment, AssignmentAck, RankPlacement, RunningJob,
+    WorkerExited, WorkerLog,
+};
+use tokio::process::{Child, Command};
+use tokio::sync::{mpsc, watch};
+use tokio::time::{sleep_until, Instant};
+
+use logs::{batch_logs, read_lines};
+
+/// Time a worker gets between SIGTERM and SIGKILL.
+pub const KILL_GRACE: Duration = Duration::from_secs(2);
+/// A log batch is sent when it has this many lines...
+const LOG_BATCH_LINES: usize = 50;
+/// ...or when its first line is this old.
+const LOG_FLUSH: Duration = Duration::from_millis(200);
+/// Lines of stderr sent with `WorkerExited`.
+const STDERR_TAIL_LINES: usize = 20;
+/// Longer lines are cut, so that a worker printing without newlines cannot
+/// grow the agent's memory.
+const MAX_LINE_BYTES: usize = 16 * 1024;
+/// Log lines waiting for the session to send them; beyond this, lines are
+/// dropped (and the drop is said in the log) rather than held in memory.
+const MAX_QUEUED_LOG_LINES: usize = 100_000;
+/// Exit code reported for a rank whose worker could not be started (the
+/// shell's "command not found").
+pub const SPAWN_FAILED_EXIT_CODE: i32 = 127;
+
+/// Values of `WorkerExited.killed_by`.
+pub mod killed_by {
+    pub const CANCEL: &str = "cancel";
+    pub const DEADLINE: &str = "deadline";
+    pub const COORDINATOR_LOST: &str = "coordinator-lost";
+    /// The agent itself was stopped (SIGINT/SIGTERM).
+    pub const AGENT_SHUTDOWN: &str = "agent-shutdown";
+}
+
+/// What every worker of this agent shares.
+#[derive(Debug, Clone)]
+pub struct WorkerSettings {
+    /// This node's name (`--node`).
+    pub node: String,
+    pub worker_bin: PathBuf,
+    /// Each job gets a folder below it, the workers' working directory.
+    pub work_dir: PathBuf,
+    /// Built by `libtorch::ld_library_path`; `None` leaves the agent's own.
+    pub ld_library_path: Option<OsString>,
+    /// NVML index → UUID, for placements that name only `cuda:N`.
+    pub gpu_uuids: HashMap<u32, String>,
+    pub kill_grace: Duration,
+}
+
+// ───────────────────────────── events ─────────────────────────────
+
+/// The workers' side of the queue of messages for the coordinator. Unbounded
+/// so that a worker's exit is never lost or blocked behind a slow session;
+/// log lines are counted and capped instead.
+#[derive(Clone)]
+pub(crate) struct EventSender {
+    tx: mpsc::UnboundedSender<AgentMessage>,
+    queued_log_lines: Arc<AtomicUsize>,
+}
+
+impl EventSender {
+    fn send(&self, msg: Msg) {
+        // The receiver lives as long as the agent; a send error means it is
+        // shutting down and the message has nowhere to go.
+        let _ = self.tx.send(AgentMessage { msg: Some(msg) });
+    }
+
+    /// Sends a batch unless too many lines are already waiting; `dropped`
+    /// carries the count of lost lines into the next batch that goes out.
+    pub(super) fn send_log(&self, mut log: WorkerLog, dropped: &mut usize) {
+        let n = log.lines.len();
+        if self.queued_log_lines.load(Ordering::Relaxed) + n > MAX_QUEUED_LOG_LINES {
+            *dropped += n;
+            return;
+        }
+        if *dropped > 0 {
+            log.lines.insert(
+                0,
+                format!("[gpuctl-agent: {dropped} log lines dropped: the coordinator is not keeping up]"),
+            );
+            *dropped = 0;
+        }
+        self.queued_log_lines
+            .fetch_add(log.lines.len(), Ordering::Relaxed);
+        self.send(Msg::Log(log));
+    }
+}
+
+/// The session's side: every message the workers want sent, in order.
+pub struct EventReceiver {
+    rx: mpsc::UnboundedReceiver<AgentMessage>,
+    queued_log_lines: Arc<AtomicUsize>,
+}
+
+impl EventReceiver {
+    pub async fn recv(&mut self) -> Option<AgentMessage> {
+        let m = self.rx.recv().await?;
+        self.account(&m);
+        Some(m)
+    }
+
+    pub fn try_recv(&mut self) -> Option<AgentMessage> {
+        let m = self.rx.try_recv().ok()?;
+        self.account(&m);
+        Some(m)
+    }
+
+    fn account(&self, m: &AgentMessage) {
+        if let Some(Msg::Log(l)) = &m.msg {
+            self.queued_log_lines
+                .fetch_sub(l.lines.len(), Ordering::Relaxed);
+        }
+    }
+}
+
+// ───────────────────────────── the manager ─────────────────────────────
+
+type JobKey = (String, u32);
+
+struct JobEntry {
+    /// Set once, to the first reason the job's workers must die for; every
+    /// rank's supervisor watches it.
+    kill: watch::Sender<Option<&'static str>>,
+    /// Ranks whose worker is alive (for `Heartbeat.running`).
+    alive: BTreeSet<u32>,
+}
+
+/// Starts, watches and kills this agent's workers.
+pub struct Workers {
+    settings: WorkerSettings,
+    /// The URL workers are told (`RegisterResponse.coordinator_url`), unless an
+    /// assignment names one.
+    coordinator_url: Mutex<String>,
+    jobs: Mutex<HashMap<JobKey, JobEntry>>,
+    events: EventSender,
+    /// Supervisors still running; `kill_all_and_wait` waits for zero.
+    live: watch::Sender<usize>,
+}
+
+impl Workers {
+    pub fn new(settings: WorkerSettings, coordinator_url: String) -> (Arc<Workers>, EventReceiver) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let workers = Arc::new(Workers {
+            settings,
+            coordinator_url: Mutex::new(coordinator_url),
+            jobs: Mutex::new(HashMap::new()),
+            events: EventSender {
+                tx,
+                queued_log_lines: queued.clone(),
+            },
+            live: watch::Sender::new(0),
+        });
+        (
+            workers,
+            EventReceiver {
+                rx,
+                queued_log_lines: queued,
+            },
+        )
+    }
+
+    pub fn set_coordinator_url(&self, url: String) {
+        *self.coordinator_url.lock().unwrap() = url;
+    }
+
+    /// Alive ranks per job, for the heartbeat.
+    pub fn running(&self) -> Vec<RunningJob> {
+        let jobs = self.jobs.lock().unwrap();
+        let mut out: Vec<RunningJob> = jobs
+            .iter()
+            .filter(|(_, j)| !j.alive.is_empty())
+            .map(|((job_id, attempt), j)| RunningJob {
+                job_id: job_id.clone(),
+                attempt: *attempt,
+                ranks: j.alive.iter().copied().collect(),
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.job_id, a.attempt).cmp(&(&b.job_id, b.attempt)));
+        out
+    }
+
+    /// Starts one worker per rank of the assignment and returns the ack to
+    /// send. On failure the ack says why, and every rank that did not start
+    /// gets a `WorkerExited` so that the coordinator can fail the job at once.
+    pub fn start(self: &Arc<Self>, a: Assignment) -> AssignmentAck {
+        let key = (a.job_id.clone(), a.attempt);
+        let ack = |ok: bool, error: String| AssignmentAck {
+            job_id: a.job_id.clone(),
+            attempt: a.attempt,
+            ok,
+            error,
+        };
+        if self.jobs.lock().unwrap().contains_key(&key) {
+            // A repeated assignment (e.g. resent after a hiccup): already running.
+            tracing::warn!(job = %a.job_id, attempt = a.attempt, "assignment already running; not starting it twice");
+            return ack(true, String::new());
+        }
+        if a.ranks.is_empty() {
+            tracing::warn!(job = %a.job_id, "assignment without ranks for this node");
+            return ack(true, String::new());
+        }
+        if let Err(e) = check_executable(&self.settings.worker_bin) {
+            let error = format!(
+                "node {}: cannot start gpuctl-worker: {e}; build it next to gpuctl-agent (cargo build -p gpuctl-worker) or pass --worker-bin PATH",
+                self.settings.node
+            );
+            tracing::error!(job = %a.job_id, "{error}");
+            for p in &a.ranks {
+                self.report_spawn_failure(&a, p.rank, &error);
+            }
+            return ack(false, error);
+        }
+
+        let coordinator_url = if a.coordinator_url.is_empty() {
+            self.coordinator_url.lock().unwrap().clone()
+        } else {
+            a.coordinator_url.clone()
+        };
+        let (kill_tx, kill_rx) = watch::channel(None);
+        self.jobs.lock().unwrap().insert(
+            key.clone(),
+            JobEntry {
+                kill: kill_tx,
+                alive: a.ranks.iter().map(|p| p.rank).collect(),
+            },
+        );
+        let deadline = deadline_instant(a.deadline_unix_ms);
+        let mut failure: Option<String> = None;
+        for p in &a.ranks {
+            if let Some(error) = &failure {
+                // An earlier rank failed to start: the job cannot run here.
+                self.report_spawn_failure(&a, p.rank, error);
+                self.rank_done(&key, p.rank);
+                continue;
+            }
+            match self.spawn_rank(&a, p, &coordinator_url) {
+                Ok(child) => {
+                    tracing::info!(job = %a.job_id, attempt = a.attempt, rank = p.rank, device = %p.device,
+                        pid = child.id().unwrap_or(0), "worker started");
+                    self.live.send_modify(|n| *n += 1);
+                    let me = self.clone();
+                    let rank = p.rank;
+                    let (key, kill_rx) = (key.clone(), kill_rx.clone());
+                    tokio::spawn(
+                        async move { me.supervise(key, rank, child, kill_rx, deadline).await },
+                    );
+                }
+                Err(e) => {
+                    let error = format!(
+                        "node {}: cannot start worker for rank {} ({}): {e}",
+                        self.settings.node,
+                        p.rank,
+                        self.settings.worker_bin.display()
+                    );
+                    tracing::error!(job = %a.job_id, "{error}");
+                    self.report_spawn_failure(&a, p.rank, &error);
+                    self.rank_done(&key, p.rank);
+                    failure = Some(error);
+                }
+            }
+        }
+        match failure {
+            None => ack(true, String::new()),
+            Some(error) => {
+                // Do not leave the ranks that did start waiting for peers.
+                self.cancel(&a.job_id, a.attempt, killed_by::CANCEL);
+                ack(false, error)
+            }
+        }
+    }
+
+    /// Asks every worker of the job (any attempt when `attempt` is 0) to die.
+    /// Returns whether there was such a job.
+    pub fn cancel(&self, job_id: &str, attempt: u32, reason: &'static str) -> bool {
+        let jobs = self.jobs.lock().unwrap();
+        let mut found = false;
+        for ((id, att), j) in jobs.iter() {
+            if id == job_id && (attempt == 0 || *att == attempt) {
+                set_kill(&j.kill, reason);
+                found = true;
+            }
+        }
+        found
+    }
+
+    /// Asks every worker to die, then waits (up to `timeout`) until all have
+    /// been reaped and their `WorkerExited` queued. Returns false on timeout.
+    pub async fn kill_all_and_wait(&self, reason: &'static str, timeout: Duration) -> bool {
+        let n = {
+            let jobs = self.jobs.lock().unwrap();
+            for j in jobs.values() {
+                set_kill(&j.kill, reason);
+            }
+            jobs.len()
+        };
+        if n > 0 {
+            tracing::warn!(jobs = n, reason, "killing all workers");
+        }
+        let mut live = self.live.subscribe();
+        let ok = tokio::time::timeout(timeout, live.wait_for(|n| *n == 0))
+            .await
+            .is_ok();
+        if !ok {
+            tracing::error!(reason, "workers still alive after {timeout:?}");
+        }
+        ok
+    }
+
+    /// Number of worker processes being supervised.
+    pub fn live_workers(&self) -> usize {
+        *self.live.borrow()
+    }
+
+    fn report_spawn_failure(&self, a: &Assignment, rank: u32, error: &str) {
+        self.events.send(Msg::WorkerExited(WorkerExited {
+            job_id: a.job_id.clone(),
+            attempt: a.attempt,
+            rank,
+            exit_code: SPAWN_FAILED_EXIT_CODE,
+            signal: String::new(),
+            stderr_tail: error.to_string(),
+            killed_by: String::new(),
+        }));
+    }
+
+    /// Forgets a rank; the job goes when its last rank does.
+    fn rank_done(&self, key: &JobKey, rank: u32) {
+        let mut jobs = self.jobs.lock().unwrap();
+        if let Some(j) = jobs.get_mut(key) {
+            j.alive.remove(&rank);
+            if j.alive.is_empty() {
+                jobs.remove(key);
+            }
+        }
+    }
+
+    fn spawn_rank(
+        &self,
+        a: &Assignment,
+        p: &RankPlacement,
+        coordinator_url: &str,
+    ) -> Result<Child, String> {
+        let spec = worker_command(&self.settings, coordinator_url, a, p)?;
+        let dir = self.settings.work_dir.join("jobs").join(format!(
+            "{}-a{}",
+            sanitize(&a.job_id),
+            a.attempt
+        ));
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create the working folder {}: {e}", dir.display()))?;
+        let mut cmd = Command::new(&self.settings.worker_bin);
+        cmd.args(&spec.args)
+            .envs(spec.env.iter().map(|(k, v)| (k, v)))
+            .current_dir(&dir)
+            .stdin(Stdio::null());
+        spawn_in_group(cmd).map_err(|e| e.to_string())
+    }
+
+    /// Watches one worker from spawn to `WorkerExited`.
+    async fn supervise(
+        self: Arc<Self>,
+        key: JobKey,
+        rank: u32,
+        mut child: Child,
+        mut kill_rx: watch::Receiver<Option<&'static str>>,
+        deadline: Option<Instant>,
+    ) {
+        let pgid = child.id().unwrap_or(0) as i32;
+        let (line_tx, line_rx) = mpsc::channel(1024);
+        let mut readers = Vec::new();
+        if let Some(out) = child.stdout.take() {
+            readers.push(tokio::spawn(read_lines(out, false, line_tx.clone())));
+        }
+        if let Some(err) = child.stderr.take() {
+            readers.push(tokio::spawn(read_lines(err, true, line_tx.clone())));
+        }
+        drop(line_tx);
+        let log = WorkerLog {
+            job_id: key.0.clone(),
+            attempt: key.1,
+            rank,
+            lines: Vec::new(),
+        };
+        let batcher = tokio::spawn(batch_logs(line_rx, log, self.events.clone()));
+
+        let grace = self.settings.kill_grace;
+        let deadline_passed = async {
+            match deadline {
+                Some(d) => sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        let (status, killed) = tokio::select! {
+            s = child.wait() => {
+                // The worker ended by itself: anything it left in its group is an orphan.
+                signal_group(pgid, libc::SIGKILL);
+                (s, "")
+            }
+            reason = wait_kill(&mut kill_rx) => (kill_group(pgid, &mut child, grace).await, reason),
+            _ = deadline_passed => (kill_group(pgid, &mut child, grace).await, killed_by::DEADLINE),
+        };
+
+        // The pipes close when every process of the group is gone; something
+        // that escaped the group could hold them open, so do not wait forever.
+        let mut tail_wait = std::pin::pin!(tokio::time::sleep(grace));
+        for r in &mut readers {
+            tokio::select! {
+                _ = &mut *r => {}
+                _ = &mut tail_wait => {}
+            }
+        }
+        for r in &readers {
+            r.abort();
+        }
+        let tail = batcher.await.unwrap_or_default();
+
+        let (exit_code, signal) = match &status {
+            Ok(s) => match (s.code(), s.signal()) {
+                (Some(c), _) => (c, String::new()),
+                (None, Some(sig)) => (-1, signal_name(sig)),
+                (None, None) => (-1, String::new()),
+            },
+            Err(e) => {
+                tracing::error!(rank, error = %e, "cannot wait for worker");
+                (-1, String::new())
+            }
+        };
+        tracing::info!(job = %key.0, attempt = key.1, rank, exit_code, signal = %signal, killed_by = killed, "worker exited");
+        self.events.send(Msg::WorkerExited(WorkerExited {
+            job_id: key.0.clone(),
+            attempt: key.1,
+            rank,
+            exit_code,
+            signal,
+            stderr_tail: tail.join("\n"),
+            killed_by: killed.to_string(),
+        }));
+        self.rank_done(&key, rank);
+        self.live.send_modify(|n| *n -= 1);
+    }
+}
+
+fn set_kill(kill: &watch::Sender<Option<&'static str>>, reason: &'static str) {
+    // The first reason wins: a job cancelled and then cut off by a lost
+    // coordinator was cancelled.
+    kill.send_if_modified(|r| {
+        if r.is_none() {
+            *r = Some(reason);
+            true
+        } else {
+            false
+        }
+    });
+}
+
+async fn wait_kill(rx: &mut watch::Receiver<Option<&'static str>>) -> &'static str {
+    loop {
+        if let Some(r) = *rx.borrow_and_update() {
+            return r;
+        }
+        if rx.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+    }
+}
+
+fn deadline_instant(deadline_unix_ms: u64) -> Option<Instant> {
+    if deadline_unix_ms == 0 {
+        return None;
+    }
+    let left = deadline_unix_ms.saturating_sub(gpuctl_proto::now_ms());
+    Some(Instant::now() + Duration::from_millis(left))
+}
+
+/// Job ids name a folder: keep them to a safe alphabet.
+fn sanitize(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+fn check_executable(path: &Path) -> Result<(), String> {
+    let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if !meta.is_file() {
+        return Err(format!("{} is not a file", path.display()));
+    }
+    if meta.permissions().mode() & 0o111 == 0 {
+        return Err(format!("{} is not executable", path.display()));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuctl_proto::pb::JobSpec;
+
+    /// Process ids whose process group is `pgid` and that are not zombies
+    /// (a container's PID 1 may never reap reparented children).
+    fn settings(dir: &Path, worker_bin: PathBuf) -> WorkerSettings {
+        WorkerSettings {
+            node: "n1".into(),
+            worker_bin,
+            work_dir: dir.join("work"),
+            ld_library_path: Some("/shim:/torch/lib".into()),
+            gpu_uuids: HashMap::from([(3, "GPU-3333".to_string())]),
+            kill_grace: Duration::from_millis(500),
+        }
+    }
+
+    fn assignment(ranks: &[(u32, &str)], deadline_unix_ms: u64) -> Assignment {
+        Assignment {
+            job_id: "job-7".into(),
+            attempt: 2,
+            spec: Some(JobSpec {
+                workload: "stress".into(),
+                duration_ms: 5000,
+                params: [
+                    ("size".to_string(), "256".to_string()),
+                    ("precision".into(), "fp32".into()),
+                ]
+                .into(),
+                env: [("NCCL_DEBUG".to_string(), "WARN".to_string())].into(),
+                ..Default::default()
+            }),
+            ranks: ranks
+                .iter()
+                .enumerate()
+                .map(|(i, (rank, dev))| RankPlacement {
+                    rank: *rank,
+                    local_rank: i as u32,
+                    node_rank: 1,
+                    node: "n1".into(),
+                    device: dev.to_string(),
+                    ..Default::default()
+                })
+                .collect(),
+            env: [
+                ("NCCL_DEBUG".to_string(), "INFO".to_string()),
+                ("OMP_NUM_THREADS".into(), "4".into()),
+            ]
+            .into(),
+            world_size: 4,
+            node_rank: 1,
+            nnodes: 2,
+            master_addr: "10.0.0.1".into(),
+            master_port: 29500,
+            deadline_unix_ms,
+            coordinator_url: String::new(),
+        }
+    }
+
+    #[test]
+    fn worker_command_follows_the_contract() {
+        let s = settings(Path::new("/tmp"), "/bin/true".into());
+        let a = assignment(&[(2, "cuda:3"), (3, "cpu")], 1_700_000_000_000);
+        let c = worker_command(&s, "http://c:7070", &a, &a.ranks[0]).unwrap();
+        let args = c.args.join(" ");
+        assert_eq!(
+            args,
+            "--coordinator http://c:7070 --job-id job-7 --attempt 2 --workload stress --node n1 \
+             --device cuda --gpu-index 3 --gpu-uuid GPU-3333 --duration-ms 5000 \
+             --deadline-unix-ms 1700000000000 --param precision=fp32 --param size=256"
+        );
+        let env: HashMap<_, _> = c.env.iter().cloned().collect();
+        for (k, v) in [
+            ("RANK", "2"),
+            ("LOCAL_RANK", "0"),
+            ("WORLD_SIZE", "4"),
+            ("LOCAL_WORLD_SIZE", "2"),
+            ("GROUP_RANK", "1"),
+            ("MASTER_ADDR", "10.0.0.1"),
+            ("MASTER_PORT", "29500"),
+            ("OMP_NUM_THREADS", "4"),
+            ("NCCL_DEBUG", "WARN"),
+            ("CUDA_VISIBLE_DEVICES", "GPU-3333"),
+            ("GPUCTL_COORDINATOR", "http://c:7070"),
+            ("LD_LIBRARY_PATH", "/shim:/torch/lib"),
+        ] {
+            assert_eq!(env.get(k).map(String::as_str), Some(v), "{k}");
+        }
+        // Later entries win: the user's NCCL_DEBUG comes after the plan's.
+        let last_nccl = c.env.iter().rev().find(|(k, _)| k == "NCCL_DEBUG").unwrap();
+        assert_eq!(last_nccl.1, "WARN");
+
+        let cpu = worker_command(&s, "http://c:7070", &a, &a.ranks[1]).unwrap();
+        assert!(cpu.args.windows(2).any(|w| w == ["--device", "cpu"]));
+        assert!(!cpu.args.iter().any(|x| x == "--gpu-index"));
+        assert!(!cpu.env.iter().any(|(k, _)| k == "CUDA_VISIBLE_DEVICES"));
+
+        let bad = assignment(&[(0, "cuda:9")], 0);
+        assert!(worker_command(&s, "u", &bad, &bad.ranks[0])
+            .unwrap_err()
+            .contains("GPU 9"));
+        assert!(parse_device("tpu:0").is_err());
+    }
+
+    fn script(dir: &Path, body: &str) -> PathBuf {
+        let p = dir.join("fake-worker");
+        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        p
+    }
+
+    /// Collects events until every listed rank has exited.
+    async fn collect(
+        events: &mut EventReceiver,
+        ranks: usize,
+    ) -> (Vec<WorkerLog>, Vec<WorkerExited>) {
+        let (mut logs, mut exits) = (Vec::new(), Vec::new());
+        while exits.len() < ranks {
+            let m = tokio::time::timeout(Duration::from_secs(10), events.recv())
+                .await
+                .expect("no event within 10 s")
+                .unwrap();
+            match m.msg.unwrap() {
+                Msg::Log(l) => logs.push(l),
+                Msg::WorkerExited(e) => exits.push(e),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        exits.sort_by_key(|e| e.rank);
+        (logs, exits)
+    }
+
+    #[tokio::test]
+    async fn worker_output_and_exit_are_reported() {
+        let tmp = tempfile::tempdir().unwrap();
+        let bin = script(
+            tmp.path(),
+            r#"echo "args: $*"; echo "rank=$RANK local=$LOCAL_RANK ld=$LD_LIBRARY_PATH"
+i=0; while [ $i -lt 30 ]; do echo "err $i" >&2; i=$((i+1)); done
+exit $((RANK + 3))"#,
+        );
+        let (w, mut events) = Workers::new(settings(tmp.path(), bin), "http://coord:1".into());
+        let ack = w.start(assignment(&[(2, "cpu"), (3, "cpu")], 0));
+        assert!(ack.ok, "{}", ack.error);
+        let (logs, exits) = collect(&mut events, 2).await;
+        assert_eq!(
+            exits
+                .iter()
+                .map(|e| (e.rank, e.exit_code))
+                .collect::<Vec<_>>(),
+            vec![(2, 5), (3, 6)]
+        );
+        for e in &exits {
+            assert_eq!(e.killed_by, "");
+            assert_eq!((e.job_id.as_str(), e.attempt), ("job-7", 2));
+            let tail: Vec<&str> = e.stderr_tail.lines().collect();
+            assert_eq!(tail.len(), STDERR_TAIL_LINES);
+            assert_eq!((tail[0], tail[19]), ("err 10", "err 29"));
+        }
+        let rank2: Vec<String> = logs
+            .iter()
+            .filter(|l| l.rank == 2)
+            .flat_map(|l| l.lines.clone())
+            .collect();
+        assert!(
+            rank2
+                .iter()
+                .any(|l| l.starts_with("args: --coordinator http://coord:1 --job-id job-7")),
+            "{rank2:?}"
+        );
+        assert!(
+            rank2.contains(&"rank=2 local=0 ld=/shim:/torch/lib".to_string()),
+            "{rank2:?}"
+        );
+        assert_eq!(rank2.len(), 32);
+        assert!(w.running().is_empty());
+        assert_eq!(w.live_workers(), 0);
+        assert!(tmp.path().join("work/jobs/job-7-a2").is_dir());
+    }
+
+    #[tokio::test]
+    async fn cancel_kills_and_says_so() {
+        let tmp = tempfile::tempdir().unwrap();
+        let bin = script(tmp.path(), "echo started; exec sleep 100");
+        let (w, mut events) = Workers::new(settings(tmp.path(), bin), "u".into());
+        assert!(w.start(assignment(&[(0, "cpu"), (1, "cpu")], 0)).ok);
+        let running = w.running();
+        assert_eq!(running.len(), 1);
+        assert_eq!(running[0].ranks, vec![0, 1]);
+        // Let the workers start before killing them.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(w.cancel("job-7", 0, killed_by::CANCEL));
+        let (_, exits) = collect(&mut events, 2).await;
+        for e in exits {
+            assert_eq!(
+                (e.exit_code, e.signal.as_str(), e.killed_by.as_str()),
+                (-1, "SIGTERM", "cancel")
+            );
+        }
+        assert!(w.running().is_empty());
+        assert!(
+            !w.cancel("job-7", 0, killed_by::CANCEL),
+            "job forgotten once its ranks are gone"
+        );
+    }
+
+    #[tokio::test]
+    async fn deadline_and_kill_all() {
+        let tmp = tempfile::tempdir().unwrap();
+        let bin = script(tmp.path(), "exec sleep 100");
+        let (w, mut events) = Workers::new(settings(tmp.path(), bin), "u".into());
+        let deadline = gpuctl_proto::now_ms() + 300;
+        assert!(w.start(assignment(&[(0, "cpu")], deadline)).ok);
+        let (_, exits) = collect(&mut events, 1).await;
+        assert_eq!(exits[0].killed_by, "deadline");
+        assert!(gpuctl_proto::now_ms() >= deadline);
+
+        let mut a = assignment(&[(0, "cpu")], 0);
+        a.job_id = "job-8".into();
+        assert!(w.start(a).ok);
+        assert!(
+            w.kill_all_and_wait(killed_by::COORDINATOR_LOST, Duration::from_secs(5))
+                .await
+        );
+        let (_, exits) = collect(&mut events, 1).await;
+        assert_eq!(exits[0].killed_by, "coordinator-lost");
+        assert_eq!(w.live_workers(), 0);
+    }
+
+    #[tokio::test]
+    async fn missing_worker_binary_fails_the_assignment_clearly() {
+        let tmp = tempfile::tempdir().unwrap();
+        let bin = tmp.path().join("no-such-worker");
+        let (w, mut events) = Workers::new(settings(tmp.path(), bin.clone()), "u".into());
+        let ack = w.start(assignment(&[(0, "cpu"), (1, "cpu")], 0));
+        assert!(!ack.ok);
+        assert!(
+            ack.error.contains(&bin.display().to_string()),
+            "{}",
+            ack.error
+        );
+        assert!(ack.error.contains("--worker-bin"), "{}", ack.error);
+        let (_, exits) = collect(&mut events, 2).await;
+        assert_eq!(
+            exits.iter().map(|e| e.exit_code).collect::<Vec<_>>(),
+            vec![127, 127]
+        );
+        assert!(exits[0].stderr_tail.contains("--worker-bin"));
+        assert!(w.running().is_empty());
+    }
+
+    #[tokio::test]
+    async fn log_lines_are_batched_and_cut() {
+        let tmp = tempfile::tempdir().unwrap();
+        let bin = script(
+            tmp.path(),
+            r#"i=0; while [ $i -lt 120 ]; do echo "line $i"; i=$((i+1)); done
+head -c 40000 /dev/zero | tr '\0' x; printf '\n'; printf 'no newline at end'"#,
+        );
+        let (w, mut events) = Workers::new(settings(tmp.path(), bin), "u".into());
+        assert!(w.start(assignment(&[(0, "cpu")], 0)).ok);
+        let (logs, _) = collect(&mut events, 1).await;
+        assert!(logs.iter().all(|l| l.lines.len() <= LOG_BATCH_LINES));
+        let lines: Vec<String> = logs.into_iter().flat_map(|l| l.lines).collect();
+        assert_eq!(lines.len(), 122);
+        assert_eq!(lines[119], "line 119");
+        assert!(lines[120].ends_with("[line cut by gpuctl-agent]"));
+        assert!(lines[120].len() < MAX_LINE_BYTES + 64);
+        assert_eq!(lines[121], "no newline at end");
+    }
+}

@@ -1,0 +1,315 @@
+//! The agent's session against a stand-in coordinator on loopback: the real
+//! gRPC transport, the real agent loop and real (shell-script) workers.
+//! Checks the contract of docs/architecture.md "Agent process": heartbeat
+//! first, ack, logs, kill on coordinator loss, re-register, kill on shutdown.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::time::Duration;
+
+use gpuctl_agent::session::{self, SessionConfig};
+use gpuctl_agent::workers::{WorkerSettings, Workers};
+use gpuctl_proto::pb::{
+    agent_message::Msg,
+    agent_service_server::{AgentService, AgentServiceServer},
+    coordinator_message, AgentMessage, Assignment, CancelJob, CoordinatorMessage, HostFacts,
+    JobSpec, RankPlacement, RegisterRequest, RegisterResponse,
+};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::Stream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+
+type Out = mpsc::Sender<Result<CoordinatorMessage, Status>>;
+
+struct Fake {
+    registers: mpsc::UnboundedSender<RegisterRequest>,
+    sessions: mpsc::UnboundedSender<(Streaming<AgentMessage>, Out)>,
+}
+
+#[tonic::async_trait]
+impl AgentService for Fake {
+    async fn register(
+        &self,
+        req: Request<RegisterRequest>,
+    ) -> Result<Response<RegisterResponse>, Status> {
+        let req = req.into_inner();
+        let name = req.name.clone();
+        self.registers.send(req).unwrap();
+        Ok(Response::new(RegisterResponse {
+            name,
+            heartbeat_interval_ms: 100,
+            protocol_version: gpuctl_proto::PROTOCOL_VERSION,
+            coordinator_url: "http://workers-use-this:1".into(),
+        }))
+    }
+
+    type SessionStream = Pin<Box<dyn Stream<Item = Result<CoordinatorMessage, Status>> + Send>>;
+
+    async fn session(
+        &self,
+        req: Request<Streaming<AgentMessage>>,
+    ) -> Result<Response<Self::SessionStream>, Status> {
+        let (tx, rx) = mpsc::channel(16);
+        self.sessions.send((req.into_inner(), tx)).unwrap();
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+async fn next(inbound: &mut Streaming<AgentMessage>) -> Msg {
+    tokio::time::timeout(Duration::from_secs(10), inbound.message())
+        .await
+        .expect("agent sent nothing within 10 s")
+        .expect("stream error")
+        .expect("stream ended")
+        .msg
+        .expect("empty message")
+}
+
+/// Reads until `want` matches, skipping heartbeats and other messages.
+async fn until<T>(inbound: &mut Streaming<AgentMessage>, want: impl Fn(&Msg) -> Option<T>) -> T {
+    loop {
+        let m = next(inbound).await;
+        if let Some(t) = want(&m) {
+            return t;
+        }
+    }
+}
+
+fn assignment(job: &str) -> CoordinatorMessage {
+    CoordinatorMessage {
+        msg: Some(coordinator_message::Msg::Assignment(Assignment {
+            job_id: job.into(),
+            attempt: 1,
+            spec: Some(JobSpec {
+                workload: "stress".into(),
+                ..Default::default()
+            }),
+            ranks: vec![RankPlacement {
+                rank: 0,
+                device: "cpu".into(),
+                node: "test-node".into(),
+                ..Default::default()
+            }],
+            world_size: 1,
+            master_addr: "127.0.0.1".into(),
+            master_port: 29500,
+            ..Default::default()
+        })),
+    }
+}
+
+fn pid_alive(pid: i32) -> bool {
+    // A zombie counts as dead: it no longer runs anything.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => !s
+            .rsplit_once(')')
+            .map(|(_, r)| r.trim_start().starts_with('Z'))
+            .unwrap_or(false),
+        Err(_) => false,
+    }
+}
+
+async fn read_pid(path: &Path) -> i32 {
+    for _ in 0..500 {
+        if let Ok(s) = std::fs::read_to_string(path) {
+            if let Ok(p) = s.trim().parse() {
+                return p;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("worker never wrote {}", path.display());
+}
+
+fn worker_script(dir: &Path) -> PathBuf {
+    let p = dir.join("fake-worker");
+    std::fs::write(
+        &p,
+        format!(
+            "#!/bin/sh\necho \"$GPUCTL_COORDINATOR $4\"\necho $$ > {}/pid-$4\nexec sleep 100\n",
+            dir.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    p
+}
+
+#[tokio::test]
+async fn session_contract_loss_and_shutdown() {
+    let tmp = tempfile::tempdir().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (reg_tx, mut registers) = mpsc::unbounded_channel();
+    let (ses_tx, mut sessions) = mpsc::unbounded_channel();
+    let fake = Fake {
+        registers: reg_tx,
+        sessions: ses_tx,
+    };
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(AgentServiceServer::new(fake))
+            .serve_with_incoming(TcpListenerStream::new(listener)),
+    );
+
+    let settings = WorkerSettings {
+        node: "test-node".into(),
+        worker_bin: worker_script(tmp.path()),
+        work_dir: tmp.path().join("work"),
+        ld_library_path: None,
+        gpu_uuids: Default::default(),
+        kill_grace: Duration::from_millis(500),
+    };
+    let (workers, events) = Workers::new(settings, url.clone());
+    let cfg = SessionConfig {
+        coordinator: url,
+        name: "test-node".into(),
+        facts: HostFacts {
+            hostname: "h".into(),
+            cpu_ranks: 1,
+            ..Default::default()
+        },
+        gpus: vec![],
+        heartbeat_interval: Duration::from_secs(1),
+    };
+    let shutdown = CancellationToken::new();
+    let agent = tokio::spawn(session::run(cfg, workers.clone(), events, shutdown.clone()));
+
+    // Register, then a session whose first message is a heartbeat.
+    let reg = registers.recv().await.unwrap();
+    assert_eq!(
+        (reg.name.as_str(), reg.protocol_version),
+        ("test-node", gpuctl_proto::PROTOCOL_VERSION)
+    );
+    let (mut inbound, out) = sessions.recv().await.unwrap();
+    match next(&mut inbound).await {
+        Msg::Heartbeat(h) => {
+            assert_eq!(h.node, "test-node");
+            assert_eq!(h.protocol_version, gpuctl_proto::PROTOCOL_VERSION);
+            assert!(h.running.is_empty());
+        }
+        other => panic!("first message must be a heartbeat, got {other:?}"),
+    }
+
+    // Assignment → ack, the worker's output, and the rank listed as running.
+    out.send(Ok(assignment("job-1"))).await.unwrap();
+    let ack = until(&mut inbound, |m| match m {
+        Msg::Ack(a) => Some(a.clone()),
+        _ => None,
+    })
+    .await;
+    assert!(ack.ok, "{}", ack.error);
+    assert_eq!(ack.job_id, "job-1");
+    let line = until(&mut inbound, |m| match m {
+        Msg::Log(l) => Some(l.lines[0].clone()),
+        _ => None,
+    })
+    .await;
+    assert_eq!(
+        line, "http://workers-use-this:1 job-1",
+        "workers get the coordinator's URL"
+    );
+    let running = until(&mut inbound, |m| match m {
+        Msg::Heartbeat(h) if !h.running.is_empty() => Some(h.running.clone()),
+        _ => None,
+    })
+    .await;
+    assert_eq!(
+        (running[0].job_id.as_str(), running[0].ranks.clone()),
+        ("job-1", vec![0])
+    );
+    let pid1 = read_pid(&tmp.path().join("pid-job-1")).await;
+    assert!(pid_alive(pid1));
+
+    // The coordinator ends the session: the worker dies, the agent registers again.
+    drop(out);
+    drop(inbound);
+    let reg2 = tokio::time::timeout(Duration::from_secs(10), registers.recv())
+        .await
+        .expect("no re-register")
+        .unwrap();
+    assert_eq!(reg2.name, "test-node");
+    assert!(
+        !pid_alive(pid1),
+        "worker {pid1} outlived the lost coordinator"
+    );
+    let (mut inbound, out) = sessions.recv().await.unwrap();
+    match next(&mut inbound).await {
+        Msg::Heartbeat(h) => assert!(h.running.is_empty(), "{:?}", h.running),
+        other => panic!("first message must be a heartbeat, got {other:?}"),
+    }
+    // The killed worker's exit was kept and is sent on the new session.
+    let exited = until(&mut inbound, |m| match m {
+        Msg::WorkerExited(e) => Some(e.clone()),
+        _ => None,
+    })
+    .await;
+    assert_eq!(
+        (exited.job_id.as_str(), exited.killed_by.as_str()),
+        ("job-1", "coordinator-lost")
+    );
+
+    // Cancel: the worker is killed and reported as cancelled.
+    out.send(Ok(assignment("job-2"))).await.unwrap();
+    assert!(
+        until(&mut inbound, |m| match m {
+            Msg::Ack(a) => Some(a.ok),
+            _ => None,
+        })
+        .await
+    );
+    let pid2 = read_pid(&tmp.path().join("pid-job-2")).await;
+    out.send(Ok(CoordinatorMessage {
+        msg: Some(coordinator_message::Msg::Cancel(CancelJob {
+            job_id: "job-2".into(),
+            attempt: 1,
+            reason: "test".into(),
+        })),
+    }))
+    .await
+    .unwrap();
+    let exited = until(&mut inbound, |m| match m {
+        Msg::WorkerExited(e) => Some(e.clone()),
+        _ => None,
+    })
+    .await;
+    assert_eq!(
+        (
+            exited.job_id.as_str(),
+            exited.killed_by.as_str(),
+            exited.signal.as_str()
+        ),
+        ("job-2", "cancel", "SIGTERM")
+    );
+    assert!(!pid_alive(pid2));
+
+    // Agent shutdown: the worker is killed, its exit still reaches the coordinator.
+    out.send(Ok(assignment("job-3"))).await.unwrap();
+    assert!(
+        until(&mut inbound, |m| match m {
+            Msg::Ack(a) => Some(a.ok),
+            _ => None,
+        })
+        .await
+    );
+    let pid3 = read_pid(&tmp.path().join("pid-job-3")).await;
+    shutdown.cancel();
+    let exited = until(&mut inbound, |m| match m {
+        Msg::WorkerExited(e) => Some(e.clone()),
+        _ => None,
+    })
+    .await;
+    assert_eq!(
+        (exited.job_id.as_str(), exited.killed_by.as_str()),
+        ("job-3", "agent-shutdown")
+    );
+    tokio::time::timeout(Duration::from_secs(10), agent)
+        .await
+        .expect("agent did not stop")
+        .unwrap();
+    assert!(!pid_alive(pid3));
+    assert_eq!(workers.live_workers(), 0);
+}
