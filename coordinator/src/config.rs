@@ -1,0 +1,79 @@
+//! Command-line configuration of the coordinator process (docs/architecture.md,
+//! "Coordinator process"). Parsed once in `main` and handed to [`crate::server::run`].
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+/// Where the coordinator keeps its state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StoreKind {
+    /// A redb file under `--data-dir`: no server to run.
+    Embedded,
+    /// An etcd cluster (`--etcd`), for a standby coordinator that can take over.
+    Etcd,
+}
+
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "gpuctl-coordinator",
+    version,
+    about = "gpuctl coordinator: node inventory, job planning, rendezvous, results and reports"
+)]
+pub struct Config {
+    /// Address to serve gRPC on; port 0 picks a free port (printed on stdout).
+    #[arg(long, default_value = "127.0.0.1:7070", env = "GPUCTL_LISTEN")]
+    pub listen: SocketAddr,
+
+    /// Folder for the embedded store.
+    #[arg(long, default_value = "gpuctl-data", env = "GPUCTL_DATA_DIR")]
+    pub data_dir: PathBuf,
+
+    /// State store: `embedded` (redb file in --data-dir) or `etcd`.
+    #[arg(long, value_enum, default_value = "embedded")]
+    pub store: StoreKind,
+
+    /// etcd endpoint, with `--store etcd`.
+    #[arg(long, env = "GPUCTL_ETCD")]
+    pub etcd: Option<String>,
+
+    /// A node without a heartbeat for this long is lost and its job fails.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub node_timeout: Duration,
+
+    /// URL that workers use to reach this coordinator (default: the address
+    /// each agent connected to).
+    #[arg(long, env = "GPUCTL_ADVERTISE_URL")]
+    pub advertise_url: Option<String>,
+
+    /// Log filter, e.g. `info` or `gpuctl_coordinator=debug` (default: RUST_LOG, else info).
+    #[arg(long)]
+    pub log: Option<String>,
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    gpuctl_proto::units::parse_duration(text)
+}
+
+impl Config {
+    /// Config for tests and embedding: listen on a free loopback port.
+    pub fn for_dir(data_dir: impl Into<PathBuf>) -> Config {
+        Config {
+            listen: "127.0.0.1:0".parse().expect("loopback address"),
+            data_dir: data_dir.into(),
+            store: StoreKind::Embedded,
+            etcd: None,
+            node_timeout: Duration::from_secs(15),
+            advertise_url: None,
+            log: None,
+        }
+    }
+
+    /// How often agents should heartbeat: often enough that a few missed beats
+    /// fit inside the node timeout.
+    pub fn heartbeat_interval(&self) -> Duration {
+        (self.node_timeout / 3).clamp(Duration::from_millis(100), Duration::from_secs(1))
+    }
+}

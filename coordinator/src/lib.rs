@@ -1,0 +1,13 @@
+//! gpuctl coordinator: the node inventory, job planning and scheduling,
+//! rendezvous for workers, results and reports, with state behind the
+//! [`store::Store`] trait. `main.rs` only parses flags and calls [`server::run`].
+
+pub mod config;
+pub mod logs;
+pub mod rendezvous;
+pub mod scheduler;
+pub mod server;
+pub mod service;
+pub mod store;
+
+pub use config::Config;

@@ -1,0 +1,608 @@
+//! Job planning, free of I/O: which nodes a job gets, the rank table, the
+//! environment with a reason for every variable, and preflight checks. The Plan
+//! RPC and Submit both come through here, so a dry run shows exactly what a
+//! submit would do.
+
+use std::collections::BTreeMap;
+
+use gpuctl_proto::pb::{EnvVar, JobSpec, Node, Plan, PreflightCheck, RankPlacement, Verdict};
+use gpuctl_proto::spec::{parse_selector, Selector};
+use tonic::Status;
+
+/// torchrun's default rendezvous port.
+pub const MASTER_PORT: u32 = 29500;
+
+/// NCCL wants room in /dev/shm for its intra-node buffers; Docker's default 64 MiB
+/// is the classic failure on multi-GPU hosts.
+const SHM_MIN_BYTES: u64 = 512 << 20;
+const SHM_PER_GPU_BYTES: u64 = 64 << 20;
+
+/// Checks that stop a job from starting. Others (and every check an agent
+/// reports about itself) are shown in the plan and the report but do not block:
+/// an acceptance run should report a weak node, not refuse to test it.
+const BLOCKING_CHECKS: &[&str] = &["shm"];
+
+/// The reason a reason-carrying env var got its value from the user.
+pub const USER_ENV_REASON: &str = "set by --env";
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    #[error(transparent)]
+    Spec(#[from] gpuctl_proto::spec::SpecError),
+    /// Fewer live nodes match than the job asks for.
+    #[error("{0}")]
+    NotEnough(String),
+    /// A preflight check failed; the message names the node and the fix.
+    #[error("{0}")]
+    Preflight(String),
+}
+
+impl From<PlanError> for Status {
+    fn from(e: PlanError) -> Status {
+        match e {
+            PlanError::Spec(e) => Status::invalid_argument(e.to_string()),
+            PlanError::NotEnough(m) | PlanError::Preflight(m) => Status::failed_precondition(m),
+        }
+    }
+}
+
+/// A node as the planner sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Candidate<'a> {
+    pub node: &'a Node,
+    /// Heartbeating (not lost).
+    pub live: bool,
+    /// Live, connected and running nothing.
+    pub free: bool,
+}
+
+/// Ranks a node runs: one per GPU, else the CPU ranks its agent offers.
+pub fn slots(node: &Node) -> u32 {
+    if !node.gpus.is_empty() {
+        node.gpus.len() as u32
+    } else {
+        node.facts.as_ref().map_or(1, |f| f.cpu_ranks).max(1)
+    }
+}
+
+pub fn selectors(spec: &JobSpec) -> Result<Vec<Selector>, PlanError> {
+    Ok(spec
+        .selectors
+        .iter()
+        .map(|s| parse_selector(s))
+        .collect::<Result<_, _>>()?)
+}
+
+fn names(nodes: &[&Node]) -> String {
+    const SHOWN: usize = 8;
+    let mut s: Vec<&str> = nodes.iter().take(SHOWN).map(|n| n.name.as_str()).collect();
+    let more = nodes.len().saturating_sub(SHOWN);
+    let more_text = format!("{more} more");
+    if more > 0 {
+        s.push(&more_text);
+    }
+    s.join(", ")
+}
+
+fn plural(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// Picks the nodes for a job. `Ok(None)`: enough nodes match but too few are
+/// free now, so the job waits. Chosen nodes come back sorted by name.
+pub fn choose<'a>(
+    spec: &JobSpec,
+    candidates: &[Candidate<'a>],
+) -> Result<Option<Vec<&'a Node>>, PlanError> {
+    let sel = selectors(spec)?;
+    let mut all: Vec<&Candidate<'a>> = candidates
+        .iter()
+        .filter(|c| sel.iter().all(|s| s.matches(c.node)))
+        .collect();
+    all.sort_by(|a, b| a.node.name.cmp(&b.node.name));
+    let live: Vec<&Node> = all.iter().filter(|c| c.live).map(|c| c.node).collect();
+    let lost: Vec<&Node> = all.iter().filter(|c| !c.live).map(|c| c.node).collect();
+    let want = if spec.all_nodes {
+        live.len().max(1)
+    } else {
+        spec.node_count as usize
+    };
+    if live.len() < want {
+        let asked = if spec.all_nodes {
+            "all nodes".to_string()
+        } else {
+            plural(want, "node", "nodes")
+        };
+        let matching = if sel.is_empty() {
+            String::new()
+        } else {
+            format!(" matching {}", spec.selectors.join(", "))
+        };
+        let verb = if live.len() == 1 { "matches" } else { "match" };
+        let mut msg = format!(
+            "asked for {asked}{matching}, {} {verb}",
+            plural(live.len(), "registered node", "registered nodes")
+        );
+        if !live.is_empty() {
+            msg += &format!(" ({})", names(&live));
+        }
+        if !lost.is_empty() {
+            msg += &format!(
+                "; {} lost ({})",
+                plural(lost.len(), "matching node is", "matching nodes are"),
+                names(&lost)
+            );
+        }
+        return Err(PlanError::NotEnough(msg));
+    }
+    let free: Vec<&Node> = all.iter().filter(|c| c.free).map(|c| c.node).collect();
+    if free.len() < want {
+        return Ok(None);
+    }
+    Ok(Some(free.into_iter().take(want).collect()))
+}
+
+/// The nodes a waiting job would most likely get, for preflight checks at submit.
+pub fn likely<'a>(spec: &JobSpec, candidates: &[Candidate<'a>]) -> Vec<&'a Node> {
+    let Ok(sel) = selectors(spec) else {
+        return Vec::new();
+    };
+    let mut live: Vec<&Node> = candidates
+        .iter()
+        .filter(|c| c.live && sel.iter().all(|s| s.matches(c.node)))
+        .map(|c| c.node)
+        .collect();
+    live.sort_by(|a, b| a.name.cmp(&b.name));
+    if !spec.all_nodes {
+        live.truncate(spec.node_count as usize);
+    }
+    live
+}
+
+/// The full plan for a job on the chosen nodes.
+pub fn plan(spec: &JobSpec, chosen: &[&Node]) -> Plan {
+    let mut nodes: Vec<&Node> = chosen.to_vec();
+    nodes.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut ranks = Vec::new();
+    let mut next = 0u32;
+    for (node_rank, node) in nodes.iter().enumerate() {
+        for local_rank in 0..slots(node) {
+            let (device, gpu_uuid, device_name) = match node.gpus.get(local_rank as usize) {
+                Some(g) => (format!("cuda:{}", g.index), g.uuid.clone(), g.name.clone()),
+                None => (
+                    "cpu".to_string(),
+                    String::new(),
+                    node.facts
+                        .as_ref()
+                        .map(|f| f.cpu_model.clone())
+                        .unwrap_or_default(),
+                ),
+            };
+            ranks.push(RankPlacement {
+                rank: next,
+                local_rank,
+                node_rank: node_rank as u32,
+                node: node.name.clone(),
+                device,
+                gpu_uuid,
+                device_name,
+            });
+            next += 1;
+        }
+    }
+    let master_addr = nodes
+        .first()
+        .and_then(|n| n.facts.as_ref())
+        .and_then(|f| f.addresses.first().cloned())
+        .unwrap_or_else(|| "127.0.0.1".to_string());
+    Plan {
+        nodes: nodes.iter().map(|n| n.name.clone()).collect(),
+        ranks,
+        env: env(spec, &nodes),
+        world_size: next,
+        master_addr,
+        master_port: MASTER_PORT,
+        checks: checks(&nodes),
+        spec: Some(spec.clone()),
+    }
+}
+
+/// The planned environment, one reason per variable; `--env` wins last.
+pub fn env(spec: &JobSpec, nodes: &[&Node]) -> Vec<EnvVar> {
+    let mut out: Vec<EnvVar> = Vec::new();
+    let no_ib: Vec<&Node> = nodes
+        .iter()
+        .copied()
+        .filter(|n| n.facts.as_ref().is_none_or(|f| f.ib_devices.is_empty()))
+        .collect();
+    if !no_ib.is_empty() {
+        out.push(EnvVar {
+            name: "NCCL_IB_DISABLE".into(),
+            value: "1".into(),
+            reason: format!(
+                "{} {} no InfiniBand device; NCCL must not try IB on any node",
+                names(&no_ib),
+                if no_ib.len() == 1 { "has" } else { "have" }
+            ),
+        });
+    }
+    // CPU ranks share the host's cores; without a cap every rank's OpenMP pool
+    // grabs them all and they thrash.
+    let cpu_threads = nodes
+        .iter()
+        .filter(|n| n.gpus.is_empty())
+        .map(|n| {
+            let cpus = n.facts.as_ref().map_or(1, |f| f.cpu_count).max(1);
+            (cpus / slots(n)).max(1)
+        })
+        .min();
+    if let Some(threads) = cpu_threads {
+        let detail: Vec<String> = nodes
+            .iter()
+            .filter(|n| n.gpus.is_empty())
+            .take(4)
+            .map(|n| {
+                format!(
+                    "{}: {} CPUs / {} ranks",
+                    n.name,
+                    n.facts.as_ref().map_or(0, |f| f.cpu_count),
+                    slots(n)
+                )
+            })
+            .collect();
+        out.push(EnvVar {
+            name: "OMP_NUM_THREADS".into(),
+            value: threads.to_string(),
+            reason: format!("CPU ranks split the cores ({})", detail.join(", ")),
+        });
+    }
+    let user: BTreeMap<&String, &String> = spec.env.iter().collect();
+    for (name, value) in user {
+        out.retain(|v| &v.name != name);
+        out.push(EnvVar {
+            name: name.clone(),
+            value: value.clone(),
+            reason: USER_ENV_REASON.into(),
+        });
+    }
+    out
+}
+
+fn check(node: &str, name: &str, verdict: Verdict, detail: String, fix: &str) -> PreflightCheck {
+    PreflightCheck {
+        node: node.into(),
+        name: name.into(),
+        verdict: verdict as i32,
+        detail,
+        fix: fix.into(),
+    }
+}
+
+/// Preflight checks from the facts the agents reported.
+pub fn checks(nodes: &[&Node]) -> Vec<PreflightCheck> {
+    let mut out = Vec::new();
+    for n in nodes {
+        out.extend(n.preflight.iter().cloned().map(|mut c| {
+            if c.node.is_empty() {
+                c.node = n.name.clone();
+            }
+            c
+        }));
+        let Some(f) = n.facts.as_ref() else { continue };
+        let gpus = n.gpus.len() as u64;
+        if gpus > 1 && f.shm_bytes > 0 {
+            let need = SHM_MIN_BYTES.max(SHM_PER_GPU_BYTES * gpus);
+            let have = gpuctl_proto::units::format_bytes(f.shm_bytes);
+            let want = gpuctl_proto::units::format_bytes(need);
+            out.push(if f.shm_bytes < need {
+                check(
+                    &n.name,
+                    "shm",
+                    Verdict::Fail,
+                    format!("/dev/shm is {have}; NCCL needs at least {want} for {gpus} GPUs"),
+                    "run the agent with --ipc=host or --shm-size=1g (Kubernetes: an emptyDir with medium: Memory at /dev/shm)",
+                )
+            } else {
+                check(&n.name, "shm", Verdict::Pass, format!("/dev/shm is {have}"), "")
+            });
+        }
+    }
+    // Mixed fleets still run, but their numbers do not compare like for like.
+    let distinct = |f: &dyn Fn(&Node) -> String| -> Vec<String> {
+        let mut v: Vec<String> = nodes
+            .iter()
+            .map(|n| f(n))
+            .filter(|s| !s.is_empty())
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    let models = distinct(&|n| n.gpus.first().map(|g| g.name.clone()).unwrap_or_default());
+    if models.len() > 1 {
+        out.push(check(
+            "",
+            "gpu-models",
+            Verdict::Warn,
+            format!(
+                "mixed GPU models: {}; results are compared within each model",
+                models.join(", ")
+            ),
+            "select one model with --selector gpu=MODEL",
+        ));
+    }
+    let drivers = distinct(&|n| {
+        n.facts
+            .as_ref()
+            .map(|f| f.driver_version.clone())
+            .unwrap_or_default()
+    });
+    if drivers.len() > 1 {
+        out.push(check(
+            "",
+            "driver",
+            Verdict::Warn,
+            format!("different NVIDIA drivers: {}", drivers.join(", ")),
+            "install the same driver on every node",
+        ));
+    }
+    out
+}
+
+/// The first failing check as an error, naming the node and the fix.
+pub fn preflight_error(plan: &Plan) -> Option<PlanError> {
+    let failed: Vec<String> = plan
+        .checks
+        .iter()
+        .filter(|c| c.verdict() == Verdict::Fail && BLOCKING_CHECKS.contains(&c.name.as_str()))
+        .map(|c| {
+            format!(
+                "preflight `{}` failed on {}: {}; fix: {}",
+                c.name, c.node, c.detail, c.fix
+            )
+        })
+        .collect();
+    (!failed.is_empty()).then(|| PlanError::Preflight(failed.join("; ")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuctl_proto::pb::{GpuInfo, HostFacts};
+
+    fn cpu_node(name: &str, cpu_ranks: u32, cpus: u32, ib: bool) -> Node {
+        Node {
+            name: name.into(),
+            facts: Some(HostFacts {
+                hostname: name.into(),
+                addresses: vec![format!("10.0.0.{}", name.len())],
+                cpu_count: cpus,
+                cpu_ranks,
+                cpu_model: "Xeon".into(),
+                ib_devices: if ib { vec!["mlx5_0".into()] } else { vec![] },
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn gpu_node(name: &str, gpus: u32, rack: &str) -> Node {
+        let mut n = cpu_node(name, 1, 64, true);
+        let f = n.facts.as_mut().unwrap();
+        f.labels.insert("rack".into(), rack.into());
+        f.shm_bytes = 16 << 30;
+        n.gpus = (0..gpus)
+            .map(|i| GpuInfo {
+                index: i,
+                uuid: format!("GPU-{name}-{i}"),
+                name: "NVIDIA H200".into(),
+                ..Default::default()
+            })
+            .collect();
+        n
+    }
+
+    fn spec(nodes: u32) -> JobSpec {
+        JobSpec {
+            workload: "stress".into(),
+            node_count: nodes,
+            ..Default::default()
+        }
+    }
+
+    fn free(nodes: &[Node]) -> Vec<Candidate<'_>> {
+        nodes
+            .iter()
+            .map(|node| Candidate {
+                node,
+                live: true,
+                free: true,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn ranks_follow_sorted_node_names() {
+        let nodes = [gpu_node("b", 2, "r1"), gpu_node("a", 2, "r1")];
+        let chosen = choose(&spec(2), &free(&nodes)).unwrap().unwrap();
+        let p = plan(&spec(2), &chosen);
+        assert_eq!(p.nodes, vec!["a", "b"]);
+        assert_eq!(p.world_size, 4);
+        let table: Vec<(u32, u32, u32, &str, &str)> = p
+            .ranks
+            .iter()
+            .map(|r| {
+                (
+                    r.rank,
+                    r.node_rank,
+                    r.local_rank,
+                    r.node.as_str(),
+                    r.device.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            table,
+            vec![
+                (0, 0, 0, "a", "cuda:0"),
+                (1, 0, 1, "a", "cuda:1"),
+                (2, 1, 0, "b", "cuda:0"),
+                (3, 1, 1, "b", "cuda:1"),
+            ]
+        );
+        assert_eq!(p.ranks[3].gpu_uuid, "GPU-b-1");
+        assert_eq!(p.ranks[3].device_name, "NVIDIA H200");
+        assert_eq!(p.master_addr, "10.0.0.1");
+        assert_eq!(p.master_port, 29500);
+    }
+
+    #[test]
+    fn uneven_slots_hand_out_ranks_in_node_order() {
+        let nodes = [cpu_node("n1", 3, 6, false), cpu_node("n0", 1, 4, false)];
+        let p = plan(&spec(2), &[&nodes[0], &nodes[1]]);
+        let table: Vec<(u32, &str, u32, &str)> = p
+            .ranks
+            .iter()
+            .map(|r| (r.rank, r.node.as_str(), r.local_rank, r.device.as_str()))
+            .collect();
+        assert_eq!(
+            table,
+            vec![
+                (0, "n0", 0, "cpu"),
+                (1, "n1", 0, "cpu"),
+                (2, "n1", 1, "cpu"),
+                (3, "n1", 2, "cpu")
+            ]
+        );
+        assert_eq!(p.ranks[0].device_name, "Xeon");
+    }
+
+    #[test]
+    fn env_has_reasons_and_user_overrides_last() {
+        let nodes = [cpu_node("n0", 2, 8, true), cpu_node("n1", 2, 2, false)];
+        let mut s = spec(2);
+        let p = plan(&s, &[&nodes[0], &nodes[1]]);
+        let ib = p
+            .env
+            .iter()
+            .find(|e| e.name == "NCCL_IB_DISABLE")
+            .expect("IB disabled");
+        assert_eq!(ib.value, "1");
+        assert!(
+            ib.reason.contains("n1") && !ib.reason.contains("n0"),
+            "{}",
+            ib.reason
+        );
+        let omp = p.env.iter().find(|e| e.name == "OMP_NUM_THREADS").unwrap();
+        assert_eq!(omp.value, "1", "2 CPUs / 2 ranks on n1 is the tightest");
+
+        s.env.insert("OMP_NUM_THREADS".into(), "7".into());
+        s.env.insert("NCCL_DEBUG".into(), "INFO".into());
+        let p = plan(&s, &[&nodes[0], &nodes[1]]);
+        let omp: Vec<&EnvVar> = p
+            .env
+            .iter()
+            .filter(|e| e.name == "OMP_NUM_THREADS")
+            .collect();
+        assert_eq!(omp.len(), 1);
+        assert_eq!(
+            (omp[0].value.as_str(), omp[0].reason.as_str()),
+            ("7", USER_ENV_REASON)
+        );
+        assert_eq!(p.env.last().unwrap().name, "OMP_NUM_THREADS");
+        assert!(p
+            .env
+            .iter()
+            .any(|e| e.name == "NCCL_DEBUG" && e.reason == USER_ENV_REASON));
+
+        // Every node with InfiniBand and GPUs: neither variable is planned.
+        let gpus = [gpu_node("g0", 2, "r1")];
+        let p = plan(&spec(1), &[&gpus[0]]);
+        assert!(p.env.is_empty(), "{:?}", p.env);
+    }
+
+    #[test]
+    fn selectors_filter_and_shortfalls_are_named() {
+        let nodes = [
+            gpu_node("a", 1, "r1"),
+            gpu_node("b", 1, "r2"),
+            gpu_node("c", 1, "r1"),
+            gpu_node("d", 1, "r1"),
+        ];
+        let mut cands = free(&nodes);
+        let mut s = spec(2);
+        s.selectors = vec!["rack=r1".into()];
+        let got: Vec<&str> = choose(&s, &cands)
+            .unwrap()
+            .unwrap()
+            .iter()
+            .map(|n| n.name.as_str())
+            .collect();
+        assert_eq!(got, vec!["a", "c"]);
+
+        s.selectors = vec!["rack!=r1".into()];
+        let err = choose(&s, &cands).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "asked for 2 nodes matching rack!=r1, 1 registered node matches (b)"
+        );
+
+        let err = choose(&spec(5), &cands).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "asked for 5 nodes, 4 registered nodes match (a, b, c, d)"
+        );
+        assert_eq!(Status::from(err).code(), tonic::Code::FailedPrecondition);
+
+        // Busy nodes make the job wait; lost nodes do not count at all.
+        cands[0].free = false;
+        cands[1].free = false;
+        cands[2].free = false;
+        assert!(choose(&spec(2), &cands).unwrap().is_none());
+        cands[3].live = false;
+        cands[3].free = false;
+        let err = choose(&spec(4), &cands).unwrap_err().to_string();
+        assert!(
+            err.contains("3 registered nodes match") && err.contains("1 matching node is lost (d)"),
+            "{err}"
+        );
+
+        let mut all = spec(0);
+        all.all_nodes = true;
+        all.selectors = vec!["gpu=A100".into()];
+        let err = choose(&all, &cands).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "asked for all nodes matching gpu=A100, 0 registered nodes match"
+        );
+
+        let mut bad = spec(1);
+        bad.selectors = vec!["gpu".into()];
+        let err = choose(&bad, &cands).unwrap_err();
+        assert_eq!(Status::from(err).code(), tonic::Code::InvalidArgument);
+    }
+
+    #[test]
+    fn small_shm_fails_preflight_with_the_fix() {
+        let mut n = gpu_node("g0", 8, "r1");
+        n.facts.as_mut().unwrap().shm_bytes = 64 << 20;
+        let p = plan(&spec(1), &[&n]);
+        let err = preflight_error(&p).expect("shm check fails").to_string();
+        assert!(err.contains("g0") && err.contains("--shm-size"), "{err}");
+        let ok = gpu_node("g1", 8, "r1");
+        assert!(preflight_error(&plan(&spec(1), &[&ok])).is_none());
+        // CPU ranks do not use NCCL's shared memory.
+        let mut cpu = cpu_node("c0", 4, 8, false);
+        assert!(plan(&spec(1), &[&cpu]).checks.is_empty());
+        // An agent's own failing check is shown but does not block.
+        cpu.preflight.push(PreflightCheck {
+            name: "memlock".into(),
+            verdict: Verdict::Fail as i32,
+            ..Default::default()
+        });
+        let p = plan(&spec(1), &[&cpu]);
+        assert_eq!(p.checks.len(), 1);
+        assert_eq!(p.checks[0].node, "c0");
+        assert!(preflight_error(&p).is_none());
+    }
+}

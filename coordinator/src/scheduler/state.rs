@@ -1,0 +1,114 @@
+//! The scheduler's in-memory state: nodes with their sessions, jobs with their
+//! live progress and results. Only the scheduler task touches it.
+
+use std::collections::BTreeMap;
+
+use gpuctl_proto::pb::{
+    CoordinatorMessage, Job, JobState, Node, NodeState, RankPlacement, RankProgress, RankResult,
+    Report, WorkerExited,
+};
+
+use super::events::SessionTx;
+use super::planner::Candidate;
+use super::report;
+use super::telemetry::Telemetry;
+
+pub struct Session {
+    pub id: u64,
+    pub tx: SessionTx,
+}
+
+pub struct NodeEntry {
+    /// As stored; `state` is kept current (Ready, Busy or Lost).
+    pub node: Node,
+    pub session: Option<Session>,
+    /// Where this node's workers reach the coordinator.
+    pub coordinator_url: String,
+}
+
+impl NodeEntry {
+    pub fn lost(&self) -> bool {
+        self.node.state() == NodeState::Lost
+    }
+
+    pub fn candidate(&self) -> Candidate<'_> {
+        let live = !self.lost();
+        Candidate {
+            node: &self.node,
+            live,
+            free: live && self.session.is_some() && self.node.current_job.is_empty(),
+        }
+    }
+
+    /// Sends on the session; false when there is none or it is gone.
+    pub fn send(&self, msg: CoordinatorMessage) -> bool {
+        self.session
+            .as_ref()
+            .is_some_and(|s| s.tx.send(Ok(msg)).is_ok())
+    }
+
+    /// Ready or Busy by whether it runs a job; Lost stays Lost.
+    pub fn refresh_state(&mut self) {
+        if !self.lost() {
+            let s = if self.node.current_job.is_empty() {
+                NodeState::Ready
+            } else {
+                NodeState::Busy
+            };
+            self.node.set_state(s);
+        }
+    }
+}
+
+#[derive(Default)]
+pub struct JobEntry {
+    pub job: Job,
+    pub progress: BTreeMap<u32, RankProgress>,
+    /// Results of the current attempt; emptied once the job ends and its report
+    /// is stored.
+    pub results: BTreeMap<u32, RankResult>,
+    pub exits: BTreeMap<u32, WorkerExited>,
+    pub telemetry: Telemetry,
+    pub deadline_unix_ms: u64,
+}
+
+impl JobEntry {
+    pub fn state(&self) -> JobState {
+        self.job.state()
+    }
+
+    /// The job as clients see it, with live progress.
+    pub fn view(&self) -> Job {
+        let mut j = self.job.clone();
+        j.progress = self.progress.values().cloned().collect();
+        j
+    }
+
+    pub fn placement(&self, rank: u32) -> Option<&RankPlacement> {
+        self.job
+            .plan
+            .as_ref()?
+            .ranks
+            .iter()
+            .find(|p| p.rank == rank)
+    }
+
+    pub fn world_size(&self) -> u32 {
+        self.job.plan.as_ref().map_or(0, |p| p.world_size)
+    }
+
+    pub fn report(&self, now_ms: u64) -> Report {
+        report::build(&report::Inputs {
+            job: &self.job,
+            results: &self.results,
+            exits: &self.exits,
+            telemetry: &self.telemetry,
+            now_ms,
+        })
+    }
+}
+
+/// `job-000001`: sortable and easy to type.
+pub fn job_id(seq: u64) -> String {
+    format!("job-{seq:06}")
+}

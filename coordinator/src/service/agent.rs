@@ -1,0 +1,172 @@
+//! `AgentService`: registration and the long-lived session. Each session gets
+//! an id so that a replaced session's late close cannot detach the new one.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use futures::Stream;
+use gpuctl_proto::pb::agent_message::Msg;
+use gpuctl_proto::pb::agent_service_server::AgentService;
+use gpuctl_proto::pb::{AgentMessage, CoordinatorMessage, RegisterRequest, RegisterResponse};
+use gpuctl_proto::PROTOCOL_VERSION;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::{debug, warn};
+
+use crate::scheduler::{Event, SchedulerHandle, SessionTx};
+
+/// Refuses an agent that speaks another protocol version, naming both.
+pub fn check_protocol(node: &str, version: u32) -> Result<(), Status> {
+    if version == PROTOCOL_VERSION {
+        return Ok(());
+    }
+    Err(Status::failed_precondition(format!(
+        "protocol version mismatch: agent `{node}` speaks gpuctl protocol {version}, this coordinator speaks protocol {PROTOCOL_VERSION}; run the same gpuctl release on agents and coordinator"
+    )))
+}
+
+pub struct AgentSvc {
+    sched: SchedulerHandle,
+    /// `--advertise-url`, or the listen URL when it is a concrete address.
+    advertise_url: Option<String>,
+    next_session: Arc<AtomicU64>,
+}
+
+impl AgentSvc {
+    pub fn new(sched: SchedulerHandle, advertise_url: Option<String>) -> Self {
+        AgentSvc {
+            sched,
+            advertise_url,
+            next_session: Arc::new(AtomicU64::new(1)),
+        }
+    }
+}
+
+type SessionStream = Pin<Box<dyn Stream<Item = Result<CoordinatorMessage, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl AgentService for AgentSvc {
+    async fn register(
+        &self,
+        req: Request<RegisterRequest>,
+    ) -> Result<Response<RegisterResponse>, Status> {
+        // Listening on 0.0.0.0: the address this agent reached us at is one
+        // its workers can reach too.
+        let url = self
+            .advertise_url
+            .clone()
+            .or_else(|| req.local_addr().map(|a| format!("http://{a}")))
+            .unwrap_or_default();
+        let req = req.into_inner();
+        check_protocol(&req.name, req.protocol_version)?;
+        let resp = self
+            .sched
+            .ask(|reply| Event::AgentRegistered {
+                req,
+                coordinator_url: url,
+                reply,
+            })
+            .await??;
+        Ok(Response::new(resp))
+    }
+
+    type SessionStream = SessionStream;
+
+    async fn session(
+        &self,
+        req: Request<Streaming<AgentMessage>>,
+    ) -> Result<Response<SessionStream>, Status> {
+        // Answer at once and read the first heartbeat afterwards: an agent may
+        // wait for the response before it sends anything. Refusals then come
+        // down the stream as its error.
+        let inbound = req.into_inner();
+        let session = self.next_session.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run_session(self.sched.clone(), inbound, tx, session));
+        Ok(Response::new(Box::pin(UnboundedReceiverStream::new(rx))))
+    }
+}
+
+/// Reads one agent's session until it ends, turning messages into events.
+async fn run_session(
+    sched: SchedulerHandle,
+    mut inbound: Streaming<AgentMessage>,
+    tx: SessionTx,
+    session: u64,
+) {
+    let opened = async {
+        let first = inbound.message().await?.ok_or_else(|| {
+            Status::invalid_argument("the session ended before its first heartbeat")
+        })?;
+        let Some(Msg::Heartbeat(hb)) = first.msg else {
+            return Err(Status::failed_precondition(
+                "the first message of a session must be a Heartbeat naming the registered node",
+            ));
+        };
+        check_protocol(&hb.node, hb.protocol_version)?;
+        let node = hb.node.clone();
+        sched
+            .ask(|reply| Event::SessionOpened {
+                node: node.clone(),
+                session,
+                tx: tx.clone(),
+                first: hb,
+                reply,
+            })
+            .await??;
+        Ok::<_, Status>(node)
+    };
+    let node = match opened.await {
+        Ok(node) => node,
+        Err(status) => {
+            warn!("session refused: {}", status.message());
+            let _ = tx.send(Err(status));
+            return;
+        }
+    };
+    loop {
+        let msg = match inbound.message().await {
+            Ok(Some(m)) => m,
+            Ok(None) => break,
+            Err(e) => {
+                debug!(node = %node, "session stream error: {e}");
+                break;
+            }
+        };
+        let event = match msg.msg {
+            Some(Msg::Heartbeat(hb)) => {
+                if let Err(status) = check_protocol(&hb.node, hb.protocol_version) {
+                    warn!(node = %node, "{}", status.message());
+                    let _ = tx.send(Err(status));
+                    break;
+                }
+                Event::Heartbeat {
+                    node: node.clone(),
+                    session,
+                    hb,
+                }
+            }
+            Some(Msg::WorkerExited(exited)) => Event::WorkerExited {
+                node: node.clone(),
+                exited,
+            },
+            Some(Msg::Log(log)) => Event::WorkerLog {
+                node: node.clone(),
+                log,
+            },
+            Some(Msg::Ack(ack)) => Event::AssignmentAck {
+                node: node.clone(),
+                ack,
+            },
+            Some(Msg::Telemetry(batch)) => Event::Telemetry {
+                node: node.clone(),
+                batch,
+            },
+            None => continue,
+        };
+        sched.tell(event).await;
+    }
+    sched.tell(Event::SessionClosed { node, session }).await;
+}

@@ -1,0 +1,129 @@
+//! `JobService`: what the CLI calls. Logs are read from the store directly;
+//! everything else is answered by the scheduler.
+
+use gpuctl_proto::pb::job_service_server::JobService;
+use gpuctl_proto::pb::{
+    CancelJobRequest, GetJobRequest, GetLogsRequest, GetLogsResponse, GetReportRequest,
+    GetTelemetryRequest, GetTelemetryResponse, Job, ListJobsRequest, ListJobsResponse,
+    ListNodesRequest, ListNodesResponse, Plan, Report, SubmitRequest,
+};
+use tonic::{Request, Response, Status};
+
+use crate::scheduler::{Event, SchedulerHandle};
+use crate::store::StateStore;
+
+pub struct JobSvc {
+    sched: SchedulerHandle,
+    store: StateStore,
+}
+
+impl JobSvc {
+    pub fn new(sched: SchedulerHandle, store: StateStore) -> Self {
+        JobSvc { sched, store }
+    }
+}
+
+#[tonic::async_trait]
+impl JobService for JobSvc {
+    async fn submit(&self, req: Request<SubmitRequest>) -> Result<Response<Job>, Status> {
+        let spec = req.into_inner().spec.unwrap_or_default();
+        Ok(Response::new(
+            self.sched
+                .ask(|reply| Event::Submit { spec, reply })
+                .await??,
+        ))
+    }
+
+    async fn plan_job(&self, req: Request<SubmitRequest>) -> Result<Response<Plan>, Status> {
+        let spec = req.into_inner().spec.unwrap_or_default();
+        Ok(Response::new(
+            self.sched
+                .ask(|reply| Event::Plan { spec, reply })
+                .await??,
+        ))
+    }
+
+    async fn get_job(&self, req: Request<GetJobRequest>) -> Result<Response<Job>, Status> {
+        let job_id = req.into_inner().job_id;
+        Ok(Response::new(
+            self.sched
+                .ask(|reply| Event::GetJob { job_id, reply })
+                .await??,
+        ))
+    }
+
+    async fn list_jobs(
+        &self,
+        req: Request<ListJobsRequest>,
+    ) -> Result<Response<ListJobsResponse>, Status> {
+        let limit = req.into_inner().limit;
+        let jobs = self
+            .sched
+            .ask(|reply| Event::ListJobs { limit, reply })
+            .await?;
+        Ok(Response::new(ListJobsResponse { jobs }))
+    }
+
+    async fn cancel_job(&self, req: Request<CancelJobRequest>) -> Result<Response<Job>, Status> {
+        let CancelJobRequest { job_id, reason } = req.into_inner();
+        Ok(Response::new(
+            self.sched
+                .ask(|reply| Event::Cancel {
+                    job_id,
+                    reason,
+                    reply,
+                })
+                .await??,
+        ))
+    }
+
+    async fn get_report(&self, req: Request<GetReportRequest>) -> Result<Response<Report>, Status> {
+        let job_id = req.into_inner().job_id;
+        Ok(Response::new(
+            self.sched
+                .ask(|reply| Event::GetReport { job_id, reply })
+                .await??,
+        ))
+    }
+
+    async fn get_logs(
+        &self,
+        req: Request<GetLogsRequest>,
+    ) -> Result<Response<GetLogsResponse>, Status> {
+        let r = req.into_inner();
+        let job_id = r.job_id.clone();
+        // Unknown jobs get the same not-found as everywhere else.
+        self.sched
+            .ask(|reply| Event::GetJob { job_id, reply })
+            .await??;
+        let rank = r.has_rank.then_some(r.rank);
+        let mut lines =
+            self.store.logs(&r.job_id, rank).await.map_err(|e| {
+                Status::unavailable(format!("reading the logs of {}: {e}", r.job_id))
+            })?;
+        if r.tail > 0 && lines.len() > r.tail as usize {
+            lines.drain(..lines.len() - r.tail as usize);
+        }
+        Ok(Response::new(GetLogsResponse { lines }))
+    }
+
+    async fn get_telemetry(
+        &self,
+        req: Request<GetTelemetryRequest>,
+    ) -> Result<Response<GetTelemetryResponse>, Status> {
+        let job_id = req.into_inner().job_id;
+        let latest = self
+            .sched
+            .ask(|reply| Event::GetTelemetry { job_id, reply })
+            .await??;
+        Ok(Response::new(GetTelemetryResponse { latest }))
+    }
+
+    async fn list_nodes(
+        &self,
+        _req: Request<ListNodesRequest>,
+    ) -> Result<Response<ListNodesResponse>, Status> {
+        let nodes = self.sched.ask(|reply| Event::ListNodes { reply }).await?;
+        Ok(Response::new(ListNodesResponse { nodes }))
+    }
+}

@@ -1,0 +1,359 @@
+//! State storage. [`Store`] is the small async key-value trait a backend implements
+//! (redb today, etcd later); [`StateStore`] is the typed layer on top that knows
+//! the key space of docs/architecture.md ("Stored state") and encodes the
+//! protobuf messages, so the rest of the coordinator never builds a key by hand.
+
+pub mod redb;
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use gpuctl_proto::pb::{GetLogsResponse, Job, LogLine, Node, RankResult, Report};
+use prost::Message;
+
+pub use self::redb::RedbStore;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("state store: {0}")]
+    Backend(String),
+    #[error("stored value under `{key}` does not decode: {source}")]
+    Decode {
+        key: String,
+        #[source]
+        source: prost::DecodeError,
+    },
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// Key-value pairs in key order.
+pub type Entries = Vec<(String, Vec<u8>)>;
+
+/// A durable, ordered key-value map over string keys. Every write is durable when
+/// its future resolves: callers acknowledge clients only after that.
+///
+/// Boxed futures keep the trait object-safe, so the backend is picked at run time.
+pub trait Store: Send + Sync + 'static {
+    /// Writes all entries in one atomic transaction.
+    fn put_many(&self, entries: Vec<(String, Vec<u8>)>) -> BoxFuture<'_, StoreResult<()>>;
+
+    fn get(&self, key: String) -> BoxFuture<'_, StoreResult<Option<Vec<u8>>>>;
+
+    /// Returns whether the key existed.
+    fn delete(&self, key: String) -> BoxFuture<'_, StoreResult<bool>>;
+
+    /// Every entry whose key starts with `prefix`, in key order.
+    fn scan_prefix(&self, prefix: String) -> BoxFuture<'_, StoreResult<Entries>>;
+
+    fn put(&self, key: String, value: Vec<u8>) -> BoxFuture<'_, StoreResult<()>> {
+        self.put_many(vec![(key, value)])
+    }
+
+    /// Flushes and releases the backend (file lock, connections) even while
+    /// other handles to the store are still around; later calls fail.
+    fn close(&self) -> BoxFuture<'_, StoreResult<()>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// The key space, in one place.
+pub mod keys {
+    pub const JOB_SEQ: &str = "meta/job_seq";
+    pub const NODES: &str = "nodes/";
+    pub const JOBS: &str = "jobs/";
+
+    pub fn node(name: &str) -> String {
+        format!("nodes/{name}")
+    }
+    pub fn job(id: &str) -> String {
+        format!("jobs/{id}")
+    }
+    pub fn result(job: &str, attempt: u32, rank: u32) -> String {
+        format!("results/{job}/{attempt}/{rank:06}")
+    }
+    /// The trailing slash keeps `job-1` from matching `job-10`.
+    pub fn results(job: &str, attempt: u32) -> String {
+        format!("results/{job}/{attempt}/")
+    }
+    pub fn report(job: &str) -> String {
+        format!("reports/{job}")
+    }
+    pub fn log(job: &str, rank: u32, seq: u64) -> String {
+        format!("logs/{job}/{rank:06}/{seq:010}")
+    }
+    pub fn logs(job: &str, rank: Option<u32>) -> String {
+        match rank {
+            Some(r) => format!("logs/{job}/{r:06}/"),
+            None => format!("logs/{job}/"),
+        }
+    }
+}
+
+/// One write of a typed batch; see [`StateStore::write`].
+#[derive(Default)]
+pub struct Batch(Vec<(String, Vec<u8>)>);
+
+impl Batch {
+    pub fn node(mut self, node: &Node) -> Self {
+        self.0.push((keys::node(&node.name), node.encode_to_vec()));
+        self
+    }
+    pub fn job(mut self, job: &Job) -> Self {
+        // Progress changes every second; it is served from memory, not stored.
+        let mut job = job.clone();
+        job.progress.clear();
+        self.0.push((keys::job(&job.id), job.encode_to_vec()));
+        self
+    }
+    pub fn report(mut self, report: &Report) -> Self {
+        self.0
+            .push((keys::report(&report.job_id), report.encode_to_vec()));
+        self
+    }
+    pub fn job_seq(mut self, seq: u64) -> Self {
+        self.0
+            .push((keys::JOB_SEQ.to_string(), seq.to_string().into_bytes()));
+        self
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// Typed access to the coordinator's state.
+#[derive(Clone)]
+pub struct StateStore {
+    inner: Arc<dyn Store>,
+}
+
+impl StateStore {
+    pub fn new(inner: Arc<dyn Store>) -> Self {
+        StateStore { inner }
+    }
+
+    pub async fn close(&self) -> StoreResult<()> {
+        self.inner.close().await
+    }
+
+    pub fn raw(&self) -> &dyn Store {
+        self.inner.as_ref()
+    }
+
+    /// Writes a batch atomically; nothing when it is empty.
+    pub async fn write(&self, batch: Batch) -> StoreResult<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.inner.put_many(batch.0).await
+    }
+
+    async fn get_msg<M: Message + Default>(&self, key: String) -> StoreResult<Option<M>> {
+        match self.inner.get(key.clone()).await? {
+            Some(bytes) => M::decode(bytes.as_slice())
+                .map(Some)
+                .map_err(|source| StoreError::Decode { key, source }),
+            None => Ok(None),
+        }
+    }
+
+    async fn scan_msgs<M: Message + Default>(&self, prefix: String) -> StoreResult<Vec<M>> {
+        self.inner
+            .scan_prefix(prefix)
+            .await?
+            .into_iter()
+            .map(|(key, bytes)| {
+                M::decode(bytes.as_slice()).map_err(|source| StoreError::Decode { key, source })
+            })
+            .collect()
+    }
+
+    pub async fn job_seq(&self) -> StoreResult<u64> {
+        match self.inner.get(keys::JOB_SEQ.to_string()).await? {
+            None => Ok(0),
+            Some(bytes) => String::from_utf8_lossy(&bytes).trim().parse().map_err(|_| {
+                StoreError::Backend(format!(
+                    "`{}` holds {:?}, not a number",
+                    keys::JOB_SEQ,
+                    String::from_utf8_lossy(&bytes)
+                ))
+            }),
+        }
+    }
+
+    pub async fn nodes(&self) -> StoreResult<Vec<Node>> {
+        self.scan_msgs(keys::NODES.to_string()).await
+    }
+
+    pub async fn jobs(&self) -> StoreResult<Vec<Job>> {
+        self.scan_msgs(keys::JOBS.to_string()).await
+    }
+
+    pub async fn job(&self, id: &str) -> StoreResult<Option<Job>> {
+        self.get_msg(keys::job(id)).await
+    }
+
+    pub async fn put_result(&self, result: &RankResult) -> StoreResult<()> {
+        let key = keys::result(&result.job_id, result.attempt, result.rank);
+        self.inner.put(key, result.encode_to_vec()).await
+    }
+
+    pub async fn results(&self, job: &str, attempt: u32) -> StoreResult<Vec<RankResult>> {
+        self.scan_msgs(keys::results(job, attempt)).await
+    }
+
+    pub async fn report(&self, job: &str) -> StoreResult<Option<Report>> {
+        self.get_msg(keys::report(job)).await
+    }
+
+    /// Stores log batches, each under its own sequence number.
+    pub async fn put_logs(
+        &self,
+        batches: Vec<(String, u32, u64, Vec<LogLine>)>,
+    ) -> StoreResult<()> {
+        let entries = batches
+            .into_iter()
+            .map(|(job, rank, seq, lines)| {
+                (
+                    keys::log(&job, rank, seq),
+                    GetLogsResponse { lines }.encode_to_vec(),
+                )
+            })
+            .collect();
+        self.inner.put_many(entries).await
+    }
+
+    /// The highest log sequence number stored for one rank, if any.
+    pub async fn last_log_seq(&self, job: &str, rank: u32) -> StoreResult<Option<u64>> {
+        let entries = self.inner.scan_prefix(keys::logs(job, Some(rank))).await?;
+        Ok(entries
+            .last()
+            .and_then(|(k, _)| k.rsplit('/').next())
+            .and_then(|s| s.parse().ok()))
+    }
+
+    /// Log lines of a job in (rank, arrival) order.
+    pub async fn logs(&self, job: &str, rank: Option<u32>) -> StoreResult<Vec<LogLine>> {
+        let batches: Vec<GetLogsResponse> = self.scan_msgs(keys::logs(job, rank)).await?;
+        Ok(batches.into_iter().flat_map(|b| b.lines).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuctl_proto::pb::JobState;
+
+    fn open(dir: &std::path::Path) -> StateStore {
+        StateStore::new(Arc::new(RedbStore::open(&dir.join("state.redb")).unwrap()))
+    }
+
+    #[tokio::test]
+    async fn round_trip_survives_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = open(dir.path());
+            let job = Job {
+                id: "job-000001".into(),
+                state: JobState::Running as i32,
+                attempt: 1,
+                ..Default::default()
+            };
+            let node = Node {
+                name: "node-0".into(),
+                slots: 2,
+                ..Default::default()
+            };
+            s.write(Batch::default().job(&job).node(&node).job_seq(1))
+                .await
+                .unwrap();
+            for rank in [1, 0, 10] {
+                s.put_result(&RankResult {
+                    job_id: "job-000001".into(),
+                    attempt: 1,
+                    rank,
+                    ok: true,
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            }
+            // A neighbour whose id shares a prefix must not leak into scans.
+            s.put_result(&RankResult {
+                job_id: "job-0000010".into(),
+                attempt: 1,
+                rank: 0,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+            s.put_logs(vec![
+                (
+                    "job-000001".into(),
+                    0,
+                    1,
+                    vec![LogLine {
+                        rank: 0,
+                        node: "node-0".into(),
+                        line: "a".into(),
+                    }],
+                ),
+                (
+                    "job-000001".into(),
+                    0,
+                    2,
+                    vec![LogLine {
+                        rank: 0,
+                        node: "node-0".into(),
+                        line: "b".into(),
+                    }],
+                ),
+            ])
+            .await
+            .unwrap();
+        }
+        // Reopen: everything written before is there.
+        let s = open(dir.path());
+        assert_eq!(s.job_seq().await.unwrap(), 1);
+        let jobs = s.jobs().await.unwrap();
+        assert_eq!(jobs.len(), 1);
+        assert_eq!(jobs[0].state(), JobState::Running);
+        assert_eq!(s.nodes().await.unwrap()[0].slots, 2);
+        let ranks: Vec<u32> = s
+            .results("job-000001", 1)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.rank)
+            .collect();
+        assert_eq!(ranks, vec![0, 1, 10], "results in rank order, no neighbour");
+        let lines: Vec<String> = s
+            .logs("job-000001", Some(0))
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|l| l.line)
+            .collect();
+        assert_eq!(lines, vec!["a", "b"]);
+        assert_eq!(s.last_log_seq("job-000001", 0).await.unwrap(), Some(2));
+        assert_eq!(s.last_log_seq("job-000001", 1).await.unwrap(), None);
+        assert!(s.report("job-000001").await.unwrap().is_none());
+        assert!(s.raw().delete(keys::job("job-000001")).await.unwrap());
+        assert!(!s.raw().delete(keys::job("job-000001")).await.unwrap());
+        assert!(s.job("job-000001").await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn garbage_values_are_reported_with_their_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = open(dir.path());
+        s.raw()
+            .put(keys::job("bad"), vec![0xff, 0xff, 0xff])
+            .await
+            .unwrap();
+        let err = s.jobs().await.unwrap_err().to_string();
+        assert!(err.contains("jobs/bad"), "{err}");
+    }
+}

@@ -1,0 +1,138 @@
+//! The embedded store: one redb file, one table of string keys to bytes.
+//! redb commits are durable (fsync) when `commit` returns, which is what lets the
+//! coordinator acknowledge a result only once it is on disk.
+
+use std::path::Path;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use redb::{Database, ReadableDatabase, TableDefinition};
+
+use super::{Entries, Store, StoreError, StoreResult};
+
+const KV: TableDefinition<&str, &[u8]> = TableDefinition::new("kv");
+
+pub struct RedbStore {
+    /// `None` once closed. Operations hold their own `Arc` while they run.
+    db: RwLock<Option<Arc<Database>>>,
+}
+
+fn backend(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend(e.to_string())
+}
+
+impl RedbStore {
+    /// Opens (or creates) the store file. redb locks the file, so a second
+    /// coordinator on the same data folder fails here instead of corrupting it.
+    pub fn open(path: &Path) -> StoreResult<Self> {
+        let db = Database::create(path).map_err(|e| {
+            let hint = match e {
+                redb::DatabaseError::DatabaseAlreadyOpen => {
+                    " (is another gpuctl-coordinator running on this --data-dir?)"
+                }
+                _ => "",
+            };
+            StoreError::Backend(format!("cannot open {}: {e}{hint}", path.display()))
+        })?;
+        // Create the table once, so that readers never meet a missing table.
+        let tx = db.begin_write().map_err(backend)?;
+        tx.open_table(KV).map_err(backend)?;
+        tx.commit().map_err(backend)?;
+        Ok(RedbStore {
+            db: RwLock::new(Some(Arc::new(db))),
+        })
+    }
+
+    /// redb is synchronous; run it off the async workers.
+    fn blocking<T, F>(&self, f: F) -> BoxFuture<'_, StoreResult<T>>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Database) -> Result<T, redb::Error> + Send + 'static,
+    {
+        let db = self.db.read().expect("store lock").clone();
+        Box::pin(async move {
+            let db = db.ok_or_else(|| StoreError::Backend("the store is closed".into()))?;
+            tokio::task::spawn_blocking(move || f(&db))
+                .await
+                .map_err(backend)?
+                .map_err(backend)
+        })
+    }
+}
+
+impl Store for RedbStore {
+    fn close(&self) -> BoxFuture<'_, StoreResult<()>> {
+        let db = self.db.write().expect("store lock").take();
+        Box::pin(async move {
+            let Some(mut db) = db else { return Ok(()) };
+            // Wait for operations still running, so the file lock is gone
+            // when this returns and a new coordinator can open the file.
+            for _ in 0..200 {
+                match Arc::try_unwrap(db) {
+                    Ok(db) => {
+                        drop(db);
+                        return Ok(());
+                    }
+                    Err(shared) => db = shared,
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(StoreError::Backend(
+                "store operations did not finish within 2 s of closing".into(),
+            ))
+        })
+    }
+
+    fn put_many(&self, entries: Vec<(String, Vec<u8>)>) -> BoxFuture<'_, StoreResult<()>> {
+        self.blocking(move |db| {
+            let tx = db.begin_write()?;
+            {
+                let mut table = tx.open_table(KV)?;
+                for (k, v) in &entries {
+                    table.insert(k.as_str(), v.as_slice())?;
+                }
+            }
+            tx.commit()?;
+            Ok(())
+        })
+    }
+
+    fn get(&self, key: String) -> BoxFuture<'_, StoreResult<Option<Vec<u8>>>> {
+        self.blocking(move |db| {
+            let tx = db.begin_read()?;
+            let table = tx.open_table(KV)?;
+            Ok(table.get(key.as_str())?.map(|v| v.value().to_vec()))
+        })
+    }
+
+    fn delete(&self, key: String) -> BoxFuture<'_, StoreResult<bool>> {
+        self.blocking(move |db| {
+            let tx = db.begin_write()?;
+            let existed = {
+                let mut table = tx.open_table(KV)?;
+                let old = table.remove(key.as_str())?;
+                old.is_some()
+            };
+            tx.commit()?;
+            Ok(existed)
+        })
+    }
+
+    fn scan_prefix(&self, prefix: String) -> BoxFuture<'_, StoreResult<Entries>> {
+        self.blocking(move |db| {
+            let tx = db.begin_read()?;
+            let table = tx.open_table(KV)?;
+            let mut out = Vec::new();
+            for item in table.range(prefix.as_str()..)? {
+                let (k, v) = item?;
+                let k = k.value();
+                if !k.starts_with(prefix.as_str()) {
+                    break;
+                }
+                out.push((k.to_string(), v.value().to_vec()));
+            }
+            Ok(out)
+        })
+    }
+}

@@ -1,0 +1,706 @@
+//! The coordinator served on loopback and driven over real gRPC, the way agents,
+//! workers and the CLI talk to it: registration and sessions, planning, job life,
+//! rendezvous, results and reports, lost nodes, cancel and restart.
+
+use std::time::Duration;
+
+use gpuctl_coordinator::Config;
+use gpuctl_proto::pb::agent_message::Msg as Up;
+use gpuctl_proto::pb::agent_service_client::AgentServiceClient;
+use gpuctl_proto::pb::coordinator_message::Msg as Down;
+use gpuctl_proto::pb::job_service_client::JobServiceClient;
+use gpuctl_proto::pb::worker_service_client::WorkerServiceClient;
+use gpuctl_proto::pb::*;
+use gpuctl_proto::{now_ms, PROTOCOL_VERSION};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
+use tonic::{Code, Streaming};
+
+struct Coord {
+    url: String,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<anyhow::Result<()>>,
+}
+
+async fn start(dir: &std::path::Path, node_timeout: Duration) -> Coord {
+    let mut cfg = Config::for_dir(dir);
+    cfg.node_timeout = node_timeout;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, shutdown) = watch::channel(false);
+    let task = tokio::spawn(gpuctl_coordinator::server::run_on(cfg, listener, shutdown));
+    Coord { url, stop, task }
+}
+
+impl Coord {
+    async fn jobs(&self) -> JobServiceClient<Channel> {
+        JobServiceClient::connect(self.url.clone()).await.unwrap()
+    }
+    async fn workers(&self) -> WorkerServiceClient<Channel> {
+        WorkerServiceClient::connect(self.url.clone())
+            .await
+            .unwrap()
+    }
+    async fn shutdown(self) {
+        self.stop.send(true).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .expect("coordinator stops within 10 s")
+            .unwrap()
+            .unwrap();
+    }
+}
+
+/// A stand-in agent: registers, heartbeats until `beating` is dropped.
+struct Agent {
+    name: String,
+    up: mpsc::Sender<AgentMessage>,
+    down: Streaming<CoordinatorMessage>,
+    beating: Option<JoinHandle<()>>,
+}
+
+fn heartbeat(name: &str) -> AgentMessage {
+    AgentMessage {
+        msg: Some(Up::Heartbeat(Heartbeat {
+            node: name.into(),
+            protocol_version: PROTOCOL_VERSION,
+            unix_ms: now_ms(),
+            running: vec![],
+        })),
+    }
+}
+
+async fn agent(url: &str, name: &str, cpu_ranks: u32) -> Agent {
+    let mut client = AgentServiceClient::connect(url.to_string()).await.unwrap();
+    let resp = client
+        .register(RegisterRequest {
+            protocol_version: PROTOCOL_VERSION,
+            name: name.into(),
+            facts: Some(HostFacts {
+                hostname: name.into(),
+                addresses: vec!["127.0.0.1".into()],
+                cpu_count: 4,
+                cpu_ranks,
+                cpu_model: "Test CPU".into(),
+                ..Default::default()
+            }),
+            gpus: vec![],
+            preflight: vec![],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(resp.name, name);
+    assert_eq!(resp.coordinator_url, url, "workers reach the listen URL");
+    let (up, rx) = mpsc::channel(64);
+    up.send(heartbeat(name)).await.unwrap();
+    let down = client
+        .session(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let (beat_tx, beat_name) = (up.clone(), name.to_string());
+    let beating = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if beat_tx.send(heartbeat(&beat_name)).await.is_err() {
+                return;
+            }
+        }
+    });
+    Agent {
+        name: name.into(),
+        up,
+        down,
+        beating: Some(beating),
+    }
+}
+
+impl Agent {
+    async fn next(&mut self) -> Down {
+        tokio::time::timeout(Duration::from_secs(10), self.down.message())
+            .await
+            .unwrap_or_else(|_| panic!("{}: nothing from the coordinator in 10 s", self.name))
+            .unwrap()
+            .expect("session open")
+            .msg
+            .unwrap()
+    }
+    async fn assignment(&mut self) -> Assignment {
+        match self.next().await {
+            Down::Assignment(a) => a,
+            other => panic!("{}: expected an assignment, got {other:?}", self.name),
+        }
+    }
+    async fn cancel(&mut self) -> CancelJob {
+        match self.next().await {
+            Down::Cancel(c) => c,
+            other => panic!("{}: expected a cancel, got {other:?}", self.name),
+        }
+    }
+    fn stop_heartbeats(&mut self) {
+        if let Some(h) = self.beating.take() {
+            h.abort();
+        }
+    }
+}
+
+fn spec(workload: &str, nodes: u32) -> SubmitRequest {
+    SubmitRequest {
+        spec: Some(JobSpec {
+            workload: workload.into(),
+            node_count: nodes,
+            duration_ms: 1_000,
+            ..Default::default()
+        }),
+    }
+}
+
+fn stress_result(job: &str, rank: u32, digest: &str) -> RankResult {
+    RankResult {
+        job_id: job.into(),
+        attempt: 1,
+        rank,
+        ok: true,
+        detail: Some(rank_result::Detail::Stress(StressResult {
+            digest: digest.into(),
+            device_class: "cpu".into(),
+            checks: 3,
+            tflops_median: 0.1,
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+async fn job(c: &mut JobServiceClient<Channel>, id: &str) -> Job {
+    c.get_job(GetJobRequest { job_id: id.into() })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+async fn wait_state(
+    c: &mut JobServiceClient<Channel>,
+    id: &str,
+    want: JobState,
+    limit: Duration,
+) -> Job {
+    let start = std::time::Instant::now();
+    loop {
+        let j = job(c, id).await;
+        if j.state() == want {
+            return j;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "job {id} is {:?}, wanted {want:?}: {j:?}",
+            j.state()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn job_life_from_submit_to_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let coord = start(dir.path(), Duration::from_secs(5)).await;
+    let mut a1 = agent(&coord.url, "node-1", 2).await;
+    let mut a0 = agent(&coord.url, "node-0", 2).await;
+    let mut jobs = coord.jobs().await;
+
+    let nodes = jobs
+        .list_nodes(ListNodesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .nodes;
+    assert_eq!(nodes.len(), 2);
+    assert!(
+        nodes
+            .iter()
+            .all(|n| n.state() == NodeState::Ready && n.slots == 2),
+        "{nodes:?}"
+    );
+
+    // Bad input and too few nodes: refused, nothing stored.
+    let err = jobs.submit(spec("stress", 3)).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert_eq!(
+        err.message(),
+        "asked for 3 nodes, 2 registered nodes match (node-0, node-1)"
+    );
+    let err = jobs.submit(spec("burn", 1)).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("burn"), "{}", err.message());
+    let listed = jobs
+        .list_jobs(ListJobsRequest { limit: 0 })
+        .await
+        .unwrap()
+        .into_inner()
+        .jobs;
+    assert!(listed.is_empty(), "{listed:?}");
+
+    // Plan: a dry run with the rank table and the environment.
+    let plan = jobs.plan_job(spec("stress", 2)).await.unwrap().into_inner();
+    assert_eq!(plan.nodes, vec!["node-0", "node-1"]);
+    assert_eq!(plan.world_size, 4);
+    assert!(plan.env.iter().any(|e| e.name == "NCCL_IB_DISABLE"));
+    assert!(plan
+        .env
+        .iter()
+        .any(|e| e.name == "OMP_NUM_THREADS" && e.value == "2"));
+    assert!(jobs
+        .list_jobs(ListJobsRequest { limit: 0 })
+        .await
+        .unwrap()
+        .into_inner()
+        .jobs
+        .is_empty());
+
+    let submitted = jobs.submit(spec("stress", 2)).await.unwrap().into_inner();
+    assert_eq!(submitted.id, "job-000001");
+    let id = submitted.id.clone();
+    wait_state(&mut jobs, &id, JobState::Running, Duration::from_secs(2)).await;
+
+    let asg0 = a0.assignment().await;
+    let asg1 = a1.assignment().await;
+    assert_eq!((asg0.node_rank, asg1.node_rank), (0, 1));
+    let ranks0: Vec<u32> = asg0.ranks.iter().map(|r| r.rank).collect();
+    let ranks1: Vec<u32> = asg1.ranks.iter().map(|r| r.rank).collect();
+    assert_eq!((ranks0, ranks1), (vec![0, 1], vec![2, 3]));
+    assert_eq!(asg0.world_size, 4);
+    assert_eq!(asg0.master_addr, "127.0.0.1");
+    assert_eq!(asg0.master_port, 29500);
+    assert_eq!(asg0.coordinator_url, coord.url);
+    let budget = asg0.deadline_unix_ms - now_ms();
+    assert!(
+        (100_000..=122_000).contains(&budget),
+        "1 s stress + 120 s grace, got {budget} ms"
+    );
+    a0.up
+        .send(AgentMessage {
+            msg: Some(Up::Ack(AssignmentAck {
+                job_id: id.clone(),
+                attempt: 1,
+                ok: true,
+                error: String::new(),
+            })),
+        })
+        .await
+        .unwrap();
+
+    // Rendezvous: a get waits for the put.
+    let mut w = coord.workers().await;
+    let mut w2 = coord.workers().await;
+    let gid = id.clone();
+    let getter = tokio::spawn(async move {
+        w2.rendezvous_get(RendezvousGetRequest {
+            job_id: gid,
+            attempt: 1,
+            key: "nccl/id".into(),
+            timeout_ms: 5_000,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let put = w
+        .rendezvous_put(RendezvousPutRequest {
+            job_id: id.clone(),
+            attempt: 1,
+            key: "nccl/id".into(),
+            value: vec![7; 128],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(put.ok);
+    let got = getter.await.unwrap();
+    assert!(got.found && !got.job_over && got.value == vec![7; 128]);
+
+    // Progress shows on the job.
+    let ack = w
+        .report_progress(RankProgressReport {
+            job_id: id.clone(),
+            attempt: 1,
+            progress: Some(RankProgress {
+                rank: 2,
+                phase: "gemm".into(),
+                fraction: 0.5,
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(ack.ok, "{ack:?}");
+    let j = job(&mut jobs, &id).await;
+    assert_eq!(j.progress.len(), 1);
+    assert_eq!(j.progress[0].node, "node-1");
+
+    // Logs arrive through the session and are stored per rank.
+    a1.up
+        .send(AgentMessage {
+            msg: Some(Up::Log(WorkerLog {
+                job_id: id.clone(),
+                attempt: 1,
+                rank: 3,
+                lines: vec!["hello".into(), "world".into()],
+            })),
+        })
+        .await
+        .unwrap();
+
+    // Telemetry: the latest batch per node, for `gpuctl watch`.
+    a1.up
+        .send(AgentMessage {
+            msg: Some(Up::Telemetry(TelemetryBatch {
+                node: "node-1".into(),
+                job_id: id.clone(),
+                attempt: 1,
+                samples: vec![GpuSample {
+                    index: 0,
+                    uuid: "GPU-x".into(),
+                    util_gpu: 99.0,
+                    ..Default::default()
+                }],
+            })),
+        })
+        .await
+        .unwrap();
+    let mut latest = Vec::new();
+    for _ in 0..50 {
+        latest = jobs
+            .get_telemetry(GetTelemetryRequest { job_id: id.clone() })
+            .await
+            .unwrap()
+            .into_inner()
+            .latest;
+        if !latest.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(latest.len(), 1);
+    assert_eq!(latest[0].samples[0].util_gpu, 99.0);
+
+    // Results: a partial report first, then the final one.
+    for rank in 0..3 {
+        let ack = w
+            .report_result(stress_result(&id, rank, "abc"))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(ack.ok, "{ack:?}");
+    }
+    let partial = jobs
+        .get_report(GetReportRequest { job_id: id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(partial.verdict(), Verdict::Incomplete);
+    assert_eq!(partial.nodes.len(), 2);
+    assert_eq!(job(&mut jobs, &id).await.results_in, 3);
+    let ack = w
+        .report_result(stress_result(&id, 3, "abc"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(ack.ok);
+    let done = job(&mut jobs, &id).await;
+    assert_eq!(done.state(), JobState::Succeeded, "{done:?}");
+    let report = jobs
+        .get_report(GetReportRequest { job_id: id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(report.verdict(), Verdict::Pass, "{report:?}");
+    assert_eq!(report.world_size, 4);
+    assert_eq!(
+        report.nodes[1].ranks[0].result.as_ref().unwrap().node,
+        "node-1"
+    );
+    assert!(
+        report.sdc_note.contains("4 ranks agree"),
+        "{}",
+        report.sdc_note
+    );
+    assert_eq!(report.telemetry.len(), 1);
+    assert_eq!(report.telemetry[0].util_mean, 99.0);
+
+    // The job is over: workers are told so.
+    let ack = w
+        .report_progress(RankProgressReport {
+            job_id: id.clone(),
+            attempt: 1,
+            progress: Some(RankProgress {
+                rank: 0,
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!ack.ok);
+    let over = w
+        .rendezvous_get(RendezvousGetRequest {
+            job_id: id.clone(),
+            attempt: 1,
+            key: "x".into(),
+            timeout_ms: 5_000,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(over.job_over);
+
+    let mut lines = Vec::new();
+    for _ in 0..50 {
+        lines = jobs
+            .get_logs(GetLogsRequest {
+                job_id: id.clone(),
+                has_rank: true,
+                rank: 3,
+                tail: 1,
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .lines;
+        if !lines.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(lines.len(), 1);
+    assert_eq!(
+        (
+            lines[0].line.as_str(),
+            lines[0].node.as_str(),
+            lines[0].rank
+        ),
+        ("world", "node-1", 3)
+    );
+
+    // A worker that dies without a result fails the next job, named.
+    let id2 = jobs.submit(spec("nccl", 2)).await.unwrap().into_inner().id;
+    assert_eq!(id2, "job-000002");
+    a0.assignment().await;
+    a1.assignment().await;
+    a0.up
+        .send(AgentMessage {
+            msg: Some(Up::WorkerExited(WorkerExited {
+                job_id: id2.clone(),
+                attempt: 1,
+                rank: 1,
+                exit_code: 1,
+                stderr_tail: "starting\nboom: bad things\n".into(),
+                ..Default::default()
+            })),
+        })
+        .await
+        .unwrap();
+    let failed = wait_state(&mut jobs, &id2, JobState::Failed, Duration::from_secs(5)).await;
+    assert_eq!(
+        failed.message,
+        "rank 1 on node node-0 (cpu) exited with code 1: boom: bad things"
+    );
+    // The other node is told to stop; the node whose worker failed too.
+    assert_eq!(a1.cancel().await.job_id, id2);
+    assert_eq!(a0.cancel().await.job_id, id2);
+
+    // Busy nodes: the second job waits, then starts when the first is cancelled.
+    let first = jobs.submit(spec("stress", 2)).await.unwrap().into_inner();
+    let second = jobs.submit(spec("stress", 1)).await.unwrap().into_inner();
+    assert_eq!(second.state(), JobState::Pending);
+    a0.assignment().await;
+    a1.assignment().await;
+    let cancelled = jobs
+        .cancel_job(CancelJobRequest {
+            job_id: first.id.clone(),
+            reason: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(cancelled.state(), JobState::Cancelled);
+    assert_eq!(cancelled.message, "cancelled by user");
+    assert_eq!(a0.cancel().await.job_id, first.id);
+    assert_eq!(
+        a0.assignment().await.job_id,
+        second.id,
+        "node-0 comes first by name"
+    );
+    let r = jobs
+        .get_report(GetReportRequest {
+            job_id: first.id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.state(), JobState::Cancelled);
+    assert_ne!(r.verdict(), Verdict::Pass);
+
+    let err = jobs
+        .get_job(GetJobRequest {
+            job_id: "job-999".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    drop(a1);
+    coord.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_node_fails_its_job_and_restart_fails_running_jobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let coord = start(dir.path(), Duration::from_secs(1)).await;
+    let mut a0 = agent(&coord.url, "node-0", 1).await;
+    let mut a1 = agent(&coord.url, "node-1", 1).await;
+    let mut a2 = agent(&coord.url, "node-2", 1).await;
+    let mut jobs = coord.jobs().await;
+
+    let id = jobs
+        .submit(spec("stress", 3))
+        .await
+        .unwrap()
+        .into_inner()
+        .id;
+    a0.assignment().await;
+    a1.assignment().await;
+    a2.assignment().await;
+    a2.stop_heartbeats();
+    let failed = wait_state(&mut jobs, &id, JobState::Failed, Duration::from_secs(4)).await;
+    assert_eq!(failed.message, "node node-2 lost: no heartbeat for 1s");
+    assert_eq!(a0.cancel().await.reason, failed.message);
+    assert_eq!(a1.cancel().await.job_id, id);
+    let nodes = jobs
+        .list_nodes(ListNodesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .nodes;
+    let states: Vec<(&str, NodeState)> =
+        nodes.iter().map(|n| (n.name.as_str(), n.state())).collect();
+    assert_eq!(
+        states,
+        vec![
+            ("node-0", NodeState::Ready),
+            ("node-1", NodeState::Ready),
+            ("node-2", NodeState::Lost)
+        ]
+    );
+
+    // Protocol mismatch: refused naming both versions.
+    let mut client = AgentServiceClient::connect(coord.url.clone())
+        .await
+        .unwrap();
+    let err = client
+        .register(RegisterRequest {
+            protocol_version: PROTOCOL_VERSION + 1,
+            name: "old".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert!(
+        err.message()
+            .contains(&format!("protocol {}", PROTOCOL_VERSION + 1)),
+        "{}",
+        err.message()
+    );
+    assert!(
+        err.message()
+            .contains(&format!("protocol {PROTOCOL_VERSION}")),
+        "{}",
+        err.message()
+    );
+
+    // A session for a node that never registered is refused on the stream.
+    let (up, rx) = mpsc::channel(4);
+    up.send(heartbeat("ghost")).await.unwrap();
+    let mut down = client
+        .session(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let err = down.message().await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert!(
+        err.message().contains("`ghost` is not registered"),
+        "{}",
+        err.message()
+    );
+
+    // A running job, a result in, then the coordinator goes away.
+    let running = jobs
+        .submit(spec("stress", 2))
+        .await
+        .unwrap()
+        .into_inner()
+        .id;
+    a0.assignment().await;
+    a1.assignment().await;
+    let mut w = coord.workers().await;
+    assert!(
+        w.report_result(stress_result(&running, 0, "d"))
+            .await
+            .unwrap()
+            .into_inner()
+            .ok
+    );
+    drop((a0, a1, a2, jobs, w, client));
+    coord.shutdown().await;
+
+    let coord = start(dir.path(), Duration::from_secs(1)).await;
+    let mut jobs = coord.jobs().await;
+    let j = job(&mut jobs, &running).await;
+    assert_eq!(j.state(), JobState::Failed);
+    assert_eq!(j.message, "coordinator restarted during the run");
+    let report = jobs
+        .get_report(GetReportRequest {
+            job_id: running.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        report.nodes[0].ranks[0].result.is_some(),
+        "the stored result survived: {report:?}"
+    );
+    assert_eq!(report.verdict(), Verdict::Fail);
+    let nodes = jobs
+        .list_nodes(ListNodesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .nodes;
+    assert!(
+        nodes.iter().all(|n| n.state() == NodeState::Lost),
+        "{nodes:?}"
+    );
+    let err = jobs.submit(spec("stress", 1)).await.unwrap_err();
+    assert!(err.message().contains("lost"), "{}", err.message());
+
+    // Agents register again by themselves; job numbers continue.
+    let mut a0 = agent(&coord.url, "node-0", 1).await;
+    let next = jobs.submit(spec("stress", 1)).await.unwrap().into_inner();
+    assert_eq!(next.id, "job-000003");
+    // It may wait a moment for the session to open.
+    assert_eq!(a0.assignment().await.job_id, next.id);
+    wait_state(
+        &mut jobs,
+        &next.id,
+        JobState::Running,
+        Duration::from_secs(2),
+    )
+    .await;
+    coord.shutdown().await;
+}
