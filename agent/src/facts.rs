@@ -10,7 +10,7 @@ use std::ffi::CString;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
-use gpuctl_proto::pb::HostFacts;
+use gpuctl_proto::pb::{HostFacts, NetInterface};
 
 /// Where the host's `/proc`, `/sys`, `/etc` and `/dev/shm` are found.
 #[derive(Debug, Clone)]
@@ -43,8 +43,26 @@ impl HostRoot {
         self.root == Path::new("/")
     }
 
-    fn read(&self, rel: &str) -> Option<String> {
+    /// The file's text, or `None` when it cannot be read.
+    pub fn read(&self, rel: &str) -> Option<String> {
         std::fs::read_to_string(self.path(rel)).ok()
+    }
+
+    pub fn exists(&self, rel: &str) -> bool {
+        self.path(rel).exists()
+    }
+
+    /// Names of the entries of a folder, sorted; empty when it cannot be read.
+    pub fn list(&self, rel: &str) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(self.path(rel))
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
     }
 }
 
@@ -72,6 +90,13 @@ pub fn gather(root: &HostRoot) -> HostFacts {
     } else {
         vec![Ipv4Addr::LOCALHOST.to_string()]
     };
+    // Only the live host's addresses are known (getifaddrs describes this
+    // process's network, not a mounted root's).
+    let up = if root.is_live() {
+        up_ipv4_addrs()
+    } else {
+        Vec::new()
+    };
     HostFacts {
         hostname,
         addresses,
@@ -92,8 +117,115 @@ pub fn gather(root: &HostRoot) -> HostFacts {
             .read("proc/sys/kernel/osrelease")
             .map(|s| s.trim().to_string())
             .unwrap_or_default(),
+        interfaces: interfaces(root, &up),
+        memlock_bytes: memlock_limit(),
+        nvidia_peermem: nvidia_peermem_loaded(root),
         ..Default::default()
     }
+}
+
+/// `NetInterface`s for the given up, non-loopback IPv4 addresses (from
+/// `up_ipv4_addrs`), with MTU and link speed from `/sys/class/net/<if>/`
+/// (0 where the kernel does not say, e.g. virtual links report speed -1).
+pub fn interfaces(root: &HostRoot, up: &[(String, Ipv4Addr)]) -> Vec<NetInterface> {
+    let num = |rel: String| -> u64 {
+        root.read(&rel)
+            .and_then(|s| s.trim().parse::<i64>().ok())
+            .filter(|v| *v > 0)
+            .unwrap_or(0) as u64
+    };
+    let mut out: Vec<NetInterface> = up
+        .iter()
+        .map(|(name, ip)| NetInterface {
+            name: name.clone(),
+            ipv4: ip.to_string(),
+            mtu: num(format!("sys/class/net/{name}/mtu")) as u32,
+            speed_mbps: num(format!("sys/class/net/{name}/speed")),
+        })
+        .collect();
+    out.sort_by(|a, b| (interface_rank(&a.name), &a.name).cmp(&(interface_rank(&b.name), &b.name)));
+    out
+}
+
+/// This process's `RLIMIT_MEMLOCK` (which the workers inherit): `u64::MAX`
+/// when unlimited. RDMA (InfiniBand, GPUDirect) pins memory and needs it
+/// unlimited.
+pub fn memlock_limit() -> u64 {
+    // SAFETY: rlimit is plain old data; getrlimit fills it or fails.
+    let mut rl: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid resource and out-pointer.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut rl) } != 0 {
+        return 0;
+    }
+    if rl.rlim_cur == libc::RLIM_INFINITY {
+        u64::MAX
+    } else {
+        rl.rlim_cur as u64
+    }
+}
+
+/// GPUDirect RDMA: the `nvidia_peermem` module (or the older `nv_peer_mem`)
+/// is loaded, per `/proc/modules` or `/sys/module`.
+pub fn nvidia_peermem_loaded(root: &HostRoot) -> bool {
+    const NAMES: [&str; 2] = ["nvidia_peermem", "nv_peer_mem"];
+    let in_proc = root.read("proc/modules").is_some_and(|m| {
+        m.lines()
+            .filter_map(|l| l.split_whitespace().next())
+            .any(|name| NAMES.contains(&name))
+    });
+    in_proc
+        || NAMES
+            .iter()
+            .any(|n| root.exists(&format!("sys/module/{n}")))
+}
+
+/// One port of an InfiniBand (or RoCE) device, from
+/// `/sys/class/infiniband/<dev>/ports/<n>/{state,rate,link_layer}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IbPort {
+    pub device: String,
+    pub port: String,
+    /// `ACTIVE`, `DOWN`, `INIT`, ... (the kernel's `4: ACTIVE` without the number).
+    pub state: String,
+    /// e.g. `400 Gb/sec (4X NDR)`; empty when unknown.
+    pub rate: String,
+    /// `InfiniBand` or `Ethernet` (RoCE); empty when unknown.
+    pub link_layer: String,
+}
+
+impl IbPort {
+    pub fn active(&self) -> bool {
+        self.state == "ACTIVE"
+    }
+}
+
+/// Every port of every InfiniBand device, sorted by device and port.
+pub fn ib_ports(root: &HostRoot) -> Vec<IbPort> {
+    let mut out = Vec::new();
+    for device in root.list("sys/class/infiniband") {
+        for port in root.list(&format!("sys/class/infiniband/{device}/ports")) {
+            let field = |f: &str| {
+                root.read(&format!("sys/class/infiniband/{device}/ports/{port}/{f}"))
+                    .map(|s| s.trim().to_string())
+                    .unwrap_or_default()
+            };
+            let state = field("state");
+            // `4: ACTIVE` → `ACTIVE`
+            let state = match state.split_once(':') {
+                Some((_, name)) => name.trim().to_string(),
+                None => state,
+            };
+            let (rate, link_layer) = (field("rate"), field("link_layer"));
+            out.push(IbPort {
+                device: device.clone(),
+                port,
+                state,
+                rate,
+                link_layer,
+            });
+        }
+    }
+    out
 }
 
 /// The machine's host name, through the system call (fallback when
@@ -207,7 +339,27 @@ pub fn ib_devices(class_dir: &Path) -> Vec<String> {
 /// interfaces (container bridges last, since other hosts cannot reach them),
 /// then 127.0.0.1 so that a single-host fleet on loopback always works.
 pub fn local_addresses() -> Vec<String> {
-    let mut found: Vec<(u8, String, Ipv4Addr)> = Vec::new();
+    let mut found: Vec<(u8, String, Ipv4Addr)> = up_ipv4_addrs()
+        .into_iter()
+        .filter(|(_, ip)| !ip.is_link_local())
+        .map(|(name, ip)| (interface_rank(&name), name, ip))
+        .collect();
+    found.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+    let mut out: Vec<String> = Vec::new();
+    for (_, _, ip) in found {
+        let s = ip.to_string();
+        if !out.contains(&s) {
+            out.push(s);
+        }
+    }
+    out.push(Ipv4Addr::LOCALHOST.to_string());
+    out
+}
+
+/// (interface, IPv4 address) of every up, non-loopback interface of this
+/// process's network, through getifaddrs.
+pub fn up_ipv4_addrs() -> Vec<(String, Ipv4Addr)> {
+    let mut found: Vec<(String, Ipv4Addr)> = Vec::new();
     let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs allocates a list we walk read-only and free below.
     if unsafe { libc::getifaddrs(&mut ifap) } == 0 {
@@ -231,28 +383,19 @@ pub fn local_addresses() -> Vec<String> {
             // SAFETY: family is AF_INET, so the sockaddr is a sockaddr_in.
             let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
             let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
-            if ip.is_loopback() || ip.is_link_local() || ip.is_unspecified() {
+            if ip.is_loopback() || ip.is_unspecified() {
                 continue;
             }
             // SAFETY: ifa_name is a NUL-terminated C string owned by the list.
             let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }
                 .to_string_lossy()
                 .into_owned();
-            found.push((interface_rank(&name), name, ip));
+            found.push((name, ip));
         }
         // SAFETY: frees the list allocated above, once.
         unsafe { libc::freeifaddrs(ifap) };
     }
-    found.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
-    let mut out: Vec<String> = Vec::new();
-    for (_, _, ip) in found {
-        let s = ip.to_string();
-        if !out.contains(&s) {
-            out.push(s);
-        }
-    }
-    out.push(Ipv4Addr::LOCALHOST.to_string());
-    out
+    found
 }
 
 /// Bridges and virtual links of container runtimes come after real NICs.
@@ -343,6 +486,78 @@ mod tests {
         assert_eq!((model.as_str(), n), ("NVIDIA Grace", 2));
         assert_eq!(parse_meminfo_total("MemTotal: 3 kB"), Some(3072));
         assert_eq!(parse_meminfo_total("MemFree: 3 kB"), None);
+    }
+
+    #[test]
+    fn interfaces_peermem_and_ib_ports_from_fixtures() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = dir.path();
+        write(r, "sys/class/net/eth0/mtu", "9000\n");
+        write(r, "sys/class/net/eth0/speed", "100000\n");
+        write(r, "sys/class/net/docker0/mtu", "1500\n");
+        write(r, "sys/class/net/docker0/speed", "-1\n");
+        let root = HostRoot::new(r);
+        let up = vec![
+            ("docker0".to_string(), Ipv4Addr::new(172, 17, 0, 1)),
+            ("eth0".to_string(), Ipv4Addr::new(10, 0, 0, 7)),
+        ];
+        let got = interfaces(&root, &up);
+        assert_eq!(got.len(), 2);
+        assert_eq!(
+            (
+                got[0].name.as_str(),
+                got[0].ipv4.as_str(),
+                got[0].mtu,
+                got[0].speed_mbps
+            ),
+            ("eth0", "10.0.0.7", 9000, 100_000),
+            "real NICs first"
+        );
+        assert_eq!((got[1].mtu, got[1].speed_mbps), (1500, 0), "speed -1 → 0");
+
+        assert!(!nvidia_peermem_loaded(&root));
+        write(
+            r,
+            "proc/modules",
+            "nvidia_uvm 1 0 - Live 0x0\nnvidia 2 1 nvidia_uvm, Live 0x0\n",
+        );
+        assert!(!nvidia_peermem_loaded(&root), "nvidia alone is not peermem");
+        write(
+            r,
+            "proc/modules",
+            "nvidia_peermem 16384 0 - Live 0x0\nnvidia 2 1 nvidia_peermem, Live 0x0\n",
+        );
+        assert!(nvidia_peermem_loaded(&root));
+        std::fs::remove_file(r.join("proc/modules")).unwrap();
+        std::fs::create_dir_all(r.join("sys/module/nvidia_peermem")).unwrap();
+        assert!(nvidia_peermem_loaded(&root), "/sys/module is enough");
+
+        write(
+            r,
+            "sys/class/infiniband/mlx5_0/ports/1/state",
+            "4: ACTIVE\n",
+        );
+        write(
+            r,
+            "sys/class/infiniband/mlx5_0/ports/1/rate",
+            "400 Gb/sec (4X NDR)\n",
+        );
+        write(
+            r,
+            "sys/class/infiniband/mlx5_0/ports/1/link_layer",
+            "InfiniBand\n",
+        );
+        write(r, "sys/class/infiniband/mlx5_1/ports/1/state", "1: DOWN\n");
+        let ports = ib_ports(&root);
+        assert_eq!(ports.len(), 2);
+        assert!(ports[0].active());
+        assert_eq!(ports[0].rate, "400 Gb/sec (4X NDR)");
+        assert_eq!(ports[0].link_layer, "InfiniBand");
+        assert_eq!(
+            (ports[1].device.as_str(), ports[1].state.as_str()),
+            ("mlx5_1", "DOWN")
+        );
+        assert!(!ports[1].active());
     }
 
     #[test]

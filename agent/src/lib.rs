@@ -7,17 +7,23 @@
 //! - `libtorch`: finding libtorch and the workers' `LD_LIBRARY_PATH`
 //! - `workers`: spawning, supervising and killing worker processes
 //! - `session`: register, heartbeats, assignments, reconnecting
-//! - `metrics`: the HTTP `/metrics` endpoint (issue 4; placeholder)
+//! - `telemetry`: NVML samples per GPU (and XID events) for jobs and `/metrics`
+//! - `metrics`: the HTTP `/metrics` endpoint (Prometheus text, dcgm-exporter names)
+//! - `preflight`: host checks at start and before every assignment (`gpuctl doctor`)
 
 pub mod facts;
 pub mod gpus;
 pub mod libtorch;
 pub mod metrics;
+pub mod preflight;
 pub mod session;
+pub mod telemetry;
 pub mod workers;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -42,6 +48,10 @@ pub struct Config {
     pub host_root: PathBuf,
     /// Offer CPU ranks even where NVML finds GPUs.
     pub no_gpu: bool,
+    /// Time between telemetry samples.
+    pub sample_interval: Duration,
+    /// Address of the `/metrics` endpoint; `None` disables it.
+    pub metrics_listen: Option<String>,
 }
 
 /// `$XDG_STATE_HOME/gpuctl/agent-NAME`, else `~/.local/state/gpuctl/agent-NAME`,
@@ -172,8 +182,76 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> anyhow::Result<()>
     };
     let (workers, events) = workers::Workers::new(settings, cfg.coordinator.clone());
 
-    // Issue 4: start the HTTP /metrics endpoint (crate::metrics) here, with
-    // `inventory.nvml` and `workers`, stopped by the same `shutdown` token.
+    // Preflight at start: the verdicts go with Register, the facts they
+    // read into HostFacts; the same checks run again for every assignment.
+    let checker = Arc::new(preflight::Preflight::new(
+        name.clone(),
+        root.clone(),
+        torch.clone(),
+        &inventory,
+        cfg.cpu_ranks,
+    ));
+    let start_checks = {
+        let checker = checker.clone();
+        let (snapshot, checks) =
+            tokio::task::spawn_blocking(move || checker.run(&BTreeSet::new())).await?;
+        snapshot.apply_to_facts(&mut host);
+        checks
+    };
+    preflight::log_checks(&start_checks);
+    if let Some(e) = preflight::failures(&name, &start_checks) {
+        tracing::error!("{e}; assignments will be refused until this is fixed");
+    }
+
+    // Telemetry: sampled every interval (also idle, for /metrics); batches
+    // go to the coordinator while jobs run on the GPUs.
+    let telemetry = telemetry::Telemetry::new(
+        inventory.nvml.clone(),
+        inventory
+            .gpus
+            .iter()
+            .map(|g| (g.index, g.uuid.clone(), g.name.clone()))
+            .collect(),
+    );
+    if let (Some(nvml), false) = (&inventory.nvml, inventory.gpus.is_empty()) {
+        telemetry::spawn_xid_listener(
+            nvml.clone(),
+            inventory.gpus.iter().map(|g| g.index).collect(),
+            telemetry.xid_log(),
+            shutdown.clone(),
+        );
+    }
+    tokio::spawn(telemetry.clone().run(
+        name.clone(),
+        cfg.sample_interval,
+        workers.clone(),
+        shutdown.clone(),
+    ));
+
+    let connected = Arc::new(AtomicBool::new(false));
+    if let Some(listen) = &cfg.metrics_listen {
+        let source = Arc::new(metrics::MetricsSource {
+            node: name.clone(),
+            hostname: host.hostname.clone(),
+            gpus: inventory.gpus.len() as u32,
+            cpu_ranks: if inventory.gpus.is_empty() {
+                cfg.cpu_ranks
+            } else {
+                0
+            },
+            telemetry: telemetry.clone(),
+            workers: Some(workers.clone()),
+            connected: connected.clone(),
+        });
+        match metrics::serve(listen, source, shutdown.clone()).await {
+            Ok(addr) => tracing::info!("metrics on http://{addr}/metrics"),
+            // Not fatal: the agent's job is to run workers (and several
+            // agents on one host would fight for one port).
+            Err(e) => tracing::warn!(
+                "cannot serve /metrics on {listen}: {e}; pass --metrics-listen ADDR:PORT or off"
+            ),
+        }
+    }
 
     let session_cfg = session::SessionConfig {
         coordinator: cfg.coordinator.clone(),
@@ -181,6 +259,9 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> anyhow::Result<()>
         facts: host,
         gpus: inventory.gpus.clone(),
         heartbeat_interval: cfg.heartbeat_interval,
+        preflight: start_checks,
+        checker: Some(checker),
+        connected,
     };
     session::run(session_cfg, workers, events, shutdown).await;
     tracing::info!("gpuctl-agent stopped");

@@ -59,6 +59,14 @@ struct Args {
     /// Ignore the GPUs NVML finds and offer --cpu-ranks CPU ranks.
     #[arg(long)]
     no_gpu: bool,
+
+    /// Time between GPU telemetry samples (e.g. 1s, 500ms).
+    #[arg(long, default_value = "1s", value_parser = parse_interval)]
+    sample_interval: Duration,
+
+    /// Address of the Prometheus /metrics endpoint (host:port), or `off`.
+    #[arg(long, env = "GPUCTL_METRICS_LISTEN", default_value = gpuctl_agent::metrics::DEFAULT_LISTEN)]
+    metrics_listen: String,
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {
@@ -114,6 +122,11 @@ async fn main() -> anyhow::Result<()> {
         heartbeat_interval: args.heartbeat_interval,
         host_root: args.host_root,
         no_gpu: args.no_gpu,
+        sample_interval: args.sample_interval,
+        metrics_listen: match args.metrics_listen.trim() {
+            "" | "off" | "none" => None,
+            l => Some(l.to_string()),
+        },
     };
 
     // The one shutdown signal: every loop watches this token, and the agent

@@ -7,12 +7,13 @@
 //! registers again, forever, until it is shut down. Worker events not yet
 //! sent are kept and sent on the next session.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use gpuctl_proto::pb::{
     agent_message::Msg, agent_service_client::AgentServiceClient, coordinator_message,
-    AgentMessage, Assignment, GpuInfo, Heartbeat, HostFacts, RegisterRequest,
+    AgentMessage, Assignment, GpuInfo, Heartbeat, HostFacts, PreflightCheck, RegisterRequest,
 };
 use gpuctl_proto::PROTOCOL_VERSION;
 use tokio::sync::mpsc;
@@ -20,6 +21,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::preflight::{self, Preflight};
 use crate::workers::{killed_by, EventReceiver, Workers};
 
 /// First wait before reconnecting; doubled after each failure...
@@ -44,6 +46,22 @@ pub struct SessionConfig {
     pub facts: HostFacts,
     pub gpus: Vec<GpuInfo>,
     pub heartbeat_interval: Duration,
+    /// The checks run at start, sent with `Register`.
+    pub preflight: Vec<PreflightCheck>,
+    /// Runs the checks again for every assignment (a failing one refuses
+    /// it); `None` starts assignments unchecked.
+    pub checker: Option<Arc<Preflight>>,
+    /// True while a session is open (for `/metrics`).
+    pub connected: Arc<AtomicBool>,
+}
+
+/// Clears the connected flag when a session ends, however it ends.
+struct Connected<'a>(&'a AtomicBool);
+
+impl Drop for Connected<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
 }
 
 /// Why one connection ended.
@@ -142,6 +160,7 @@ async fn serve_once(
         name: cfg.name.clone(),
         facts: Some(cfg.facts.clone()),
         gpus: cfg.gpus.clone(),
+        preflight: cfg.preflight.clone(),
     };
     let resp = tokio::select! {
         r = tokio::time::timeout(REGISTER_TIMEOUT, client.register(request)) => match r {
@@ -184,6 +203,8 @@ async fn serve_once(
     };
     tracing::info!(coordinator = %cfg.coordinator, node = %name, workers_told = %coordinator_url,
         heartbeat = ?interval, "registered; session open");
+    cfg.connected.store(true, Ordering::Relaxed);
+    let _connected = Connected(&cfg.connected);
 
     let broken = |reason: String| Ended::Lost {
         reason,
@@ -204,7 +225,7 @@ async fn serve_once(
             m = inbound.message() => match m {
                 Ok(Some(m)) => {
                     if let Some(msg) = m.msg {
-                        if let Err(e) = handle(msg, workers, &tx).await {
+                        if let Err(e) = handle(msg, workers, cfg.checker.as_ref(), &tx).await {
                             return broken(e);
                         }
                     }
@@ -229,6 +250,7 @@ async fn serve_once(
 async fn handle(
     msg: coordinator_message::Msg,
     workers: &Arc<Workers>,
+    checker: Option<&Arc<Preflight>>,
     tx: &mpsc::Sender<AgentMessage>,
 ) -> Result<(), String> {
     match msg {
@@ -236,7 +258,10 @@ async fn handle(
             log_assignment(&a);
             // The ack goes out before any of the new workers' events, which
             // only this loop forwards.
-            let ack = workers.start(a);
+            let ack = match check_assignment(checker, workers).await {
+                Some(error) => workers.refuse(&a, error),
+                None => workers.start(a),
+            };
             send(
                 tx,
                 AgentMessage {
@@ -253,6 +278,31 @@ async fn handle(
                 tracing::debug!(job = %c.job_id, attempt = c.attempt, "cancel for a job with no workers here");
             }
             Ok(())
+        }
+    }
+}
+
+/// Runs preflight again before starting an assignment's workers; returns
+/// the refusal text when a check fails.
+async fn check_assignment(
+    checker: Option<&Arc<Preflight>>,
+    workers: &Arc<Workers>,
+) -> Option<String> {
+    let checker = checker?.clone();
+    let own = workers.worker_pids();
+    let node = checker.node.clone();
+    match tokio::task::spawn_blocking(move || checker.run(&own).1).await {
+        Ok(checks) => {
+            let error = preflight::failures(&node, &checks);
+            if error.is_some() {
+                preflight::log_checks(&checks);
+            }
+            error
+        }
+        Err(e) => {
+            // A panic in a check must not stop the agent; start the job.
+            tracing::error!("preflight for the assignment failed to run: {e}");
+            None
         }
     }
 }

@@ -6,8 +6,13 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
+use gpuctl_agent::facts::HostRoot;
+use gpuctl_agent::gpus::GpuInventory;
+use gpuctl_agent::preflight::Preflight;
 use gpuctl_agent::session::{self, SessionConfig};
 use gpuctl_agent::workers::{WorkerSettings, Workers};
 use gpuctl_proto::pb::{
@@ -174,7 +179,11 @@ async fn session_contract_loss_and_shutdown() {
         },
         gpus: vec![],
         heartbeat_interval: Duration::from_secs(1),
+        preflight: vec![],
+        checker: None,
+        connected: Arc::new(AtomicBool::new(false)),
     };
+    let connected = cfg.connected.clone();
     let shutdown = CancellationToken::new();
     let agent = tokio::spawn(session::run(cfg, workers.clone(), events, shutdown.clone()));
 
@@ -203,6 +212,10 @@ async fn session_contract_loss_and_shutdown() {
     .await;
     assert!(ack.ok, "{}", ack.error);
     assert_eq!(ack.job_id, "job-1");
+    assert!(
+        connected.load(Ordering::Relaxed),
+        "session open → connected"
+    );
     let line = until(&mut inbound, |m| match m {
         Msg::Log(l) => Some(l.lines[0].clone()),
         _ => None,
@@ -312,4 +325,118 @@ async fn session_contract_loss_and_shutdown() {
         .unwrap();
     assert!(!pid_alive(pid3));
     assert_eq!(workers.live_workers(), 0);
+    assert!(
+        !connected.load(Ordering::Relaxed),
+        "no session → not connected"
+    );
+}
+
+/// A failing preflight check refuses the assignment: `AssignmentAck{ok:false}`
+/// naming the check and its fix, a `WorkerExited` per rank, no worker
+/// started. The start checks travel with `Register`.
+#[tokio::test]
+async fn failing_preflight_refuses_the_assignment() {
+    let tmp = tempfile::tempdir().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (reg_tx, mut registers) = mpsc::unbounded_channel();
+    let (ses_tx, mut sessions) = mpsc::unbounded_channel();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(AgentServiceServer::new(Fake {
+                registers: reg_tx,
+                sessions: ses_tx,
+            }))
+            .serve_with_incoming(TcpListenerStream::new(listener)),
+    );
+    let settings = WorkerSettings {
+        node: "test-node".into(),
+        worker_bin: worker_script(tmp.path()),
+        work_dir: tmp.path().join("work"),
+        ld_library_path: None,
+        gpu_uuids: Default::default(),
+        kill_grace: Duration::from_millis(500),
+    };
+    let (workers, events) = Workers::new(settings, url.clone());
+    // A fixture host whose libtorch cannot be found.
+    let checker = Arc::new(Preflight::new(
+        "test-node",
+        HostRoot::new(tmp.path().join("host")),
+        Err("--libtorch /nowhere: no such folder".into()),
+        &GpuInventory::none("unavailable: test"),
+        2,
+    ));
+    let (_, start_checks) = checker.run(&Default::default());
+    let cfg = SessionConfig {
+        coordinator: url,
+        name: "test-node".into(),
+        facts: HostFacts::default(),
+        gpus: vec![],
+        heartbeat_interval: Duration::from_secs(1),
+        preflight: start_checks,
+        checker: Some(checker),
+        connected: Arc::new(AtomicBool::new(false)),
+    };
+    let shutdown = CancellationToken::new();
+    let agent = tokio::spawn(session::run(cfg, workers.clone(), events, shutdown.clone()));
+
+    let reg = registers.recv().await.unwrap();
+    let names: Vec<&str> = reg.preflight.iter().map(|c| c.name.as_str()).collect();
+    assert!(
+        names.contains(&"libtorch") && names.contains(&"shm"),
+        "{names:?}"
+    );
+    assert!(reg.preflight.iter().all(|c| c.node == "test-node"));
+
+    let (mut inbound, out) = sessions.recv().await.unwrap();
+    let mut a = assignment("job-9");
+    if let Some(coordinator_message::Msg::Assignment(a)) = &mut a.msg {
+        a.ranks.push(RankPlacement {
+            rank: 1,
+            local_rank: 1,
+            device: "cpu".into(),
+            node: "test-node".into(),
+            ..Default::default()
+        });
+    }
+    out.send(Ok(a)).await.unwrap();
+    let ack = until(&mut inbound, |m| match m {
+        Msg::Ack(a) => Some(a.clone()),
+        _ => None,
+    })
+    .await;
+    assert!(!ack.ok);
+    assert!(
+        ack.error
+            .starts_with("node test-node: preflight failed: libtorch: "),
+        "{}",
+        ack.error
+    );
+    assert!(
+        ack.error.contains("fix: run scripts/install-libtorch.sh"),
+        "{}",
+        ack.error
+    );
+    let mut exited = Vec::new();
+    while exited.len() < 2 {
+        let e = until(&mut inbound, |m| match m {
+            Msg::WorkerExited(e) => Some(e.clone()),
+            _ => None,
+        })
+        .await;
+        exited.push((e.rank, e.exit_code, e.stderr_tail.contains("libtorch")));
+    }
+    exited.sort();
+    assert_eq!(exited, vec![(0, 127, true), (1, 127, true)]);
+    assert!(
+        !tmp.path().join("pid-job-9").exists(),
+        "no worker may start"
+    );
+    assert!(workers.running().is_empty());
+
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(10), agent)
+        .await
+        .expect("agent did not stop")
+        .unwrap();
 }

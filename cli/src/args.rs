@@ -67,6 +67,21 @@ pub enum Command {
     /// Run a coordinator and agents on this machine.
     #[command(subcommand)]
     Local(LocalCommand),
+    /// Run the agent's preflight checks on this machine (no coordinator); exit 1 if one fails.
+    Doctor(DoctorArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// libtorch the workers would use (default: the install script's folder).
+    #[arg(long, env = "GPUCTL_LIBTORCH")]
+    pub libtorch: Option<PathBuf>,
+    /// Where the host's /proc, /sys and /dev/shm are (an agent container's view).
+    #[arg(long, default_value = "/")]
+    pub host_root: PathBuf,
+    /// CPU ranks the agent would offer without GPUs.
+    #[arg(long, default_value_t = 1)]
+    pub cpu_ranks: u32,
 }
 
 #[derive(Debug, Args)]

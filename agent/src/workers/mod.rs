@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use gpuctl_proto::pb::{
     agent_message::Msg, AgentMessage, Assignment, AssignmentAck, RankPlacement, RunningJob,
-    WorkerExited, WorkerLog,
+    TelemetryBatch, WorkerExited, WorkerLog,
 };
 use tokio::process::{Child, Command};
 use tokio::sync::{mpsc, watch};
@@ -53,6 +53,9 @@ const MAX_LINE_BYTES: usize = 16 * 1024;
 /// Log lines waiting for the session to send them; beyond this, lines are
 /// dropped (and the drop is said in the log) rather than held in memory.
 const MAX_QUEUED_LOG_LINES: usize = 100_000;
+/// Telemetry batches waiting for the session; beyond this, new batches are
+/// dropped (telemetry is a stream of snapshots: losing some is harmless).
+const MAX_QUEUED_TELEMETRY: usize = 64;
 /// Exit code reported for a rank whose worker could not be started (the
 /// shell's "command not found").
 pub const SPAWN_FAILED_EXIT_CODE: i32 = 127;
@@ -90,6 +93,7 @@ pub struct WorkerSettings {
 pub(crate) struct EventSender {
     tx: mpsc::UnboundedSender<AgentMessage>,
     queued_log_lines: Arc<AtomicUsize>,
+    queued_telemetry: Arc<AtomicUsize>,
 }
 
 impl EventSender {
@@ -118,12 +122,24 @@ impl EventSender {
             .fetch_add(log.lines.len(), Ordering::Relaxed);
         self.send(Msg::Log(log));
     }
+
+    /// Sends a telemetry batch unless too many are already waiting; returns
+    /// whether it was queued.
+    fn send_telemetry(&self, batch: TelemetryBatch) -> bool {
+        if self.queued_telemetry.load(Ordering::Relaxed) >= MAX_QUEUED_TELEMETRY {
+            return false;
+        }
+        self.queued_telemetry.fetch_add(1, Ordering::Relaxed);
+        self.send(Msg::Telemetry(batch));
+        true
+    }
 }
 
 /// The session's side: every message the workers want sent, in order.
 pub struct EventReceiver {
     rx: mpsc::UnboundedReceiver<AgentMessage>,
     queued_log_lines: Arc<AtomicUsize>,
+    queued_telemetry: Arc<AtomicUsize>,
 }
 
 impl EventReceiver {
@@ -140,9 +156,15 @@ impl EventReceiver {
     }
 
     fn account(&self, m: &AgentMessage) {
-        if let Some(Msg::Log(l)) = &m.msg {
-            self.queued_log_lines
-                .fetch_sub(l.lines.len(), Ordering::Relaxed);
+        match &m.msg {
+            Some(Msg::Log(l)) => {
+                self.queued_log_lines
+                    .fetch_sub(l.lines.len(), Ordering::Relaxed);
+            }
+            Some(Msg::Telemetry(_)) => {
+                self.queued_telemetry.fetch_sub(1, Ordering::Relaxed);
+            }
+            _ => {}
         }
     }
 }
@@ -157,6 +179,19 @@ struct JobEntry {
     kill: watch::Sender<Option<&'static str>>,
     /// Ranks whose worker is alive (for `Heartbeat.running`).
     alive: BTreeSet<u32>,
+    /// NVML indices of the GPUs the job's ranks run on (for telemetry).
+    gpus: BTreeSet<u32>,
+    /// Rank → process id (= process group id) of its live worker.
+    pids: HashMap<u32, u32>,
+}
+
+/// A job with GPUs on this node, as telemetry needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuJob {
+    pub job_id: String,
+    pub attempt: u32,
+    /// NVML indices.
+    pub gpus: Vec<u32>,
 }
 
 /// Starts, watches and kills this agent's workers.
@@ -175,6 +210,7 @@ impl Workers {
     pub fn new(settings: WorkerSettings, coordinator_url: String) -> (Arc<Workers>, EventReceiver) {
         let (tx, rx) = mpsc::unbounded_channel();
         let queued = Arc::new(AtomicUsize::new(0));
+        let queued_telemetry = Arc::new(AtomicUsize::new(0));
         let workers = Arc::new(Workers {
             settings,
             coordinator_url: Mutex::new(coordinator_url),
@@ -182,6 +218,7 @@ impl Workers {
             events: EventSender {
                 tx,
                 queued_log_lines: queued.clone(),
+                queued_telemetry: queued_telemetry.clone(),
             },
             live: watch::Sender::new(0),
         });
@@ -190,6 +227,7 @@ impl Workers {
             EventReceiver {
                 rx,
                 queued_log_lines: queued,
+                queued_telemetry,
             },
         )
     }
@@ -212,6 +250,55 @@ impl Workers {
             .collect();
         out.sort_by(|a, b| (&a.job_id, a.attempt).cmp(&(&b.job_id, b.attempt)));
         out
+    }
+
+    /// Jobs that run on GPUs of this node, with those GPUs (telemetry sends
+    /// each job the samples of its own GPUs).
+    pub fn gpu_jobs(&self) -> Vec<GpuJob> {
+        let jobs = self.jobs.lock().unwrap();
+        let mut out: Vec<GpuJob> = jobs
+            .iter()
+            .filter(|(_, j)| !j.alive.is_empty() && !j.gpus.is_empty())
+            .map(|((job_id, attempt), j)| GpuJob {
+                job_id: job_id.clone(),
+                attempt: *attempt,
+                gpus: j.gpus.iter().copied().collect(),
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.job_id, a.attempt).cmp(&(&b.job_id, b.attempt)));
+        out
+    }
+
+    /// Process ids of every live worker (each leads its own process group),
+    /// so that preflight can tell our GPU processes from strangers'.
+    pub fn worker_pids(&self) -> BTreeSet<u32> {
+        let jobs = self.jobs.lock().unwrap();
+        jobs.values()
+            .flat_map(|j| j.pids.values().copied())
+            .collect()
+    }
+
+    /// Queues a telemetry batch for the coordinator (dropped, with a debug
+    /// line, when the session is far behind).
+    pub fn send_telemetry(&self, batch: TelemetryBatch) {
+        if !self.events.send_telemetry(batch) {
+            tracing::debug!("telemetry batch dropped: the coordinator is not keeping up");
+        }
+    }
+
+    /// Refuses an assignment without starting anything: every rank gets a
+    /// `WorkerExited` (as for a spawn failure) and the returned ack says why.
+    pub fn refuse(&self, a: &Assignment, error: String) -> AssignmentAck {
+        tracing::error!(job = %a.job_id, attempt = a.attempt, "refusing the assignment: {error}");
+        for p in &a.ranks {
+            self.report_spawn_failure(a, p.rank, &error);
+        }
+        AssignmentAck {
+            job_id: a.job_id.clone(),
+            attempt: a.attempt,
+            ok: false,
+            error,
+        }
     }
 
     /// Starts one worker per rank of the assignment and returns the ack to
@@ -257,6 +344,12 @@ impl Workers {
             JobEntry {
                 kill: kill_tx,
                 alive: a.ranks.iter().map(|p| p.rank).collect(),
+                gpus: a
+                    .ranks
+                    .iter()
+                    .filter_map(|p| parse_device(&p.device).ok().flatten())
+                    .collect(),
+                pids: HashMap::new(),
             },
         );
         let deadline = deadline_instant(a.deadline_unix_ms);
@@ -273,6 +366,11 @@ impl Workers {
                     tracing::info!(job = %a.job_id, attempt = a.attempt, rank = p.rank, device = %p.device,
                         pid = child.id().unwrap_or(0), "worker started");
                     self.live.send_modify(|n| *n += 1);
+                    if let Some(pid) = child.id() {
+                        if let Some(j) = self.jobs.lock().unwrap().get_mut(&key) {
+                            j.pids.insert(p.rank, pid);
+                        }
+                    }
                     let me = self.clone();
                     let rank = p.rank;
                     let (key, kill_rx) = (key.clone(), kill_rx.clone());
@@ -363,6 +461,7 @@ impl Workers {
         let mut jobs = self.jobs.lock().unwrap();
         if let Some(j) = jobs.get_mut(key) {
             j.alive.remove(&rank);
+            j.pids.remove(&rank);
             if j.alive.is_empty() {
                 jobs.remove(key);
             }

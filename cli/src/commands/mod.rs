@@ -2,6 +2,7 @@
 //! `anyhow` and `main` prints them (usage errors exit 2, everything else 1).
 
 pub mod cancel;
+pub mod doctor;
 pub mod jobs;
 pub mod local;
 pub mod logs;
@@ -54,5 +55,6 @@ pub async fn run(cli: Cli) -> Result<i32> {
             logs::run(&mut c, &a.job, a.rank, a.tail, out).await
         }
         Command::Local(LocalCommand::Up(a)) => local::up(a).await,
+        Command::Doctor(a) => doctor::run(&a, out),
     }
 }

@@ -1,0 +1,332 @@
+//! GPU telemetry: one NVML reading per GPU every sample interval.
+//!
+//! The latest reading of every GPU is kept for `/metrics` (sampled also when
+//! the agent is idle); while jobs run on this node's GPUs, each job gets a
+//! `TelemetryBatch` with the samples of its own GPUs, sent on the session
+//! once per interval. XID errors arrive as NVML events on a blocking thread
+//! (`xid`) and go into the next sample of their GPU.
+//!
+//! Without NVML there is nothing to sample: one log line, no errors.
+
+pub mod nvml;
+mod xid;
+
+pub use nvml::read_gpu;
+pub use xid::{spawn_xid_listener, XidLog};
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use gpuctl_proto::pb::{GpuSample, TelemetryBatch};
+use nvml_wrapper::Nvml;
+use tokio_util::sync::CancellationToken;
+
+use crate::workers::Workers;
+
+/// One GPU's reading. `None` where NVML does not answer (the GPU or driver
+/// does not support the query): `/metrics` leaves such series out, and the
+/// wire sample (`to_sample`) carries 0.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GpuReading {
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    pub unix_ms: u64,
+    /// Percent.
+    pub util_gpu: Option<u32>,
+    pub util_mem: Option<u32>,
+    pub mem_used_bytes: Option<u64>,
+    pub mem_free_bytes: Option<u64>,
+    pub mem_total_bytes: Option<u64>,
+    pub temperature_c: Option<u32>,
+    pub power_mw: Option<u32>,
+    pub power_limit_mw: Option<u32>,
+    pub sm_clock_mhz: Option<u32>,
+    pub mem_clock_mhz: Option<u32>,
+    /// NVML's clock event (throttle) reasons bitmask.
+    pub throttle_reasons: Option<u64>,
+    /// Volatile ECC totals (since the driver loaded).
+    pub ecc_corrected: Option<u64>,
+    pub ecc_uncorrected: Option<u64>,
+    /// Pages retired for multiple single-bit / a double-bit error (pre-Ampere).
+    pub retired_sbe: Option<u64>,
+    pub retired_dbe: Option<u64>,
+    /// Row remapping (Ampere and later).
+    pub remapped_correctable: Option<u64>,
+    pub remapped_uncorrectable: Option<u64>,
+    pub remap_pending: Option<bool>,
+    pub remap_failed: Option<bool>,
+    pub pcie_gen: Option<u32>,
+    pub pcie_width: Option<u32>,
+    pub pcie_gen_max: Option<u32>,
+    pub pcie_width_max: Option<u32>,
+    pub pcie_replays: Option<u64>,
+    pub nvlinks_active: u32,
+    /// Links the GPU has (active or not).
+    pub nvlinks_expected: u32,
+    /// Summed over active links.
+    pub nvlink_crc_flit: Option<u64>,
+    pub nvlink_crc_data: Option<u64>,
+    /// XIDs since the previous reading of this GPU.
+    pub xids: Vec<u32>,
+    /// The last XID this GPU raised since the agent started, and how many.
+    pub last_xid: Option<u32>,
+    pub xid_count: u64,
+}
+
+impl GpuReading {
+    /// The wire form. `retired_pages` is the retired pages of both causes, or
+    /// on GPUs with row remapping the remapped rows (both kinds).
+    pub fn to_sample(&self) -> GpuSample {
+        let retired = match (self.retired_sbe, self.retired_dbe) {
+            (None, None) => self
+                .remapped_correctable
+                .unwrap_or(0)
+                .saturating_add(self.remapped_uncorrectable.unwrap_or(0)),
+            (s, d) => s.unwrap_or(0).saturating_add(d.unwrap_or(0)),
+        };
+        GpuSample {
+            index: self.index,
+            uuid: self.uuid.clone(),
+            unix_ms: self.unix_ms,
+            util_gpu: self.util_gpu.unwrap_or(0) as f64,
+            util_mem: self.util_mem.unwrap_or(0) as f64,
+            mem_used_bytes: self.mem_used_bytes.unwrap_or(0),
+            mem_total_bytes: self.mem_total_bytes.unwrap_or(0),
+            temperature_c: self.temperature_c.unwrap_or(0) as f64,
+            power_w: self.power_mw.unwrap_or(0) as f64 / 1000.0,
+            power_limit_w: self.power_limit_mw.unwrap_or(0) as f64 / 1000.0,
+            sm_clock_mhz: self.sm_clock_mhz.unwrap_or(0),
+            mem_clock_mhz: self.mem_clock_mhz.unwrap_or(0),
+            throttle_reasons: self.throttle_reasons.unwrap_or(0),
+            ecc_corrected: self.ecc_corrected.unwrap_or(0),
+            ecc_uncorrected: self.ecc_uncorrected.unwrap_or(0),
+            retired_pages: retired,
+            remap_failed: self.remap_failed.unwrap_or(false),
+            pcie_gen: self.pcie_gen.unwrap_or(0),
+            pcie_width: self.pcie_width.unwrap_or(0),
+            pcie_gen_max: self.pcie_gen_max.unwrap_or(0),
+            pcie_width_max: self.pcie_width_max.unwrap_or(0),
+            pcie_replays: self.pcie_replays.unwrap_or(0),
+            nvlinks_active: self.nvlinks_active,
+            nvlinks_expected: self.nvlinks_expected,
+            nvlink_crc_errors: self
+                .nvlink_crc_flit
+                .unwrap_or(0)
+                .saturating_add(self.nvlink_crc_data.unwrap_or(0)),
+            xids: self.xids.clone(),
+        }
+    }
+}
+
+/// The sampler and its latest readings.
+pub struct Telemetry {
+    nvml: Option<Arc<Nvml>>,
+    /// (NVML index, UUID, model) of every GPU the inventory listed.
+    gpus: Vec<(u32, String, String)>,
+    latest: Mutex<BTreeMap<u32, GpuReading>>,
+    xids: Arc<XidLog>,
+}
+
+impl std::fmt::Debug for Telemetry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Telemetry")
+            .field("nvml", &self.nvml.is_some())
+            .field("gpus", &self.gpus)
+            .finish()
+    }
+}
+
+impl Telemetry {
+    /// `gpus`: (NVML index, UUID, model name) of the GPUs to sample.
+    pub fn new(nvml: Option<Arc<Nvml>>, gpus: Vec<(u32, String, String)>) -> Arc<Telemetry> {
+        Arc::new(Telemetry {
+            nvml,
+            gpus,
+            latest: Mutex::new(BTreeMap::new()),
+            xids: Arc::new(XidLog::default()),
+        })
+    }
+
+    pub fn has_nvml(&self) -> bool {
+        self.nvml.is_some() && !self.gpus.is_empty()
+    }
+
+    pub fn xid_log(&self) -> Arc<XidLog> {
+        self.xids.clone()
+    }
+
+    /// The latest reading of every GPU, by NVML index.
+    pub fn latest(&self) -> Vec<GpuReading> {
+        self.latest.lock().unwrap().values().cloned().collect()
+    }
+
+    /// Stores readings as the latest (tests and the sampling loop).
+    pub fn store(&self, readings: &[GpuReading]) {
+        let mut latest = self.latest.lock().unwrap();
+        for r in readings {
+            latest.insert(r.index, r.clone());
+        }
+    }
+
+    /// Reads every GPU once (blocking NVML calls) and drains their pending
+    /// XIDs into the readings.
+    pub fn sample_all(&self) -> Vec<GpuReading> {
+        let Some(nvml) = &self.nvml else {
+            return Vec::new();
+        };
+        let now = gpuctl_proto::now_ms();
+        self.gpus
+            .iter()
+            .map(|(index, uuid, name)| {
+                let mut r = read_gpu(nvml, *index);
+                r.uuid = uuid.clone();
+                r.name = name.clone();
+                r.unix_ms = now;
+                let (xids, last, count) = self.xids.take(*index);
+                r.xids = xids;
+                r.last_xid = last;
+                r.xid_count = count;
+                r
+            })
+            .collect()
+    }
+
+    /// Samples every `interval` until `shutdown`; while jobs run on this
+    /// node's GPUs, sends each its batch through `workers`' event queue.
+    pub async fn run(
+        self: Arc<Self>,
+        node: String,
+        interval: Duration,
+        workers: Arc<Workers>,
+        shutdown: CancellationToken,
+    ) {
+        if !self.has_nvml() {
+            tracing::info!("telemetry: no NVML GPU to sample; no GPU samples will be sent");
+            return;
+        }
+        tracing::info!(gpus = self.gpus.len(), interval = ?interval, "telemetry: sampling GPUs through NVML");
+        let mut tick = tokio::time::interval(interval.max(Duration::from_millis(100)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tick.tick() => {}
+            }
+            let me = self.clone();
+            let readings = match tokio::task::spawn_blocking(move || me.sample_all()).await {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!("telemetry sampling failed: {e}");
+                    continue;
+                }
+            };
+            self.store(&readings);
+            for batch in batches(&node, &readings, &workers.gpu_jobs()) {
+                workers.send_telemetry(batch);
+            }
+        }
+    }
+}
+
+/// One batch per job, holding the samples of that job's GPUs; jobs none of
+/// whose GPUs were read get none.
+pub fn batches(
+    node: &str,
+    readings: &[GpuReading],
+    jobs: &[crate::workers::GpuJob],
+) -> Vec<TelemetryBatch> {
+    jobs.iter()
+        .filter_map(|j| {
+            let samples: Vec<GpuSample> = readings
+                .iter()
+                .filter(|r| j.gpus.contains(&r.index))
+                .map(GpuReading::to_sample)
+                .collect();
+            (!samples.is_empty()).then(|| TelemetryBatch {
+                node: node.to_string(),
+                job_id: j.job_id.clone(),
+                attempt: j.attempt,
+                samples,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workers::GpuJob;
+
+    fn reading(index: u32) -> GpuReading {
+        GpuReading {
+            index,
+            uuid: format!("GPU-{index}"),
+            power_mw: Some(612_500),
+            retired_sbe: None,
+            retired_dbe: None,
+            remapped_correctable: Some(2),
+            remapped_uncorrectable: Some(1),
+            nvlink_crc_flit: Some(5),
+            nvlink_crc_data: Some(1),
+            xids: vec![79],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn wire_sample_units_and_sums() {
+        let s = reading(3).to_sample();
+        assert_eq!(s.power_w, 612.5);
+        assert_eq!(
+            s.retired_pages, 3,
+            "remapped rows when pages are not retired"
+        );
+        assert_eq!(s.nvlink_crc_errors, 6);
+        assert_eq!(s.xids, vec![79]);
+        let mut r = reading(3);
+        r.retired_sbe = Some(4);
+        r.retired_dbe = Some(1);
+        assert_eq!(r.to_sample().retired_pages, 5);
+    }
+
+    #[test]
+    fn each_job_gets_its_own_gpus() {
+        let readings = vec![reading(0), reading(1), reading(2)];
+        let jobs = vec![
+            GpuJob {
+                job_id: "a".into(),
+                attempt: 1,
+                gpus: vec![0, 2],
+            },
+            GpuJob {
+                job_id: "b".into(),
+                attempt: 3,
+                gpus: vec![1],
+            },
+            GpuJob {
+                job_id: "c".into(),
+                attempt: 1,
+                gpus: vec![7],
+            },
+        ];
+        let b = batches("n1", &readings, &jobs);
+        assert_eq!(b.len(), 2, "job c's GPU was not read");
+        assert_eq!(
+            b[0].samples.iter().map(|s| s.index).collect::<Vec<_>>(),
+            vec![0, 2]
+        );
+        assert_eq!((b[1].job_id.as_str(), b[1].attempt), ("b", 3));
+        assert_eq!(b[1].node, "n1");
+    }
+
+    #[test]
+    fn without_nvml_nothing_is_sampled() {
+        let t = Telemetry::new(None, vec![(0, "GPU-0".into(), "X".into())]);
+        assert!(!t.has_nvml());
+        assert!(t.sample_all().is_empty());
+        t.store(&[reading(1)]);
+        assert_eq!(t.latest().len(), 1);
+    }
+}

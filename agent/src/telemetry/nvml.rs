@@ -1,0 +1,149 @@
+//! One NVML reading of one GPU. Every query is best effort: a GPU or driver
+//! that does not answer one leaves that field `None`.
+
+use nvml_wrapper::enum_wrappers::device::{
+    Clock, EccCounter, MemoryError, RetirementCause, TemperatureSensor,
+};
+use nvml_wrapper::enum_wrappers::nv_link::ErrorCounter;
+use nvml_wrapper::{Device, Nvml};
+
+use super::GpuReading;
+
+/// NVML's `NVML_NVLINK_MAX_LINKS` (18 on Hopper).
+pub const NVLINK_MAX_LINKS: u32 = 18;
+
+/// Reads every telemetry field of the GPU with this NVML index; a GPU that
+/// cannot even be opened gives a reading with only its index.
+pub fn read_gpu(nvml: &Nvml, index: u32) -> GpuReading {
+    let mut r = GpuReading {
+        index,
+        ..Default::default()
+    };
+    let Ok(d) = nvml.device_by_index(index) else {
+        return r;
+    };
+    if let Ok(u) = d.utilization_rates() {
+        r.util_gpu = Some(u.gpu);
+        r.util_mem = Some(u.memory);
+    }
+    if let Ok(m) = d.memory_info() {
+        r.mem_used_bytes = Some(m.used);
+        r.mem_free_bytes = Some(m.free);
+        r.mem_total_bytes = Some(m.total);
+    }
+    r.temperature_c = d.temperature(TemperatureSensor::Gpu).ok();
+    r.power_mw = d.power_usage().ok();
+    r.power_limit_mw = d
+        .enforced_power_limit()
+        .or_else(|_| d.power_management_limit())
+        .ok();
+    r.sm_clock_mhz = d.clock_info(Clock::SM).ok();
+    r.mem_clock_mhz = d.clock_info(Clock::Memory).ok();
+    r.throttle_reasons = throttle_reasons_raw(nvml, &d);
+    r.ecc_corrected = d
+        .total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
+        .ok();
+    r.ecc_uncorrected = d
+        .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+        .ok();
+    r.retired_sbe = d
+        .retired_pages(RetirementCause::MultipleSingleBitEccErrors)
+        .ok()
+        .map(|p| p.len() as u64);
+    r.retired_dbe = d
+        .retired_pages(RetirementCause::DoubleBitEccError)
+        .ok()
+        .map(|p| p.len() as u64);
+    if let Some(rows) = remapped_rows(nvml, &d) {
+        r.remapped_correctable = Some(rows.correctable);
+        r.remapped_uncorrectable = Some(rows.uncorrectable);
+        r.remap_pending = Some(rows.pending);
+        r.remap_failed = Some(rows.failed);
+    }
+    r.pcie_gen = d.current_pcie_link_gen().ok();
+    r.pcie_width = d.current_pcie_link_width().ok();
+    r.pcie_gen_max = d.max_pcie_link_gen().ok();
+    r.pcie_width_max = d.max_pcie_link_width().ok();
+    r.pcie_replays = d.pcie_replay_counter().ok().map(u64::from);
+    let links = nvlinks(&d);
+    r.nvlinks_active = links.active;
+    r.nvlinks_expected = links.present;
+    r.nvlink_crc_flit = links.crc_flit;
+    r.nvlink_crc_data = links.crc_data;
+    r
+}
+
+/// NVLink state of one GPU.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NvLinks {
+    /// Links NVML knows on this GPU (active or down).
+    pub present: u32,
+    pub active: u32,
+    /// Summed over active links; `None` when no link answers (no NVLink, or
+    /// a driver that dropped these counters).
+    pub crc_flit: Option<u64>,
+    pub crc_data: Option<u64>,
+}
+
+pub fn nvlinks(d: &Device) -> NvLinks {
+    let mut n = NvLinks::default();
+    for l in 0..NVLINK_MAX_LINKS {
+        let link = d.link_wrapper_for(l);
+        match link.is_active() {
+            Ok(active) => {
+                n.present += 1;
+                if !active {
+                    continue;
+                }
+                n.active += 1;
+            }
+            Err(_) => continue,
+        }
+        if let Ok(c) = link.error_counter(ErrorCounter::DlCrcFlit) {
+            n.crc_flit = Some(n.crc_flit.unwrap_or(0).saturating_add(c));
+        }
+        if let Ok(c) = link.error_counter(ErrorCounter::DlCrcData) {
+            n.crc_data = Some(n.crc_data.unwrap_or(0).saturating_add(c));
+        }
+    }
+    n
+}
+
+/// `nvmlDeviceGetCurrentClocksThrottleReasons` through the raw library, so
+/// that bits newer than nvml-wrapper's flags are kept.
+fn throttle_reasons_raw(nvml: &Nvml, d: &Device) -> Option<u64> {
+    let f = nvml
+        .lib()
+        .nvmlDeviceGetCurrentClocksThrottleReasons
+        .as_ref()
+        .ok()?;
+    let mut reasons: std::os::raw::c_ulonglong = 0;
+    // SAFETY: the handle belongs to `nvml`, which outlives the call; the
+    // out-pointer is valid.
+    let rc = unsafe { f(d.handle(), &mut reasons) };
+    (rc == 0).then_some(reasons)
+}
+
+#[derive(Debug, Clone, Copy)]
+struct RemappedRows {
+    correctable: u64,
+    uncorrectable: u64,
+    pending: bool,
+    failed: bool,
+}
+
+/// `nvmlDeviceGetRemappedRows` (Ampere and later), which nvml-wrapper 0.13
+/// does not wrap. `None` when the GPU or driver does not support it.
+fn remapped_rows(nvml: &Nvml, d: &Device) -> Option<RemappedRows> {
+    let f = nvml.lib().nvmlDeviceGetRemappedRows.as_ref().ok()?;
+    let (mut corr, mut unc, mut pending, mut failed) = (0u32, 0u32, 0u32, 0u32);
+    // SAFETY: the handle belongs to `nvml`, which outlives the call; the
+    // out-pointers are valid for the call.
+    let rc = unsafe { f(d.handle(), &mut corr, &mut unc, &mut pending, &mut failed) };
+    (rc == 0).then_some(RemappedRows {
+        correctable: corr as u64,
+        uncorrectable: unc as u64,
+        pending: pending != 0,
+        failed: failed != 0,
+    })
+}
