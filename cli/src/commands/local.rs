@@ -285,8 +285,13 @@ fn start_agent(
         .arg("--cpu-ranks")
         .arg(a.cpu_ranks.to_string())
         .arg("--work-dir")
-        .arg(&work)
-        .args(&a.agent_arg);
+        .arg(&work);
+    // Agents of one box would fight over the default /metrics port; each gets
+    // a free one (logged in its log) unless the user chose.
+    if !a.agent_arg.iter().any(|x| x.starts_with("--metrics-listen")) {
+        cmd.args(["--metrics-listen", "127.0.0.1:0"]);
+    }
+    cmd.args(&a.agent_arg);
     cmd.env("NO_COLOR", "1");
     let log = logs.join(format!("{name}.log"));
     let f = open_log(&log, &cmd)?;

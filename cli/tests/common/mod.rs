@@ -77,6 +77,7 @@ impl Cluster {
             .arg("--work-dir")
             .arg(&work)
             .args(["--heartbeat-interval", "500ms"])
+            .args(["--metrics-listen", "127.0.0.1:0"])
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)
