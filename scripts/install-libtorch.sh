@@ -46,10 +46,11 @@ extract(f"torch-{tv}-*.whl", lambda n: n in keep or n.startswith("torch/include/
 extract(f"nvidia_cuda_runtime-{rv}-*.whl", lambda n: n == "nvidia/cu13/lib/libcudart.so.13")
 extract(f"nvidia_cuda_cupti-{cv}-*.whl", lambda n: n == "nvidia/cu13/lib/libcupti.so.13")
 PYEOF
-  # The folder tch builds against: only the CPU libraries, so the binary needs
+  # The folder tch builds against: only the CPU libraries (torch-sys always
+  # passes -ltorch, so libtorch.so too, a stub that --as-needed drops), so the binary needs
   # no CUDA library to link or to start (DESIGN.md).
   mkdir -p "$DEST/libtorch/lib"
-  for f in libtorch_cpu.so libc10.so libgomp.so.1; do
+  for f in libtorch_cpu.so libc10.so libgomp.so.1 libtorch.so; do
     ln -sfn "$SP/torch/lib/$f" "$DEST/libtorch/lib/$f"
   done
   ln -sfn "$SP/torch/include" "$DEST/libtorch/include"

@@ -1,1 +1,10 @@
-fn main() {}
+//! `gpuctl-worker`: see the library (`gpuctl_worker`) and docs/architecture.md.
+
+use clap::Parser;
+
+fn main() {
+    gpuctl_worker::init_logging();
+    let args = gpuctl_worker::context::Args::parse();
+    let code = gpuctl_worker::run_worker(args);
+    std::process::exit(code);
+}

@@ -1,0 +1,329 @@
+//! The worker's side of `WorkerService`: rendezvous, progress, result.
+//!
+//! Workloads are blocking (tch), so the gRPC client lives on a small
+//! current-thread tokio runtime and every call is a `block_on`. Progress goes out
+//! from its own thread (own runtime, own connection) about once a second, so it
+//! keeps flowing — and a job that is over is noticed — even while the main
+//! thread sits in a long GEMM or collective.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use gpuctl_proto::pb::{
+    worker_service_client::WorkerServiceClient, Ack, RankProgress, RankProgressReport, RankResult,
+    RendezvousGetRequest, RendezvousPutRequest,
+};
+use tokio::runtime::Runtime;
+use tonic::transport::Channel;
+
+use crate::rendezvous::Rendezvous;
+
+const RPC_TIMEOUT: Duration = Duration::from_secs(20);
+/// The longest single RendezvousGet wait; longer waits are several calls.
+const GET_SLICE_MS: u32 = 10_000;
+
+fn runtime() -> Result<Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")
+}
+
+fn channel(url: &str) -> Result<Channel> {
+    Ok(Channel::from_shared(url.to_string())
+        .map_err(|e| anyhow!("bad coordinator URL `{url}`: {e}"))?
+        .connect_timeout(Duration::from_secs(10))
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(5))
+        .keep_alive_timeout(Duration::from_secs(10))
+        .connect_lazy())
+}
+
+/// A blocking client of the coordinator's WorkerService for one job attempt.
+pub struct CoordinatorClient {
+    rt: Runtime,
+    client: WorkerServiceClient<Channel>,
+    url: String,
+    job_id: String,
+    attempt: u32,
+}
+
+impl CoordinatorClient {
+    pub fn new(url: &str, job_id: &str, attempt: u32) -> Result<Self> {
+        let rt = runtime()?;
+        let ch = {
+            let _g = rt.enter();
+            channel(url)?
+        };
+        Ok(Self {
+            rt,
+            client: WorkerServiceClient::new(ch),
+            url: url.to_string(),
+            job_id: job_id.to_string(),
+            attempt,
+        })
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Sends the result, retrying for about half a minute: a result that never
+    /// arrives fails the rank, so it is worth waiting for a restarting coordinator.
+    pub fn report_result(&self, result: RankResult) -> Result<Ack> {
+        let mut delay = Duration::from_millis(200);
+        let give_up = Instant::now() + Duration::from_secs(30);
+        loop {
+            let mut c = self.client.clone();
+            let r = self.rt.block_on(async {
+                tokio::time::timeout(RPC_TIMEOUT, c.report_result(result.clone())).await
+            });
+            let err = match r {
+                Ok(Ok(ack)) => return Ok(ack.into_inner()),
+                Ok(Err(status)) => anyhow!("ReportResult: {}", status.message()),
+                Err(_) => anyhow!("ReportResult timed out after {:?}", RPC_TIMEOUT),
+            };
+            if Instant::now() >= give_up {
+                return Err(err.context(format!("coordinator {}", self.url)));
+            }
+            tracing::warn!("{err:#}; retrying in {delay:?}");
+            std::thread::sleep(delay);
+            delay = (delay * 2).min(Duration::from_secs(5));
+        }
+    }
+}
+
+impl Rendezvous for CoordinatorClient {
+    fn put(&self, key: &str, value: &[u8]) -> Result<()> {
+        let mut c = self.client.clone();
+        let req = RendezvousPutRequest {
+            job_id: self.job_id.clone(),
+            attempt: self.attempt,
+            key: key.to_string(),
+            value: value.to_vec(),
+        };
+        let ack = self
+            .rt
+            .block_on(async { tokio::time::timeout(RPC_TIMEOUT, c.rendezvous_put(req)).await })
+            .map_err(|_| anyhow!("RendezvousPut `{key}` timed out"))?
+            .map_err(|s| anyhow!("RendezvousPut `{key}` at {}: {}", self.url, s.message()))?
+            .into_inner();
+        if !ack.ok {
+            bail!(
+                "the coordinator refused rendezvous key `{key}`: {}",
+                ack.message
+            );
+        }
+        Ok(())
+    }
+
+    fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let slice = (left.as_millis() as u32).clamp(1, GET_SLICE_MS);
+            let mut c = self.client.clone();
+            let req = RendezvousGetRequest {
+                job_id: self.job_id.clone(),
+                attempt: self.attempt,
+                key: key.to_string(),
+                timeout_ms: slice,
+            };
+            let wait = RPC_TIMEOUT + Duration::from_millis(slice as u64);
+            let resp = self
+                .rt
+                .block_on(async { tokio::time::timeout(wait, c.rendezvous_get(req)).await })
+                .map_err(|_| anyhow!("RendezvousGet `{key}` timed out"))?
+                .map_err(|s| anyhow!("RendezvousGet `{key}` at {}: {}", self.url, s.message()))?
+                .into_inner();
+            if resp.found {
+                return Ok(resp.value);
+            }
+            if resp.job_over {
+                bail!("the job ended while waiting for rendezvous key `{key}`");
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "rendezvous key `{key}` did not appear within {:.0}s (is every rank running?)",
+                    timeout.as_secs_f64()
+                );
+            }
+        }
+    }
+}
+
+/// What the progress thread sends next.
+#[derive(Default)]
+struct Snapshot {
+    phase: String,
+    fraction: f64,
+    metrics: HashMap<String, f64>,
+    message: String,
+}
+
+/// Progress of this rank; cheap to update from the work loop, sent about once a
+/// second by a background thread. `Progress::disabled()` sends nothing.
+#[derive(Clone)]
+pub struct Progress {
+    inner: Option<Arc<ProgressInner>>,
+}
+
+struct ProgressInner {
+    snap: Mutex<Snapshot>,
+    stop: AtomicBool,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// Who this rank is, for the progress messages.
+#[derive(Clone, Debug)]
+pub struct ProgressTarget {
+    pub url: String,
+    pub job_id: String,
+    pub attempt: u32,
+    pub rank: u32,
+    pub node: String,
+    /// Stop the process when this Unix time (ms) passes (0: never).
+    pub deadline_unix_ms: u64,
+}
+
+impl Progress {
+    pub fn disabled() -> Self {
+        Progress { inner: None }
+    }
+
+    /// Starts the sender thread. When the coordinator answers `Ack{ok:false}`
+    /// (the job is over) or the deadline passes, the process exits with code 1
+    /// at once: there is nothing left to report to.
+    pub fn start(target: ProgressTarget) -> Result<Self> {
+        let inner = Arc::new(ProgressInner {
+            snap: Mutex::new(Snapshot {
+                phase: "starting".into(),
+                ..Default::default()
+            }),
+            stop: AtomicBool::new(false),
+            thread: Mutex::new(None),
+        });
+        let rt = runtime()?;
+        let ch = {
+            let _g = rt.enter();
+            channel(&target.url)?
+        };
+        let me = inner.clone();
+        let h = std::thread::Builder::new()
+            .name("progress".into())
+            .spawn(move || progress_loop(rt, WorkerServiceClient::new(ch), target, me))?;
+        *inner.thread.lock().unwrap() = Some(h);
+        Ok(Progress { inner: Some(inner) })
+    }
+
+    pub fn update(&self, phase: &str, fraction: f64, metrics: &[(&str, f64)]) {
+        if let Some(i) = &self.inner {
+            let mut s = i.snap.lock().unwrap_or_else(|e| e.into_inner());
+            s.phase = phase.to_string();
+            s.fraction = fraction.clamp(0.0, 1.0);
+            for (k, v) in metrics {
+                if v.is_finite() {
+                    s.metrics.insert(k.to_string(), *v);
+                }
+            }
+        }
+    }
+
+    pub fn message(&self, message: &str) {
+        if let Some(i) = &self.inner {
+            i.snap.lock().unwrap_or_else(|e| e.into_inner()).message = message.to_string();
+        }
+    }
+
+    /// Stops the sender thread after one last report.
+    pub fn finish(&self) {
+        if let Some(i) = &self.inner {
+            i.stop.store(true, Ordering::SeqCst);
+            if let Some(h) = i.thread.lock().unwrap().take() {
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+fn progress_loop(
+    rt: Runtime,
+    client: WorkerServiceClient<Channel>,
+    t: ProgressTarget,
+    inner: Arc<ProgressInner>,
+) {
+    let mut failures = 0u32;
+    loop {
+        let last = inner.stop.load(Ordering::SeqCst);
+        if t.deadline_unix_ms > 0 && gpuctl_proto::now_ms() > t.deadline_unix_ms {
+            tracing::error!(
+                "node {} rank {}: the job's deadline passed; exiting",
+                t.node,
+                t.rank
+            );
+            // SAFETY: _exit ends the process without running destructors that
+            // could race the main thread's libtorch calls.
+            unsafe { libc::_exit(1) };
+        }
+        let progress = {
+            let s = inner.snap.lock().unwrap_or_else(|e| e.into_inner());
+            RankProgress {
+                rank: t.rank,
+                node: t.node.clone(),
+                phase: s.phase.clone(),
+                fraction: s.fraction,
+                metrics: s.metrics.clone(),
+                message: s.message.clone(),
+                unix_ms: gpuctl_proto::now_ms(),
+            }
+        };
+        let req = RankProgressReport {
+            job_id: t.job_id.clone(),
+            attempt: t.attempt,
+            progress: Some(progress),
+        };
+        let mut c = client.clone();
+        let r = rt.block_on(async {
+            tokio::time::timeout(Duration::from_secs(5), c.report_progress(req)).await
+        });
+        match r {
+            Ok(Ok(ack)) => {
+                failures = 0;
+                let ack = ack.into_inner();
+                if !ack.ok && !last {
+                    tracing::error!(
+                        "node {} rank {}: the coordinator says the job is over ({}); exiting",
+                        t.node,
+                        t.rank,
+                        ack.message
+                    );
+                    // SAFETY: as above.
+                    unsafe { libc::_exit(1) };
+                }
+            }
+            Ok(Err(status)) => {
+                failures += 1;
+                if failures == 1 || failures == 30 || failures == 300 {
+                    tracing::warn!("ReportProgress to {}: {}", t.url, status.message());
+                }
+            }
+            Err(_) => {
+                failures += 1;
+                tracing::warn!("ReportProgress to {} timed out", t.url);
+            }
+        }
+        if last {
+            return;
+        }
+        // Sleep a second, waking early to send the last report.
+        for _ in 0..10 {
+            if inner.stop.load(Ordering::SeqCst) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}

@@ -1,0 +1,261 @@
+//! Command line, environment, parameters: what one rank is told to do.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Parser;
+
+use crate::client::Progress;
+use crate::comm::{nccl::NcclComm, tcp::TcpComm, Collectives};
+use crate::device::{advertise_host, DeviceInfo};
+use crate::rendezvous::Rendezvous;
+
+/// One rank of one workload (docs/architecture.md, "Worker process").
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "gpuctl-worker",
+    version,
+    about = "gpuctl worker: one rank of one workload"
+)]
+pub struct Args {
+    /// Coordinator URL (WorkerService), e.g. http://10.0.0.1:7070.
+    #[arg(long)]
+    pub coordinator: String,
+    #[arg(long)]
+    pub job_id: String,
+    #[arg(long)]
+    pub attempt: u32,
+    /// stress | nccl | ddp | fsdp | maxbatch
+    #[arg(long)]
+    pub workload: String,
+    /// This node's name, as the coordinator knows it.
+    #[arg(long)]
+    pub node: String,
+    #[arg(long, value_parser = ["cpu", "cuda"])]
+    pub device: String,
+    /// NVML index of the GPU (informational: the worker uses the CUDA ordinal,
+    /// 0 when CUDA_VISIBLE_DEVICES is set, as the agent does).
+    #[arg(long)]
+    pub gpu_index: Option<u32>,
+    #[arg(long)]
+    pub gpu_uuid: Option<String>,
+    /// Run time of timed workloads (stress).
+    #[arg(long, default_value_t = 0)]
+    pub duration_ms: u64,
+    /// The agent kills the worker after this; the worker stops itself first.
+    #[arg(long, default_value_t = 0)]
+    pub deadline_unix_ms: u64,
+    /// Workload parameter, key=value (repeatable).
+    #[arg(long = "param", value_parser = parse_kv)]
+    pub params: Vec<(String, String)>,
+}
+
+fn parse_kv(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .filter(|(k, _)| !k.is_empty())
+        .ok_or_else(|| format!("`{s}` is not key=value"))
+}
+
+/// torchrun's environment, as the agent sets it.
+#[derive(Debug, Clone)]
+pub struct RankEnv {
+    pub rank: usize,
+    pub local_rank: usize,
+    pub world_size: usize,
+    pub local_world_size: usize,
+    pub group_rank: usize,
+    pub master_addr: String,
+    pub master_port: u16,
+}
+
+impl RankEnv {
+    /// Reads RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
+    /// MASTER_ADDR, MASTER_PORT; unset means a single rank on this host.
+    pub fn from_env() -> Result<Self> {
+        fn num(name: &str, default: usize) -> Result<usize> {
+            match std::env::var(name) {
+                Ok(v) if !v.trim().is_empty() => v
+                    .trim()
+                    .parse()
+                    .map_err(|_| anyhow!("environment {name}=`{v}` is not a whole number")),
+                _ => Ok(default),
+            }
+        }
+        let rank = num("RANK", 0)?;
+        let world_size = num("WORLD_SIZE", 1)?;
+        let env = RankEnv {
+            rank,
+            local_rank: num("LOCAL_RANK", rank)?,
+            world_size,
+            local_world_size: num("LOCAL_WORLD_SIZE", world_size)?,
+            group_rank: num("GROUP_RANK", 0)?,
+            master_addr: std::env::var("MASTER_ADDR").unwrap_or_else(|_| "127.0.0.1".into()),
+            master_port: num("MASTER_PORT", 29500)?
+                .try_into()
+                .map_err(|_| anyhow!("MASTER_PORT is not a port"))?,
+        };
+        if env.world_size == 0 || env.rank >= env.world_size {
+            bail!(
+                "RANK={} is not a rank of WORLD_SIZE={}",
+                env.rank,
+                env.world_size
+            );
+        }
+        Ok(env)
+    }
+
+    /// The first number of RANK, for error messages before the env is checked.
+    pub fn rank_hint() -> u32 {
+        std::env::var("RANK")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+/// Workload parameters, checked against the job-spec rules of `gpuctl_proto::spec`.
+#[derive(Debug, Clone, Default)]
+pub struct Params(pub BTreeMap<String, String>);
+
+impl Params {
+    pub fn new(workload: &str, pairs: &[(String, String)]) -> Result<Self> {
+        let map: BTreeMap<_, _> = pairs.iter().cloned().collect();
+        if let Some(def) = gpuctl_proto::spec::workload(workload) {
+            for k in map.keys() {
+                if !def.params.iter().any(|p| p.name == k) {
+                    let known: Vec<_> = def.params.iter().map(|p| p.name).collect();
+                    bail!(
+                        "workload `{workload}` has no parameter `{k}`; it takes {}",
+                        known.join(", ")
+                    );
+                }
+            }
+        }
+        Ok(Params(map))
+    }
+
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).map(|s| s.as_str())
+    }
+
+    pub fn u64_or(&self, key: &str, default: u64) -> Result<u64> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(v) => v
+                .parse()
+                .map_err(|_| anyhow!("param {key}=`{v}` is not a whole number")),
+        }
+    }
+
+    pub fn bytes_or(&self, key: &str, default: u64) -> Result<u64> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(v) => gpuctl_proto::units::parse_bytes(v).map_err(|e| anyhow!("param {key}: {e}")),
+        }
+    }
+
+    pub fn duration_or(&self, key: &str, default: Duration) -> Result<Duration> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(v) => {
+                gpuctl_proto::units::parse_duration(v).map_err(|e| anyhow!("param {key}: {e}"))
+            }
+        }
+    }
+
+    pub fn bool_or(&self, key: &str, default: bool) -> Result<bool> {
+        match self.get(key) {
+            None => Ok(default),
+            Some("true") | Some("1") | Some("yes") => Ok(true),
+            Some("false") | Some("0") | Some("no") => Ok(false),
+            Some(v) => bail!("param {key}=`{v}` is not true or false"),
+        }
+    }
+
+    pub fn choice_or<'a>(
+        &'a self,
+        key: &str,
+        allowed: &[&str],
+        default: &'a str,
+    ) -> Result<&'a str> {
+        let v = self.get(key).unwrap_or(default);
+        if allowed.contains(&v) {
+            Ok(v)
+        } else {
+            bail!("param {key}=`{v}` is not one of {}", allowed.join(", "))
+        }
+    }
+}
+
+/// Everything a workload needs.
+pub struct Ctx {
+    pub args: Args,
+    pub env: RankEnv,
+    pub dev: DeviceInfo,
+    pub params: Params,
+    pub rdzv: Arc<dyn Rendezvous>,
+    pub progress: Progress,
+    /// How long to wait for other ranks at rendezvous.
+    pub rendezvous_timeout: Duration,
+    /// Highest GPU memory use seen (bytes), for the result.
+    pub peak_gpu_bytes: AtomicU64,
+}
+
+impl Ctx {
+    /// Records the GPU's memory in use now into the peak.
+    pub fn sample_memory(&self) {
+        if let Some((used, _)) = self.dev.gpu_memory() {
+            self.peak_gpu_bytes.fetch_max(used, Ordering::Relaxed);
+        }
+    }
+
+    /// The backend this rank's device calls for: NCCL on a GPU, TCP on a CPU.
+    pub fn make_comm(&self) -> Result<Box<dyn Collectives>> {
+        let (rank, world) = (self.env.rank, self.env.world_size);
+        if self.dev.is_cuda() {
+            let c = NcclComm::new(
+                rank,
+                world,
+                self.dev.ordinal,
+                self.rdzv.as_ref(),
+                self.rendezvous_timeout,
+            )
+            .context("setting up NCCL")?;
+            Ok(Box::new(c))
+        } else {
+            let host = std::env::var("GPUCTL_ADVERTISE_ADDR")
+                .unwrap_or_else(|_| advertise_host(&self.env.master_addr, self.env.master_port));
+            let c = TcpComm::connect(
+                rank,
+                world,
+                self.rdzv.as_ref(),
+                &host,
+                self.rendezvous_timeout,
+            )
+            .context("setting up the TCP ring")?;
+            Ok(Box::new(c))
+        }
+    }
+
+    /// The duration of a timed workload: `--duration-ms`, ending 5 s before the deadline.
+    pub fn duration(&self, default: Duration) -> Duration {
+        let mut d = if self.args.duration_ms > 0 {
+            Duration::from_millis(self.args.duration_ms)
+        } else {
+            default
+        };
+        if self.args.deadline_unix_ms > 0 {
+            let left = self
+                .args
+                .deadline_unix_ms
+                .saturating_sub(gpuctl_proto::now_ms())
+                .saturating_sub(5_000);
+            d = d.min(Duration::from_millis(left));
+        }
+        d
+    }
+}

@@ -1,0 +1,216 @@
+//! gpuctl-worker: one rank of one workload.
+//!
+//! The agent starts one worker per rank (docs/architecture.md, "Worker
+//! process"). The worker opens its device, meets the other ranks through the
+//! coordinator's rendezvous, runs the workload while reporting progress about
+//! once a second, and sends one `RankResult` at the end: exit code 0 when it is
+//! ok, 1 otherwise. Every error names the node and the rank.
+
+pub mod client;
+pub mod comm;
+pub mod context;
+pub mod device;
+pub mod rendezvous;
+pub mod workloads;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Result};
+use gpuctl_proto::pb::RankResult;
+
+use crate::client::{CoordinatorClient, Progress, ProgressTarget};
+use crate::context::{Args, Ctx, Params, RankEnv};
+use crate::device::DeviceInfo;
+
+/// Logs to stderr (the agent forwards it); `RUST_LOG` filters, default info.
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_target(false)
+        .try_init();
+}
+
+/// The CUDA ordinal to use: 0 when the agent narrowed the process to one GPU
+/// with CUDA_VISIBLE_DEVICES, else the LOCAL_RANK.
+fn cuda_ordinal(env: &RankEnv) -> usize {
+    match std::env::var("CUDA_VISIBLE_DEVICES") {
+        Ok(v) if !v.trim().is_empty() && !v.contains(',') => 0,
+        _ => env.local_rank,
+    }
+}
+
+fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "panic".into()
+    }
+}
+
+/// Runs the workload and fills `res` as it learns facts; errors become the result's.
+fn execute(
+    args: &Args,
+    client: &Arc<CoordinatorClient>,
+    progress: &Progress,
+    res: &mut RankResult,
+) -> Result<()> {
+    let env = RankEnv::from_env()?;
+    res.rank = env.rank as u32;
+    res.torch_version = device::torch_version();
+    let dev = if args.device == "cuda" {
+        let d = DeviceInfo::cuda(cuda_ordinal(&env), args.gpu_uuid.as_deref().unwrap_or(""))?;
+        if let Ok(v) = comm::nccl::nccl_version() {
+            res.nccl_version = v;
+        }
+        d
+    } else {
+        let threads = std::env::var("OMP_NUM_THREADS")
+            .ok()
+            .and_then(|v| v.trim().parse::<i32>().ok())
+            .filter(|n| *n > 0)
+            .unwrap_or(1);
+        tch::set_num_threads(threads);
+        DeviceInfo::cpu()
+    };
+    res.device = dev.label.clone();
+    res.device_name = dev.name.clone();
+    res.gpu_uuid = if dev.uuid.is_empty() {
+        args.gpu_uuid.clone().unwrap_or_default()
+    } else {
+        dev.uuid.clone()
+    };
+    res.torch_version = device::torch_version();
+    tracing::info!(
+        node = %args.node,
+        rank = env.rank,
+        world = env.world_size,
+        device = %dev.label,
+        name = %dev.name,
+        torch = %res.torch_version,
+        workload = %args.workload,
+        "worker starting"
+    );
+    let ctx = Ctx {
+        params: Params::new(&args.workload, &args.params)?,
+        args: args.clone(),
+        env,
+        dev,
+        rdzv: client.clone(),
+        progress: progress.clone(),
+        rendezvous_timeout: Duration::from_secs(
+            std::env::var("GPUCTL_RENDEZVOUS_TIMEOUT_S")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(300),
+        ),
+        peak_gpu_bytes: AtomicU64::new(0),
+    };
+    let outcome = workloads::run(&ctx);
+    ctx.sample_memory();
+    res.peak_memory_bytes = if ctx.dev.is_cuda() {
+        ctx.peak_gpu_bytes.load(Ordering::Relaxed)
+    } else {
+        device::peak_rss_bytes()
+    };
+    let outcome = outcome?;
+    if let Some(v) = outcome.nccl_version {
+        res.nccl_version = v;
+    }
+    res.detail = Some(outcome.detail);
+    if let Some(e) = outcome.error {
+        return Err(anyhow!(e));
+    }
+    Ok(())
+}
+
+/// The whole life of a worker; returns the exit code.
+pub fn run_worker(args: Args) -> i32 {
+    let started = Instant::now();
+    let rank_hint = RankEnv::rank_hint();
+    let who = format!("node {} rank {}", args.node, rank_hint);
+    let client = match CoordinatorClient::new(&args.coordinator, &args.job_id, args.attempt) {
+        Ok(c) => Arc::new(c),
+        Err(e) => {
+            tracing::error!("{who}: {e:#}");
+            return 1;
+        }
+    };
+    let progress = match Progress::start(ProgressTarget {
+        url: args.coordinator.clone(),
+        job_id: args.job_id.clone(),
+        attempt: args.attempt,
+        rank: rank_hint,
+        node: args.node.clone(),
+        deadline_unix_ms: args.deadline_unix_ms,
+    }) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!("{who}: progress reports are off: {e:#}");
+            Progress::disabled()
+        }
+    };
+    let mut res = RankResult {
+        job_id: args.job_id.clone(),
+        attempt: args.attempt,
+        rank: rank_hint,
+        node: args.node.clone(),
+        device: args.device.clone(),
+        gpu_uuid: args.gpu_uuid.clone().unwrap_or_default(),
+        nccl_version: if args.device == "cpu" {
+            "tcp-ring".into()
+        } else {
+            String::new()
+        },
+        ..Default::default()
+    };
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        execute(&args, &client, &progress, &mut res)
+    }));
+    let error = match outcome {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(format!("{e:#}")),
+        Err(p) => Some(format!("crashed: {}", panic_message(p))),
+    };
+    res.elapsed_ms = started.elapsed().as_millis() as u64;
+    res.ok = error.is_none();
+    if let Some(e) = error {
+        let who = format!("node {} rank {}", res.node, res.rank);
+        tracing::error!("{who}: {e}");
+        res.error = format!(
+            "{who} ({}): {e}",
+            if res.device.is_empty() {
+                &args.device
+            } else {
+                &res.device
+            }
+        );
+        progress.message(&res.error);
+    }
+    progress.update(if res.ok { "done" } else { "failed" }, 1.0, &[]);
+    progress.finish();
+    let ok = res.ok;
+    match client.report_result(res) {
+        Ok(ack) if !ack.ok => {
+            tracing::warn!("the coordinator did not take the result: {}", ack.message)
+        }
+        Ok(_) => {}
+        Err(e) => {
+            tracing::error!("{who}: could not report the result: {e:#}");
+            return 1;
+        }
+    }
+    if ok {
+        0
+    } else {
+        1
+    }
+}

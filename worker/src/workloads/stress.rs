@@ -1,0 +1,384 @@
+//! GEMM stress: multiply the same seeded matrices for the whole run, measure
+//! TFLOP/s per interval, and check the product bit for bit.
+//!
+//! Every rank makes its inputs on the CPU from one seed (1234) and copies them
+//! to its device, so every rank of one device class computes the same product:
+//! the coordinator compares digests across ranks; here each rank compares its
+//! product against its own first one every `check_every` products (on the
+//! device, as raw bits: no host copy in the timed loop).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use gpuctl_proto::pb::{rank_result::Detail, StressResult};
+use gpuctl_proto::spec::{parse_memory, MemoryTarget};
+use tch::{Device, Kind, Tensor};
+
+use super::Outcome;
+use crate::context::Ctx;
+use crate::device::fnv1a64;
+
+#[derive(Debug, Clone)]
+pub struct StressConfig {
+    pub size: i64,
+    pub precision: String,
+    pub interval: Duration,
+    pub check_every: u64,
+    pub target_memory: Option<MemoryTarget>,
+    pub with_comm: bool,
+    pub duration: Duration,
+}
+
+pub fn config(ctx: &Ctx) -> Result<StressConfig> {
+    let gpu = ctx.dev.is_cuda();
+    let p = &ctx.params;
+    let size = p.u64_or("size", if gpu { 8192 } else { 256 })?;
+    if !(16..=65536).contains(&size) {
+        bail!("param size={size} is out of range; give 16..=65536");
+    }
+    let precision = p
+        .choice_or(
+            "precision",
+            &["bf16", "fp16", "tf32", "fp32", "fp8"],
+            if gpu { "bf16" } else { "fp32" },
+        )?
+        .to_string();
+    let target_memory = match p.get("target_memory") {
+        None => None,
+        Some(v) => Some(parse_memory(v).map_err(|e| anyhow::anyhow!("param target_memory: {e}"))?),
+    };
+    Ok(StressConfig {
+        size: size as i64,
+        precision,
+        interval: p.duration_or("interval", Duration::from_secs(1))?,
+        check_every: p.u64_or("check_every", 10)?.max(1),
+        target_memory,
+        with_comm: p.bool_or("with_comm", false)?,
+        duration: ctx.duration(Duration::from_secs(60)),
+    })
+}
+
+fn kind_of(precision: &str, gpu: bool) -> Result<Kind> {
+    Ok(match (precision, gpu) {
+        ("bf16", _) => Kind::BFloat16,
+        ("fp16", _) => Kind::Half,
+        ("fp32", _) => Kind::Float,
+        ("tf32", true) => Kind::Float,
+        ("tf32", false) => bail!("precision tf32 needs a GPU; use fp32 or bf16 on CPU"),
+        ("fp8", _) => {
+            bail!("precision fp8 is not supported by this worker yet; use bf16, fp16, tf32 or fp32")
+        }
+        (p, _) => bail!("unknown precision `{p}`"),
+    })
+}
+
+/// FNV-1a 64 of a tensor's bytes, as 16 hex digits.
+pub fn digest(t: &Tensor) -> Result<String> {
+    let c = t.f_to_device(Device::Cpu)?.contiguous();
+    let n = c.numel() * c.kind().elt_size_in_bytes();
+    let mut bytes = vec![0u8; n];
+    c.f_copy_data_u8(&mut bytes, c.numel())?;
+    Ok(format!("{:016x}", fnv1a64(&bytes)))
+}
+
+/// The integer kind of the same width, to compare floats as raw bits.
+fn bits_kind(k: Kind) -> Kind {
+    match k.elt_size_in_bytes() {
+        2 => Kind::Int16,
+        8 => Kind::Int64,
+        _ => Kind::Int,
+    }
+}
+
+fn median(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    let m = s.len() / 2;
+    if s.len() % 2 == 1 {
+        s[m]
+    } else {
+        (s[m - 1] + s[m]) / 2.0
+    }
+}
+
+/// Allocates GPU memory until the device's memory in use reaches the target.
+fn fill_memory(ctx: &Ctx, target: MemoryTarget) -> Result<Vec<Tensor>> {
+    let Some((used, total)) = ctx.dev.gpu_memory() else {
+        tracing::info!("target_memory applies to GPUs only; ignored on CPU");
+        return Ok(Vec::new());
+    };
+    let want = match target {
+        MemoryTarget::Bytes(b) => b.min(total),
+        MemoryTarget::Fraction(f) => (f * total as f64) as u64,
+    };
+    let mut held = Vec::new();
+    let mut now = used;
+    while now < want {
+        let chunk = (want - now).min(1 << 30) as i64;
+        if chunk < (1 << 20) {
+            break;
+        }
+        match Tensor::f_ones([chunk], (Kind::Uint8, ctx.dev.device)) {
+            Ok(t) => held.push(t),
+            Err(e) => {
+                tracing::warn!(
+                    "target_memory: stopped filling at {} of {} bytes: {}",
+                    now,
+                    want,
+                    e.to_string().lines().next().unwrap_or("")
+                );
+                break;
+            }
+        }
+        ctx.dev.synchronize();
+        now = ctx.dev.gpu_memory().map(|m| m.0).unwrap_or(want);
+    }
+    tracing::info!(
+        "target_memory: GPU memory in use {} of {} (target {})",
+        now,
+        total,
+        want
+    );
+    Ok(held)
+}
+
+pub fn run(ctx: &Ctx) -> Result<Outcome> {
+    let cfg = config(ctx)?;
+    let gpu = ctx.dev.is_cuda();
+    let kind = kind_of(&cfg.precision, gpu)?;
+    if gpu {
+        crate::device::set_allow_tf32(cfg.precision == "tf32").context("setting TF32 mode")?;
+    }
+    let n = cfg.size;
+    let dev = ctx.dev.device;
+    let class = format!(
+        "{}|torch {}|{}|n={}",
+        ctx.dev.name,
+        crate::device::torch_version(),
+        cfg.precision,
+        n
+    );
+    tracing::info!(
+        size = n,
+        precision = %cfg.precision,
+        duration_s = cfg.duration.as_secs_f64(),
+        with_comm = cfg.with_comm,
+        "stress: {class}"
+    );
+    ctx.progress.update("preparing inputs", 0.0, &[]);
+
+    // Inputs from one seed on the CPU, then copied: the same on every rank.
+    tch::manual_seed(1234);
+    let a_cpu = Tensor::f_randn([n, n], (Kind::Float, Device::Cpu))?;
+    let b_cpu = Tensor::f_randn([n, n], (Kind::Float, Device::Cpu))?;
+    let a = a_cpu.f_to_device(dev)?.f_to_kind(kind)?;
+    let b = b_cpu.f_to_device(dev)?.f_to_kind(kind)?;
+    drop((a_cpu, b_cpu));
+    let first = a
+        .f_matmul(&b)
+        .with_context(|| format!("first {n}x{n} product"))?;
+    let first_digest = digest(&first)?;
+    let first_bits = first.f_view_dtype(bits_kind(kind))?;
+    tracing::info!(digest = %first_digest, "first product");
+
+    let _filler = match cfg.target_memory {
+        Some(t) => fill_memory(ctx, t)?,
+        None => Vec::new(),
+    };
+    ctx.sample_memory();
+
+    let mut comm = if cfg.with_comm {
+        Some(ctx.make_comm()?)
+    } else {
+        None
+    };
+    let nccl_version = comm.as_ref().map(|c| c.version());
+    let stop = AtomicBool::new(false);
+    let comm_buf = if comm.is_some() {
+        // 64 MiB of fp32 on a GPU (4 MiB on a CPU), zeros; the last element is
+        // the stop flag.
+        let elems: i64 = if gpu { 16 << 20 } else { 1 << 20 };
+        let t = Tensor::f_zeros([elems], (Kind::Float, dev))?;
+        ctx.dev.synchronize();
+        Some(t)
+    } else {
+        None
+    };
+
+    let flops_per_product = 2.0 * (n as f64).powi(3);
+    let mut tflops = Vec::new();
+    let mut iterations: u64 = 0;
+    let mut checks: u64 = 0;
+    let mut self_mismatches: u64 = 0;
+
+    let gemm_loop = |tflops: &mut Vec<f64>,
+                     iterations: &mut u64,
+                     checks: &mut u64,
+                     mism: &mut u64|
+     -> Result<()> {
+        ctx.dev.synchronize();
+        let start = Instant::now();
+        let end = start + cfg.duration;
+        let mut interval_start = start;
+        let mut in_interval: u64 = 0;
+        let mut until_check = cfg.check_every;
+        loop {
+            let c = a.f_matmul(&b)?;
+            *iterations += 1;
+            in_interval += 1;
+            until_check -= 1;
+            if until_check == 0 {
+                until_check = cfg.check_every;
+                *checks += 1;
+                let same = c.f_view_dtype(bits_kind(kind))?.f_equal(&first_bits)?;
+                if !same {
+                    *mism += 1;
+                    let d = digest(&c)?;
+                    tracing::error!(
+                        "product {} differs from the first: digest {d}, first {first_digest}",
+                        *iterations
+                    );
+                }
+            }
+            let now = Instant::now();
+            if now.duration_since(interval_start) >= cfg.interval || now >= end {
+                ctx.dev.synchronize();
+                let t = Instant::now();
+                let secs = t.duration_since(interval_start).as_secs_f64();
+                let v = flops_per_product * in_interval as f64 / secs / 1e12;
+                tflops.push(v);
+                interval_start = t;
+                in_interval = 0;
+                ctx.sample_memory();
+                let frac =
+                    t.duration_since(start).as_secs_f64() / cfg.duration.as_secs_f64().max(1e-9);
+                ctx.progress.update(
+                    &format!("gemm {} n={n}", cfg.precision),
+                    frac,
+                    &[("tflops", v)],
+                );
+                tracing::debug!(tflops = v, iterations = *iterations, "interval");
+                if t >= end {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    };
+
+    let comm_stats = if let (Some(c), Some(buf)) = (comm.as_mut(), comm_buf.as_ref()) {
+        std::thread::scope(|sc| {
+            let stop = &stop;
+            let buf = buf.shallow_clone();
+            let h = sc.spawn(move || c.all_reduce_loop(&buf, stop));
+            let r = gemm_loop(
+                &mut tflops,
+                &mut iterations,
+                &mut checks,
+                &mut self_mismatches,
+            );
+            stop.store(true, Ordering::SeqCst);
+            let cs = h
+                .join()
+                .map_err(|_| anyhow::anyhow!("the all_reduce thread panicked"))?;
+            r?;
+            cs.map(Some)
+        })?
+    } else {
+        gemm_loop(
+            &mut tflops,
+            &mut iterations,
+            &mut checks,
+            &mut self_mismatches,
+        )?;
+        None
+    };
+    if let Some(s) = comm_stats {
+        let algbw = s.bytes_per_op as f64 * s.ops as f64 / s.seconds.max(1e-9) / 1e9;
+        let n = ctx.env.world_size as f64;
+        tracing::info!(
+            ops = s.ops,
+            busbw_gbps = algbw * 2.0 * (n - 1.0) / n,
+            "background all_reduce during the GEMMs"
+        );
+    }
+    drop(comm);
+
+    let (min, max) = tflops.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), v| {
+        (lo.min(*v), hi.max(*v))
+    });
+    let result = StressResult {
+        dtype: cfg.precision.clone(),
+        matrix_size: n as u32,
+        iterations,
+        tflops_median: median(&tflops),
+        tflops_min: if tflops.is_empty() { 0.0 } else { min },
+        tflops_max: max,
+        tflops_per_interval: tflops,
+        digest: first_digest,
+        self_mismatches,
+        checks,
+        device_class: class,
+        interval_s: cfg.interval.as_secs_f64(),
+    };
+    tracing::info!(
+        iterations,
+        checks,
+        self_mismatches,
+        median = result.tflops_median,
+        "stress done"
+    );
+    let error = if self_mismatches > 0 {
+        Some(format!(
+            "silent data corruption: {self_mismatches} of {checks} checks gave a product that differs from the first"
+        ))
+    } else {
+        None
+    };
+    Ok(Outcome {
+        detail: Detail::Stress(result),
+        nccl_version,
+        error,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_even_and_odd() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert_eq!(median(&[]), 0.0);
+    }
+
+    #[test]
+    fn precisions_map_to_kinds() {
+        assert_eq!(kind_of("bf16", false).unwrap(), Kind::BFloat16);
+        assert_eq!(kind_of("tf32", true).unwrap(), Kind::Float);
+        assert!(kind_of("tf32", false)
+            .unwrap_err()
+            .to_string()
+            .contains("GPU"));
+        assert!(kind_of("fp8", true).is_err());
+    }
+
+    #[test]
+    fn seeded_cpu_product_is_reproducible() {
+        tch::set_num_threads(1);
+        let prod = || {
+            tch::manual_seed(1234);
+            let a = Tensor::randn([32, 32], (Kind::Float, Device::Cpu));
+            let b = Tensor::randn([32, 32], (Kind::Float, Device::Cpu));
+            digest(&a.matmul(&b)).unwrap()
+        };
+        let d = prod();
+        assert_eq!(d.len(), 16);
+        assert_eq!(d, prod());
+    }
+}
