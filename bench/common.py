@@ -46,7 +46,7 @@ def host_facts():
 class Fleet:
     """`gpuctl local up --agents 1` in the background, torn down on exit."""
 
-    def __init__(self, port=7171):
+    def __init__(self, port=7171, agent_args=()):
         self.bin = bin_dir()
         self.dir = tempfile.mkdtemp(prefix="gpuctl-bench.")
         self.url = f"http://127.0.0.1:{port}"
@@ -54,7 +54,8 @@ class Fleet:
         self.env["GPUCTL_COORDINATOR"] = self.url
         self.proc = subprocess.Popen(
             [f"{self.bin}/gpuctl", "local", "up", "--agents", "1", "--port", str(port),
-             "--data-dir", self.dir, f"--agent-arg=--libtorch={SP}"],
+             "--data-dir", self.dir, f"--agent-arg=--libtorch={SP}",
+             *[f"--agent-arg={a}" for a in agent_args]],
             env=self.env, stdout=subprocess.DEVNULL, stderr=open(f"{self.dir}/local-up.log", "w"))
         for _ in range(240):
             out = subprocess.run([f"{self.bin}/gpuctl", "nodes", "--output", "json"],

@@ -48,6 +48,8 @@ pub struct Config {
     pub host_root: PathBuf,
     /// Offer CPU ranks even where NVML finds GPUs.
     pub no_gpu: bool,
+    /// `--gpus`: NVML indices or UUIDs to offer; empty = all.
+    pub gpus: Vec<String>,
     /// Time between telemetry samples.
     pub sample_interval: Duration,
     /// Address of the `/metrics` endpoint; `None` disables it.
@@ -77,7 +79,13 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> anyhow::Result<()>
     let inventory = if cfg.no_gpu {
         gpus::GpuInventory::none("not used: --no-gpu")
     } else {
-        gpus::probe()
+        let mut inv = gpus::probe();
+        if !cfg.gpus.is_empty() {
+            inv.gpus
+                .retain(|g| cfg.gpus.iter().any(|w| *w == g.index.to_string() || *w == g.uuid));
+            tracing::info!("offering only GPUs {:?} (--gpus)", cfg.gpus);
+        }
+        inv
     };
     if inventory.gpus.is_empty() {
         // Said once, here: a CPU host is a normal case, not an error.

@@ -60,6 +60,11 @@ struct Args {
     #[arg(long)]
     no_gpu: bool,
 
+    /// Offer only these GPUs: NVML indices or UUIDs, comma-separated (default all).
+    /// For keeping GPUs out of tests, or a one-GPU baseline on a bigger host.
+    #[arg(long, value_delimiter = ',')]
+    gpus: Vec<String>,
+
     /// Time between GPU telemetry samples (e.g. 1s, 500ms).
     #[arg(long, default_value = "1s", value_parser = parse_interval)]
     sample_interval: Duration,
@@ -122,6 +127,7 @@ async fn main() -> anyhow::Result<()> {
         heartbeat_interval: args.heartbeat_interval,
         host_root: args.host_root,
         no_gpu: args.no_gpu,
+        gpus: args.gpus,
         sample_interval: args.sample_interval,
         metrics_listen: match args.metrics_listen.trim() {
             "" | "off" | "none" => None,
