@@ -81,8 +81,11 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> anyhow::Result<()>
     } else {
         let mut inv = gpus::probe();
         if !cfg.gpus.is_empty() {
-            inv.gpus
-                .retain(|g| cfg.gpus.iter().any(|w| *w == g.index.to_string() || *w == g.uuid));
+            inv.gpus.retain(|g| {
+                cfg.gpus
+                    .iter()
+                    .any(|w| *w == g.index.to_string() || *w == g.uuid)
+            });
             tracing::info!("offering only GPUs {:?} (--gpus)", cfg.gpus);
         }
         inv
