@@ -17,7 +17,8 @@ export GPUCTL_COORDINATOR="http://127.0.0.1:$PORT"
 CLUSTER=$!
 trap 'kill -TERM $CLUSTER 2>/dev/null; wait $CLUSTER 2>/dev/null || true' EXIT
 for _ in $(seq 1 120); do
-  if "$BIN/gpuctl" nodes --output json 2>/dev/null | grep -c '"ready"' | grep -q '^4$'; then break; fi
+  ready=$("$BIN/gpuctl" nodes --output json 2>/dev/null | python3 -c 'import json,sys; v=json.load(sys.stdin); v=v.get("nodes", v) if isinstance(v, dict) else v; print(sum(n.get("state") == "ready" for n in v))' 2>/dev/null || echo 0)
+  [ "$ready" = 4 ] && break
   sleep 0.5
 done
 "$BIN/gpuctl" nodes
