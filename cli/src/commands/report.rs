@@ -167,9 +167,9 @@ fn ranks_table(r: &pb::Report) -> String {
         if k.stress {
             match detail {
                 Some(Detail::Stress(s)) => row.extend([
-                    format!("{:.1}", s.tflops_min),
-                    format!("{:.1}", s.tflops_median),
-                    format!("{:.1}", s.tflops_max),
+                    crate::output::fmt_tflops(s.tflops_min),
+                    crate::output::fmt_tflops(s.tflops_median),
+                    crate::output::fmt_tflops(s.tflops_max),
                     short_digest(&s.digest),
                     sdc_cell(rank, s, res.is_some_and(|x| x.ok)),
                 ]),

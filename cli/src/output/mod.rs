@@ -79,10 +79,21 @@ pub fn fmt_duration_opt(ms: Option<u64>) -> String {
     ms.map(format_duration_ms).unwrap_or_else(|| "-".into())
 }
 
+/// TFLOP/s with enough digits to tell CPU ranks (hundredths) from GPUs (hundreds).
+pub fn fmt_tflops(v: f64) -> String {
+    if v == 0.0 || v >= 10.0 {
+        format!("{v:.1}")
+    } else if v >= 0.1 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.4}")
+    }
+}
+
 /// One progress metric the way people say it.
 pub fn fmt_metric(key: &str, v: f64) -> String {
     match key {
-        "tflops" => format!("{v:.1} TFLOP/s"),
+        "tflops" => format!("{} TFLOP/s", fmt_tflops(v)),
         "busbw_gbps" => format!("busbw {v:.2} GB/s"),
         "algbw_gbps" => format!("algbw {v:.2} GB/s"),
         "samples_per_s" => format!("{v:.1} samples/s"),
