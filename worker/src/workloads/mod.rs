@@ -1,8 +1,14 @@
 //! The workloads one rank can run. Each takes the rank's [`Ctx`] and returns the
 //! workload's part of the `RankResult`.
 
+pub mod ddp;
+pub mod fsdp;
+pub mod maxbatch;
+pub mod memory;
+pub mod models;
 pub mod nccl;
 pub mod stress;
+pub mod train;
 
 use anyhow::{bail, Result};
 use gpuctl_proto::pb::rank_result::Detail;
@@ -19,14 +25,13 @@ pub struct Outcome {
     pub error: Option<String>,
 }
 
-/// Workloads of the job spec that this worker does not run yet.
-pub const NOT_YET: &[&str] = &["ddp", "fsdp", "maxbatch"];
-
 pub fn run(ctx: &Ctx) -> Result<Outcome> {
     match ctx.args.workload.as_str() {
         "stress" => stress::run(ctx),
         "nccl" => nccl::run(ctx),
-        w if NOT_YET.contains(&w) => bail!("workload {w} is not implemented yet"),
+        "ddp" => ddp::run(ctx),
+        "fsdp" => fsdp::run(ctx),
+        "maxbatch" => maxbatch::run(ctx),
         w => bail!(
             "unknown workload `{w}`; this worker runs {}",
             gpuctl_proto::spec::workload_names().join(", ")

@@ -1,0 +1,241 @@
+//! GPU memory of this process as libtorch's CUDA caching allocator sees it:
+//! peak bytes allocated (what `torch.cuda.max_memory_allocated` reports),
+//! resetting that peak, and emptying the cache (`torch.cuda.empty_cache`).
+//!
+//! libtorch has these only as inline C++ (`at::accelerator::getDeviceStats`,
+//! `emptyCache`, `resetPeakStats` call virtual methods of `c10::DeviceAllocator`),
+//! so they are reached here through the allocator object's vtable: the object
+//! comes from the exported `c10::GetAllocator(DeviceType::CUDA)`, and the slots
+//! follow from the class declarations of libtorch 2.11 (`c10/core/Allocator.h`,
+//! `c10/core/CachingDeviceAllocator.h`, Itanium C++ ABI):
+//!
+//! | slot | `c10::Allocator` / `c10::DeviceAllocator` |
+//! |---|---|
+//! | 0, 1 | destructors |
+//! | 2 | `allocate` |
+//! | 3 | `is_simple_data_ptr` |
+//! | 4 | `raw_deleter` |
+//! | 5 | `copy_data` |
+//! | 6 | `initialized` |
+//! | 7 | `emptyCache(MempoolId_t)` |
+//! | 8 | `recordStream` |
+//! | 9 | `getDeviceStats(DeviceIndex)` → `DeviceStats` (returned through a hidden pointer) |
+//! | 10 | `resetAccumulatedStats` |
+//! | 11 | `resetPeakStats(DeviceIndex)` |
+//!
+//! Before any call, the object's vtable is checked to be a CUDA caching
+//! allocator's (by its exported `_ZTV…Allocator…` symbol, through `dladdr`) and
+//! the libtorch version to be 2.11; otherwise (or with `GPUCTL_NO_ALLOC_STATS=1`)
+//! nothing is called and the figures fall back to the driver's used memory
+//! (`cuMemGetInfo`, all processes on the GPU), sampled.
+
+use std::ffi::{c_void, CStr, CString};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::device::DeviceInfo;
+
+/// `DeviceStats` offsets (bytes): `allocated_bytes[AGGREGATE]` is the 5th
+/// `StatArray` (3 × `Stat{current, peak, allocated, freed}` of i64 = 96 bytes).
+const ALLOCATED_CURRENT: usize = 4 * 96;
+const ALLOCATED_PEAK: usize = 4 * 96 + 8;
+const RESERVED_CURRENT: usize = 5 * 96;
+const RESERVED_PEAK: usize = 5 * 96 + 8;
+/// `sizeof(DeviceStats)` is 976 in 2.11; the buffer is larger to be safe.
+const STATS_BUF: usize = 4096;
+
+const SLOT_EMPTY_CACHE: usize = 7;
+const SLOT_GET_DEVICE_STATS: usize = 9;
+const SLOT_RESET_PEAK: usize = 11;
+
+type GetAllocator = unsafe extern "C" fn(*const i8) -> *mut c_void;
+type EmptyCache = unsafe extern "C" fn(*mut c_void, u64, u64);
+type GetStats = unsafe extern "C" fn(*mut u8, *mut c_void, i8);
+type ResetPeak = unsafe extern "C" fn(*mut c_void, i8);
+
+/// Allocator statistics from the caching allocator.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AllocStats {
+    pub allocated: u64,
+    pub allocated_peak: u64,
+    pub reserved: u64,
+    pub reserved_peak: u64,
+}
+
+/// Memory of one rank's device. On a CPU every call is a no-op and the peak
+/// is the process's peak resident memory.
+pub struct Memory<'a> {
+    dev: Option<&'a DeviceInfo>,
+    alloc: Option<*mut c_void>,
+    /// Driver figure fallback: highest used memory seen.
+    sampled_peak: AtomicU64,
+}
+
+fn symbol(name: &str) -> *mut c_void {
+    let c = CString::new(name).unwrap();
+    // SAFETY: dlsym on the already loaded libraries.
+    unsafe { libc::dlsym(libc::RTLD_DEFAULT, c.as_ptr()) }
+}
+
+/// The CUDA caching allocator object, when it is safe to call into.
+fn cuda_allocator() -> Result<*mut c_void, String> {
+    if std::env::var("GPUCTL_NO_ALLOC_STATS").is_ok_and(|v| v == "1") {
+        return Err("GPUCTL_NO_ALLOC_STATS=1".into());
+    }
+    let v = crate::device::torch_version();
+    if !v.starts_with("2.11") {
+        return Err(format!(
+            "the vtable layout is known for libtorch 2.11, this is {v}"
+        ));
+    }
+    let f = symbol("_ZN3c1012GetAllocatorERKNS_10DeviceTypeE");
+    if f.is_null() {
+        return Err("c10::GetAllocator not found".into());
+    }
+    // SAFETY: `c10::Allocator* c10::GetAllocator(const c10::DeviceType&)`;
+    // DeviceType::CUDA is 1 (an int8 enum).
+    let get: GetAllocator = unsafe { std::mem::transmute(f) };
+    let cuda: i8 = 1;
+    let obj = unsafe { get(&cuda) };
+    if obj.is_null() {
+        return Err("no CUDA allocator registered".into());
+    }
+    // SAFETY: a C++ polymorphic object starts with its vtable pointer, which
+    // points 16 bytes into the vtable object (after offset-to-top and RTTI).
+    let name = unsafe {
+        let vptr = *(obj as *const *const c_void);
+        let vtable = (vptr as *const u8).sub(16) as *const c_void;
+        let mut info: libc::Dl_info = std::mem::zeroed();
+        if libc::dladdr(vtable, &mut info) == 0 || info.dli_sname.is_null() {
+            return Err("the allocator's vtable has no symbol".into());
+        }
+        if !std::ptr::eq(info.dli_saddr, vtable) {
+            return Err("the allocator's vtable does not start at a symbol".into());
+        }
+        CStr::from_ptr(info.dli_sname)
+            .to_string_lossy()
+            .into_owned()
+    };
+    if !(name.starts_with("_ZTV") && name.contains("CachingAllocator")) {
+        return Err(format!("unexpected allocator class ({name})"));
+    }
+    tracing::debug!(vtable = %name, "CUDA caching allocator found");
+    Ok(obj)
+}
+
+/// Function pointer in `slot` of the object's vtable.
+///
+/// # Safety
+/// `obj` must be a live polymorphic C++ object with at least `slot + 1` slots.
+unsafe fn vslot(obj: *mut c_void, slot: usize) -> *const c_void {
+    let vptr = *(obj as *const *const *const c_void);
+    *vptr.add(slot)
+}
+
+impl<'a> Memory<'a> {
+    pub fn new(dev: &'a DeviceInfo) -> Self {
+        let alloc = if dev.is_cuda() {
+            match cuda_allocator() {
+                Ok(a) => Some(a),
+                Err(e) => {
+                    tracing::warn!(
+                        "libtorch allocator statistics are off ({e}); peak memory is the \
+                         driver's used memory of the whole GPU"
+                    );
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        Memory {
+            dev: dev.is_cuda().then_some(dev),
+            alloc,
+            sampled_peak: AtomicU64::new(0),
+        }
+    }
+
+    /// For CPU ranks without a DeviceInfo at hand (tests).
+    pub fn cpu() -> Memory<'static> {
+        Memory {
+            dev: None,
+            alloc: None,
+            sampled_peak: AtomicU64::new(0),
+        }
+    }
+
+    pub fn has_allocator_stats(&self) -> bool {
+        self.alloc.is_some()
+    }
+
+    fn ordinal(&self) -> i8 {
+        self.dev.map(|d| d.ordinal as i8).unwrap_or(0)
+    }
+
+    /// The caching allocator's statistics (GPU with allocator access only).
+    pub fn stats(&self) -> Option<AllocStats> {
+        let obj = self.alloc?;
+        let mut buf = vec![0u8; STATS_BUF];
+        // SAFETY: slot 9 is getDeviceStats (module docs); the result is written
+        // through the hidden return pointer into buf, larger than DeviceStats.
+        unsafe {
+            let f: GetStats = std::mem::transmute(vslot(obj, SLOT_GET_DEVICE_STATS));
+            f(buf.as_mut_ptr(), obj, self.ordinal());
+        }
+        let rd = |o: usize| i64::from_ne_bytes(buf[o..o + 8].try_into().unwrap()).max(0) as u64;
+        Some(AllocStats {
+            allocated: rd(ALLOCATED_CURRENT),
+            allocated_peak: rd(ALLOCATED_PEAK),
+            reserved: rd(RESERVED_CURRENT),
+            reserved_peak: rd(RESERVED_PEAK),
+        })
+    }
+
+    /// Notes the driver's used memory now (fallback peak); call now and then.
+    pub fn sample(&self) {
+        if let Some(d) = self.dev {
+            if let Some((used, _)) = d.gpu_memory() {
+                self.sampled_peak.fetch_max(used, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Peak bytes: allocator peak allocated on a GPU (driver used memory when
+    /// the allocator cannot be read), peak resident memory on a CPU.
+    pub fn peak(&self) -> u64 {
+        if let Some(s) = self.stats() {
+            return s.allocated_peak;
+        }
+        if self.dev.is_some() {
+            self.sample();
+            return self.sampled_peak.load(Ordering::Relaxed);
+        }
+        crate::device::peak_rss_bytes()
+    }
+
+    /// Starts a new peak (allocator peak, and the sampled fallback).
+    pub fn reset_peak(&self) {
+        if let Some(obj) = self.alloc {
+            // SAFETY: slot 11 is resetPeakStats(DeviceIndex).
+            unsafe {
+                let f: ResetPeak = std::mem::transmute(vslot(obj, SLOT_RESET_PEAK));
+                f(obj, self.ordinal());
+            }
+        }
+        self.sampled_peak.store(0, Ordering::Relaxed);
+    }
+
+    /// Gives cached, unused blocks back to the driver.
+    pub fn empty_cache(&self) {
+        if let Some(obj) = self.alloc {
+            if let Some(d) = self.dev {
+                d.synchronize();
+            }
+            // SAFETY: slot 7 is emptyCache(MempoolId_t = pair<u64,u64>), the
+            // pair passed in two registers; {0,0} means the default pool.
+            unsafe {
+                let f: EmptyCache = std::mem::transmute(vslot(obj, SLOT_EMPTY_CACHE));
+                f(obj, 0, 0);
+            }
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! A GPT-2 style decoder: token and learned position embeddings, `layers`
+//! pre-LayerNorm blocks of causal self-attention
+//! (`scaled_dot_product_attention`, flash/memory-efficient kernels on a GPU)
+//! and a 4× GELU MLP, a final LayerNorm and an output layer tied to the token
+//! embedding. [`GptConfig::gpu`] is GPT-2 small (~124M parameters, vocabulary
+//! padded to 50304); [`GptConfig::cpu`] is a toy that runs on a CPU.
+
+use anyhow::{bail, Result};
+use tch::{nn, Kind, Tensor};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GptConfig {
+    pub vocab: i64,
+    pub dim: i64,
+    pub layers: i64,
+    pub heads: i64,
+    pub seq_len: i64,
+}
+
+impl GptConfig {
+    /// GPT-2 small: 12 layers, 768 wide, 12 heads (default seq_len 1024).
+    pub fn gpu(seq_len: i64) -> Self {
+        GptConfig {
+            vocab: 50304,
+            dim: 768,
+            layers: 12,
+            heads: 12,
+            seq_len,
+        }
+    }
+
+    /// A toy: 2 layers, 64 wide, 4 heads, 256 tokens (default seq_len 32).
+    pub fn cpu(seq_len: i64) -> Self {
+        GptConfig {
+            vocab: 256,
+            dim: 64,
+            layers: 2,
+            heads: 4,
+            seq_len,
+        }
+    }
+}
+
+struct Block {
+    ln1: (Tensor, Tensor),
+    qkv: (Tensor, Tensor),
+    proj: (Tensor, Tensor),
+    ln2: (Tensor, Tensor),
+    fc: (Tensor, Tensor),
+    out: (Tensor, Tensor),
+}
+
+pub struct Gpt {
+    cfg: GptConfig,
+    wte: Tensor,
+    wpe: Tensor,
+    blocks: Vec<Block>,
+    lnf: (Tensor, Tensor),
+}
+
+fn linear(p: &nn::Path, name: &str, d_in: i64, d_out: i64, std: f64) -> (Tensor, Tensor) {
+    let p = p / name;
+    (
+        p.var(
+            "weight",
+            &[d_out, d_in],
+            nn::Init::Randn {
+                mean: 0.0,
+                stdev: std,
+            },
+        ),
+        p.var("bias", &[d_out], nn::Init::Const(0.0)),
+    )
+}
+
+fn layer_norm(p: &nn::Path, name: &str, d: i64) -> (Tensor, Tensor) {
+    let p = p / name;
+    (
+        p.var("weight", &[d], nn::Init::Const(1.0)),
+        p.var("bias", &[d], nn::Init::Const(0.0)),
+    )
+}
+
+fn ln(x: &Tensor, (w, b): &(Tensor, Tensor), d: i64) -> Result<Tensor> {
+    Ok(x.f_layer_norm([d], Some(w), Some(b), 1e-5, true)?)
+}
+
+fn lin(x: &Tensor, (w, b): &(Tensor, Tensor)) -> Result<Tensor> {
+    Ok(x.f_linear(w, Some(b))?)
+}
+
+impl Gpt {
+    pub fn new(p: &nn::Path, cfg: GptConfig) -> Result<Self> {
+        if cfg.dim % cfg.heads != 0 {
+            bail!(
+                "gpt: width {} does not divide into {} heads",
+                cfg.dim,
+                cfg.heads
+            );
+        }
+        let d = cfg.dim;
+        let std = 0.02;
+        let proj_std = 0.02 / (2.0 * cfg.layers as f64).sqrt();
+        let wte = p.var(
+            "wte",
+            &[cfg.vocab, d],
+            nn::Init::Randn {
+                mean: 0.0,
+                stdev: std,
+            },
+        );
+        let wpe = p.var(
+            "wpe",
+            &[cfg.seq_len, d],
+            nn::Init::Randn {
+                mean: 0.0,
+                stdev: std,
+            },
+        );
+        let blocks = (0..cfg.layers)
+            .map(|i| {
+                let b = p / "h" / i;
+                Block {
+                    ln1: layer_norm(&b, "ln1", d),
+                    qkv: linear(&b, "qkv", d, 3 * d, std),
+                    proj: linear(&b, "proj", d, d, proj_std),
+                    ln2: layer_norm(&b, "ln2", d),
+                    fc: linear(&b, "fc", d, 4 * d, std),
+                    out: linear(&b, "out", 4 * d, d, proj_std),
+                }
+            })
+            .collect();
+        let lnf = layer_norm(p, "lnf", d);
+        Ok(Gpt {
+            cfg,
+            wte,
+            wpe,
+            blocks,
+            lnf,
+        })
+    }
+
+    /// Logits `[batch, seq, vocab]` for tokens `[batch, seq]`.
+    pub fn forward(&self, tokens: &Tensor) -> Result<Tensor> {
+        let (b, t) = tokens.size2()?;
+        let (d, h) = (self.cfg.dim, self.cfg.heads);
+        if t > self.cfg.seq_len {
+            bail!(
+                "gpt: {t} tokens but the model has {} positions",
+                self.cfg.seq_len
+            );
+        }
+        let pos = Tensor::f_arange(t, (Kind::Int64, tokens.device()))?;
+        let mut x = Tensor::f_embedding(&self.wte, tokens, -1, false, false)?
+            .f_add(&Tensor::f_embedding(&self.wpe, &pos, -1, false, false)?)?;
+        for blk in &self.blocks {
+            let a = ln(&x, &blk.ln1, d)?;
+            let qkv = lin(&a, &blk.qkv)?
+                .f_view([b, t, 3, h, d / h])?
+                .f_permute([2, 0, 3, 1, 4])?;
+            let (q, k, v) = (qkv.f_get(0)?, qkv.f_get(1)?, qkv.f_get(2)?);
+            let y = Tensor::f_scaled_dot_product_attention::<Tensor>(
+                &q, &k, &v, None, 0.0, true, None, false,
+            )?
+            .f_transpose(1, 2)?
+            .f_reshape([b, t, d])?;
+            x = x.f_add(&lin(&y, &blk.proj)?)?;
+            let m = lin(&ln(&x, &blk.ln2, d)?, &blk.fc)?.f_gelu("tanh")?;
+            x = x.f_add(&lin(&m, &blk.out)?)?;
+        }
+        let x = ln(&x, &self.lnf, d)?;
+        Ok(x.f_linear::<Tensor>(&self.wte, None)?)
+    }
+}

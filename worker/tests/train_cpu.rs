@@ -1,0 +1,172 @@
+//! ddp, fsdp and maxbatch on CPU ranks that are threads of this process,
+//! talking through the TCP backend (no coordinator): every rank ends with the
+//! same parameters, the loss goes down, fsdp computes what ddp computes, and
+//! the batch search applies its margin.
+
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use gpuctl_worker::comm::tcp::TcpComm;
+use gpuctl_worker::comm::Collectives;
+use gpuctl_worker::rendezvous::{MemoryRendezvous, Rendezvous};
+use gpuctl_worker::workloads::maxbatch::{recommended, run_search};
+use gpuctl_worker::workloads::memory::Memory;
+use gpuctl_worker::workloads::models::{gpt::GptConfig, ModelConfig, Precision};
+use gpuctl_worker::workloads::train::{train, Mode, TrainConfig, TrainOutput};
+use tch::{Device, Kind};
+
+fn with_ranks<T: Send + 'static>(
+    world: usize,
+    f: impl Fn(&mut dyn Collectives) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    let rdzv = MemoryRendezvous::new();
+    let f = Arc::new(f);
+    let hs: Vec<_> = (0..world)
+        .map(|r| {
+            let rdzv = rdzv.clone();
+            let f = f.clone();
+            thread::spawn(move || {
+                tch::set_num_threads(1);
+                let mut c = TcpComm::connect(
+                    r,
+                    world,
+                    &rdzv as &dyn Rendezvous,
+                    "127.0.0.1",
+                    Duration::from_secs(20),
+                )
+                .unwrap_or_else(|e| panic!("rank {r}: {e:#}"));
+                f(&mut c)
+            })
+        })
+        .collect();
+    hs.into_iter()
+        .map(|h| h.join().expect("a rank panicked"))
+        .collect()
+}
+
+fn cfg(mode: Mode, model: &str, precision: Precision, baseline: u64) -> TrainConfig {
+    TrainConfig {
+        mode,
+        model: ModelConfig {
+            name: model.into(),
+            precision,
+            channels_last: false,
+            gpt: GptConfig::cpu(16),
+        },
+        batch_size: if model == "gpt" { 2 } else { 8 },
+        steps: 4,
+        warmup_steps: 2,
+        baseline_steps: baseline,
+        bucket_bytes: 16 << 10, // several buckets for the small models
+        lr: TrainConfig::default_lr(model),
+        momentum: 0.9,
+        seed: 99,
+    }
+}
+
+/// Runs `c` on `world` ranks; returns each rank's (digest, params, losses, baseline).
+fn run(world: usize, c: TrainConfig) -> Vec<TrainOutput> {
+    with_ranks(world, move |comm| {
+        let mem = Memory::cpu();
+        let out = train(&c, Device::Cpu, Some(comm), &mem, &|_, _, _| {})
+            .unwrap_or_else(|e| panic!("rank {}: {e:#}", comm.rank()));
+        out
+    })
+}
+
+fn check_trained(outs: &[TrainOutput], what: &str) {
+    let d0 = &outs[0].result.param_digest;
+    assert_eq!(d0.len(), 16);
+    for (r, o) in outs.iter().enumerate() {
+        assert_eq!(&o.result.param_digest, d0, "{what}: rank {r} diverged");
+        let (first, last) = (o.losses[0], *o.losses.last().unwrap());
+        assert!(
+            last.is_finite() && last < first,
+            "{what}: rank {r} loss did not go down: {:?}",
+            o.losses
+        );
+        assert!(o.result.samples_per_s > 0.0 && o.result.step_ms_p50 > 0.0);
+        assert!(o.result.step_ms_p99 >= o.result.step_ms_p50);
+        assert_eq!(o.result.final_loss, last);
+    }
+    // Ranks had different data: their first losses differ, their params do not.
+    assert_ne!(
+        outs[0].losses[0], outs[1].losses[0],
+        "{what}: ranks saw the same batch"
+    );
+}
+
+#[test]
+fn ddp_cnn_ranks_agree_and_learn() {
+    let outs = run(3, cfg(Mode::Ddp, "cnn", Precision::Fp32, 2));
+    check_trained(&outs, "ddp cnn 3 ranks");
+    for o in &outs {
+        assert_eq!(o.result.mode, "ddp");
+        assert_eq!(o.result.unit, "img");
+        assert!(o.baseline_per_s.unwrap() > 0.0);
+        assert!(o.scaling_efficiency.unwrap() > 0.0);
+        assert!(o.result.comm_ms_per_step > 0.0);
+    }
+}
+
+#[test]
+fn fsdp_matches_ddp_bit_for_bit_on_two_ranks() {
+    // ddp with a baseline phase (which must leave no trace) against fsdp without.
+    let ddp = run(2, cfg(Mode::Ddp, "cnn", Precision::Fp32, 2));
+    let fsdp = run(2, cfg(Mode::Fsdp, "cnn", Precision::Fp32, 0));
+    check_trained(&fsdp, "fsdp cnn");
+    assert_eq!(fsdp[0].result.mode, "fsdp");
+    assert!(
+        ddp[0].params.equal(&fsdp[0].params),
+        "fsdp and ddp parameters differ"
+    );
+    assert_eq!(ddp[0].result.param_digest, fsdp[0].result.param_digest);
+    assert_eq!(ddp[0].losses, fsdp[0].losses);
+}
+
+#[test]
+fn fsdp_matches_ddp_on_three_ranks_with_uneven_shards() {
+    // Three ranks: sums may be added in another order, so within tolerance.
+    let ddp = run(3, cfg(Mode::Ddp, "gpt", Precision::Fp32, 0));
+    let fsdp = run(3, cfg(Mode::Fsdp, "gpt", Precision::Fp32, 0));
+    check_trained(&ddp, "ddp gpt");
+    check_trained(&fsdp, "fsdp gpt");
+    assert_eq!(ddp[0].result.unit, "tok");
+    let diff = (&ddp[0].params - &fsdp[0].params)
+        .abs()
+        .max()
+        .double_value(&[]);
+    assert!(diff < 1e-5, "max |ddp - fsdp| = {diff}");
+    // and training moved them: not the initial parameters of a fresh model
+    assert!(fsdp[0].params.abs().sum(Kind::Float).double_value(&[]) > 0.0);
+}
+
+#[test]
+fn bf16_with_fp32_masters_trains_and_agrees() {
+    let outs = run(2, cfg(Mode::Ddp, "gpt", Precision::Bf16, 0));
+    check_trained(&outs, "ddp gpt bf16");
+    assert_eq!(outs[0].result.precision, "bf16");
+    assert_eq!(outs[0].params.kind(), Kind::Float);
+    let fsdp = run(2, cfg(Mode::Fsdp, "gpt", Precision::Bf16, 0));
+    check_trained(&fsdp, "fsdp gpt bf16");
+    assert!(outs[0].params.equal(&fsdp[0].params));
+}
+
+#[test]
+fn maxbatch_on_cpu_stops_at_the_limit_with_margin() {
+    let mut c = cfg(Mode::Ddp, "cnn", Precision::Fp32, 0);
+    c.steps = 2;
+    tch::set_num_threads(1);
+    let mem = Memory::cpu();
+    let s = run_search(&c, Device::Cpu, 2, 12, &mem, &|_, _, _| {}).unwrap();
+    let batches: Vec<u32> = s.points.iter().map(|p| p.batch_size).collect();
+    assert_eq!(batches, vec![2, 4, 8, 12]);
+    assert!(s
+        .points
+        .iter()
+        .all(|p| p.fits && p.error.is_empty() && p.peak_memory_bytes > 0));
+    assert!(s.capped);
+    assert_eq!(s.max_batch, 12);
+    assert_eq!(recommended(s.max_batch, 0.1), 10);
+}
