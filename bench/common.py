@@ -46,7 +46,12 @@ def host_facts():
 class Fleet:
     """`gpuctl local up --agents 1` in the background, torn down on exit."""
 
-    def __init__(self, port=7171, agent_args=()):
+    _next_port = 7171
+
+    def __init__(self, port=None, agent_args=()):
+        # A fresh port per fleet: a closing one may still hold the last.
+        if port is None:
+            port, Fleet._next_port = Fleet._next_port, Fleet._next_port + 1
         self.bin = bin_dir()
         self.dir = tempfile.mkdtemp(prefix="gpuctl-bench.")
         self.url = f"http://127.0.0.1:{port}"

@@ -67,7 +67,7 @@ def main():
     ap.add_argument("--json")
     a = ap.parse_args()
     facts = host_facts()
-    counts = sorted({1, gpu_count()})
+    counts = sorted({1, 2, gpu_count()} & set(range(1, gpu_count() + 1)))
     rows = []
     print(f"# ddp resnet50 batch {a.batch_size}/GPU: gpuctl ({a.precision}) vs torch DDP (bf16 autocast + "
           f"channels_last), {facts['gpus']} x {facts['gpu']}, driver {facts['driver']}, {facts['date']}")
@@ -81,9 +81,10 @@ def main():
                      "verdict": rep.get("verdict"), "state": rep.get("state")})
         print(f"{n} GPU(s): gpuctl {mine:.0f} img/s/GPU, torch {ref:.0f} img/s/GPU, ratio {q:.3f} "
               f"{'ok' if q >= 0.95 else 'BELOW TARGET'}; gpuctl verdict {rep.get('verdict')} {rep.get('reason', '')}")
-    if len(rows) == 2:
+    for row in rows[1:]:
         for who in ("gpuctl_per_gpu", "torch_per_gpu"):
-            print(f"scaling efficiency {who.split('_')[0]}: {ratio(rows[1][who], rows[0][who]):.3f}")
+            print(f"scaling efficiency on {row['gpus']} GPUs, {who.split('_')[0]}: "
+                  f"{ratio(row[who], rows[0][who]):.3f} (per-GPU rate against 1 GPU)")
     if a.json:
         json.dump({"facts": facts, "rows": rows}, open(a.json, "w"), indent=1)
 

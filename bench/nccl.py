@@ -44,17 +44,8 @@ def parse_nccl_tests(text):
     return rows
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--min-bytes", default="1M")
-    ap.add_argument("--max-bytes", default="1G")
-    ap.add_argument("--iters", default="20")
-    ap.add_argument("--warmup", default="5")
-    ap.add_argument("--json")
-    a = ap.parse_args()
-    n = gpu_count()
-    build = build_nccl_tests()
-    ref = {}
+def run_one(n, a, build):
+    ref, version = {}, []
     for op in OPS:
         out = subprocess.run([f"{build}/{op}_perf", "-b", a.min_bytes, "-e", a.max_bytes, "-f", "2",
                               "-g", str(n), "-w", a.warmup, "-n", a.iters, "-d", "float"],
@@ -62,8 +53,8 @@ def main():
         if out.returncode != 0:
             print(out.stdout[-2000:], out.stderr[-2000:], file=sys.stderr)
         ref[op] = parse_nccl_tests(out.stdout)
-        version = [l for l in out.stdout.splitlines() if "NCCL version" in l]
-    fleet = Fleet()
+        version = version or [l for l in out.stdout.splitlines() if "NCCL version" in l]
+    fleet = Fleet(agent_args=["--gpus=" + ",".join(str(i) for i in range(n))])
     try:
         rep = fleet.submit("nccl", "--min-bytes", a.min_bytes, "--max-bytes", a.max_bytes,
                            "--factor", "2", "--iters", a.iters, "--warmup", a.warmup, "--dtype", "float")
@@ -71,7 +62,7 @@ def main():
         fleet.close()
     facts = host_facts()
     facts["nccl"] = rep.get("nccl_version") or (version[0].strip() if version else "?")
-    print(f"# nccl: gpuctl vs nccl-tests, {n} x {facts['gpu']}, driver {facts['driver']}, "
+    print(f"# nccl on {n} GPUs: gpuctl vs nccl-tests, {facts['gpu']}, driver {facts['driver']}, "
           f"NCCL {facts['nccl']}, {facts['date']}; gpuctl state {rep.get('state')} verdict {rep.get('verdict')}")
     print(f"{'op':<15}{'bytes':>12}{'gpuctl busbw':>14}{'nccl-tests':>12}{'ratio':>8}{'  #wrong'}")
     results, worst = [], {}
@@ -86,12 +77,27 @@ def main():
         if size >= 64 << 20:
             worst[op] = min(worst.get(op, 9.9), q)
         print(f"{op:<15}{size:>12}{row['busbw_gbps']:>14.2f}{r['busbw']:>12.2f}{q:>8.3f}  {row['wrong']}")
-    print("# worst ratio at >= 64 MiB (target 0.98):")
+    print(f"# worst ratio at >= 64 MiB on {n} GPUs (target 0.98):")
     for op in OPS:
         if op in worst:
             print(f"  {op:<15}{worst[op]:.3f}  {'ok' if worst[op] >= 0.98 else 'BELOW TARGET'}")
+    return {"gpus": n, "facts": facts, "rows": results, "worst": worst}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--min-bytes", default="1M")
+    ap.add_argument("--max-bytes", default="1G")
+    ap.add_argument("--iters", default="20")
+    ap.add_argument("--warmup", default="5")
+    ap.add_argument("--gpus", default="", help="GPU counts to run, e.g. 2,4 (default: all GPUs)")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    counts = [int(x) for x in a.gpus.split(",") if x] or [gpu_count()]
+    build = build_nccl_tests()
+    out = [run_one(n, a, build) for n in counts]
     if a.json:
-        json.dump({"facts": facts, "rows": results, "worst": worst}, open(a.json, "w"), indent=1)
+        json.dump(out, open(a.json, "w"), indent=1)
 
 
 if __name__ == "__main__":
