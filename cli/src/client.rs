@@ -120,6 +120,16 @@ impl Coordinator {
             .map_err(|s| self.status("cancel", s))
     }
 
+    /// The latest telemetry batch of every node of a running job.
+    pub async fn telemetry(&mut self, id: &str) -> Result<Vec<pb::TelemetryBatch>> {
+        let req = pb::GetTelemetryRequest { job_id: id.into() };
+        self.inner
+            .get_telemetry(req)
+            .await
+            .map(|r| r.into_inner().latest)
+            .map_err(|s| self.status("telemetry", s))
+    }
+
     /// The raw status is kept for callers that wait for a report to appear.
     pub async fn report_raw(&mut self, id: &str) -> std::result::Result<pb::Report, Status> {
         let req = pb::GetReportRequest { job_id: id.into() };

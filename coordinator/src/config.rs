@@ -39,6 +39,11 @@ pub struct Config {
     #[arg(long, env = "GPUCTL_ETCD")]
     pub etcd: Option<String>,
 
+    /// Prefix of every key in etcd, with `--store etcd`; coordinators on one
+    /// prefix share the state and one leader (`{prefix}leader`).
+    #[arg(long, default_value = "/gpuctl/", env = "GPUCTL_ETCD_PREFIX")]
+    pub etcd_prefix: String,
+
     /// A node without a heartbeat for this long is lost and its job fails.
     #[arg(long, default_value = "15s", value_parser = parse_duration)]
     pub node_timeout: Duration,
@@ -51,6 +56,35 @@ pub struct Config {
     /// Log filter, e.g. `info` or `gpuctl_coordinator=debug` (default: RUST_LOG, else info).
     #[arg(long)]
     pub log: Option<String>,
+
+    /// GPU health rules overriding the defaults, TOML or JSON (`.json`);
+    /// format in docs/reports.md.
+    #[arg(long, value_name = "FILE", env = "GPUCTL_HEALTH_RULES")]
+    pub health_rules: Option<PathBuf>,
+
+    /// Address for Prometheus `/metrics`, or `off` [default: 0.0.0.0:9400; if
+    /// that port is taken the coordinator logs it and runs without metrics].
+    #[arg(long, value_name = "ADDR|off", value_parser = parse_metrics_listen)]
+    pub metrics_listen: Option<MetricsListen>,
+}
+
+/// Where `/metrics` is served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricsListen {
+    Off,
+    At(SocketAddr),
+}
+
+/// The default `/metrics` address (dcgm-exporter's port).
+pub const DEFAULT_METRICS_LISTEN: &str = "0.0.0.0:9400";
+
+fn parse_metrics_listen(text: &str) -> Result<MetricsListen, String> {
+    if text.eq_ignore_ascii_case("off") {
+        return Ok(MetricsListen::Off);
+    }
+    text.parse().map(MetricsListen::At).map_err(|_| {
+        format!("`{text}` is neither HOST:PORT (e.g. 0.0.0.0:9400, 127.0.0.1:0) nor `off`")
+    })
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -65,9 +99,13 @@ impl Config {
             data_dir: data_dir.into(),
             store: StoreKind::Embedded,
             etcd: None,
+            etcd_prefix: "/gpuctl/".into(),
             node_timeout: Duration::from_secs(15),
             advertise_url: None,
             log: None,
+            health_rules: None,
+            // Tests run many coordinators at once: none takes the fixed port.
+            metrics_listen: Some(MetricsListen::Off),
         }
     }
 
@@ -75,5 +113,27 @@ impl Config {
     /// fit inside the node timeout.
     pub fn heartbeat_interval(&self) -> Duration {
         (self.node_timeout / 3).clamp(Duration::from_millis(100), Duration::from_secs(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_listen_takes_an_address_or_off() {
+        let c = Config::try_parse_from(["c", "--metrics-listen", "127.0.0.1:0"]).unwrap();
+        assert_eq!(
+            c.metrics_listen,
+            Some(MetricsListen::At("127.0.0.1:0".parse().unwrap()))
+        );
+        let c = Config::try_parse_from(["c", "--metrics-listen", "off"]).unwrap();
+        assert_eq!(c.metrics_listen, Some(MetricsListen::Off));
+        let c = Config::try_parse_from(["c"]).unwrap();
+        assert_eq!(c.metrics_listen, None);
+        let err = Config::try_parse_from(["c", "--metrics-listen", "9400"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("neither HOST:PORT"), "{err}");
     }
 }

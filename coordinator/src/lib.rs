@@ -4,6 +4,7 @@
 
 pub mod config;
 pub mod logs;
+pub mod metrics;
 pub mod rendezvous;
 pub mod scheduler;
 pub mod server;

@@ -59,6 +59,21 @@ impl Rendezvous {
         }
     }
 
+    /// Keys held over every open scope (for `/metrics`).
+    pub fn key_count(&self) -> usize {
+        let scopes: Vec<Arc<Scope>> = self
+            .scopes
+            .lock()
+            .expect("rendezvous lock")
+            .values()
+            .cloned()
+            .collect();
+        scopes
+            .iter()
+            .map(|s| s.kv.lock().expect("rendezvous lock").len())
+            .sum()
+    }
+
     fn scope(&self, job: &str, attempt: u32) -> Option<Arc<Scope>> {
         self.scopes
             .lock()
@@ -126,6 +141,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(r.put("j", 1, "k", b"v".to_vec()));
         assert_eq!(waiter.await.unwrap(), Lookup::Found(b"v".to_vec()));
+        assert_eq!(r.key_count(), 1);
         assert!(
             !r.put("j", 2, "k", vec![]),
             "another attempt is another scope"
@@ -137,5 +153,6 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(20)).await;
         r.close("j", 1);
         assert_eq!(waiter.await.unwrap(), Lookup::Over);
+        assert_eq!(r.key_count(), 0);
     }
 }

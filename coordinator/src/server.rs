@@ -17,9 +17,10 @@ use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
 use tracing::{info, warn};
 
-use crate::config::{Config, StoreKind};
+use crate::config::{Config, MetricsListen, StoreKind, DEFAULT_METRICS_LISTEN};
 use crate::logs::LogSink;
 use crate::rendezvous::Rendezvous;
+use crate::scheduler::health::HealthRules;
 use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::service::{agent::AgentSvc, job::JobSvc, worker::WorkerSvc};
 use crate::store::{RedbStore, StateStore, Store};
@@ -38,9 +39,8 @@ pub fn open_store(cfg: &Config) -> anyhow::Result<Arc<dyn Store>> {
             let store = RedbStore::open(&cfg.data_dir.join(STORE_FILE))?;
             Ok(Arc::new(store))
         }
-        StoreKind::Etcd => bail!(
-            "--store etcd is not supported by this build yet; run with --store embedded (the default) and --data-dir DIR"
-        ),
+        // It waits for the leader key, so `run_with` opens it (store::etcd::open_leader).
+        StoreKind::Etcd => bail!("--store etcd is opened by server::run, not open_store"),
     }
 }
 
@@ -57,19 +57,76 @@ pub async fn run(cfg: Config, shutdown: watch::Receiver<bool>) -> anyhow::Result
     run_on(cfg, listener, shutdown).await
 }
 
+/// Binds `--metrics-listen`. The default port may be taken (another
+/// coordinator or an exporter on the host): that costs the metrics, not the
+/// coordinator. An address the operator named must work.
+pub async fn bind_metrics(cfg: &Config) -> anyhow::Result<Option<TcpListener>> {
+    match cfg.metrics_listen {
+        Some(MetricsListen::Off) => Ok(None),
+        Some(MetricsListen::At(addr)) => {
+            Ok(Some(TcpListener::bind(addr).await.with_context(|| {
+                format!("cannot serve /metrics on --metrics-listen {addr}")
+            })?))
+        }
+        None => match TcpListener::bind(DEFAULT_METRICS_LISTEN).await {
+            Ok(l) => Ok(Some(l)),
+            Err(e) => {
+                warn!("no /metrics: cannot listen on {DEFAULT_METRICS_LISTEN} ({e}); pass --metrics-listen ADDR or off");
+                Ok(None)
+            }
+        },
+    }
+}
+
 /// Runs the coordinator on a bound listener (tests bind first to learn the port).
 pub async fn run_on(
     cfg: Config,
     listener: TcpListener,
     shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
+    let metrics = bind_metrics(&cfg).await?;
+    run_with(cfg, listener, metrics, shutdown).await
+}
+
+/// Runs the coordinator on bound gRPC and (optionally) `/metrics` listeners.
+pub async fn run_with(
+    cfg: Config,
+    listener: TcpListener,
+    metrics: Option<TcpListener>,
+    shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
-    let store = StateStore::new(open_store(&cfg)?);
+    let health_rules = match &cfg.health_rules {
+        Some(path) => {
+            let rules = HealthRules::load(path)?;
+            info!(file = %path.display(), "health rules loaded");
+            rules
+        }
+        None => HealthRules::default(),
+    };
+    // With etcd: wait as a standby until this coordinator leads; `shutdown`
+    // then also turns true when the leadership is lost.
+    let (store, shutdown) = match cfg.store {
+        StoreKind::Embedded => (open_store(&cfg)?, shutdown),
+        StoreKind::Etcd => match crate::store::etcd::open_leader(
+            cfg.etcd.as_deref(),
+            &cfg.etcd_prefix,
+            addr,
+            shutdown,
+        )
+        .await?
+        {
+            Some(opened) => opened,
+            None => return Ok(()), // stopped while standing by
+        },
+    };
+    let store = StateStore::new(store);
     let rdv = Rendezvous::default();
     let (logs, log_task) = LogSink::spawn(store.clone());
     let sched_cfg = SchedulerConfig {
         node_timeout: cfg.node_timeout,
         heartbeat_interval: cfg.heartbeat_interval(),
+        health_rules: Arc::new(health_rules),
     };
     let scheduler = Scheduler::load(sched_cfg, store.clone(), rdv.clone(), logs)
         .await
@@ -90,6 +147,18 @@ pub async fn run_on(
     let workers = WorkerServiceServer::new(WorkerSvc::new(sched.clone(), rdv))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let metrics_task = match metrics {
+        Some(l) => {
+            let bound = l.local_addr()?;
+            info!(addr = %bound, "serving Prometheus metrics at http://{bound}/metrics");
+            Some(tokio::spawn(crate::metrics::serve(
+                l,
+                sched.clone(),
+                shutdown.clone(),
+            )))
+        }
+        None => None,
+    };
     drop(sched);
 
     let serve = gpuctl_proto::server::builder()
@@ -111,14 +180,19 @@ pub async fn run_on(
     info!(%addr, data_dir = %cfg.data_dir.display(), node_timeout = %humantime::format_duration(cfg.node_timeout), "coordinator serving");
 
     let early = tokio::select! {
-        r = &mut server => Some(r),
+        // A server that ended because of the stop request did not stop by itself.
+        biased;
         _ = stop_requested(shutdown.clone()) => None,
+        r = &mut server => Some(r),
     };
     if let Some(r) = early {
         r.context("server task")?.context("gRPC server")?;
         bail!("the gRPC server stopped by itself");
     }
     info!("shutting down");
+    if let Some(t) = metrics_task {
+        let _ = t.await;
+    }
     let _ = sched_task.await;
     match tokio::time::timeout(DRAIN, &mut server).await {
         Ok(r) => r.context("server task")?.context("gRPC server")?,

@@ -204,8 +204,17 @@ fn start_coordinator(
         .arg("--data-dir")
         .arg(data_dir.join("coordinator"))
         .arg("--node-timeout")
-        .arg(&a.node_timeout)
-        .args(&a.coordinator_arg);
+        .arg(&a.node_timeout);
+    // Like the agents: a local fleet takes a free loopback /metrics port, not
+    // the host-wide default, unless the user chose.
+    if !a
+        .coordinator_arg
+        .iter()
+        .any(|x| x.starts_with("--metrics-listen"))
+    {
+        cmd.args(["--metrics-listen", "127.0.0.1:0"]);
+    }
+    cmd.args(&a.coordinator_arg);
     // Its output goes to a file: no colour escapes there.
     cmd.env("NO_COLOR", "1");
     let log = logs.join("coordinator.log");

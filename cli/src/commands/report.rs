@@ -312,6 +312,14 @@ pub fn render(r: &pb::Report) -> String {
         s.push_str("\nCOLLECTIVES (across ranks: slowest rank's time, #wrong summed)\n");
         s.push_str(&collectives_table(&r.collectives));
     }
+    if !r.health.is_empty() {
+        s.push_str("\nGPU HEALTH\n");
+        s.push_str(&health_table(&r.health));
+    }
+    if !r.telemetry.is_empty() {
+        s.push_str("\nGPU TELEMETRY (over the run)\n");
+        s.push_str(&telemetry_table(&r.telemetry));
+    }
     if !r.env.is_empty() {
         if r.collectives.is_empty() {
             s.push('\n');
@@ -319,7 +327,89 @@ pub fn render(r: &pb::Report) -> String {
         s.push_str("ENVIRONMENT\n");
         s.push_str(&super::plan::env_table(&r.env));
     }
+    if !r.preflight.is_empty() {
+        s.push_str("\nPREFLIGHT\n");
+        s.push_str(&super::plan::checks_table(&r.preflight));
+    }
     s
+}
+
+/// Findings worst first, so the reason a node failed is the first line.
+pub fn health_table(findings: &[pb::HealthFinding]) -> String {
+    let mut f: Vec<&pb::HealthFinding> = findings.iter().collect();
+    f.sort_by_key(|x| {
+        (
+            x.verdict() != pb::Verdict::Fail,
+            x.node.clone(),
+            x.gpu_index,
+        )
+    });
+    let mut t = Table::new(&["NODE", "GPU", "VERDICT", "RULE", "DETAIL"]).right(&[1]);
+    for x in f {
+        t.row([
+            x.node.clone(),
+            x.gpu_index.to_string(),
+            x.verdict().label().to_string(),
+            x.rule.clone(),
+            output::dash(&x.detail),
+        ]);
+    }
+    t.render()
+}
+
+/// One row per GPU: how busy, hot and hungry it was, how steady, and what its
+/// error counters did during the run.
+pub fn telemetry_table(summaries: &[pb::GpuTelemetrySummary]) -> String {
+    let mut t = Table::new(&[
+        "NODE",
+        "GPU",
+        "VERDICT",
+        "SAMPLES",
+        "UTIL MEAN",
+        "MAX",
+        "STD",
+        "<10%",
+        "MEM MAX",
+        "TEMP MEAN",
+        "MAX",
+        "POWER MEAN",
+        "MAX",
+        "SM MHZ",
+        "ECC C/U",
+        "PCIE REPLAYS",
+        "NVLINK CRC",
+        "XIDS",
+    ])
+    .right(&(1..17).filter(|c| *c != 2).collect::<Vec<_>>());
+    for x in summaries {
+        t.row([
+            x.node.clone(),
+            x.index.to_string(),
+            x.verdict().label().to_string(),
+            x.samples.to_string(),
+            format!("{:.1}%", x.util_mean),
+            format!("{:.0}%", x.util_max),
+            format!("{:.1}", x.util_std),
+            format!("{:.0}%", x.util_low_share * 100.0),
+            gpuctl_proto::units::format_bytes(x.mem_used_max_bytes),
+            format!("{:.1}°C", x.temp_mean),
+            format!("{:.0}°C", x.temp_max),
+            format!("{:.0} W", x.power_mean_w),
+            format!("{:.0} W", x.power_max_w),
+            format!("{:.0}", x.sm_clock_mean_mhz),
+            format!("{}/{}", x.ecc_corrected_delta, x.ecc_uncorrected_delta),
+            x.pcie_replays_delta.to_string(),
+            x.nvlink_crc_delta.to_string(),
+            output::dash(
+                &x.xids
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
+        ]);
+    }
+    t.render()
 }
 
 #[cfg(test)]
@@ -409,8 +499,91 @@ pub(crate) mod tests {
                 duration_ms: 30_000,
                 ..Default::default()
             }),
+            telemetry: vec![pb::GpuTelemetrySummary {
+                node: "node-b".into(),
+                index: 1,
+                uuid: "GPU-2".into(),
+                samples: 30,
+                util_mean: 97.25,
+                util_max: 100.0,
+                util_std: 1.5,
+                util_low_share: 0.1,
+                mem_used_max_bytes: 70 << 30,
+                temp_mean: 71.0,
+                temp_max: 93.0,
+                power_mean_w: 640.0,
+                power_max_w: 700.0,
+                sm_clock_mean_mhz: 1980.0,
+                ecc_uncorrected_delta: 2,
+                xids: vec![48, 79],
+                verdict: pb::Verdict::Fail as i32,
+                ..Default::default()
+            }],
+            health: vec![
+                pb::HealthFinding {
+                    node: "node-b".into(),
+                    gpu_index: 1,
+                    verdict: pb::Verdict::Warn as i32,
+                    rule: "temperature".into(),
+                    detail: "reached 93 °C (warn at 90 °C)".into(),
+                    ..Default::default()
+                },
+                pb::HealthFinding {
+                    node: "node-b".into(),
+                    gpu_index: 1,
+                    verdict: pb::Verdict::Fail as i32,
+                    rule: "xid".into(),
+                    detail: "critical XID 48, 79 during the run".into(),
+                    ..Default::default()
+                },
+            ],
+            preflight: vec![pb::PreflightCheck {
+                node: "node-b".into(),
+                name: "shm".into(),
+                verdict: pb::Verdict::Pass as i32,
+                detail: "/dev/shm is 16 GiB".into(),
+                fix: String::new(),
+            }],
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn telemetry_health_and_preflight_in_table_and_json() {
+        let r = stress_report();
+        let s = render(&r);
+        let health = s.find("GPU HEALTH\n").expect(&s);
+        let xid = s.find("xid ").expect(&s);
+        let temp = s.find("temperature ").expect(&s);
+        assert!(health < xid && xid < temp, "failures first:\n{s}");
+        let row = s
+            .lines()
+            .find(|l| l.starts_with("node-b") && l.contains("97.2%"))
+            .expect(&s);
+        for cell in [
+            "fail", "30", "100%", "10%", "70 GiB", "93°C", "640 W", "0/2", "48,79",
+        ] {
+            assert!(row.contains(cell), "`{cell}` missing in {row}");
+        }
+        assert!(s.contains("PREFLIGHT\n"), "{s}");
+        assert!(s.contains("/dev/shm is 16 GiB"), "{s}");
+
+        let v = output::json::report(&r);
+        assert_eq!(v["telemetry"][0]["node"], "node-b");
+        assert_eq!(v["telemetry"][0]["verdict"], "fail");
+        assert_eq!(v["telemetry"][0]["util_mean"], 97.25);
+        assert_eq!(v["telemetry"][0]["xids"], serde_json::json!([48, 79]));
+        assert_eq!(v["telemetry"][0]["ecc_uncorrected_delta"], 2);
+        assert_eq!(v["health"].as_array().unwrap().len(), 2);
+        assert_eq!(v["health"][1]["rule"], "xid");
+        assert_eq!(v["health"][1]["verdict"], "fail");
+        assert_eq!(v["health"][1]["gpu_index"], 1);
+        assert_eq!(v["preflight"][0]["name"], "shm");
+        assert_eq!(v["preflight"][0]["verdict"], "pass");
+        // A report without telemetry still has the keys, empty.
+        let v = output::json::report(&nccl_report());
+        assert_eq!(v["telemetry"], serde_json::json!([]));
+        assert_eq!(v["health"], serde_json::json!([]));
     }
 
     fn nccl_report() -> pb::Report {

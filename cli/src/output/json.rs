@@ -297,6 +297,47 @@ pub fn report(r: &pb::Report) -> Value {
         })).collect::<Vec<_>>(),
         "collectives": r.collectives.iter().map(collective_row).collect::<Vec<_>>(),
         "env": r.env.iter().map(env_var).collect::<Vec<_>>(),
+        "telemetry": r.telemetry.iter().map(gpu_telemetry).collect::<Vec<_>>(),
+        "health": r.health.iter().map(health_finding).collect::<Vec<_>>(),
+        "preflight": r.preflight.iter().map(check).collect::<Vec<_>>(),
+    })
+}
+
+pub fn gpu_telemetry(t: &pb::GpuTelemetrySummary) -> Value {
+    json!({
+        "node": t.node,
+        "index": t.index,
+        "uuid": t.uuid,
+        "verdict": t.verdict().label(),
+        "samples": t.samples,
+        "util_mean": t.util_mean,
+        "util_max": t.util_max,
+        "util_std": t.util_std,
+        "util_low_share": t.util_low_share,
+        "mem_used_max_bytes": t.mem_used_max_bytes,
+        "temp_mean": t.temp_mean,
+        "temp_max": t.temp_max,
+        "temp_std": t.temp_std,
+        "power_mean_w": t.power_mean_w,
+        "power_max_w": t.power_max_w,
+        "power_std_w": t.power_std_w,
+        "sm_clock_mean_mhz": t.sm_clock_mean_mhz,
+        "ecc_corrected_delta": t.ecc_corrected_delta,
+        "ecc_uncorrected_delta": t.ecc_uncorrected_delta,
+        "pcie_replays_delta": t.pcie_replays_delta,
+        "nvlink_crc_delta": t.nvlink_crc_delta,
+        "xids": t.xids,
+    })
+}
+
+pub fn health_finding(f: &pb::HealthFinding) -> Value {
+    json!({
+        "node": f.node,
+        "gpu_index": f.gpu_index,
+        "uuid": f.uuid,
+        "verdict": f.verdict().label(),
+        "rule": f.rule,
+        "detail": f.detail,
     })
 }
 

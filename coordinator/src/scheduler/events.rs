@@ -96,4 +96,8 @@ pub enum Event {
         job_id: String,
         reply: Reply<Result<Report, Status>>,
     },
+    /// Counts for `/metrics`.
+    Metrics {
+        reply: Reply<crate::metrics::Snapshot>,
+    },
 }

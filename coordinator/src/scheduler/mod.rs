@@ -4,12 +4,15 @@
 //! to it through a [`SchedulerHandle`] and await the reply.
 
 pub mod events;
+pub mod health;
+pub mod nccl_env;
 pub mod planner;
 pub mod report;
 pub mod state;
 pub mod telemetry;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use gpuctl_proto::now_ms;
@@ -24,9 +27,12 @@ use tonic::Status;
 use tracing::{debug, info, warn};
 
 pub use events::{Event, Reply, SessionTx};
+use health::HealthRules;
 use state::{job_id, JobEntry, NodeEntry, Session};
+use telemetry::Telemetry;
 
 use crate::logs::{LogBatch, LogSink};
+use crate::metrics::Snapshot;
 use crate::rendezvous::Rendezvous;
 use crate::store::{Batch, StateStore, StoreError};
 
@@ -40,6 +46,9 @@ const TIMED_GRACE_MS: u64 = 120_000;
 const DEFAULT_TIMEOUT_MS: u64 = 3_600_000;
 /// A node still running a job this long after it ended is told again to stop.
 const STALE_JOB_MS: u64 = 5_000;
+/// How often a running job's telemetry series are written: a coordinator crash
+/// loses at most this much of it.
+const TELEMETRY_STORE_MS: u64 = 10_000;
 
 pub const RESTART_MESSAGE: &str = "coordinator restarted during the run";
 
@@ -47,6 +56,7 @@ pub const RESTART_MESSAGE: &str = "coordinator restarted during the run";
 pub struct SchedulerConfig {
     pub node_timeout: Duration,
     pub heartbeat_interval: Duration,
+    pub health_rules: Arc<HealthRules>,
 }
 
 /// How gRPC handlers reach the scheduler task.
@@ -99,6 +109,16 @@ pub struct Scheduler {
     nodes: BTreeMap<String, NodeEntry>,
     jobs: BTreeMap<String, JobEntry>,
     job_seq: u64,
+    /// Counters since this coordinator started, for `/metrics`.
+    counts: Counts,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Counts {
+    submitted: u64,
+    results: u64,
+    samples: u64,
+    log_lines: u64,
 }
 
 impl Scheduler {
@@ -150,9 +170,17 @@ impl Scheduler {
                     .map(|r| (r.rank, r))
                     .collect();
                 job.results_in = entry.results.len() as u32;
+                // The telemetry stored up to the crash keeps its place in the report.
+                // Unreadable telemetry costs the summary, not the coordinator's start.
+                let series = store.telemetry(&job.id).await.unwrap_or_else(|e| {
+                    warn!(job = %job.id, "stored telemetry unreadable: {e}");
+                    Vec::new()
+                });
+                entry.telemetry = Telemetry::from_stored(series);
                 entry.job = job;
-                let report = entry.report(now);
+                let report = entry.report(now, &cfg.health_rules);
                 entry.results.clear();
+                entry.telemetry.forget_series();
                 batch = batch.job(&entry.job).report(&report);
                 warn!(job = %entry.job.id, "{RESTART_MESSAGE}");
             } else {
@@ -175,6 +203,7 @@ impl Scheduler {
             nodes,
             jobs,
             job_seq,
+            counts: Counts::default(),
         })
     }
 
@@ -203,6 +232,7 @@ impl Scheduler {
                 _ = &mut stop => break,
             }
         }
+        self.store_telemetry(true).await;
         // Ending the sessions lets the server's graceful shutdown complete.
         for e in self.nodes.values_mut() {
             e.session = None;
@@ -222,6 +252,7 @@ impl Scheduler {
                 | Event::GetReport { .. }
                 | Event::GetTelemetry { .. }
                 | Event::Telemetry { .. }
+                | Event::Metrics { .. }
                 | Event::Plan { .. }
         );
         match ev {
@@ -280,6 +311,9 @@ impl Scheduler {
                 let _ = reply.send(r);
             }
             Event::Tick => self.tick().await,
+            Event::Metrics { reply } => {
+                let _ = reply.send(self.snapshot());
+            }
             Event::GetJob { job_id, reply } => {
                 let r = self
                     .jobs
@@ -527,6 +561,46 @@ impl Scheduler {
         for (id, msg) in overdue {
             self.finish(&id, JobState::Failed, msg, None).await;
         }
+        self.store_telemetry(false).await;
+    }
+
+    /// Writes the telemetry series that changed, of running jobs whose last
+    /// write is older than [`TELEMETRY_STORE_MS`] (all of them with `all`).
+    async fn store_telemetry(&mut self, all: bool) {
+        let now = now_ms();
+        let mut batch = Batch::default();
+        for e in self.jobs.values_mut() {
+            if e.state() != JobState::Running || !e.telemetry.is_dirty() {
+                continue;
+            }
+            if !all && now.saturating_sub(e.telemetry_stored_ms) < TELEMETRY_STORE_MS {
+                continue;
+            }
+            e.telemetry_stored_ms = now;
+            for series in e.telemetry.take_dirty() {
+                batch = batch.telemetry(&e.job.id, &series);
+            }
+        }
+        self.save(batch).await;
+    }
+
+    /// What `/metrics` shows.
+    fn snapshot(&self) -> Snapshot {
+        let mut snap = Snapshot {
+            submitted: self.counts.submitted,
+            results: self.counts.results,
+            samples: self.counts.samples,
+            log_lines: self.counts.log_lines,
+            rendezvous_keys: self.rdv.key_count() as u64,
+            ..Default::default()
+        };
+        for e in self.nodes.values() {
+            *snap.nodes.entry(e.node.state().label()).or_default() += 1;
+        }
+        for e in self.jobs.values() {
+            *snap.jobs.entry(e.state().label()).or_default() += 1;
+        }
+        snap
     }
 
     // ───────────── jobs ─────────────
@@ -569,6 +643,7 @@ impl Scheduler {
             .await
             .map_err(|e| Status::unavailable(format!("could not store the job: {e}")))?;
         self.job_seq = seq;
+        self.counts.submitted += 1;
         info!(job = %id, workload = %job.spec.as_ref().map(|s| s.workload.as_str()).unwrap_or(""), "job submitted");
         self.jobs.insert(
             id.clone(),
@@ -703,9 +778,12 @@ impl Scheduler {
         entry.job.message = message.clone();
         entry.job.finished_unix_ms = now;
         entry.job.results_in = entry.results.len() as u32;
-        let report = entry.report(now);
-        // Results are stored per rank and folded into the stored report.
+        let report = entry.report(now, &self.cfg.health_rules);
+        // Results and telemetry are stored and folded into the stored report;
+        // memory keeps only what running jobs need.
         entry.results.clear();
+        let series = entry.telemetry.take_dirty();
+        entry.telemetry.forget_series();
         let attempt = entry.job.attempt;
         let nodes: Vec<String> = entry
             .job
@@ -714,6 +792,9 @@ impl Scheduler {
             .map(|p| p.nodes.clone())
             .unwrap_or_default();
         let mut batch = Batch::default().job(&entry.job).report(&report);
+        for s in &series {
+            batch = batch.telemetry(id, s);
+        }
         for name in &nodes {
             let Some(n) = self.nodes.get_mut(name) else {
                 continue;
@@ -755,7 +836,7 @@ impl Scheduler {
             return Err(no_job(id));
         };
         if !entry.state().is_terminal() {
-            return Ok(entry.report(now_ms()));
+            return Ok(entry.report(now_ms(), &self.cfg.health_rules));
         }
         let unavailable =
             |e: StoreError| Status::unavailable(format!("reading the report of {id}: {e}"));
@@ -763,11 +844,14 @@ impl Scheduler {
             return Ok(r);
         }
         let results = self.stored_results(&entry.job).await.map_err(unavailable)?;
+        let telemetry =
+            Telemetry::from_stored(self.store.telemetry(id).await.map_err(unavailable)?);
         Ok(report::build(&report::Inputs {
             job: &entry.job,
             results: &results,
             exits: &entry.exits,
-            telemetry: &entry.telemetry,
+            telemetry: &telemetry,
+            rules: &self.cfg.health_rules,
             now_ms: now_ms(),
         }))
     }
@@ -853,18 +937,24 @@ impl Scheduler {
         }
         let id = result.job_id.clone();
         let rank = result.rank;
+        self.counts.results += 1;
         info!(job = %id, rank, ok = result.ok, "result in");
         if entry.state().is_terminal() {
             // A straggler: fold it into the stored report.
             let job = entry.job.clone();
-            match self.stored_results(&job).await {
-                Ok(results) => {
+            let stored = match self.stored_results(&job).await {
+                Ok(results) => self.store.telemetry(&id).await.map(|t| (results, t)),
+                Err(e) => Err(e),
+            };
+            match stored {
+                Ok((results, series)) => {
                     let entry = &self.jobs[&id];
                     let report = report::build(&report::Inputs {
                         job: &job,
                         results: &results,
                         exits: &entry.exits,
-                        telemetry: &entry.telemetry,
+                        telemetry: &Telemetry::from_stored(series),
+                        rules: &self.cfg.health_rules,
                         now_ms: now_ms(),
                     });
                     self.save(Batch::default().report(&report)).await;
@@ -876,7 +966,7 @@ impl Scheduler {
         entry.results.insert(rank, result);
         entry.job.results_in = entry.results.len() as u32;
         if entry.results.len() as u32 >= world && entry.state() == JobState::Running {
-            let report = entry.report(now_ms());
+            let report = entry.report(now_ms(), &self.cfg.health_rules);
             let (verdict, why) = report::ranks_verdict(&report);
             if verdict == gpuctl_proto::pb::Verdict::Pass {
                 self.finish(&id, JobState::Succeeded, String::new(), None)
@@ -918,7 +1008,7 @@ impl Scheduler {
     fn telemetry(&mut self, node: String, batch: TelemetryBatch) {
         if let Some(entry) = self.jobs.get_mut(&batch.job_id) {
             if entry.state() == JobState::Running && entry.job.attempt == batch.attempt {
-                entry.telemetry.add(&node, batch);
+                self.counts.samples += entry.telemetry.add(&node, batch, now_ms()) as u64;
             }
         }
     }
@@ -927,6 +1017,7 @@ impl Scheduler {
         if !self.jobs.contains_key(&log.job_id) || log.lines.is_empty() {
             return;
         }
+        self.counts.log_lines += log.lines.len() as u64;
         self.logs.send(LogBatch {
             job_id: log.job_id,
             rank: log.rank,

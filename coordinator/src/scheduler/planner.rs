@@ -9,6 +9,8 @@ use gpuctl_proto::pb::{EnvVar, JobSpec, Node, Plan, PreflightCheck, RankPlacemen
 use gpuctl_proto::spec::{parse_selector, Selector};
 use tonic::Status;
 
+use super::nccl_env;
+
 /// torchrun's default rendezvous port.
 pub const MASTER_PORT: u32 = 29500;
 
@@ -20,7 +22,12 @@ const SHM_PER_GPU_BYTES: u64 = 64 << 20;
 /// Checks that stop a job from starting. Others (and every check an agent
 /// reports about itself) are shown in the plan and the report but do not block:
 /// an acceptance run should report a weak node, not refuse to test it.
-const BLOCKING_CHECKS: &[&str] = &["shm"];
+const BLOCKING_CHECKS: &[&str] = &[
+    "shm",
+    nccl_env::ENV_CHECK,
+    nccl_env::NCCL_VERSION_CHECK,
+    nccl_env::TORCH_VERSION_CHECK,
+];
 
 /// The reason a reason-carrying env var got its value from the user.
 pub const USER_ENV_REASON: &str = "set by --env";
@@ -202,30 +209,19 @@ pub fn plan(spec: &JobSpec, chosen: &[&Node]) -> Plan {
         world_size: next,
         master_addr,
         master_port: MASTER_PORT,
-        checks: checks(&nodes),
+        checks: {
+            let mut c = checks(&nodes);
+            c.extend(nccl_env::planned(&nodes).1);
+            c.extend(nccl_env::check_overrides(&spec.env, &nodes));
+            c
+        },
         spec: Some(spec.clone()),
     }
 }
 
 /// The planned environment, one reason per variable; `--env` wins last.
 pub fn env(spec: &JobSpec, nodes: &[&Node]) -> Vec<EnvVar> {
-    let mut out: Vec<EnvVar> = Vec::new();
-    let no_ib: Vec<&Node> = nodes
-        .iter()
-        .copied()
-        .filter(|n| n.facts.as_ref().is_none_or(|f| f.ib_devices.is_empty()))
-        .collect();
-    if !no_ib.is_empty() {
-        out.push(EnvVar {
-            name: "NCCL_IB_DISABLE".into(),
-            value: "1".into(),
-            reason: format!(
-                "{} {} no InfiniBand device; NCCL must not try IB on any node",
-                names(&no_ib),
-                if no_ib.len() == 1 { "has" } else { "have" }
-            ),
-        });
-    }
+    let mut out: Vec<EnvVar> = nccl_env::planned(nodes).0;
     // CPU ranks share the host's cores; without a cap every rank's OpenMP pool
     // grabs them all and they thrash.
     let cpu_threads = nodes
@@ -331,21 +327,7 @@ pub fn checks(nodes: &[&Node]) -> Vec<PreflightCheck> {
             "select one model with --selector gpu=MODEL",
         ));
     }
-    let drivers = distinct(&|n| {
-        n.facts
-            .as_ref()
-            .map(|f| f.driver_version.clone())
-            .unwrap_or_default()
-    });
-    if drivers.len() > 1 {
-        out.push(check(
-            "",
-            "driver",
-            Verdict::Warn,
-            format!("different NVIDIA drivers: {}", drivers.join(", ")),
-            "install the same driver on every node",
-        ));
-    }
+    out.extend(nccl_env::consistency(nodes));
     out
 }
 
@@ -356,9 +338,14 @@ pub fn preflight_error(plan: &Plan) -> Option<PlanError> {
         .iter()
         .filter(|c| c.verdict() == Verdict::Fail && BLOCKING_CHECKS.contains(&c.name.as_str()))
         .map(|c| {
+            let on = if c.node.is_empty() {
+                String::new()
+            } else {
+                format!(" on {}", c.node)
+            };
             format!(
-                "preflight `{}` failed on {}: {}; fix: {}",
-                c.name, c.node, c.detail, c.fix
+                "preflight `{}` failed{on}: {}; fix: {}",
+                c.name, c.detail, c.fix
             )
         })
         .collect();
@@ -580,6 +567,56 @@ mod tests {
         bad.selectors = vec!["gpu".into()];
         let err = choose(&bad, &cands).unwrap_err();
         assert_eq!(Status::from(err).code(), tonic::Code::InvalidArgument);
+    }
+
+    #[test]
+    fn nccl_plan_refuses_what_cannot_work_on_these_nodes() {
+        let mut a = gpu_node("a", 2, "r1");
+        let mut b = gpu_node("b", 2, "r1");
+        for (n, ifs) in [(&mut a, ["eth0", "ib0"]), (&mut b, ["eth0", "eth1"])] {
+            let f = n.facts.as_mut().unwrap();
+            f.nccl_version = "2.28.9".into();
+            f.interfaces = ifs
+                .iter()
+                .map(|i| gpuctl_proto::pb::NetInterface {
+                    name: (*i).into(),
+                    ..Default::default()
+                })
+                .collect();
+        }
+        b.facts.as_mut().unwrap().ib_devices.clear();
+        let p = plan(&spec(2), &[&a, &b]);
+        assert!(preflight_error(&p).is_none(), "{:?}", p.checks);
+        let names: Vec<&str> = p.env.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(names, vec!["NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME"]);
+        assert_eq!(p.env[1].value, "=eth0");
+
+        // The user turning IB back on is refused, naming the node without it.
+        let mut s = spec(2);
+        s.env.insert("NCCL_IB_DISABLE".into(), "0".into());
+        let p = plan(&s, &[&a, &b]);
+        let err = preflight_error(&p).expect("refused").to_string();
+        assert!(err.starts_with("preflight `env` failed: "), "{err}");
+        assert!(err.contains("b has no InfiniBand"), "{err}");
+        assert_eq!(
+            Status::from(preflight_error(&p).unwrap()).code(),
+            tonic::Code::FailedPrecondition
+        );
+
+        // NCCL versions that differ fail the plan; a typo'd NCCL_ name only warns.
+        b.facts.as_mut().unwrap().nccl_version = "2.27.3".into();
+        let mut s = spec(2);
+        s.env.insert("NCCL_SOCKET_IFNAM".into(), "eth0".into());
+        let p = plan(&s, &[&a, &b]);
+        let err = preflight_error(&p).expect("refused").to_string();
+        assert!(
+            err.contains("nccl-version") && err.contains("2.27.3 (b)"),
+            "{err}"
+        );
+        assert!(p
+            .checks
+            .iter()
+            .any(|c| c.verdict() == Verdict::Warn && c.detail.contains("NCCL_SOCKET_IFNAM ")));
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use super::health::HealthRules;
 use super::telemetry::Telemetry;
 use gpuctl_proto::pb::{
     rank_result::Detail, CollectiveRow, Job, JobState, NodeReport, RankPlacement, RankReport,
@@ -20,6 +21,7 @@ pub struct Inputs<'a> {
     /// explain incomplete ranks).
     pub exits: &'a BTreeMap<u32, WorkerExited>,
     pub telemetry: &'a Telemetry,
+    pub rules: &'a HealthRules,
     pub now_ms: u64,
 }
 
@@ -290,17 +292,34 @@ pub fn build(inp: &Inputs) -> Report {
         ));
     }
 
-    // GPU health: a hardware fault seen during the run fails the rank on that GPU.
-    let (telemetry, health) = inp.telemetry.summarise();
+    // GPU health: a failing GPU fails the ranks on it and its node. Ranks are
+    // matched by UUID, else by NVML index (`cuda:N`); a failing GPU that no
+    // rank ran on still fails its node.
+    let (telemetry, health) = inp.telemetry.summarise(inp.rules);
+    let mut node_faults: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for f in health.iter().filter(|f| f.verdict() == Verdict::Fail) {
-        for p in plan
+        let why = format!("GPU {} health `{}`: {}", f.gpu_index, f.rule, f.detail);
+        let device = format!("cuda:{}", f.gpu_index);
+        let on_gpu: Vec<u32> = plan
             .ranks
             .iter()
-            .filter(|p| p.node == f.node && !f.uuid.is_empty() && p.gpu_uuid == f.uuid)
-        {
-            if let Some(st) = states.get_mut(&p.rank) {
-                st.fail(format!("GPU health `{}`: {}", f.rule, f.detail));
+            .filter(|p| {
+                p.node == f.node
+                    && if !f.uuid.is_empty() && !p.gpu_uuid.is_empty() {
+                        p.gpu_uuid == f.uuid
+                    } else {
+                        p.device == device
+                    }
+            })
+            .map(|p| p.rank)
+            .collect();
+        for rank in &on_gpu {
+            if let Some(st) = states.get_mut(rank) {
+                st.fail(why.clone());
             }
+        }
+        if on_gpu.is_empty() {
+            node_faults.entry(f.node.clone()).or_default().push(why);
         }
     }
 
@@ -359,8 +378,13 @@ pub fn build(inp: &Inputs) -> Report {
             .filter(|r| r.verdict() == Verdict::Incomplete)
             .map(|r| r.rank.to_string())
             .collect();
-        let (verdict, reason) = if !failed.is_empty() {
-            (Verdict::Fail, format!("{} failed", ranks_word(&failed)))
+        let faults = node_faults.remove(name).unwrap_or_default();
+        let (verdict, reason) = if !failed.is_empty() || !faults.is_empty() {
+            let mut why = faults;
+            if !failed.is_empty() {
+                why.insert(0, format!("{} failed", ranks_word(&failed)));
+            }
+            (Verdict::Fail, why.join("; "))
         } else if !incomplete.is_empty() {
             (
                 Verdict::Incomplete,
@@ -518,6 +542,18 @@ pub fn ranks_verdict(report: &Report) -> (Verdict, String) {
             )
         })
         .collect();
+    // A node failed by a GPU that no rank ran on.
+    let node_only: Vec<String> = report
+        .nodes
+        .iter()
+        .filter(|n| {
+            n.verdict() == Verdict::Fail && n.ranks.iter().all(|r| r.verdict() != Verdict::Fail)
+        })
+        .map(|n| format!("node {}: {}", n.name, n.reason))
+        .collect();
+    if failed.is_empty() && !node_only.is_empty() {
+        return (Verdict::Fail, node_only.join("; "));
+    }
     if !failed.is_empty() {
         const SHOWN: usize = 5;
         let mut text = failed
@@ -604,6 +640,7 @@ mod tests {
             results: &results,
             exits: &BTreeMap::new(),
             telemetry: &Telemetry::default(),
+            rules: &HealthRules::default(),
             now_ms: 9_000,
         })
     }
@@ -760,6 +797,79 @@ mod tests {
     }
 
     #[test]
+    fn failing_gpus_fail_their_ranks_and_nodes() {
+        use gpuctl_proto::pb::{GpuSample, TelemetryBatch};
+        let j = job(JobState::Succeeded, 2, 2);
+        let mut t = Telemetry::default();
+        let bad = |index: u32, xid: u32| GpuSample {
+            index,
+            util_gpu: 99.0,
+            xids: vec![xid],
+            ..Default::default()
+        };
+        // node-0 GPU 1 (no UUIDs: matched by `cuda:1`); node-1 GPU 7 ran no rank.
+        for (node, index, xid) in [("node-0", 1, 79), ("node-1", 7, 48), ("node-1", 0, 13)] {
+            t.add(
+                node,
+                TelemetryBatch {
+                    node: node.into(),
+                    samples: vec![bad(index, xid)],
+                    ..Default::default()
+                },
+                1,
+            );
+        }
+        let results: BTreeMap<u32, RankResult> =
+            (0..4).map(|r| (r, stress(r, "X", "aa"))).collect();
+        let r = build(&Inputs {
+            job: &j,
+            results: &results,
+            exits: &BTreeMap::new(),
+            telemetry: &t,
+            rules: &HealthRules::default(),
+            now_ms: 9_000,
+        });
+        assert_eq!(rank(&r, 0).verdict(), Verdict::Pass);
+        assert_eq!(rank(&r, 1).verdict(), Verdict::Fail);
+        assert!(
+            rank(&r, 1).reason.contains("GPU 1 health `xid`"),
+            "{}",
+            rank(&r, 1).reason
+        );
+        assert_eq!(r.nodes[0].verdict(), Verdict::Fail);
+        // XID 13 only warns; GPU 7's XID 48 fails node-1 though its ranks pass.
+        assert_eq!(rank(&r, 2).verdict(), Verdict::Pass);
+        assert_eq!(rank(&r, 3).verdict(), Verdict::Pass);
+        assert_eq!(r.nodes[1].verdict(), Verdict::Fail);
+        assert!(r.nodes[1].reason.contains("GPU 7"), "{}", r.nodes[1].reason);
+        assert_eq!(r.verdict(), Verdict::Fail);
+        assert_eq!(r.health.len(), 3);
+        assert_eq!(r.telemetry.len(), 3);
+
+        // Only the GPU that no rank ran on: the job still fails, naming the node.
+        let mut t2 = Telemetry::default();
+        t2.add(
+            "node-1",
+            TelemetryBatch {
+                samples: vec![bad(7, 48)],
+                ..Default::default()
+            },
+            1,
+        );
+        let r = build(&Inputs {
+            job: &j,
+            results: &results,
+            exits: &BTreeMap::new(),
+            telemetry: &t2,
+            rules: &HealthRules::default(),
+            now_ms: 9_000,
+        });
+        let (v, why) = ranks_verdict(&r);
+        assert_eq!(v, Verdict::Fail);
+        assert!(why.starts_with("node node-1: GPU 7"), "{why}");
+    }
+
+    #[test]
     fn missing_results_are_incomplete_with_reasons() {
         let mut j = job(JobState::Running, 2, 1);
         j.finished_unix_ms = 0;
@@ -770,6 +880,7 @@ mod tests {
             results: &results,
             exits: &exits,
             telemetry: &Telemetry::default(),
+            rules: &HealthRules::default(),
             now_ms: 3_000,
         });
         assert_eq!(r.verdict(), Verdict::Incomplete);
@@ -796,6 +907,7 @@ mod tests {
             results: &results,
             exits: &exits,
             telemetry: &Telemetry::default(),
+            rules: &HealthRules::default(),
             now_ms: 3_000,
         });
         assert_eq!(r.verdict(), Verdict::Fail);

@@ -9,6 +9,7 @@ use gpuctl_proto::pb::{
 };
 
 use super::events::SessionTx;
+use super::health::HealthRules;
 use super::planner::Candidate;
 use super::report;
 use super::telemetry::Telemetry;
@@ -69,6 +70,8 @@ pub struct JobEntry {
     pub results: BTreeMap<u32, RankResult>,
     pub exits: BTreeMap<u32, WorkerExited>,
     pub telemetry: Telemetry,
+    /// When the telemetry series were last written to the store.
+    pub telemetry_stored_ms: u64,
     pub deadline_unix_ms: u64,
 }
 
@@ -97,12 +100,13 @@ impl JobEntry {
         self.job.plan.as_ref().map_or(0, |p| p.world_size)
     }
 
-    pub fn report(&self, now_ms: u64) -> Report {
+    pub fn report(&self, now_ms: u64, rules: &HealthRules) -> Report {
         report::build(&report::Inputs {
             job: &self.job,
             results: &self.results,
             exits: &self.exits,
             telemetry: &self.telemetry,
+            rules,
             now_ms,
         })
     }

@@ -1,8 +1,9 @@
 //! State storage. [`Store`] is the small async key-value trait a backend implements
-//! (redb today, etcd later); [`StateStore`] is the typed layer on top that knows
+//! (redb, or etcd in [`etcd`]); [`StateStore`] is the typed layer on top that knows
 //! the key space of docs/architecture.md ("Stored state") and encodes the
 //! protobuf messages, so the rest of the coordinator never builds a key by hand.
 
+pub mod etcd;
 pub mod redb;
 
 use std::sync::Arc;
@@ -10,6 +11,8 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use gpuctl_proto::pb::{GetLogsResponse, Job, LogLine, Node, RankResult, Report};
 use prost::Message;
+
+use crate::scheduler::telemetry::GpuSeries;
 
 pub use self::redb::RedbStore;
 
@@ -84,6 +87,13 @@ pub mod keys {
     pub fn log(job: &str, rank: u32, seq: u64) -> String {
         format!("logs/{job}/{rank:06}/{seq:010}")
     }
+    /// One GPU's downsampled telemetry series of a job.
+    pub fn telemetry(job: &str, node: &str, gpu: u32) -> String {
+        format!("telemetry/{job}/{node}/{gpu:03}")
+    }
+    pub fn telemetry_of(job: &str) -> String {
+        format!("telemetry/{job}/")
+    }
     pub fn logs(job: &str, rank: Option<u32>) -> String {
         match rank {
             Some(r) => format!("logs/{job}/{r:06}/"),
@@ -111,6 +121,13 @@ impl Batch {
     pub fn report(mut self, report: &Report) -> Self {
         self.0
             .push((keys::report(&report.job_id), report.encode_to_vec()));
+        self
+    }
+    pub fn telemetry(mut self, job: &str, series: &GpuSeries) -> Self {
+        self.0.push((
+            keys::telemetry(job, &series.node, series.index),
+            series.encode_to_vec(),
+        ));
         self
     }
     pub fn job_seq(mut self, seq: u64) -> Self {
@@ -206,6 +223,11 @@ impl StateStore {
 
     pub async fn report(&self, job: &str) -> StoreResult<Option<Report>> {
         self.get_msg(keys::report(job)).await
+    }
+
+    /// A job's stored telemetry, one series per GPU in (node, index) order.
+    pub async fn telemetry(&self, job: &str) -> StoreResult<Vec<GpuSeries>> {
+        self.scan_msgs(keys::telemetry_of(job)).await
     }
 
     /// Stores log batches, each under its own sequence number.

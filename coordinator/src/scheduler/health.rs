@@ -1,0 +1,571 @@
+//! GPU health rules: what in a job's telemetry fails or warns a GPU, and why.
+//! The defaults follow what DCGM's health watches and the cloud providers'
+//! node checks flag (critical XIDs, uncorrectable ECC, retired pages and row
+//! remapping, degraded PCIe and NVLink, hardware slowdown, heat); an operator
+//! overrides any of them with `gpuctl-coordinator --health-rules FILE` (TOML or
+//! JSON, format in docs/reports.md). Rules read the per-GPU totals that
+//! [`super::telemetry`] keeps, so they work the same on live and stored data.
+
+use std::path::Path;
+
+use anyhow::{bail, Context};
+use serde::Deserialize;
+
+use super::telemetry::{Bucket, Counters};
+
+/// What a rule does when it fires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    Fail,
+    Warn,
+    Off,
+}
+
+/// NVML clock-event (throttle) reason bits that mean the GPU slowed itself
+/// down; the software power cap (0x4) is left out because a GPU at full load
+/// sits on it by design.
+pub const HW_SLOWDOWN: u32 = 3; // 0x08
+pub const SW_THERMAL: u32 = 5; // 0x20
+pub const HW_THERMAL: u32 = 6; // 0x40
+pub const HW_POWER_BRAKE: u32 = 7; // 0x80
+
+/// XIDs that mean broken or degraded hardware rather than a faulting program
+/// (issue 4's list: ECC page retirement and row remap failures, NVLink, GPU
+/// fallen off the bus, GSP and uncontained errors).
+pub const CRITICAL_XIDS: &[u32] = &[
+    48, 56, 57, 58, 62, 63, 64, 65, 68, 69, 73, 74, 79, 80, 81, 92, 119, 120,
+];
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HealthRules {
+    /// XIDs that fire `critical_xid`; every other XID fires `other_xid`.
+    pub critical_xids: Vec<u32>,
+    pub critical_xid: Level,
+    pub other_xid: Level,
+    /// Uncorrectable ECC errors counted during the run.
+    pub ecc_uncorrected: Level,
+    /// Uncorrectable ECC errors already counted when the run started.
+    pub ecc_uncorrected_before: Level,
+    /// Corrected ECC errors during the run above this many fire `ecc_corrected`.
+    pub ecc_corrected_limit: u64,
+    pub ecc_corrected: Level,
+    /// Retired pages at or above this fire `retired_pages`.
+    pub retired_pages_limit: u64,
+    pub retired_pages: Level,
+    /// Pages retired during the run (any).
+    pub retired_pages_growth: Level,
+    pub row_remap_failed: Level,
+    /// Share of loaded samples (utilisation at or above 50 %) whose PCIe link
+    /// ran under the GPU's maximum before the link rules fire.
+    pub pcie_link_min_share: f64,
+    pub pcie_gen_below_max: Level,
+    pub pcie_width_below_max: Level,
+    /// PCIe replays per minute (over the run, at least one minute) above this fire `pcie_replays`.
+    pub pcie_replays_per_min: f64,
+    pub pcie_replays: Level,
+    pub nvlink_down: Level,
+    /// NVLink CRC errors per minute above this fire `nvlink_crc`.
+    pub nvlink_crc_per_min: f64,
+    pub nvlink_crc: Level,
+    /// Share of loaded samples with a slowdown reason set before it fires.
+    pub throttle_min_share: f64,
+    pub hw_slowdown: Level,
+    pub hw_thermal_slowdown: Level,
+    pub sw_thermal_slowdown: Level,
+    pub hw_power_brake: Level,
+    pub temperature_warn_c: f64,
+    pub temperature_fail_c: f64,
+    /// Share of samples under 10 % utilisation above which `idle` fires.
+    pub idle_share: f64,
+    pub idle: Level,
+}
+
+impl Default for HealthRules {
+    fn default() -> Self {
+        HealthRules {
+            critical_xids: CRITICAL_XIDS.to_vec(),
+            critical_xid: Level::Fail,
+            other_xid: Level::Warn,
+            ecc_uncorrected: Level::Fail,
+            ecc_uncorrected_before: Level::Warn,
+            ecc_corrected_limit: 0,
+            ecc_corrected: Level::Warn,
+            retired_pages_limit: 63,
+            retired_pages: Level::Fail,
+            retired_pages_growth: Level::Warn,
+            row_remap_failed: Level::Fail,
+            pcie_link_min_share: 0.25,
+            pcie_gen_below_max: Level::Warn,
+            pcie_width_below_max: Level::Fail,
+            // DCGM's PCIe health watch warns above 8 replays a minute.
+            pcie_replays_per_min: 8.0,
+            pcie_replays: Level::Warn,
+            nvlink_down: Level::Fail,
+            nvlink_crc_per_min: 0.0,
+            nvlink_crc: Level::Warn,
+            throttle_min_share: 0.05,
+            hw_slowdown: Level::Fail,
+            hw_thermal_slowdown: Level::Fail,
+            sw_thermal_slowdown: Level::Warn,
+            hw_power_brake: Level::Fail,
+            temperature_warn_c: 90.0,
+            temperature_fail_c: 95.0,
+            idle_share: 0.5,
+            idle: Level::Warn,
+        }
+    }
+}
+
+/// One rule that fired.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fired {
+    pub level: Level,
+    pub rule: &'static str,
+    pub detail: String,
+}
+
+impl HealthRules {
+    /// Reads a rules file: `.json` as JSON, anything else as TOML. Keys left
+    /// out keep their defaults; unknown keys are an error, so a typo cannot
+    /// silently switch a rule back to its default.
+    pub fn load(path: &Path) -> anyhow::Result<HealthRules> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read --health-rules {}", path.display()))?;
+        let json = path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("json"));
+        let rules = if json {
+            Self::from_json(&text)
+        } else {
+            Self::from_toml(&text)
+        };
+        rules.with_context(|| format!("--health-rules {}", path.display()))
+    }
+
+    pub fn from_toml(text: &str) -> anyhow::Result<HealthRules> {
+        let rules: HealthRules = toml::from_str(text).context("not valid health rules TOML")?;
+        rules.validated()
+    }
+
+    pub fn from_json(text: &str) -> anyhow::Result<HealthRules> {
+        let rules: HealthRules =
+            serde_json::from_str(text).context("not valid health rules JSON")?;
+        rules.validated()
+    }
+
+    fn validated(self) -> anyhow::Result<HealthRules> {
+        for (name, share) in [
+            ("pcie_link_min_share", self.pcie_link_min_share),
+            ("throttle_min_share", self.throttle_min_share),
+            ("idle_share", self.idle_share),
+        ] {
+            if !(0.0..=1.0).contains(&share) {
+                bail!("{name} = {share}: a share between 0 and 1");
+            }
+        }
+        for (name, rate) in [
+            ("pcie_replays_per_min", self.pcie_replays_per_min),
+            ("nvlink_crc_per_min", self.nvlink_crc_per_min),
+        ] {
+            if rate.is_nan() || rate < 0.0 {
+                bail!("{name} = {rate}: a rate of 0 or more");
+            }
+        }
+        if self.temperature_fail_c < self.temperature_warn_c {
+            bail!(
+                "temperature_fail_c = {} is under temperature_warn_c = {}",
+                self.temperature_fail_c,
+                self.temperature_warn_c
+            );
+        }
+        Ok(self)
+    }
+
+    /// The rules that fire on one GPU's totals over the run.
+    pub fn evaluate(&self, t: &Bucket) -> Vec<Fired> {
+        let mut out = Vec::new();
+        let mut fire = |level: Level, rule: &'static str, detail: String| {
+            if level != Level::Off {
+                out.push(Fired {
+                    level,
+                    rule,
+                    detail,
+                });
+            }
+        };
+        let first = t.first.clone().unwrap_or_default();
+        let last = t.last.clone().unwrap_or_default();
+        let delta = |f: fn(&Counters) -> u64| f(&last).saturating_sub(f(&first));
+        // Rates over at least a minute, so a short run's one replay is not a storm.
+        let minutes = (t.end_ms.saturating_sub(t.start_ms) as f64 / 60_000.0).max(1.0);
+
+        let (critical, other): (Vec<u32>, Vec<u32>) =
+            t.xids.iter().partition(|x| self.critical_xids.contains(x));
+        if !critical.is_empty() {
+            fire(
+                self.critical_xid,
+                "xid",
+                format!(
+                    "critical XID {} during the run: drain the GPU and check it (nvidia-smi -q, dmesg)",
+                    join(&critical)
+                ),
+            );
+        }
+        if !other.is_empty() {
+            fire(
+                self.other_xid,
+                "xid",
+                format!(
+                    "XID {} during the run (usually a program fault, not the GPU)",
+                    join(&other)
+                ),
+            );
+        }
+        let ecc_u = delta(|c| c.ecc_uncorrected);
+        if ecc_u > 0 {
+            fire(
+                self.ecc_uncorrected,
+                "ecc_uncorrected",
+                format!("{ecc_u} uncorrectable ECC errors during the run"),
+            );
+        }
+        if first.ecc_uncorrected > 0 {
+            fire(
+                self.ecc_uncorrected_before,
+                "ecc_uncorrected",
+                format!(
+                    "{} uncorrectable ECC errors counted before the run started",
+                    first.ecc_uncorrected
+                ),
+            );
+        }
+        let ecc_c = delta(|c| c.ecc_corrected);
+        if ecc_c > self.ecc_corrected_limit {
+            fire(
+                self.ecc_corrected,
+                "ecc_corrected",
+                format!("{ecc_c} corrected ECC errors during the run"),
+            );
+        }
+        if last.retired_pages >= self.retired_pages_limit && self.retired_pages_limit > 0 {
+            fire(
+                self.retired_pages,
+                "retired_pages",
+                format!(
+                    "{} retired pages (limit {}): the GPU needs service",
+                    last.retired_pages, self.retired_pages_limit
+                ),
+            );
+        }
+        let retired = delta(|c| c.retired_pages);
+        if retired > 0 {
+            fire(
+                self.retired_pages_growth,
+                "retired_pages",
+                format!("{retired} pages retired during the run"),
+            );
+        }
+        if t.remap_failed {
+            fire(
+                self.row_remap_failed,
+                "row_remap",
+                "row remapping failed: the GPU needs service".into(),
+            );
+        }
+        self.pcie(t, &mut fire);
+        let replays = delta(|c| c.pcie_replays);
+        if replays as f64 / minutes > self.pcie_replays_per_min {
+            fire(
+                self.pcie_replays,
+                "pcie_replay",
+                format!(
+                    "{replays} PCIe replays during the run ({:.1}/min, rule: {}/min): check the riser and slot",
+                    replays as f64 / minutes,
+                    self.pcie_replays_per_min
+                ),
+            );
+        }
+        if t.nvlinks_expected > 0 && t.nvlinks_min < t.nvlinks_expected {
+            fire(
+                self.nvlink_down,
+                "nvlink",
+                format!(
+                    "{} of {} NVLinks active at worst",
+                    t.nvlinks_min, t.nvlinks_expected
+                ),
+            );
+        }
+        let crc = delta(|c| c.nvlink_crc_errors);
+        if crc as f64 / minutes > self.nvlink_crc_per_min {
+            fire(
+                self.nvlink_crc,
+                "nvlink_crc",
+                format!(
+                    "{crc} NVLink CRC errors during the run ({:.1}/min)",
+                    crc as f64 / minutes
+                ),
+            );
+        }
+        for (bit, level, name) in [
+            (HW_SLOWDOWN, self.hw_slowdown, "hardware slowdown"),
+            (
+                HW_THERMAL,
+                self.hw_thermal_slowdown,
+                "hardware thermal slowdown",
+            ),
+            (
+                SW_THERMAL,
+                self.sw_thermal_slowdown,
+                "software thermal slowdown",
+            ),
+            (HW_POWER_BRAKE, self.hw_power_brake, "power brake slowdown"),
+        ] {
+            let hits = t.throttle_loaded.get(bit as usize).copied().unwrap_or(0);
+            if t.loaded > 0 && hits > 0 {
+                let share = hits as f64 / t.loaded as f64;
+                if share >= self.throttle_min_share {
+                    fire(
+                        level,
+                        "throttle",
+                        format!(
+                            "{name} in {:.0} % of loaded samples: check cooling and power delivery",
+                            share * 100.0
+                        ),
+                    );
+                }
+            }
+        }
+        if t.n > 0 && t.temp_max >= self.temperature_fail_c {
+            fire(
+                Level::Fail,
+                "temperature",
+                format!(
+                    "reached {:.0} °C (limit {:.0} °C)",
+                    t.temp_max, self.temperature_fail_c
+                ),
+            );
+        } else if t.n > 0 && t.temp_max >= self.temperature_warn_c {
+            fire(
+                Level::Warn,
+                "temperature",
+                format!(
+                    "reached {:.0} °C (warn at {:.0} °C)",
+                    t.temp_max, self.temperature_warn_c
+                ),
+            );
+        }
+        if t.n >= 5 && t.util_low as f64 / t.n as f64 > self.idle_share {
+            fire(
+                self.idle,
+                "idle",
+                format!(
+                    "under 10 % utilisation in {:.0} % of samples",
+                    t.util_low as f64 * 100.0 / t.n as f64
+                ),
+            );
+        }
+        out
+    }
+
+    fn pcie(&self, t: &Bucket, fire: &mut impl FnMut(Level, &'static str, String)) {
+        if t.loaded == 0 {
+            return;
+        }
+        let share = |n: u32| n as f64 / t.loaded as f64;
+        let gen_low =
+            t.pcie_gen_low_loaded > 0 && share(t.pcie_gen_low_loaded) >= self.pcie_link_min_share;
+        let width_low = t.pcie_width_low_loaded > 0
+            && share(t.pcie_width_low_loaded) >= self.pcie_link_min_share;
+        let seen = format!(
+            "PCIe link at Gen{} x{} under load at worst; the GPU supports Gen{} x{}",
+            t.pcie_gen_loaded_min, t.pcie_width_loaded_min, t.pcie_gen_max, t.pcie_width_max
+        );
+        if width_low {
+            fire(
+                self.pcie_width_below_max,
+                "pcie_link",
+                format!(
+                    "{seen} ({:.0} % of loaded samples under x{}): reseat the GPU or check the riser",
+                    share(t.pcie_width_low_loaded) * 100.0,
+                    t.pcie_width_max
+                ),
+            );
+        }
+        if gen_low {
+            fire(
+                self.pcie_gen_below_max,
+                "pcie_link",
+                format!(
+                    "{seen} ({:.0} % of loaded samples under Gen{}): check BIOS PCIe settings and the slot",
+                    share(t.pcie_gen_low_loaded) * 100.0,
+                    t.pcie_gen_max
+                ),
+            );
+        }
+    }
+}
+
+fn join(xs: &[u32]) -> String {
+    xs.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_override_defaults_and_typos_are_refused() {
+        let r = HealthRules::from_toml(
+            "critical_xids = [79]\nother_xid = \"off\"\npcie_width_below_max = \"warn\"\ntemperature_warn_c = 80\n",
+        )
+        .unwrap();
+        assert_eq!(r.critical_xids, vec![79]);
+        assert_eq!(r.other_xid, Level::Off);
+        assert_eq!(r.pcie_width_below_max, Level::Warn);
+        assert_eq!(r.temperature_warn_c, 80.0);
+        assert_eq!(
+            r.ecc_uncorrected,
+            Level::Fail,
+            "untouched keys keep defaults"
+        );
+
+        let j = HealthRules::from_json(r#"{"retired_pages_limit": 10, "idle": "fail"}"#).unwrap();
+        assert_eq!((j.retired_pages_limit, j.idle), (10, Level::Fail));
+
+        let err = format!(
+            "{:#}",
+            HealthRules::from_toml("ecc_uncorected = \"off\"").unwrap_err()
+        );
+        assert!(err.contains("ecc_uncorected"), "{err}");
+        let err = format!(
+            "{:#}",
+            HealthRules::from_toml("idle = \"maybe\"").unwrap_err()
+        );
+        assert!(err.contains("maybe"), "{err}");
+        let err = format!(
+            "{:#}",
+            HealthRules::from_toml("temperature_fail_c = 70").unwrap_err()
+        );
+        assert!(err.contains("temperature_warn_c"), "{err}");
+        assert!(HealthRules::from_json(r#"{"idle_share": 2}"#).is_err());
+
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("rules.json");
+        std::fs::write(&p, r#"{"hw_slowdown": "warn"}"#).unwrap();
+        assert_eq!(HealthRules::load(&p).unwrap().hw_slowdown, Level::Warn);
+        let err = format!(
+            "{:#}",
+            HealthRules::load(&dir.path().join("no.toml")).unwrap_err()
+        );
+        assert!(err.contains("no.toml"), "{err}");
+    }
+
+    fn loaded(n: u32) -> Bucket {
+        Bucket {
+            n,
+            loaded: n,
+            start_ms: 0,
+            end_ms: 60_000,
+            temp_max: 60.0,
+            pcie_gen_max: 5,
+            pcie_width_max: 16,
+            pcie_gen_loaded_min: 5,
+            pcie_width_loaded_min: 16,
+            throttle_loaded: vec![0; 16],
+            first: Some(Counters::default()),
+            last: Some(Counters::default()),
+            ..Default::default()
+        }
+    }
+
+    fn rules_of(r: &HealthRules, t: &Bucket) -> Vec<(Level, &'static str)> {
+        r.evaluate(t).iter().map(|f| (f.level, f.rule)).collect()
+    }
+
+    #[test]
+    fn defaults_fire_as_issue_4_lists() {
+        let r = HealthRules::default();
+        assert!(r.evaluate(&loaded(100)).is_empty());
+
+        let mut t = loaded(100);
+        t.xids = vec![13, 79];
+        let f = r.evaluate(&t);
+        assert_eq!(
+            f.iter().map(|x| (x.level, x.rule)).collect::<Vec<_>>(),
+            vec![(Level::Fail, "xid"), (Level::Warn, "xid")]
+        );
+        assert!(f[0].detail.contains("79") && !f[0].detail.contains("13"));
+
+        let mut t = loaded(100);
+        t.last.as_mut().unwrap().ecc_uncorrected = 1;
+        t.last.as_mut().unwrap().retired_pages = 63;
+        assert_eq!(
+            rules_of(&r, &t),
+            vec![
+                (Level::Fail, "ecc_uncorrected"),
+                (Level::Fail, "retired_pages"),
+                (Level::Warn, "retired_pages")
+            ]
+        );
+
+        // 8 replays a minute is allowed, 9 is not.
+        let mut t = loaded(100);
+        t.last.as_mut().unwrap().pcie_replays = 8;
+        assert!(r.evaluate(&t).is_empty());
+        t.last.as_mut().unwrap().pcie_replays = 9;
+        assert_eq!(rules_of(&r, &t), vec![(Level::Warn, "pcie_replay")]);
+
+        // Link width under max while loaded fails; gen under max warns.
+        let mut t = loaded(100);
+        t.pcie_width_low_loaded = 100;
+        t.pcie_width_loaded_min = 8;
+        t.pcie_gen_low_loaded = 30;
+        t.pcie_gen_loaded_min = 4;
+        let f = r.evaluate(&t);
+        assert_eq!(
+            f.iter().map(|x| (x.level, x.rule)).collect::<Vec<_>>(),
+            vec![(Level::Fail, "pcie_link"), (Level::Warn, "pcie_link")]
+        );
+        assert!(f[0].detail.contains("Gen4 x8"), "{}", f[0].detail);
+        // A brief dip under the share does not fire.
+        t.pcie_width_low_loaded = 10;
+        t.pcie_gen_low_loaded = 10;
+        assert!(r.evaluate(&t).is_empty());
+
+        let mut t = loaded(100);
+        t.throttle_loaded[HW_THERMAL as usize] = 20;
+        t.throttle_loaded[SW_THERMAL as usize] = 20;
+        t.throttle_loaded[2] = 100; // software power cap: normal at full load
+        t.nvlinks_expected = 18;
+        t.nvlinks_min = 17;
+        t.last.as_mut().unwrap().nvlink_crc_errors = 3;
+        t.temp_max = 91.0;
+        assert_eq!(
+            rules_of(&r, &t),
+            vec![
+                (Level::Fail, "nvlink"),
+                (Level::Warn, "nvlink_crc"),
+                (Level::Fail, "throttle"),
+                (Level::Warn, "throttle"),
+                (Level::Warn, "temperature"),
+            ]
+        );
+        t.temp_max = 96.0;
+        assert!(rules_of(&r, &t).contains(&(Level::Fail, "temperature")));
+
+        let mut t = loaded(10);
+        t.loaded = 0;
+        t.util_low = 9;
+        t.remap_failed = true;
+        assert_eq!(
+            rules_of(&r, &t),
+            vec![(Level::Fail, "row_remap"), (Level::Warn, "idle")]
+        );
+
+        // Off silences a rule.
+        let quiet = HealthRules::from_toml("row_remap_failed = \"off\"\nidle = \"off\"").unwrap();
+        assert!(quiet.evaluate(&t).is_empty());
+    }
+}

@@ -1,0 +1,545 @@
+//! The etcd store against a real etcd (Debian's `etcd-server`, started here as
+//! a child process on free loopback ports): key-value round trips, paged
+//! scans, atomic and fenced `put_many`, persistence across clients, a clear
+//! error for an unreachable etcd, and real `gpuctl-coordinator` processes on
+//! `--store etcd` keeping their state across restarts, with a standby that
+//! takes over when the leader dies.
+//!
+//! etcd must be installed: these tests fail (they do not skip) without it.
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpuctl_coordinator::store::etcd::{leader_key, EtcdStore, LEADER_TTL};
+use gpuctl_coordinator::store::{keys, Batch, StateStore, Store};
+use gpuctl_proto::pb::agent_service_client::AgentServiceClient;
+use gpuctl_proto::pb::job_service_client::JobServiceClient;
+use gpuctl_proto::pb::*;
+use gpuctl_proto::PROTOCOL_VERSION;
+use tokio::sync::watch;
+
+const INSTALL: &str = "etcd is not installed (no `etcd` on PATH): these tests need a real etcd. \
+     Install it with `apt-get install -y etcd-server` (Debian/Ubuntu; .ci/run does this), \
+     or put an etcd v3 binary on PATH";
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One etcd server, killed on drop.
+struct Etcd {
+    url: String,
+    child: Child,
+    dir: tempfile::TempDir,
+}
+
+impl Etcd {
+    async fn start() -> Etcd {
+        match Command::new("etcd").arg("--version").output() {
+            Ok(out) if out.status.success() => {}
+            Ok(out) => panic!(
+                "{INSTALL}\n(`etcd --version` failed: {})",
+                String::from_utf8_lossy(&out.stderr)
+            ),
+            Err(e) => panic!("{INSTALL}\n({e})"),
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (client, peer) = (free_port(), free_port());
+        let url = format!("http://127.0.0.1:{client}");
+        let log = std::fs::File::create(dir.path().join("etcd.log")).unwrap();
+        let mut cmd = Command::new("etcd");
+        if std::env::consts::ARCH == "aarch64" {
+            // etcd 3.4 runs on arm64 only when told to.
+            cmd.env("ETCD_UNSUPPORTED_ARCH", "arm64");
+        }
+        let child = cmd
+            .arg("--name")
+            .arg("gpuctl-test")
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .args([
+                "--listen-client-urls",
+                &url,
+                "--advertise-client-urls",
+                &url,
+            ])
+            .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
+            .args([
+                "--initial-advertise-peer-urls",
+                &format!("http://127.0.0.1:{peer}"),
+                "--initial-cluster",
+                &format!("gpuctl-test=http://127.0.0.1:{peer}"),
+            ])
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("{INSTALL}\n({e})"));
+        let mut etcd = Etcd { url, child, dir };
+        etcd.wait_ready().await;
+        etcd
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default()
+    }
+
+    async fn wait_ready(&mut self) {
+        let started = Instant::now();
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("etcd exited ({status}) at start:\n{}", self.log());
+            }
+            if EtcdStore::connect(&self.url, "/").await.is_ok() {
+                return;
+            }
+            if started.elapsed() > Duration::from_secs(30) {
+                panic!(
+                    "etcd did not answer on {} in 30 s:\n{}",
+                    self.url,
+                    self.log()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test]
+async fn round_trips_pages_and_persists() {
+    let etcd = Etcd::start().await;
+    let store = EtcdStore::connect(&etcd.url, "/t/").await.unwrap();
+    assert_eq!(store.get("a".into()).await.unwrap(), None);
+    store.put("a".into(), b"1".to_vec()).await.unwrap();
+    assert_eq!(store.get("a".into()).await.unwrap(), Some(b"1".to_vec()));
+    store.put("a".into(), b"2".to_vec()).await.unwrap();
+    assert_eq!(store.get("a".into()).await.unwrap(), Some(b"2".to_vec()));
+    assert!(store.delete("a".into()).await.unwrap());
+    assert!(!store.delete("a".into()).await.unwrap());
+    assert_eq!(store.get("a".into()).await.unwrap(), None);
+
+    // Neighbours sharing a prefix stay out of scans, keys come back in order
+    // and without the etcd prefix.
+    store
+        .put_many(vec![
+            ("results/job-1/1/000001".into(), b"r1".to_vec()),
+            ("results/job-1/1/000000".into(), b"r0".to_vec()),
+            ("results/job-10/1/000000".into(), b"x".to_vec()),
+        ])
+        .await
+        .unwrap();
+    let scan = store.scan_prefix("results/job-1/".into()).await.unwrap();
+    assert_eq!(
+        scan,
+        vec![
+            ("results/job-1/1/000000".to_string(), b"r0".to_vec()),
+            ("results/job-1/1/000001".to_string(), b"r1".to_vec()),
+        ]
+    );
+
+    // More keys than one transaction (128 ops) and one scan page (500) hold.
+    let many: Vec<(String, Vec<u8>)> = (0..1234)
+        .map(|i| {
+            (
+                format!("logs/job-9/000000/{i:010}"),
+                vec![b'v'; 100 + i % 7],
+            )
+        })
+        .collect();
+    store.put_many(many.clone()).await.unwrap();
+    assert_eq!(store.scan_prefix("logs/job-9/".into()).await.unwrap(), many);
+
+    // Another prefix on the same etcd sees none of it.
+    let other = EtcdStore::connect(&etcd.url, "/other").await.unwrap();
+    assert_eq!(other.prefix(), "/other/");
+    assert!(other.scan_prefix(String::new()).await.unwrap().is_empty());
+
+    // The typed layer on etcd.
+    let state = StateStore::new(Arc::new(store));
+    let job = Job {
+        id: "job-000007".into(),
+        state: JobState::Pending as i32,
+        ..Default::default()
+    };
+    state
+        .write(Batch::default().job(&job).job_seq(7))
+        .await
+        .unwrap();
+    state.close().await.unwrap();
+    assert!(
+        state.job_seq().await.is_err(),
+        "a closed store refuses calls"
+    );
+
+    // A new client (a restarted coordinator) finds everything.
+    let again = StateStore::new(Arc::new(
+        EtcdStore::connect(&etcd.url, "/t/").await.unwrap(),
+    ));
+    assert_eq!(again.job_seq().await.unwrap(), 7);
+    assert_eq!(again.jobs().await.unwrap(), vec![job]);
+    assert_eq!(
+        again.raw().scan_prefix("logs/".into()).await.unwrap().len(),
+        1234
+    );
+    // Raw check that the keys are the embedded store's keys under the prefix.
+    let raw = EtcdStore::connect(&etcd.url, "").await.unwrap();
+    assert!(raw
+        .get(format!("/t/{}", keys::job("job-000007")))
+        .await
+        .unwrap()
+        .is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn put_many_is_atomic_and_fenced() {
+    let etcd = Etcd::start().await;
+    // A reader never sees half of a batch: every scan (one snapshot) finds all
+    // 100 keys at the same generation.
+    let writer = Arc::new(EtcdStore::connect(&etcd.url, "/atomic/").await.unwrap());
+    let reader = EtcdStore::connect(&etcd.url, "/atomic/").await.unwrap();
+    let batch = |gen: u32| -> Vec<(String, Vec<u8>)> {
+        (0..100)
+            .map(|i| (format!("k/{i:03}"), gen.to_string().into_bytes()))
+            .collect()
+    };
+    writer.put_many(batch(0)).await.unwrap();
+    let w = Arc::clone(&writer);
+    let writing = tokio::spawn(async move {
+        for gen in 1..=60 {
+            w.put_many(batch(gen)).await.unwrap();
+        }
+    });
+    let mut scans = 0;
+    let mut gens = std::collections::BTreeSet::new();
+    while !writing.is_finished() || scans == 0 {
+        let seen = reader.scan_prefix("k/".into()).await.unwrap();
+        assert_eq!(seen.len(), 100);
+        let first = &seen[0].1;
+        assert!(
+            seen.iter().all(|(_, v)| v == first),
+            "a scan saw two generations of one batch: {:?}",
+            seen.iter()
+                .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+                .collect::<std::collections::BTreeSet<_>>()
+        );
+        gens.insert(first.clone());
+        scans += 1;
+    }
+    writing.await.unwrap();
+    assert!(scans > 1, "the reader ran alongside the writer");
+
+    // Fencing: a leader whose key is gone writes nothing of a batch, says
+    // why, and signals its stop.
+    let leader = EtcdStore::connect(&etcd.url, "/fenced/").await.unwrap();
+    let (_stop, shutdown) = watch::channel(false);
+    let mut stopped = leader
+        .lead("test leader", LEADER_TTL, shutdown)
+        .await
+        .unwrap()
+        .expect("no other leader");
+    leader.put("before".into(), b"1".to_vec()).await.unwrap();
+    let raw = EtcdStore::connect(&etcd.url, "").await.unwrap();
+    assert!(raw.delete(leader_key("/fenced/")).await.unwrap());
+    let err = leader
+        .put_many(vec![
+            ("x".into(), b"1".to_vec()),
+            ("y".into(), b"2".to_vec()),
+        ])
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no longer holds the etcd leader key"), "{err}");
+    assert!(leader.get("x".into()).await.unwrap().is_none());
+    assert!(leader.get("y".into()).await.unwrap().is_none());
+    assert_eq!(
+        leader.get("before".into()).await.unwrap(),
+        Some(b"1".to_vec())
+    );
+    tokio::time::timeout(Duration::from_secs(5), stopped.wait_for(|s| *s))
+        .await
+        .expect("the lost leadership turns the stop signal")
+        .unwrap();
+    assert!(leader.close().await.is_err(), "close reports the lost lead");
+}
+
+#[tokio::test]
+async fn unreachable_etcd_names_the_endpoint_and_the_fix() {
+    let url = format!("http://127.0.0.1:{}", free_port());
+    let err = match EtcdStore::connect(&url, "/gpuctl/").await {
+        Ok(_) => panic!("connected to nothing at {url}"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains(&format!("cannot reach etcd at {url}")),
+        "{err}"
+    );
+    assert!(err.contains("--store embedded"), "{err}");
+
+    // The coordinator fails at startup with the same message.
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(coordinator_bin())
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "off"])
+        .args(["--store", "etcd", "--etcd", &url])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("cannot reach etcd at {url}")),
+        "{stderr}"
+    );
+    assert!(stderr.contains("start etcd"), "{stderr}");
+
+    // And without --etcd it says what to pass.
+    let out = Command::new(coordinator_bin())
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "off"])
+        .args(["--store", "etcd"])
+        .env_remove("GPUCTL_ETCD")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("--store etcd needs --etcd URL"), "{stderr}");
+}
+
+fn coordinator_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_gpuctl-coordinator"))
+}
+
+/// A `gpuctl-coordinator --store etcd` process; stderr goes to `log`.
+struct Coordinator {
+    child: Child,
+    log: PathBuf,
+    /// The `listening on` line, once printed.
+    url: std::sync::mpsc::Receiver<String>,
+}
+
+impl Coordinator {
+    fn start(etcd: &Etcd, prefix: &str, dir: &Path, name: &str) -> Coordinator {
+        let log = dir.join(format!("{name}.log"));
+        let mut child = Command::new(coordinator_bin())
+            .args(["--listen", "127.0.0.1:0", "--metrics-listen", "off"])
+            .args([
+                "--store",
+                "etcd",
+                "--etcd",
+                &etcd.url,
+                "--etcd-prefix",
+                prefix,
+            ])
+            .arg("--data-dir")
+            .arg(dir.join(name))
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start gpuctl-coordinator");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, url) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(u) = line.strip_prefix("listening on ") {
+                    let _ = tx.send(u.trim().to_string());
+                }
+            }
+        });
+        Coordinator { child, log, url }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits for the `listening on` line.
+    fn serving(&mut self, within: Duration) -> String {
+        match self.url.recv_timeout(within) {
+            Ok(url) => url,
+            Err(_) => {
+                let status = self.child.try_wait().ok().flatten();
+                panic!(
+                    "coordinator did not start serving within {within:?} (exited: {status:?}):\n{}",
+                    self.log()
+                )
+            }
+        }
+    }
+
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        let ok = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(15),
+                "coordinator did not stop on SIGTERM:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Coordinator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn register(url: &str, name: &str) {
+    let mut client = AgentServiceClient::connect(url.to_string()).await.unwrap();
+    client
+        .register(RegisterRequest {
+            protocol_version: PROTOCOL_VERSION,
+            name: name.into(),
+            facts: Some(HostFacts {
+                hostname: name.into(),
+                addresses: vec!["127.0.0.1".into()],
+                cpu_count: 4,
+                cpu_ranks: 2,
+                cpu_model: "Test CPU".into(),
+                ..Default::default()
+            }),
+            gpus: vec![],
+            preflight: vec![],
+        })
+        .await
+        .unwrap();
+}
+
+async fn node_names(url: &str) -> Vec<String> {
+    let mut client = JobServiceClient::connect(url.to_string()).await.unwrap();
+    let nodes = client
+        .list_nodes(ListNodesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .nodes;
+    nodes.into_iter().map(|n| n.name).collect()
+}
+
+async fn job_ids(url: &str) -> Vec<String> {
+    let mut client = JobServiceClient::connect(url.to_string()).await.unwrap();
+    let jobs = client
+        .list_jobs(ListJobsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .jobs;
+    jobs.into_iter().map(|j| j.id).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coordinators_keep_state_in_etcd_and_a_standby_takes_over() {
+    let etcd = Etcd::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = "/gpuctl-test/";
+
+    // The first coordinator leads and stores a node and a job.
+    let mut a = Coordinator::start(&etcd, prefix, dir.path(), "a");
+    let url_a = a.serving(Duration::from_secs(30));
+    register(&url_a, "node-0").await;
+    assert_eq!(node_names(&url_a).await, vec!["node-0"]);
+    let mut jobs = JobServiceClient::connect(url_a.clone()).await.unwrap();
+    let submitted = jobs
+        .submit(SubmitRequest {
+            spec: Some(JobSpec {
+                workload: "stress".into(),
+                node_count: 1,
+                duration_ms: 1_000,
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("submit: {e}\n{}", a.log()))
+        .into_inner();
+    assert!(!submitted.id.is_empty());
+
+    // A second one on the same prefix stands by and does not serve.
+    let mut b = Coordinator::start(&etcd, prefix, dir.path(), "b");
+    let started = Instant::now();
+    while !b.log().contains("standby") {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the second coordinator did not say it stands by:\n{}",
+            b.log()
+        );
+        assert!(b.child.try_wait().unwrap().is_none(), "{}", b.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(b.log().contains(&leader_key(prefix)), "{}", b.log());
+    assert!(
+        b.url.try_recv().is_err(),
+        "a standby must not serve:\n{}",
+        b.log()
+    );
+
+    // The leader dies without a word: the standby takes over when the lease
+    // expires, with the stored node and job.
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    let url_b = b.serving(LEADER_TTL + Duration::from_secs(20));
+    assert_eq!(node_names(&url_b).await, vec!["node-0"]);
+    assert_eq!(job_ids(&url_b).await, vec![submitted.id.clone()]);
+
+    // A clean stop releases the lead at once: a restarted coordinator
+    // serves well before the lease would have expired, with the same state.
+    let status = b.terminate();
+    assert!(status.success(), "exit {status}:\n{}", b.log());
+    assert!(
+        b.log().contains("released the etcd leader key"),
+        "{}",
+        b.log()
+    );
+    let mut c = Coordinator::start(&etcd, prefix, dir.path(), "c");
+    let url_c = c.serving(LEADER_TTL / 2);
+    assert_eq!(node_names(&url_c).await, vec!["node-0"]);
+    assert_eq!(job_ids(&url_c).await, vec![submitted.id]);
+    // Nothing of it went to the embedded store.
+    assert!(!dir.path().join("c").join("gpuctl.redb").exists());
+
+    // A leader whose lease is gone (as after a partition longer than the
+    // TTL) stops with an error instead of serving on without the lead.
+    let mut raw = etcd_client::Client::connect([etcd.url.as_str()], None)
+        .await
+        .unwrap();
+    let held = raw.get(leader_key(prefix), None).await.unwrap();
+    let lease = held.kvs().first().expect("the leader key").lease();
+    raw.lease_revoke(lease).await.unwrap();
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = c.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < LEADER_TTL,
+            "the coordinator kept running without its lease:\n{}",
+            c.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(!status.success(), "{}", c.log());
+    assert!(c.log().contains("lost the etcd leader key"), "{}", c.log());
+}

@@ -1,0 +1,386 @@
+//! Telemetry end to end over real gRPC and HTTP: an agent stand-in with two
+//! GPUs streams samples, a GPU that breaks a health rule (from a rules file)
+//! fails its rank and node, `/metrics` counts what came in, and a job's
+//! stored telemetry survives a coordinator restart.
+
+use std::time::Duration;
+
+use gpuctl_coordinator::config::MetricsListen;
+use gpuctl_coordinator::Config;
+use gpuctl_proto::pb::agent_message::Msg as Up;
+use gpuctl_proto::pb::agent_service_client::AgentServiceClient;
+use gpuctl_proto::pb::coordinator_message::Msg as Down;
+use gpuctl_proto::pb::job_service_client::JobServiceClient;
+use gpuctl_proto::pb::worker_service_client::WorkerServiceClient;
+use gpuctl_proto::pb::*;
+use gpuctl_proto::{now_ms, PROTOCOL_VERSION};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
+
+struct Coord {
+    url: String,
+    metrics: String,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<anyhow::Result<()>>,
+}
+
+async fn start(dir: &std::path::Path) -> Coord {
+    let mut cfg = Config::for_dir(dir.join("data"));
+    let rules = dir.join("rules.toml");
+    // XID 31 is a program fault by default; this site treats it as fatal.
+    std::fs::write(&rules, "critical_xids = [31, 79]\nidle = \"off\"\n").unwrap();
+    cfg.health_rules = Some(rules);
+    let metrics_addr = "127.0.0.1:0".parse().unwrap();
+    cfg.metrics_listen = Some(MetricsListen::At(metrics_addr));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let metrics = gpuctl_coordinator::server::bind_metrics(&cfg)
+        .await
+        .unwrap()
+        .expect("metrics listener");
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let metrics_at = metrics.local_addr().unwrap().to_string();
+    let (stop, shutdown) = watch::channel(false);
+    let task = tokio::spawn(gpuctl_coordinator::server::run_with(
+        cfg,
+        listener,
+        Some(metrics),
+        shutdown,
+    ));
+    Coord {
+        url,
+        metrics: metrics_at,
+        stop,
+        task,
+    }
+}
+
+impl Coord {
+    async fn jobs(&self) -> JobServiceClient<Channel> {
+        for _ in 0..50 {
+            if let Ok(c) = JobServiceClient::connect(self.url.clone()).await {
+                return c;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("coordinator at {} does not answer", self.url);
+    }
+    async fn shutdown(self) {
+        self.stop.send(true).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .expect("coordinator stops within 10 s")
+            .unwrap()
+            .unwrap();
+    }
+    /// A plain HTTP/1.1 GET, as Prometheus does it.
+    async fn get(&self, path: &str) -> (String, String) {
+        let mut conn = tokio::net::TcpStream::connect(&self.metrics).await.unwrap();
+        conn.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut text = String::new();
+        conn.read_to_string(&mut text).await.unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP response");
+        (head.to_string(), body.to_string())
+    }
+}
+
+struct Agent {
+    up: mpsc::Sender<AgentMessage>,
+    down: tonic::Streaming<CoordinatorMessage>,
+    _beating: JoinHandle<()>,
+}
+
+fn heartbeat(name: &str) -> AgentMessage {
+    AgentMessage {
+        msg: Some(Up::Heartbeat(Heartbeat {
+            node: name.into(),
+            protocol_version: PROTOCOL_VERSION,
+            unix_ms: now_ms(),
+            running: vec![],
+        })),
+    }
+}
+
+async fn gpu_agent(url: &str, name: &str) -> Agent {
+    let mut client = AgentServiceClient::connect(url.to_string()).await.unwrap();
+    client
+        .register(RegisterRequest {
+            protocol_version: PROTOCOL_VERSION,
+            name: name.into(),
+            facts: Some(HostFacts {
+                hostname: name.into(),
+                addresses: vec!["127.0.0.1".into()],
+                cpu_count: 8,
+                shm_bytes: 16 << 30,
+                ib_devices: vec!["mlx5_0".into()],
+                ..Default::default()
+            }),
+            gpus: (0..2)
+                .map(|i| GpuInfo {
+                    index: i,
+                    uuid: format!("GPU-{name}-{i}"),
+                    name: "NVIDIA H200".into(),
+                    ..Default::default()
+                })
+                .collect(),
+            preflight: vec![],
+        })
+        .await
+        .unwrap();
+    let (up, rx) = mpsc::channel(64);
+    up.send(heartbeat(name)).await.unwrap();
+    let down = client
+        .session(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let (tx, n) = (up.clone(), name.to_string());
+    let beating = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if tx.send(heartbeat(&n)).await.is_err() {
+                return;
+            }
+        }
+    });
+    Agent {
+        up,
+        down,
+        _beating: beating,
+    }
+}
+
+impl Agent {
+    /// The next assignment; cancels of jobs that already ended are skipped.
+    async fn assignment(&mut self) -> Assignment {
+        loop {
+            let msg = tokio::time::timeout(Duration::from_secs(10), self.down.message())
+                .await
+                .expect("an assignment within 10 s")
+                .unwrap()
+                .unwrap()
+                .msg;
+            match msg {
+                Some(Down::Assignment(a)) => return a,
+                Some(Down::Cancel(_)) => continue,
+                other => panic!("expected an assignment, got {other:?}"),
+            }
+        }
+    }
+
+    async fn samples(&self, node: &str, job: &str, t: u64, xid_on_1: Vec<u32>) {
+        let sample = |i: u32, xids: Vec<u32>| GpuSample {
+            index: i,
+            uuid: format!("GPU-{node}-{i}"),
+            unix_ms: t,
+            util_gpu: 97.0,
+            mem_used_bytes: 70 << 30,
+            mem_total_bytes: 141 << 30,
+            temperature_c: 61.0 + i as f64,
+            power_w: 650.0,
+            pcie_gen: 5,
+            pcie_width: 16,
+            pcie_gen_max: 5,
+            pcie_width_max: 16,
+            xids,
+            ..Default::default()
+        };
+        self.up
+            .send(AgentMessage {
+                msg: Some(Up::Telemetry(TelemetryBatch {
+                    node: node.into(),
+                    job_id: job.into(),
+                    attempt: 1,
+                    samples: vec![sample(0, vec![]), sample(1, xid_on_1)],
+                })),
+            })
+            .await
+            .unwrap();
+    }
+}
+
+fn stress() -> SubmitRequest {
+    SubmitRequest {
+        spec: Some(JobSpec {
+            workload: "stress".into(),
+            node_count: 1,
+            duration_ms: 60_000,
+            ..Default::default()
+        }),
+    }
+}
+
+async fn wait_state(c: &mut JobServiceClient<Channel>, id: &str, want: JobState) -> Job {
+    for _ in 0..100 {
+        let j = c
+            .get_job(GetJobRequest { job_id: id.into() })
+            .await
+            .unwrap()
+            .into_inner();
+        if j.state() == want {
+            return j;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("job {id} never became {want:?}");
+}
+
+fn metric(body: &str, series: &str) -> f64 {
+    body.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no `{series}` in\n{body}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn telemetry_health_metrics_and_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let coord = start(dir.path()).await;
+    let mut jobs = coord.jobs().await;
+    let agent = gpu_agent(&coord.url, "g0").await;
+    let mut agent = agent;
+
+    let id = jobs.submit(stress()).await.unwrap().into_inner().id;
+    let asg = agent.assignment().await;
+    assert_eq!(asg.ranks.len(), 2);
+    let t0 = now_ms();
+    for s in 0..5u64 {
+        let xids = if s == 3 { vec![31] } else { vec![] };
+        agent.samples("g0", &id, t0 + s * 1_000, xids).await;
+    }
+    // GetTelemetry: the latest sample of each GPU, once the batches are in.
+    let mut latest = Vec::new();
+    for _ in 0..50 {
+        latest = jobs
+            .get_telemetry(GetTelemetryRequest { job_id: id.clone() })
+            .await
+            .unwrap()
+            .into_inner()
+            .latest;
+        if latest
+            .first()
+            .is_some_and(|b| b.samples[0].unix_ms == t0 + 4_000)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(latest.len(), 1, "{latest:?}");
+    assert_eq!(latest[0].samples.len(), 2);
+    assert_eq!(latest[0].samples[0].unix_ms, t0 + 4_000);
+
+    let (head, body) = coord.get("/metrics").await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.contains("text/plain; version=0.0.4"), "{head}");
+    assert_eq!(
+        metric(&body, "gpuctl_telemetry_samples_ingested_total"),
+        10.0
+    );
+    assert_eq!(metric(&body, "gpuctl_jobs_submitted_total"), 1.0);
+    assert_eq!(metric(&body, "gpuctl_jobs{state=\"running\"}"), 1.0);
+    assert_eq!(metric(&body, "gpuctl_nodes{state=\"busy\"}"), 1.0);
+    let (head, _) = coord.get("/nope").await;
+    assert!(head.starts_with("HTTP/1.1 404"), "{head}");
+
+    // Both ranks succeed, but GPU 1 had a (site-critical) XID: rank 1, its node
+    // and the job fail, and the report says why.
+    let mut w = WorkerServiceClient::connect(coord.url.clone())
+        .await
+        .unwrap();
+    for rank in 0..2 {
+        let ack = w
+            .report_result(RankResult {
+                job_id: id.clone(),
+                attempt: 1,
+                rank,
+                ok: true,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(ack.ok, "{ack:?}");
+    }
+    let done = wait_state(&mut jobs, &id, JobState::Failed).await;
+    assert!(done.message.contains("XID 31"), "{}", done.message);
+    let report = jobs
+        .get_report(GetReportRequest { job_id: id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(report.telemetry.len(), 2);
+    let g1 = report.telemetry.iter().find(|t| t.index == 1).unwrap();
+    assert_eq!((g1.samples, g1.xids.clone()), (5, vec![31]));
+    assert_eq!(g1.verdict(), Verdict::Fail);
+    assert_eq!(g1.temp_max, 62.0);
+    assert_eq!(report.health.len(), 1, "{:?}", report.health);
+    assert_eq!(
+        (report.health[0].rule.as_str(), report.health[0].gpu_index),
+        ("xid", 1)
+    );
+    let node = &report.nodes[0];
+    assert_eq!(node.verdict(), Verdict::Fail);
+    assert_eq!(node.ranks[0].verdict(), Verdict::Pass);
+    assert!(
+        node.ranks[1].reason.contains("health `xid`"),
+        "{:?}",
+        node.ranks[1]
+    );
+    let (_, body) = coord.get("/metrics").await;
+    assert_eq!(metric(&body, "gpuctl_results_ingested_total"), 2.0);
+    assert_eq!(metric(&body, "gpuctl_jobs{state=\"failed\"}"), 1.0);
+
+    // A second job is running when the coordinator stops: its telemetry is in
+    // the store, and the restarted coordinator's report of it keeps it.
+    let id2 = jobs.submit(stress()).await.unwrap().into_inner().id;
+    agent.assignment().await;
+    for s in 0..3u64 {
+        agent
+            .samples("g0", &id2, t0 + 10_000 + s * 1_000, vec![])
+            .await;
+    }
+    for _ in 0..50 {
+        let l = jobs
+            .get_telemetry(GetTelemetryRequest {
+                job_id: id2.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .latest;
+        if l.first()
+            .is_some_and(|b| b.samples[0].unix_ms == t0 + 12_000)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(agent);
+    coord.shutdown().await;
+
+    let coord = start(dir.path()).await;
+    let mut jobs = coord.jobs().await;
+    let report = jobs
+        .get_report(GetReportRequest {
+            job_id: id2.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(report.state(), JobState::Failed);
+    assert_eq!(report.telemetry.len(), 2, "{report:?}");
+    assert!(report.telemetry.iter().all(|t| t.samples == 3));
+    assert!(report.health.is_empty(), "{:?}", report.health);
+    // The first job's report is stored whole.
+    let first = jobs
+        .get_report(GetReportRequest { job_id: id })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(first.health.len(), 1);
+    coord.shutdown().await;
+}
