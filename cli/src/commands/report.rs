@@ -139,7 +139,7 @@ fn ranks_table(r: &pb::Report) -> String {
     }
     if k.train {
         right.extend(headers.len()..headers.len() + 4);
-        headers.extend(["SAMPLES/S", "P50 MS", "P99 MS", "LOSS"]);
+        headers.extend(["SAMPLES/S", "P50 MS", "P99 MS", "LOSS", "SCALING"]);
     }
     if k.maxbatch {
         right.extend(headers.len()..headers.len() + 2);
@@ -187,8 +187,14 @@ fn ranks_table(r: &pb::Report) -> String {
                     format!("{:.1}", t.step_ms_p50),
                     format!("{:.1}", t.step_ms_p99),
                     format!("{:.4}", t.final_loss),
+                    // Against this rank's own no-communication rate.
+                    if t.baseline_samples_per_s > 0.0 {
+                        format!("{:.1}%", t.scaling_efficiency * 100.0)
+                    } else {
+                        "-".to_string()
+                    },
                 ]),
-                _ => row.extend(std::iter::repeat_n("-".to_string(), 4)),
+                _ => row.extend(std::iter::repeat_n("-".to_string(), 5)),
             }
         }
         if k.maxbatch {

@@ -207,6 +207,8 @@ fn train(t: &pb::TrainResult) -> Value {
         "final_loss": t.final_loss,
         "peak_memory_bytes": t.peak_memory_bytes,
         "comm_ms_per_step": t.comm_ms_per_step,
+        "baseline_samples_per_s": t.baseline_samples_per_s,
+        "scaling_efficiency": t.scaling_efficiency,
     })
 }
 
@@ -217,6 +219,8 @@ fn maxbatch(m: &pb::MaxBatchResult) -> Value {
         "max_batch": m.max_batch,
         "recommended": m.recommended,
         "margin": m.margin,
+        "capped": m.capped,
+        "note": m.note,
         "points": m.points.iter().map(|p| json!({
             "batch_size": p.batch_size,
             "fits": p.fits,

@@ -88,7 +88,7 @@ pub fn run_mode(ctx: &Ctx, mode: Mode) -> Result<Outcome> {
     let progress = |phase: &str, frac: f64, metrics: &[(&str, f64)]| {
         ctx.progress.update(phase, frac, metrics);
     };
-    let out = train(
+    let mut out = train(
         &cfg,
         ctx.dev.device,
         comm.as_deref_mut()
@@ -99,6 +99,8 @@ pub fn run_mode(ctx: &Ctx, mode: Mode) -> Result<Outcome> {
     ctx.sample_memory();
     let mut metrics = vec![("samples_per_s", out.result.samples_per_s)];
     if let (Some(b), Some(e)) = (out.baseline_per_s, out.scaling_efficiency) {
+        out.result.baseline_samples_per_s = b;
+        out.result.scaling_efficiency = e;
         metrics.push(("baseline_samples_per_s", b));
         metrics.push(("scaling_efficiency", e));
     }

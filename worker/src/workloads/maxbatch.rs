@@ -290,6 +290,7 @@ pub fn run(ctx: &Ctx) -> Result<Outcome> {
         );
     }
     let rec = recommended(s.max_batch, margin);
+    let mut note = String::new();
     if s.capped {
         let why = if gpu {
             format!(
@@ -304,6 +305,7 @@ pub fn run(ctx: &Ctx) -> Result<Outcome> {
         };
         tracing::info!("{why}");
         ctx.progress.message(&why);
+        note = why;
     }
     tracing::info!(
         max_batch = s.max_batch,
@@ -319,6 +321,8 @@ pub fn run(ctx: &Ctx) -> Result<Outcome> {
             max_batch: s.max_batch,
             recommended: rec,
             margin,
+            capped: s.capped,
+            note,
             points: s.points,
         }),
         nccl_version: None,

@@ -685,6 +685,7 @@ pub fn train(
         mode: cfg.mode.name().into(),
         peak_memory_bytes: mem.peak(),
         comm_ms_per_step: comm_s / cfg.steps.max(1) as f64 * 1e3,
+        ..Default::default()
     };
     tracing::info!(
         per_s,
