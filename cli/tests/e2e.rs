@@ -39,7 +39,15 @@ fn stress_and_nccl_on_four_nodes_pass() {
     let cluster = Cluster::start(4, 2);
 
     let out = cluster.gpuctl(&[
-        "submit", "stress", "--duration", "5s", "--nodes", "4", "--wait", "--output", "json",
+        "submit",
+        "stress",
+        "--duration",
+        "5s",
+        "--nodes",
+        "4",
+        "--wait",
+        "--output",
+        "json",
     ]);
     let report = parse_json(&out, &["submit stress --wait"]);
     assert_eq!(report["state"], "succeeded", "{report}\n{}", cluster.logs());
@@ -54,8 +62,21 @@ fn stress_and_nccl_on_four_nodes_pass() {
     }
 
     let out = cluster.gpuctl(&[
-        "submit", "nccl", "--nodes", "4", "--min-bytes", "1K", "--max-bytes", "64K", "--iters",
-        "3", "--warmup", "1", "--wait", "--output", "json",
+        "submit",
+        "nccl",
+        "--nodes",
+        "4",
+        "--min-bytes",
+        "1K",
+        "--max-bytes",
+        "64K",
+        "--iters",
+        "3",
+        "--warmup",
+        "1",
+        "--wait",
+        "--output",
+        "json",
     ]);
     let report = parse_json(&out, &["submit nccl --wait"]);
     assert_eq!(report["state"], "succeeded", "{report}\n{}", cluster.logs());
@@ -89,7 +110,10 @@ fn stress_and_nccl_on_four_nodes_pass() {
     let table = cluster.gpuctl(&["report", &id]);
     assert!(table.status.success(), "{}", stderr(&table));
     let text = String::from_utf8_lossy(&table.stdout);
-    assert!(text.contains("all_reduce") && text.contains("busbw"), "{text}");
+    assert!(
+        text.contains("all_reduce") && text.contains("busbw"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -102,7 +126,10 @@ fn cancel_stops_every_worker() {
     let out = cluster.gpuctl(&["cancel", &id]);
     assert!(out.status.success(), "cancel: {}", stderr(&out));
     let gone = wait_workers_gone(&id, Duration::from_secs(5));
-    assert!(gone.is_ok(), "workers still alive 5 s after cancel: {gone:?}");
+    assert!(
+        gone.is_ok(),
+        "workers still alive 5 s after cancel: {gone:?}"
+    );
     assert_eq!(cluster.job_state(&id), "cancelled");
 
     // A cancelled job's report exits non-zero and says so.
@@ -133,7 +160,10 @@ fn lost_agent_fails_the_job_naming_the_node() {
     assert!(message.contains("node-2"), "failure names the node: {job}");
     let left = Duration::from_secs(3 + 5).saturating_sub(killed.elapsed());
     let gone = wait_workers_gone(&id, left.max(Duration::from_secs(2)));
-    assert!(gone.is_ok(), "workers left after the node was lost: {gone:?}");
+    assert!(
+        gone.is_ok(),
+        "workers left after the node was lost: {gone:?}"
+    );
 
     let nodes = cluster.json(&["nodes"]);
     let lost: Vec<_> = nodes_array(&nodes)
@@ -149,7 +179,15 @@ fn reports_survive_a_coordinator_restart() {
     let _g = serial();
     let mut cluster = Cluster::start(4, 2);
     let out = cluster.gpuctl(&[
-        "submit", "stress", "--duration", "3s", "--nodes", "4", "--wait", "--output", "json",
+        "submit",
+        "stress",
+        "--duration",
+        "3s",
+        "--nodes",
+        "4",
+        "--wait",
+        "--output",
+        "json",
     ]);
     let before = parse_json(&out, &["submit stress --wait"]);
     assert_eq!(before["verdict"], "pass", "{before}\n{}", cluster.logs());
@@ -164,7 +202,15 @@ fn reports_survive_a_coordinator_restart() {
     // Agents find the new coordinator by themselves and take new work.
     cluster.wait_ready(4, Duration::from_secs(30));
     let out = cluster.gpuctl(&[
-        "submit", "stress", "--duration", "2s", "--nodes", "4", "--wait", "--output", "json",
+        "submit",
+        "stress",
+        "--duration",
+        "2s",
+        "--nodes",
+        "4",
+        "--wait",
+        "--output",
+        "json",
     ]);
     let again = parse_json(&out, &["submit stress --wait after restart"]);
     assert_eq!(again["verdict"], "pass", "{again}");
@@ -178,10 +224,19 @@ fn bad_input_is_refused_and_stores_nothing() {
     let cases: &[(&[&str], &str)] = &[
         (&["submit", "stress", "--nodes", "0"], "--nodes"),
         (&["submit", "stress", "--nodes", "5"], "5 nodes"),
-        (&["submit", "stress", "--duration", "-5m", "--nodes", "1"], "duration"),
+        (
+            &["submit", "stress", "--duration", "-5m", "--nodes", "1"],
+            "duration",
+        ),
         (&["submit", "burn", "--nodes", "1"], "burn"),
-        (&["submit", "stress", "--nodes", "1", "--frobnicate"], "--frobnicate"),
-        (&["submit", "stress", "--nodes", "1", "--selector", "gpu"], "selector"),
+        (
+            &["submit", "stress", "--nodes", "1", "--frobnicate"],
+            "--frobnicate",
+        ),
+        (
+            &["submit", "stress", "--nodes", "1", "--selector", "gpu"],
+            "selector",
+        ),
     ];
     for (args, needle) in cases {
         let out = cluster.gpuctl(args);

@@ -80,14 +80,58 @@ const PRECISIONS_GEMM: &[&str] = &["bf16", "fp16", "tf32", "fp32", "fp8"];
 const DTYPES: &[&str] = &["float", "bfloat16", "half"];
 
 const TRAIN_PARAMS: &[ParamDef] = &[
-    ParamDef { name: "model", kind: ParamKind::Choice(MODELS), help: "model to train (default resnet50; cnn on CPU)" },
-    ParamDef { name: "batch_size", kind: ParamKind::Int { min: 1, max: 1 << 20 }, help: "batch per rank" },
-    ParamDef { name: "precision", kind: ParamKind::Choice(PRECISIONS_TRAIN), help: "fp32, fp16 (loss scaling) or bf16" },
-    ParamDef { name: "steps", kind: ParamKind::Int { min: 1, max: 1 << 30 }, help: "timed steps" },
-    ParamDef { name: "warmup_steps", kind: ParamKind::Int { min: 0, max: 1 << 20 }, help: "untimed steps first" },
-    ParamDef { name: "channels_last", kind: ParamKind::Bool, help: "channels_last layout for CNNs (default true on GPU)" },
-    ParamDef { name: "bucket_bytes", kind: ParamKind::Bytes, help: "gradient bucket size (default 25M)" },
-    ParamDef { name: "seq_len", kind: ParamKind::Int { min: 8, max: 1 << 20 }, help: "tokens per sample for gpt" },
+    ParamDef {
+        name: "model",
+        kind: ParamKind::Choice(MODELS),
+        help: "model to train (default resnet50; cnn on CPU)",
+    },
+    ParamDef {
+        name: "batch_size",
+        kind: ParamKind::Int {
+            min: 1,
+            max: 1 << 20,
+        },
+        help: "batch per rank",
+    },
+    ParamDef {
+        name: "precision",
+        kind: ParamKind::Choice(PRECISIONS_TRAIN),
+        help: "fp32, fp16 (loss scaling) or bf16",
+    },
+    ParamDef {
+        name: "steps",
+        kind: ParamKind::Int {
+            min: 1,
+            max: 1 << 30,
+        },
+        help: "timed steps",
+    },
+    ParamDef {
+        name: "warmup_steps",
+        kind: ParamKind::Int {
+            min: 0,
+            max: 1 << 20,
+        },
+        help: "untimed steps first",
+    },
+    ParamDef {
+        name: "channels_last",
+        kind: ParamKind::Bool,
+        help: "channels_last layout for CNNs (default true on GPU)",
+    },
+    ParamDef {
+        name: "bucket_bytes",
+        kind: ParamKind::Bytes,
+        help: "gradient bucket size (default 25M)",
+    },
+    ParamDef {
+        name: "seq_len",
+        kind: ParamKind::Int {
+            min: 8,
+            max: 1 << 20,
+        },
+        help: "tokens per sample for gpt",
+    },
 ];
 
 pub const WORKLOADS: &[WorkloadDef] = &[
@@ -96,12 +140,42 @@ pub const WORKLOADS: &[WorkloadDef] = &[
         help: "GEMM loop for --duration with a bit-for-bit result check across ranks",
         timed: true,
         params: &[
-            ParamDef { name: "size", kind: ParamKind::Int { min: 16, max: 65536 }, help: "matrix side (default 8192 on GPU, 256 on CPU)" },
-            ParamDef { name: "precision", kind: ParamKind::Choice(PRECISIONS_GEMM), help: "bf16, fp16, tf32, fp32 or fp8 (default bf16 on GPU, fp32 on CPU)" },
-            ParamDef { name: "interval", kind: ParamKind::Duration, help: "TFLOP/s sampling interval (default 1s)" },
-            ParamDef { name: "target_memory", kind: ParamKind::Memory, help: "GPU memory to fill first: GiB (20), size (20G) or fraction (0.8)" },
-            ParamDef { name: "with_comm", kind: ParamKind::Bool, help: "keep an all_reduce running beside the GEMMs" },
-            ParamDef { name: "check_every", kind: ParamKind::Int { min: 1, max: 1 << 30 }, help: "compare the result digest every N products (default 10)" },
+            ParamDef {
+                name: "size",
+                kind: ParamKind::Int {
+                    min: 16,
+                    max: 65536,
+                },
+                help: "matrix side (default 8192 on GPU, 256 on CPU)",
+            },
+            ParamDef {
+                name: "precision",
+                kind: ParamKind::Choice(PRECISIONS_GEMM),
+                help: "bf16, fp16, tf32, fp32 or fp8 (default bf16 on GPU, fp32 on CPU)",
+            },
+            ParamDef {
+                name: "interval",
+                kind: ParamKind::Duration,
+                help: "TFLOP/s sampling interval (default 1s)",
+            },
+            ParamDef {
+                name: "target_memory",
+                kind: ParamKind::Memory,
+                help: "GPU memory to fill first: GiB (20), size (20G) or fraction (0.8)",
+            },
+            ParamDef {
+                name: "with_comm",
+                kind: ParamKind::Bool,
+                help: "keep an all_reduce running beside the GEMMs",
+            },
+            ParamDef {
+                name: "check_every",
+                kind: ParamKind::Int {
+                    min: 1,
+                    max: 1 << 30,
+                },
+                help: "compare the result digest every N products (default 10)",
+            },
         ],
     },
     WorkloadDef {
@@ -109,28 +183,108 @@ pub const WORKLOADS: &[WorkloadDef] = &[
         help: "collective bandwidth, nccl-tests style (TCP ring backend on CPU)",
         timed: false,
         params: &[
-            ParamDef { name: "ops", kind: ParamKind::List(COLLECTIVE_OPS), help: "collectives to run (default all)" },
-            ParamDef { name: "min_bytes", kind: ParamKind::Bytes, help: "smallest size (default 1M)" },
-            ParamDef { name: "max_bytes", kind: ParamKind::Bytes, help: "largest size (default 1G on GPU, 16M on CPU)" },
-            ParamDef { name: "factor", kind: ParamKind::Int { min: 2, max: 1 << 20 }, help: "size multiplier between steps (default 2)" },
-            ParamDef { name: "dtype", kind: ParamKind::Choice(DTYPES), help: "float, bfloat16 or half" },
-            ParamDef { name: "iters", kind: ParamKind::Int { min: 1, max: 1 << 20 }, help: "timed iterations per size (default 20)" },
-            ParamDef { name: "warmup", kind: ParamKind::Int { min: 0, max: 1 << 20 }, help: "untimed iterations per size (default 5)" },
+            ParamDef {
+                name: "ops",
+                kind: ParamKind::List(COLLECTIVE_OPS),
+                help: "collectives to run (default all)",
+            },
+            ParamDef {
+                name: "min_bytes",
+                kind: ParamKind::Bytes,
+                help: "smallest size (default 1M)",
+            },
+            ParamDef {
+                name: "max_bytes",
+                kind: ParamKind::Bytes,
+                help: "largest size (default 1G on GPU, 16M on CPU)",
+            },
+            ParamDef {
+                name: "factor",
+                kind: ParamKind::Int {
+                    min: 2,
+                    max: 1 << 20,
+                },
+                help: "size multiplier between steps (default 2)",
+            },
+            ParamDef {
+                name: "dtype",
+                kind: ParamKind::Choice(DTYPES),
+                help: "float, bfloat16 or half",
+            },
+            ParamDef {
+                name: "iters",
+                kind: ParamKind::Int {
+                    min: 1,
+                    max: 1 << 20,
+                },
+                help: "timed iterations per size (default 20)",
+            },
+            ParamDef {
+                name: "warmup",
+                kind: ParamKind::Int {
+                    min: 0,
+                    max: 1 << 20,
+                },
+                help: "untimed iterations per size (default 5)",
+            },
         ],
     },
-    WorkloadDef { name: "ddp", help: "data-parallel training, gradients all-reduced in buckets", timed: false, params: TRAIN_PARAMS },
-    WorkloadDef { name: "fsdp", help: "sharded data-parallel training (flat parameters sharded)", timed: false, params: TRAIN_PARAMS },
+    WorkloadDef {
+        name: "ddp",
+        help: "data-parallel training, gradients all-reduced in buckets",
+        timed: false,
+        params: TRAIN_PARAMS,
+    },
+    WorkloadDef {
+        name: "fsdp",
+        help: "sharded data-parallel training (flat parameters sharded)",
+        timed: false,
+        params: TRAIN_PARAMS,
+    },
     WorkloadDef {
         name: "maxbatch",
         help: "largest batch per GPU before out-of-memory, with a safety margin",
         timed: false,
         params: &[
-            ParamDef { name: "model", kind: ParamKind::Choice(MODELS), help: "model (default resnet50)" },
-            ParamDef { name: "precision", kind: ParamKind::Choice(PRECISIONS_TRAIN), help: "fp32, fp16 or bf16" },
-            ParamDef { name: "margin", kind: ParamKind::Float { min: 0.0, max: 0.9 }, help: "safety margin (default 0.1)" },
-            ParamDef { name: "start", kind: ParamKind::Int { min: 1, max: 1 << 20 }, help: "first batch tried (default 8)" },
-            ParamDef { name: "limit", kind: ParamKind::Int { min: 1, max: 1 << 24 }, help: "largest batch tried (default 65536)" },
-            ParamDef { name: "seq_len", kind: ParamKind::Int { min: 8, max: 1 << 20 }, help: "tokens per sample for gpt" },
+            ParamDef {
+                name: "model",
+                kind: ParamKind::Choice(MODELS),
+                help: "model (default resnet50)",
+            },
+            ParamDef {
+                name: "precision",
+                kind: ParamKind::Choice(PRECISIONS_TRAIN),
+                help: "fp32, fp16 or bf16",
+            },
+            ParamDef {
+                name: "margin",
+                kind: ParamKind::Float { min: 0.0, max: 0.9 },
+                help: "safety margin (default 0.1)",
+            },
+            ParamDef {
+                name: "start",
+                kind: ParamKind::Int {
+                    min: 1,
+                    max: 1 << 20,
+                },
+                help: "first batch tried (default 8)",
+            },
+            ParamDef {
+                name: "limit",
+                kind: ParamKind::Int {
+                    min: 1,
+                    max: 1 << 24,
+                },
+                help: "largest batch tried (default 65536)",
+            },
+            ParamDef {
+                name: "seq_len",
+                kind: ParamKind::Int {
+                    min: 8,
+                    max: 1 << 20,
+                },
+                help: "tokens per sample for gpt",
+            },
         ],
     },
 ];
@@ -378,7 +532,10 @@ mod tests {
 
     #[test]
     fn timed_workloads_get_a_duration() {
-        assert_eq!(normalize(&spec("stress")).unwrap().duration_ms, DEFAULT_DURATION_MS);
+        assert_eq!(
+            normalize(&spec("stress")).unwrap().duration_ms,
+            DEFAULT_DURATION_MS
+        );
         assert_eq!(normalize(&spec("nccl")).unwrap().duration_ms, 0);
     }
 
@@ -396,7 +553,10 @@ mod tests {
         assert_eq!(normalize(&s).unwrap_err().field, "--min-bytes");
         let mut s = spec("stress");
         s.params.insert("factor".into(), "2".into());
-        assert!(normalize(&s).unwrap_err().message.contains("no parameter `factor`"));
+        assert!(normalize(&s)
+            .unwrap_err()
+            .message
+            .contains("no parameter `factor`"));
     }
 
     #[test]
@@ -404,14 +564,22 @@ mod tests {
         assert!(parse_selector("gpu=H200").is_ok());
         assert_eq!(parse_selector("rack!=a1").unwrap().op, SelectorOp::Ne);
         for bad in ["gpu", "=x", "a=", "a==b", "a b=c"] {
-            assert_eq!(parse_selector(bad).unwrap_err().field, "--selector", "{bad}");
+            assert_eq!(
+                parse_selector(bad).unwrap_err().field,
+                "--selector",
+                "{bad}"
+            );
         }
         let mut node = Node {
             name: "n1".into(),
             ..Default::default()
         };
         node.facts = Some(Default::default());
-        node.facts.as_mut().unwrap().labels.insert("rack".into(), "a1".into());
+        node.facts
+            .as_mut()
+            .unwrap()
+            .labels
+            .insert("rack".into(), "a1".into());
         node.gpus.push(crate::pb::GpuInfo {
             name: "NVIDIA H200".into(),
             ..Default::default()

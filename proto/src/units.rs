@@ -62,7 +62,9 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
         format!("`{t}` is not a duration ({e}); give a duration like 30s, 15m or 1h")
     })?;
     if d.is_zero() {
-        return Err(format!("`{t}` is zero; give a positive duration like 30s or 15m"));
+        return Err(format!(
+            "`{t}` is zero; give a positive duration like 30s or 15m"
+        ));
     }
     Ok(d)
 }

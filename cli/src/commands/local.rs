@@ -297,7 +297,11 @@ fn start_agent(
         .arg(&work);
     // Agents of one box would fight over the default /metrics port; each gets
     // a free one (logged in its log) unless the user chose.
-    if !a.agent_arg.iter().any(|x| x.starts_with("--metrics-listen")) {
+    if !a
+        .agent_arg
+        .iter()
+        .any(|x| x.starts_with("--metrics-listen"))
+    {
         cmd.args(["--metrics-listen", "127.0.0.1:0"]);
     }
     cmd.args(&a.agent_arg);

@@ -331,13 +331,17 @@ pub fn worker_pids(job: &str) -> Vec<u32> {
             continue;
         };
         let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
-        let is_worker = args
-            .first()
-            .is_some_and(|a| a.ends_with(b"gpuctl-worker"));
+        let is_worker = args.first().is_some_and(|a| a.ends_with(b"gpuctl-worker"));
         let for_job = args.contains(&job.as_bytes());
         // A zombie has released everything; it only waits for its parent.
         let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+            .map(|s| {
+                s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
             .unwrap_or(false);
         if is_worker && for_job && !zombie {
             pids.push(pid);
