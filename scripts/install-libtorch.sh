@@ -24,7 +24,9 @@ else
   if ! have "torch-$TORCH_VERSION-*.whl" || ! have "nvidia_cuda_runtime-$CUDART_VERSION-*.whl" || ! have "nvidia_cuda_cupti-$CUPTI_VERSION-*.whl"; then
     echo "downloading torch==$TORCH_VERSION (about 530 MB) and the CUDA runtime wheels into $CACHE/wheels"
     "$PY" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.11 \
-      --platform manylinux_2_28_x86_64 -d "$CACHE/wheels" \
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+      --platform manylinux_2_25_x86_64 --platform manylinux_2_17_x86_64 \
+      --platform manylinux2014_x86_64 -d "$CACHE/wheels" \
       "torch==$TORCH_VERSION" "nvidia-cuda-runtime==$CUDART_VERSION" "nvidia-cuda-cupti==$CUPTI_VERSION"
   fi
   echo "unpacking libtorch into $SP"
