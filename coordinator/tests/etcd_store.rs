@@ -7,6 +7,8 @@
 //!
 //! etcd must be installed: these tests fail (they do not skip) without it.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -16,10 +18,8 @@ use std::time::{Duration, Instant};
 
 use gpuctl_coordinator::store::etcd::{leader_key, EtcdStore, LEADER_TTL};
 use gpuctl_coordinator::store::{keys, Batch, StateStore, Store};
-use gpuctl_proto::pb::agent_service_client::AgentServiceClient;
 use gpuctl_proto::pb::job_service_client::JobServiceClient;
 use gpuctl_proto::pb::*;
-use gpuctl_proto::PROTOCOL_VERSION;
 use tokio::sync::watch;
 
 const INSTALL: &str = "etcd is not installed (no `etcd` on PATH): these tests need a real etcd. \
@@ -408,27 +408,6 @@ impl Drop for Coordinator {
     }
 }
 
-async fn register(url: &str, name: &str) {
-    let mut client = AgentServiceClient::connect(url.to_string()).await.unwrap();
-    client
-        .register(RegisterRequest {
-            protocol_version: PROTOCOL_VERSION,
-            name: name.into(),
-            facts: Some(HostFacts {
-                hostname: name.into(),
-                addresses: vec!["127.0.0.1".into()],
-                cpu_count: 4,
-                cpu_ranks: 2,
-                cpu_model: "Test CPU".into(),
-                ..Default::default()
-            }),
-            gpus: vec![],
-            preflight: vec![],
-        })
-        .await
-        .unwrap();
-}
-
 async fn node_names(url: &str) -> Vec<String> {
     let mut client = JobServiceClient::connect(url.to_string()).await.unwrap();
     let nodes = client
@@ -460,18 +439,11 @@ async fn coordinators_keep_state_in_etcd_and_a_standby_takes_over() {
     // The first coordinator leads and stores a node and a job.
     let mut a = Coordinator::start(&etcd, prefix, dir.path(), "a");
     let url_a = a.serving(Duration::from_secs(30));
-    register(&url_a, "node-0").await;
+    common::register(&url_a, "node-0", common::cpu_host("node-0", 2), vec![]).await;
     assert_eq!(node_names(&url_a).await, vec!["node-0"]);
     let mut jobs = JobServiceClient::connect(url_a.clone()).await.unwrap();
     let submitted = jobs
-        .submit(SubmitRequest {
-            spec: Some(JobSpec {
-                workload: "stress".into(),
-                node_count: 1,
-                duration_ms: 1_000,
-                ..Default::default()
-            }),
-        })
+        .submit(common::spec("stress", 1))
         .await
         .unwrap_or_else(|e| panic!("submit: {e}\n{}", a.log()))
         .into_inner();

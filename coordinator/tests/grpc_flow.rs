@@ -2,161 +2,28 @@
 //! workers and the CLI talk to it: registration and sessions, planning, job life,
 //! rendezvous, results and reports, lost nodes, cancel and restart.
 
+mod common;
+
 use std::time::Duration;
 
-use gpuctl_coordinator::Config;
+use common::{
+    cpu_host, heartbeat, job, latest_telemetry, register, spec, start, wait_state, Agent,
+};
 use gpuctl_proto::pb::agent_message::Msg as Up;
 use gpuctl_proto::pb::agent_service_client::AgentServiceClient;
-use gpuctl_proto::pb::coordinator_message::Msg as Down;
-use gpuctl_proto::pb::job_service_client::JobServiceClient;
-use gpuctl_proto::pb::worker_service_client::WorkerServiceClient;
 use gpuctl_proto::pb::*;
 use gpuctl_proto::{now_ms, PROTOCOL_VERSION};
-use tokio::net::TcpListener;
-use tokio::sync::{mpsc, watch};
-use tokio::task::JoinHandle;
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::Channel;
-use tonic::{Code, Streaming};
+use tonic::Code;
 
-struct Coord {
-    url: String,
-    stop: watch::Sender<bool>,
-    task: JoinHandle<anyhow::Result<()>>,
-}
-
-async fn start(dir: &std::path::Path, node_timeout: Duration) -> Coord {
-    let mut cfg = Config::for_dir(dir);
-    cfg.node_timeout = node_timeout;
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, shutdown) = watch::channel(false);
-    let task = tokio::spawn(gpuctl_coordinator::server::run_on(cfg, listener, shutdown));
-    Coord { url, stop, task }
-}
-
-impl Coord {
-    async fn jobs(&self) -> JobServiceClient<Channel> {
-        JobServiceClient::connect(self.url.clone()).await.unwrap()
-    }
-    async fn workers(&self) -> WorkerServiceClient<Channel> {
-        WorkerServiceClient::connect(self.url.clone())
-            .await
-            .unwrap()
-    }
-    async fn shutdown(self) {
-        self.stop.send(true).unwrap();
-        tokio::time::timeout(Duration::from_secs(10), self.task)
-            .await
-            .expect("coordinator stops within 10 s")
-            .unwrap()
-            .unwrap();
-    }
-}
-
-/// A stand-in agent: registers, heartbeats until `beating` is dropped.
-struct Agent {
-    name: String,
-    up: mpsc::Sender<AgentMessage>,
-    down: Streaming<CoordinatorMessage>,
-    beating: Option<JoinHandle<()>>,
-}
-
-fn heartbeat(name: &str) -> AgentMessage {
-    AgentMessage {
-        msg: Some(Up::Heartbeat(Heartbeat {
-            node: name.into(),
-            protocol_version: PROTOCOL_VERSION,
-            unix_ms: now_ms(),
-            running: vec![],
-        })),
-    }
-}
-
+/// A stand-in agent running `cpu_ranks` CPU ranks, no GPUs; the coordinator
+/// answers with its name and the URL workers reach it at.
 async fn agent(url: &str, name: &str, cpu_ranks: u32) -> Agent {
-    let mut client = AgentServiceClient::connect(url.to_string()).await.unwrap();
-    let resp = client
-        .register(RegisterRequest {
-            protocol_version: PROTOCOL_VERSION,
-            name: name.into(),
-            facts: Some(HostFacts {
-                hostname: name.into(),
-                addresses: vec!["127.0.0.1".into()],
-                cpu_count: 4,
-                cpu_ranks,
-                cpu_model: "Test CPU".into(),
-                ..Default::default()
-            }),
-            gpus: vec![],
-            preflight: vec![],
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let (client, resp) = register(url, name, cpu_host(name, cpu_ranks), vec![]).await;
     assert_eq!(resp.name, name);
     assert_eq!(resp.coordinator_url, url, "workers reach the listen URL");
-    let (up, rx) = mpsc::channel(64);
-    up.send(heartbeat(name)).await.unwrap();
-    let down = client
-        .session(ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
-    let (beat_tx, beat_name) = (up.clone(), name.to_string());
-    let beating = tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            if beat_tx.send(heartbeat(&beat_name)).await.is_err() {
-                return;
-            }
-        }
-    });
-    Agent {
-        name: name.into(),
-        up,
-        down,
-        beating: Some(beating),
-    }
-}
-
-impl Agent {
-    async fn next(&mut self) -> Down {
-        tokio::time::timeout(Duration::from_secs(10), self.down.message())
-            .await
-            .unwrap_or_else(|_| panic!("{}: nothing from the coordinator in 10 s", self.name))
-            .unwrap()
-            .expect("session open")
-            .msg
-            .unwrap()
-    }
-    async fn assignment(&mut self) -> Assignment {
-        match self.next().await {
-            Down::Assignment(a) => a,
-            other => panic!("{}: expected an assignment, got {other:?}", self.name),
-        }
-    }
-    async fn cancel(&mut self) -> CancelJob {
-        match self.next().await {
-            Down::Cancel(c) => c,
-            other => panic!("{}: expected a cancel, got {other:?}", self.name),
-        }
-    }
-    fn stop_heartbeats(&mut self) {
-        if let Some(h) = self.beating.take() {
-            h.abort();
-        }
-    }
-}
-
-fn spec(workload: &str, nodes: u32) -> SubmitRequest {
-    SubmitRequest {
-        spec: Some(JobSpec {
-            workload: workload.into(),
-            node_count: nodes,
-            duration_ms: 1_000,
-            ..Default::default()
-        }),
-    }
+    Agent::session(client, name).await
 }
 
 fn stress_result(job: &str, rank: u32, digest: &str) -> RankResult {
@@ -173,34 +40,6 @@ fn stress_result(job: &str, rank: u32, digest: &str) -> RankResult {
             ..Default::default()
         })),
         ..Default::default()
-    }
-}
-
-async fn job(c: &mut JobServiceClient<Channel>, id: &str) -> Job {
-    c.get_job(GetJobRequest { job_id: id.into() })
-        .await
-        .unwrap()
-        .into_inner()
-}
-
-async fn wait_state(
-    c: &mut JobServiceClient<Channel>,
-    id: &str,
-    want: JobState,
-    limit: Duration,
-) -> Job {
-    let start = std::time::Instant::now();
-    loop {
-        let j = job(c, id).await;
-        if j.state() == want {
-            return j;
-        }
-        assert!(
-            start.elapsed() < limit,
-            "job {id} is {:?}, wanted {want:?}: {j:?}",
-            j.state()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -373,19 +212,8 @@ async fn job_life_from_submit_to_report() {
         })
         .await
         .unwrap();
-    let mut latest = Vec::new();
-    for _ in 0..50 {
-        latest = jobs
-            .get_telemetry(GetTelemetryRequest { job_id: id.clone() })
-            .await
-            .unwrap()
-            .into_inner()
-            .latest;
-        if !latest.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let latest =
+        latest_telemetry(&mut jobs, &id, Duration::from_millis(20), |l| !l.is_empty()).await;
     assert_eq!(latest.len(), 1);
     assert_eq!(latest[0].samples[0].util_gpu, 99.0);
 

@@ -3,31 +3,19 @@
 //! fails its rank and node, `/metrics` counts what came in, and a job's
 //! stored telemetry survives a coordinator restart.
 
+mod common;
+
 use std::time::Duration;
 
+use common::{latest_telemetry, submit_request, wait_state, Agent, Coord};
 use gpuctl_coordinator::config::MetricsListen;
 use gpuctl_coordinator::Config;
+use gpuctl_proto::now_ms;
 use gpuctl_proto::pb::agent_message::Msg as Up;
-use gpuctl_proto::pb::agent_service_client::AgentServiceClient;
-use gpuctl_proto::pb::coordinator_message::Msg as Down;
-use gpuctl_proto::pb::job_service_client::JobServiceClient;
 use gpuctl_proto::pb::worker_service_client::WorkerServiceClient;
 use gpuctl_proto::pb::*;
-use gpuctl_proto::{now_ms, PROTOCOL_VERSION};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
-use tokio::sync::{mpsc, watch};
-use tokio::task::JoinHandle;
-use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::Channel;
 
-struct Coord {
-    url: String,
-    metrics: String,
-    stop: watch::Sender<bool>,
-    task: JoinHandle<anyhow::Result<()>>,
-}
-
+/// A coordinator on `dir/data` with a health rules file and a metrics listener.
 async fn start(dir: &std::path::Path) -> Coord {
     let mut cfg = Config::for_dir(dir.join("data"));
     let rules = dir.join("rules.toml");
@@ -36,143 +24,31 @@ async fn start(dir: &std::path::Path) -> Coord {
     cfg.health_rules = Some(rules);
     let metrics_addr = "127.0.0.1:0".parse().unwrap();
     cfg.metrics_listen = Some(MetricsListen::At(metrics_addr));
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let metrics = gpuctl_coordinator::server::bind_metrics(&cfg)
-        .await
-        .unwrap()
-        .expect("metrics listener");
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let metrics_at = metrics.local_addr().unwrap().to_string();
-    let (stop, shutdown) = watch::channel(false);
-    let task = tokio::spawn(gpuctl_coordinator::server::run_with(
-        cfg,
-        listener,
-        Some(metrics),
-        shutdown,
-    ));
-    Coord {
-        url,
-        metrics: metrics_at,
-        stop,
-        task,
-    }
+    common::start_with_metrics(cfg).await
 }
 
-impl Coord {
-    async fn jobs(&self) -> JobServiceClient<Channel> {
-        for _ in 0..50 {
-            if let Ok(c) = JobServiceClient::connect(self.url.clone()).await {
-                return c;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("coordinator at {} does not answer", self.url);
-    }
-    async fn shutdown(self) {
-        self.stop.send(true).unwrap();
-        tokio::time::timeout(Duration::from_secs(10), self.task)
-            .await
-            .expect("coordinator stops within 10 s")
-            .unwrap()
-            .unwrap();
-    }
-    /// A plain HTTP/1.1 GET, as Prometheus does it.
-    async fn get(&self, path: &str) -> (String, String) {
-        let mut conn = tokio::net::TcpStream::connect(&self.metrics).await.unwrap();
-        conn.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
-            .await
-            .unwrap();
-        let mut text = String::new();
-        conn.read_to_string(&mut text).await.unwrap();
-        let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP response");
-        (head.to_string(), body.to_string())
-    }
-}
-
-struct Agent {
-    up: mpsc::Sender<AgentMessage>,
-    down: tonic::Streaming<CoordinatorMessage>,
-    _beating: JoinHandle<()>,
-}
-
-fn heartbeat(name: &str) -> AgentMessage {
-    AgentMessage {
-        msg: Some(Up::Heartbeat(Heartbeat {
-            node: name.into(),
-            protocol_version: PROTOCOL_VERSION,
-            unix_ms: now_ms(),
-            running: vec![],
-        })),
-    }
-}
-
+/// A stand-in agent with two GPUs.
 async fn gpu_agent(url: &str, name: &str) -> Agent {
-    let mut client = AgentServiceClient::connect(url.to_string()).await.unwrap();
-    client
-        .register(RegisterRequest {
-            protocol_version: PROTOCOL_VERSION,
-            name: name.into(),
-            facts: Some(HostFacts {
-                hostname: name.into(),
-                addresses: vec!["127.0.0.1".into()],
-                cpu_count: 8,
-                shm_bytes: 16 << 30,
-                ib_devices: vec!["mlx5_0".into()],
-                ..Default::default()
-            }),
-            gpus: (0..2)
-                .map(|i| GpuInfo {
-                    index: i,
-                    uuid: format!("GPU-{name}-{i}"),
-                    name: "NVIDIA H200".into(),
-                    ..Default::default()
-                })
-                .collect(),
-            preflight: vec![],
+    let facts = HostFacts {
+        hostname: name.into(),
+        addresses: vec!["127.0.0.1".into()],
+        cpu_count: 8,
+        shm_bytes: 16 << 30,
+        ib_devices: vec!["mlx5_0".into()],
+        ..Default::default()
+    };
+    let gpus = (0..2)
+        .map(|i| GpuInfo {
+            index: i,
+            uuid: format!("GPU-{name}-{i}"),
+            name: "NVIDIA H200".into(),
+            ..Default::default()
         })
-        .await
-        .unwrap();
-    let (up, rx) = mpsc::channel(64);
-    up.send(heartbeat(name)).await.unwrap();
-    let down = client
-        .session(ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
-    let (tx, n) = (up.clone(), name.to_string());
-    let beating = tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            if tx.send(heartbeat(&n)).await.is_err() {
-                return;
-            }
-        }
-    });
-    Agent {
-        up,
-        down,
-        _beating: beating,
-    }
+        .collect();
+    common::agent(url, name, facts, gpus).await
 }
 
 impl Agent {
-    /// The next assignment; cancels of jobs that already ended are skipped.
-    async fn assignment(&mut self) -> Assignment {
-        loop {
-            let msg = tokio::time::timeout(Duration::from_secs(10), self.down.message())
-                .await
-                .expect("an assignment within 10 s")
-                .unwrap()
-                .unwrap()
-                .msg;
-            match msg {
-                Some(Down::Assignment(a)) => return a,
-                Some(Down::Cancel(_)) => continue,
-                other => panic!("expected an assignment, got {other:?}"),
-            }
-        }
-    }
-
     async fn samples(&self, node: &str, job: &str, t: u64, xid_on_1: Vec<u32>) {
         let sample = |i: u32, xids: Vec<u32>| GpuSample {
             index: i,
@@ -205,29 +81,7 @@ impl Agent {
 }
 
 fn stress() -> SubmitRequest {
-    SubmitRequest {
-        spec: Some(JobSpec {
-            workload: "stress".into(),
-            node_count: 1,
-            duration_ms: 60_000,
-            ..Default::default()
-        }),
-    }
-}
-
-async fn wait_state(c: &mut JobServiceClient<Channel>, id: &str, want: JobState) -> Job {
-    for _ in 0..100 {
-        let j = c
-            .get_job(GetJobRequest { job_id: id.into() })
-            .await
-            .unwrap()
-            .into_inner();
-        if j.state() == want {
-            return j;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("job {id} never became {want:?}");
+    submit_request("stress", 1, 60_000)
 }
 
 fn metric(body: &str, series: &str) -> f64 {
@@ -245,7 +99,7 @@ async fn telemetry_health_metrics_and_restart() {
     let mut agent = agent;
 
     let id = jobs.submit(stress()).await.unwrap().into_inner().id;
-    let asg = agent.assignment().await;
+    let asg = agent.assignment_after_cancels().await;
     assert_eq!(asg.ranks.len(), 2);
     let t0 = now_ms();
     for s in 0..5u64 {
@@ -253,22 +107,11 @@ async fn telemetry_health_metrics_and_restart() {
         agent.samples("g0", &id, t0 + s * 1_000, xids).await;
     }
     // GetTelemetry: the latest sample of each GPU, once the batches are in.
-    let mut latest = Vec::new();
-    for _ in 0..50 {
-        latest = jobs
-            .get_telemetry(GetTelemetryRequest { job_id: id.clone() })
-            .await
-            .unwrap()
-            .into_inner()
-            .latest;
-        if latest
-            .first()
+    let latest = latest_telemetry(&mut jobs, &id, Duration::from_millis(50), |l| {
+        l.first()
             .is_some_and(|b| b.samples[0].unix_ms == t0 + 4_000)
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
     assert_eq!(latest.len(), 1, "{latest:?}");
     assert_eq!(latest[0].samples.len(), 2);
     assert_eq!(latest[0].samples[0].unix_ms, t0 + 4_000);
@@ -305,7 +148,7 @@ async fn telemetry_health_metrics_and_restart() {
             .into_inner();
         assert!(ack.ok, "{ack:?}");
     }
-    let done = wait_state(&mut jobs, &id, JobState::Failed).await;
+    let done = wait_state(&mut jobs, &id, JobState::Failed, Duration::from_secs(10)).await;
     assert!(done.message.contains("XID 31"), "{}", done.message);
     let report = jobs
         .get_report(GetReportRequest { job_id: id.clone() })
@@ -337,28 +180,17 @@ async fn telemetry_health_metrics_and_restart() {
     // A second job is running when the coordinator stops: its telemetry is in
     // the store, and the restarted coordinator's report of it keeps it.
     let id2 = jobs.submit(stress()).await.unwrap().into_inner().id;
-    agent.assignment().await;
+    agent.assignment_after_cancels().await;
     for s in 0..3u64 {
         agent
             .samples("g0", &id2, t0 + 10_000 + s * 1_000, vec![])
             .await;
     }
-    for _ in 0..50 {
-        let l = jobs
-            .get_telemetry(GetTelemetryRequest {
-                job_id: id2.clone(),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .latest;
-        if l.first()
+    latest_telemetry(&mut jobs, &id2, Duration::from_millis(50), |l| {
+        l.first()
             .is_some_and(|b| b.samples[0].unix_ms == t0 + 12_000)
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
     drop(agent);
     coord.shutdown().await;
 

@@ -1,0 +1,319 @@
+//! The harness the integration tests share: an in-process coordinator
+//! ([`Coord`]) served on a loopback `TcpListener`, a stand-in agent ([`Agent`])
+//! that registers, opens its session stream and heartbeats, and the requests
+//! and job polling (`spec`, `job`, `wait_state`, `latest_telemetry`) the tests
+//! drive it with.
+//!
+//! Not every test uses every helper, hence the `dead_code` allowance.
+
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use gpuctl_coordinator::Config;
+use gpuctl_proto::pb::agent_message::Msg as Up;
+use gpuctl_proto::pb::agent_service_client::AgentServiceClient;
+use gpuctl_proto::pb::coordinator_message::Msg as Down;
+use gpuctl_proto::pb::job_service_client::JobServiceClient;
+use gpuctl_proto::pb::worker_service_client::WorkerServiceClient;
+use gpuctl_proto::pb::*;
+use gpuctl_proto::{now_ms, PROTOCOL_VERSION};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
+use tonic::Streaming;
+
+/// A coordinator running in this process until [`Coord::shutdown`].
+pub struct Coord {
+    /// The gRPC URL (`http://127.0.0.1:PORT`).
+    pub url: String,
+    /// The metrics listener's address, where one was started.
+    pub metrics: Option<String>,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<anyhow::Result<()>>,
+}
+
+/// A coordinator on `dir` with the given node timeout and no metrics listener.
+pub async fn start(dir: &std::path::Path, node_timeout: Duration) -> Coord {
+    let mut cfg = Config::for_dir(dir);
+    cfg.node_timeout = node_timeout;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, shutdown) = watch::channel(false);
+    let task = tokio::spawn(gpuctl_coordinator::server::run_on(cfg, listener, shutdown));
+    Coord {
+        url,
+        metrics: None,
+        stop,
+        task,
+    }
+}
+
+/// A coordinator on `cfg`, serving metrics where `cfg.metrics_listen` says.
+pub async fn start_with_metrics(cfg: Config) -> Coord {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let metrics = gpuctl_coordinator::server::bind_metrics(&cfg)
+        .await
+        .unwrap()
+        .expect("metrics listener");
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let metrics_at = metrics.local_addr().unwrap().to_string();
+    let (stop, shutdown) = watch::channel(false);
+    let task = tokio::spawn(gpuctl_coordinator::server::run_with(
+        cfg,
+        listener,
+        Some(metrics),
+        shutdown,
+    ));
+    Coord {
+        url,
+        metrics: Some(metrics_at),
+        stop,
+        task,
+    }
+}
+
+impl Coord {
+    /// A job client; retries the connection for a moment while the server
+    /// comes up.
+    pub async fn jobs(&self) -> JobServiceClient<Channel> {
+        for _ in 0..50 {
+            if let Ok(c) = JobServiceClient::connect(self.url.clone()).await {
+                return c;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("coordinator at {} does not answer", self.url);
+    }
+
+    pub async fn workers(&self) -> WorkerServiceClient<Channel> {
+        WorkerServiceClient::connect(self.url.clone())
+            .await
+            .unwrap()
+    }
+
+    pub async fn shutdown(self) {
+        self.stop.send(true).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .expect("coordinator stops within 10 s")
+            .unwrap()
+            .unwrap();
+    }
+
+    /// A plain HTTP/1.1 GET on the metrics listener, as Prometheus does it.
+    pub async fn get(&self, path: &str) -> (String, String) {
+        let at = self.metrics.as_deref().expect("a metrics listener");
+        let mut conn = tokio::net::TcpStream::connect(at).await.unwrap();
+        conn.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut text = String::new();
+        conn.read_to_string(&mut text).await.unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP response");
+        (head.to_string(), body.to_string())
+    }
+}
+
+/// A host of `cpu_count` 4 that runs `cpu_ranks` CPU ranks.
+pub fn cpu_host(name: &str, cpu_ranks: u32) -> HostFacts {
+    HostFacts {
+        hostname: name.into(),
+        addresses: vec!["127.0.0.1".into()],
+        cpu_count: 4,
+        cpu_ranks,
+        cpu_model: "Test CPU".into(),
+        ..Default::default()
+    }
+}
+
+/// Registers `name` with `facts` and `gpus`; the client is kept for a session.
+pub async fn register(
+    url: &str,
+    name: &str,
+    facts: HostFacts,
+    gpus: Vec<GpuInfo>,
+) -> (AgentServiceClient<Channel>, RegisterResponse) {
+    let mut client = AgentServiceClient::connect(url.to_string()).await.unwrap();
+    let resp = client
+        .register(RegisterRequest {
+            protocol_version: PROTOCOL_VERSION,
+            name: name.into(),
+            facts: Some(facts),
+            gpus,
+            preflight: vec![],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    (client, resp)
+}
+
+pub fn heartbeat(name: &str) -> AgentMessage {
+    AgentMessage {
+        msg: Some(Up::Heartbeat(Heartbeat {
+            node: name.into(),
+            protocol_version: PROTOCOL_VERSION,
+            unix_ms: now_ms(),
+            running: vec![],
+        })),
+    }
+}
+
+/// A stand-in agent: registered, with its session open, heartbeating every
+/// 200 ms until [`Agent::stop_heartbeats`] or until the session ends.
+pub struct Agent {
+    pub name: String,
+    pub up: mpsc::Sender<AgentMessage>,
+    pub down: Streaming<CoordinatorMessage>,
+    beating: Option<JoinHandle<()>>,
+}
+
+/// Registers `name` with `facts` and `gpus` and opens its session.
+pub async fn agent(url: &str, name: &str, facts: HostFacts, gpus: Vec<GpuInfo>) -> Agent {
+    let (client, _) = register(url, name, facts, gpus).await;
+    Agent::session(client, name).await
+}
+
+impl Agent {
+    /// Opens the session of the registered node `name` and starts heartbeats.
+    pub async fn session(mut client: AgentServiceClient<Channel>, name: &str) -> Agent {
+        let (up, rx) = mpsc::channel(64);
+        up.send(heartbeat(name)).await.unwrap();
+        let down = client
+            .session(ReceiverStream::new(rx))
+            .await
+            .unwrap()
+            .into_inner();
+        let (beat_tx, beat_name) = (up.clone(), name.to_string());
+        let beating = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                if beat_tx.send(heartbeat(&beat_name)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Agent {
+            name: name.into(),
+            up,
+            down,
+            beating: Some(beating),
+        }
+    }
+
+    pub async fn next(&mut self) -> Down {
+        tokio::time::timeout(Duration::from_secs(10), self.down.message())
+            .await
+            .unwrap_or_else(|_| panic!("{}: nothing from the coordinator in 10 s", self.name))
+            .unwrap()
+            .expect("session open")
+            .msg
+            .unwrap()
+    }
+
+    /// The next message, which must be an assignment.
+    pub async fn assignment(&mut self) -> Assignment {
+        match self.next().await {
+            Down::Assignment(a) => a,
+            other => panic!("{}: expected an assignment, got {other:?}", self.name),
+        }
+    }
+
+    /// The next assignment; cancels of jobs that already ended are skipped.
+    pub async fn assignment_after_cancels(&mut self) -> Assignment {
+        loop {
+            match self.next().await {
+                Down::Assignment(a) => return a,
+                Down::Cancel(_) => continue,
+            }
+        }
+    }
+
+    /// The next message, which must be a cancel.
+    pub async fn cancel(&mut self) -> CancelJob {
+        match self.next().await {
+            Down::Cancel(c) => c,
+            other => panic!("{}: expected a cancel, got {other:?}", self.name),
+        }
+    }
+
+    pub fn stop_heartbeats(&mut self) {
+        if let Some(h) = self.beating.take() {
+            h.abort();
+        }
+    }
+}
+
+/// A job of `workload` on `nodes` nodes running for `duration_ms`.
+pub fn submit_request(workload: &str, nodes: u32, duration_ms: u64) -> SubmitRequest {
+    SubmitRequest {
+        spec: Some(JobSpec {
+            workload: workload.into(),
+            node_count: nodes,
+            duration_ms,
+            ..Default::default()
+        }),
+    }
+}
+
+/// A one-second job of `workload` on `nodes` nodes.
+pub fn spec(workload: &str, nodes: u32) -> SubmitRequest {
+    submit_request(workload, nodes, 1_000)
+}
+
+pub async fn job(c: &mut JobServiceClient<Channel>, id: &str) -> Job {
+    c.get_job(GetJobRequest { job_id: id.into() })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// Polls job `id` every 100 ms until it is in state `want`; fails after `limit`.
+pub async fn wait_state(
+    c: &mut JobServiceClient<Channel>,
+    id: &str,
+    want: JobState,
+    limit: Duration,
+) -> Job {
+    let start = std::time::Instant::now();
+    loop {
+        let j = job(c, id).await;
+        if j.state() == want {
+            return j;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "job {id} is {:?}, wanted {want:?}: {j:?}",
+            j.state()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Polls a job's latest telemetry (up to 50 times, `pause` apart) until
+/// `done` holds of it; returns the last answer either way.
+pub async fn latest_telemetry(
+    c: &mut JobServiceClient<Channel>,
+    id: &str,
+    pause: Duration,
+    done: impl Fn(&[TelemetryBatch]) -> bool,
+) -> Vec<TelemetryBatch> {
+    let mut latest = Vec::new();
+    for _ in 0..50 {
+        latest = c
+            .get_telemetry(GetTelemetryRequest { job_id: id.into() })
+            .await
+            .unwrap()
+            .into_inner()
+            .latest;
+        if done(&latest) {
+            break;
+        }
+        tokio::time::sleep(pause).await;
+    }
+    latest
+}
