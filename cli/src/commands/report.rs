@@ -145,6 +145,8 @@ fn ranks_table(r: &pb::Report) -> String {
         right.extend(headers.len()..headers.len() + 2);
         headers.extend(["MAX BATCH", "RECOMMENDED"]);
     }
+    right.push(headers.len());
+    headers.push("PEAK MEM");
     headers.push("REASON");
     let mut t = Table::new(&headers).right(&right);
     let mut ranks: Vec<(&str, &pb::RankReport)> = r
@@ -205,6 +207,16 @@ fn ranks_table(r: &pb::Report) -> String {
                 _ => row.extend(std::iter::repeat_n("-".to_string(), 2)),
             }
         }
+        // Train results carry the allocator's peak; others the device's (or VmHWM on CPU).
+        let peak = match detail {
+            Some(Detail::Train(t)) if t.peak_memory_bytes > 0 => t.peak_memory_bytes,
+            _ => res.map(|x| x.peak_memory_bytes).unwrap_or(0),
+        };
+        row.push(if peak > 0 {
+            gpuctl_proto::units::format_bytes(peak)
+        } else {
+            "-".to_string()
+        });
         let reason = if rank.reason.is_empty() {
             res.map(|x| x.error.clone()).unwrap_or_default()
         } else {
