@@ -19,8 +19,9 @@ use crate::context::Ctx;
 /// Timed steps of the no-communication baseline at most.
 pub const BASELINE_STEPS: u64 = 10;
 
-/// The training configuration of a job, with per-device defaults.
-pub fn config(ctx: &Ctx, mode: Mode) -> Result<TrainConfig> {
+/// Model name, precision and GPT sequence length of a job, with per-device
+/// defaults: what every training workload (ddp, fsdp, maxbatch) reads alike.
+pub fn model_params(ctx: &Ctx) -> Result<(String, Precision, i64)> {
     let gpu = ctx.dev.is_cuda();
     let p = &ctx.params;
     let name = p
@@ -39,6 +40,14 @@ pub fn config(ctx: &Ctx, mode: Mode) -> Result<TrainConfig> {
     if seq_len < 8 {
         bail!("param seq_len={seq_len} is too short; give 8 or more");
     }
+    Ok((name, precision, seq_len))
+}
+
+/// The training configuration of a job, with per-device defaults.
+pub fn config(ctx: &Ctx, mode: Mode) -> Result<TrainConfig> {
+    let gpu = ctx.dev.is_cuda();
+    let p = &ctx.params;
+    let (name, precision, seq_len) = model_params(ctx)?;
     let batch_size = p.u64_or("batch_size", ModelConfig::default_batch(&name, gpu) as u64)? as i64;
     if batch_size < 1 {
         bail!("param batch_size must be 1 or more");

@@ -22,7 +22,7 @@ use gpuctl_proto::pb::{rank_result::Detail, MaxBatchPoint, MaxBatchResult};
 use tch::Device;
 
 use super::memory::Memory;
-use super::models::{gpt::GptConfig, Model, ModelConfig, Precision};
+use super::models::{gpt::GptConfig, Model, ModelConfig};
 use super::train::{Mode, ProgressFn, TrainConfig, Trainer};
 use super::Outcome;
 use crate::context::Ctx;
@@ -228,18 +228,7 @@ pub fn run_search(
 pub fn run(ctx: &Ctx) -> Result<Outcome> {
     let gpu = ctx.dev.is_cuda();
     let p = &ctx.params;
-    let name = p
-        .choice_or(
-            "model",
-            gpuctl_proto::spec::MODELS,
-            ModelConfig::default_name(gpu),
-        )?
-        .to_string();
-    let precision = Precision::parse(p.choice_or(
-        "precision",
-        &["fp32", "fp16", "bf16"],
-        if gpu { "bf16" } else { "fp32" },
-    )?)?;
+    let (name, precision, seq_len) = super::ddp::model_params(ctx)?;
     let margin = match p.get("margin") {
         None => 0.1,
         Some(v) => v
@@ -252,7 +241,6 @@ pub fn run(ctx: &Ctx) -> Result<Outcome> {
     let limit = p
         .u64_or("limit", if gpu { 65536 } else { 64 })?
         .clamp(1, u32::MAX as u64) as u32;
-    let seq_len = p.u64_or("seq_len", if gpu { 1024 } else { 32 })? as i64;
     if gpu {
         tch::Cuda::cudnn_set_benchmark(true);
     }
