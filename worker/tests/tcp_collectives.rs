@@ -3,48 +3,15 @@
 //! float/bfloat16/half, sizes that do and do not divide by the world size, each
 //! result checked element by element against values computed here on the host.
 
-use std::sync::Arc;
+mod common;
+
 use std::thread;
 use std::time::Duration;
 
-use gpuctl_worker::comm::tcp::TcpComm;
-use gpuctl_worker::comm::{Collectives, Op};
-use gpuctl_worker::rendezvous::{MemoryRendezvous, Rendezvous};
+use common::with_ranks;
+use gpuctl_worker::comm::Op;
 use gpuctl_worker::workloads::nccl::{sweep, SweepConfig};
 use tch::{Device, Kind, Tensor};
-
-/// Runs `f(comm)` on `world` ranks connected through one in-process rendezvous.
-fn with_ranks<T: Send + 'static>(
-    world: usize,
-    f: impl Fn(&mut dyn Collectives) -> T + Send + Sync + 'static,
-) -> Vec<T> {
-    let rdzv = MemoryRendezvous::new();
-    let f = Arc::new(f);
-    let hs: Vec<_> = (0..world)
-        .map(|r| {
-            let rdzv = rdzv.clone();
-            let f = f.clone();
-            thread::spawn(move || {
-                let mut c = TcpComm::connect(
-                    r,
-                    world,
-                    &rdzv as &dyn Rendezvous,
-                    "127.0.0.1",
-                    Duration::from_secs(20),
-                )
-                .unwrap_or_else(|e| panic!("rank {r}: {e:#}"));
-                assert_eq!(
-                    (c.rank(), c.world_size(), c.backend()),
-                    (r, world, "tcp-ring")
-                );
-                f(&mut c)
-            })
-        })
-        .collect();
-    hs.into_iter()
-        .map(|h| h.join().expect("a rank panicked"))
-        .collect()
-}
 
 /// Distinct small integers per rank and element, exact in every dtype (sums of
 /// 4 ranks stay below 256).

@@ -3,47 +3,14 @@
 //! same parameters, the loss goes down, fsdp computes what ddp computes, and
 //! the batch search applies its margin.
 
-use std::sync::Arc;
-use std::thread;
-use std::time::Duration;
+mod common;
 
-use gpuctl_worker::comm::tcp::TcpComm;
-use gpuctl_worker::comm::Collectives;
-use gpuctl_worker::rendezvous::{MemoryRendezvous, Rendezvous};
+use common::with_ranks;
 use gpuctl_worker::workloads::maxbatch::{recommended, run_search};
 use gpuctl_worker::workloads::memory::Memory;
 use gpuctl_worker::workloads::models::{gpt::GptConfig, ModelConfig, Precision};
 use gpuctl_worker::workloads::train::{train, Mode, TrainConfig, TrainOutput};
 use tch::{Device, Kind};
-
-fn with_ranks<T: Send + 'static>(
-    world: usize,
-    f: impl Fn(&mut dyn Collectives) -> T + Send + Sync + 'static,
-) -> Vec<T> {
-    let rdzv = MemoryRendezvous::new();
-    let f = Arc::new(f);
-    let hs: Vec<_> = (0..world)
-        .map(|r| {
-            let rdzv = rdzv.clone();
-            let f = f.clone();
-            thread::spawn(move || {
-                tch::set_num_threads(1);
-                let mut c = TcpComm::connect(
-                    r,
-                    world,
-                    &rdzv as &dyn Rendezvous,
-                    "127.0.0.1",
-                    Duration::from_secs(20),
-                )
-                .unwrap_or_else(|e| panic!("rank {r}: {e:#}"));
-                f(&mut c)
-            })
-        })
-        .collect();
-    hs.into_iter()
-        .map(|h| h.join().expect("a rank panicked"))
-        .collect()
-}
 
 fn cfg(mode: Mode, model: &str, precision: Precision, baseline: u64) -> TrainConfig {
     TrainConfig {
