@@ -410,15 +410,35 @@ fn interface_rank(name: &str) -> u8 {
     }
 }
 
+/// Fixture trees for the tests of this crate that read a host root.
 #[cfg(test)]
-mod tests {
-    use super::*;
+pub(crate) mod fixture {
+    use std::path::Path;
 
-    fn write(root: &Path, rel: &str, text: &str) {
+    pub fn write(root: &Path, rel: &str, text: &str) {
         let p = root.join(rel);
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(p, text).unwrap();
     }
+
+    /// Port 1 of an InfiniBand device, as sysfs shows it.
+    pub fn ib_port(root: &Path, dev: &str, state: &str, rate: &str, link_layer: &str) {
+        let base = format!("sys/class/infiniband/{dev}/ports/1");
+        write(root, &format!("{base}/state"), &format!("{state}\n"));
+        write(root, &format!("{base}/rate"), &format!("{rate}\n"));
+        write(
+            root,
+            &format!("{base}/link_layer"),
+            &format!("{link_layer}\n"),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use fixture::{ib_port, write};
 
     const CPUINFO: &str = "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n\nprocessor\t: 1\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n\nprocessor\t: 2\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n";
 
@@ -532,20 +552,12 @@ mod tests {
         std::fs::create_dir_all(r.join("sys/module/nvidia_peermem")).unwrap();
         assert!(nvidia_peermem_loaded(&root), "/sys/module is enough");
 
-        write(
+        ib_port(
             r,
-            "sys/class/infiniband/mlx5_0/ports/1/state",
-            "4: ACTIVE\n",
-        );
-        write(
-            r,
-            "sys/class/infiniband/mlx5_0/ports/1/rate",
-            "400 Gb/sec (4X NDR)\n",
-        );
-        write(
-            r,
-            "sys/class/infiniband/mlx5_0/ports/1/link_layer",
-            "InfiniBand\n",
+            "mlx5_0",
+            "4: ACTIVE",
+            "400 Gb/sec (4X NDR)",
+            "InfiniBand",
         );
         write(r, "sys/class/infiniband/mlx5_1/ports/1/state", "1: DOWN\n");
         let ports = ib_ports(&root);

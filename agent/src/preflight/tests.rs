@@ -1,16 +1,11 @@
 use std::collections::BTreeSet;
-use std::path::Path;
 
 use gpuctl_proto::pb::{PreflightCheck, Verdict};
 
 use super::checks::{self, MIN_SHM_BYTES};
 use super::*;
 
-fn write(root: &Path, rel: &str, text: &str) {
-    let p = root.join(rel);
-    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-    std::fs::write(p, text).unwrap();
-}
+use crate::facts::fixture::{ib_port, write};
 
 fn by_name<'a>(checks: &'a [PreflightCheck], name: &str) -> &'a PreflightCheck {
     checks
@@ -140,32 +135,14 @@ fn infiniband_and_peermem_from_a_fixture_tree() {
     assert_eq!(v(&c), Verdict::Pass);
     assert!(c.detail.contains("TCP sockets"));
 
-    write(
+    ib_port(
         r,
-        "sys/class/infiniband/mlx5_0/ports/1/state",
-        "4: ACTIVE\n",
+        "mlx5_0",
+        "4: ACTIVE",
+        "400 Gb/sec (4X NDR)",
+        "InfiniBand",
     );
-    write(
-        r,
-        "sys/class/infiniband/mlx5_0/ports/1/rate",
-        "400 Gb/sec (4X NDR)\n",
-    );
-    write(
-        r,
-        "sys/class/infiniband/mlx5_0/ports/1/link_layer",
-        "InfiniBand\n",
-    );
-    write(r, "sys/class/infiniband/mlx5_1/ports/1/state", "1: DOWN\n");
-    write(
-        r,
-        "sys/class/infiniband/mlx5_1/ports/1/rate",
-        "10 Gb/sec (4X SDR)\n",
-    );
-    write(
-        r,
-        "sys/class/infiniband/mlx5_1/ports/1/link_layer",
-        "InfiniBand\n",
-    );
+    ib_port(r, "mlx5_1", "1: DOWN", "10 Gb/sec (4X SDR)", "InfiniBand");
     write(
         r,
         "proc/modules",
