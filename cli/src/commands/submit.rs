@@ -323,28 +323,20 @@ mod tests {
         }
     }
 
+    fn placement(rank: u32, node: &str) -> pb::RankPlacement {
+        pb::RankPlacement {
+            rank,
+            node: node.into(),
+            ..Default::default()
+        }
+    }
+
     #[test]
     fn node_bars_average_ranks_and_pick_a_headline() {
         let job = pb::Job {
             plan: Some(pb::Plan {
                 nodes: vec!["a".into(), "b".into()],
-                ranks: vec![
-                    pb::RankPlacement {
-                        rank: 0,
-                        node: "a".into(),
-                        ..Default::default()
-                    },
-                    pb::RankPlacement {
-                        rank: 1,
-                        node: "a".into(),
-                        ..Default::default()
-                    },
-                    pb::RankPlacement {
-                        rank: 2,
-                        node: "b".into(),
-                        ..Default::default()
-                    },
-                ],
+                ranks: vec![placement(0, "a"), placement(1, "a"), placement(2, "b")],
                 ..Default::default()
             }),
             progress: vec![
@@ -379,18 +371,7 @@ mod tests {
         let job = pb::Job {
             plan: Some(pb::Plan {
                 nodes: vec!["a".into()],
-                ranks: vec![
-                    pb::RankPlacement {
-                        rank: 0,
-                        node: "a".into(),
-                        ..Default::default()
-                    },
-                    pb::RankPlacement {
-                        rank: 1,
-                        node: "a".into(),
-                        ..Default::default()
-                    },
-                ],
+                ranks: vec![placement(0, "a"), placement(1, "a")],
                 ..Default::default()
             }),
             progress: vec![progress(0, "a", 1.0, None)],
