@@ -205,16 +205,7 @@ fn start_coordinator(
         .arg(data_dir.join("coordinator"))
         .arg("--node-timeout")
         .arg(&a.node_timeout);
-    // Like the agents: a local fleet takes a free loopback /metrics port, not
-    // the host-wide default, unless the user chose.
-    if !a
-        .coordinator_arg
-        .iter()
-        .any(|x| x.starts_with("--metrics-listen"))
-    {
-        cmd.args(["--metrics-listen", "127.0.0.1:0"]);
-    }
-    cmd.args(&a.coordinator_arg);
+    pass_through(&mut cmd, &a.coordinator_arg);
     // Its output goes to a file: no colour escapes there.
     cmd.env("NO_COLOR", "1");
     let log = logs.join("coordinator.log");
@@ -295,16 +286,7 @@ fn start_agent(
         .arg(a.cpu_ranks.to_string())
         .arg("--work-dir")
         .arg(&work);
-    // Agents of one box would fight over the default /metrics port; each gets
-    // a free one (logged in its log) unless the user chose.
-    if !a
-        .agent_arg
-        .iter()
-        .any(|x| x.starts_with("--metrics-listen"))
-    {
-        cmd.args(["--metrics-listen", "127.0.0.1:0"]);
-    }
-    cmd.args(&a.agent_arg);
+    pass_through(&mut cmd, &a.agent_arg);
     cmd.env("NO_COLOR", "1");
     let log = logs.join(format!("{name}.log"));
     let f = open_log(&log, &cmd)?;
@@ -465,4 +447,14 @@ pub async fn up(a: LocalUpArgs) -> Result<i32> {
     sup.stop();
     eprintln!("stopped");
     Ok(code)
+}
+
+/// Appends the user's extra arguments for a child. Every process of a local
+/// fleet takes a free loopback /metrics port (logged in its log) rather than
+/// the host-wide default they would fight over, unless the user chose one.
+fn pass_through(cmd: &mut Command, extra: &[String]) {
+    if !extra.iter().any(|x| x.starts_with("--metrics-listen")) {
+        cmd.args(["--metrics-listen", "127.0.0.1:0"]);
+    }
+    cmd.args(extra);
 }
