@@ -398,6 +398,7 @@ pub fn build(inp: &Inputs) -> Report {
             verdict: verdict as i32,
             reason,
             ranks,
+            findings: Vec::new(),
         });
     }
 
@@ -461,6 +462,7 @@ pub fn build(inp: &Inputs) -> Report {
         telemetry,
         health,
         preflight: plan.checks.clone(),
+        findings: Vec::new(),
     };
 
     let (ranks_verdict, ranks_reason) = ranks_verdict(&report);

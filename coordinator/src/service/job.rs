@@ -126,4 +126,32 @@ impl JobService for JobSvc {
         let nodes = self.sched.ask(|reply| Event::ListNodes { reply }).await?;
         Ok(Response::new(ListNodesResponse { nodes }))
     }
+
+    async fn save_baseline(
+        &self,
+        _req: Request<gpuctl_proto::pb::SaveBaselineRequest>,
+    ) -> Result<Response<gpuctl_proto::pb::Baseline>, Status> {
+        Err(Status::unimplemented("baselines: not yet"))
+    }
+
+    async fn get_baseline(
+        &self,
+        _req: Request<gpuctl_proto::pb::GetBaselineRequest>,
+    ) -> Result<Response<gpuctl_proto::pb::Baseline>, Status> {
+        Err(Status::unimplemented("baselines: not yet"))
+    }
+
+    async fn list_baselines(
+        &self,
+        _req: Request<gpuctl_proto::pb::ListBaselinesRequest>,
+    ) -> Result<Response<gpuctl_proto::pb::ListBaselinesResponse>, Status> {
+        Err(Status::unimplemented("baselines: not yet"))
+    }
+
+    async fn delete_baseline(
+        &self,
+        _req: Request<gpuctl_proto::pb::GetBaselineRequest>,
+    ) -> Result<Response<gpuctl_proto::pb::Baseline>, Status> {
+        Err(Status::unimplemented("baselines: not yet"))
+    }
 }

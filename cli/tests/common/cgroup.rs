@@ -1,0 +1,77 @@
+//! A real CPU quota on a process tree, the way a throttled or oversubscribed
+//! host looks from inside: cgroup v1's `cpu.cfs_quota_us` where the machine
+//! mounts the v1 cpu controller, cgroup v2's `cpu.max` otherwise. Processes
+//! the quota'd process starts afterwards (an agent's workers) inherit it.
+//! Needs root; a machine without either fails the test saying so.
+
+use std::path::{Path, PathBuf};
+
+const V1_CPU: &str = "/sys/fs/cgroup/cpu";
+const V2_ROOT: &str = "/sys/fs/cgroup";
+const PERIOD_US: u64 = 100_000;
+
+/// A cgroup with a CPU quota; its processes go back to the root cgroup and
+/// the cgroup is removed when this is dropped.
+pub struct CpuQuota {
+    dir: PathBuf,
+    root: PathBuf,
+}
+
+fn write(path: &Path, text: &str) {
+    std::fs::write(path, text).unwrap_or_else(|e| {
+        panic!(
+            "cannot write `{text}` to {}: {e} (a CPU quota needs root and a writable cgroup cpu controller)",
+            path.display()
+        )
+    });
+}
+
+impl CpuQuota {
+    /// Limits `pid` (and what it starts later) to `cores` of CPU time, e.g.
+    /// 0.25 for a quarter of one core.
+    pub fn apply(name: &str, pid: u32, cores: f64) -> CpuQuota {
+        let quota = ((cores * PERIOD_US as f64) as u64).max(1_000);
+        let v1 = Path::new(V1_CPU).join("cpu.cfs_quota_us");
+        let (root, dir) = if v1.exists() {
+            let root = PathBuf::from(V1_CPU);
+            let dir = root.join(name);
+            let _ = std::fs::remove_dir(&dir);
+            std::fs::create_dir_all(&dir)
+                .unwrap_or_else(|e| panic!("cannot create cgroup {}: {e}", dir.display()));
+            write(&dir.join("cpu.cfs_period_us"), &PERIOD_US.to_string());
+            write(&dir.join("cpu.cfs_quota_us"), &quota.to_string());
+            (root, dir)
+        } else if Path::new(V2_ROOT).join("cgroup.controllers").exists() {
+            let root = PathBuf::from(V2_ROOT);
+            let controllers =
+                std::fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
+            assert!(
+                controllers.split_whitespace().any(|c| c == "cpu"),
+                "cgroup v2 at {V2_ROOT} has no cpu controller (controllers: {controllers}); a CPU quota cannot be set"
+            );
+            let _ = std::fs::write(root.join("cgroup.subtree_control"), "+cpu");
+            let dir = root.join(name);
+            let _ = std::fs::remove_dir(&dir);
+            std::fs::create_dir_all(&dir)
+                .unwrap_or_else(|e| panic!("cannot create cgroup {}: {e}", dir.display()));
+            write(&dir.join("cpu.max"), &format!("{quota} {PERIOD_US}"));
+            (root, dir)
+        } else {
+            panic!(
+                "this machine has neither cgroup v1's {V1_CPU}/cpu.cfs_quota_us nor cgroup v2's {V2_ROOT}/cgroup.controllers: a CPU quota cannot be set"
+            );
+        };
+        write(&dir.join("cgroup.procs"), &pid.to_string());
+        CpuQuota { dir, root }
+    }
+}
+
+impl Drop for CpuQuota {
+    fn drop(&mut self) {
+        let procs = std::fs::read_to_string(self.dir.join("cgroup.procs")).unwrap_or_default();
+        for pid in procs.split_whitespace() {
+            let _ = std::fs::write(self.root.join("cgroup.procs"), pid);
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}

@@ -1,0 +1,190 @@
+//! The figures of a job, read out of its rank results in one form for every
+//! workload, so that verdicts, baselines and reports speak of the same things.
+//! Keys say what was measured (`bf16 8192`, `all_reduce 1073741824 float`,
+//! `ddp resnet50 bf16 batch 256`): only figures with equal keys are compared.
+
+use std::collections::BTreeMap;
+
+use gpuctl_proto::pb::{rank_result::Detail, CollectiveRow, RankResult, TrainResult};
+
+use super::perf::{Figure, JobFigures, Metric};
+
+/// Collective sizes from which bandwidth is judged (nccl-tests' large
+/// messages); a sweep that stops below it is judged at its largest size.
+pub const BUSBW_MIN_BYTES: u64 = 64 << 20;
+
+/// Ranks are compared only within one device class: the same model and the
+/// same libraries.
+pub fn device_class(r: &RankResult) -> String {
+    let mut class = r.device_name.clone();
+    if !r.torch_version.is_empty() {
+        class.push_str(&format!(" · torch {}", r.torch_version));
+    }
+    if !r.nccl_version.is_empty() {
+        class.push_str(&format!(" · {}", r.nccl_version));
+    }
+    class
+}
+
+pub fn stress_key(precision: &str, size: u64) -> String {
+    format!("{precision} {size}")
+}
+
+pub fn busbw_key(op: &str, bytes: u64, dtype: &str) -> String {
+    format!("{op} {bytes} {dtype}")
+}
+
+pub fn train_key(mode: &str, model: &str, precision: &str, batch: u64) -> String {
+    format!("{mode} {model} {precision} batch {batch}")
+}
+
+pub fn maxbatch_key(model: &str, precision: &str) -> String {
+    format!("{model} {precision}")
+}
+
+fn train_key_of(t: &TrainResult, workload: &str) -> String {
+    let mode = if t.mode.is_empty() { workload } else { &t.mode };
+    train_key(mode, &t.model, &t.precision, t.batch_size as u64)
+}
+
+/// The figures that belong to one rank alone.
+pub fn rank_figures(workload: &str, r: &RankResult) -> Vec<Figure> {
+    let fig = |metric, key: String, value| Figure { metric, key, value };
+    match &r.detail {
+        Some(Detail::Stress(s)) if !s.tflops_per_interval.is_empty() => {
+            let key = stress_key(&s.dtype, s.matrix_size as u64);
+            vec![
+                fig(Metric::StressTflops, key.clone(), s.tflops_median),
+                fig(Metric::StressTflopsWorst, key, s.tflops_min),
+            ]
+        }
+        Some(Detail::Train(t)) if t.baseline_samples_per_s > 0.0 => vec![fig(
+            Metric::SoloSamplesPerS,
+            train_key_of(t, workload),
+            t.baseline_samples_per_s,
+        )],
+        Some(Detail::Maxbatch(m)) if m.max_batch > 0 => vec![fig(
+            Metric::MaxBatch,
+            maxbatch_key(&m.model, &m.precision),
+            m.max_batch as f64,
+        )],
+        _ => Vec::new(),
+    }
+}
+
+/// Which sizes of a sweep bandwidth is judged at: every size from
+/// [`BUSBW_MIN_BYTES`] up, or the largest when the sweep stops below it.
+pub fn judged_sizes(sizes: &[u64]) -> Vec<u64> {
+    let large: Vec<u64> = sizes
+        .iter()
+        .copied()
+        .filter(|b| *b >= BUSBW_MIN_BYTES)
+        .collect();
+    if !large.is_empty() {
+        return large;
+    }
+    sizes.iter().copied().max().into_iter().collect()
+}
+
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    })
+}
+
+/// The figures all ranks made together: bus bandwidth from the job's
+/// collective table (the slowest rank's time, as nccl-tests reports), and the
+/// synchronous training rates.
+pub fn job_figures(
+    workload: &str,
+    results: &BTreeMap<u32, RankResult>,
+    collectives: &[CollectiveRow],
+    nodes: &[String],
+) -> JobFigures {
+    let mut classes: Vec<String> = results.values().map(device_class).collect();
+    classes.sort();
+    classes.dedup();
+    let mut models: Vec<&str> = results.values().map(|r| r.device_name.as_str()).collect();
+    models.sort();
+    models.dedup();
+    let mut figures = Vec::new();
+    let mut by_op: BTreeMap<(&str, &str), Vec<&CollectiveRow>> = BTreeMap::new();
+    for row in collectives {
+        by_op
+            .entry((row.op.as_str(), row.dtype.as_str()))
+            .or_default()
+            .push(row);
+    }
+    for ((op, dtype), rows) in by_op {
+        let sizes: Vec<u64> = rows.iter().map(|r| r.bytes).collect();
+        for bytes in judged_sizes(&sizes) {
+            if let Some(row) = rows.iter().find(|r| r.bytes == bytes) {
+                figures.push(Figure {
+                    metric: Metric::Busbw,
+                    key: busbw_key(op, bytes, dtype),
+                    value: row.busbw_gbps,
+                });
+            }
+        }
+    }
+    let mut train: BTreeMap<String, Vec<&TrainResult>> = BTreeMap::new();
+    for r in results.values() {
+        if let Some(Detail::Train(t)) = &r.detail {
+            train.entry(train_key_of(t, workload)).or_default().push(t);
+        }
+    }
+    for (key, ts) in train {
+        let rate = median(ts.iter().map(|t| t.samples_per_s).collect());
+        let p99 = ts
+            .iter()
+            .map(|t| t.step_ms_p99)
+            .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
+        let eff = median(
+            ts.iter()
+                .map(|t| t.scaling_efficiency)
+                .filter(|e| *e > 0.0)
+                .collect(),
+        );
+        for (metric, value) in [
+            (Metric::SamplesPerS, rate),
+            (Metric::StepMsP99, p99),
+            (Metric::ScalingEfficiency, eff),
+        ] {
+            if let Some(value) = value.filter(|v| *v > 0.0) {
+                figures.push(Figure {
+                    metric,
+                    key: key.clone(),
+                    value,
+                });
+            }
+        }
+    }
+    JobFigures {
+        class: (classes.len() == 1).then(|| classes[0].clone()),
+        model: (models.len() == 1).then(|| models[0].to_string()),
+        single_node: (nodes.len() == 1).then(|| nodes[0].clone()),
+        figures,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn judged_sizes_take_the_large_ones_or_the_largest() {
+        assert_eq!(
+            judged_sizes(&[1 << 20, 64 << 20, 128 << 20]),
+            vec![64 << 20, 128 << 20]
+        );
+        assert_eq!(judged_sizes(&[1 << 20, 16 << 20]), vec![16 << 20]);
+        assert!(judged_sizes(&[]).is_empty());
+    }
+}

@@ -1,0 +1,892 @@
+//! Performance verdicts (docs/reports.md, "Performance verdicts"). Every figure
+//! a job produced is compared with up to three references: the rest of the
+//! fleet in the same job (the median of the rank's device class), a saved
+//! baseline, and floors per GPU model shipped with gpuctl. A comparison that
+//! misses becomes a [`Finding`] naming node, GPU, metric, value, reference and
+//! rule. A figure that a reference expects and the job did not produce fails:
+//! nothing passes by absence.
+//!
+//! Figures come in two kinds. Per-rank figures (GEMM TFLOP/s, a training
+//! rank's rate without communication, the largest batch) belong to one GPU and
+//! can blame it. Job figures (collective bus bandwidth, synchronous training
+//! rates, step times, scaling efficiency) are made by all ranks together: a
+//! slow rank slows every rank, so they are judged once for the job and never
+//! pinned on a node unless the job ran on one node only.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gpuctl_proto::pb::{Baseline, BaselineFigure, Finding, Verdict};
+
+use super::rules::{MetricRule, PerfRules};
+
+/// What a figure measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Metric {
+    /// Median GEMM TFLOP/s over the run.
+    StressTflops,
+    /// The slowest sampling interval's TFLOP/s.
+    StressTflopsWorst,
+    /// nccl-tests' bus bandwidth of one op at one size.
+    Busbw,
+    /// Training samples (or tokens) per second with communication.
+    SamplesPerS,
+    /// One rank's training rate with no communication, measured in the same job.
+    SoloSamplesPerS,
+    /// 99th percentile of the training step time.
+    StepMsP99,
+    /// Samples per second against the no-communication rate.
+    ScalingEfficiency,
+    /// Largest batch that fits in memory.
+    MaxBatch,
+}
+
+impl Metric {
+    pub const ALL: [Metric; 8] = [
+        Metric::StressTflops,
+        Metric::StressTflopsWorst,
+        Metric::Busbw,
+        Metric::SamplesPerS,
+        Metric::SoloSamplesPerS,
+        Metric::StepMsP99,
+        Metric::ScalingEfficiency,
+        Metric::MaxBatch,
+    ];
+
+    /// The name in rules files, findings and baselines.
+    pub fn name(self) -> &'static str {
+        match self {
+            Metric::StressTflops => "stress_tflops",
+            Metric::StressTflopsWorst => "stress_tflops_worst",
+            Metric::Busbw => "busbw",
+            Metric::SamplesPerS => "samples_per_s",
+            Metric::SoloSamplesPerS => "solo_samples_per_s",
+            Metric::StepMsP99 => "step_ms_p99",
+            Metric::ScalingEfficiency => "scaling_efficiency",
+            Metric::MaxBatch => "max_batch",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Metric> {
+        Metric::ALL.into_iter().find(|m| m.name() == name)
+    }
+
+    pub fn unit(self) -> &'static str {
+        match self {
+            Metric::StressTflops | Metric::StressTflopsWorst => "TFLOP/s",
+            Metric::Busbw => "GB/s",
+            Metric::SamplesPerS | Metric::SoloSamplesPerS => "samples/s",
+            Metric::StepMsP99 => "ms",
+            Metric::ScalingEfficiency | Metric::MaxBatch => "",
+        }
+    }
+
+    /// Step times are better low; every other figure is better high.
+    pub fn higher_is_better(self) -> bool {
+        self != Metric::StepMsP99
+    }
+
+    /// Whether one rank's figure says something about that rank alone.
+    pub fn per_rank(self) -> bool {
+        matches!(
+            self,
+            Metric::StressTflops
+                | Metric::StressTflopsWorst
+                | Metric::SoloSamplesPerS
+                | Metric::MaxBatch
+        )
+    }
+}
+
+/// One measured figure: what (`metric` at `key`, e.g. `bf16 8192` or
+/// `all_reduce 1073741824 float`) and how much.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Figure {
+    pub metric: Metric,
+    pub key: String,
+    pub value: f64,
+}
+
+/// One rank and the per-rank figures it produced.
+#[derive(Debug, Clone)]
+pub struct RankFigures {
+    pub rank: u32,
+    pub node: String,
+    pub gpu_index: Option<u32>,
+    pub gpu_uuid: String,
+    /// GPU model (or CPU model): what floors are chosen by.
+    pub model: String,
+    /// Ranks are compared only within a device class (model and libraries).
+    pub class: String,
+    /// Whether the rank produced a result at all; a rank without one already
+    /// failed or is incomplete, and its missing figures say nothing new.
+    pub reported: bool,
+    pub figures: Vec<Figure>,
+}
+
+/// The figures that all ranks made together.
+#[derive(Debug, Clone, Default)]
+pub struct JobFigures {
+    /// The one device class of the job; `None` when ranks differ, and then
+    /// job figures are not judged against baselines and floors.
+    pub class: Option<String>,
+    pub model: Option<String>,
+    /// The node a job figure can be pinned on: the job's only node.
+    pub single_node: Option<String>,
+    pub figures: Vec<Figure>,
+}
+
+/// What the job was asked to produce: the (metric, key) pairs its spec implies.
+/// Baselines and floors whose figures the job was asked for and did not
+/// produce fail; the others do not apply.
+pub type Expected = BTreeSet<(Metric, String)>;
+
+/// Findings and the sentences that say which references applied.
+#[derive(Debug, Default)]
+pub struct Judgement {
+    pub findings: Vec<Finding>,
+    pub notes: Vec<String>,
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    let n = values.len();
+    if n == 0 {
+        0.0
+    } else if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    }
+}
+
+/// How good `value` is against `reference`, 1.0 = equal, lower = worse.
+fn score(metric: Metric, value: f64, reference: f64) -> f64 {
+    if metric.higher_is_better() {
+        value / reference
+    } else if value > 0.0 {
+        reference / value
+    } else {
+        1.0
+    }
+}
+
+fn fmt_value(metric: Metric, v: f64) -> String {
+    let unit = metric.unit();
+    let num = if v.abs() >= 100.0 || metric == Metric::MaxBatch {
+        format!("{v:.0}")
+    } else if v.abs() >= 1.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.3}")
+    };
+    if unit.is_empty() {
+        num
+    } else {
+        format!("{num} {unit}")
+    }
+}
+
+/// Who a finding is about.
+#[derive(Debug, Clone, Default)]
+struct Subject {
+    node: String,
+    rank: Option<u32>,
+    gpu_index: Option<u32>,
+    gpu_uuid: String,
+}
+
+impl Subject {
+    fn of(r: &RankFigures) -> Subject {
+        Subject {
+            node: r.node.clone(),
+            rank: Some(r.rank),
+            gpu_index: r.gpu_index,
+            gpu_uuid: r.gpu_uuid.clone(),
+        }
+    }
+
+    fn job(job: &JobFigures) -> Subject {
+        Subject {
+            node: job.single_node.clone().unwrap_or_default(),
+            ..Default::default()
+        }
+    }
+
+    fn label(&self) -> String {
+        let who = match (self.rank, self.node.is_empty()) {
+            (Some(rank), _) => format!("rank {rank} on node {}", self.node),
+            (None, false) => format!("node {}", self.node),
+            (None, true) => "the job's nodes together".to_string(),
+        };
+        match self.gpu_index {
+            Some(i) => format!("{who} (GPU {i})"),
+            None => who,
+        }
+    }
+}
+
+/// A comparison that missed, or a figure that is missing.
+struct Miss<'a> {
+    subject: &'a Subject,
+    metric: Metric,
+    key: &'a str,
+    value: Option<f64>,
+    reference: f64,
+    kind: &'static str,
+    level: Verdict,
+    rule: String,
+}
+
+fn finding(m: Miss) -> Finding {
+    let what = format!("{} {}", m.metric.name(), m.key);
+    let detail = match m.value {
+        Some(v) => format!(
+            "{}: {what} = {} against {} reference {} ({:.2}×); {}",
+            m.subject.label(),
+            fmt_value(m.metric, v),
+            m.kind,
+            fmt_value(m.metric, m.reference),
+            score(m.metric, v, m.reference),
+            m.rule
+        ),
+        None => format!(
+            "{}: no {what} although the {} reference expects it ({}); {}",
+            m.subject.label(),
+            m.kind,
+            fmt_value(m.metric, m.reference),
+            m.rule
+        ),
+    };
+    Finding {
+        node: m.subject.node.clone(),
+        rank: m.subject.rank,
+        gpu_index: m.subject.gpu_index,
+        gpu_uuid: m.subject.gpu_uuid.clone(),
+        metric: m.metric.name().to_string(),
+        key: m.key.to_string(),
+        value: m.value.unwrap_or(0.0),
+        missing: m.value.is_none(),
+        reference: m.reference,
+        reference_kind: m.kind.to_string(),
+        rule: m.rule,
+        level: m.level as i32,
+        unit: m.metric.unit().to_string(),
+        detail,
+    }
+}
+
+/// The level a score earns under `fail`/`warn` ratios, if any.
+fn level_of(score: f64, fail: f64, warn: f64) -> Option<Verdict> {
+    if score < fail {
+        Some(Verdict::Fail)
+    } else if score < warn {
+        Some(Verdict::Warn)
+    } else {
+        None
+    }
+}
+
+fn ratio_rule(kind: &str, metric: Metric, fail: f64, warn: f64, what: &str) -> String {
+    let (below, scale) = if metric.higher_is_better() {
+        ("below", "×")
+    } else {
+        ("above", "÷")
+    };
+    format!(
+        "{kind} rule {}: fail {below} {fail:.2}{scale} {what}, warn {below} {warn:.2}{scale}",
+        metric.name()
+    )
+}
+
+/// Judges a job's figures against the fleet, a baseline and the floors.
+pub fn judge(
+    ranks: &[RankFigures],
+    job: &JobFigures,
+    expected: &Expected,
+    rules: &PerfRules,
+    baseline: Option<&Baseline>,
+) -> Judgement {
+    let mut out = Judgement::default();
+    fleet(ranks, rules, &mut out);
+    if let Some(b) = baseline {
+        against_baseline(ranks, job, expected, rules, b, &mut out);
+    }
+    floors(ranks, job, expected, rules, &mut out);
+    out
+}
+
+/// Reference 1: each per-rank figure against the median of its device class.
+fn fleet(ranks: &[RankFigures], rules: &PerfRules, out: &mut Judgement) {
+    let mut groups: BTreeMap<(&str, Metric, &str), Vec<(&RankFigures, f64)>> = BTreeMap::new();
+    let mut classes: BTreeMap<&str, usize> = BTreeMap::new();
+    for r in ranks.iter().filter(|r| r.reported) {
+        *classes.entry(r.class.as_str()).or_default() += 1;
+        for f in &r.figures {
+            if f.metric.per_rank() && rules.metric(f.metric).fleet {
+                groups
+                    .entry((r.class.as_str(), f.metric, f.key.as_str()))
+                    .or_default()
+                    .push((r, f.value));
+            }
+        }
+    }
+    let min = rules.fleet_min_ranks.max(2);
+    for (class, n) in &classes {
+        let has_figures = groups.keys().any(|(c, _, _)| c == class);
+        if !has_figures {
+            continue;
+        }
+        if *n < min {
+            out.notes.push(format!(
+                "fleet reference not used for `{class}`: {n} rank{} of that class, it needs {min} or more",
+                if *n == 1 { "" } else { "s" }
+            ));
+        } else {
+            out.notes.push(format!(
+                "fleet reference: each rank against the median of the {n} ranks of `{class}`"
+            ));
+        }
+    }
+    for ((class, metric, key), members) in groups {
+        if members.len() < min {
+            continue;
+        }
+        let mut values: Vec<f64> = members.iter().map(|(_, v)| *v).collect();
+        let reference = median(&mut values);
+        if reference <= 0.0 {
+            continue;
+        }
+        let rule: &MetricRule = rules.metric(metric);
+        for (r, value) in members {
+            let s = score(metric, value, reference);
+            if let Some(level) = level_of(s, rule.fail, rule.warn) {
+                let subject = Subject::of(r);
+                out.findings.push(finding(Miss {
+                    subject: &subject,
+                    metric,
+                    key,
+                    value: Some(value),
+                    reference,
+                    kind: "fleet",
+                    level,
+                    rule: ratio_rule(
+                        "fleet",
+                        metric,
+                        rule.fail,
+                        rule.warn,
+                        &format!("the median of {} ranks of `{class}`", values.len()),
+                    ),
+                }));
+            }
+        }
+    }
+}
+
+/// Reference 2: a saved baseline, per device class.
+fn against_baseline(
+    ranks: &[RankFigures],
+    job: &JobFigures,
+    expected: &Expected,
+    rules: &PerfRules,
+    b: &Baseline,
+    out: &mut Judgement,
+) {
+    let job_classes: BTreeSet<&str> = ranks
+        .iter()
+        .filter(|r| r.reported)
+        .map(|r| r.class.as_str())
+        .collect();
+    let saved: BTreeSet<&str> = b.figures.iter().map(|f| f.device_class.as_str()).collect();
+    let applied: Vec<&str> = saved.intersection(&job_classes).copied().collect();
+    for class in saved.difference(&job_classes) {
+        out.notes.push(format!(
+            "baseline `{}` holds figures for `{class}`, which no rank of this job ran on: not applied to them",
+            b.name
+        ));
+    }
+    if applied.is_empty() {
+        out.notes.push(format!(
+            "baseline `{}` (from {}) does not apply: it was saved on another device class",
+            b.name, b.job_id
+        ));
+        return;
+    }
+    out.notes.push(format!(
+        "baseline `{}` (from {}) applied to {}",
+        b.name,
+        b.job_id,
+        applied
+            .iter()
+            .map(|c| format!("`{c}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    for bf in b
+        .figures
+        .iter()
+        .filter(|f| applied.contains(&f.device_class.as_str()))
+    {
+        let Some(metric) = Metric::from_name(&bf.metric) else {
+            out.notes.push(format!(
+                "baseline `{}`: unknown metric `{}` skipped",
+                b.name, bf.metric
+            ));
+            continue;
+        };
+        let rule = rules.metric(metric);
+        let (fail, warn) = (rule.baseline_fail(), rule.baseline_warn());
+        let text = ratio_rule(
+            "baseline",
+            metric,
+            fail,
+            warn,
+            &format!("baseline `{}`", b.name),
+        );
+        compare(
+            ranks,
+            job,
+            expected,
+            &Reference {
+                metric,
+                key: &bf.key,
+                class_or_model: Scope::Class(&bf.device_class),
+                value: bf.value,
+                kind: "baseline",
+                fail,
+                warn: Some(warn),
+                ratio: true,
+                rule: text,
+            },
+            out,
+        );
+    }
+}
+
+/// Which ranks a reference applies to.
+enum Scope<'a> {
+    Class(&'a str),
+    /// A GPU model name, compared without regard to case.
+    Model(&'a str),
+}
+
+impl Scope<'_> {
+    fn covers_rank(&self, r: &RankFigures) -> bool {
+        match self {
+            Scope::Class(c) => r.class == *c,
+            Scope::Model(m) => r.model.eq_ignore_ascii_case(m),
+        }
+    }
+
+    fn covers_job(&self, job: &JobFigures) -> bool {
+        match self {
+            Scope::Class(c) => job.class.as_deref() == Some(*c),
+            Scope::Model(m) => job
+                .model
+                .as_deref()
+                .is_some_and(|x| x.eq_ignore_ascii_case(m)),
+        }
+    }
+}
+
+/// One reference value for one figure.
+struct Reference<'a> {
+    metric: Metric,
+    key: &'a str,
+    class_or_model: Scope<'a>,
+    value: f64,
+    kind: &'static str,
+    /// With `ratio`, fail/warn are ratios of `value`; otherwise absolute
+    /// thresholds (floors).
+    fail: f64,
+    warn: Option<f64>,
+    ratio: bool,
+    rule: String,
+}
+
+impl Reference<'_> {
+    fn level(&self, v: f64) -> Option<Verdict> {
+        if self.ratio {
+            let s = score(self.metric, v, self.value);
+            return level_of(s, self.fail, self.warn.unwrap_or(self.fail));
+        }
+        let worse = |limit: f64| {
+            if self.metric.higher_is_better() {
+                v < limit
+            } else {
+                v > limit
+            }
+        };
+        if worse(self.fail) {
+            Some(Verdict::Fail)
+        } else if self.warn.is_some_and(worse) {
+            Some(Verdict::Warn)
+        } else {
+            None
+        }
+    }
+
+    fn miss(&self, subject: &Subject, value: Option<f64>, level: Verdict) -> Finding {
+        finding(Miss {
+            subject,
+            metric: self.metric,
+            key: self.key,
+            value,
+            reference: self.value,
+            kind: self.kind,
+            level,
+            rule: self.rule.clone(),
+        })
+    }
+}
+
+/// Compares every rank (per-rank metrics) or the job (job metrics) that the
+/// reference covers; a covered figure that is missing fails when the job was
+/// asked to produce it.
+fn compare(
+    ranks: &[RankFigures],
+    job: &JobFigures,
+    expected: &Expected,
+    reference: &Reference,
+    out: &mut Judgement,
+) {
+    let (metric, key) = (reference.metric, reference.key);
+    let asked = expected.contains(&(metric, key.to_string()));
+    let find = |figs: &[Figure]| {
+        figs.iter()
+            .find(|f| f.metric == metric && f.key == key)
+            .map(|f| f.value)
+    };
+    if metric.per_rank() {
+        for r in ranks
+            .iter()
+            .filter(|r| r.reported && reference.class_or_model.covers_rank(r))
+        {
+            let subject = Subject::of(r);
+            match find(&r.figures) {
+                Some(v) => {
+                    if let Some(level) = reference.level(v) {
+                        out.findings.push(reference.miss(&subject, Some(v), level));
+                    }
+                }
+                None if asked => out
+                    .findings
+                    .push(reference.miss(&subject, None, Verdict::Fail)),
+                None => {}
+            }
+        }
+    } else if reference.class_or_model.covers_job(job) {
+        let subject = Subject::job(job);
+        match find(&job.figures) {
+            Some(v) => {
+                if let Some(level) = reference.level(v) {
+                    out.findings.push(reference.miss(&subject, Some(v), level));
+                }
+            }
+            None if asked => out
+                .findings
+                .push(reference.miss(&subject, None, Verdict::Fail)),
+            None => {}
+        }
+    }
+}
+
+/// Reference 3: the floors per GPU model (built in, or from `--rules`).
+fn floors(
+    ranks: &[RankFigures],
+    job: &JobFigures,
+    expected: &Expected,
+    rules: &PerfRules,
+    out: &mut Judgement,
+) {
+    let models: BTreeSet<&str> = ranks
+        .iter()
+        .filter(|r| r.reported)
+        .map(|r| r.model.as_str())
+        .collect();
+    let mut used: BTreeSet<&str> = BTreeSet::new();
+    for floor in &rules.floors {
+        let Some(metric) = Metric::from_name(&floor.metric) else {
+            continue; // refused when the rules were loaded
+        };
+        let Some(model) = models
+            .iter()
+            .find(|m| m.eq_ignore_ascii_case(&floor.gpu))
+            .copied()
+        else {
+            continue;
+        };
+        if floor.single_node && job.single_node.is_none() {
+            continue;
+        }
+        used.insert(model);
+        let mut rule = format!(
+            "floor for {} {} {}: fail {} {}",
+            floor.gpu,
+            metric.name(),
+            floor.key,
+            if metric.higher_is_better() {
+                "below"
+            } else {
+                "above"
+            },
+            fmt_value(metric, floor.fail)
+        );
+        if let Some(w) = floor.warn {
+            rule.push_str(&format!(", warn {}", fmt_value(metric, w)));
+        }
+        if !floor.source.is_empty() {
+            rule.push_str(&format!(" (source: {})", floor.source));
+        }
+        compare(
+            ranks,
+            job,
+            expected,
+            &Reference {
+                metric,
+                key: &floor.key,
+                class_or_model: Scope::Model(model),
+                value: floor.fail,
+                kind: "floor",
+                fail: floor.fail,
+                warn: floor.warn,
+                ratio: false,
+                rule,
+            },
+            out,
+        );
+    }
+    for m in models.iter().filter(|m| !used.contains(*m)) {
+        out.notes.push(format!(
+            "no floors for `{m}`: only the fleet{} reference judged it",
+            if out.notes.iter().any(|n| n.starts_with("baseline `")) {
+                " and baseline"
+            } else {
+                ""
+            }
+        ));
+    }
+}
+
+/// The figures a baseline keeps of a job: per device class, the median of
+/// each per-rank figure over the ranks of the class, and the job figures.
+pub fn baseline_figures(ranks: &[RankFigures], job: &JobFigures) -> Vec<BaselineFigure> {
+    let mut groups: BTreeMap<(&str, &str, Metric, &str), Vec<f64>> = BTreeMap::new();
+    for r in ranks.iter().filter(|r| r.reported) {
+        for f in r.figures.iter().filter(|f| f.metric.per_rank()) {
+            groups
+                .entry((r.class.as_str(), r.model.as_str(), f.metric, f.key.as_str()))
+                .or_default()
+                .push(f.value);
+        }
+    }
+    let mut out: Vec<BaselineFigure> = groups
+        .into_iter()
+        .map(|((class, model, metric, key), mut v)| BaselineFigure {
+            device_class: class.to_string(),
+            device_name: model.to_string(),
+            metric: metric.name().to_string(),
+            key: key.to_string(),
+            ranks: v.len() as u32,
+            value: median(&mut v),
+        })
+        .collect();
+    if let (Some(class), Some(model)) = (&job.class, &job.model) {
+        for f in &job.figures {
+            out.push(BaselineFigure {
+                device_class: class.clone(),
+                device_name: model.clone(),
+                metric: f.metric.name().to_string(),
+                key: f.key.clone(),
+                ranks: 0,
+                value: f.value,
+            });
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::judge::rules::Floor;
+
+    fn rank(rank: u32, node: &str, tflops: f64) -> RankFigures {
+        RankFigures {
+            rank,
+            node: node.into(),
+            gpu_index: Some(rank % 2),
+            gpu_uuid: format!("GPU-{rank}"),
+            model: "Test GPU".into(),
+            class: "Test GPU · torch 2.11".into(),
+            reported: true,
+            figures: vec![Figure {
+                metric: Metric::StressTflops,
+                key: "bf16 8192".into(),
+                value: tflops,
+            }],
+        }
+    }
+
+    fn expected(pairs: &[(Metric, &str)]) -> Expected {
+        pairs.iter().map(|(m, k)| (*m, k.to_string())).collect()
+    }
+
+    #[test]
+    fn fleet_names_the_slow_rank_only() {
+        let ranks: Vec<_> = [650.0, 655.0, 648.0, 320.0]
+            .iter()
+            .enumerate()
+            .map(|(i, v)| rank(i as u32, &format!("n{}", i / 2), *v))
+            .collect();
+        let j = judge(
+            &ranks,
+            &JobFigures::default(),
+            &Expected::new(),
+            &PerfRules::default(),
+            None,
+        );
+        let fails: Vec<_> = j
+            .findings
+            .iter()
+            .filter(|f| f.level() == Verdict::Fail)
+            .collect();
+        assert_eq!(fails.len(), 1, "{:#?}", j.findings);
+        assert_eq!(fails[0].rank, Some(3));
+        assert_eq!(fails[0].node, "n1");
+        assert_eq!(fails[0].reference_kind, "fleet");
+        assert!((fails[0].reference - 649.0).abs() < 1e-9);
+        assert!(fails[0].detail.contains("rank 3 on node n1 (GPU 1)"));
+    }
+
+    #[test]
+    fn fleet_needs_three_ranks_and_says_so() {
+        let ranks = vec![rank(0, "a", 600.0), rank(1, "a", 100.0)];
+        let j = judge(
+            &ranks,
+            &JobFigures::default(),
+            &Expected::new(),
+            &PerfRules::default(),
+            None,
+        );
+        assert!(j.findings.is_empty());
+        assert!(j
+            .notes
+            .iter()
+            .any(|n| n.contains("fleet reference not used")));
+    }
+
+    #[test]
+    fn floors_fail_and_missing_figures_fail() {
+        let mut rules = PerfRules::default();
+        rules.floors = vec![Floor {
+            gpu: "test gpu".into(),
+            metric: "stress_tflops".into(),
+            key: "bf16 8192".into(),
+            fail: 550.0,
+            warn: Some(600.0),
+            single_node: false,
+            source: "test".into(),
+        }];
+        let mut ranks = vec![
+            rank(0, "a", 700.0),
+            rank(1, "a", 580.0),
+            rank(2, "b", 500.0),
+        ];
+        ranks.push(RankFigures {
+            figures: vec![],
+            ..rank(3, "b", 0.0)
+        });
+        let want = expected(&[(Metric::StressTflops, "bf16 8192")]);
+        let j = judge(&ranks, &JobFigures::default(), &want, &rules, None);
+        let by_rank: BTreeMap<u32, Verdict> = j
+            .findings
+            .iter()
+            .filter(|f| f.reference_kind == "floor")
+            .map(|f| (f.rank.unwrap(), f.level()))
+            .collect();
+        assert_eq!(by_rank.get(&0), None);
+        assert_eq!(by_rank[&1], Verdict::Warn);
+        assert_eq!(by_rank[&2], Verdict::Fail);
+        assert_eq!(by_rank[&3], Verdict::Fail, "missing figure fails");
+        let missing = j.findings.iter().find(|f| f.rank == Some(3)).unwrap();
+        assert!(missing.missing && missing.detail.contains("no stress_tflops bf16 8192"));
+        // Not asked for: the floor does not apply to a job of another size.
+        let j = judge(
+            &ranks[3..],
+            &JobFigures::default(),
+            &Expected::new(),
+            &rules,
+            None,
+        );
+        assert!(j.findings.is_empty());
+    }
+
+    #[test]
+    fn baseline_per_class_and_job_figures() {
+        let healthy: Vec<_> = (0..4).map(|i| rank(i, "a", 650.0)).collect();
+        let job = JobFigures {
+            class: Some("Test GPU · torch 2.11".into()),
+            model: Some("Test GPU".into()),
+            single_node: None,
+            figures: vec![Figure {
+                metric: Metric::Busbw,
+                key: "all_reduce 1073741824 float".into(),
+                value: 330.0,
+            }],
+        };
+        let b = Baseline {
+            name: "h200".into(),
+            job_id: "job-1".into(),
+            figures: baseline_figures(&healthy, &job),
+            ..Default::default()
+        };
+        assert_eq!(b.figures.len(), 2);
+        let mut slow = healthy.clone();
+        slow[2].figures[0].value = 500.0;
+        let slow_job = JobFigures {
+            figures: vec![Figure {
+                value: 200.0,
+                ..job.figures[0].clone()
+            }],
+            ..job.clone()
+        };
+        let j = judge(
+            &slow,
+            &slow_job,
+            &Expected::new(),
+            &PerfRules::default(),
+            Some(&b),
+        );
+        let base: Vec<_> = j
+            .findings
+            .iter()
+            .filter(|f| f.reference_kind == "baseline")
+            .collect();
+        assert_eq!(base.len(), 2, "{base:#?}");
+        assert!(base
+            .iter()
+            .any(|f| f.rank == Some(2) && f.level() == Verdict::Fail));
+        let link = base.iter().find(|f| f.metric == "busbw").unwrap();
+        assert_eq!(link.node, "", "a multi-node job figure blames no node");
+        // Another device class: the baseline does not apply, and the report says so.
+        let mut other = healthy.clone();
+        for r in &mut other {
+            r.class = "NVIDIA H100 · torch 2.11".into();
+        }
+        let j = judge(
+            &other,
+            &JobFigures::default(),
+            &Expected::new(),
+            &PerfRules::default(),
+            Some(&b),
+        );
+        assert!(j.findings.is_empty());
+        assert!(j.notes.iter().any(|n| n.contains("does not apply")));
+    }
+
+    #[test]
+    fn step_time_is_better_low() {
+        assert!(score(Metric::StepMsP99, 200.0, 100.0) < 0.9);
+        assert!(score(Metric::StressTflops, 50.0, 100.0) < 0.9);
+    }
+}
