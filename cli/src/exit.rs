@@ -160,6 +160,17 @@ mod tests {
     }
 
     #[test]
+    fn readme_documents_every_code() {
+        let readme = include_str!("../../README.md");
+        for code in [0, 1, 2, 3, 4, 130] {
+            assert!(
+                readme.contains(&format!("\n| {code} | ")),
+                "README.md's exit-code table lacks {code}"
+            );
+        }
+    }
+
+    #[test]
     fn jobs_fail_only_when_failed_or_cancelled() {
         let job = |s: pb::JobState| pb::Job {
             state: s as i32,
