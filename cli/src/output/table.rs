@@ -6,12 +6,14 @@
 
 use std::io::IsTerminal;
 
-use comfy_table::{presets::NOTHING, CellAlignment, ContentArrangement};
+use comfy_table::{presets::NOTHING, CellAlignment, ColumnConstraint, ContentArrangement, Width};
 
 /// Spaces between columns; three keep adjacent numeric columns readable.
 const GAP: u16 = 3;
 /// Between a key and its value in a `KEY  value` block.
 const KEY_GAP: u16 = 2;
+/// Cells up to this wide never wrap; wider ones (free text) wrap, down to this.
+const WRAP_MIN: u16 = 24;
 
 /// A table with a header row; cells are plain text.
 pub struct Table {
@@ -78,12 +80,26 @@ fn terminal_width() -> Option<u16> {
 
 /// Pads every column but the last by `gap` on the right, then lets comfy-table
 /// arrange the cells: wrapped into `width` when known, unbroken otherwise.
+/// Only free text wraps (at spaces, never narrower than [`WRAP_MIN`]); names,
+/// numbers and states keep their width, and a table that cannot fit even so is
+/// left unbroken for the terminal to fold rather than cutting `local-0` in two.
 fn layout(mut t: comfy_table::Table, gap: u16, width: Option<u16>) -> String {
     let n = t.column_count();
+    let widest = t.column_max_content_widths();
     for (i, col) in t.column_iter_mut().enumerate() {
         col.set_padding((0, if i + 1 < n { gap } else { 0 }));
+        col.set_constraint(if widest.get(i).is_some_and(|w| *w > WRAP_MIN) {
+            ColumnConstraint::LowerBoundary(Width::Fixed(WRAP_MIN))
+        } else {
+            ColumnConstraint::ContentWidth
+        });
     }
-    match width {
+    // When even the narrowest layout overflows, wrapping text only adds lines.
+    let narrowest: u16 = widest
+        .iter()
+        .map(|w| (*w).min(WRAP_MIN).saturating_add(gap))
+        .sum();
+    match width.filter(|w| narrowest <= *w) {
         Some(w) => {
             t.set_width(w)
                 .set_content_arrangement(ContentArrangement::Dynamic);
@@ -136,11 +152,17 @@ mod tests {
 
     #[test]
     fn a_terminal_wraps_to_its_width_and_a_pipe_never_breaks_a_row() {
-        let narrow = layout(wide(), GAP, Some(30));
+        let narrow = layout(wide(), GAP, Some(40));
         assert!(narrow.lines().count() > 2, "{narrow}");
-        assert!(narrow.lines().all(|l| l.chars().count() <= 30), "{narrow}");
+        assert!(narrow.lines().all(|l| l.chars().count() <= 40), "{narrow}");
+        assert!(
+            narrow.starts_with("NODE     DETAIL\nnode-0   a detail"),
+            "{narrow}"
+        );
         let piped = layout(wide(), GAP, None);
         assert_eq!(piped.lines().count(), 2, "{piped}");
         assert!(piped.lines().nth(1).unwrap().ends_with("narrow terminal"));
+        // Too narrow for even the names: left whole for the terminal to fold.
+        assert_eq!(layout(wide(), GAP, Some(20)), piped);
     }
 }
