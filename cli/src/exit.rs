@@ -11,12 +11,12 @@ use crate::args::UsageError;
 /// What `gpuctl --help` and README.md show; keep the two in step with [`Exit::code`].
 pub const HELP: &str = "\
 Exit codes (every verb):
-  0  done; the job passed (submit --wait, report) or has not failed (status, watch)
-  1  the job failed or was cancelled (submit --wait, status, report, watch), a check
-     failed (plan, doctor), or another error
-  2  bad input: a flag or value was refused, nothing was sent
-  3  not found: no such job (or node)
-  4  coordinator unreachable, or it did not answer in time
+  0    done; the job passed (submit --wait, report) or has not failed (status, watch)
+  1    the job failed or was cancelled (submit --wait, status, report, watch), a check
+       failed (plan, doctor), or another error
+  2    bad input: a flag or value was refused, nothing was sent
+  3    not found: no such job (or node)
+  4    coordinator unreachable, or it did not answer in time
   130  interrupted (Ctrl-C) while following a job; the job goes on";
 
 /// The outcome of one command.
