@@ -206,31 +206,20 @@ mod tests {
     fn errors_by_type() {
         let usage = anyhow::Error::from(UsageError("--nodes: 0".into()));
         assert_eq!(Exit::of_error(&usage), Exit::Usage);
-        let status = |s: tonic::Status| anyhow::Error::from(s).context("get job");
-        assert_eq!(
-            Exit::of_error(&status(tonic::Status::not_found("no job `x`"))),
-            Exit::NotFound
-        );
-        assert_eq!(
-            Exit::of_error(&status(tonic::Status::unavailable("refused"))),
-            Exit::Unreachable
-        );
-        assert_eq!(
-            Exit::of_error(&status(tonic::Status::deadline_exceeded("slow"))),
-            Exit::Unreachable
-        );
-        assert_eq!(
-            Exit::of_error(&status(tonic::Status::cancelled("Timeout expired"))),
-            Exit::Unreachable
-        );
-        assert_eq!(
-            Exit::of_error(&status(tonic::Status::invalid_argument("bad"))),
-            Exit::Usage
-        );
-        assert_eq!(
-            Exit::of_error(&status(tonic::Status::failed_precondition("5 nodes"))),
-            Exit::Failed
-        );
+        use tonic::Status;
+        let cases = [
+            (Status::not_found("no job `x`"), Exit::NotFound),
+            (Status::unavailable("refused"), Exit::Unreachable),
+            (Status::deadline_exceeded("slow"), Exit::Unreachable),
+            (Status::cancelled("Timeout expired"), Exit::Unreachable),
+            (Status::invalid_argument("bad"), Exit::Usage),
+            (Status::failed_precondition("5 nodes"), Exit::Failed),
+        ];
+        for (status, want) in cases {
+            let text = status.to_string();
+            let e = anyhow::Error::from(status).context("get job");
+            assert_eq!(Exit::of_error(&e), want, "{text}");
+        }
     }
 
     #[test]
