@@ -1,18 +1,20 @@
 //! `gpuctl`, the command line of the gpuctl GPU cluster acceptance-testing system.
 //! Talks to the coordinator's `JobService` over gRPC; `gpuctl local up` runs a
-//! coordinator and agents on this machine. Exit codes: 0 success, 1 failure
-//! (including a failed acceptance verdict under `submit --wait`), 2 bad usage
-//! (nothing was sent).
+//! coordinator and agents on this machine. Exit codes follow one scheme for
+//! every verb ([`exit::HELP`]): 0 done/passed, 1 job failed, 2 bad input,
+//! 3 not found, 4 coordinator unreachable.
 
 mod args;
 mod client;
 mod commands;
+mod exit;
 mod output;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 use tracing_subscriber::EnvFilter;
 
 use crate::args::{Cli, UsageError};
+use crate::exit::Exit;
 
 fn init_tracing(verbose: u8) {
     let level = match verbose {
@@ -31,7 +33,9 @@ fn init_tracing(verbose: u8) {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    // Clap exits 2 on a bad flag by itself, which is the scheme's "bad input".
+    let matches = Cli::command().after_help(exit::HELP).get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     init_tracing(cli.verbose);
     // One thread is plenty for a CLI, and `local up` relies on it: children get
     // PR_SET_PDEATHSIG, which fires when the *thread* that spawned them exits.
@@ -42,21 +46,20 @@ fn main() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
-            std::process::exit(1);
+            std::process::exit(Exit::Failed.code());
         }
     };
-    let code = match rt.block_on(commands::run(cli)) {
-        Ok(code) => code,
+    let exit = match rt.block_on(commands::run(cli)) {
+        Ok(exit) => exit,
         Err(e) => {
-            if let Some(u) = e.downcast_ref::<UsageError>() {
-                eprintln!("error: {u}");
-                2
-            } else {
-                eprintln!("error: {e:#}");
-                1
+            // A usage error is one sentence naming the flag; no cause chain.
+            match e.downcast_ref::<UsageError>() {
+                Some(u) => eprintln!("error: {u}"),
+                None => eprintln!("error: {e:#}"),
             }
+            Exit::of_error(&e)
         }
     };
     drop(rt);
-    std::process::exit(code);
+    std::process::exit(exit.code());
 }

@@ -4,9 +4,10 @@ use anyhow::Result;
 
 use crate::args::OutputFormat;
 use crate::client::Coordinator;
+use crate::exit::Exit;
 use crate::output;
 
-pub async fn run(c: &mut Coordinator, id: &str, reason: &str, out: OutputFormat) -> Result<i32> {
+pub async fn run(c: &mut Coordinator, id: &str, reason: &str, out: OutputFormat) -> Result<Exit> {
     let job = c.cancel(id, reason).await?;
     match out {
         OutputFormat::Json => output::print_json(&output::json::job(&job)),
@@ -20,5 +21,5 @@ pub async fn run(c: &mut Coordinator, id: &str, reason: &str, out: OutputFormat)
             }
         }
     }
-    Ok(0)
+    Ok(Exit::Ok)
 }

@@ -8,9 +8,10 @@ use gpuctl_proto::pb::{PreflightCheck, Verdict};
 use serde_json::json;
 
 use crate::args::{DoctorArgs, OutputFormat};
+use crate::exit::Exit;
 use crate::output::{self, table::Table};
 
-pub fn run(a: &DoctorArgs, out: OutputFormat) -> Result<i32> {
+pub fn run(a: &DoctorArgs, out: OutputFormat) -> Result<Exit> {
     let local = preflight::run_local(&a.host_root, a.libtorch.as_deref(), a.cpu_ranks);
     let failed = local.checks.iter().any(|c| verdict_of(c) == Verdict::Fail);
     match out {
@@ -53,7 +54,7 @@ pub fn run(a: &DoctorArgs, out: OutputFormat) -> Result<i32> {
             );
         }
     }
-    Ok(if failed { 1 } else { 0 })
+    Ok(Exit::failed_if(failed))
 }
 
 fn check_json(c: &PreflightCheck) -> serde_json::Value {

@@ -5,9 +5,10 @@ use gpuctl_proto::pb;
 
 use crate::args::OutputFormat;
 use crate::client::Coordinator;
+use crate::exit::Exit;
 use crate::output::{self, table::Table};
 
-pub async fn run(c: &mut Coordinator, limit: u32, out: OutputFormat) -> Result<i32> {
+pub async fn run(c: &mut Coordinator, limit: u32, out: OutputFormat) -> Result<Exit> {
     let mut jobs = c.jobs(limit).await?;
     // The coordinator's order is not part of the contract; newest first is what people expect.
     jobs.sort_by(|a, b| {
@@ -27,7 +28,7 @@ pub async fn run(c: &mut Coordinator, limit: u32, out: OutputFormat) -> Result<i
             }
         }
     }
-    Ok(0)
+    Ok(Exit::Ok)
 }
 
 /// Planned node names when there are few, else a count; the asked count before planning.

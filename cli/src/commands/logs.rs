@@ -5,6 +5,7 @@ use anyhow::Result;
 
 use crate::args::OutputFormat;
 use crate::client::Coordinator;
+use crate::exit::Exit;
 use crate::output;
 
 pub async fn run(
@@ -13,7 +14,7 @@ pub async fn run(
     rank: Option<u32>,
     tail: Option<u32>,
     out: OutputFormat,
-) -> Result<i32> {
+) -> Result<Exit> {
     let lines = c.logs(id, rank, tail.unwrap_or(0)).await?;
     match out {
         OutputFormat::Json => output::print_json(&serde_json::Value::Array(
@@ -39,5 +40,5 @@ pub async fn run(
             }
         }
     }
-    Ok(0)
+    Ok(Exit::Ok)
 }

@@ -1,5 +1,5 @@
-//! One module per verb. Each returns the process exit code; errors bubble up as
-//! `anyhow` and `main` prints them (usage errors exit 2, everything else 1).
+//! One module per verb. Each returns its outcome as an [`Exit`]; errors bubble
+//! up as `anyhow` and `main` prints them and picks their code (`Exit::of_error`).
 
 pub mod cancel;
 pub mod doctor;
@@ -17,8 +17,9 @@ use anyhow::Result;
 
 use crate::args::{Cli, Command, LocalCommand};
 use crate::client::Coordinator;
+use crate::exit::Exit;
 
-pub async fn run(cli: Cli) -> Result<i32> {
+pub async fn run(cli: Cli) -> Result<Exit> {
     let out = cli.output;
     let url = cli.coordinator.as_str();
     match cli.command {
@@ -54,7 +55,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
             let mut c = Coordinator::connect(url).await?;
             logs::run(&mut c, &a.job, a.rank, a.tail, out).await
         }
-        Command::Local(LocalCommand::Up(a)) => local::up(a).await,
+        Command::Local(LocalCommand::Up(a)) => Ok(Exit::failed_if(local::up(a).await? != 0)),
         Command::Doctor(a) => doctor::run(&a, out),
     }
 }

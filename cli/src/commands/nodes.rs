@@ -7,9 +7,10 @@ use gpuctl_proto::units::format_bytes;
 
 use crate::args::OutputFormat;
 use crate::client::Coordinator;
+use crate::exit::Exit;
 use crate::output::{self, table::Table};
 
-pub async fn run(c: &mut Coordinator, out: OutputFormat) -> Result<i32> {
+pub async fn run(c: &mut Coordinator, out: OutputFormat) -> Result<Exit> {
     let mut nodes = c.nodes().await?;
     nodes.sort_by(|a, b| a.name.cmp(&b.name));
     let now = gpuctl_proto::now_ms();
@@ -29,7 +30,7 @@ pub async fn run(c: &mut Coordinator, out: OutputFormat) -> Result<i32> {
             }
         }
     }
-    Ok(0)
+    Ok(Exit::Ok)
 }
 
 /// "8 gpu" or "2 cpu": what the node runs ranks on.

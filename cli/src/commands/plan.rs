@@ -7,9 +7,10 @@ use gpuctl_proto::pb;
 
 use crate::args::OutputFormat;
 use crate::client::Coordinator;
+use crate::exit::Exit;
 use crate::output::{self, table::Table};
 
-pub async fn run(c: &mut Coordinator, spec: pb::JobSpec, out: OutputFormat) -> Result<i32> {
+pub async fn run(c: &mut Coordinator, spec: pb::JobSpec, out: OutputFormat) -> Result<Exit> {
     let plan = c.plan(spec).await?;
     match out {
         OutputFormat::Json => output::print_json(&output::json::plan(&plan)),
@@ -20,7 +21,7 @@ pub async fn run(c: &mut Coordinator, spec: pb::JobSpec, out: OutputFormat) -> R
         .checks
         .iter()
         .any(|ch| ch.verdict() == pb::Verdict::Fail);
-    Ok(if failing { 1 } else { 0 })
+    Ok(Exit::failed_if(failing))
 }
 
 pub fn rank_table(ranks: &[pb::RankPlacement]) -> String {

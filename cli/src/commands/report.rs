@@ -11,30 +11,21 @@ use gpuctl_proto::units::format_duration_ms;
 
 use crate::args::OutputFormat;
 use crate::client::Coordinator;
+use crate::exit::Exit;
 use crate::output::{self, table::Table};
 
-pub async fn run(c: &mut Coordinator, id: &str, out: OutputFormat) -> Result<i32> {
+pub async fn run(c: &mut Coordinator, id: &str, out: OutputFormat) -> Result<Exit> {
     let report = c.report(id).await?;
     print(&report, out);
     // Like `submit --wait`, the exit code carries the verdict, so a script can
     // gate on `gpuctl report JOB` alone.
-    Ok(exit_code(&report))
+    Ok(Exit::of_report(&report))
 }
 
 pub fn print(report: &pb::Report, out: OutputFormat) {
     match out {
         OutputFormat::Json => output::print_json(&output::json::report(report)),
         OutputFormat::Table => output::print_text(&render(report)),
-    }
-}
-
-/// 0 only for a job that succeeded with a pass verdict; anything else is a
-/// failed acceptance test.
-pub fn exit_code(report: &pb::Report) -> i32 {
-    if report.state() == pb::JobState::Succeeded && report.verdict() == pb::Verdict::Pass {
-        0
-    } else {
-        1
     }
 }
 
@@ -797,10 +788,10 @@ pub(crate) mod tests {
 
     #[test]
     fn exit_code_needs_success_and_pass() {
-        assert_eq!(exit_code(&nccl_report()), 0);
-        assert_eq!(exit_code(&stress_report()), 1);
+        assert_eq!(Exit::of_report(&nccl_report()), Exit::Ok);
+        assert_eq!(Exit::of_report(&stress_report()), Exit::Failed);
         let mut r = nccl_report();
         r.state = pb::JobState::Cancelled as i32;
-        assert_eq!(exit_code(&r), 1);
+        assert_eq!(Exit::of_report(&r), Exit::Failed);
     }
 }

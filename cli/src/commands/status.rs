@@ -8,9 +8,10 @@ use gpuctl_proto::pb;
 
 use crate::args::OutputFormat;
 use crate::client::Coordinator;
+use crate::exit::Exit;
 use crate::output::{self, table::Table};
 
-pub async fn run(c: &mut Coordinator, id: &str, out: OutputFormat) -> Result<i32> {
+pub async fn run(c: &mut Coordinator, id: &str, out: OutputFormat) -> Result<Exit> {
     let job = c.job(id).await?;
     match out {
         OutputFormat::Json => output::print_json(&output::json::job(&job)),
@@ -20,7 +21,7 @@ pub async fn run(c: &mut Coordinator, id: &str, out: OutputFormat) -> Result<i32
             &ExtraColumns::default(),
         )),
     }
-    Ok(0)
+    Ok(Exit::of_job(&job))
 }
 
 /// Columns appended to the rank table by callers that know more per rank

@@ -14,6 +14,7 @@ use tonic::Code;
 
 use crate::args::OutputFormat;
 use crate::client::Coordinator;
+use crate::exit::Exit;
 use crate::output;
 
 const POLL: Duration = Duration::from_millis(500);
@@ -29,7 +30,7 @@ pub async fn run(
     spec: pb::JobSpec,
     wait: bool,
     out: OutputFormat,
-) -> Result<i32> {
+) -> Result<Exit> {
     let job = c.submit(spec).await?;
     if !wait {
         match out {
@@ -37,7 +38,7 @@ pub async fn run(
             // Only the id on stdout, so `JOB=$(gpuctl submit ...)` works.
             OutputFormat::Table => println!("{}", job.id),
         }
-        return Ok(0);
+        return Ok(Exit::Ok);
     }
     eprintln!("submitted {} ({})", job.id, output::job_state(&job));
     let job = tokio::select! {
@@ -45,7 +46,7 @@ pub async fn run(
         _ = tokio::signal::ctrl_c() => {
             // Detach, don't cancel: a long burn-in should survive a closed laptop lid.
             eprintln!("\nstopped waiting; the job goes on. Follow it with `gpuctl watch ID`, stop it with `gpuctl cancel ID`");
-            return Ok(130);
+            return Ok(Exit::Interrupted);
         }
     };
     finish(c, &job, out).await
@@ -260,13 +261,13 @@ async fn follow(c: &mut Coordinator, mut job: pb::Job) -> Result<pb::Job> {
     }
 }
 
-async fn finish(c: &mut Coordinator, job: &pb::Job, out: OutputFormat) -> Result<i32> {
+async fn finish(c: &mut Coordinator, job: &pb::Job, out: OutputFormat) -> Result<Exit> {
     let deadline = Instant::now() + REPORT_GRACE;
     loop {
         match c.report_raw(&job.id).await {
             Ok(report) => {
                 super::report::print(&report, out);
-                return Ok(super::report::exit_code(&report));
+                return Ok(Exit::of_report(&report));
             }
             Err(s)
                 if matches!(
@@ -294,7 +295,7 @@ async fn finish(c: &mut Coordinator, job: &pb::Job, out: OutputFormat) -> Result
                         s.message()
                     );
                 }
-                return Ok(1);
+                return Ok(Exit::Failed);
             }
         }
     }

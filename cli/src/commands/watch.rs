@@ -11,6 +11,7 @@ use gpuctl_proto::pb;
 use super::status::{self, ExtraColumns};
 use crate::args::OutputFormat;
 use crate::client::Coordinator;
+use crate::exit::Exit;
 use crate::output;
 
 /// Per-rank GPU telemetry from the coordinator's latest samples: utilisation,
@@ -134,7 +135,7 @@ pub async fn run(
     id: &str,
     interval: Duration,
     out: OutputFormat,
-) -> Result<i32> {
+) -> Result<Exit> {
     let tty = std::io::stdout().is_terminal();
     let mut last = String::new();
     loop {
@@ -185,17 +186,13 @@ pub async fn run(
                     job.id
                 );
             }
-            return Ok(if job.state() == pb::JobState::Succeeded {
-                0
-            } else {
-                1
-            });
+            return Ok(Exit::of_job(&job));
         }
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
             _ = tokio::signal::ctrl_c() => {
                 eprintln!("stopped watching; {id} goes on");
-                return Ok(130);
+                return Ok(Exit::Interrupted);
             }
         }
     }

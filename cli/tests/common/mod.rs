@@ -138,8 +138,17 @@ impl Cluster {
         job_id(&v).unwrap_or_else(|| panic!("no job id in {v}"))
     }
 
+    /// The job as `status --output json` prints it. `status` exits 1 for a
+    /// failed or cancelled job (README "Exit codes") and prints it all the same.
     pub fn job(&self, id: &str) -> Value {
-        self.json(&["status", id])
+        let args = ["status", id, "--output", "json"];
+        let out = self.gpuctl(&args);
+        if out.status.code() == Some(1) && !out.stdout.is_empty() {
+            if let Ok(v) = serde_json::from_slice(&out.stdout) {
+                return v;
+            }
+        }
+        parse_json(&out, &args)
     }
 
     pub fn job_state(&self, id: &str) -> String {
