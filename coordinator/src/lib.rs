@@ -3,8 +3,10 @@
 //! [`store::Store`] trait. `main.rs` only parses flags and calls [`server::run`].
 
 pub mod config;
+pub mod judge;
 pub mod logs;
 pub mod metrics;
+pub mod plan;
 pub mod rendezvous;
 pub mod scheduler;
 pub mod server;

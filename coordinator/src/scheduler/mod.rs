@@ -4,12 +4,7 @@
 //! to it through a [`SchedulerHandle`] and await the reply.
 
 pub mod events;
-pub mod health;
-pub mod nccl_env;
-pub mod planner;
-pub mod report;
 pub mod state;
-pub mod telemetry;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -27,12 +22,14 @@ use tonic::Status;
 use tracing::{debug, info, warn};
 
 pub use events::{Event, Reply, SessionTx};
-use health::HealthRules;
 use state::{job_id, JobEntry, NodeEntry, Session};
-use telemetry::Telemetry;
 
+use crate::judge::health::HealthRules;
+use crate::judge::report;
+use crate::judge::telemetry::Telemetry;
 use crate::logs::{LogBatch, LogSink};
 use crate::metrics::Snapshot;
+use crate::plan::planner;
 use crate::rendezvous::Rendezvous;
 use crate::store::{Batch, StateStore, StoreError};
 

@@ -9,10 +9,10 @@ use gpuctl_proto::pb::{
 };
 
 use super::events::SessionTx;
-use super::health::HealthRules;
-use super::planner::Candidate;
-use super::report;
-use super::telemetry::Telemetry;
+use crate::judge::health::HealthRules;
+use crate::judge::report;
+use crate::judge::telemetry::Telemetry;
+use crate::plan::planner::Candidate;
 
 pub struct Session {
     pub id: u64,
