@@ -5,4 +5,5 @@
 
 pub mod health;
 pub mod report;
+pub mod series;
 pub mod telemetry;
