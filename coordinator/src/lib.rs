@@ -3,6 +3,7 @@
 //! [`store::Store`] trait. `main.rs` only parses flags and calls [`server::run`].
 
 pub mod config;
+pub mod error;
 pub mod judge;
 pub mod logs;
 pub mod metrics;

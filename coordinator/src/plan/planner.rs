@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 
 use gpuctl_proto::pb::{EnvVar, JobSpec, Node, Plan, PreflightCheck, RankPlacement, Verdict};
 use gpuctl_proto::spec::{parse_selector, Selector};
-use tonic::Status;
 
 use super::nccl_env;
+use crate::error::CoordinatorError;
 
 /// torchrun's default rendezvous port.
 pub const MASTER_PORT: u32 = 29500;
@@ -32,27 +32,6 @@ const BLOCKING_CHECKS: &[&str] = &[
 /// The reason a reason-carrying env var got its value from the user.
 pub const USER_ENV_REASON: &str = "set by --env";
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PlanError {
-    #[error(transparent)]
-    Spec(#[from] gpuctl_proto::spec::SpecError),
-    /// Fewer live nodes match than the job asks for.
-    #[error("{0}")]
-    NotEnough(String),
-    /// A preflight check failed; the message names the node and the fix.
-    #[error("{0}")]
-    Preflight(String),
-}
-
-impl From<PlanError> for Status {
-    fn from(e: PlanError) -> Status {
-        match e {
-            PlanError::Spec(e) => Status::invalid_argument(e.to_string()),
-            PlanError::NotEnough(m) | PlanError::Preflight(m) => Status::failed_precondition(m),
-        }
-    }
-}
-
 /// A node as the planner sees it.
 #[derive(Debug, Clone, Copy)]
 pub struct Candidate<'a> {
@@ -72,7 +51,7 @@ pub fn slots(node: &Node) -> u32 {
     }
 }
 
-pub fn selectors(spec: &JobSpec) -> Result<Vec<Selector>, PlanError> {
+pub fn selectors(spec: &JobSpec) -> Result<Vec<Selector>, CoordinatorError> {
     Ok(spec
         .selectors
         .iter()
@@ -100,7 +79,7 @@ fn plural(n: usize, one: &str, many: &str) -> String {
 pub fn choose<'a>(
     spec: &JobSpec,
     candidates: &[Candidate<'a>],
-) -> Result<Option<Vec<&'a Node>>, PlanError> {
+) -> Result<Option<Vec<&'a Node>>, CoordinatorError> {
     let sel = selectors(spec)?;
     let mut all: Vec<&Candidate<'a>> = candidates
         .iter()
@@ -140,7 +119,7 @@ pub fn choose<'a>(
                 names(&lost)
             );
         }
-        return Err(PlanError::NotEnough(msg));
+        return Err(CoordinatorError::NotEnoughNodes(msg));
     }
     let free: Vec<&Node> = all.iter().filter(|c| c.free).map(|c| c.node).collect();
     if free.len() < want {
@@ -332,7 +311,7 @@ pub fn checks(nodes: &[&Node]) -> Vec<PreflightCheck> {
 }
 
 /// The first failing check as an error, naming the node and the fix.
-pub fn preflight_error(plan: &Plan) -> Option<PlanError> {
+pub fn preflight_error(plan: &Plan) -> Option<CoordinatorError> {
     let failed: Vec<String> = plan
         .checks
         .iter()
@@ -349,7 +328,7 @@ pub fn preflight_error(plan: &Plan) -> Option<PlanError> {
             )
         })
         .collect();
-    (!failed.is_empty()).then(|| PlanError::Preflight(failed.join("; ")))
+    (!failed.is_empty()).then(|| CoordinatorError::PlanRefused(failed.join("; ")))
 }
 
 #[cfg(test)]
@@ -539,7 +518,10 @@ mod tests {
             err.to_string(),
             "asked for 5 nodes, 4 registered nodes match (a, b, c, d)"
         );
-        assert_eq!(Status::from(err).code(), tonic::Code::FailedPrecondition);
+        assert!(
+            matches!(err, CoordinatorError::NotEnoughNodes(_)),
+            "{err:?}"
+        );
 
         // Busy nodes make the job wait; lost nodes do not count at all.
         cands[0].free = false;
@@ -566,7 +548,10 @@ mod tests {
         let mut bad = spec(1);
         bad.selectors = vec!["gpu".into()];
         let err = choose(&bad, &cands).unwrap_err();
-        assert_eq!(Status::from(err).code(), tonic::Code::InvalidArgument);
+        assert!(
+            matches!(&err, CoordinatorError::InvalidField { field, .. } if field == "--selector"),
+            "{err:?}"
+        );
     }
 
     #[test]
@@ -598,10 +583,10 @@ mod tests {
         let err = preflight_error(&p).expect("refused").to_string();
         assert!(err.starts_with("preflight `env` failed: "), "{err}");
         assert!(err.contains("b has no InfiniBand"), "{err}");
-        assert_eq!(
-            Status::from(preflight_error(&p).unwrap()).code(),
-            tonic::Code::FailedPrecondition
-        );
+        assert!(matches!(
+            preflight_error(&p),
+            Some(CoordinatorError::PlanRefused(_))
+        ));
 
         // NCCL versions that differ fail the plan; a typo'd NCCL_ name only warns.
         b.facts.as_mut().unwrap().nccl_version = "2.27.3".into();
