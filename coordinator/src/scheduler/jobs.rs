@@ -16,7 +16,7 @@ use super::{human, Scheduler};
 use crate::error::CoordinatorError;
 use crate::judge::report;
 use crate::judge::telemetry::Telemetry;
-use crate::plan::planner;
+use crate::plan::{planner, preflight};
 use crate::store::{Batch, StoreError};
 
 /// Grace after a job's deadline before the coordinator fails it itself; the
@@ -72,7 +72,7 @@ impl Scheduler {
 
     pub(super) async fn submit(&mut self, spec: JobSpec) -> Result<Job, CoordinatorError> {
         let plan = self.plan(spec)?;
-        if let Some(e) = planner::preflight_error(&plan) {
+        if let Some(e) = preflight::preflight_error(&plan) {
             return Err(e);
         }
         let spec = plan.spec.clone().unwrap_or_default();
@@ -139,7 +139,7 @@ impl Scheduler {
                 .collect();
             planner::plan(&spec, &chosen)
         };
-        if let Some(err) = planner::preflight_error(&plan) {
+        if let Some(err) = preflight::preflight_error(&plan) {
             if let Some(j) = self.jobs.get_mut(id) {
                 j.job.plan = Some(plan);
             }
