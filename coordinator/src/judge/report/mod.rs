@@ -51,7 +51,7 @@ pub fn build(inp: &Inputs) -> Report {
     let spec = job.spec.clone().unwrap_or_default();
     let plan = job.plan.clone().unwrap_or_default();
 
-    let mut states = ranks::from_results(inp, &plan);
+    let mut states = ranks::from_results(job, &plan, inp.results, inp.exits);
     let sdc_note = digests::stress(inp.results, &mut states);
     let mut notes: Vec<String> = digests::ddp(inp.results, &spec, &mut states)
         .into_iter()

@@ -4,9 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use gpuctl_proto::pb::{JobState, Plan, RankPlacement, Verdict, WorkerExited};
-
-use super::Inputs;
+use gpuctl_proto::pb::{Job, JobState, Plan, RankPlacement, RankResult, Verdict, WorkerExited};
 
 /// A rank's verdict being worked out.
 pub(super) struct RankState {
@@ -50,12 +48,17 @@ pub fn exit_text(ex: &WorkerExited) -> String {
     }
 }
 
-/// Pass for an ok result, fail for an error result, incomplete without one.
-pub(super) fn from_results(inp: &Inputs, plan: &Plan) -> RankStates {
-    let job = inp.job;
+/// Pass for an ok result, fail for an error result, incomplete without one
+/// (why: the worker's exit if one was seen, else the job's state).
+pub(super) fn from_results(
+    job: &Job,
+    plan: &Plan,
+    results: &BTreeMap<u32, RankResult>,
+    exits: &BTreeMap<u32, WorkerExited>,
+) -> RankStates {
     let mut states = RankStates::new();
     for p in &plan.ranks {
-        let st = match inp.results.get(&p.rank) {
+        let st = match results.get(&p.rank) {
             Some(r) if r.ok => RankState {
                 verdict: Verdict::Pass,
                 reasons: vec![],
@@ -69,7 +72,7 @@ pub(super) fn from_results(inp: &Inputs, plan: &Plan) -> RankStates {
                 }],
             },
             None => {
-                let why = match inp.exits.get(&p.rank) {
+                let why = match exits.get(&p.rank) {
                     Some(ex) => format!("no result: the worker {}", exit_text(ex)),
                     None => match job.state() {
                         JobState::Pending | JobState::Unspecified => "not started".into(),
