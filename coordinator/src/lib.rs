@@ -3,9 +3,11 @@
 //! [`store::Store`] trait. `main.rs` only parses flags and calls [`server::run`].
 
 pub mod config;
+pub mod error;
 pub mod judge;
 pub mod logs;
 pub mod metrics;
+pub mod plan;
 pub mod rendezvous;
 pub mod scheduler;
 pub mod server;

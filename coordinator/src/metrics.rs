@@ -14,20 +14,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tracing::debug;
 
-use crate::scheduler::{Event, SchedulerHandle};
-
-/// What one scrape shows.
-#[derive(Debug, Default, Clone, PartialEq)]
-pub struct Snapshot {
-    /// Nodes by state label; every state is listed, zero or not.
-    pub nodes: BTreeMap<&'static str, u64>,
-    pub jobs: BTreeMap<&'static str, u64>,
-    pub submitted: u64,
-    pub results: u64,
-    pub samples: u64,
-    pub log_lines: u64,
-    pub rendezvous_keys: u64,
-}
+use crate::scheduler::{Event, SchedulerHandle, Snapshot};
 
 const NODE_STATES: &[&str] = &["ready", "busy", "lost"];
 const JOB_STATES: &[&str] = &["pending", "running", "succeeded", "failed", "cancelled"];

@@ -18,9 +18,9 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tracing::{info, warn};
 
 use crate::config::{Config, MetricsListen, StoreKind, DEFAULT_METRICS_LISTEN};
+use crate::judge::health::HealthRules;
 use crate::logs::LogSink;
 use crate::rendezvous::Rendezvous;
-use crate::scheduler::health::HealthRules;
 use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::service::{agent::AgentSvc, job::JobSvc, worker::WorkerSvc};
 use crate::store::{RedbStore, StateStore, Store};

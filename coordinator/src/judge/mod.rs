@@ -1,5 +1,13 @@
-//! Judging a job: performance figures against the fleet, baselines and floors.
+//! Judging, free of I/O and of scheduler state: GPU telemetry series and
+//! their summaries, the health rules that read them, the performance figures
+//! of a job against the fleet, a baseline and the floors, and the report that
+//! turns results and telemetry into verdicts. The scheduler feeds it; nothing
+//! here schedules.
 
 pub mod figures;
+pub mod health;
 pub mod perf;
+pub mod report;
 pub mod rules;
+pub mod series;
+pub mod telemetry;

@@ -7,12 +7,15 @@ use gpuctl_proto::pb::{
     RankResult, RegisterRequest, RegisterResponse, Report, TelemetryBatch, WorkerExited, WorkerLog,
 };
 use tokio::sync::{mpsc, oneshot};
-use tonic::Status;
+
+use super::snapshot::Snapshot;
+use crate::error::CoordinatorError;
 
 pub type Reply<T> = oneshot::Sender<T>;
 
-/// The downstream half of an agent's session.
-pub type SessionTx = mpsc::UnboundedSender<Result<CoordinatorMessage, Status>>;
+/// The downstream half of an agent's session: what the scheduler tells that
+/// agent. The service layer turns it into the gRPC stream.
+pub type SessionTx = mpsc::UnboundedSender<CoordinatorMessage>;
 
 #[derive(Debug)]
 pub enum Event {
@@ -20,14 +23,14 @@ pub enum Event {
         req: RegisterRequest,
         /// The URL workers on this node should use.
         coordinator_url: String,
-        reply: Reply<Result<RegisterResponse, Status>>,
+        reply: Reply<Result<RegisterResponse, CoordinatorError>>,
     },
     SessionOpened {
         node: String,
         session: u64,
         tx: SessionTx,
         first: Heartbeat,
-        reply: Reply<Result<(), Status>>,
+        reply: Reply<Result<(), CoordinatorError>>,
     },
     Heartbeat {
         node: String,
@@ -44,16 +47,16 @@ pub enum Event {
     },
     Submit {
         spec: JobSpec,
-        reply: Reply<Result<Job, Status>>,
+        reply: Reply<Result<Job, CoordinatorError>>,
     },
     Plan {
         spec: JobSpec,
-        reply: Reply<Result<Plan, Status>>,
+        reply: Reply<Result<Plan, CoordinatorError>>,
     },
     Cancel {
         job_id: String,
         reason: String,
-        reply: Reply<Result<Job, Status>>,
+        reply: Reply<Result<Job, CoordinatorError>>,
     },
     WorkerProgress {
         report: RankProgressReport,
@@ -79,7 +82,7 @@ pub enum Event {
     Tick,
     GetJob {
         job_id: String,
-        reply: Reply<Result<Job, Status>>,
+        reply: Reply<Result<Job, CoordinatorError>>,
     },
     ListJobs {
         limit: u32,
@@ -90,14 +93,45 @@ pub enum Event {
     },
     GetTelemetry {
         job_id: String,
-        reply: Reply<Result<Vec<TelemetryBatch>, Status>>,
+        reply: Reply<Result<Vec<TelemetryBatch>, CoordinatorError>>,
     },
     GetReport {
         job_id: String,
-        reply: Reply<Result<Report, Status>>,
+        reply: Reply<Result<Report, CoordinatorError>>,
     },
     /// Counts for `/metrics`.
     Metrics {
-        reply: Reply<crate::metrics::Snapshot>,
+        reply: Reply<Snapshot>,
     },
+}
+
+impl Event {
+    /// Whether handling this event may free nodes or add a job, so that
+    /// waiting jobs are looked at afterwards. Reads and the per-second streams
+    /// (heartbeats, progress, logs, telemetry) cannot; a node that comes back
+    /// by heartbeat is picked up by the next tick.
+    pub fn may_start_jobs(&self) -> bool {
+        match self {
+            Event::AgentRegistered { .. }
+            | Event::SessionOpened { .. }
+            | Event::SessionClosed { .. }
+            | Event::AssignmentAck { .. }
+            | Event::Submit { .. }
+            | Event::Cancel { .. }
+            | Event::WorkerResult { .. }
+            | Event::WorkerExited { .. }
+            | Event::Tick => true,
+            Event::Heartbeat { .. }
+            | Event::WorkerProgress { .. }
+            | Event::WorkerLog { .. }
+            | Event::Telemetry { .. }
+            | Event::Plan { .. }
+            | Event::GetJob { .. }
+            | Event::ListJobs { .. }
+            | Event::ListNodes { .. }
+            | Event::GetTelemetry { .. }
+            | Event::GetReport { .. }
+            | Event::Metrics { .. } => false,
+        }
+    }
 }

@@ -4,15 +4,15 @@
 use std::collections::BTreeMap;
 
 use gpuctl_proto::pb::{
-    CoordinatorMessage, Job, JobState, Node, NodeState, RankPlacement, RankProgress, RankResult,
-    Report, WorkerExited,
+    coordinator_message::Msg, CancelJob, CoordinatorMessage, Job, JobState, Node, NodeState,
+    RankPlacement, RankProgress, RankResult, Report, WorkerExited,
 };
 
 use super::events::SessionTx;
-use super::health::HealthRules;
-use super::planner::Candidate;
-use super::report;
-use super::telemetry::Telemetry;
+use crate::judge::health::HealthRules;
+use crate::judge::report;
+use crate::judge::telemetry::Telemetry;
+use crate::plan::planner::Candidate;
 
 pub struct Session {
     pub id: u64,
@@ -28,6 +28,16 @@ pub struct NodeEntry {
 }
 
 impl NodeEntry {
+    /// A node without a session and without a coordinator URL of this run:
+    /// as loaded from the store, or before its registration is taken.
+    pub fn detached(node: Node) -> NodeEntry {
+        NodeEntry {
+            node,
+            session: None,
+            coordinator_url: String::new(),
+        }
+    }
+
     pub fn lost(&self) -> bool {
         self.node.state() == NodeState::Lost
     }
@@ -45,7 +55,18 @@ impl NodeEntry {
     pub fn send(&self, msg: CoordinatorMessage) -> bool {
         self.session
             .as_ref()
-            .is_some_and(|s| s.tx.send(Ok(msg)).is_ok())
+            .is_some_and(|s| s.tx.send(msg).is_ok())
+    }
+
+    /// Tells the agent to stop a job's workers; false when it cannot be reached.
+    pub fn send_cancel(&self, job: &str, attempt: u32, reason: &str) -> bool {
+        self.send(CoordinatorMessage {
+            msg: Some(Msg::Cancel(CancelJob {
+                job_id: job.to_string(),
+                attempt,
+                reason: reason.to_string(),
+            })),
+        })
     }
 
     /// Ready or Busy by whether it runs a job; Lost stays Lost.

@@ -12,6 +12,7 @@ use gpuctl_proto::pb::{AgentMessage, CoordinatorMessage, RegisterRequest, Regist
 use gpuctl_proto::PROTOCOL_VERSION;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, warn};
 
@@ -83,46 +84,70 @@ impl AgentService for AgentSvc {
         // down the stream as its error.
         let inbound = req.into_inner();
         let session = self.next_session.fetch_add(1, Ordering::Relaxed);
+        // The stream carries what the scheduler sends, then why the session
+        // was refused or broken off, if it was: an error ends a gRPC stream,
+        // so it comes after every message the scheduler queued.
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run_session(self.sched.clone(), inbound, tx, session));
-        Ok(Response::new(Box::pin(UnboundedReceiverStream::new(rx))))
+        let (refuse, refusal) = mpsc::unbounded_channel();
+        tokio::spawn(run_session(
+            self.sched.clone(),
+            inbound,
+            tx,
+            refuse,
+            session,
+        ));
+        let stream = UnboundedReceiverStream::new(rx)
+            .map(Ok)
+            .chain(UnboundedReceiverStream::new(refusal).map(Err));
+        Ok(Response::new(Box::pin(stream)))
     }
 }
 
+/// Reads the session's first message and has the scheduler attach `tx` to
+/// the node it names; returns the node's name.
+async fn open(
+    sched: &SchedulerHandle,
+    inbound: &mut Streaming<AgentMessage>,
+    tx: SessionTx,
+    session: u64,
+) -> Result<String, Status> {
+    let first = inbound
+        .message()
+        .await?
+        .ok_or_else(|| Status::invalid_argument("the session ended before its first heartbeat"))?;
+    let Some(Msg::Heartbeat(hb)) = first.msg else {
+        return Err(Status::failed_precondition(
+            "the first message of a session must be a Heartbeat naming the registered node",
+        ));
+    };
+    check_protocol(&hb.node, hb.protocol_version)?;
+    let node = hb.node.clone();
+    sched
+        .ask(|reply| Event::SessionOpened {
+            node: node.clone(),
+            session,
+            tx,
+            first: hb,
+            reply,
+        })
+        .await??;
+    Ok(node)
+}
+
 /// Reads one agent's session until it ends, turning messages into events.
+/// A refusal goes to `refuse`, which ends the agent's stream with it.
 async fn run_session(
     sched: SchedulerHandle,
     mut inbound: Streaming<AgentMessage>,
     tx: SessionTx,
+    refuse: mpsc::UnboundedSender<Status>,
     session: u64,
 ) {
-    let opened = async {
-        let first = inbound.message().await?.ok_or_else(|| {
-            Status::invalid_argument("the session ended before its first heartbeat")
-        })?;
-        let Some(Msg::Heartbeat(hb)) = first.msg else {
-            return Err(Status::failed_precondition(
-                "the first message of a session must be a Heartbeat naming the registered node",
-            ));
-        };
-        check_protocol(&hb.node, hb.protocol_version)?;
-        let node = hb.node.clone();
-        sched
-            .ask(|reply| Event::SessionOpened {
-                node: node.clone(),
-                session,
-                tx: tx.clone(),
-                first: hb,
-                reply,
-            })
-            .await??;
-        Ok::<_, Status>(node)
-    };
-    let node = match opened.await {
+    let node = match open(&sched, &mut inbound, tx, session).await {
         Ok(node) => node,
         Err(status) => {
             warn!("session refused: {}", status.message());
-            let _ = tx.send(Err(status));
+            let _ = refuse.send(status);
             return;
         }
     };
@@ -139,7 +164,7 @@ async fn run_session(
             Some(Msg::Heartbeat(hb)) => {
                 if let Err(status) = check_protocol(&hb.node, hb.protocol_version) {
                     warn!(node = %node, "{}", status.message());
-                    let _ = tx.send(Err(status));
+                    let _ = refuse.send(status);
                     break;
                 }
                 Event::Heartbeat {

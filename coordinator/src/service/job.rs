@@ -9,6 +9,7 @@ use gpuctl_proto::pb::{
 };
 use tonic::{Request, Response, Status};
 
+use crate::error::CoordinatorError;
 use crate::scheduler::{Event, SchedulerHandle};
 use crate::store::StateStore;
 
@@ -99,7 +100,7 @@ impl JobService for JobSvc {
         let rank = r.has_rank.then_some(r.rank);
         let mut lines =
             self.store.logs(&r.job_id, rank).await.map_err(|e| {
-                Status::unavailable(format!("reading the logs of {}: {e}", r.job_id))
+                CoordinatorError::store(format!("reading the logs of {}", r.job_id), e)
             })?;
         if r.tail > 0 && lines.len() > r.tail as usize {
             lines.drain(..lines.len() - r.tail as usize);

@@ -1,6 +1,90 @@
 //! The three gRPC services. Handlers are thin: they check what they can alone,
-//! turn the call into a scheduler event and wait for the answer.
+//! turn the call into a scheduler event and wait for the answer. This is the
+//! only layer that speaks gRPC: the scheduler's [`CoordinatorError`]s become
+//! `tonic::Status` codes here.
 
 pub mod agent;
 pub mod job;
 pub mod worker;
+
+use tonic::Status;
+
+use crate::error::CoordinatorError;
+
+impl From<CoordinatorError> for Status {
+    fn from(e: CoordinatorError) -> Status {
+        let message = e.to_string();
+        match e {
+            CoordinatorError::JobNotFound(_) => Status::not_found(message),
+            CoordinatorError::InvalidField { .. } => Status::invalid_argument(message),
+            CoordinatorError::NotEnoughNodes(_)
+            | CoordinatorError::PlanRefused(_)
+            | CoordinatorError::Refused(_) => Status::failed_precondition(message),
+            CoordinatorError::Store { .. } | CoordinatorError::ShuttingDown => {
+                Status::unavailable(message)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::StoreError;
+    use tonic::Code;
+
+    #[test]
+    fn each_error_keeps_its_message_under_its_code() {
+        let cases = [
+            (
+                CoordinatorError::JobNotFound("job-000009".into()),
+                Code::NotFound,
+                "no job `job-000009`; `gpuctl jobs` lists the jobs",
+            ),
+            (
+                gpuctl_proto::spec::parse_selector("gpu")
+                    .unwrap_err()
+                    .into(),
+                Code::InvalidArgument,
+                "--selector: `gpu` is not a selector",
+            ),
+            (
+                CoordinatorError::NotEnoughNodes("asked for 2 nodes, 1 matches".into()),
+                Code::FailedPrecondition,
+                "asked for 2 nodes, 1 matches",
+            ),
+            (
+                CoordinatorError::PlanRefused("preflight `shm` failed".into()),
+                Code::FailedPrecondition,
+                "preflight `shm` failed",
+            ),
+            (
+                CoordinatorError::Refused("node `n` is not registered".into()),
+                Code::FailedPrecondition,
+                "node `n` is not registered",
+            ),
+            (
+                CoordinatorError::store(
+                    "could not store the job",
+                    StoreError::Backend("disk full".into()),
+                ),
+                Code::Unavailable,
+                "could not store the job: state store: disk full",
+            ),
+            (
+                CoordinatorError::ShuttingDown,
+                Code::Unavailable,
+                "the coordinator is shutting down",
+            ),
+        ];
+        for (err, code, message) in cases {
+            let status = Status::from(err);
+            assert_eq!(status.code(), code, "{}", status.message());
+            assert!(
+                status.message().starts_with(message),
+                "{:?} does not start with {message:?}",
+                status.message()
+            );
+        }
+    }
+}

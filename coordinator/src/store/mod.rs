@@ -12,7 +12,7 @@ use futures::future::BoxFuture;
 use gpuctl_proto::pb::{GetLogsResponse, Job, LogLine, Node, RankResult, Report};
 use prost::Message;
 
-use crate::scheduler::telemetry::GpuSeries;
+use crate::judge::series::GpuSeries;
 
 pub use self::redb::RedbStore;
 

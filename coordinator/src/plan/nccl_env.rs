@@ -9,6 +9,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use gpuctl_proto::pb::{EnvVar, Node, PreflightCheck, Verdict};
 
+use super::check;
+
 /// Interfaces other hosts cannot reach: never proposed to NCCL.
 const LOCAL_ONLY_IFACES: &[&str] = &["lo", "docker", "veth", "virbr", "br-"];
 
@@ -156,16 +158,6 @@ pub const ENV_CHECK: &str = "env";
 pub const NCCL_VERSION_CHECK: &str = "nccl-version";
 pub const TORCH_VERSION_CHECK: &str = "torch-version";
 pub const SOCKET_IFNAME_CHECK: &str = "socket-ifname";
-
-fn check(node: &str, name: &str, verdict: Verdict, detail: String, fix: &str) -> PreflightCheck {
-    PreflightCheck {
-        node: node.into(),
-        name: name.into(),
-        verdict: verdict as i32,
-        detail,
-        fix: fix.into(),
-    }
-}
 
 fn list(names: &[&str]) -> String {
     const SHOWN: usize = 8;

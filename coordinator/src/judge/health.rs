@@ -4,14 +4,14 @@
 //! remapping, degraded PCIe and NVLink, hardware slowdown, heat); an operator
 //! overrides any of them with `gpuctl-coordinator --health-rules FILE` (TOML or
 //! JSON, format in docs/reports.md). Rules read the per-GPU totals that
-//! [`super::telemetry`] keeps, so they work the same on live and stored data.
+//! [`super::series`] keeps, so they work the same on live and stored data.
 
 use std::path::Path;
 
 use anyhow::{bail, Context};
 use serde::Deserialize;
 
-use super::telemetry::{Bucket, Counters};
+use super::series::{Bucket, Counters};
 
 /// What a rule does when it fires.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

@@ -1,57 +1,21 @@
 //! Job planning, free of I/O: which nodes a job gets, the rank table, the
-//! environment with a reason for every variable, and preflight checks. The Plan
-//! RPC and Submit both come through here, so a dry run shows exactly what a
-//! submit would do.
+//! environment with a reason for every variable, and the preflight checks of
+//! [`super::preflight`]. The Plan RPC and Submit both come through here, so a
+//! dry run shows exactly what a submit would do.
 
 use std::collections::BTreeMap;
 
-use gpuctl_proto::pb::{EnvVar, JobSpec, Node, Plan, PreflightCheck, RankPlacement, Verdict};
+use gpuctl_proto::pb::{EnvVar, JobSpec, Node, Plan, RankPlacement};
 use gpuctl_proto::spec::{parse_selector, Selector};
-use tonic::Status;
 
-use super::nccl_env;
+use super::{nccl_env, preflight};
+use crate::error::CoordinatorError;
 
 /// torchrun's default rendezvous port.
 pub const MASTER_PORT: u32 = 29500;
 
-/// NCCL wants room in /dev/shm for its intra-node buffers; Docker's default 64 MiB
-/// is the classic failure on multi-GPU hosts.
-const SHM_MIN_BYTES: u64 = 512 << 20;
-const SHM_PER_GPU_BYTES: u64 = 64 << 20;
-
-/// Checks that stop a job from starting. Others (and every check an agent
-/// reports about itself) are shown in the plan and the report but do not block:
-/// an acceptance run should report a weak node, not refuse to test it.
-const BLOCKING_CHECKS: &[&str] = &[
-    "shm",
-    nccl_env::ENV_CHECK,
-    nccl_env::NCCL_VERSION_CHECK,
-    nccl_env::TORCH_VERSION_CHECK,
-];
-
 /// The reason a reason-carrying env var got its value from the user.
 pub const USER_ENV_REASON: &str = "set by --env";
-
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PlanError {
-    #[error(transparent)]
-    Spec(#[from] gpuctl_proto::spec::SpecError),
-    /// Fewer live nodes match than the job asks for.
-    #[error("{0}")]
-    NotEnough(String),
-    /// A preflight check failed; the message names the node and the fix.
-    #[error("{0}")]
-    Preflight(String),
-}
-
-impl From<PlanError> for Status {
-    fn from(e: PlanError) -> Status {
-        match e {
-            PlanError::Spec(e) => Status::invalid_argument(e.to_string()),
-            PlanError::NotEnough(m) | PlanError::Preflight(m) => Status::failed_precondition(m),
-        }
-    }
-}
 
 /// A node as the planner sees it.
 #[derive(Debug, Clone, Copy)]
@@ -72,7 +36,7 @@ pub fn slots(node: &Node) -> u32 {
     }
 }
 
-pub fn selectors(spec: &JobSpec) -> Result<Vec<Selector>, PlanError> {
+pub fn selectors(spec: &JobSpec) -> Result<Vec<Selector>, CoordinatorError> {
     Ok(spec
         .selectors
         .iter()
@@ -100,7 +64,7 @@ fn plural(n: usize, one: &str, many: &str) -> String {
 pub fn choose<'a>(
     spec: &JobSpec,
     candidates: &[Candidate<'a>],
-) -> Result<Option<Vec<&'a Node>>, PlanError> {
+) -> Result<Option<Vec<&'a Node>>, CoordinatorError> {
     let sel = selectors(spec)?;
     let mut all: Vec<&Candidate<'a>> = candidates
         .iter()
@@ -140,7 +104,7 @@ pub fn choose<'a>(
                 names(&lost)
             );
         }
-        return Err(PlanError::NotEnough(msg));
+        return Err(CoordinatorError::NotEnoughNodes(msg));
     }
     let free: Vec<&Node> = all.iter().filter(|c| c.free).map(|c| c.node).collect();
     if free.len() < want {
@@ -210,7 +174,7 @@ pub fn plan(spec: &JobSpec, chosen: &[&Node]) -> Plan {
         master_addr,
         master_port: MASTER_PORT,
         checks: {
-            let mut c = checks(&nodes);
+            let mut c = preflight::checks(&nodes);
             c.extend(nccl_env::planned(&nodes).1);
             c.extend(nccl_env::check_overrides(&spec.env, &nodes));
             c
@@ -264,98 +228,12 @@ pub fn env(spec: &JobSpec, nodes: &[&Node]) -> Vec<EnvVar> {
     out
 }
 
-fn check(node: &str, name: &str, verdict: Verdict, detail: String, fix: &str) -> PreflightCheck {
-    PreflightCheck {
-        node: node.into(),
-        name: name.into(),
-        verdict: verdict as i32,
-        detail,
-        fix: fix.into(),
-    }
-}
-
-/// Preflight checks from the facts the agents reported.
-pub fn checks(nodes: &[&Node]) -> Vec<PreflightCheck> {
-    let mut out = Vec::new();
-    for n in nodes {
-        out.extend(n.preflight.iter().cloned().map(|mut c| {
-            if c.node.is_empty() {
-                c.node = n.name.clone();
-            }
-            c
-        }));
-        let Some(f) = n.facts.as_ref() else { continue };
-        let gpus = n.gpus.len() as u64;
-        if gpus > 1 && f.shm_bytes > 0 {
-            let need = SHM_MIN_BYTES.max(SHM_PER_GPU_BYTES * gpus);
-            let have = gpuctl_proto::units::format_bytes(f.shm_bytes);
-            let want = gpuctl_proto::units::format_bytes(need);
-            out.push(if f.shm_bytes < need {
-                check(
-                    &n.name,
-                    "shm",
-                    Verdict::Fail,
-                    format!("/dev/shm is {have}; NCCL needs at least {want} for {gpus} GPUs"),
-                    "run the agent with --ipc=host or --shm-size=1g (Kubernetes: an emptyDir with medium: Memory at /dev/shm)",
-                )
-            } else {
-                check(&n.name, "shm", Verdict::Pass, format!("/dev/shm is {have}"), "")
-            });
-        }
-    }
-    // Mixed fleets still run, but their numbers do not compare like for like.
-    let distinct = |f: &dyn Fn(&Node) -> String| -> Vec<String> {
-        let mut v: Vec<String> = nodes
-            .iter()
-            .map(|n| f(n))
-            .filter(|s| !s.is_empty())
-            .collect();
-        v.sort();
-        v.dedup();
-        v
-    };
-    let models = distinct(&|n| n.gpus.first().map(|g| g.name.clone()).unwrap_or_default());
-    if models.len() > 1 {
-        out.push(check(
-            "",
-            "gpu-models",
-            Verdict::Warn,
-            format!(
-                "mixed GPU models: {}; results are compared within each model",
-                models.join(", ")
-            ),
-            "select one model with --selector gpu=MODEL",
-        ));
-    }
-    out.extend(nccl_env::consistency(nodes));
-    out
-}
-
-/// The first failing check as an error, naming the node and the fix.
-pub fn preflight_error(plan: &Plan) -> Option<PlanError> {
-    let failed: Vec<String> = plan
-        .checks
-        .iter()
-        .filter(|c| c.verdict() == Verdict::Fail && BLOCKING_CHECKS.contains(&c.name.as_str()))
-        .map(|c| {
-            let on = if c.node.is_empty() {
-                String::new()
-            } else {
-                format!(" on {}", c.node)
-            };
-            format!(
-                "preflight `{}` failed{on}: {}; fix: {}",
-                c.name, c.detail, c.fix
-            )
-        })
-        .collect();
-    (!failed.is_empty()).then(|| PlanError::Preflight(failed.join("; ")))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::preflight::preflight_error;
     use gpuctl_proto::pb::{GpuInfo, HostFacts};
+    use gpuctl_proto::pb::{PreflightCheck, Verdict};
 
     fn cpu_node(name: &str, cpu_ranks: u32, cpus: u32, ib: bool) -> Node {
         Node {
@@ -539,7 +417,10 @@ mod tests {
             err.to_string(),
             "asked for 5 nodes, 4 registered nodes match (a, b, c, d)"
         );
-        assert_eq!(Status::from(err).code(), tonic::Code::FailedPrecondition);
+        assert!(
+            matches!(err, CoordinatorError::NotEnoughNodes(_)),
+            "{err:?}"
+        );
 
         // Busy nodes make the job wait; lost nodes do not count at all.
         cands[0].free = false;
@@ -566,7 +447,10 @@ mod tests {
         let mut bad = spec(1);
         bad.selectors = vec!["gpu".into()];
         let err = choose(&bad, &cands).unwrap_err();
-        assert_eq!(Status::from(err).code(), tonic::Code::InvalidArgument);
+        assert!(
+            matches!(&err, CoordinatorError::InvalidField { field, .. } if field == "--selector"),
+            "{err:?}"
+        );
     }
 
     #[test]
@@ -598,10 +482,10 @@ mod tests {
         let err = preflight_error(&p).expect("refused").to_string();
         assert!(err.starts_with("preflight `env` failed: "), "{err}");
         assert!(err.contains("b has no InfiniBand"), "{err}");
-        assert_eq!(
-            Status::from(preflight_error(&p).unwrap()).code(),
-            tonic::Code::FailedPrecondition
-        );
+        assert!(matches!(
+            preflight_error(&p),
+            Some(CoordinatorError::PlanRefused(_))
+        ));
 
         // NCCL versions that differ fail the plan; a typo'd NCCL_ name only warns.
         b.facts.as_mut().unwrap().nccl_version = "2.27.3".into();

@@ -1,0 +1,57 @@
+//! What the scheduler and the planner answer when they refuse or fail. The
+//! messages are written for the user at the other end of the call; which gRPC
+//! code each kind becomes is decided in `service/`, the only place that
+//! speaks gRPC.
+
+use gpuctl_proto::spec::SpecError;
+
+use crate::store::StoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CoordinatorError {
+    /// No job by that id.
+    #[error("no job `{0}`; `gpuctl jobs` lists the jobs")]
+    JobNotFound(String),
+    /// One field of a request is wrong; the message names it.
+    #[error("{field}: {message}")]
+    InvalidField { field: String, message: String },
+    /// Fewer live nodes match than the job asks for; the message names them.
+    #[error("{0}")]
+    NotEnoughNodes(String),
+    /// A preflight check that stops a job failed; the message names the node
+    /// and the fix.
+    #[error("{0}")]
+    PlanRefused(String),
+    /// The request does not fit the current state (an agent's session before
+    /// its registration, say); the message says what to do.
+    #[error("{0}")]
+    Refused(String),
+    /// The state store failed while `doing` something.
+    #[error("{doing}: {source}")]
+    Store {
+        doing: String,
+        #[source]
+        source: StoreError,
+    },
+    /// The scheduler task has stopped.
+    #[error("the coordinator is shutting down")]
+    ShuttingDown,
+}
+
+impl CoordinatorError {
+    pub fn store(doing: impl Into<String>, source: StoreError) -> Self {
+        CoordinatorError::Store {
+            doing: doing.into(),
+            source,
+        }
+    }
+}
+
+impl From<SpecError> for CoordinatorError {
+    fn from(e: SpecError) -> Self {
+        CoordinatorError::InvalidField {
+            field: e.field,
+            message: e.message,
+        }
+    }
+}

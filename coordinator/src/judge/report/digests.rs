@@ -1,0 +1,144 @@
+//! Silent data corruption: ranks that computed the same thing must end with
+//! the same digest. Stress GEMM digests are compared within a device class,
+//! DDP parameter digests within a device model; the majority wins and every
+//! other rank fails, named. A stress rank whose own digest changed during the
+//! run fails too.
+
+use std::collections::BTreeMap;
+
+use gpuctl_proto::pb::{rank_result::Detail, JobSpec, RankResult};
+
+use super::ranks::RankStates;
+
+/// Ranks and their digests, by the class they are compared within.
+type Groups = BTreeMap<String, Vec<(u32, String)>>;
+
+fn short(digest: &str) -> &str {
+    &digest[..digest.len().min(16)]
+}
+
+/// Stress: fails drifting and outvoted ranks; returns the report's
+/// `sdc_note` (empty when no rank ran stress).
+pub(super) fn stress(results: &BTreeMap<u32, RankResult>, states: &mut RankStates) -> String {
+    // cuBLAS promises bit-identical products only for one architecture, SM
+    // count and library, hence the device class.
+    let mut groups = Groups::new();
+    for (rank, r) in results {
+        if let Some(Detail::Stress(s)) = &r.detail {
+            if s.self_mismatches > 0 {
+                if let Some(st) = states.get_mut(rank) {
+                    st.fail(format!(
+                        "silent data corruption: the result digest changed during the run ({} of {} checks differed from the first)",
+                        s.self_mismatches, s.checks
+                    ));
+                }
+            }
+            if !s.digest.is_empty() {
+                groups
+                    .entry(s.device_class.clone())
+                    .or_default()
+                    .push((*rank, s.digest.clone()));
+            }
+        }
+    }
+    if groups.is_empty() {
+        return String::new();
+    }
+    let classes = groups.len();
+    let parts = vote(groups, states, "result digest");
+    format!(
+        "stress digests compared bit for bit within {} device class{}: {}. cuBLAS promises identical results only for the same GPU model, SM count and library version, so ranks are compared only within a class.",
+        classes,
+        if classes == 1 { "" } else { "es" },
+        parts.join("; ")
+    )
+}
+
+/// DDP: every rank applies the same averaged gradients, so parameters must
+/// end identical. Fails outvoted ranks; returns a note when any were compared.
+pub(super) fn ddp(
+    results: &BTreeMap<u32, RankResult>,
+    spec: &JobSpec,
+    states: &mut RankStates,
+) -> Option<String> {
+    let mut groups = Groups::new();
+    for (rank, r) in results {
+        if let Some(Detail::Train(t)) = &r.detail {
+            let ddp = t.mode == "ddp" || (t.mode.is_empty() && spec.workload == "ddp");
+            if ddp && !t.param_digest.is_empty() {
+                groups
+                    .entry(r.device_name.clone())
+                    .or_default()
+                    .push((*rank, t.param_digest.clone()));
+            }
+        }
+    }
+    if groups.is_empty() {
+        return None;
+    }
+    let parts = vote(groups, states, "parameter digest");
+    Some(format!(
+        "DDP parameters after training compared across ranks: {}",
+        parts.join("; ")
+    ))
+}
+
+/// Majority vote of digests within groups. Returns, per group, a sentence for
+/// the report; fails the ranks that disagree.
+fn vote(groups: Groups, states: &mut RankStates, what: &str) -> Vec<String> {
+    let mut notes = Vec::new();
+    for (class, members) in groups {
+        let label = if class.is_empty() {
+            "unclassified".to_string()
+        } else {
+            class
+        };
+        let n = members.len();
+        if n < 2 {
+            notes.push(format!("`{label}`: 1 rank, nothing to compare against"));
+            continue;
+        }
+        let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+        for (_, d) in &members {
+            *counts.entry(d.as_str()).or_default() += 1;
+        }
+        let best = counts.values().copied().max().unwrap_or(0);
+        let leaders: Vec<&str> = counts
+            .iter()
+            .filter(|(_, c)| **c == best)
+            .map(|(d, _)| *d)
+            .collect();
+        if leaders.len() == 1 {
+            let winner = leaders[0];
+            let odd: Vec<&(u32, String)> = members.iter().filter(|(_, d)| d != winner).collect();
+            for (rank, d) in &odd {
+                if let Some(s) = states.get_mut(rank) {
+                    s.fail(format!(
+                        "silent data corruption: {what} {} differs from {} shared by {best} of {n} ranks in class `{label}`",
+                        short(d),
+                        short(winner)
+                    ));
+                }
+            }
+            notes.push(if odd.is_empty() {
+                format!("`{label}`: {n} ranks agree")
+            } else {
+                format!(
+                    "`{label}`: {} of {n} ranks differ from the majority",
+                    odd.len()
+                )
+            });
+        } else {
+            for (rank, d) in &members {
+                if let Some(s) = states.get_mut(rank) {
+                    s.fail(format!(
+                        "{what}s disagree with no majority in class `{label}` (this rank: {}); rerun on more GPUs to find the odd one",
+                        short(d)
+                    ));
+                }
+            }
+            notes.push(format!("`{label}`: {n} ranks, no majority"));
+        }
+    }
+    notes
+}

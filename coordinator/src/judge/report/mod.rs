@@ -1,0 +1,103 @@
+//! Report aggregation, free of I/O (docs/architecture.md, "Report rules"). The
+//! same [`build`] makes the final report and the partial one served while a
+//! job runs. Each file judges one thing, in the order `build` calls them:
+//!
+//! - [`ranks`]: each rank's own result (pass, fail, incomplete and why);
+//! - [`digests`]: silent data corruption, by majority vote of digests;
+//! - [`gpu_health`]: failing GPUs fail their ranks, or their node;
+//! - [`collectives`]: wrong elements fail ranks; one bandwidth table;
+//! - [`nodes`]: node verdicts from their ranks and GPUs;
+//! - [`notes`]: library versions the ranks ran with;
+//! - [`verdict`]: the job's verdict and reason.
+//!
+//! Judges only ever fail a rank further, so a reason added early stays first.
+
+mod collectives;
+mod digests;
+mod gpu_health;
+mod nodes;
+mod notes;
+mod ranks;
+#[cfg(test)]
+mod tests;
+mod verdict;
+
+use std::collections::BTreeMap;
+
+use gpuctl_proto::pb::{Job, RankResult, Report, Verdict, WorkerExited};
+
+use super::health::HealthRules;
+use super::telemetry::Telemetry;
+
+pub use collectives::{aggregate_collectives, algbw_gbps, busbw_factor};
+pub use ranks::{exit_text, rank_label};
+pub use verdict::ranks_verdict;
+
+/// What a report is built from.
+pub struct Inputs<'a> {
+    pub job: &'a Job,
+    pub results: &'a BTreeMap<u32, RankResult>,
+    /// Worker exits seen while the coordinator ran (not stored: they only
+    /// explain incomplete ranks).
+    pub exits: &'a BTreeMap<u32, WorkerExited>,
+    pub telemetry: &'a Telemetry,
+    pub rules: &'a HealthRules,
+    pub now_ms: u64,
+}
+
+/// Builds the report of a job from whatever results exist.
+pub fn build(inp: &Inputs) -> Report {
+    let job = inp.job;
+    let spec = job.spec.clone().unwrap_or_default();
+    let plan = job.plan.clone().unwrap_or_default();
+
+    let mut states = ranks::from_results(job, &plan, inp.results, inp.exits);
+    let sdc_note = digests::stress(inp.results, &mut states);
+    let mut notes: Vec<String> = digests::ddp(inp.results, &spec, &mut states)
+        .into_iter()
+        .collect();
+    let (telemetry, health) = inp.telemetry.summarise(inp.rules);
+    let gpu_faults = gpu_health::apply(&health, &plan, &mut states);
+    collectives::fail_wrong_elements(inp.results, &mut states);
+    let nodes = nodes::verdicts(&plan, &states, inp.results, gpu_faults);
+    notes.extend(notes::mixed_torch(inp.results));
+
+    let mut report = Report {
+        job_id: job.id.clone(),
+        workload: spec.workload.clone(),
+        state: job.state,
+        verdict: Verdict::Unspecified as i32,
+        reason: String::new(),
+        duration_ms: duration_ms(job, inp.now_ms),
+        started_unix_ms: job.started_unix_ms,
+        finished_unix_ms: job.finished_unix_ms,
+        nodes,
+        collectives: aggregate_collectives(inp.results.values()),
+        env: plan.env.clone(),
+        sdc_note,
+        spec: Some(spec),
+        world_size: plan.world_size,
+        backend: collectives::backend(inp.results),
+        nccl_version: notes::nccl_version(inp.results),
+        notes,
+        telemetry,
+        health,
+        preflight: plan.checks.clone(),
+        findings: Vec::new(),
+    };
+    verdict::judge_job(&mut report, job, inp.results.len());
+    report
+}
+
+/// From start to finish, or to `now` while the job runs; 0 before it starts.
+fn duration_ms(job: &Job, now_ms: u64) -> u64 {
+    if job.started_unix_ms == 0 {
+        return 0;
+    }
+    let end = if job.finished_unix_ms > 0 {
+        job.finished_unix_ms
+    } else {
+        now_ms
+    };
+    end.saturating_sub(job.started_unix_ms)
+}

@@ -1,0 +1,351 @@
+//! The report's rules, each checked through `build` as a whole.
+
+use std::collections::BTreeMap;
+
+use gpuctl_proto::pb::{
+    rank_result::Detail, CollectiveResult, CollectiveRow, Job, JobState, Plan, RankPlacement,
+    RankReport, RankResult, Report, StressResult, Verdict, WorkerExited,
+};
+
+use super::*;
+use crate::judge::health::HealthRules;
+use crate::judge::telemetry::Telemetry;
+
+fn job(state: JobState, nodes: usize, per_node: u32) -> Job {
+    let mut plan = Plan::default();
+    for n in 0..nodes {
+        plan.nodes.push(format!("node-{n}"));
+        for l in 0..per_node {
+            let rank = n as u32 * per_node + l;
+            plan.ranks.push(RankPlacement {
+                rank,
+                local_rank: l,
+                node_rank: n as u32,
+                node: format!("node-{n}"),
+                device: format!("cuda:{l}"),
+                ..Default::default()
+            });
+        }
+    }
+    plan.world_size = nodes as u32 * per_node;
+    Job {
+        id: "job-000007".into(),
+        state: state as i32,
+        spec: Some(gpuctl_proto::pb::JobSpec {
+            workload: "stress".into(),
+            ..Default::default()
+        }),
+        plan: Some(plan),
+        started_unix_ms: 1_000,
+        finished_unix_ms: 5_000,
+        ..Default::default()
+    }
+}
+
+fn stress(rank: u32, class: &str, digest: &str) -> RankResult {
+    RankResult {
+        rank,
+        ok: true,
+        detail: Some(Detail::Stress(StressResult {
+            digest: digest.into(),
+            device_class: class.into(),
+            checks: 10,
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+fn build_with(job: &Job, results: Vec<RankResult>) -> Report {
+    let results: BTreeMap<u32, RankResult> = results.into_iter().map(|r| (r.rank, r)).collect();
+    build(&Inputs {
+        job,
+        results: &results,
+        exits: &BTreeMap::new(),
+        telemetry: &Telemetry::default(),
+        rules: &HealthRules::default(),
+        now_ms: 9_000,
+    })
+}
+
+fn rank(report: &Report, rank: u32) -> &RankReport {
+    report
+        .nodes
+        .iter()
+        .flat_map(|n| &n.ranks)
+        .find(|r| r.rank == rank)
+        .unwrap()
+}
+
+#[test]
+fn sdc_majority_wins_within_a_class() {
+    let j = job(JobState::Succeeded, 2, 2);
+    let r = build_with(
+        &j,
+        vec![
+            stress(0, "H200", "aaaa"),
+            stress(1, "H200", "aaaa"),
+            stress(2, "H200", "bbbb"),
+            stress(3, "H100", "cccc"),
+        ],
+    );
+    assert_eq!(rank(&r, 2).verdict(), Verdict::Fail);
+    assert!(
+        rank(&r, 2).reason.contains("silent data corruption"),
+        "{}",
+        rank(&r, 2).reason
+    );
+    assert!(rank(&r, 2).reason.contains("bbbb") && rank(&r, 2).reason.contains("aaaa"));
+    // A class of one is not compared against the others.
+    assert_eq!(rank(&r, 3).verdict(), Verdict::Pass);
+    assert_eq!(rank(&r, 0).verdict(), Verdict::Pass);
+    assert_eq!(r.nodes[0].verdict(), Verdict::Pass);
+    assert_eq!(r.nodes[1].verdict(), Verdict::Fail);
+    let (v, why) = ranks_verdict(&r);
+    assert_eq!(v, Verdict::Fail);
+    assert!(why.contains("rank 2 on node node-1 (cuda:0)"), "{why}");
+    assert!(r.sdc_note.contains("2 device classes"), "{}", r.sdc_note);
+    assert_eq!(r.duration_ms, 4_000);
+}
+
+#[test]
+fn sdc_tie_fails_both_and_self_mismatch_fails() {
+    let j = job(JobState::Succeeded, 1, 3);
+    let mut drift = stress(2, "X", "");
+    if let Some(Detail::Stress(s)) = &mut drift.detail {
+        s.self_mismatches = 2;
+    }
+    let r = build_with(&j, vec![stress(0, "X", "aa"), stress(1, "X", "bb"), drift]);
+    assert_eq!(rank(&r, 0).verdict(), Verdict::Fail);
+    assert_eq!(rank(&r, 1).verdict(), Verdict::Fail);
+    assert!(rank(&r, 0).reason.contains("no majority"));
+    assert_eq!(rank(&r, 2).verdict(), Verdict::Fail);
+    assert!(rank(&r, 2).reason.contains("2 of 10 checks"));
+}
+
+#[test]
+fn all_agree_passes() {
+    let j = job(JobState::Succeeded, 2, 1);
+    let r = build_with(&j, vec![stress(0, "X", "aa"), stress(1, "X", "aa")]);
+    assert_eq!(r.verdict(), Verdict::Pass);
+    assert_eq!(ranks_verdict(&r).0, Verdict::Pass);
+}
+
+fn coll(rank: u32, world: u32, rows: Vec<(&str, u64, f64, u64)>) -> RankResult {
+    RankResult {
+        rank,
+        ok: true,
+        detail: Some(Detail::Collectives(CollectiveResult {
+            backend: "tcp-ring".into(),
+            world_size: world,
+            rows: rows
+                .into_iter()
+                .map(|(op, bytes, t, wrong)| CollectiveRow {
+                    op: op.into(),
+                    bytes,
+                    dtype: "float".into(),
+                    time_us: t,
+                    time_us_ip: t * 2.0,
+                    wrong,
+                    ..Default::default()
+                })
+                .collect(),
+        })),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn busbw_factors_match_nccl_tests() {
+    assert!((busbw_factor("all_reduce", 4) - 1.5).abs() < 1e-12);
+    assert!((busbw_factor("all_gather", 4) - 0.75).abs() < 1e-12);
+    assert!((busbw_factor("reduce_scatter", 8) - 0.875).abs() < 1e-12);
+    assert!((busbw_factor("alltoall", 2) - 0.5).abs() < 1e-12);
+    for op in ["broadcast", "reduce", "sendrecv"] {
+        assert_eq!(busbw_factor(op, 8), 1.0);
+    }
+    assert_eq!(busbw_factor("all_reduce", 1), 0.0);
+}
+
+#[test]
+fn collectives_take_the_slowest_rank_and_sum_wrong() {
+    let mb = 1_000_000;
+    let results = [
+        coll(
+            0,
+            4,
+            vec![("all_reduce", mb, 100.0, 0), ("broadcast", mb, 50.0, 0)],
+        ),
+        coll(
+            1,
+            4,
+            vec![("all_reduce", mb, 250.0, 0), ("broadcast", mb, 40.0, 1)],
+        ),
+        coll(
+            2,
+            4,
+            vec![("all_reduce", mb, 200.0, 0), ("broadcast", mb, 40.0, 2)],
+        ),
+        coll(
+            3,
+            4,
+            vec![("all_reduce", mb, 10.0, 0), ("broadcast", mb, 40.0, 0)],
+        ),
+    ];
+    let rows = aggregate_collectives(results.iter());
+    assert_eq!(rows.len(), 2);
+    let ar = &rows[0];
+    assert_eq!(ar.op, "all_reduce");
+    assert_eq!(ar.time_us, 250.0);
+    assert!(
+        (ar.algbw_gbps - 4.0).abs() < 1e-9,
+        "1e6 B / 250 us = 4 GB/s, got {}",
+        ar.algbw_gbps
+    );
+    assert!((ar.busbw_gbps - 6.0).abs() < 1e-9, "4 GB/s x 2(3)/4");
+    assert_eq!(ar.time_us_ip, 500.0);
+    assert!((ar.busbw_gbps_ip - 3.0).abs() < 1e-9);
+    let bc = &rows[1];
+    assert_eq!((bc.time_us, bc.wrong), (50.0, 3));
+    assert!((bc.busbw_gbps - bc.algbw_gbps).abs() < 1e-12);
+
+    // Wrong elements fail the ranks that saw them.
+    let j = job(JobState::Succeeded, 2, 2);
+    let r = build_with(&j, results.to_vec());
+    assert_eq!(r.collectives.len(), 2);
+    assert_eq!(r.backend, "tcp-ring");
+    assert_eq!(rank(&r, 1).verdict(), Verdict::Fail);
+    assert_eq!(rank(&r, 0).verdict(), Verdict::Pass);
+    assert_eq!(rank(&r, 3).verdict(), Verdict::Pass);
+}
+
+#[test]
+fn failing_gpus_fail_their_ranks_and_nodes() {
+    use gpuctl_proto::pb::{GpuSample, TelemetryBatch};
+    let j = job(JobState::Succeeded, 2, 2);
+    let mut t = Telemetry::default();
+    let bad = |index: u32, xid: u32| GpuSample {
+        index,
+        util_gpu: 99.0,
+        xids: vec![xid],
+        ..Default::default()
+    };
+    // node-0 GPU 1 (no UUIDs: matched by `cuda:1`); node-1 GPU 7 ran no rank.
+    for (node, index, xid) in [("node-0", 1, 79), ("node-1", 7, 48), ("node-1", 0, 13)] {
+        t.add(
+            node,
+            TelemetryBatch {
+                node: node.into(),
+                samples: vec![bad(index, xid)],
+                ..Default::default()
+            },
+            1,
+        );
+    }
+    let results: BTreeMap<u32, RankResult> = (0..4).map(|r| (r, stress(r, "X", "aa"))).collect();
+    let r = build(&Inputs {
+        job: &j,
+        results: &results,
+        exits: &BTreeMap::new(),
+        telemetry: &t,
+        rules: &HealthRules::default(),
+        now_ms: 9_000,
+    });
+    assert_eq!(rank(&r, 0).verdict(), Verdict::Pass);
+    assert_eq!(rank(&r, 1).verdict(), Verdict::Fail);
+    assert!(
+        rank(&r, 1).reason.contains("GPU 1 health `xid`"),
+        "{}",
+        rank(&r, 1).reason
+    );
+    assert_eq!(r.nodes[0].verdict(), Verdict::Fail);
+    // XID 13 only warns; GPU 7's XID 48 fails node-1 though its ranks pass.
+    assert_eq!(rank(&r, 2).verdict(), Verdict::Pass);
+    assert_eq!(rank(&r, 3).verdict(), Verdict::Pass);
+    assert_eq!(r.nodes[1].verdict(), Verdict::Fail);
+    assert!(r.nodes[1].reason.contains("GPU 7"), "{}", r.nodes[1].reason);
+    assert_eq!(r.verdict(), Verdict::Fail);
+    assert_eq!(r.health.len(), 3);
+    assert_eq!(r.telemetry.len(), 3);
+
+    // Only the GPU that no rank ran on: the job still fails, naming the node.
+    let mut t2 = Telemetry::default();
+    t2.add(
+        "node-1",
+        TelemetryBatch {
+            samples: vec![bad(7, 48)],
+            ..Default::default()
+        },
+        1,
+    );
+    let r = build(&Inputs {
+        job: &j,
+        results: &results,
+        exits: &BTreeMap::new(),
+        telemetry: &t2,
+        rules: &HealthRules::default(),
+        now_ms: 9_000,
+    });
+    let (v, why) = ranks_verdict(&r);
+    assert_eq!(v, Verdict::Fail);
+    assert!(why.starts_with("node node-1: GPU 7"), "{why}");
+}
+
+#[test]
+fn missing_results_are_incomplete_with_reasons() {
+    let mut j = job(JobState::Running, 2, 1);
+    j.finished_unix_ms = 0;
+    let results: BTreeMap<u32, RankResult> = [(0, stress(0, "X", "aa"))].into_iter().collect();
+    let exits: BTreeMap<u32, WorkerExited> = BTreeMap::new();
+    let r = build(&Inputs {
+        job: &j,
+        results: &results,
+        exits: &exits,
+        telemetry: &Telemetry::default(),
+        rules: &HealthRules::default(),
+        now_ms: 3_000,
+    });
+    assert_eq!(r.verdict(), Verdict::Incomplete);
+    assert_eq!(rank(&r, 1).verdict(), Verdict::Incomplete);
+    assert_eq!(rank(&r, 1).reason, "running, no result yet");
+    assert_eq!(r.duration_ms, 2_000);
+    assert!(r.notes.iter().any(|n| n.contains("partial report")));
+
+    j.state = JobState::Failed as i32;
+    j.message = "rank 1 on node node-1 (cuda:0) exited with code 1: boom".into();
+    let exits: BTreeMap<u32, WorkerExited> = [(
+        1,
+        WorkerExited {
+            rank: 1,
+            exit_code: 1,
+            stderr_tail: "first\nboom\n".into(),
+            ..Default::default()
+        },
+    )]
+    .into_iter()
+    .collect();
+    let r = build(&Inputs {
+        job: &j,
+        results: &results,
+        exits: &exits,
+        telemetry: &Telemetry::default(),
+        rules: &HealthRules::default(),
+        now_ms: 3_000,
+    });
+    assert_eq!(r.verdict(), Verdict::Fail);
+    assert_eq!(r.reason, j.message);
+    assert_eq!(
+        rank(&r, 1).reason,
+        "no result: the worker exited with code 1: boom"
+    );
+    assert_eq!(r.nodes[1].verdict(), Verdict::Incomplete);
+
+    // A job that never ran still gets a report.
+    let mut never = job(JobState::Cancelled, 0, 0);
+    never.plan = None;
+    never.message = "cancelled by user".into();
+    let r = build_with(&never, vec![]);
+    assert_eq!(r.verdict(), Verdict::Incomplete);
+    assert!(r.nodes.is_empty());
+    assert_eq!(r.reason, "cancelled by user");
+}

@@ -1,0 +1,119 @@
+//! The verdict of a job: from its ranks alone (what decides whether a job
+//! that ran to the end succeeded), and for the whole report, where the job's
+//! own end (failed, cancelled, still running) has its say.
+
+use gpuctl_proto::pb::{Job, JobState, NodeReport, RankReport, Report, Verdict};
+
+/// Sets the report's verdict and reason; a job still running gets a note
+/// saying the report is partial. `reported`: how many ranks sent a result.
+pub(super) fn judge_job(report: &mut Report, job: &Job, reported: usize) {
+    let state = job.state();
+    let (ranks_verdict, ranks_reason) = ranks_verdict(report);
+    let (verdict, reason) = match state {
+        JobState::Succeeded => (ranks_verdict, ranks_reason),
+        JobState::Failed => {
+            let why = if ranks_verdict == Verdict::Fail && job.message.is_empty() {
+                ranks_reason
+            } else {
+                job.message.clone()
+            };
+            (Verdict::Fail, why)
+        }
+        JobState::Cancelled => {
+            let v = if ranks_verdict == Verdict::Fail {
+                Verdict::Fail
+            } else {
+                Verdict::Incomplete
+            };
+            let msg = if job.message.is_empty() {
+                "cancelled".to_string()
+            } else {
+                job.message.clone()
+            };
+            (v, msg)
+        }
+        JobState::Running | JobState::Pending | JobState::Unspecified => {
+            report.notes.push(format!(
+                "partial report: the job is {}, {reported} of {} ranks reported",
+                state.label(),
+                report.world_size
+            ));
+            if ranks_verdict == Verdict::Fail {
+                (Verdict::Fail, ranks_reason)
+            } else {
+                (
+                    Verdict::Incomplete,
+                    format!(
+                        "job {}; {reported} of {} ranks reported",
+                        state.label(),
+                        report.world_size
+                    ),
+                )
+            }
+        }
+    };
+    report.verdict = verdict as i32;
+    report.reason = reason;
+}
+
+/// The verdict of the ranks alone: fail names the failed ranks, node and
+/// device; incomplete if any rank has no result; else pass.
+pub fn ranks_verdict(report: &Report) -> (Verdict, String) {
+    let all: Vec<(&NodeReport, &RankReport)> = report
+        .nodes
+        .iter()
+        .flat_map(|n| n.ranks.iter().map(move |r| (n, r)))
+        .collect();
+    if all.is_empty() {
+        return (Verdict::Incomplete, "no ranks were planned".into());
+    }
+    let failed: Vec<String> = all
+        .iter()
+        .filter(|(_, r)| r.verdict() == Verdict::Fail)
+        .map(|(n, r)| {
+            format!(
+                "rank {} on node {} ({}): {}",
+                r.rank, n.name, r.device, r.reason
+            )
+        })
+        .collect();
+    // A node failed by a GPU that no rank ran on.
+    let node_only: Vec<String> = report
+        .nodes
+        .iter()
+        .filter(|n| {
+            n.verdict() == Verdict::Fail && n.ranks.iter().all(|r| r.verdict() != Verdict::Fail)
+        })
+        .map(|n| format!("node {}: {}", n.name, n.reason))
+        .collect();
+    if failed.is_empty() && !node_only.is_empty() {
+        return (Verdict::Fail, node_only.join("; "));
+    }
+    if !failed.is_empty() {
+        const SHOWN: usize = 5;
+        let mut text = failed
+            .iter()
+            .take(SHOWN)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("; ");
+        if failed.len() > SHOWN {
+            text += &format!("; and {} more", failed.len() - SHOWN);
+        }
+        return (
+            Verdict::Fail,
+            format!("{} of {} ranks failed: {text}", failed.len(), all.len()),
+        );
+    }
+    let incomplete = all
+        .iter()
+        .filter(|(_, r)| r.verdict() == Verdict::Incomplete)
+        .count();
+    if incomplete > 0 {
+        return (
+            Verdict::Incomplete,
+            format!("{incomplete} of {} ranks have no result", all.len()),
+        );
+    }
+    (Verdict::Pass, format!("all {} ranks passed", all.len()))
+}

@@ -1,0 +1,321 @@
+//! One GPU's telemetry over one job as the coordinator keeps and stores it:
+//! a list of time buckets holding sums, squares, maxima, the first and last
+//! counters and the union of XIDs, so merging two buckets loses nothing a
+//! summary needs: mean, max and std of the gauges are exact whatever the
+//! bucket width. Samples arrive about once a second per GPU; buckets start one
+//! second wide, and when a series passes [`MAX_BUCKETS`] neighbours are merged
+//! pairwise and the width doubles, so a 15-minute run stays at 225 buckets per
+//! GPU (~30 KB) and any run stays under 300.
+//!
+//! Plain data: the health rules ([`super::health`]) read these types, and the
+//! store writes them, without this module knowing either.
+
+use std::collections::BTreeSet;
+
+use gpuctl_proto::pb::GpuSample;
+
+/// Most buckets per GPU per job.
+pub const MAX_BUCKETS: usize = 300;
+/// Width of a fresh series' buckets: the agents' default sample interval.
+const BASE_BUCKET_MS: u64 = 1_000;
+/// Utilisation under this counts toward `util_low_share` (the proto's "under 10 %").
+pub const LOW_UTIL: f64 = 10.0;
+/// A sample at or above this utilisation is "loaded": PCIe links may train down
+/// and clocks drop at idle by design, so link and slowdown rules look only at
+/// loaded samples.
+pub const LOADED_UTIL: f64 = 50.0;
+/// Throttle-reason bits counted per bucket (NVML defines bits 0..=8).
+const THROTTLE_BITS: usize = 16;
+
+/// Counters whose growth over the run matters.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Counters {
+    #[prost(uint64, tag = "1")]
+    pub ecc_corrected: u64,
+    #[prost(uint64, tag = "2")]
+    pub ecc_uncorrected: u64,
+    #[prost(uint64, tag = "3")]
+    pub retired_pages: u64,
+    #[prost(uint64, tag = "4")]
+    pub pcie_replays: u64,
+    #[prost(uint64, tag = "5")]
+    pub nvlink_crc_errors: u64,
+}
+
+/// One time bucket of one GPU. Coordinator-private (stored under
+/// `telemetry/...`, read by no other process), hence a prost derive here rather
+/// than a message in the shared `.proto`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Bucket {
+    #[prost(uint64, tag = "1")]
+    pub start_ms: u64,
+    #[prost(uint64, tag = "2")]
+    pub end_ms: u64,
+    #[prost(uint32, tag = "3")]
+    pub n: u32,
+    #[prost(double, tag = "4")]
+    pub util_sum: f64,
+    #[prost(double, tag = "5")]
+    pub util_sq: f64,
+    #[prost(double, tag = "6")]
+    pub util_max: f64,
+    #[prost(uint32, tag = "7")]
+    pub util_low: u32,
+    #[prost(double, tag = "8")]
+    pub mem_util_sum: f64,
+    #[prost(uint64, tag = "9")]
+    pub mem_used_max: u64,
+    #[prost(uint64, tag = "10")]
+    pub mem_total: u64,
+    #[prost(double, tag = "11")]
+    pub temp_sum: f64,
+    #[prost(double, tag = "12")]
+    pub temp_sq: f64,
+    #[prost(double, tag = "13")]
+    pub temp_max: f64,
+    #[prost(double, tag = "14")]
+    pub power_sum: f64,
+    #[prost(double, tag = "15")]
+    pub power_sq: f64,
+    #[prost(double, tag = "16")]
+    pub power_max: f64,
+    #[prost(double, tag = "17")]
+    pub power_limit: f64,
+    #[prost(double, tag = "18")]
+    pub sm_clock_sum: f64,
+    #[prost(double, tag = "19")]
+    pub mem_clock_sum: f64,
+    /// Every throttle reason seen (OR).
+    #[prost(uint64, tag = "20")]
+    pub throttle_any: u64,
+    /// Loaded samples, and per throttle bit how many of them had it set.
+    #[prost(uint32, tag = "21")]
+    pub loaded: u32,
+    #[prost(uint32, repeated, tag = "22")]
+    pub throttle_loaded: Vec<u32>,
+    /// Worst link seen under load (0 = none loaded) and the GPU's maximum.
+    #[prost(uint32, tag = "23")]
+    pub pcie_gen_loaded_min: u32,
+    #[prost(uint32, tag = "24")]
+    pub pcie_width_loaded_min: u32,
+    #[prost(uint32, tag = "25")]
+    pub pcie_gen_max: u32,
+    #[prost(uint32, tag = "26")]
+    pub pcie_width_max: u32,
+    #[prost(uint32, tag = "27")]
+    pub pcie_gen_low_loaded: u32,
+    #[prost(uint32, tag = "28")]
+    pub pcie_width_low_loaded: u32,
+    #[prost(uint32, tag = "29")]
+    pub nvlinks_min: u32,
+    #[prost(uint32, tag = "30")]
+    pub nvlinks_expected: u32,
+    #[prost(bool, tag = "31")]
+    pub remap_failed: bool,
+    #[prost(message, optional, tag = "32")]
+    pub first: Option<Counters>,
+    #[prost(message, optional, tag = "33")]
+    pub last: Option<Counters>,
+    /// Sorted, without repeats.
+    #[prost(uint32, repeated, tag = "34")]
+    pub xids: Vec<u32>,
+}
+
+/// One GPU's series over one job, as stored under `telemetry/{job}/{node}/{gpu:03}`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct GpuSeries {
+    #[prost(string, tag = "1")]
+    pub node: String,
+    #[prost(uint32, tag = "2")]
+    pub index: u32,
+    #[prost(string, tag = "3")]
+    pub uuid: String,
+    #[prost(uint64, tag = "4")]
+    pub bucket_ms: u64,
+    #[prost(message, repeated, tag = "5")]
+    pub buckets: Vec<Bucket>,
+}
+
+fn counters(s: &GpuSample) -> Counters {
+    Counters {
+        ecc_corrected: s.ecc_corrected,
+        ecc_uncorrected: s.ecc_uncorrected,
+        retired_pages: s.retired_pages,
+        pcie_replays: s.pcie_replays,
+        nvlink_crc_errors: s.nvlink_crc_errors,
+    }
+}
+
+fn min_nonzero(a: u32, b: u32) -> u32 {
+    match (a, b) {
+        (0, x) | (x, 0) => x,
+        (a, b) => a.min(b),
+    }
+}
+
+impl Bucket {
+    pub fn of(s: &GpuSample, t: u64) -> Bucket {
+        let loaded = s.util_gpu >= LOADED_UTIL;
+        let mut throttle_loaded = vec![0; THROTTLE_BITS];
+        if loaded {
+            for (bit, n) in throttle_loaded.iter_mut().enumerate() {
+                *n = ((s.throttle_reasons >> bit) & 1) as u32;
+            }
+        }
+        let c = counters(s);
+        let mut xids = s.xids.clone();
+        xids.sort_unstable();
+        xids.dedup();
+        Bucket {
+            start_ms: t,
+            end_ms: t,
+            n: 1,
+            util_sum: s.util_gpu,
+            util_sq: s.util_gpu * s.util_gpu,
+            util_max: s.util_gpu,
+            util_low: (s.util_gpu < LOW_UTIL) as u32,
+            mem_util_sum: s.util_mem,
+            mem_used_max: s.mem_used_bytes,
+            mem_total: s.mem_total_bytes,
+            temp_sum: s.temperature_c,
+            temp_sq: s.temperature_c * s.temperature_c,
+            temp_max: s.temperature_c,
+            power_sum: s.power_w,
+            power_sq: s.power_w * s.power_w,
+            power_max: s.power_w,
+            power_limit: s.power_limit_w,
+            sm_clock_sum: s.sm_clock_mhz as f64,
+            mem_clock_sum: s.mem_clock_mhz as f64,
+            throttle_any: s.throttle_reasons,
+            loaded: loaded as u32,
+            throttle_loaded,
+            pcie_gen_loaded_min: if loaded { s.pcie_gen } else { 0 },
+            pcie_width_loaded_min: if loaded { s.pcie_width } else { 0 },
+            pcie_gen_max: s.pcie_gen_max,
+            pcie_width_max: s.pcie_width_max,
+            // 0 means NVML could not read the link: unknown, not degraded.
+            pcie_gen_low_loaded: (loaded && s.pcie_gen > 0 && s.pcie_gen < s.pcie_gen_max) as u32,
+            pcie_width_low_loaded: (loaded && s.pcie_width > 0 && s.pcie_width < s.pcie_width_max)
+                as u32,
+            nvlinks_min: s.nvlinks_active,
+            nvlinks_expected: s.nvlinks_expected,
+            remap_failed: s.remap_failed,
+            first: Some(c.clone()),
+            last: Some(c),
+            xids,
+        }
+    }
+
+    /// Folds a later bucket into this one.
+    pub fn merge(&mut self, b: &Bucket) {
+        if b.n == 0 {
+            return;
+        }
+        if self.n == 0 {
+            *self = b.clone();
+            return;
+        }
+        self.start_ms = self.start_ms.min(b.start_ms);
+        self.end_ms = self.end_ms.max(b.end_ms);
+        self.n += b.n;
+        self.util_sum += b.util_sum;
+        self.util_sq += b.util_sq;
+        self.util_max = self.util_max.max(b.util_max);
+        self.util_low += b.util_low;
+        self.mem_util_sum += b.mem_util_sum;
+        self.mem_used_max = self.mem_used_max.max(b.mem_used_max);
+        self.mem_total = self.mem_total.max(b.mem_total);
+        self.temp_sum += b.temp_sum;
+        self.temp_sq += b.temp_sq;
+        self.temp_max = self.temp_max.max(b.temp_max);
+        self.power_sum += b.power_sum;
+        self.power_sq += b.power_sq;
+        self.power_max = self.power_max.max(b.power_max);
+        self.power_limit = b.power_limit;
+        self.sm_clock_sum += b.sm_clock_sum;
+        self.mem_clock_sum += b.mem_clock_sum;
+        self.throttle_any |= b.throttle_any;
+        self.loaded += b.loaded;
+        self.throttle_loaded.resize(THROTTLE_BITS, 0);
+        for (n, m) in self.throttle_loaded.iter_mut().zip(&b.throttle_loaded) {
+            *n += m;
+        }
+        self.pcie_gen_loaded_min = min_nonzero(self.pcie_gen_loaded_min, b.pcie_gen_loaded_min);
+        self.pcie_width_loaded_min =
+            min_nonzero(self.pcie_width_loaded_min, b.pcie_width_loaded_min);
+        self.pcie_gen_max = self.pcie_gen_max.max(b.pcie_gen_max);
+        self.pcie_width_max = self.pcie_width_max.max(b.pcie_width_max);
+        self.pcie_gen_low_loaded += b.pcie_gen_low_loaded;
+        self.pcie_width_low_loaded += b.pcie_width_low_loaded;
+        // An agent that cannot read NVLink sends 0 expected: keep what is known.
+        if b.nvlinks_expected > 0 {
+            self.nvlinks_min = if self.nvlinks_expected > 0 {
+                self.nvlinks_min.min(b.nvlinks_min)
+            } else {
+                b.nvlinks_min
+            };
+            self.nvlinks_expected = self.nvlinks_expected.max(b.nvlinks_expected);
+        }
+        self.remap_failed |= b.remap_failed;
+        if self.first.is_none() {
+            self.first = b.first.clone();
+        }
+        if b.last.is_some() {
+            self.last = b.last.clone();
+        }
+        let mut xids: BTreeSet<u32> = self.xids.iter().copied().collect();
+        xids.extend(b.xids.iter().copied());
+        self.xids = xids.into_iter().collect();
+    }
+}
+
+impl GpuSeries {
+    /// An empty series with fresh (one-second) buckets.
+    pub fn new(node: &str, index: u32, uuid: &str) -> GpuSeries {
+        GpuSeries {
+            node: node.to_string(),
+            index,
+            uuid: uuid.to_string(),
+            bucket_ms: BASE_BUCKET_MS,
+            buckets: Vec::new(),
+        }
+    }
+
+    /// Adds one sample taken at `t` (unix ms).
+    pub fn add(&mut self, s: &GpuSample, t: u64) {
+        let b = Bucket::of(s, t);
+        let origin = self.buckets.first().map_or(t, |f| f.start_ms);
+        let slot = |ms: u64, width: u64| ms.saturating_sub(origin) / width.max(1);
+        match self.buckets.last_mut() {
+            // Late or same-slot samples join the newest bucket.
+            Some(last)
+                if t <= last.start_ms
+                    || slot(t, self.bucket_ms) == slot(last.start_ms, self.bucket_ms) =>
+            {
+                last.merge(&b)
+            }
+            _ => self.buckets.push(b),
+        }
+        while self.buckets.len() > MAX_BUCKETS {
+            self.bucket_ms *= 2;
+            let width = self.bucket_ms;
+            let mut merged: Vec<Bucket> = Vec::with_capacity(self.buckets.len() / 2 + 1);
+            for b in self.buckets.drain(..) {
+                match merged.last_mut() {
+                    Some(m) if slot(m.start_ms, width) == slot(b.start_ms, width) => m.merge(&b),
+                    _ => merged.push(b),
+                }
+            }
+            self.buckets = merged;
+        }
+    }
+
+    /// The whole run in one bucket.
+    pub fn totals(&self) -> Bucket {
+        let mut t = Bucket::default();
+        for b in &self.buckets {
+            t.merge(b);
+        }
+        t
+    }
+}

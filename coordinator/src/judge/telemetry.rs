@@ -1,0 +1,303 @@
+//! GPU telemetry of a job while the coordinator holds it: the latest batch
+//! per node (for `gpuctl watch`) and, per GPU, a downsampled [`GpuSeries`]
+//! that is stored with the job and summarised into the report with health
+//! findings ([`super::health`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gpuctl_proto::pb::{GpuTelemetrySummary, HealthFinding, TelemetryBatch, Verdict};
+
+use super::health::{HealthRules, Level};
+use super::series::{Bucket, Counters, GpuSeries};
+
+/// A job's telemetry while the coordinator holds it.
+#[derive(Debug, Default, Clone)]
+pub struct Telemetry {
+    latest: BTreeMap<String, TelemetryBatch>,
+    series: BTreeMap<(String, u32), GpuSeries>,
+    /// Series changed since they were last stored.
+    dirty: BTreeSet<(String, u32)>,
+}
+
+impl Telemetry {
+    /// Series read back from the store (a finished job, or after a restart).
+    pub fn from_stored(series: Vec<GpuSeries>) -> Telemetry {
+        Telemetry {
+            series: series
+                .into_iter()
+                .map(|s| ((s.node.clone(), s.index), s))
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    /// Adds a batch from `node`; returns how many samples it held.
+    pub fn add(&mut self, node: &str, batch: TelemetryBatch, now_ms: u64) -> usize {
+        for s in &batch.samples {
+            let key = (node.to_string(), s.index);
+            let g = self
+                .series
+                .entry(key.clone())
+                .or_insert_with(|| GpuSeries::new(node, s.index, &s.uuid));
+            if g.uuid.is_empty() {
+                g.uuid = s.uuid.clone();
+            }
+            g.add(s, if s.unix_ms > 0 { s.unix_ms } else { now_ms });
+            self.dirty.insert(key);
+        }
+        let n = batch.samples.len();
+        self.latest.insert(node.to_string(), batch);
+        n
+    }
+
+    /// The latest batch of every node.
+    pub fn latest(&self) -> Vec<TelemetryBatch> {
+        self.latest.values().cloned().collect()
+    }
+
+    /// Series changed since the last call, to be stored; marks them clean.
+    pub fn take_dirty(&mut self) -> Vec<GpuSeries> {
+        let dirty = std::mem::take(&mut self.dirty);
+        dirty
+            .iter()
+            .filter_map(|k| self.series.get(k).cloned())
+            .collect()
+    }
+
+    pub fn is_dirty(&self) -> bool {
+        !self.dirty.is_empty()
+    }
+
+    /// Drops the series (they are stored); keeps the latest samples for `watch`.
+    pub fn forget_series(&mut self) {
+        self.series.clear();
+        self.dirty.clear();
+    }
+
+    pub fn series(&self) -> impl Iterator<Item = &GpuSeries> {
+        self.series.values()
+    }
+
+    /// One summary per GPU and the health findings, GPU by GPU.
+    pub fn summarise(&self, rules: &HealthRules) -> (Vec<GpuTelemetrySummary>, Vec<HealthFinding>) {
+        let mut summaries = Vec::new();
+        let mut findings = Vec::new();
+        for g in self.series.values() {
+            let t = g.totals();
+            let (mut s, mine) = summary(g, &t, rules);
+            s.verdict = mine
+                .iter()
+                .map(HealthFinding::verdict)
+                .max_by_key(|v| severity(*v))
+                .unwrap_or(Verdict::Pass) as i32;
+            summaries.push(s);
+            findings.extend(mine);
+        }
+        (summaries, findings)
+    }
+}
+
+fn summary(
+    g: &GpuSeries,
+    t: &Bucket,
+    rules: &HealthRules,
+) -> (GpuTelemetrySummary, Vec<HealthFinding>) {
+    let n = t.n.max(1) as f64;
+    let mean = |sum: f64| sum / n;
+    let std = |sum: f64, sq: f64| (sq / n - (sum / n).powi(2)).max(0.0).sqrt();
+    let first = t.first.clone().unwrap_or_default();
+    let last = t.last.clone().unwrap_or_default();
+    let delta = |f: fn(&Counters) -> u64| f(&last).saturating_sub(f(&first));
+    let s = GpuTelemetrySummary {
+        node: g.node.clone(),
+        index: g.index,
+        uuid: g.uuid.clone(),
+        samples: t.n,
+        util_mean: mean(t.util_sum),
+        util_max: t.util_max,
+        util_std: std(t.util_sum, t.util_sq),
+        util_low_share: t.util_low as f64 / n,
+        mem_used_max_bytes: t.mem_used_max,
+        temp_mean: mean(t.temp_sum),
+        temp_max: t.temp_max,
+        temp_std: std(t.temp_sum, t.temp_sq),
+        power_mean_w: mean(t.power_sum),
+        power_max_w: t.power_max,
+        power_std_w: std(t.power_sum, t.power_sq),
+        sm_clock_mean_mhz: mean(t.sm_clock_sum),
+        ecc_corrected_delta: delta(|c| c.ecc_corrected),
+        ecc_uncorrected_delta: delta(|c| c.ecc_uncorrected),
+        pcie_replays_delta: delta(|c| c.pcie_replays),
+        nvlink_crc_delta: delta(|c| c.nvlink_crc_errors),
+        xids: t.xids.clone(),
+        verdict: Verdict::Pass as i32,
+    };
+    let findings = rules
+        .evaluate(t)
+        .into_iter()
+        .map(|f| HealthFinding {
+            node: g.node.clone(),
+            gpu_index: g.index,
+            uuid: g.uuid.clone(),
+            verdict: match f.level {
+                Level::Fail => Verdict::Fail,
+                _ => Verdict::Warn,
+            } as i32,
+            rule: f.rule.into(),
+            detail: f.detail,
+        })
+        .collect();
+    (s, findings)
+}
+
+fn severity(v: Verdict) -> u8 {
+    match v {
+        Verdict::Fail => 3,
+        Verdict::Warn => 2,
+        Verdict::Incomplete => 1,
+        _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::judge::series::{LOW_UTIL, MAX_BUCKETS};
+    use gpuctl_proto::pb::GpuSample;
+    use prost::Message;
+
+    fn sample(t: u64, util: f64, ecc_u: u64, xids: Vec<u32>) -> GpuSample {
+        GpuSample {
+            index: 1,
+            uuid: "GPU-1".into(),
+            unix_ms: t,
+            util_gpu: util,
+            temperature_c: 60.0,
+            power_w: 500.0,
+            ecc_uncorrected: ecc_u,
+            pcie_gen: 5,
+            pcie_width: 16,
+            pcie_gen_max: 5,
+            pcie_width_max: 16,
+            nvlinks_active: 18,
+            nvlinks_expected: 18,
+            xids,
+            ..Default::default()
+        }
+    }
+
+    fn batch(samples: Vec<GpuSample>) -> TelemetryBatch {
+        TelemetryBatch {
+            node: "n0".into(),
+            job_id: "j".into(),
+            attempt: 1,
+            samples,
+        }
+    }
+
+    #[test]
+    fn healthy_gpu_passes_with_stats() {
+        let mut t = Telemetry::default();
+        t.add("n0", batch(vec![sample(1_000, 100.0, 0, vec![])]), 0);
+        t.add("n0", batch(vec![sample(2_000, 50.0, 0, vec![])]), 0);
+        let (s, f) = t.summarise(&HealthRules::default());
+        assert!(f.is_empty(), "{f:?}");
+        assert_eq!(s.len(), 1);
+        assert_eq!(s[0].samples, 2);
+        assert_eq!(s[0].util_mean, 75.0);
+        assert_eq!(s[0].util_max, 100.0);
+        assert_eq!(s[0].util_std, 25.0);
+        assert_eq!(s[0].power_mean_w, 500.0);
+        assert_eq!(s[0].verdict(), Verdict::Pass);
+        assert_eq!(t.latest().len(), 1);
+    }
+
+    #[test]
+    fn ecc_and_critical_xids_fail_program_xids_warn() {
+        let mut t = Telemetry::default();
+        t.add("n0", batch(vec![sample(1_000, 100.0, 2, vec![])]), 0);
+        t.add("n0", batch(vec![sample(2_000, 100.0, 5, vec![79, 13])]), 0);
+        let (s, f) = t.summarise(&HealthRules::default());
+        assert_eq!(s[0].ecc_uncorrected_delta, 3);
+        assert_eq!(s[0].xids, vec![13, 79]);
+        assert_eq!(s[0].verdict(), Verdict::Fail);
+        let rules: Vec<(&str, Verdict)> =
+            f.iter().map(|x| (x.rule.as_str(), x.verdict())).collect();
+        assert_eq!(
+            rules,
+            vec![
+                ("xid", Verdict::Fail),
+                ("xid", Verdict::Warn),
+                ("ecc_uncorrected", Verdict::Fail),
+                ("ecc_uncorrected", Verdict::Warn),
+            ]
+        );
+        assert_eq!(f[0].uuid, "GPU-1");
+    }
+
+    /// 15 minutes of 1 s samples on 4 × 8 GPUs: at most 300 buckets per GPU,
+    /// exact mean/max/std, counters from the first and last sample, all XIDs.
+    #[test]
+    fn long_runs_downsample_without_losing_the_summary() {
+        let mut t = Telemetry::default();
+        let mut raw: Vec<f64> = Vec::new();
+        for sec in 0..900u64 {
+            let mut samples = Vec::new();
+            for gpu in 0..8 {
+                let util = ((sec * 7 + gpu) % 101) as f64;
+                let mut s = sample(1_000_000 + sec * 1_000, util, sec / 100, vec![]);
+                s.index = gpu as u32;
+                s.uuid = format!("GPU-{gpu}");
+                s.pcie_replays = 1_000 + sec;
+                if sec == 450 && gpu == 3 {
+                    s.xids = vec![31];
+                }
+                if gpu == 0 {
+                    raw.push(util);
+                }
+                samples.push(s);
+            }
+            for node in ["n0", "n1", "n2", "n3"] {
+                t.add(node, batch(samples.clone()), 0);
+            }
+        }
+        let stored = t.take_dirty();
+        assert_eq!(stored.len(), 32);
+        assert!(!t.is_dirty());
+        let mut bytes = 0;
+        for g in &stored {
+            assert!(g.buckets.len() <= MAX_BUCKETS, "{}", g.buckets.len());
+            assert!(g.buckets.len() >= 200, "{}", g.buckets.len());
+            bytes += g.encode_to_vec().len();
+        }
+        assert!(
+            bytes < 2 << 20,
+            "4 x 8 GPUs x 15 min stored in {bytes} bytes"
+        );
+
+        // Summaries from the stored series equal the raw statistics.
+        let back = Telemetry::from_stored(
+            stored
+                .iter()
+                .map(|g| GpuSeries::decode(g.encode_to_vec().as_slice()).unwrap())
+                .collect(),
+        );
+        let (s, f) = back.summarise(&HealthRules::default());
+        assert_eq!(s.len(), 32);
+        let g0 = s.iter().find(|x| x.node == "n2" && x.index == 0).unwrap();
+        let mean = raw.iter().sum::<f64>() / raw.len() as f64;
+        let std = (raw.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / raw.len() as f64).sqrt();
+        assert_eq!(g0.samples, 900);
+        assert!((g0.util_mean - mean).abs() < 1e-9);
+        assert!((g0.util_std - std).abs() < 1e-6, "{} vs {std}", g0.util_std);
+        assert_eq!(g0.util_max, 100.0);
+        let low = raw.iter().filter(|x| **x < LOW_UTIL).count() as f64 / 900.0;
+        assert!((g0.util_low_share - low).abs() < 1e-12);
+        assert_eq!(g0.pcie_replays_delta, 899);
+        assert_eq!(g0.ecc_uncorrected_delta, 8);
+        let g3 = s.iter().find(|x| x.node == "n1" && x.index == 3).unwrap();
+        assert_eq!(g3.xids, vec![31]);
+        // 899 replays in 15 minutes is ~60/min: over the default 8/min.
+        assert!(f.iter().any(|x| x.rule == "pcie_replay" && x.node == "n3"));
+    }
+}

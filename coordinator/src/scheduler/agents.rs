@@ -1,0 +1,200 @@
+//! Agents and their sessions: registration, the session that carries
+//! assignments down and heartbeats up, acknowledgements of assignments, and
+//! nodes that fall silent.
+
+use gpuctl_proto::now_ms;
+use gpuctl_proto::pb::{
+    AssignmentAck, Heartbeat, JobState, Node, NodeState, RegisterRequest, RegisterResponse,
+};
+use tracing::{debug, info, warn};
+
+use super::state::{NodeEntry, Session};
+use super::{human, Scheduler, SessionTx};
+use crate::error::CoordinatorError;
+use crate::plan::planner;
+use crate::store::Batch;
+
+/// A node still running a job this long after it ended is told again to stop.
+const STALE_JOB_MS: u64 = 5_000;
+
+impl Scheduler {
+    pub(super) async fn register(
+        &mut self,
+        req: RegisterRequest,
+        url: String,
+    ) -> Result<RegisterResponse, CoordinatorError> {
+        let name = req.name.trim().to_string();
+        if name.is_empty() {
+            return Err(CoordinatorError::InvalidField {
+                field: "name".into(),
+                message: "the node name is empty; start the agent with --name NAME".into(),
+            });
+        }
+        let now = now_ms();
+        let entry = self
+            .nodes
+            .entry(name.clone())
+            .or_insert_with(|| NodeEntry::detached(Node::default()));
+        // An agent registers again after it lost its session, and it kills its
+        // workers when that happens: a job it was running cannot finish.
+        let interrupted = std::mem::take(&mut entry.node.current_job);
+        let mut node = Node {
+            name: name.clone(),
+            facts: req.facts,
+            gpus: req.gpus,
+            state: NodeState::Ready as i32,
+            last_heartbeat_unix_ms: now,
+            current_job: String::new(),
+            slots: 0,
+            registered_unix_ms: now,
+            state_reason: String::new(),
+            preflight: req.preflight,
+        };
+        node.slots = planner::slots(&node);
+        entry.node = node;
+        entry.session = None;
+        entry.coordinator_url = url.clone();
+        let batch = Batch::default().node(&entry.node);
+        info!(node = %name, slots = entry.node.slots, gpus = entry.node.gpus.len(), "agent registered");
+        self.save(batch).await;
+        if !interrupted.is_empty() {
+            self.finish(
+                &interrupted,
+                JobState::Failed,
+                format!(
+                    "node {name} registered again during the run (its agent restarted or lost the coordinator), so its workers were stopped"
+                ),
+                Some(&name),
+            )
+            .await;
+        }
+        Ok(RegisterResponse {
+            name,
+            heartbeat_interval_ms: self.cfg.heartbeat_interval.as_millis() as u32,
+            protocol_version: gpuctl_proto::PROTOCOL_VERSION,
+            coordinator_url: url,
+        })
+    }
+
+    pub(super) async fn session_opened(
+        &mut self,
+        node: String,
+        id: u64,
+        tx: SessionTx,
+        first: Heartbeat,
+    ) -> Result<(), CoordinatorError> {
+        let Some(e) = self.nodes.get_mut(&node) else {
+            return Err(CoordinatorError::Refused(format!(
+                "node `{node}` is not registered with this coordinator; the agent must call Register before opening a session"
+            )));
+        };
+        if e.coordinator_url.is_empty() {
+            return Err(CoordinatorError::Refused(format!(
+                "node `{node}` was registered with an earlier coordinator run; the agent must call Register again"
+            )));
+        }
+        e.session = Some(Session { id, tx });
+        e.node.last_heartbeat_unix_ms = first.unix_ms.max(now_ms());
+        if e.lost() {
+            e.node.set_state(NodeState::Ready);
+            e.node.state_reason.clear();
+            e.refresh_state();
+            let batch = Batch::default().node(&e.node);
+            self.save(batch).await;
+        }
+        info!(node = %node, session = id, "agent session open");
+        Ok(())
+    }
+
+    pub(super) async fn heartbeat(&mut self, node: String, session: u64, hb: Heartbeat) {
+        let now = now_ms();
+        let Some(e) = self.nodes.get_mut(&node) else {
+            return;
+        };
+        if e.session.as_ref().map(|s| s.id) != Some(session) {
+            return; // a replaced session still draining
+        }
+        e.node.last_heartbeat_unix_ms = now;
+        if e.lost() {
+            info!(node = %node, "heartbeats resumed");
+            e.node.set_state(NodeState::Ready);
+            e.node.state_reason.clear();
+            e.refresh_state();
+            let batch = Batch::default().node(&e.node);
+            self.save(batch).await;
+        }
+        let Some(e) = self.nodes.get(&node) else {
+            return;
+        };
+        // Workers of a job that is over (or unknown) are told again to stop.
+        for rj in &hb.running {
+            let stale = match self.jobs.get(&rj.job_id) {
+                None => true,
+                Some(j) => {
+                    j.job.attempt != rj.attempt
+                        || (j.state().is_terminal()
+                            && now.saturating_sub(j.job.finished_unix_ms) > STALE_JOB_MS)
+                }
+            };
+            if stale {
+                debug!(node = %node, job = %rj.job_id, "node still runs an ended job; cancelling again");
+                e.send_cancel(&rj.job_id, rj.attempt, "the job is over");
+            }
+        }
+    }
+
+    pub(super) fn session_closed(&mut self, node: String, session: u64) {
+        if let Some(e) = self.nodes.get_mut(&node) {
+            if e.session.as_ref().map(|s| s.id) == Some(session) {
+                e.session = None;
+                warn!(node = %node, "agent session closed; the node is lost unless it reconnects within the node timeout");
+            }
+        }
+    }
+
+    pub(super) async fn assignment_ack(&mut self, node: String, ack: AssignmentAck) {
+        if ack.ok {
+            debug!(node = %node, job = %ack.job_id, "assignment acknowledged");
+            return;
+        }
+        let running = self
+            .jobs
+            .get(&ack.job_id)
+            .is_some_and(|j| j.state() == JobState::Running && j.job.attempt == ack.attempt);
+        if running {
+            let msg = format!("node {node} could not start the workers: {}", ack.error);
+            self.finish(&ack.job_id, JobState::Failed, msg, Some(&node))
+                .await;
+        }
+    }
+
+    /// Nodes without a heartbeat for the node timeout are lost, and so is the
+    /// job each was running.
+    pub(super) async fn lose_silent_nodes(&mut self) {
+        let now = now_ms();
+        let timeout = self.cfg.node_timeout;
+        let mut lost = Vec::new();
+        for (name, e) in self.nodes.iter_mut() {
+            if !e.lost()
+                && now.saturating_sub(e.node.last_heartbeat_unix_ms) > timeout.as_millis() as u64
+            {
+                e.node.set_state(NodeState::Lost);
+                e.node.state_reason = format!("no heartbeat for {}", human(timeout));
+                e.session = None;
+                lost.push((
+                    name.clone(),
+                    std::mem::take(&mut e.node.current_job),
+                    e.node.clone(),
+                ));
+            }
+        }
+        for (name, job, node) in lost {
+            warn!(node = %name, "node lost: no heartbeat for {}", human(timeout));
+            self.save(Batch::default().node(&node)).await;
+            if !job.is_empty() {
+                let msg = format!("node {name} lost: no heartbeat for {}", human(timeout));
+                self.finish(&job, JobState::Failed, msg, Some(&name)).await;
+            }
+        }
+    }
+}

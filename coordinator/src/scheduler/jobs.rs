@@ -1,0 +1,389 @@
+//! A job's life: submit (or only plan), start on free nodes, finish with a
+//! stored report, cancel, deadlines; and the reads of jobs and reports.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use gpuctl_proto::now_ms;
+use gpuctl_proto::pb::{
+    coordinator_message::Msg, Assignment, CoordinatorMessage, Job, JobSpec, JobState, Node, Plan,
+    RankResult, Report,
+};
+use tracing::{debug, info, warn};
+
+use super::state::{job_id, JobEntry, NodeEntry};
+use super::{human, Scheduler};
+use crate::error::CoordinatorError;
+use crate::judge::report;
+use crate::judge::telemetry::Telemetry;
+use crate::plan::{planner, preflight};
+use crate::store::{Batch, StoreError};
+
+/// Grace after a job's deadline before the coordinator fails it itself; the
+/// agent kills the workers at the deadline and should report first.
+const DEADLINE_GRACE_MS: u64 = 10_000;
+/// Timed workloads get their duration plus this for start-up and reporting.
+const TIMED_GRACE_MS: u64 = 120_000;
+const DEFAULT_TIMEOUT_MS: u64 = 3_600_000;
+
+/// How long a job may run before its workers are killed.
+pub fn job_budget_ms(spec: &JobSpec) -> u64 {
+    let timed = gpuctl_proto::spec::workload(&spec.workload).is_some_and(|w| w.timed);
+    if spec.timeout_ms > 0 {
+        spec.timeout_ms
+    } else if timed {
+        spec.duration_ms + TIMED_GRACE_MS
+    } else {
+        DEFAULT_TIMEOUT_MS
+    }
+}
+
+impl Scheduler {
+    pub(super) fn job(&self, id: &str) -> Result<&JobEntry, CoordinatorError> {
+        self.jobs
+            .get(id)
+            .ok_or_else(|| CoordinatorError::JobNotFound(id.to_string()))
+    }
+
+    /// The newest `limit` jobs (all with 0), oldest first.
+    pub(super) fn list_jobs(&self, limit: u32) -> Vec<Job> {
+        let mut all: Vec<Job> = self.jobs.values().map(JobEntry::view).collect();
+        if limit > 0 && all.len() > limit as usize {
+            all.drain(..all.len() - limit as usize);
+        }
+        all
+    }
+
+    fn candidates(&self) -> Vec<planner::Candidate<'_>> {
+        self.nodes.values().map(NodeEntry::candidate).collect()
+    }
+
+    /// Plans a spec on the nodes it would get now (or, if they are busy, the
+    /// ones it would most likely get).
+    pub(super) fn plan(&self, spec: JobSpec) -> Result<Plan, CoordinatorError> {
+        let spec = gpuctl_proto::spec::normalize(&spec)?;
+        let cands = self.candidates();
+        let chosen = match planner::choose(&spec, &cands)? {
+            Some(c) => c,
+            None => planner::likely(&spec, &cands),
+        };
+        Ok(planner::plan(&spec, &chosen))
+    }
+
+    pub(super) async fn submit(&mut self, spec: JobSpec) -> Result<Job, CoordinatorError> {
+        let plan = self.plan(spec)?;
+        if let Some(e) = preflight::preflight_error(&plan) {
+            return Err(e);
+        }
+        let spec = plan.spec.clone().unwrap_or_default();
+        let seq = self.job_seq + 1;
+        let id = job_id(seq);
+        let job = Job {
+            id: id.clone(),
+            spec: Some(spec),
+            state: JobState::Pending as i32,
+            attempt: 1,
+            created_unix_ms: now_ms(),
+            ..Default::default()
+        };
+        self.store
+            .write(Batch::default().job(&job).job_seq(seq))
+            .await
+            .map_err(|e| CoordinatorError::store("could not store the job", e))?;
+        self.job_seq = seq;
+        self.counts.submitted += 1;
+        info!(job = %id, workload = %job.spec.as_ref().map(|s| s.workload.as_str()).unwrap_or(""), "job submitted");
+        self.jobs.insert(
+            id.clone(),
+            JobEntry {
+                job,
+                ..Default::default()
+            },
+        );
+        self.start_pending().await;
+        Ok(self.jobs[&id].view())
+    }
+
+    /// Starts waiting jobs, oldest first, on whatever nodes are free.
+    pub(super) async fn start_pending(&mut self) {
+        let pending: Vec<String> = self
+            .jobs
+            .values()
+            .filter(|j| j.state() == JobState::Pending)
+            .map(|j| j.job.id.clone())
+            .collect();
+        for id in pending {
+            let spec = self.jobs[&id].job.spec.clone().unwrap_or_default();
+            let chosen: Option<Vec<String>> = match planner::choose(&spec, &self.candidates()) {
+                Ok(Some(nodes)) => Some(nodes.iter().map(|n| n.name.clone()).collect()),
+                Ok(None) => None,
+                Err(e) => {
+                    debug!(job = %id, "still waiting: {e}");
+                    None
+                }
+            };
+            if let Some(names) = chosen {
+                self.start(&id, names).await;
+            }
+        }
+    }
+
+    async fn start(&mut self, id: &str, names: Vec<String>) {
+        let now = now_ms();
+        let spec = self.jobs[id].job.spec.clone().unwrap_or_default();
+        let plan = {
+            let chosen: Vec<&Node> = names
+                .iter()
+                .filter_map(|n| self.nodes.get(n))
+                .map(|e| &e.node)
+                .collect();
+            planner::plan(&spec, &chosen)
+        };
+        if let Some(err) = preflight::preflight_error(&plan) {
+            if let Some(j) = self.jobs.get_mut(id) {
+                j.job.plan = Some(plan);
+            }
+            self.finish(id, JobState::Failed, err.to_string(), None)
+                .await;
+            return;
+        }
+        let deadline = now + job_budget_ms(&spec);
+        let Some(entry) = self.jobs.get_mut(id) else {
+            return;
+        };
+        entry.job.set_state(JobState::Running);
+        entry.job.started_unix_ms = now;
+        entry.job.plan = Some(plan.clone());
+        entry.deadline_unix_ms = deadline;
+        let attempt = entry.job.attempt;
+        let mut batch = Batch::default().job(&entry.job);
+        for name in &plan.nodes {
+            if let Some(n) = self.nodes.get_mut(name) {
+                n.node.current_job = id.to_string();
+                n.refresh_state();
+                batch = batch.node(&n.node);
+            }
+        }
+        self.save(batch).await;
+        self.rdv.open(id, attempt);
+
+        let env: HashMap<String, String> = plan
+            .env
+            .iter()
+            .map(|e| (e.name.clone(), e.value.clone()))
+            .collect();
+        let mut unreachable = Vec::new();
+        for (node_rank, name) in plan.nodes.iter().enumerate() {
+            let Some(n) = self.nodes.get(name) else {
+                continue;
+            };
+            let a = Assignment {
+                job_id: id.to_string(),
+                attempt,
+                spec: Some(spec.clone()),
+                ranks: plan
+                    .ranks
+                    .iter()
+                    .filter(|r| &r.node == name)
+                    .cloned()
+                    .collect(),
+                env: env.clone(),
+                world_size: plan.world_size,
+                node_rank: node_rank as u32,
+                nnodes: plan.nodes.len() as u32,
+                master_addr: plan.master_addr.clone(),
+                master_port: plan.master_port,
+                deadline_unix_ms: deadline,
+                coordinator_url: n.coordinator_url.clone(),
+            };
+            if !n.send(CoordinatorMessage {
+                msg: Some(Msg::Assignment(a)),
+            }) {
+                unreachable.push(name.clone());
+            }
+        }
+        info!(job = %id, nodes = %plan.nodes.join(","), world_size = plan.world_size, "job started");
+        if !unreachable.is_empty() {
+            let msg = format!(
+                "could not send the assignment to node {}: its agent session is gone",
+                unreachable.join(", ")
+            );
+            self.finish(id, JobState::Failed, msg, None).await;
+        }
+    }
+
+    /// Ends a job: state, stored report, nodes freed, other nodes told to stop,
+    /// rendezvous waiters released. Does nothing to a job that already ended.
+    pub(super) async fn finish(
+        &mut self,
+        id: &str,
+        state: JobState,
+        message: String,
+        skip: Option<&str>,
+    ) {
+        let now = now_ms();
+        let Some(entry) = self.jobs.get_mut(id) else {
+            return;
+        };
+        if entry.state().is_terminal() {
+            return;
+        }
+        entry.job.set_state(state);
+        entry.job.message = message.clone();
+        entry.job.finished_unix_ms = now;
+        entry.job.results_in = entry.results.len() as u32;
+        let report = entry.report(now, &self.cfg.health_rules);
+        // Results and telemetry are stored and folded into the stored report;
+        // memory keeps only what running jobs need.
+        entry.results.clear();
+        let series = entry.telemetry.take_dirty();
+        entry.telemetry.forget_series();
+        let attempt = entry.job.attempt;
+        let nodes: Vec<String> = entry
+            .job
+            .plan
+            .as_ref()
+            .map(|p| p.nodes.clone())
+            .unwrap_or_default();
+        let mut batch = Batch::default().job(&entry.job).report(&report);
+        for s in &series {
+            batch = batch.telemetry(id, s);
+        }
+        for name in &nodes {
+            let Some(n) = self.nodes.get_mut(name) else {
+                continue;
+            };
+            if n.node.current_job == id {
+                n.node.current_job.clear();
+                n.refresh_state();
+                batch = batch.node(&n.node);
+            }
+            if state != JobState::Succeeded && skip != Some(name.as_str()) {
+                n.send_cancel(id, attempt, &message);
+            }
+        }
+        self.rdv.close(id, attempt);
+        self.save(batch).await;
+        match state {
+            JobState::Succeeded => info!(job = %id, "job succeeded"),
+            _ => warn!(job = %id, state = state.label(), "job ended: {message}"),
+        }
+    }
+
+    pub(super) async fn cancel(
+        &mut self,
+        id: String,
+        reason: String,
+    ) -> Result<Job, CoordinatorError> {
+        if !self.job(&id)?.state().is_terminal() {
+            let msg = if reason.trim().is_empty() {
+                "cancelled by user".to_string()
+            } else {
+                format!("cancelled: {}", reason.trim())
+            };
+            self.finish(&id, JobState::Cancelled, msg, None).await;
+        }
+        Ok(self.jobs[&id].view())
+    }
+
+    /// Running jobs past their deadline (and its grace) fail, naming the ranks
+    /// that have not reported.
+    pub(super) async fn fail_overdue_jobs(&mut self) {
+        let now = now_ms();
+        let overdue: Vec<(String, String)> = self
+            .jobs
+            .values()
+            .filter(|j| {
+                j.state() == JobState::Running
+                    && j.deadline_unix_ms > 0
+                    && now > j.deadline_unix_ms + DEADLINE_GRACE_MS
+            })
+            .map(|j| {
+                let missing: Vec<String> = j
+                    .job
+                    .plan
+                    .iter()
+                    .flat_map(|p| &p.ranks)
+                    .filter(|p| !j.results.contains_key(&p.rank))
+                    .take(8)
+                    .map(|p| format!("{} on {}", p.rank, p.node))
+                    .collect();
+                let budget =
+                    Duration::from_millis(j.deadline_unix_ms.saturating_sub(j.job.started_unix_ms));
+                (
+                    j.job.id.clone(),
+                    format!(
+                        "deadline passed ({} after start); ranks without a result: {}",
+                        human(budget),
+                        missing.join(", ")
+                    ),
+                )
+            })
+            .collect();
+        for (id, msg) in overdue {
+            self.finish(&id, JobState::Failed, msg, None).await;
+        }
+    }
+
+    /// A running job's partial report from memory; an ended job's stored one.
+    pub(super) async fn report(&self, id: &str) -> Result<Report, CoordinatorError> {
+        let entry = self.job(id)?;
+        if !entry.state().is_terminal() {
+            return Ok(entry.report(now_ms(), &self.cfg.health_rules));
+        }
+        let unavailable = |e| CoordinatorError::store(format!("reading the report of {id}"), e);
+        if let Some(r) = self.store.report(id).await.map_err(unavailable)? {
+            return Ok(r);
+        }
+        self.stored_report(entry).await.map_err(unavailable)
+    }
+
+    /// An ended job's report built again from its stored results and telemetry.
+    pub(super) async fn stored_report(&self, entry: &JobEntry) -> Result<Report, StoreError> {
+        let results = self.stored_results(&entry.job).await?;
+        let series = self.store.telemetry(&entry.job.id).await?;
+        Ok(report::build(&report::Inputs {
+            job: &entry.job,
+            results: &results,
+            exits: &entry.exits,
+            telemetry: &Telemetry::from_stored(series),
+            rules: &self.cfg.health_rules,
+            now_ms: now_ms(),
+        }))
+    }
+
+    pub(super) async fn stored_results(
+        &self,
+        job: &Job,
+    ) -> Result<BTreeMap<u32, RankResult>, StoreError> {
+        Ok(self
+            .store
+            .results(&job.id, job.attempt)
+            .await?
+            .into_iter()
+            .map(|r| (r.rank, r))
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budgets_follow_the_spec() {
+        let mut s = JobSpec {
+            workload: "stress".into(),
+            duration_ms: 60_000,
+            ..Default::default()
+        };
+        assert_eq!(job_budget_ms(&s), 180_000);
+        s.timeout_ms = 5_000;
+        assert_eq!(job_budget_ms(&s), 5_000);
+        let n = JobSpec {
+            workload: "nccl".into(),
+            ..Default::default()
+        };
+        assert_eq!(job_budget_ms(&n), 3_600_000);
+    }
+}

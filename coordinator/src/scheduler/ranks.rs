@@ -1,0 +1,190 @@
+//! What running ranks send: progress, results, exits, log lines and GPU
+//! telemetry, and the telemetry series written while a job runs.
+
+use gpuctl_proto::now_ms;
+use gpuctl_proto::pb::{
+    JobState, RankProgressReport, RankResult, TelemetryBatch, Verdict, WorkerExited, WorkerLog,
+};
+use tracing::{info, warn};
+
+use super::Scheduler;
+use crate::error::CoordinatorError;
+use crate::judge::report;
+use crate::logs::LogBatch;
+use crate::store::Batch;
+
+/// How often a running job's telemetry series are written: a coordinator crash
+/// loses at most this much of it.
+const TELEMETRY_STORE_MS: u64 = 10_000;
+
+impl Scheduler {
+    pub(super) fn worker_progress(&mut self, report: RankProgressReport) -> (bool, String) {
+        let Some(entry) = self.jobs.get_mut(&report.job_id) else {
+            return (false, format!("unknown job `{}`", report.job_id));
+        };
+        if report.attempt != entry.job.attempt {
+            return (
+                false,
+                format!("attempt {} of {} is over", report.attempt, report.job_id),
+            );
+        }
+        if entry.state() != JobState::Running {
+            return (
+                false,
+                format!("job {} is {}", report.job_id, entry.state().label()),
+            );
+        }
+        let Some(mut p) = report.progress else {
+            return (true, "no progress in the report".into());
+        };
+        if p.node.is_empty() {
+            p.node = entry
+                .placement(p.rank)
+                .map(|pl| pl.node.clone())
+                .unwrap_or_default();
+        }
+        if p.unix_ms == 0 {
+            p.unix_ms = now_ms();
+        }
+        entry.progress.insert(p.rank, p);
+        (true, String::new())
+    }
+
+    pub(super) async fn worker_result(&mut self, mut result: RankResult) -> (bool, String) {
+        let Some(entry) = self.jobs.get_mut(&result.job_id) else {
+            return (false, format!("unknown job `{}`", result.job_id));
+        };
+        if result.attempt != entry.job.attempt {
+            return (
+                false,
+                format!("attempt {} of {} is over", result.attempt, result.job_id),
+            );
+        }
+        let world = entry.world_size();
+        let Some(p) = entry.placement(result.rank).cloned() else {
+            return (
+                false,
+                format!(
+                    "rank {} is not part of {} (world size {world})",
+                    result.rank, result.job_id
+                ),
+            );
+        };
+        for (field, planned) in [
+            (&mut result.node, p.node),
+            (&mut result.device, p.device),
+            (&mut result.device_name, p.device_name),
+            (&mut result.gpu_uuid, p.gpu_uuid),
+        ] {
+            if field.is_empty() {
+                *field = planned;
+            }
+        }
+        // Durable before the worker hears back: a crash from here on loses nothing.
+        if let Err(e) = self.store.put_result(&result).await {
+            warn!(job = %result.job_id, rank = result.rank, "could not store a result: {e}");
+            return (false, format!("could not store the result: {e}"));
+        }
+        let id = result.job_id.clone();
+        let rank = result.rank;
+        self.counts.results += 1;
+        info!(job = %id, rank, ok = result.ok, "result in");
+        if entry.state().is_terminal() {
+            // A straggler: fold it into the stored report.
+            match self.stored_report(&self.jobs[&id]).await {
+                Ok(report) => self.save(Batch::default().report(&report)).await,
+                Err(e) => warn!(job = %id, "could not update the report: {e}"),
+            }
+            return (true, format!("stored; job {id} had already ended"));
+        }
+        entry.results.insert(rank, result);
+        entry.job.results_in = entry.results.len() as u32;
+        if entry.results.len() as u32 >= world && entry.state() == JobState::Running {
+            let report = entry.report(now_ms(), &self.cfg.health_rules);
+            let (verdict, why) = report::ranks_verdict(&report);
+            if verdict == Verdict::Pass {
+                self.finish(&id, JobState::Succeeded, String::new(), None)
+                    .await;
+            } else {
+                self.finish(&id, JobState::Failed, why, None).await;
+            }
+        }
+        (true, "stored".into())
+    }
+
+    pub(super) async fn worker_exited(&mut self, node: String, ex: WorkerExited) {
+        let Some(entry) = self.jobs.get_mut(&ex.job_id) else {
+            return;
+        };
+        if ex.attempt != entry.job.attempt {
+            return;
+        }
+        let has_result = entry.results.contains_key(&ex.rank);
+        entry.exits.insert(ex.rank, ex.clone());
+        if entry.state() != JobState::Running || has_result {
+            return;
+        }
+        let label = entry
+            .placement(ex.rank)
+            .map(report::rank_label)
+            .unwrap_or_else(|| format!("rank {} on node {node}", ex.rank));
+        let how = if ex.exit_code == 0 && ex.signal.is_empty() && ex.killed_by.is_empty() {
+            "exited with code 0 without reporting a result".to_string()
+        } else {
+            report::exit_text(&ex)
+        };
+        let id = ex.job_id.clone();
+        self.finish(&id, JobState::Failed, format!("{label} {how}"), None)
+            .await;
+    }
+
+    pub(super) fn worker_log(&mut self, node: String, log: WorkerLog) {
+        if !self.jobs.contains_key(&log.job_id) || log.lines.is_empty() {
+            return;
+        }
+        self.counts.log_lines += log.lines.len() as u64;
+        self.logs.send(LogBatch {
+            job_id: log.job_id,
+            rank: log.rank,
+            node,
+            lines: log.lines,
+        });
+    }
+
+    /// Samples count toward the job they name, while it runs.
+    pub(super) fn telemetry(&mut self, node: String, batch: TelemetryBatch) {
+        if let Some(entry) = self.jobs.get_mut(&batch.job_id) {
+            if entry.state() == JobState::Running && entry.job.attempt == batch.attempt {
+                self.counts.samples += entry.telemetry.add(&node, batch, now_ms()) as u64;
+            }
+        }
+    }
+
+    /// The latest telemetry batch of every node of a job, for `gpuctl watch`.
+    pub(super) fn latest_telemetry(
+        &self,
+        job_id: &str,
+    ) -> Result<Vec<TelemetryBatch>, CoordinatorError> {
+        Ok(self.job(job_id)?.telemetry.latest())
+    }
+
+    /// Writes the telemetry series that changed, of running jobs whose last
+    /// write is older than [`TELEMETRY_STORE_MS`] (all of them with `all`).
+    pub(super) async fn store_telemetry(&mut self, all: bool) {
+        let now = now_ms();
+        let mut batch = Batch::default();
+        for e in self.jobs.values_mut() {
+            if e.state() != JobState::Running || !e.telemetry.is_dirty() {
+                continue;
+            }
+            if !all && now.saturating_sub(e.telemetry_stored_ms) < TELEMETRY_STORE_MS {
+                continue;
+            }
+            e.telemetry_stored_ms = now;
+            for series in e.telemetry.take_dirty() {
+                batch = batch.telemetry(&e.job.id, &series);
+            }
+        }
+        self.save(batch).await;
+    }
+}

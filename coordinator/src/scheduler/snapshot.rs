@@ -1,0 +1,48 @@
+//! What `/metrics` shows, taken from the scheduler's state in one event so the
+//! numbers agree with each other. Rendering it is the metrics server's job.
+
+use std::collections::BTreeMap;
+
+use super::Scheduler;
+
+/// What one scrape shows.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Snapshot {
+    /// Nodes by state label; every state is listed, zero or not.
+    pub nodes: BTreeMap<&'static str, u64>,
+    pub jobs: BTreeMap<&'static str, u64>,
+    pub submitted: u64,
+    pub results: u64,
+    pub samples: u64,
+    pub log_lines: u64,
+    pub rendezvous_keys: u64,
+}
+
+/// Counters since this coordinator started.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Counts {
+    pub submitted: u64,
+    pub results: u64,
+    pub samples: u64,
+    pub log_lines: u64,
+}
+
+impl Scheduler {
+    pub(super) fn snapshot(&self) -> Snapshot {
+        let mut snap = Snapshot {
+            submitted: self.counts.submitted,
+            results: self.counts.results,
+            samples: self.counts.samples,
+            log_lines: self.counts.log_lines,
+            rendezvous_keys: self.rdv.key_count() as u64,
+            ..Default::default()
+        };
+        for e in self.nodes.values() {
+            *snap.nodes.entry(e.node.state().label()).or_default() += 1;
+        }
+        for e in self.jobs.values() {
+            *snap.jobs.entry(e.state().label()).or_default() += 1;
+        }
+        snap
+    }
+}
