@@ -62,6 +62,11 @@ pub struct Config {
     #[arg(long, value_name = "FILE", env = "GPUCTL_HEALTH_RULES")]
     pub health_rules: Option<PathBuf>,
 
+    /// Performance rules (ratios per metric, floors per GPU model) laid over
+    /// the built-in ones, TOML; format in docs/reports.md.
+    #[arg(long, value_name = "FILE", env = "GPUCTL_RULES")]
+    pub rules: Option<PathBuf>,
+
     /// Address for Prometheus `/metrics`, or `off` [default: 0.0.0.0:9400; if
     /// that port is taken the coordinator logs it and runs without metrics].
     #[arg(long, value_name = "ADDR|off", value_parser = parse_metrics_listen)]
@@ -104,6 +109,7 @@ impl Config {
             advertise_url: None,
             log: None,
             health_rules: None,
+            rules: None,
             // Tests run many coordinators at once: none takes the fixed port.
             metrics_listen: Some(MetricsListen::Off),
         }

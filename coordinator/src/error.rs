@@ -12,6 +12,9 @@ pub enum CoordinatorError {
     /// No job by that id.
     #[error("no job `{0}`; `gpuctl jobs` lists the jobs")]
     JobNotFound(String),
+    /// No saved baseline by that name.
+    #[error("no baseline `{0}`; `gpuctl baseline list` lists them, `gpuctl baseline save JOB --name NAME` makes one")]
+    BaselineNotFound(String),
     /// One field of a request is wrong; the message names it.
     #[error("{field}: {message}")]
     InvalidField { field: String, message: String },

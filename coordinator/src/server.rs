@@ -19,6 +19,7 @@ use tracing::{info, warn};
 
 use crate::config::{Config, MetricsListen, StoreKind, DEFAULT_METRICS_LISTEN};
 use crate::judge::health::HealthRules;
+use crate::judge::rules::PerfRules;
 use crate::logs::LogSink;
 use crate::rendezvous::Rendezvous;
 use crate::scheduler::{Scheduler, SchedulerConfig};
@@ -104,6 +105,14 @@ pub async fn run_with(
         }
         None => HealthRules::default(),
     };
+    let perf_rules = match &cfg.rules {
+        Some(path) => {
+            let rules = PerfRules::load(path)?;
+            info!(file = %path.display(), "performance rules loaded");
+            rules
+        }
+        None => PerfRules::default(),
+    };
     // With etcd: wait as a standby until this coordinator leads; `shutdown`
     // then also turns true when the leadership is lost.
     let (store, shutdown) = match cfg.store {
@@ -127,6 +136,7 @@ pub async fn run_with(
         node_timeout: cfg.node_timeout,
         heartbeat_interval: cfg.heartbeat_interval(),
         health_rules: Arc::new(health_rules),
+        perf_rules: Arc::new(perf_rules),
     };
     let scheduler = Scheduler::load(sched_cfg, store.clone(), rdv.clone(), logs)
         .await

@@ -52,9 +52,15 @@ pub fn env_table(env: &[pb::EnvVar]) -> String {
     t.render()
 }
 
+/// Checks that are not a pass, one a row, under one line for those that pass.
 pub fn checks_table(checks: &[pb::PreflightCheck]) -> String {
+    let (passing, rest) = output::findings::fold_checks(checks);
+    let mut s = passing.map(|l| format!("{l}\n")).unwrap_or_default();
+    if rest.is_empty() {
+        return s;
+    }
     let mut t = Table::new(&["NODE", "CHECK", "VERDICT", "DETAIL", "FIX"]);
-    for ch in checks {
+    for ch in rest {
         t.row([
             ch.node.clone(),
             ch.name.clone(),
@@ -63,7 +69,8 @@ pub fn checks_table(checks: &[pb::PreflightCheck]) -> String {
             output::dash(&ch.fix),
         ]);
     }
-    t.render()
+    s.push_str(&t.render());
+    s
 }
 
 pub fn render(p: &pb::Plan) -> String {

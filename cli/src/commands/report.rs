@@ -12,7 +12,7 @@ use gpuctl_proto::units::format_duration_ms;
 use crate::args::OutputFormat;
 use crate::client::Coordinator;
 use crate::exit::Exit;
-use crate::output::{self, table::Table};
+use crate::output::{self, findings, table::Table};
 
 pub async fn run(c: &mut Coordinator, id: &str, out: OutputFormat) -> Result<Exit> {
     let report = c.report(id).await?;
@@ -307,7 +307,23 @@ pub fn collectives_table(rows: &[pb::CollectiveRow]) -> String {
 }
 
 pub fn render(r: &pb::Report) -> String {
-    let mut s = header(r);
+    // The verdict first and last, the findings right under it: the lines a
+    // person reads before anything else.
+    let mut s = findings::verdict_line(r);
+    if !r.findings.is_empty() {
+        let fails = r
+            .findings
+            .iter()
+            .filter(|f| f.level() == pb::Verdict::Fail)
+            .count();
+        s.push_str(&format!(
+            "\nFINDINGS ({fails} fail, {} warn)\n",
+            r.findings.len() - fails
+        ));
+        s.push_str(&findings::findings_table(&r.findings));
+    }
+    s.push('\n');
+    s.push_str(&header(r));
     for n in &r.notes {
         s.push_str(&format!("note: {n}\n"));
     }
@@ -337,9 +353,11 @@ pub fn render(r: &pb::Report) -> String {
         s.push_str(&super::plan::env_table(&r.env));
     }
     if !r.preflight.is_empty() {
-        s.push_str("\nPREFLIGHT\n");
+        s.push_str("\nPREFLIGHT (at job start)\n");
         s.push_str(&super::plan::checks_table(&r.preflight));
     }
+    s.push('\n');
+    s.push_str(&findings::verdict_line(r));
     s
 }
 
@@ -715,6 +733,8 @@ pub(crate) mod tests {
         let s = render(&stress_report());
         assert!(s.contains("job-000042"), "{s}");
         assert!(s.contains("VERDICT     FAIL"), "{s}");
+        assert!(s.starts_with("VERDICT  FAIL"), "{s}");
+        assert!(s.trim_end().lines().last().unwrap().starts_with("VERDICT  FAIL"), "{s}");
         assert!(s.contains("BACKEND     nccl 2.28.9"), "{s}");
         assert!(s.contains("DURATION    30.5s"), "{s}");
         let rank1 = s

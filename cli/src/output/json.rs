@@ -293,10 +293,12 @@ pub fn report(r: &pb::Report) -> Value {
         "sdc_note": r.sdc_note,
         "notes": r.notes,
         "spec": r.spec.as_ref().map(spec),
+        "findings": r.findings.iter().map(finding).collect::<Vec<_>>(),
         "nodes": r.nodes.iter().map(|n| json!({
             "name": n.name,
             "verdict": n.verdict().label(),
             "reason": n.reason,
+            "findings": n.findings.iter().map(finding).collect::<Vec<_>>(),
             "ranks": n.ranks.iter().map(|x| rank_report(&n.name, x)).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
         "collectives": r.collectives.iter().map(collective_row).collect::<Vec<_>>(),
@@ -331,6 +333,44 @@ pub fn gpu_telemetry(t: &pb::GpuTelemetrySummary) -> Value {
         "pcie_replays_delta": t.pcie_replays_delta,
         "nvlink_crc_delta": t.nvlink_crc_delta,
         "xids": t.xids,
+    })
+}
+
+/// A finding as `nodes[].findings[]` and `findings[]` carry it.
+pub fn finding(f: &pb::Finding) -> Value {
+    json!({
+        "node": f.node,
+        "rank": f.rank,
+        "gpu_index": f.gpu_index,
+        "gpu_uuid": f.gpu_uuid,
+        "metric": f.metric,
+        "key": f.key,
+        "value": f.value,
+        "missing": f.missing,
+        "unit": f.unit,
+        "reference": f.reference,
+        "reference_kind": f.reference_kind,
+        "rule": f.rule,
+        "level": f.level().label(),
+        "detail": f.detail,
+    })
+}
+
+/// A saved baseline, figure by figure.
+pub fn baseline(b: &pb::Baseline) -> Value {
+    json!({
+        "name": b.name,
+        "job_id": b.job_id,
+        "workload": b.workload,
+        "created_unix_ms": b.created_unix_ms,
+        "figures": b.figures.iter().map(|f| json!({
+            "device_class": f.device_class,
+            "device_name": f.device_name,
+            "metric": f.metric,
+            "key": f.key,
+            "value": f.value,
+            "ranks": f.ranks,
+        })).collect::<Vec<_>>(),
     })
 }
 

@@ -1,6 +1,7 @@
 //! How results reach the user: aligned tables for people, JSON for scripts, and
 //! the small formatting helpers (ages, durations, metrics) both share.
 
+pub mod findings;
 pub mod json;
 pub mod table;
 

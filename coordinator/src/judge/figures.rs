@@ -5,9 +5,12 @@
 
 use std::collections::BTreeMap;
 
-use gpuctl_proto::pb::{rank_result::Detail, CollectiveRow, RankResult, TrainResult};
+use gpuctl_proto::catalogue::TypedParams;
+use gpuctl_proto::pb::{
+    rank_result::Detail, CollectiveRow, JobSpec, RankResult, Report, TrainResult,
+};
 
-use super::perf::{Figure, JobFigures, Metric};
+use super::perf::{Expected, Figure, JobFigures, Metric, RankFigures};
 
 /// Collective sizes from which bandwidth is judged (nccl-tests' large
 /// messages); a sweep that stops below it is judged at its largest size.
@@ -72,6 +75,33 @@ pub fn rank_figures(workload: &str, r: &RankResult) -> Vec<Figure> {
     }
 }
 
+/// The figures a finished report holds: what `gpuctl baseline save` keeps.
+pub fn of_report(report: &Report) -> (Vec<RankFigures>, JobFigures) {
+    let mut results = BTreeMap::new();
+    let mut ranks = Vec::new();
+    for node in &report.nodes {
+        for r in &node.ranks {
+            let Some(res) = &r.result else {
+                continue;
+            };
+            results.insert(r.rank, res.clone());
+            ranks.push(RankFigures {
+                rank: r.rank,
+                node: node.name.clone(),
+                gpu_index: None,
+                gpu_uuid: r.gpu_uuid.clone(),
+                model: res.device_name.clone(),
+                class: device_class(res),
+                reported: res.ok,
+                figures: rank_figures(&report.workload, res),
+            });
+        }
+    }
+    let nodes: Vec<String> = report.nodes.iter().map(|n| n.name.clone()).collect();
+    let job = job_figures(&report.workload, &results, &report.collectives, &nodes);
+    (ranks, job)
+}
+
 /// Which sizes of a sweep bandwidth is judged at: every size from
 /// [`BUSBW_MIN_BYTES`] up, or the largest when the sweep stops below it.
 pub fn judged_sizes(sizes: &[u64]) -> Vec<u64> {
@@ -84,6 +114,52 @@ pub fn judged_sizes(sizes: &[u64]) -> Vec<u64> {
         return large;
     }
     sizes.iter().copied().max().into_iter().collect()
+}
+
+/// The figures a job's spec asks for, with the catalogue's defaults for its
+/// device: what a baseline or floor may insist on. A spec that no longer
+/// parses asks for nothing (it was checked at submit).
+pub fn expected(spec: &JobSpec, gpu: bool, world_size: u32) -> Expected {
+    let mut out = Expected::new();
+    let Ok(params) = TypedParams::build(&spec.workload, &spec.params, gpu) else {
+        return out;
+    };
+    match params {
+        TypedParams::Stress(s) => {
+            let key = stress_key(&s.precision, s.size);
+            out.insert((Metric::StressTflops, key.clone()));
+            out.insert((Metric::StressTflopsWorst, key));
+        }
+        TypedParams::Nccl(n) => {
+            for bytes in judged_sizes(&n.sizes()) {
+                for op in &n.ops {
+                    out.insert((Metric::Busbw, busbw_key(op, bytes, &n.dtype)));
+                }
+            }
+        }
+        TypedParams::Ddp(t) | TypedParams::Fsdp(t) => {
+            let key = train_key(
+                &spec.workload,
+                &t.model.model,
+                &t.model.precision,
+                t.batch_size,
+            );
+            out.insert((Metric::SamplesPerS, key.clone()));
+            out.insert((Metric::StepMsP99, key.clone()));
+            // The no-communication rate is timed only beside other ranks.
+            if world_size > 1 {
+                out.insert((Metric::SoloSamplesPerS, key.clone()));
+                out.insert((Metric::ScalingEfficiency, key));
+            }
+        }
+        TypedParams::MaxBatch(m) => {
+            out.insert((
+                Metric::MaxBatch,
+                maxbatch_key(&m.model.model, &m.model.precision),
+            ));
+        }
+    }
+    out
 }
 
 fn median(mut v: Vec<f64>) -> Option<f64> {

@@ -153,14 +153,24 @@ impl Scheduler {
     }
 
     pub(super) async fn assignment_ack(&mut self, node: String, ack: AssignmentAck) {
+        let running = match self.jobs.get_mut(&ack.job_id) {
+            Some(j) if j.state() == JobState::Running && j.job.attempt == ack.attempt => {
+                // The node's preflight at job start replaces the one from registration.
+                j.job.start_checks.retain(|c| c.node != node);
+                j.job
+                    .start_checks
+                    .extend(ack.checks.iter().cloned().map(|mut c| {
+                        c.node = node.clone();
+                        c
+                    }));
+                true
+            }
+            _ => false,
+        };
         if ack.ok {
-            debug!(node = %node, job = %ack.job_id, "assignment acknowledged");
+            debug!(node = %node, job = %ack.job_id, checks = ack.checks.len(), "assignment acknowledged");
             return;
         }
-        let running = self
-            .jobs
-            .get(&ack.job_id)
-            .is_some_and(|j| j.state() == JobState::Running && j.job.attempt == ack.attempt);
         if running {
             let msg = format!("node {node} could not start the workers: {}", ack.error);
             self.finish(&ack.job_id, JobState::Failed, msg, Some(&node))

@@ -62,6 +62,15 @@ impl Scheduler {
     /// ones it would most likely get).
     pub(super) fn plan(&self, spec: JobSpec) -> Result<Plan, CoordinatorError> {
         let spec = gpuctl_proto::spec::normalize(&spec)?;
+        if !spec.rules.trim().is_empty() {
+            self.cfg
+                .perf_rules
+                .overlay(&spec.rules)
+                .map_err(|e| CoordinatorError::InvalidField {
+                    field: "--rules".into(),
+                    message: format!("{e:#}"),
+                })?;
+        }
         let cands = self.candidates();
         let chosen = match planner::choose(&spec, &cands)? {
             Some(c) => c,
@@ -76,11 +85,24 @@ impl Scheduler {
             return Err(e);
         }
         let spec = plan.spec.clone().unwrap_or_default();
+        // The baseline as it is now: deleting or replacing it later does not
+        // change how this job is judged.
+        let baseline = match spec.baseline.trim() {
+            "" => None,
+            name => Some(
+                self.store
+                    .baseline(name)
+                    .await
+                    .map_err(|e| CoordinatorError::store("could not read the baseline", e))?
+                    .ok_or_else(|| CoordinatorError::BaselineNotFound(name.to_string()))?,
+            ),
+        };
         let seq = self.job_seq + 1;
         let id = job_id(seq);
         let job = Job {
             id: id.clone(),
             spec: Some(spec),
+            baseline,
             state: JobState::Pending as i32,
             attempt: 1,
             created_unix_ms: now_ms(),
@@ -232,7 +254,7 @@ impl Scheduler {
         entry.job.message = message.clone();
         entry.job.finished_unix_ms = now;
         entry.job.results_in = entry.results.len() as u32;
-        let report = entry.report(now, &self.cfg.health_rules);
+        let report = entry.report(now, &self.cfg);
         // Results and telemetry are stored and folded into the stored report;
         // memory keeps only what running jobs need.
         entry.results.clear();
@@ -329,7 +351,7 @@ impl Scheduler {
     pub(super) async fn report(&self, id: &str) -> Result<Report, CoordinatorError> {
         let entry = self.job(id)?;
         if !entry.state().is_terminal() {
-            return Ok(entry.report(now_ms(), &self.cfg.health_rules));
+            return Ok(entry.report(now_ms(), &self.cfg));
         }
         let unavailable = |e| CoordinatorError::store(format!("reading the report of {id}"), e);
         if let Some(r) = self.store.report(id).await.map_err(unavailable)? {
@@ -348,6 +370,7 @@ impl Scheduler {
             exits: &entry.exits,
             telemetry: &Telemetry::from_stored(series),
             rules: &self.cfg.health_rules,
+            perf: &self.cfg.perf_rules,
             now_ms: now_ms(),
         }))
     }

@@ -34,6 +34,7 @@ use state::{JobEntry, NodeEntry};
 
 use crate::error::CoordinatorError;
 use crate::judge::health::HealthRules;
+use crate::judge::rules::PerfRules;
 use crate::judge::telemetry::Telemetry;
 use crate::logs::LogSink;
 use crate::rendezvous::Rendezvous;
@@ -49,6 +50,7 @@ pub struct SchedulerConfig {
     pub node_timeout: Duration,
     pub heartbeat_interval: Duration,
     pub health_rules: Arc<HealthRules>,
+    pub perf_rules: Arc<PerfRules>,
 }
 
 /// How gRPC handlers reach the scheduler task.
@@ -145,7 +147,7 @@ impl Scheduler {
                 });
                 entry.telemetry = Telemetry::from_stored(series);
                 entry.job = job;
-                let report = entry.report(now, &cfg.health_rules);
+                let report = entry.report(now, &cfg);
                 entry.results.clear();
                 entry.telemetry.forget_series();
                 batch = batch.job(&entry.job).report(&report);

@@ -100,7 +100,7 @@ impl Scheduler {
         entry.results.insert(rank, result);
         entry.job.results_in = entry.results.len() as u32;
         if entry.results.len() as u32 >= world && entry.state() == JobState::Running {
-            let report = entry.report(now_ms(), &self.cfg.health_rules);
+            let report = entry.report(now_ms(), &self.cfg);
             let (verdict, why) = report::ranks_verdict(&report);
             if verdict == Verdict::Pass {
                 self.finish(&id, JobState::Succeeded, String::new(), None)

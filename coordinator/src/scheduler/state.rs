@@ -9,7 +9,7 @@ use gpuctl_proto::pb::{
 };
 
 use super::events::SessionTx;
-use crate::judge::health::HealthRules;
+use super::SchedulerConfig;
 use crate::judge::report;
 use crate::judge::telemetry::Telemetry;
 use crate::plan::planner::Candidate;
@@ -121,13 +121,14 @@ impl JobEntry {
         self.job.plan.as_ref().map_or(0, |p| p.world_size)
     }
 
-    pub fn report(&self, now_ms: u64, rules: &HealthRules) -> Report {
+    pub fn report(&self, now_ms: u64, cfg: &SchedulerConfig) -> Report {
         report::build(&report::Inputs {
             job: &self.job,
             results: &self.results,
             exits: &self.exits,
             telemetry: &self.telemetry,
-            rules,
+            rules: &cfg.health_rules,
+            perf: &cfg.perf_rules,
             now_ms,
         })
     }

@@ -3,13 +3,15 @@
 
 use gpuctl_proto::pb::job_service_server::JobService;
 use gpuctl_proto::pb::{
-    CancelJobRequest, GetJobRequest, GetLogsRequest, GetLogsResponse, GetReportRequest,
+    Baseline, CancelJobRequest, GetBaselineRequest, GetJobRequest, GetLogsRequest, GetLogsResponse, GetReportRequest,
     GetTelemetryRequest, GetTelemetryResponse, Job, ListJobsRequest, ListJobsResponse,
-    ListNodesRequest, ListNodesResponse, Plan, Report, SubmitRequest,
+    ListBaselinesRequest, ListBaselinesResponse, ListNodesRequest, ListNodesResponse, Plan, Report,
+    SaveBaselineRequest, SubmitRequest,
 };
 use tonic::{Request, Response, Status};
 
 use crate::error::CoordinatorError;
+use super::baseline;
 use crate::scheduler::{Event, SchedulerHandle};
 use crate::store::StateStore;
 
@@ -130,29 +132,36 @@ impl JobService for JobSvc {
 
     async fn save_baseline(
         &self,
-        _req: Request<gpuctl_proto::pb::SaveBaselineRequest>,
-    ) -> Result<Response<gpuctl_proto::pb::Baseline>, Status> {
-        Err(Status::unimplemented("baselines: not yet"))
+        req: Request<SaveBaselineRequest>,
+    ) -> Result<Response<Baseline>, Status> {
+        let r = req.into_inner();
+        let b = baseline::save(&self.sched, &self.store, r.job_id, &r.name, r.replace).await?;
+        Ok(Response::new(b))
     }
 
     async fn get_baseline(
         &self,
-        _req: Request<gpuctl_proto::pb::GetBaselineRequest>,
-    ) -> Result<Response<gpuctl_proto::pb::Baseline>, Status> {
-        Err(Status::unimplemented("baselines: not yet"))
+        req: Request<GetBaselineRequest>,
+    ) -> Result<Response<Baseline>, Status> {
+        Ok(Response::new(
+            baseline::get(&self.store, &req.into_inner().name).await?,
+        ))
     }
 
     async fn list_baselines(
         &self,
-        _req: Request<gpuctl_proto::pb::ListBaselinesRequest>,
-    ) -> Result<Response<gpuctl_proto::pb::ListBaselinesResponse>, Status> {
-        Err(Status::unimplemented("baselines: not yet"))
+        _req: Request<ListBaselinesRequest>,
+    ) -> Result<Response<ListBaselinesResponse>, Status> {
+        let baselines = baseline::list(&self.store).await?;
+        Ok(Response::new(ListBaselinesResponse { baselines }))
     }
 
     async fn delete_baseline(
         &self,
-        _req: Request<gpuctl_proto::pb::GetBaselineRequest>,
-    ) -> Result<Response<gpuctl_proto::pb::Baseline>, Status> {
-        Err(Status::unimplemented("baselines: not yet"))
+        req: Request<GetBaselineRequest>,
+    ) -> Result<Response<Baseline>, Status> {
+        Ok(Response::new(
+            baseline::delete(&self.store, &req.into_inner().name).await?,
+        ))
     }
 }

@@ -9,7 +9,7 @@ pub mod redb;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use gpuctl_proto::pb::{GetLogsResponse, Job, LogLine, Node, RankResult, Report};
+use gpuctl_proto::pb::{Baseline, GetLogsResponse, Job, LogLine, Node, RankResult, Report};
 use prost::Message;
 
 use crate::judge::series::GpuSeries;
@@ -67,6 +67,11 @@ pub mod keys {
     pub const JOB_SEQ: &str = "meta/job_seq";
     pub const NODES: &str = "nodes/";
     pub const JOBS: &str = "jobs/";
+    pub const BASELINES: &str = "baselines/";
+
+    pub fn baseline(name: &str) -> String {
+        format!("baselines/{name}")
+    }
 
     pub fn node(name: &str) -> String {
         format!("nodes/{name}")
@@ -219,6 +224,25 @@ impl StateStore {
 
     pub async fn results(&self, job: &str, attempt: u32) -> StoreResult<Vec<RankResult>> {
         self.scan_msgs(keys::results(job, attempt)).await
+    }
+
+    pub async fn baseline(&self, name: &str) -> StoreResult<Option<Baseline>> {
+        self.get_msg(keys::baseline(name)).await
+    }
+
+    pub async fn baselines(&self) -> StoreResult<Vec<Baseline>> {
+        self.scan_msgs(keys::BASELINES.to_string()).await
+    }
+
+    pub async fn put_baseline(&self, b: &Baseline) -> StoreResult<()> {
+        self.inner
+            .put(keys::baseline(&b.name), b.encode_to_vec())
+            .await
+    }
+
+    /// Whether there was one to delete.
+    pub async fn delete_baseline(&self, name: &str) -> StoreResult<bool> {
+        self.inner.delete(keys::baseline(name)).await
     }
 
     pub async fn report(&self, job: &str) -> StoreResult<Option<Report>> {

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use gpuctl_proto::pb::{HealthFinding, Plan, Verdict};
 
-use super::ranks::RankStates;
+use super::ranks::{RankStates, Source};
 
 /// Fails the ranks on failing GPUs; returns, per node, the failures of GPUs
 /// that no rank ran on.
@@ -34,7 +34,7 @@ pub(super) fn apply(
             .collect();
         for rank in &on_gpu {
             if let Some(st) = states.get_mut(rank) {
-                st.fail(why.clone());
+                st.fail_from(Source::Health, why.clone());
             }
         }
         if on_gpu.is_empty() {

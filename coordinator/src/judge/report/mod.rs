@@ -6,7 +6,9 @@
 //! - [`digests`]: silent data corruption, by majority vote of digests;
 //! - [`gpu_health`]: failing GPUs fail their ranks, or their node;
 //! - [`collectives`]: wrong elements fail ranks; one bandwidth table;
-//! - [`nodes`]: node verdicts from their ranks and GPUs;
+//! - [`performance`]: figures against the fleet, a baseline and the floors;
+//! - [`findings`]: everything that failed or warned, in one list;
+//! - [`nodes`]: node verdicts from their ranks, GPUs and findings;
 //! - [`notes`]: library versions the ranks ran with;
 //! - [`verdict`]: the job's verdict and reason.
 //!
@@ -14,9 +16,11 @@
 
 mod collectives;
 mod digests;
+mod findings;
 mod gpu_health;
 mod nodes;
 mod notes;
+mod performance;
 mod ranks;
 #[cfg(test)]
 mod tests;
@@ -24,9 +28,10 @@ mod verdict;
 
 use std::collections::BTreeMap;
 
-use gpuctl_proto::pb::{Job, RankResult, Report, Verdict, WorkerExited};
+use gpuctl_proto::pb::{Job, PreflightCheck, RankResult, Report, Verdict, WorkerExited};
 
 use super::health::HealthRules;
+use super::rules::PerfRules;
 use super::telemetry::Telemetry;
 
 pub use collectives::{aggregate_collectives, algbw_gbps, busbw_factor};
@@ -42,6 +47,7 @@ pub struct Inputs<'a> {
     pub exits: &'a BTreeMap<u32, WorkerExited>,
     pub telemetry: &'a Telemetry,
     pub rules: &'a HealthRules,
+    pub perf: &'a PerfRules,
     pub now_ms: u64,
 }
 
@@ -59,8 +65,17 @@ pub fn build(inp: &Inputs) -> Report {
     let (telemetry, health) = inp.telemetry.summarise(inp.rules);
     let gpu_faults = gpu_health::apply(&health, &plan, &mut states);
     collectives::fail_wrong_elements(inp.results, &mut states);
-    let nodes = nodes::verdicts(&plan, &states, inp.results, gpu_faults);
+    let table = aggregate_collectives(inp.results.values());
+    let mut found = findings::of_ranks(&plan, &states);
+    let perf = performance::judge(inp, &spec, &plan, &table, &mut states);
+    found.extend(perf.findings);
+    found.extend(findings::of_health(&health));
+    let preflight = start_checks(job);
+    found.extend(findings::of_preflight(&preflight));
+    findings::sort(&mut found);
+    let nodes = nodes::verdicts(&plan, &states, inp.results, gpu_faults, &found);
     notes.extend(notes::mixed_torch(inp.results));
+    notes.extend(perf.notes);
 
     let mut report = Report {
         job_id: job.id.clone(),
@@ -72,7 +87,7 @@ pub fn build(inp: &Inputs) -> Report {
         started_unix_ms: job.started_unix_ms,
         finished_unix_ms: job.finished_unix_ms,
         nodes,
-        collectives: aggregate_collectives(inp.results.values()),
+        collectives: table,
         env: plan.env.clone(),
         sdc_note,
         spec: Some(spec),
@@ -82,11 +97,28 @@ pub fn build(inp: &Inputs) -> Report {
         notes,
         telemetry,
         health,
-        preflight: plan.checks.clone(),
-        findings: Vec::new(),
+        preflight,
+        findings: found,
     };
     verdict::judge_job(&mut report, job, inp.results.len());
     report
+}
+
+/// The preflight checks of the job: the plan's, with each node's replaced by
+/// those its agent ran when the assignment arrived.
+fn start_checks(job: &Job) -> Vec<PreflightCheck> {
+    let plan = job.plan.as_ref();
+    let fresh: std::collections::BTreeSet<&str> =
+        job.start_checks.iter().map(|c| c.node.as_str()).collect();
+    let mut out: Vec<PreflightCheck> = plan
+        .map(|p| p.checks.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .filter(|c| c.node.is_empty() || !fresh.contains(c.node.as_str()))
+        .cloned()
+        .collect();
+    out.extend(job.start_checks.iter().cloned());
+    out
 }
 
 /// From start to finish, or to `now` while the job runs; 0 before it starts.

@@ -1,48 +1,76 @@
-//! Node verdicts: a node fails when any of its ranks or GPUs fails, is
-//! incomplete when any rank is, and passes otherwise. Each rank's report
-//! carries its verdict, its reasons and its result.
+//! Node verdicts: each node is judged on its own ranks, GPUs and findings. A
+//! node fails when any of its ranks, GPUs or findings fails; warns when only
+//! warnings were found; is incomplete when a rank has no result for a reason
+//! of its own; and passes otherwise, also when its workers were stopped only
+//! because another node failed the job.
 
 use std::collections::BTreeMap;
 
-use gpuctl_proto::pb::{NodeReport, Plan, RankReport, RankResult, Verdict};
+use gpuctl_proto::pb::{Finding, NodeReport, Plan, RankReport, RankResult, Verdict};
 
 use super::ranks::RankStates;
 
 /// One report per planned node, in plan order. `gpu_faults` are the failures
-/// of GPUs that no rank ran on, by node.
+/// of GPUs that no rank ran on, by node; `findings` every finding of the job
+/// (those naming a node go to it).
 pub(super) fn verdicts(
     plan: &Plan,
     states: &RankStates,
     results: &BTreeMap<u32, RankResult>,
     mut gpu_faults: BTreeMap<String, Vec<String>>,
+    findings: &[Finding],
 ) -> Vec<NodeReport> {
     let mut nodes = Vec::new();
+    let mut stopped_only: Vec<bool> = Vec::new();
     for name in &plan.nodes {
         let mut ranks = Vec::new();
+        let mut stopped = true;
         for p in plan.ranks.iter().filter(|p| &p.node == name) {
             let st = &states[&p.rank];
+            if st.verdict == Verdict::Incomplete && !st.stopped {
+                stopped = false;
+            }
             ranks.push(RankReport {
                 rank: p.rank,
                 local_rank: p.local_rank,
-                device: p.device.clone(),
+                device: p.device_label(),
                 device_name: p.device_name.clone(),
                 gpu_uuid: p.gpu_uuid.clone(),
                 verdict: st.verdict as i32,
-                reason: st.reasons.join("; "),
+                reason: st.reason(),
                 result: results.get(&p.rank).cloned(),
             });
         }
-        let failed: Vec<String> = ranks
+        let mine: Vec<Finding> = findings
             .iter()
-            .filter(|r| r.verdict() == Verdict::Fail)
-            .map(|r| r.rank.to_string())
+            .filter(|f| &f.node == name)
+            .cloned()
             .collect();
-        let incomplete: Vec<String> = ranks
+        let with = |v: Verdict| -> Vec<String> {
+            ranks
+                .iter()
+                .filter(|r| r.verdict() == v)
+                .map(|r| r.rank.to_string())
+                .collect()
+        };
+        let (failed, warned, incomplete) = (
+            with(Verdict::Fail),
+            with(Verdict::Warn),
+            with(Verdict::Incomplete),
+        );
+        let mut faults = gpu_faults.remove(name).unwrap_or_default();
+        // Findings of the node itself (a job figure of a one-node job, a
+        // preflight check at start); rank findings are in the ranks' verdicts.
+        let own = |level: Verdict| -> Vec<String> {
+            mine.iter()
+                .filter(|f| f.rank.is_none() && f.metric != "health" && f.level() == level)
+                .map(|f| f.detail.clone())
+                .collect()
+        };
+        faults.extend(own(Verdict::Fail));
+        let warned_health = mine
             .iter()
-            .filter(|r| r.verdict() == Verdict::Incomplete)
-            .map(|r| r.rank.to_string())
-            .collect();
-        let faults = gpu_faults.remove(name).unwrap_or_default();
+            .any(|f| f.metric == "health" && f.level() == Verdict::Warn);
         let (verdict, reason) = if !failed.is_empty() || !faults.is_empty() {
             let mut why = faults;
             if !failed.is_empty() {
@@ -54,16 +82,42 @@ pub(super) fn verdicts(
                 Verdict::Incomplete,
                 format!("{} incomplete", ranks_word(&incomplete)),
             )
+        } else if !warned.is_empty() || warned_health || !own(Verdict::Warn).is_empty() {
+            let mut why = own(Verdict::Warn);
+            if !warned.is_empty() {
+                why.insert(0, format!("{} warned", ranks_word(&warned)));
+            }
+            if warned_health {
+                why.push("GPU health warnings".into());
+            }
+            (Verdict::Warn, why.join("; "))
         } else {
             (Verdict::Pass, String::new())
         };
+        stopped_only.push(verdict == Verdict::Incomplete && stopped);
         nodes.push(NodeReport {
             name: name.clone(),
             verdict: verdict as i32,
             reason,
             ranks,
-            findings: Vec::new(),
+            findings: mine,
         });
+    }
+    let culprits: Vec<String> = nodes
+        .iter()
+        .filter(|n| n.verdict() == Verdict::Fail)
+        .map(|n| n.name.clone())
+        .collect();
+    if !culprits.is_empty() {
+        for (node, stopped) in nodes.iter_mut().zip(stopped_only) {
+            if stopped {
+                node.verdict = Verdict::Pass as i32;
+                node.reason = format!(
+                    "nothing failed here; its workers were stopped when the job failed on {}",
+                    culprits.join(", ")
+                );
+            }
+        }
     }
     nodes
 }

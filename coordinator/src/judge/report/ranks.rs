@@ -6,18 +6,63 @@ use std::collections::BTreeMap;
 
 use gpuctl_proto::pb::{Job, JobState, Plan, RankPlacement, RankResult, Verdict, WorkerExited};
 
+/// Where a rank's failure was found: findings of the worker's own result
+/// are listed as such; health and performance list their own findings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Source {
+    Result,
+    Health,
+    Performance,
+}
+
 /// A rank's verdict being worked out.
 pub(super) struct RankState {
     pub verdict: Verdict,
-    pub reasons: Vec<String>,
+    pub reasons: Vec<(Source, String)>,
+    /// No result because its agent stopped the worker when the job ended
+    /// (a cancel after another rank failed): no fault of this rank's.
+    pub stopped: bool,
 }
 
 impl RankState {
+    fn new(verdict: Verdict, reasons: Vec<(Source, String)>) -> RankState {
+        RankState {
+            verdict,
+            reasons,
+            stopped: false,
+        }
+    }
+
     pub fn fail(&mut self, why: String) {
+        self.fail_from(Source::Result, why);
+    }
+
+    pub fn fail_from(&mut self, source: Source, why: String) {
         self.verdict = Verdict::Fail;
-        self.reasons.push(why);
+        self.reasons.push((source, why));
+    }
+
+    /// A warning keeps a failure a failure.
+    pub fn warn_from(&mut self, source: Source, why: String) {
+        if self.verdict == Verdict::Pass {
+            self.verdict = Verdict::Warn;
+        }
+        self.reasons.push((source, why));
+    }
+
+    /// The reasons as the report prints them.
+    pub fn reason(&self) -> String {
+        self.reasons
+            .iter()
+            .map(|(_, r)| r.as_str())
+            .collect::<Vec<_>>()
+            .join("; ")
     }
 }
+
+/// What an agent writes in `WorkerExited.killed_by` when the coordinator
+/// told it to stop the job's workers.
+const KILLED_BY_CANCEL: &str = "cancel";
 
 /// Every planned rank's state, by rank.
 pub(super) type RankStates = BTreeMap<u32, RankState>;
@@ -36,16 +81,24 @@ pub fn exit_text(ex: &WorkerExited) -> String {
     } else {
         format!("exited with code {}", ex.exit_code)
     };
-    match ex
-        .stderr_tail
-        .lines()
-        .rev()
-        .map(str::trim)
-        .find(|l| !l.is_empty())
-    {
+    match last_error_line(&ex.stderr_tail) {
         Some(line) => format!("{how}: {line}"),
         None => how,
     }
+}
+
+/// The line of a worker's stderr that says why it ended: the last error
+/// line (a log line at ERROR level, a panic, an `error:`), else the last line;
+/// an INFO line written after the error would explain nothing.
+fn last_error_line(stderr: &str) -> Option<&str> {
+    let lines = || stderr.lines().rev().map(str::trim).filter(|l| !l.is_empty());
+    let is_error = |l: &&str| {
+        l.contains(" ERROR ")
+            || l.starts_with("ERROR")
+            || l.contains("panicked at")
+            || l.to_ascii_lowercase().starts_with("error")
+    };
+    lines().find(is_error).or_else(|| lines().next())
 }
 
 /// Pass for an ok result, fail for an error result, incomplete without one
@@ -59,18 +112,18 @@ pub(super) fn from_results(
     let mut states = RankStates::new();
     for p in &plan.ranks {
         let st = match results.get(&p.rank) {
-            Some(r) if r.ok => RankState {
-                verdict: Verdict::Pass,
-                reasons: vec![],
-            },
-            Some(r) => RankState {
-                verdict: Verdict::Fail,
-                reasons: vec![if r.error.is_empty() {
-                    "the worker reported a failure".into()
-                } else {
-                    r.error.clone()
-                }],
-            },
+            Some(r) if r.ok => RankState::new(Verdict::Pass, vec![]),
+            Some(r) => RankState::new(
+                Verdict::Fail,
+                vec![(
+                    Source::Result,
+                    if r.error.is_empty() {
+                        "the worker reported a failure".into()
+                    } else {
+                        r.error.clone()
+                    },
+                )],
+            ),
             None => {
                 let why = match exits.get(&p.rank) {
                     Some(ex) => format!("no result: the worker {}", exit_text(ex)),
@@ -81,13 +134,32 @@ pub(super) fn from_results(
                         _ => format!("no result: {}", job.message),
                     },
                 };
-                RankState {
-                    verdict: Verdict::Incomplete,
-                    reasons: vec![why],
-                }
+                let mut st = RankState::new(Verdict::Incomplete, vec![(Source::Result, why)]);
+                st.stopped = exits
+                    .get(&p.rank)
+                    .is_some_and(|ex| ex.killed_by == KILLED_BY_CANCEL);
+                st
             }
         };
         states.insert(p.rank, st);
     }
     states
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_error_line_wins_over_later_info_lines() {
+        let tail = "2026-11-22T10:00:00Z  INFO worker starting\n\
+                    2026-11-22T10:00:01Z ERROR node n1 rank 3: NCCL error: unhandled system error\n\
+                    2026-11-22T10:00:01Z  INFO progress reporter stopped\n";
+        assert_eq!(
+            last_error_line(tail),
+            Some("2026-11-22T10:00:01Z ERROR node n1 rank 3: NCCL error: unhandled system error")
+        );
+        assert_eq!(last_error_line("a\nb\n\n"), Some("b"));
+        assert_eq!(last_error_line(""), None);
+    }
 }

@@ -4,13 +4,55 @@
 
 use gpuctl_proto::pb::{Job, JobState, NodeReport, RankReport, Report, Verdict};
 
+/// A job that ran to its end: its ranks' verdict, failed further by the job
+/// figures that no node can be blamed for, and `warn` when anything warned.
+fn with_job_findings(report: &Report, verdict: Verdict, reason: String) -> (Verdict, String) {
+    let job_level = |level: Verdict| -> Vec<&str> {
+        report
+            .findings
+            .iter()
+            .filter(|f| f.node.is_empty() && f.metric != "preflight" && f.level() == level)
+            .map(|f| f.detail.as_str())
+            .collect()
+    };
+    let fails = job_level(Verdict::Fail);
+    if !fails.is_empty() {
+        let text = fails.join("; ");
+        return match verdict {
+            Verdict::Fail => (Verdict::Fail, format!("{reason}; {text}")),
+            _ => (Verdict::Fail, text),
+        };
+    }
+    if verdict != Verdict::Pass {
+        return (verdict, reason);
+    }
+    let warned: Vec<&str> = report
+        .nodes
+        .iter()
+        .filter(|n| n.verdict() == Verdict::Warn)
+        .map(|n| n.name.as_str())
+        .collect();
+    let job_warns = job_level(Verdict::Warn).len();
+    if warned.is_empty() && job_warns == 0 {
+        return (verdict, reason);
+    }
+    let mut parts = Vec::new();
+    if !warned.is_empty() {
+        parts.push(format!("warnings on {}", warned.join(", ")));
+    }
+    if job_warns > 0 {
+        parts.push(format!("{job_warns} warning(s) on the job's figures"));
+    }
+    (Verdict::Warn, format!("{reason}, with {}", parts.join(" and ")))
+}
+
 /// Sets the report's verdict and reason; a job still running gets a note
 /// saying the report is partial. `reported`: how many ranks sent a result.
 pub(super) fn judge_job(report: &mut Report, job: &Job, reported: usize) {
     let state = job.state();
     let (ranks_verdict, ranks_reason) = ranks_verdict(report);
     let (verdict, reason) = match state {
-        JobState::Succeeded => (ranks_verdict, ranks_reason),
+        JobState::Succeeded => with_job_findings(report, ranks_verdict, ranks_reason),
         JobState::Failed => {
             let why = if ranks_verdict == Verdict::Fail && job.message.is_empty() {
                 ranks_reason
