@@ -47,7 +47,7 @@ pub fn algbw_gbps(bytes: u64, time_us: f64) -> f64 {
 
 /// "rank 3 on node agent-1 (cuda:3)", how every failure names a rank.
 pub fn rank_label(p: &RankPlacement) -> String {
-    format!("rank {} on node {} ({})", p.rank, p.node, p.device)
+    format!("rank {} on node {} ({})", p.rank, p.node, p.device_label())
 }
 
 /// How a worker ended, for messages: "exited with code 1: <last stderr line>".
@@ -293,13 +293,12 @@ pub fn build(inp: &Inputs) -> Report {
     }
 
     // GPU health: a failing GPU fails the ranks on it and its node. Ranks are
-    // matched by UUID, else by NVML index (`cuda:N`); a failing GPU that no
+    // matched by UUID, else by NVML index; a failing GPU that no
     // rank ran on still fails its node.
     let (telemetry, health) = inp.telemetry.summarise(inp.rules);
     let mut node_faults: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for f in health.iter().filter(|f| f.verdict() == Verdict::Fail) {
         let why = format!("GPU {} health `{}`: {}", f.gpu_index, f.rule, f.detail);
-        let device = format!("cuda:{}", f.gpu_index);
         let on_gpu: Vec<u32> = plan
             .ranks
             .iter()
@@ -308,7 +307,7 @@ pub fn build(inp: &Inputs) -> Report {
                     && if !f.uuid.is_empty() && !p.gpu_uuid.is_empty() {
                         p.gpu_uuid == f.uuid
                     } else {
-                        p.device == device
+                        p.gpu_index == Some(f.gpu_index)
                     }
             })
             .map(|p| p.rank)
@@ -360,7 +359,7 @@ pub fn build(inp: &Inputs) -> Report {
             ranks.push(RankReport {
                 rank: p.rank,
                 local_rank: p.local_rank,
-                device: p.device.clone(),
+                device: p.device_label(),
                 device_name: p.device_name.clone(),
                 gpu_uuid: p.gpu_uuid.clone(),
                 verdict: st.verdict as i32,
@@ -599,7 +598,7 @@ mod tests {
                     local_rank: l,
                     node_rank: n as u32,
                     node: format!("node-{n}"),
-                    device: format!("cuda:{l}"),
+                    gpu_index: Some(l),
                     ..Default::default()
                 });
             }
