@@ -100,12 +100,22 @@ pub struct Param {
 impl Param {
     /// The CLI flag that sets it: `--min-bytes` for `min_bytes`.
     pub fn flag(&self) -> String {
-        flag_of(self.name)
+        format!("--{}", self.name.replace('_', "-"))
     }
-}
 
-fn flag_of(name: &str) -> String {
-    format!("--{}", name.replace('_', "-"))
+    /// What the flag's value is called in help: its unit, else its kind.
+    pub fn value_name(&self) -> String {
+        let name = match self.kind {
+            _ if !self.unit.is_empty() => self.unit,
+            Kind::Bytes => "size",
+            Kind::Duration => "duration",
+            Kind::Bool => "bool",
+            Kind::Memory => "memory",
+            Kind::Float { .. } | Kind::Int { .. } => "number",
+            Kind::Choice(_) | Kind::List(_) => self.name,
+        };
+        name.to_ascii_uppercase()
+    }
 }
 
 pub const COLLECTIVE_OPS: &[&str] = &[
@@ -179,8 +189,8 @@ pub const PARAMS: &[Param] = &[
     // nccl
     p("ops", Kind::List(COLLECTIVE_OPS), "", Default::Same("all"),
       "collectives, comma-separated, or `all`", NCCL),
-    p("min_bytes", Kind::Bytes, "", Default::Same("1M"), "smallest message size (e.g. 1M)", NCCL),
-    p("max_bytes", Kind::Bytes, "", dev("1G", "16M"), "largest message size (e.g. 1G)", NCCL),
+    p("min_bytes", Kind::Bytes, "", Default::Same("1M"), "smallest message size", NCCL),
+    p("max_bytes", Kind::Bytes, "", dev("1G", "16M"), "largest message size", NCCL),
     p("factor", int(2, 1 << 20), "", Default::Same("2"), "size multiplier between steps", NCCL),
     p("dtype", Kind::Choice(DTYPES), "", Default::Same("float"), "float, bfloat16 or half", NCCL),
     p("iters", int(1, 1 << 20), "iterations", Default::Same("20"), "timed iterations per size", NCCL),
@@ -195,7 +205,7 @@ pub const PARAMS: &[Param] = &[
     p("steps", int(1, 1 << 30), "steps", dev("30", "5"), "timed steps", TRAIN),
     p("warmup_steps", int(0, 1 << 20), "steps", dev("5", "2"), "untimed steps first", TRAIN),
     p("channels_last", Kind::Bool, "", dev("true", "false"), "channels_last layout for CNNs", TRAIN),
-    p("bucket_bytes", Kind::Bytes, "", Default::Same("25M"), "gradient bucket size (e.g. 25M)", TRAIN),
+    p("bucket_bytes", Kind::Bytes, "", Default::Same("25M"), "gradient bucket size", TRAIN),
     // maxbatch
     p("margin", Kind::Float { min: 0.0, max: 0.9 }, "", Default::Same("0.1"), "safety margin (0..0.9)", MAXBATCH),
     p("start", int(1, 1 << 20), "samples", Default::Same("8"), "first batch tried", MAXBATCH),
@@ -227,26 +237,34 @@ pub fn param(workload: &str, name: &str) -> Option<&'static Param> {
     params_of(workload).find(|p| p.name == name)
 }
 
-/// Every parameter name once, in catalogue order: one CLI flag each.
-pub fn names() -> Vec<&'static str> {
-    let mut v: Vec<&'static str> = Vec::new();
-    for p in PARAMS {
-        if !v.contains(&p.name) {
-            v.push(p.name);
+/// The items of `it` in order, each once.
+fn unique<T: PartialEq>(it: impl Iterator<Item = T>) -> Vec<T> {
+    let mut v = Vec::new();
+    for x in it {
+        if !v.contains(&x) {
+            v.push(x);
         }
     }
     v
 }
 
+/// Every parameter name once, in catalogue order: one CLI flag each.
+pub fn names() -> Vec<&'static str> {
+    unique(PARAMS.iter().map(|p| p.name))
+}
+
+/// The first entry of each name: what the flag shared by entries of one name
+/// shows (value name, bool-ness; the help joins them all, [`flag_help`]).
+pub fn flag_params() -> Vec<&'static Param> {
+    names()
+        .into_iter()
+        .filter_map(|n| PARAMS.iter().find(|p| p.name == n))
+        .collect()
+}
+
 /// Every workload that takes parameters, in catalogue order.
 pub fn workloads() -> Vec<&'static str> {
-    let mut v: Vec<&'static str> = Vec::new();
-    for w in PARAMS.iter().flat_map(|p| p.workloads) {
-        if !v.contains(w) {
-            v.push(w);
-        }
-    }
-    v
+    unique(PARAMS.iter().flat_map(|p| p.workloads.iter().copied()))
 }
 
 /// The help of the CLI flag for `name`: each entry's workloads, help and default.
@@ -470,7 +488,7 @@ mod tests {
     fn flag_help_says_the_default() {
         assert_eq!(
             flag_help("max_bytes"),
-            "nccl: largest message size (e.g. 1G) (default 1G on GPU, 16M on CPU)"
+            "nccl: largest message size (default 1G on GPU, 16M on CPU)"
         );
         assert!(
             flag_help("precision").contains("stress: ")
