@@ -14,8 +14,9 @@ pub mod pb {
 }
 
 /// Bumped whenever a message changes meaning. Agents send it on register and on
-/// every heartbeat; the coordinator refuses a mismatch.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// every heartbeat; the coordinator refuses a mismatch. 2: `RankPlacement`
+/// names its GPU by `gpu_index` instead of a `device` string.
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Milliseconds since the Unix epoch, the one clock every message uses.
 pub fn now_ms() -> u64 {

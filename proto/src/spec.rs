@@ -1,5 +1,5 @@
-//! Job-spec rules: which workloads exist, which parameters each takes, node
-//! selectors. The CLI checks a spec before sending it and the coordinator checks
+//! Job-spec rules: which workloads exist, the checks of a job's parameters
+//! (against `catalogue`), node selectors. The CLI checks a spec before sending it and the coordinator checks
 //! it again before storing anything, both with this code, so a bad spec gets the
 //! same clear error wherever it is caught.
 
