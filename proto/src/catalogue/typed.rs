@@ -89,22 +89,22 @@ impl TypedParams {
         };
         Ok(match workload {
             "stress" => TypedParams::Stress(StressParams {
-                size: r.int("size")?,
-                precision: r.word("precision")?,
-                interval: r.duration("interval")?,
-                target_memory: r.memory("target_memory")?,
-                with_comm: r.bool("with_comm")?,
-                check_every: r.int("check_every")?,
+                size: r.get("size")?,
+                precision: r.get("precision")?,
+                interval: r.get("interval")?,
+                target_memory: r.opt("target_memory")?,
+                with_comm: r.get("with_comm")?,
+                check_every: r.get("check_every")?,
             }),
             "nccl" => {
                 let p = NcclParams {
-                    ops: r.list("ops")?,
-                    min_bytes: r.bytes("min_bytes")?,
-                    max_bytes: r.bytes("max_bytes")?,
-                    factor: r.int("factor")?,
-                    dtype: r.word("dtype")?,
-                    iters: r.int("iters")?,
-                    warmup: r.int("warmup")?,
+                    ops: r.get("ops")?,
+                    min_bytes: r.get("min_bytes")?,
+                    max_bytes: r.get("max_bytes")?,
+                    factor: r.get("factor")?,
+                    dtype: r.get("dtype")?,
+                    iters: r.get("iters")?,
+                    warmup: r.get("warmup")?,
                 };
                 check_sizes(p.min_bytes, p.max_bytes)?;
                 TypedParams::Nccl(p)
@@ -113,9 +113,9 @@ impl TypedParams {
             "fsdp" => TypedParams::Fsdp(r.train()?),
             "maxbatch" => TypedParams::MaxBatch(MaxBatchParams {
                 model: r.model()?,
-                margin: r.float("margin")?,
-                start: r.int("start")?,
-                limit: r.int("limit")?,
+                margin: r.get("margin")?,
+                start: r.get("start")?,
+                limit: r.get("limit")?,
             }),
             w => {
                 return Err(err(
@@ -137,8 +137,38 @@ struct Reader<'a> {
     gpu: bool,
 }
 
+/// A field's type, taken out of a parsed [`Value`] of the matching kind.
+trait FromValue: Sized {
+    fn from_value(v: Value) -> Option<Self>;
+}
+
+macro_rules! from_value {
+    ($($t:ty => $($variant:ident)|+;)*) => {$(
+        impl FromValue for $t {
+            fn from_value(v: Value) -> Option<Self> {
+                match v {
+                    $(Value::$variant(x) => Some(x),)+
+                    _ => None,
+                }
+            }
+        }
+    )*};
+}
+
+from_value! {
+    u64 => Int | Bytes;
+    f64 => Float;
+    String => Word;
+    Vec<String> => List;
+    bool => Bool;
+    Duration => Duration;
+    MemoryTarget => Memory;
+}
+
 impl Reader<'_> {
-    fn value(&self, name: &str) -> Result<Option<Value>, SpecError> {
+    /// The job's value of `name`, else the default for the device; `None`
+    /// when neither is there.
+    fn opt<T: FromValue>(&self, name: &str) -> Result<Option<T>, SpecError> {
         let p = param(self.workload, name)
             .unwrap_or_else(|| panic!("the catalogue has no `{name}` for `{}`", self.workload));
         let text = self
@@ -146,115 +176,43 @@ impl Reader<'_> {
             .get(name)
             .map(String::as_str)
             .or(p.default.for_device(self.gpu));
-        text.map(|t| parse_flag(p, t)).transpose()
+        let Some(text) = text else { return Ok(None) };
+        let v = parse_flag(p, text)?;
+        Ok(Some(T::from_value(v).unwrap_or_else(|| {
+            panic!("the catalogue kind of `{name}` does not match its field")
+        })))
     }
 
-    fn typed<T>(
-        &self,
-        name: &str,
-        pick: impl Fn(Value) -> Option<T>,
-    ) -> Result<Option<T>, SpecError> {
-        Ok(self.value(name)?.map(|v| {
-            pick(v).unwrap_or_else(|| panic!("catalogue kind of `{name}` does not match its field"))
-        }))
-    }
-
-    fn needed<T>(&self, name: &str, v: Option<T>) -> T {
-        v.unwrap_or_else(|| {
+    /// Like [`Reader::opt`] for a parameter the catalogue gives a default.
+    fn get<T: FromValue>(&self, name: &str) -> Result<T, SpecError> {
+        Ok(self.opt(name)?.unwrap_or_else(|| {
             panic!(
                 "the catalogue gives `{name}` of `{}` no default",
                 self.workload
             )
-        })
-    }
-
-    fn int(&self, name: &str) -> Result<u64, SpecError> {
-        let v = self.opt_int(name)?;
-        Ok(self.needed(name, v))
-    }
-
-    fn opt_int(&self, name: &str) -> Result<Option<u64>, SpecError> {
-        self.typed(name, |v| match v {
-            Value::Int(n) => Some(n),
-            _ => None,
-        })
-    }
-
-    fn bytes(&self, name: &str) -> Result<u64, SpecError> {
-        let v = self.typed(name, |v| match v {
-            Value::Bytes(n) => Some(n),
-            _ => None,
-        })?;
-        Ok(self.needed(name, v))
-    }
-
-    fn float(&self, name: &str) -> Result<f64, SpecError> {
-        let v = self.typed(name, |v| match v {
-            Value::Float(x) => Some(x),
-            _ => None,
-        })?;
-        Ok(self.needed(name, v))
-    }
-
-    fn word(&self, name: &str) -> Result<String, SpecError> {
-        let v = self.typed(name, |v| match v {
-            Value::Word(w) => Some(w),
-            _ => None,
-        })?;
-        Ok(self.needed(name, v))
-    }
-
-    fn list(&self, name: &str) -> Result<Vec<String>, SpecError> {
-        let v = self.typed(name, |v| match v {
-            Value::List(l) => Some(l),
-            _ => None,
-        })?;
-        Ok(self.needed(name, v))
-    }
-
-    fn bool(&self, name: &str) -> Result<bool, SpecError> {
-        let v = self.typed(name, |v| match v {
-            Value::Bool(b) => Some(b),
-            _ => None,
-        })?;
-        Ok(self.needed(name, v))
-    }
-
-    fn duration(&self, name: &str) -> Result<Duration, SpecError> {
-        let v = self.typed(name, |v| match v {
-            Value::Duration(d) => Some(d),
-            _ => None,
-        })?;
-        Ok(self.needed(name, v))
-    }
-
-    fn memory(&self, name: &str) -> Result<Option<MemoryTarget>, SpecError> {
-        self.typed(name, |v| match v {
-            Value::Memory(m) => Some(m),
-            _ => None,
-        })
+        }))
     }
 
     fn model(&self) -> Result<ModelParams, SpecError> {
         Ok(ModelParams {
-            model: self.word("model")?,
-            precision: self.word("precision")?,
-            seq_len: self.int("seq_len")?,
+            model: self.get("model")?,
+            precision: self.get("precision")?,
+            seq_len: self.get("seq_len")?,
         })
     }
 
     fn train(&self) -> Result<TrainParams, SpecError> {
         let model = self.model()?;
-        let batch_size = match self.opt_int("batch_size")? {
+        let batch_size = match self.opt("batch_size")? {
             Some(b) => b,
             None => default_batch(&model.model, self.gpu),
         };
         Ok(TrainParams {
             batch_size,
-            steps: self.int("steps")?,
-            warmup_steps: self.int("warmup_steps")?,
-            channels_last: self.bool("channels_last")?,
-            bucket_bytes: self.bytes("bucket_bytes")?,
+            steps: self.get("steps")?,
+            warmup_steps: self.get("warmup_steps")?,
+            channels_last: self.get("channels_last")?,
+            bucket_bytes: self.get("bucket_bytes")?,
             model,
         })
     }
