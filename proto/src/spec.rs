@@ -223,6 +223,17 @@ mod tests {
     }
 
     #[test]
+    fn booleans_are_stored_true_or_false() {
+        let mut s = spec("stress");
+        s.params.insert("with_comm".into(), "yes".into());
+        assert_eq!(normalize(&s).unwrap().params["with_comm"], "true");
+        s.params.insert("with_comm".into(), "0".into());
+        assert_eq!(normalize(&s).unwrap().params["with_comm"], "false");
+        s.params.insert("with_comm".into(), "maybe".into());
+        assert_eq!(normalize(&s).unwrap_err().field, "--with-comm");
+    }
+
+    #[test]
     fn selectors_parse_and_match() {
         assert!(parse_selector("gpu=H200").is_ok());
         assert_eq!(parse_selector("rack!=a1").unwrap().op, SelectorOp::Ne);

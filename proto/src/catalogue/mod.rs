@@ -51,7 +51,7 @@ pub enum Kind {
 
 /// A parameter's value when the job does not give one.
 #[derive(Debug, Clone, Copy)]
-pub enum Default {
+pub enum DefaultValue {
     /// Unset: the workload does without (e.g. no memory to fill).
     None,
     /// The same on every device.
@@ -65,22 +65,24 @@ pub enum Default {
     ByModel,
 }
 
-impl Default {
+impl DefaultValue {
     /// The default as text for a rank on a GPU (`gpu`) or a CPU.
     pub fn for_device(self, gpu: bool) -> Option<&'static str> {
         match self {
-            Default::Same(v) => Some(v),
-            Default::PerDevice { gpu: g, cpu: c } => Some(if gpu { g } else { c }),
-            Default::None | Default::ByModel => None,
+            DefaultValue::Same(v) => Some(v),
+            DefaultValue::PerDevice { gpu: g, cpu: c } => Some(if gpu { g } else { c }),
+            DefaultValue::None | DefaultValue::ByModel => None,
         }
     }
 
     fn describe(self) -> Option<String> {
         match self {
-            Default::None => None,
-            Default::Same(v) => Some(format!("default {v}")),
-            Default::PerDevice { gpu, cpu } => Some(format!("default {gpu} on GPU, {cpu} on CPU")),
-            Default::ByModel => Some("default depends on the model".into()),
+            DefaultValue::None => None,
+            DefaultValue::Same(v) => Some(format!("default {v}")),
+            DefaultValue::PerDevice { gpu, cpu } => {
+                Some(format!("default {gpu} on GPU, {cpu} on CPU"))
+            }
+            DefaultValue::ByModel => Some("default depends on the model".into()),
         }
     }
 }
@@ -92,7 +94,7 @@ pub struct Param {
     pub kind: Kind,
     /// What a number counts (empty for words and sizes, which carry their unit).
     pub unit: &'static str,
-    pub default: Default,
+    pub default: DefaultValue,
     pub help: &'static str,
     pub workloads: &'static [&'static str],
 }
@@ -149,7 +151,7 @@ const fn p(
     name: &'static str,
     kind: Kind,
     unit: &'static str,
-    default: Default,
+    default: DefaultValue,
     help: &'static str,
     workloads: &'static [&'static str],
 ) -> Param {
@@ -167,8 +169,8 @@ const fn int(min: u64, max: u64) -> Kind {
     Kind::Int { min, max }
 }
 
-const fn dev(gpu: &'static str, cpu: &'static str) -> Default {
-    Default::PerDevice { gpu, cpu }
+const fn dev(gpu: &'static str, cpu: &'static str) -> DefaultValue {
+    DefaultValue::PerDevice { gpu, cpu }
 }
 
 /// Every workload parameter. A name may appear twice when workloads give it
@@ -179,36 +181,36 @@ pub const PARAMS: &[Param] = &[
     p("size", int(16, 65536), "elements", dev("8192", "256"), "matrix side", STRESS),
     p("precision", Kind::Choice(PRECISIONS_GEMM), "", dev("bf16", "fp32"),
       "GEMM precision: bf16, fp16, tf32, fp32 or fp8", STRESS),
-    p("interval", Kind::Duration, "", Default::Same("1s"), "TFLOP/s sampling interval", STRESS),
-    p("target_memory", Kind::Memory, "", Default::None,
+    p("interval", Kind::Duration, "", DefaultValue::Same("1s"), "TFLOP/s sampling interval", STRESS),
+    p("target_memory", Kind::Memory, "", DefaultValue::None,
       "GPU memory to fill first: GiB (20), size (20G) or fraction (0.8)", STRESS),
-    p("with_comm", Kind::Bool, "", Default::Same("false"),
+    p("with_comm", Kind::Bool, "", DefaultValue::Same("false"),
       "keep an all_reduce running beside the GEMMs", STRESS),
-    p("check_every", int(1, 1 << 30), "products", Default::Same("10"),
+    p("check_every", int(1, 1 << 30), "products", DefaultValue::Same("10"),
       "compare the result digest every N products", STRESS),
     // nccl
-    p("ops", Kind::List(COLLECTIVE_OPS), "", Default::Same("all"),
+    p("ops", Kind::List(COLLECTIVE_OPS), "", DefaultValue::Same("all"),
       "collectives, comma-separated, or `all`", NCCL),
-    p("min_bytes", Kind::Bytes, "", Default::Same("1M"), "smallest message size", NCCL),
+    p("min_bytes", Kind::Bytes, "", DefaultValue::Same("1M"), "smallest message size", NCCL),
     p("max_bytes", Kind::Bytes, "", dev("1G", "16M"), "largest message size", NCCL),
-    p("factor", int(2, 1 << 20), "", Default::Same("2"), "size multiplier between steps", NCCL),
-    p("dtype", Kind::Choice(DTYPES), "", Default::Same("float"), "float, bfloat16 or half", NCCL),
-    p("iters", int(1, 1 << 20), "iterations", Default::Same("20"), "timed iterations per size", NCCL),
-    p("warmup", int(0, 1 << 20), "iterations", Default::Same("5"), "untimed iterations per size", NCCL),
+    p("factor", int(2, 1 << 20), "", DefaultValue::Same("2"), "size multiplier between steps", NCCL),
+    p("dtype", Kind::Choice(DTYPES), "", DefaultValue::Same("float"), "float, bfloat16 or half", NCCL),
+    p("iters", int(1, 1 << 20), "iterations", DefaultValue::Same("20"), "timed iterations per size", NCCL),
+    p("warmup", int(0, 1 << 20), "iterations", DefaultValue::Same("5"), "untimed iterations per size", NCCL),
     // ddp, fsdp, maxbatch
     p("model", Kind::Choice(MODELS), "", dev("resnet50", "cnn"),
       "model (resnet18, resnet50, resnet101, resnet152, cnn, gpt)", MODEL_USERS),
     p("precision", Kind::Choice(PRECISIONS_TRAIN), "", dev("bf16", "fp32"),
       "fp32, fp16 (loss scaling) or bf16", MODEL_USERS),
     p("seq_len", int(8, 1 << 20), "tokens", dev("1024", "32"), "tokens per sample for gpt", MODEL_USERS),
-    p("batch_size", int(1, 1 << 20), "samples", Default::ByModel, "batch per rank", TRAIN),
+    p("batch_size", int(1, 1 << 20), "samples", DefaultValue::ByModel, "batch per rank", TRAIN),
     p("steps", int(1, 1 << 30), "steps", dev("30", "5"), "timed steps", TRAIN),
     p("warmup_steps", int(0, 1 << 20), "steps", dev("5", "2"), "untimed steps first", TRAIN),
     p("channels_last", Kind::Bool, "", dev("true", "false"), "channels_last layout for CNNs", TRAIN),
-    p("bucket_bytes", Kind::Bytes, "", Default::Same("25M"), "gradient bucket size", TRAIN),
+    p("bucket_bytes", Kind::Bytes, "", DefaultValue::Same("25M"), "gradient bucket size", TRAIN),
     // maxbatch
-    p("margin", Kind::Float { min: 0.0, max: 0.9 }, "", Default::Same("0.1"), "safety margin (0..0.9)", MAXBATCH),
-    p("start", int(1, 1 << 20), "samples", Default::Same("8"), "first batch tried", MAXBATCH),
+    p("margin", Kind::Float { min: 0.0, max: 0.9 }, "", DefaultValue::Same("0.1"), "safety margin (0..0.9)", MAXBATCH),
+    p("start", int(1, 1 << 20), "samples", DefaultValue::Same("8"), "first batch tried", MAXBATCH),
     p("limit", int(1, 1 << 24), "samples", dev("65536", "64"), "largest batch tried", MAXBATCH),
 ];
 
