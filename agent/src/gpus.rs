@@ -38,8 +38,8 @@ impl GpuInventory {
         }
     }
 
-    /// UUID of the GPU with this NVML index, for placements that name only
-    /// `cuda:N`.
+    /// UUID of the GPU with this NVML index, for placements that give only
+    /// the index.
     pub fn uuid_of(&self, index: u32) -> Option<&str> {
         self.gpus
             .iter()

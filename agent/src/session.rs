@@ -258,10 +258,13 @@ async fn handle(
             log_assignment(&a);
             // The ack goes out before any of the new workers' events, which
             // only this loop forwards.
-            let ack = match check_assignment(checker, workers).await {
+            let exclusive = a.spec.as_ref().is_some_and(|s| s.exclusive);
+            let (checks, refusal) = check_assignment(checker, workers, exclusive).await;
+            let mut ack = match refusal {
                 Some(error) => workers.refuse(&a, error),
                 None => workers.start(a),
             };
+            ack.checks = checks;
             send(
                 tx,
                 AgentMessage {
@@ -282,27 +285,34 @@ async fn handle(
     }
 }
 
-/// Runs preflight again before starting an assignment's workers; returns
-/// the refusal text when a check fails.
+/// Runs preflight again before starting an assignment's workers: the
+/// checks go back with the ack (the report shows the host as it was at job
+/// start), with the refusal text when a check fails.
 async fn check_assignment(
     checker: Option<&Arc<Preflight>>,
     workers: &Arc<Workers>,
-) -> Option<String> {
-    let checker = checker?.clone();
+    exclusive: bool,
+) -> (Vec<PreflightCheck>, Option<String>) {
+    let Some(checker) = checker.cloned() else {
+        return (Vec::new(), None);
+    };
     let own = workers.worker_pids();
     let node = checker.node.clone();
     match tokio::task::spawn_blocking(move || checker.run(&own).1).await {
-        Ok(checks) => {
+        Ok(mut checks) => {
+            if exclusive {
+                preflight::exclusive(&mut checks);
+            }
             let error = preflight::failures(&node, &checks);
             if error.is_some() {
                 preflight::log_checks(&checks);
             }
-            error
+            (checks, error)
         }
         Err(e) => {
             // A panic in a check must not stop the agent; start the job.
             tracing::error!("preflight for the assignment failed to run: {e}");
-            None
+            (Vec::new(), None)
         }
     }
 }

@@ -94,7 +94,6 @@ fn assignment(job: &str) -> CoordinatorMessage {
             }),
             ranks: vec![RankPlacement {
                 rank: 0,
-                device: "cpu".into(),
                 node: "test-node".into(),
                 ..Default::default()
             }],
@@ -394,7 +393,6 @@ async fn failing_preflight_refuses_the_assignment() {
         a.ranks.push(RankPlacement {
             rank: 1,
             local_rank: 1,
-            device: "cpu".into(),
             node: "test-node".into(),
             ..Default::default()
         });

@@ -7,9 +7,9 @@ use std::collections::HashSet;
 use std::fmt;
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Arg, ArgAction, ArgMatches, Args, Parser, Subcommand, ValueEnum};
 use gpuctl_proto::pb::JobSpec;
-use gpuctl_proto::{spec, units};
+use gpuctl_proto::{catalogue, spec, units};
 
 /// Default coordinator address; `gpuctl local up` listens here by default too.
 pub const DEFAULT_COORDINATOR: &str = "http://127.0.0.1:7070";
@@ -69,6 +69,38 @@ pub enum Command {
     Local(LocalCommand),
     /// Run the agent's preflight checks on this machine (no coordinator); exit 1 if one fails.
     Doctor(DoctorArgs),
+    /// Keep a finished job's figures under a name, to judge later jobs against (submit --baseline).
+    #[command(subcommand)]
+    Baseline(BaselineCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BaselineCommand {
+    /// Keep a finished job's figures (per device class) under NAME.
+    Save(BaselineSaveArgs),
+    /// List the saved baselines.
+    List,
+    /// Show one baseline's figures.
+    Show(BaselineName),
+    /// Delete a baseline (jobs judged against it keep their copy).
+    Delete(BaselineName),
+}
+
+#[derive(Debug, Args)]
+pub struct BaselineSaveArgs {
+    /// The job whose figures to keep; it must have succeeded.
+    pub job: String,
+    /// Name to save it under: letters, digits, `-`, `_`, `.`.
+    #[arg(long)]
+    pub name: String,
+    /// Overwrite a baseline of that name.
+    #[arg(long)]
+    pub replace: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct BaselineName {
+    pub name: String,
 }
 
 #[derive(Debug, Args)]
@@ -163,117 +195,108 @@ pub struct JobArgs {
     #[arg(long)]
     pub name: Option<String>,
 
+    /// Judge the job's figures against this saved baseline (`gpuctl baseline list`).
+    #[arg(long, value_name = "NAME")]
+    pub baseline: Option<String>,
+
+    /// Performance rules (TOML, docs/reports.md) laid over the coordinator's for this job.
+    #[arg(long, value_name = "FILE")]
+    pub rules: Option<PathBuf>,
+
+    /// The job must have its GPUs to itself: another process holding GPU memory at job start fails the node.
+    #[arg(long)]
+    pub exclusive: bool,
+
     #[command(flatten)]
     pub params: WorkloadParams,
 }
 
-/// Workload parameters as flags. All are strings here on purpose: the shared
-/// `spec::normalize` owns their rules, so CLI and coordinator never disagree.
-#[derive(Debug, Default, Args)]
-#[command(next_help_heading = "Workload parameters")]
+/// Largest `--rules` file sent with a job (the coordinator refuses more).
+const MAX_RULES_BYTES: u64 = 64 * 1024;
+
+/// The text of a `--rules` file, bounded; the coordinator parses it.
+fn read_rules(path: &std::path::Path) -> Result<String, UsageError> {
+    let meta = std::fs::metadata(path)
+        .map_err(|e| usage(format!("--rules: cannot read {}: {e}", path.display())))?;
+    if meta.len() > MAX_RULES_BYTES {
+        return Err(usage(format!(
+            "--rules: {} is {} bytes; a rules file may hold at most {MAX_RULES_BYTES}",
+            path.display(),
+            meta.len()
+        )));
+    }
+    std::fs::read_to_string(path)
+        .map_err(|e| usage(format!("--rules: cannot read {}: {e}", path.display())))
+}
+
+/// Workload parameters as flags: one per parameter name of
+/// `gpuctl_proto::catalogue` (its help and default included), plus `--param`.
+/// Values stay strings here on purpose: the shared `spec::normalize` owns their
+/// rules, so CLI and coordinator never disagree.
+#[derive(Debug, Default, Clone)]
 pub struct WorkloadParams {
-    /// nccl: smallest message size (e.g. 1M).
-    #[arg(long)]
-    pub min_bytes: Option<String>,
-    /// nccl: largest message size (e.g. 1G).
-    #[arg(long)]
-    pub max_bytes: Option<String>,
-    /// nccl: size multiplier between steps.
-    #[arg(long)]
-    pub factor: Option<String>,
-    /// nccl: collectives, comma-separated, or `all`.
-    #[arg(long)]
-    pub ops: Option<String>,
-    /// nccl: float, bfloat16 or half.
-    #[arg(long)]
-    pub dtype: Option<String>,
-    /// nccl: timed iterations per size.
-    #[arg(long)]
-    pub iters: Option<String>,
-    /// nccl: untimed iterations per size.
-    #[arg(long)]
-    pub warmup: Option<String>,
-    /// stress: matrix side.
-    #[arg(long)]
-    pub size: Option<String>,
-    /// stress/ddp/fsdp/maxbatch: bf16, fp16, fp32 (stress also tf32, fp8).
-    #[arg(long)]
-    pub precision: Option<String>,
-    /// stress: TFLOP/s sampling interval (e.g. 1s).
-    #[arg(long)]
-    pub interval: Option<String>,
-    /// stress: GPU memory to fill: GiB (20), size (20G) or fraction (0.8).
-    #[arg(long)]
-    pub target_memory: Option<String>,
-    /// stress: keep an all_reduce running beside the GEMMs.
-    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
-    pub with_comm: Option<String>,
-    /// stress: compare the result digest every N products.
-    #[arg(long)]
-    pub check_every: Option<String>,
-    /// ddp/fsdp/maxbatch: model (resnet50, gpt, cnn, ...).
-    #[arg(long)]
-    pub model: Option<String>,
-    /// ddp/fsdp: batch per rank.
-    #[arg(long)]
-    pub batch_size: Option<String>,
-    /// ddp/fsdp: timed steps.
-    #[arg(long)]
-    pub steps: Option<String>,
-    /// ddp/fsdp: untimed steps first.
-    #[arg(long)]
-    pub warmup_steps: Option<String>,
-    /// ddp/fsdp: channels_last layout for CNNs.
-    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
-    pub channels_last: Option<String>,
-    /// ddp/fsdp: gradient bucket size (e.g. 25M).
-    #[arg(long)]
-    pub bucket_bytes: Option<String>,
-    /// ddp/fsdp/maxbatch: tokens per sample for gpt.
-    #[arg(long)]
-    pub seq_len: Option<String>,
-    /// maxbatch: safety margin (0..0.9).
-    #[arg(long)]
-    pub margin: Option<String>,
-    /// maxbatch: first batch tried.
-    #[arg(long)]
-    pub start: Option<String>,
-    /// maxbatch: largest batch tried.
-    #[arg(long)]
-    pub limit: Option<String>,
-    /// Any workload parameter as key=value; repeatable.
-    #[arg(long = "param", short = 'p', value_name = "KEY=VALUE")]
+    /// (parameter name, value) of each dedicated flag given, in catalogue order.
+    pub named: Vec<(&'static str, String)>,
+    /// `--param KEY=VALUE`, as typed.
     pub param: Vec<String>,
 }
 
-impl WorkloadParams {
-    /// The dedicated flags as (parameter name, value); names as in `spec::WORKLOADS`.
-    fn named(&self) -> [(&'static str, &Option<String>); 23] {
-        [
-            ("min_bytes", &self.min_bytes),
-            ("max_bytes", &self.max_bytes),
-            ("factor", &self.factor),
-            ("ops", &self.ops),
-            ("dtype", &self.dtype),
-            ("iters", &self.iters),
-            ("warmup", &self.warmup),
-            ("size", &self.size),
-            ("precision", &self.precision),
-            ("interval", &self.interval),
-            ("target_memory", &self.target_memory),
-            ("with_comm", &self.with_comm),
-            ("check_every", &self.check_every),
-            ("model", &self.model),
-            ("batch_size", &self.batch_size),
-            ("steps", &self.steps),
-            ("warmup_steps", &self.warmup_steps),
-            ("channels_last", &self.channels_last),
-            ("bucket_bytes", &self.bucket_bytes),
-            ("seq_len", &self.seq_len),
-            ("margin", &self.margin),
-            ("start", &self.start),
-            ("limit", &self.limit),
-        ]
+const PARAMS_HEADING: &str = "Workload parameters";
+
+impl clap::Args for WorkloadParams {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        // Put back the heading the enclosing command had, as derive's flatten does.
+        let outer = cmd
+            .get_next_help_heading()
+            .map(|h| clap::builder::Str::from(h.to_string()));
+        let mut cmd = cmd.next_help_heading(PARAMS_HEADING);
+        for p in catalogue::flag_params() {
+            let mut arg = Arg::new(p.name)
+                .long(p.flag().trim_start_matches('-').to_string())
+                .help(catalogue::flag_help(p.name))
+                .value_name(p.value_name())
+                .action(ArgAction::Set);
+            if catalogue::is_bool(p.name) {
+                arg = arg.num_args(0..=1).default_missing_value("true");
+            }
+            cmd = cmd.arg(arg);
+        }
+        cmd.arg(
+            Arg::new("param")
+                .long("param")
+                .short('p')
+                .value_name("KEY=VALUE")
+                .action(ArgAction::Append)
+                .help("Any workload parameter as key=value; repeatable."),
+        )
+        .next_help_heading(clap::builder::Resettable::from(outer))
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
+}
+
+impl clap::FromArgMatches for WorkloadParams {
+    fn from_arg_matches(m: &ArgMatches) -> Result<Self, clap::Error> {
+        Self::from_arg_matches_mut(&mut m.clone())
+    }
+
+    fn from_arg_matches_mut(m: &mut ArgMatches) -> Result<Self, clap::Error> {
+        let named = catalogue::names()
+            .into_iter()
+            .filter_map(|n| m.remove_one::<String>(n).map(|v| (n, v)))
+            .collect();
+        let param = m
+            .remove_many::<String>("param")
+            .map(Iterator::collect)
+            .unwrap_or_default();
+        Ok(WorkloadParams { named, param })
+    }
+
+    fn update_from_arg_matches(&mut self, m: &ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(m)?;
+        Ok(())
     }
 }
 
@@ -352,8 +375,13 @@ impl JobArgs {
                 .map(|s| s.trim().to_string())
                 .collect(),
             name: self.name.clone().unwrap_or_default(),
+            baseline: self.baseline.clone().unwrap_or_default(),
+            exclusive: self.exclusive,
             ..Default::default()
         };
+        if let Some(path) = &self.rules {
+            spec.rules = read_rules(path)?;
+        }
         if let Some(d) = &self.duration {
             spec.duration_ms = parse_duration_flag("--duration", d)?;
         }
@@ -371,11 +399,9 @@ impl JobArgs {
             let key = k.replace('-', "_");
             spec.params.insert(key, v.trim().to_string());
         }
-        for (key, value) in self.params.named() {
-            if let Some(v) = value {
-                spec.params.insert(key.to_string(), v.trim().to_string());
-                from_flag.insert(key);
-            }
+        for (key, v) in &self.params.named {
+            spec.params.insert(key.to_string(), v.trim().to_string());
+            from_flag.insert(key);
         }
         let def = spec::workload(&spec.workload);
         if def.is_some_and(|d| !d.timed) && spec.duration_ms > 0 {
@@ -627,6 +653,68 @@ mod tests {
         assert!(e.0.starts_with("--size:"), "{e}");
         let e = spec_of(&["submit", "stress", "--param", "bogus=1"]).unwrap_err();
         assert!(e.0.starts_with("--param bogus:"), "{e}");
+    }
+
+    #[test]
+    fn workload_flags_are_the_catalogue() {
+        use clap::CommandFactory;
+        let cli = Cli::command();
+        cli.clone().debug_assert();
+        for sub in ["submit", "plan"] {
+            let cmd = cli.find_subcommand(sub).unwrap();
+            for name in catalogue::names() {
+                let long = name.replace('_', "-");
+                let flags: Vec<_> = cmd
+                    .get_arguments()
+                    .filter(|a| a.get_long() == Some(long.as_str()))
+                    .collect();
+                assert_eq!(flags.len(), 1, "{sub} --{long}");
+                let help = flags[0].get_help().map(|h| h.to_string());
+                assert_eq!(help, Some(catalogue::flag_help(name)), "{sub} --{long}");
+                let optional_value = flags[0].get_num_args() == Some((0..=1).into());
+                assert_eq!(optional_value, catalogue::is_bool(name), "{sub} --{long}");
+            }
+            let extra: Vec<_> = cmd
+                .get_arguments()
+                .filter(|a| a.get_help_heading() == Some(PARAMS_HEADING))
+                .filter_map(|a| a.get_long())
+                .filter(|l| {
+                    *l != "param" && !catalogue::names().contains(&l.replace('-', "_").as_str())
+                })
+                .collect();
+            assert!(
+                extra.is_empty(),
+                "{sub}: workload flags outside the catalogue: {extra:?}"
+            );
+        }
+        // The flags users already type stay.
+        for old in [
+            "min_bytes",
+            "max_bytes",
+            "factor",
+            "ops",
+            "dtype",
+            "iters",
+            "warmup",
+            "size",
+            "precision",
+            "interval",
+            "target_memory",
+            "with_comm",
+            "check_every",
+            "model",
+            "batch_size",
+            "steps",
+            "warmup_steps",
+            "channels_last",
+            "bucket_bytes",
+            "seq_len",
+            "margin",
+            "start",
+            "limit",
+        ] {
+            assert!(catalogue::names().contains(&old), "--{old} is gone");
+        }
     }
 
     #[test]

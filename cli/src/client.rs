@@ -142,6 +142,54 @@ impl Coordinator {
             .map_err(|s| self.status("report", s))
     }
 
+    pub async fn save_baseline(
+        &mut self,
+        job: &str,
+        name: &str,
+        replace: bool,
+    ) -> Result<pb::Baseline> {
+        let req = pb::SaveBaselineRequest {
+            job_id: job.to_string(),
+            name: name.to_string(),
+            replace,
+        };
+        self.inner
+            .save_baseline(req)
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| self.status("baseline save", s))
+    }
+
+    pub async fn get_baseline(&mut self, name: &str) -> Result<pb::Baseline> {
+        let req = pb::GetBaselineRequest {
+            name: name.to_string(),
+        };
+        self.inner
+            .get_baseline(req)
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| self.status("baseline show", s))
+    }
+
+    pub async fn list_baselines(&mut self) -> Result<Vec<pb::Baseline>> {
+        self.inner
+            .list_baselines(pb::ListBaselinesRequest {})
+            .await
+            .map(|r| r.into_inner().baselines)
+            .map_err(|s| self.status("baseline list", s))
+    }
+
+    pub async fn delete_baseline(&mut self, name: &str) -> Result<pb::Baseline> {
+        let req = pb::GetBaselineRequest {
+            name: name.to_string(),
+        };
+        self.inner
+            .delete_baseline(req)
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| self.status("baseline delete", s))
+    }
+
     pub async fn logs(
         &mut self,
         id: &str,

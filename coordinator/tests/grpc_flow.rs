@@ -127,6 +127,7 @@ async fn job_life_from_submit_to_report() {
                 attempt: 1,
                 ok: true,
                 error: String::new(),
+                checks: Vec::new(),
             })),
         })
         .await

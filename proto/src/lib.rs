@@ -1,7 +1,9 @@
 //! The gpuctl wire protocol (`gpuctl.v1`) and what every process needs to speak it:
 //! the generated messages and services, the protocol version, job-spec validation
-//! shared by the CLI and the coordinator, and the one place that builds gRPC servers.
+//! shared by the CLI and the coordinator (with the catalogue of workload parameters),
+//! and the one place that builds gRPC servers.
 
+pub mod catalogue;
 pub mod server;
 pub mod spec;
 pub mod units;
@@ -12,8 +14,9 @@ pub mod pb {
 }
 
 /// Bumped whenever a message changes meaning. Agents send it on register and on
-/// every heartbeat; the coordinator refuses a mismatch.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// every heartbeat; the coordinator refuses a mismatch. 2: `RankPlacement`
+/// names its GPU by `gpu_index` instead of a `device` string.
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Milliseconds since the Unix epoch, the one clock every message uses.
 pub fn now_ms() -> u64 {
@@ -21,6 +24,26 @@ pub fn now_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+}
+
+/// How a rank's device is shown: `cuda:N` (N = NVML index) or `cpu`.
+pub fn device_label(gpu_index: Option<u32>) -> String {
+    match gpu_index {
+        Some(i) => format!("cuda:{i}"),
+        None => "cpu".into(),
+    }
+}
+
+impl pb::RankPlacement {
+    /// `cuda:N` or `cpu`, for tables, logs and messages; nothing parses it.
+    pub fn device_label(&self) -> String {
+        device_label(self.gpu_index)
+    }
+
+    /// Whether the rank runs on a GPU.
+    pub fn is_gpu(&self) -> bool {
+        self.gpu_index.is_some()
+    }
 }
 
 impl pb::JobState {

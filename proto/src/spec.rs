@@ -1,291 +1,47 @@
-//! Job-spec rules: which workloads exist, which parameters each takes, node
-//! selectors. The CLI checks a spec before sending it and the coordinator checks
+//! Job-spec rules: which workloads exist, the checks of a job's parameters
+//! (against `catalogue`), node selectors. The CLI checks a spec before sending it and the coordinator checks
 //! it again before storing anything, both with this code, so a bad spec gets the
 //! same clear error wherever it is caught.
 
+use crate::catalogue::{check_given, err};
 use crate::pb::{JobSpec, Node};
-use crate::units::{parse_bytes, parse_duration};
 
-/// A problem with one field of a job spec, said so that the user can fix it.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{field}: {message}")]
-pub struct SpecError {
-    pub field: String,
-    pub message: String,
-}
+pub use crate::catalogue::{parse_memory, MemoryTarget, SpecError, COLLECTIVE_OPS, MODELS};
 
-fn err(field: impl Into<String>, message: impl Into<String>) -> SpecError {
-    SpecError {
-        field: field.into(),
-        message: message.into(),
-    }
-}
-
-/// What values a workload parameter takes.
-#[derive(Debug, Clone, Copy)]
-pub enum ParamKind {
-    /// A byte size such as `1M`.
-    Bytes,
-    /// A whole number in `[min, max]`.
-    Int { min: u64, max: u64 },
-    /// A real number in `[min, max]`.
-    Float { min: f64, max: f64 },
-    /// One of the listed words.
-    Choice(&'static [&'static str]),
-    /// A comma-separated list of the listed words (or `all`).
-    List(&'static [&'static str]),
-    /// `true` or `false`.
-    Bool,
-    /// A duration such as `1s`.
-    Duration,
-    /// GiB as a number (`20`), a size (`20G`), or a fraction of the GPU (`0.8`).
-    Memory,
-}
-
-#[derive(Debug, Clone, Copy)]
-pub struct ParamDef {
-    pub name: &'static str,
-    pub kind: ParamKind,
-    pub help: &'static str,
-}
-
+/// A workload; its parameters are in [`crate::catalogue::PARAMS`].
 #[derive(Debug, Clone, Copy)]
 pub struct WorkloadDef {
     pub name: &'static str,
     pub help: &'static str,
     /// Runs for `--duration` (otherwise it runs until its work is done).
     pub timed: bool,
-    pub params: &'static [ParamDef],
 }
-
-pub const COLLECTIVE_OPS: &[&str] = &[
-    "all_reduce",
-    "all_gather",
-    "reduce_scatter",
-    "broadcast",
-    "reduce",
-    "alltoall",
-    "sendrecv",
-];
-pub const MODELS: &[&str] = &[
-    "resnet18",
-    "resnet50",
-    "resnet101",
-    "resnet152",
-    "cnn",
-    "gpt",
-];
-const PRECISIONS_TRAIN: &[&str] = &["fp32", "fp16", "bf16"];
-const PRECISIONS_GEMM: &[&str] = &["bf16", "fp16", "tf32", "fp32", "fp8"];
-const DTYPES: &[&str] = &["float", "bfloat16", "half"];
-
-const TRAIN_PARAMS: &[ParamDef] = &[
-    ParamDef {
-        name: "model",
-        kind: ParamKind::Choice(MODELS),
-        help: "model to train (default resnet50; cnn on CPU)",
-    },
-    ParamDef {
-        name: "batch_size",
-        kind: ParamKind::Int {
-            min: 1,
-            max: 1 << 20,
-        },
-        help: "batch per rank",
-    },
-    ParamDef {
-        name: "precision",
-        kind: ParamKind::Choice(PRECISIONS_TRAIN),
-        help: "fp32, fp16 (loss scaling) or bf16",
-    },
-    ParamDef {
-        name: "steps",
-        kind: ParamKind::Int {
-            min: 1,
-            max: 1 << 30,
-        },
-        help: "timed steps",
-    },
-    ParamDef {
-        name: "warmup_steps",
-        kind: ParamKind::Int {
-            min: 0,
-            max: 1 << 20,
-        },
-        help: "untimed steps first",
-    },
-    ParamDef {
-        name: "channels_last",
-        kind: ParamKind::Bool,
-        help: "channels_last layout for CNNs (default true on GPU)",
-    },
-    ParamDef {
-        name: "bucket_bytes",
-        kind: ParamKind::Bytes,
-        help: "gradient bucket size (default 25M)",
-    },
-    ParamDef {
-        name: "seq_len",
-        kind: ParamKind::Int {
-            min: 8,
-            max: 1 << 20,
-        },
-        help: "tokens per sample for gpt",
-    },
-];
 
 pub const WORKLOADS: &[WorkloadDef] = &[
     WorkloadDef {
         name: "stress",
         help: "GEMM loop for --duration with a bit-for-bit result check across ranks",
         timed: true,
-        params: &[
-            ParamDef {
-                name: "size",
-                kind: ParamKind::Int {
-                    min: 16,
-                    max: 65536,
-                },
-                help: "matrix side (default 8192 on GPU, 256 on CPU)",
-            },
-            ParamDef {
-                name: "precision",
-                kind: ParamKind::Choice(PRECISIONS_GEMM),
-                help: "bf16, fp16, tf32, fp32 or fp8 (default bf16 on GPU, fp32 on CPU)",
-            },
-            ParamDef {
-                name: "interval",
-                kind: ParamKind::Duration,
-                help: "TFLOP/s sampling interval (default 1s)",
-            },
-            ParamDef {
-                name: "target_memory",
-                kind: ParamKind::Memory,
-                help: "GPU memory to fill first: GiB (20), size (20G) or fraction (0.8)",
-            },
-            ParamDef {
-                name: "with_comm",
-                kind: ParamKind::Bool,
-                help: "keep an all_reduce running beside the GEMMs",
-            },
-            ParamDef {
-                name: "check_every",
-                kind: ParamKind::Int {
-                    min: 1,
-                    max: 1 << 30,
-                },
-                help: "compare the result digest every N products (default 10)",
-            },
-        ],
     },
     WorkloadDef {
         name: "nccl",
         help: "collective bandwidth, nccl-tests style (TCP ring backend on CPU)",
         timed: false,
-        params: &[
-            ParamDef {
-                name: "ops",
-                kind: ParamKind::List(COLLECTIVE_OPS),
-                help: "collectives to run (default all)",
-            },
-            ParamDef {
-                name: "min_bytes",
-                kind: ParamKind::Bytes,
-                help: "smallest size (default 1M)",
-            },
-            ParamDef {
-                name: "max_bytes",
-                kind: ParamKind::Bytes,
-                help: "largest size (default 1G on GPU, 16M on CPU)",
-            },
-            ParamDef {
-                name: "factor",
-                kind: ParamKind::Int {
-                    min: 2,
-                    max: 1 << 20,
-                },
-                help: "size multiplier between steps (default 2)",
-            },
-            ParamDef {
-                name: "dtype",
-                kind: ParamKind::Choice(DTYPES),
-                help: "float, bfloat16 or half",
-            },
-            ParamDef {
-                name: "iters",
-                kind: ParamKind::Int {
-                    min: 1,
-                    max: 1 << 20,
-                },
-                help: "timed iterations per size (default 20)",
-            },
-            ParamDef {
-                name: "warmup",
-                kind: ParamKind::Int {
-                    min: 0,
-                    max: 1 << 20,
-                },
-                help: "untimed iterations per size (default 5)",
-            },
-        ],
     },
     WorkloadDef {
         name: "ddp",
         help: "data-parallel training, gradients all-reduced in buckets",
         timed: false,
-        params: TRAIN_PARAMS,
     },
     WorkloadDef {
         name: "fsdp",
         help: "sharded data-parallel training (flat parameters sharded)",
         timed: false,
-        params: TRAIN_PARAMS,
     },
     WorkloadDef {
         name: "maxbatch",
         help: "largest batch per GPU before out-of-memory, with a safety margin",
         timed: false,
-        params: &[
-            ParamDef {
-                name: "model",
-                kind: ParamKind::Choice(MODELS),
-                help: "model (default resnet50)",
-            },
-            ParamDef {
-                name: "precision",
-                kind: ParamKind::Choice(PRECISIONS_TRAIN),
-                help: "fp32, fp16 or bf16",
-            },
-            ParamDef {
-                name: "margin",
-                kind: ParamKind::Float { min: 0.0, max: 0.9 },
-                help: "safety margin (default 0.1)",
-            },
-            ParamDef {
-                name: "start",
-                kind: ParamKind::Int {
-                    min: 1,
-                    max: 1 << 20,
-                },
-                help: "first batch tried (default 8)",
-            },
-            ParamDef {
-                name: "limit",
-                kind: ParamKind::Int {
-                    min: 1,
-                    max: 1 << 24,
-                },
-                help: "largest batch tried (default 65536)",
-            },
-            ParamDef {
-                name: "seq_len",
-                kind: ParamKind::Int {
-                    min: 8,
-                    max: 1 << 20,
-                },
-                help: "tokens per sample for gpt",
-            },
-        ],
     },
 ];
 
@@ -326,29 +82,7 @@ pub fn normalize(spec: &JobSpec) -> Result<JobSpec, SpecError> {
     if def.timed && spec.duration_ms == 0 {
         spec.duration_ms = DEFAULT_DURATION_MS;
     }
-    for (key, value) in &spec.params {
-        let p = def.params.iter().find(|p| p.name == key).ok_or_else(|| {
-            let known: Vec<_> = def.params.iter().map(|p| p.name).collect();
-            err(
-                format!("--param {key}"),
-                format!(
-                    "workload `{}` has no parameter `{key}`; it takes {}",
-                    def.name,
-                    known.join(", ")
-                ),
-            )
-        })?;
-        check_param(p, value).map_err(|m| err(format!("--{}", key.replace('_', "-")), m))?;
-    }
-    if let (Some(lo), Some(hi)) = (spec.params.get("min_bytes"), spec.params.get("max_bytes")) {
-        let (lo, hi) = (parse_bytes(lo).unwrap_or(0), parse_bytes(hi).unwrap_or(0));
-        if lo > hi {
-            return Err(err(
-                "--min-bytes",
-                format!("min-bytes ({lo}) is larger than max-bytes ({hi}); swap them"),
-            ));
-        }
-    }
+    spec.params = check_given(def.name, &spec.params)?;
     for key in spec.env.keys() {
         if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
             return Err(err(
@@ -358,77 +92,6 @@ pub fn normalize(spec: &JobSpec) -> Result<JobSpec, SpecError> {
         }
     }
     Ok(spec)
-}
-
-fn check_param(p: &ParamDef, value: &str) -> Result<(), String> {
-    let v = value.trim();
-    match p.kind {
-        ParamKind::Bytes => parse_bytes(v).and_then(|b| {
-            if b == 0 {
-                Err("a size of 0 bytes measures nothing; give at least 4".into())
-            } else {
-                Ok(())
-            }
-        }),
-        ParamKind::Int { min, max } => match v.parse::<u64>() {
-            Ok(n) if n >= min && n <= max => Ok(()),
-            Ok(n) => Err(format!("{n} is out of range; give {min}..={max}")),
-            Err(_) => Err(format!("`{v}` is not a whole number; give {min}..={max}")),
-        },
-        ParamKind::Float { min, max } => match v.parse::<f64>() {
-            Ok(n) if n >= min && n <= max => Ok(()),
-            _ => Err(format!("`{v}` is not a number in {min}..={max}")),
-        },
-        ParamKind::Choice(words) => {
-            if words.contains(&v) {
-                Ok(())
-            } else {
-                Err(format!("`{v}` is not one of {}", words.join(", ")))
-            }
-        }
-        ParamKind::List(words) => {
-            if v == "all" {
-                return Ok(());
-            }
-            for item in v.split(',').map(str::trim) {
-                if !words.contains(&item) {
-                    return Err(format!(
-                        "`{item}` is not one of {} (or `all`)",
-                        words.join(", ")
-                    ));
-                }
-            }
-            Ok(())
-        }
-        ParamKind::Bool => match v {
-            "true" | "false" => Ok(()),
-            _ => Err(format!("`{v}` is not true or false")),
-        },
-        ParamKind::Duration => parse_duration(v).map(|_| ()),
-        ParamKind::Memory => parse_memory(v).map(|_| ()),
-    }
-}
-
-/// How much GPU memory to fill, as the user wrote it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum MemoryTarget {
-    Bytes(u64),
-    Fraction(f64),
-}
-
-/// `20` means 20 GiB (the old scripts' habit), `20G` a size, `0.8` a fraction.
-pub fn parse_memory(v: &str) -> Result<MemoryTarget, String> {
-    if let Ok(x) = v.parse::<f64>() {
-        if x <= 0.0 {
-            return Err(format!("`{v}` must be positive"));
-        }
-        return Ok(if x <= 1.0 {
-            MemoryTarget::Fraction(x)
-        } else {
-            MemoryTarget::Bytes((x * (1u64 << 30) as f64) as u64)
-        });
-    }
-    parse_bytes(v).map(MemoryTarget::Bytes)
 }
 
 /// How a selector compares.
@@ -560,6 +223,17 @@ mod tests {
     }
 
     #[test]
+    fn booleans_are_stored_true_or_false() {
+        let mut s = spec("stress");
+        s.params.insert("with_comm".into(), "yes".into());
+        assert_eq!(normalize(&s).unwrap().params["with_comm"], "true");
+        s.params.insert("with_comm".into(), "0".into());
+        assert_eq!(normalize(&s).unwrap().params["with_comm"], "false");
+        s.params.insert("with_comm".into(), "maybe".into());
+        assert_eq!(normalize(&s).unwrap_err().field, "--with-comm");
+    }
+
+    #[test]
     fn selectors_parse_and_match() {
         assert!(parse_selector("gpu=H200").is_ok());
         assert_eq!(parse_selector("rack!=a1").unwrap().op, SelectorOp::Ne);
@@ -588,13 +262,5 @@ mod tests {
         assert!(parse_selector("rack=a1").unwrap().matches(&node));
         assert!(!parse_selector("rack!=a1").unwrap().matches(&node));
         assert!(!parse_selector("gpu=A100").unwrap().matches(&node));
-    }
-
-    #[test]
-    fn memory_targets() {
-        assert_eq!(parse_memory("0.8").unwrap(), MemoryTarget::Fraction(0.8));
-        assert_eq!(parse_memory("20").unwrap(), MemoryTarget::Bytes(20 << 30));
-        assert_eq!(parse_memory("1G").unwrap(), MemoryTarget::Bytes(1 << 30));
-        assert!(parse_memory("-3").is_err());
     }
 }

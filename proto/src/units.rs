@@ -1,4 +1,9 @@
 //! Parsing and printing of the sizes and durations users type: `64M`, `1GiB`, `15m`.
+//! Sizes go through `parse-size` (binary units, as nccl-tests reads them) and
+//! `humansize`, durations through `humantime`; this module only adds the checks
+//! and the error messages gpuctl's users see.
+
+use humansize::{format_size, BINARY};
 
 /// Parses a byte size: a plain number of bytes, or a number with K, M, G, T
 /// (powers of 1024, as nccl-tests reads them), with an optional `i`/`iB`/`B`.
@@ -10,44 +15,26 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     if t.starts_with('-') {
         return Err(format!("`{t}` is negative; give a size like 1M or 1GiB"));
     }
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("`{t}` is not a size; give bytes like 1048576, 1M or 1GiB"))?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "ki" | "kib" => 1 << 10,
-        "m" | "mb" | "mi" | "mib" => 1 << 20,
-        "g" | "gb" | "gi" | "gib" => 1 << 30,
-        "t" | "tb" | "ti" | "tib" => 1 << 40,
-        other => {
-            return Err(format!(
-                "`{t}` has an unknown unit `{other}`; use K, M, G or T (powers of 1024)"
-            ))
-        }
-    };
-    Ok((value * mult as f64).round() as u64)
+    parse_size::Config::new()
+        .with_binary()
+        .parse_size(t)
+        .map_err(|e| {
+            let unit = t.trim_start_matches(|c: char| c.is_ascii_digit() || c == '.');
+            let number_first = unit.len() < t.len();
+            match e {
+                parse_size::Error::InvalidDigit if number_first => format!(
+                    "`{t}` has an unknown unit `{}`; use K, M, G or T (powers of 1024)",
+                    unit.trim()
+                ),
+                parse_size::Error::PosOverflow => format!("`{t}` is too large"),
+                _ => format!("`{t}` is not a size; give bytes like 1048576, 1M or 1GiB"),
+            }
+        })
 }
 
-/// Prints bytes the way a person reads them: 1.0 MiB, 64 MiB, 1.0 GiB.
+/// Prints bytes the way a person reads them: 1 MiB, 1.5 KiB, 12 B.
 pub fn format_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = bytes as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i < UNITS.len() - 1 {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{bytes} B")
-    } else if v.fract() == 0.0 {
-        format!("{v:.0} {}", UNITS[i])
-    } else {
-        format!("{v:.1} {}", UNITS[i])
-    }
+    format_size(bytes, BINARY.decimal_places(1))
 }
 
 /// Parses a duration such as `30s`, `15m`, `1h30m` or `500ms`.
@@ -93,9 +80,12 @@ mod tests {
         assert_eq!(parse_bytes("1GiB").unwrap(), 1 << 30);
         assert_eq!(parse_bytes("4096").unwrap(), 4096);
         assert_eq!(parse_bytes("1.5K").unwrap(), 1536);
+        assert_eq!(parse_bytes("25MB").unwrap(), 25 << 20);
+        assert_eq!(parse_bytes(" 2 g ").unwrap(), 2 << 30);
         assert!(parse_bytes("-1M").unwrap_err().contains("negative"));
         assert!(parse_bytes("12Q").unwrap_err().contains("unknown unit"));
         assert!(parse_bytes("lots").is_err());
+        assert!(parse_bytes("").is_err());
     }
 
     #[test]

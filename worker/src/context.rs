@@ -1,12 +1,12 @@
 //! Command line, environment, parameters: what one rank is told to do.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Parser;
+use gpuctl_proto::catalogue::TypedParams;
 
 use crate::client::Progress;
 use crate::comm::{nccl::NcclComm, tcp::TcpComm, Collectives};
@@ -34,10 +34,8 @@ pub struct Args {
     /// This node's name, as the coordinator knows it.
     #[arg(long)]
     pub node: String,
-    #[arg(long, value_parser = ["cpu", "cuda"])]
-    pub device: String,
-    /// NVML index of the GPU (informational: the worker uses the CUDA ordinal,
-    /// 0 when CUDA_VISIBLE_DEVICES is set, as the agent does).
+    /// NVML index of the rank's GPU; absent: a CPU rank. (The worker opens the
+    /// CUDA ordinal, 0 when CUDA_VISIBLE_DEVICES names one GPU, as the agent does.)
     #[arg(long)]
     pub gpu_index: Option<u32>,
     #[arg(long)]
@@ -117,86 +115,13 @@ impl RankEnv {
     }
 }
 
-/// Workload parameters, checked against the job-spec rules of `gpuctl_proto::spec`.
-#[derive(Debug, Clone, Default)]
-pub struct Params(pub BTreeMap<String, String>);
-
-impl Params {
-    pub fn new(workload: &str, pairs: &[(String, String)]) -> Result<Self> {
-        let map: BTreeMap<_, _> = pairs.iter().cloned().collect();
-        if let Some(def) = gpuctl_proto::spec::workload(workload) {
-            for k in map.keys() {
-                if !def.params.iter().any(|p| p.name == k) {
-                    let known: Vec<_> = def.params.iter().map(|p| p.name).collect();
-                    bail!(
-                        "workload `{workload}` has no parameter `{k}`; it takes {}",
-                        known.join(", ")
-                    );
-                }
-            }
-        }
-        Ok(Params(map))
-    }
-
-    pub fn get(&self, key: &str) -> Option<&str> {
-        self.0.get(key).map(|s| s.as_str())
-    }
-
-    pub fn u64_or(&self, key: &str, default: u64) -> Result<u64> {
-        match self.get(key) {
-            None => Ok(default),
-            Some(v) => v
-                .parse()
-                .map_err(|_| anyhow!("param {key}=`{v}` is not a whole number")),
-        }
-    }
-
-    pub fn bytes_or(&self, key: &str, default: u64) -> Result<u64> {
-        match self.get(key) {
-            None => Ok(default),
-            Some(v) => gpuctl_proto::units::parse_bytes(v).map_err(|e| anyhow!("param {key}: {e}")),
-        }
-    }
-
-    pub fn duration_or(&self, key: &str, default: Duration) -> Result<Duration> {
-        match self.get(key) {
-            None => Ok(default),
-            Some(v) => {
-                gpuctl_proto::units::parse_duration(v).map_err(|e| anyhow!("param {key}: {e}"))
-            }
-        }
-    }
-
-    pub fn bool_or(&self, key: &str, default: bool) -> Result<bool> {
-        match self.get(key) {
-            None => Ok(default),
-            Some("true") | Some("1") | Some("yes") => Ok(true),
-            Some("false") | Some("0") | Some("no") => Ok(false),
-            Some(v) => bail!("param {key}=`{v}` is not true or false"),
-        }
-    }
-
-    pub fn choice_or<'a>(
-        &'a self,
-        key: &str,
-        allowed: &[&str],
-        default: &'a str,
-    ) -> Result<&'a str> {
-        let v = self.get(key).unwrap_or(default);
-        if allowed.contains(&v) {
-            Ok(v)
-        } else {
-            bail!("param {key}=`{v}` is not one of {}", allowed.join(", "))
-        }
-    }
-}
-
 /// Everything a workload needs.
 pub struct Ctx {
     pub args: Args,
     pub env: RankEnv,
     pub dev: DeviceInfo,
-    pub params: Params,
+    /// The workload and its parameters, every default filled in for this device.
+    pub params: TypedParams,
     pub rdzv: Arc<dyn Rendezvous>,
     pub progress: Progress,
     /// How long to wait for other ranks at rendezvous.
@@ -241,13 +166,14 @@ impl Ctx {
         }
     }
 
-    /// The duration of a timed workload: `--duration-ms`, ending 5 s before the deadline.
-    pub fn duration(&self, default: Duration) -> Duration {
-        let mut d = if self.args.duration_ms > 0 {
-            Duration::from_millis(self.args.duration_ms)
+    /// The duration of a timed workload: `--duration-ms` (else the spec's
+    /// default), ending 5 s before the deadline.
+    pub fn duration(&self) -> Duration {
+        let mut d = Duration::from_millis(if self.args.duration_ms > 0 {
+            self.args.duration_ms
         } else {
-            default
-        };
+            gpuctl_proto::spec::DEFAULT_DURATION_MS
+        });
         if self.args.deadline_unix_ms > 0 {
             let left = self
                 .args

@@ -80,7 +80,7 @@ impl DeviceInfo {
                 Ok(()) => "libtorch_cuda.so loaded but libtorch sees no CUDA device".into(),
             };
             bail!(
-                "--device cuda but CUDA is not available ({why}); check the driver, \
+                "--gpu-index given but CUDA is not available ({why}); check the driver, \
                  CUDA_VISIBLE_DEVICES and that LD_LIBRARY_PATH holds site-packages/torch/lib, \
                  nvidia/nccl/lib and nvidia/cu13/lib"
             );

@@ -22,8 +22,9 @@ use anyhow::{anyhow, Result};
 use gpuctl_proto::pb::RankResult;
 
 use crate::client::{CoordinatorClient, Progress, ProgressTarget};
-use crate::context::{Args, Ctx, Params, RankEnv};
+use crate::context::{Args, Ctx, RankEnv};
 use crate::device::DeviceInfo;
+use gpuctl_proto::catalogue::TypedParams;
 
 /// Logs to stderr (the agent forwards it); `RUST_LOG` filters, default info.
 pub fn init_logging() {
@@ -66,7 +67,7 @@ fn execute(
     let env = RankEnv::from_env()?;
     res.rank = env.rank as u32;
     res.torch_version = device::torch_version();
-    let dev = if args.device == "cuda" {
+    let dev = if args.gpu_index.is_some() {
         let d = DeviceInfo::cuda(cuda_ordinal(&env), args.gpu_uuid.as_deref().unwrap_or(""))?;
         if let Ok(v) = comm::nccl::nccl_version() {
             res.nccl_version = v;
@@ -99,8 +100,9 @@ fn execute(
         workload = %args.workload,
         "worker starting"
     );
+    let given = args.params.iter().cloned().collect();
     let ctx = Ctx {
-        params: Params::new(&args.workload, &args.params)?,
+        params: TypedParams::build(&args.workload, &given, dev.is_cuda())?,
         args: args.clone(),
         env,
         dev,
@@ -163,9 +165,9 @@ pub fn run_worker(args: Args) -> i32 {
         attempt: args.attempt,
         rank: rank_hint,
         node: args.node.clone(),
-        device: args.device.clone(),
+        device: gpuctl_proto::device_label(args.gpu_index),
         gpu_uuid: args.gpu_uuid.clone().unwrap_or_default(),
-        nccl_version: if args.device == "cpu" {
+        nccl_version: if args.gpu_index.is_none() {
             "tcp-ring".into()
         } else {
             String::new()
@@ -185,14 +187,7 @@ pub fn run_worker(args: Args) -> i32 {
     if let Some(e) = error {
         let who = format!("node {} rank {}", res.node, res.rank);
         tracing::error!("{who}: {e}");
-        res.error = format!(
-            "{who} ({}): {e}",
-            if res.device.is_empty() {
-                &args.device
-            } else {
-                &res.device
-            }
-        );
+        res.error = format!("{who} ({}): {e}", res.device);
         progress.message(&res.error);
     }
     progress.update(if res.ok { "done" } else { "failed" }, 1.0, &[]);

@@ -572,8 +572,11 @@ fn mode_check(
     check(&s.node, name, Verdict::Pass, detail, "")
 }
 
+/// The check that lists other processes holding GPU memory.
+pub const GPU_PROCESSES: &str = "gpu_processes";
+
 pub fn gpu_processes(s: &Snapshot) -> PreflightCheck {
-    const NAME: &str = "gpu_processes";
+    const NAME: &str = GPU_PROCESSES;
     if s.gpus.is_empty() {
         return check(&s.node, NAME, Verdict::Pass, "no GPU".into(), "");
     }

@@ -247,6 +247,18 @@ pub fn failures(node: &str, checks: &[PreflightCheck]) -> Option<String> {
     (!failed.is_empty()).then(|| format!("node {node}: preflight failed: {}", failed.join("; ")))
 }
 
+/// Under `--exclusive` a job must have its GPUs to itself: another process
+/// holding GPU memory fails the node instead of warning.
+pub fn exclusive(checks: &mut [PreflightCheck]) {
+    for c in checks
+        .iter_mut()
+        .filter(|c| c.name == checks::GPU_PROCESSES && verdict_of(c) == Verdict::Warn)
+    {
+        c.verdict = Verdict::Fail as i32;
+        c.detail.push_str(" (the job asked for --exclusive GPUs)");
+    }
+}
+
 /// Logs every check once (pass at debug, warn at warn, fail at error), then
 /// a one-line count.
 pub fn log_checks(checks: &[PreflightCheck]) {

@@ -22,7 +22,7 @@ pub fn worker_command(
     p: &RankPlacement,
 ) -> Result<WorkerCommand, String> {
     let spec = a.spec.clone().unwrap_or_default();
-    let gpu = parse_device(&p.device)?;
+    let gpu = p.gpu_index;
     let mut args: Vec<String> = vec![
         "--coordinator".into(),
         coordinator_url.into(),
@@ -34,8 +34,6 @@ pub fn worker_command(
         spec.workload.clone(),
         "--node".into(),
         s.node.clone(),
-        "--device".into(),
-        if gpu.is_some() { "cuda" } else { "cpu" }.into(),
     ];
     let mut uuid = None;
     if let Some(index) = gpu {
@@ -95,19 +93,4 @@ pub fn worker_command(
         env.push(("CUDA_VISIBLE_DEVICES".into(), u));
     }
     Ok(WorkerCommand { args, env })
-}
-
-/// `cpu` → None, `cuda:N` → Some(N) (N is the NVML index).
-pub fn parse_device(device: &str) -> Result<Option<u32>, String> {
-    match device {
-        "" | "cpu" => Ok(None),
-        "cuda" => Ok(Some(0)),
-        d => d
-            .strip_prefix("cuda:")
-            .and_then(|n| n.parse().ok())
-            .map(Some)
-            .ok_or_else(|| {
-                format!("unknown device `{d}` in the placement; expected cpu or cuda:N")
-            }),
-    }
 }

@@ -16,7 +16,7 @@ mod command;
 mod logs;
 mod process;
 
-pub use command::{parse_device, worker_command, WorkerCommand};
+pub use command::{worker_command, WorkerCommand};
 pub use process::{kill_group, signal_group, signal_name, spawn_in_group};
 
 use std::collections::{BTreeSet, HashMap};
@@ -79,7 +79,7 @@ pub struct WorkerSettings {
     pub work_dir: PathBuf,
     /// Built by `libtorch::ld_library_path`; `None` leaves the agent's own.
     pub ld_library_path: Option<OsString>,
-    /// NVML index → UUID, for placements that name only `cuda:N`.
+    /// NVML index → UUID, for placements that give only a GPU index.
     pub gpu_uuids: HashMap<u32, String>,
     pub kill_grace: Duration,
 }
@@ -298,6 +298,7 @@ impl Workers {
             attempt: a.attempt,
             ok: false,
             error,
+            checks: Vec::new(),
         }
     }
 
@@ -311,6 +312,7 @@ impl Workers {
             attempt: a.attempt,
             ok,
             error,
+            checks: Vec::new(),
         };
         if self.jobs.lock().unwrap().contains_key(&key) {
             // A repeated assignment (e.g. resent after a hiccup): already running.
@@ -344,11 +346,7 @@ impl Workers {
             JobEntry {
                 kill: kill_tx,
                 alive: a.ranks.iter().map(|p| p.rank).collect(),
-                gpus: a
-                    .ranks
-                    .iter()
-                    .filter_map(|p| parse_device(&p.device).ok().flatten())
-                    .collect(),
+                gpus: a.ranks.iter().filter_map(|p| p.gpu_index).collect(),
                 pids: HashMap::new(),
             },
         );
@@ -363,7 +361,7 @@ impl Workers {
             }
             match self.spawn_rank(&a, p, &coordinator_url) {
                 Ok(child) => {
-                    tracing::info!(job = %a.job_id, attempt = a.attempt, rank = p.rank, device = %p.device,
+                    tracing::info!(job = %a.job_id, attempt = a.attempt, rank = p.rank, device = %p.device_label(),
                         pid = child.id().unwrap_or(0), "worker started");
                     self.live.send_modify(|n| *n += 1);
                     if let Some(pid) = child.id() {
@@ -648,7 +646,7 @@ mod tests {
         }
     }
 
-    fn assignment(ranks: &[(u32, &str)], deadline_unix_ms: u64) -> Assignment {
+    fn assignment(ranks: &[(u32, Option<u32>)], deadline_unix_ms: u64) -> Assignment {
         Assignment {
             job_id: "job-7".into(),
             attempt: 2,
@@ -671,7 +669,7 @@ mod tests {
                     local_rank: i as u32,
                     node_rank: 1,
                     node: "n1".into(),
-                    device: dev.to_string(),
+                    gpu_index: *dev,
                     ..Default::default()
                 })
                 .collect(),
@@ -693,13 +691,13 @@ mod tests {
     #[test]
     fn worker_command_follows_the_contract() {
         let s = settings(Path::new("/tmp"), "/bin/true".into());
-        let a = assignment(&[(2, "cuda:3"), (3, "cpu")], 1_700_000_000_000);
+        let a = assignment(&[(2, Some(3)), (3, None)], 1_700_000_000_000);
         let c = worker_command(&s, "http://c:7070", &a, &a.ranks[0]).unwrap();
         let args = c.args.join(" ");
         assert_eq!(
             args,
             "--coordinator http://c:7070 --job-id job-7 --attempt 2 --workload stress --node n1 \
-             --device cuda --gpu-index 3 --gpu-uuid GPU-3333 --duration-ms 5000 \
+             --gpu-index 3 --gpu-uuid GPU-3333 --duration-ms 5000 \
              --deadline-unix-ms 1700000000000 --param precision=fp32 --param size=256"
         );
         let env: HashMap<_, _> = c.env.iter().cloned().collect();
@@ -724,15 +722,14 @@ mod tests {
         assert_eq!(last_nccl.1, "WARN");
 
         let cpu = worker_command(&s, "http://c:7070", &a, &a.ranks[1]).unwrap();
-        assert!(cpu.args.windows(2).any(|w| w == ["--device", "cpu"]));
+        assert!(!cpu.args.iter().any(|x| x == "--device"));
         assert!(!cpu.args.iter().any(|x| x == "--gpu-index"));
         assert!(!cpu.env.iter().any(|(k, _)| k == "CUDA_VISIBLE_DEVICES"));
 
-        let bad = assignment(&[(0, "cuda:9")], 0);
+        let bad = assignment(&[(0, Some(9))], 0);
         assert!(worker_command(&s, "u", &bad, &bad.ranks[0])
             .unwrap_err()
             .contains("GPU 9"));
-        assert!(parse_device("tpu:0").is_err());
     }
 
     fn script(dir: &Path, body: &str) -> PathBuf {
@@ -773,7 +770,7 @@ i=0; while [ $i -lt 30 ]; do echo "err $i" >&2; i=$((i+1)); done
 exit $((RANK + 3))"#,
         );
         let (w, mut events) = Workers::new(settings(tmp.path(), bin), "http://coord:1".into());
-        let ack = w.start(assignment(&[(2, "cpu"), (3, "cpu")], 0));
+        let ack = w.start(assignment(&[(2, None), (3, None)], 0));
         assert!(ack.ok, "{}", ack.error);
         let (logs, exits) = collect(&mut events, 2).await;
         assert_eq!(
@@ -816,7 +813,7 @@ exit $((RANK + 3))"#,
         let tmp = tempfile::tempdir().unwrap();
         let bin = script(tmp.path(), "echo started; exec sleep 100");
         let (w, mut events) = Workers::new(settings(tmp.path(), bin), "u".into());
-        assert!(w.start(assignment(&[(0, "cpu"), (1, "cpu")], 0)).ok);
+        assert!(w.start(assignment(&[(0, None), (1, None)], 0)).ok);
         let running = w.running();
         assert_eq!(running.len(), 1);
         assert_eq!(running[0].ranks, vec![0, 1]);
@@ -843,12 +840,12 @@ exit $((RANK + 3))"#,
         let bin = script(tmp.path(), "exec sleep 100");
         let (w, mut events) = Workers::new(settings(tmp.path(), bin), "u".into());
         let deadline = gpuctl_proto::now_ms() + 300;
-        assert!(w.start(assignment(&[(0, "cpu")], deadline)).ok);
+        assert!(w.start(assignment(&[(0, None)], deadline)).ok);
         let (_, exits) = collect(&mut events, 1).await;
         assert_eq!(exits[0].killed_by, "deadline");
         assert!(gpuctl_proto::now_ms() >= deadline);
 
-        let mut a = assignment(&[(0, "cpu")], 0);
+        let mut a = assignment(&[(0, None)], 0);
         a.job_id = "job-8".into();
         assert!(w.start(a).ok);
         assert!(
@@ -865,7 +862,7 @@ exit $((RANK + 3))"#,
         let tmp = tempfile::tempdir().unwrap();
         let bin = tmp.path().join("no-such-worker");
         let (w, mut events) = Workers::new(settings(tmp.path(), bin.clone()), "u".into());
-        let ack = w.start(assignment(&[(0, "cpu"), (1, "cpu")], 0));
+        let ack = w.start(assignment(&[(0, None), (1, None)], 0));
         assert!(!ack.ok);
         assert!(
             ack.error.contains(&bin.display().to_string()),
@@ -891,7 +888,7 @@ exit $((RANK + 3))"#,
 head -c 40000 /dev/zero | tr '\0' x; printf '\n'; printf 'no newline at end'"#,
         );
         let (w, mut events) = Workers::new(settings(tmp.path(), bin), "u".into());
-        assert!(w.start(assignment(&[(0, "cpu")], 0)).ok);
+        assert!(w.start(assignment(&[(0, None)], 0)).ok);
         let (logs, _) = collect(&mut events, 1).await;
         assert!(logs.iter().all(|l| l.lines.len() <= LOG_BATCH_LINES));
         let lines: Vec<String> = logs.into_iter().flat_map(|l| l.lines).collect();

@@ -58,8 +58,15 @@ pub async fn run(c: &mut Coordinator, cmd: BaselineCommand, out: OutputFormat) -
 }
 
 fn list_table(all: &[pb::Baseline]) -> String {
-    let mut t = Table::new(&["NAME", "JOB", "WORKLOAD", "FIGURES", "DEVICE CLASSES", "SAVED"])
-        .right(&[3]);
+    let mut t = Table::new(&[
+        "NAME",
+        "JOB",
+        "WORKLOAD",
+        "FIGURES",
+        "DEVICE CLASSES",
+        "SAVED",
+    ])
+    .right(&[3]);
     for b in all {
         let mut classes: Vec<&str> = b.figures.iter().map(|f| f.device_class.as_str()).collect();
         classes.sort();
@@ -99,7 +106,10 @@ fn render(b: &pb::Baseline) -> String {
         ("NAME", b.name.clone()),
         ("FROM JOB", b.job_id.clone()),
         ("WORKLOAD", b.workload.clone()),
-        ("SAVED", output::age(b.created_unix_ms, gpuctl_proto::now_ms())),
+        (
+            "SAVED",
+            output::age(b.created_unix_ms, gpuctl_proto::now_ms()),
+        ),
     ]);
     s.push_str("\nFIGURES\n");
     s.push_str(&figures_table(b));

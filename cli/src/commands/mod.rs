@@ -1,6 +1,7 @@
 //! One module per verb. Each returns its outcome as an [`Exit`]; errors bubble
 //! up as `anyhow` and `main` prints them and picks their code (`Exit::of_error`).
 
+pub mod baseline;
 pub mod cancel;
 pub mod doctor;
 pub mod jobs;
@@ -57,5 +58,8 @@ pub async fn run(cli: Cli) -> Result<Exit> {
         }
         Command::Local(LocalCommand::Up(a)) => Ok(Exit::failed_if(local::up(a).await? != 0)),
         Command::Doctor(a) => doctor::run(&a, out),
+        Command::Baseline(cmd) => {
+            baseline::run(&mut Coordinator::connect(url).await?, cmd, out).await
+        }
     }
 }

@@ -33,7 +33,7 @@ pub fn rank_table(ranks: &[pb::RankPlacement]) -> String {
             r.rank.to_string(),
             r.node.clone(),
             r.local_rank.to_string(),
-            r.device.clone(),
+            r.device_label(),
             output::dash(&r.device_name),
         ]);
     }
@@ -108,14 +108,12 @@ mod tests {
                 pb::RankPlacement {
                     rank: 1,
                     node: "b".into(),
-                    device: "cpu".into(),
                     node_rank: 1,
                     ..Default::default()
                 },
                 pb::RankPlacement {
                     rank: 0,
                     node: "a".into(),
-                    device: "cpu".into(),
                     ..Default::default()
                 },
             ],

@@ -504,6 +504,7 @@ pub(crate) mod tests {
                         pb::Verdict::Pass,
                         Some(stress(700.0, "abcdef0123456789", 0)),
                     )],
+                    findings: vec![],
                 },
                 pb::NodeReport {
                     name: "node-b".into(),
@@ -513,6 +514,7 @@ pub(crate) mod tests {
                         rank(1, 0, pb::Verdict::Fail, Some(stress(650.5, "ffff", 0))),
                         rank(2, 1, pb::Verdict::Incomplete, None),
                     ],
+                    findings: vec![],
                 },
             ],
             env: vec![pb::EnvVar {
@@ -592,8 +594,10 @@ pub(crate) mod tests {
         ] {
             assert!(row.contains(cell), "`{cell}` missing in {row}");
         }
-        assert!(s.contains("PREFLIGHT\n"), "{s}");
-        assert!(s.contains("/dev/shm is 16 GiB"), "{s}");
+        assert!(s.contains("PREFLIGHT (at job start)\n"), "{s}");
+        // A passing check is folded into one line; its detail is in the JSON.
+        assert!(s.contains("1 check pass"), "{s}");
+        assert!(!s.contains("/dev/shm is 16 GiB"), "{s}");
 
         let v = output::json::report(&r);
         assert_eq!(v["telemetry"][0]["node"], "node-b");
@@ -734,7 +738,14 @@ pub(crate) mod tests {
         assert!(s.contains("job-000042"), "{s}");
         assert!(s.contains("VERDICT     FAIL"), "{s}");
         assert!(s.starts_with("VERDICT  FAIL"), "{s}");
-        assert!(s.trim_end().lines().last().unwrap().starts_with("VERDICT  FAIL"), "{s}");
+        assert!(
+            s.trim_end()
+                .lines()
+                .last()
+                .unwrap()
+                .starts_with("VERDICT  FAIL"),
+            "{s}"
+        );
         assert!(s.contains("BACKEND     nccl 2.28.9"), "{s}");
         assert!(s.contains("DURATION    30.5s"), "{s}");
         let rank1 = s

@@ -72,7 +72,7 @@ pub fn ranks_table(job: &pb::Job, now: u64, extra: &ExtraColumns) -> String {
     let mut placements: BTreeMap<u32, (String, String)> = BTreeMap::new();
     if let Some(plan) = &job.plan {
         for r in &plan.ranks {
-            placements.insert(r.rank, (r.node.clone(), r.device.clone()));
+            placements.insert(r.rank, (r.node.clone(), r.device_label()));
         }
     }
     for p in progress.values() {
@@ -152,13 +152,11 @@ mod tests {
                     pb::RankPlacement {
                         rank: 0,
                         node: "local-0".into(),
-                        device: "cpu".into(),
                         ..Default::default()
                     },
                     pb::RankPlacement {
                         rank: 1,
                         node: "local-0".into(),
-                        device: "cpu".into(),
                         local_rank: 1,
                         ..Default::default()
                     },

@@ -39,7 +39,7 @@ pub fn telemetry_columns(job: &pb::Job, latest: &[pb::TelemetryBatch]) -> ExtraC
                 if !r.gpu_uuid.is_empty() && !s.uuid.is_empty() {
                     s.uuid == r.gpu_uuid
                 } else {
-                    r.device == format!("cuda:{}", s.index)
+                    r.gpu_index == Some(s.index)
                 }
             });
         if let Some(s) = sample {
@@ -214,14 +214,14 @@ mod tests {
                     pb::RankPlacement {
                         rank: 0,
                         node: "a".into(),
-                        device: "cuda:0".into(),
+                        gpu_index: Some(0),
                         gpu_uuid: "GPU-a0".into(),
                         ..Default::default()
                     },
                     pb::RankPlacement {
                         rank: 1,
                         node: "b".into(),
-                        device: "cuda:1".into(),
+                        gpu_index: Some(1),
                         ..Default::default()
                     },
                 ],

@@ -54,7 +54,15 @@ fn place(f: &pb::Finding) -> String {
 
 /// One row per finding, worst first as the coordinator sorted them.
 pub fn findings_table(findings: &[pb::Finding]) -> String {
-    let mut t = Table::new(&["LEVEL", "NODE", "WHERE", "WHAT", "VALUE", "REFERENCE", "RULE"]);
+    let mut t = Table::new(&[
+        "LEVEL",
+        "NODE",
+        "WHERE",
+        "WHAT",
+        "VALUE",
+        "REFERENCE",
+        "RULE",
+    ]);
     for f in findings {
         let what = if f.key.is_empty() {
             f.metric.clone()

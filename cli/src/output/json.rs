@@ -85,7 +85,7 @@ pub fn placement(r: &pb::RankPlacement) -> Value {
         "local_rank": r.local_rank,
         "node_rank": r.node_rank,
         "node": r.node,
-        "device": r.device,
+        "device": r.device_label(),
         "gpu_uuid": r.gpu_uuid,
         "device_name": r.device_name,
     })

@@ -138,10 +138,10 @@ pub fn plan(spec: &JobSpec, chosen: &[&Node]) -> Plan {
     let mut next = 0u32;
     for (node_rank, node) in nodes.iter().enumerate() {
         for local_rank in 0..slots(node) {
-            let (device, gpu_uuid, device_name) = match node.gpus.get(local_rank as usize) {
-                Some(g) => (format!("cuda:{}", g.index), g.uuid.clone(), g.name.clone()),
+            let (gpu_index, gpu_uuid, device_name) = match node.gpus.get(local_rank as usize) {
+                Some(g) => (Some(g.index), g.uuid.clone(), g.name.clone()),
                 None => (
-                    "cpu".to_string(),
+                    None,
                     String::new(),
                     node.facts
                         .as_ref()
@@ -154,7 +154,7 @@ pub fn plan(spec: &JobSpec, chosen: &[&Node]) -> Plan {
                 local_rank,
                 node_rank: node_rank as u32,
                 node: node.name.clone(),
-                device,
+                gpu_index,
                 gpu_uuid,
                 device_name,
             });
@@ -293,16 +293,18 @@ mod tests {
         let p = plan(&spec(2), &chosen);
         assert_eq!(p.nodes, vec!["a", "b"]);
         assert_eq!(p.world_size, 4);
+        let labels: Vec<String> = p.ranks.iter().map(|r| r.device_label()).collect();
         let table: Vec<(u32, u32, u32, &str, &str)> = p
             .ranks
             .iter()
-            .map(|r| {
+            .zip(&labels)
+            .map(|(r, l)| {
                 (
                     r.rank,
                     r.node_rank,
                     r.local_rank,
                     r.node.as_str(),
-                    r.device.as_str(),
+                    l.as_str(),
                 )
             })
             .collect();
@@ -325,10 +327,12 @@ mod tests {
     fn uneven_slots_hand_out_ranks_in_node_order() {
         let nodes = [cpu_node("n1", 3, 6, false), cpu_node("n0", 1, 4, false)];
         let p = plan(&spec(2), &[&nodes[0], &nodes[1]]);
+        let labels: Vec<String> = p.ranks.iter().map(|r| r.device_label()).collect();
         let table: Vec<(u32, &str, u32, &str)> = p
             .ranks
             .iter()
-            .map(|r| (r.rank, r.node.as_str(), r.local_rank, r.device.as_str()))
+            .zip(&labels)
+            .map(|(r, l)| (r.rank, r.node.as_str(), r.local_rank, l.as_str()))
             .collect();
         assert_eq!(
             table,

@@ -63,13 +63,12 @@ impl Scheduler {
     pub(super) fn plan(&self, spec: JobSpec) -> Result<Plan, CoordinatorError> {
         let spec = gpuctl_proto::spec::normalize(&spec)?;
         if !spec.rules.trim().is_empty() {
-            self.cfg
-                .perf_rules
-                .overlay(&spec.rules)
-                .map_err(|e| CoordinatorError::InvalidField {
+            self.cfg.perf_rules.overlay(&spec.rules).map_err(|e| {
+                CoordinatorError::InvalidField {
                     field: "--rules".into(),
                     message: format!("{e:#}"),
-                })?;
+                }
+            })?;
         }
         let cands = self.candidates();
         let chosen = match planner::choose(&spec, &cands)? {

@@ -70,9 +70,10 @@ impl Scheduler {
                 ),
             );
         };
+        let device = p.device_label();
         for (field, planned) in [
             (&mut result.node, p.node),
-            (&mut result.device, p.device),
+            (&mut result.device, device),
             (&mut result.device_name, p.device_name),
             (&mut result.gpu_uuid, p.gpu_uuid),
         ] {

@@ -3,15 +3,15 @@
 
 use gpuctl_proto::pb::job_service_server::JobService;
 use gpuctl_proto::pb::{
-    Baseline, CancelJobRequest, GetBaselineRequest, GetJobRequest, GetLogsRequest, GetLogsResponse, GetReportRequest,
-    GetTelemetryRequest, GetTelemetryResponse, Job, ListJobsRequest, ListJobsResponse,
-    ListBaselinesRequest, ListBaselinesResponse, ListNodesRequest, ListNodesResponse, Plan, Report,
-    SaveBaselineRequest, SubmitRequest,
+    Baseline, CancelJobRequest, GetBaselineRequest, GetJobRequest, GetLogsRequest, GetLogsResponse,
+    GetReportRequest, GetTelemetryRequest, GetTelemetryResponse, Job, ListBaselinesRequest,
+    ListBaselinesResponse, ListJobsRequest, ListJobsResponse, ListNodesRequest, ListNodesResponse,
+    Plan, Report, SaveBaselineRequest, SubmitRequest,
 };
 use tonic::{Request, Response, Status};
 
-use crate::error::CoordinatorError;
 use super::baseline;
+use crate::error::CoordinatorError;
 use crate::scheduler::{Event, SchedulerHandle};
 use crate::store::StateStore;
 

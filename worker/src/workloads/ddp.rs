@@ -7,7 +7,8 @@
 //! so it goes to the log and to the last progress report (metrics
 //! `baseline_samples_per_s`, `scaling_efficiency`).
 
-use anyhow::{bail, Result};
+use anyhow::Result;
+use gpuctl_proto::catalogue::TrainParams;
 use gpuctl_proto::pb::rank_result::Detail;
 
 use super::memory::Memory;
@@ -19,70 +20,41 @@ use crate::context::Ctx;
 /// Timed steps of the no-communication baseline at most.
 pub const BASELINE_STEPS: u64 = 10;
 
-/// Model name, precision and GPT sequence length of a job, with per-device
-/// defaults: what every training workload (ddp, fsdp, maxbatch) reads alike.
-pub fn model_params(ctx: &Ctx) -> Result<(String, Precision, i64)> {
-    let gpu = ctx.dev.is_cuda();
-    let p = &ctx.params;
-    let name = p
-        .choice_or(
-            "model",
-            gpuctl_proto::spec::MODELS,
-            ModelConfig::default_name(gpu),
-        )?
-        .to_string();
-    let precision = Precision::parse(p.choice_or(
-        "precision",
-        &["fp32", "fp16", "bf16"],
-        if gpu { "bf16" } else { "fp32" },
-    )?)?;
-    let seq_len = p.u64_or("seq_len", if gpu { 1024 } else { 32 })? as i64;
-    if seq_len < 8 {
-        bail!("param seq_len={seq_len} is too short; give 8 or more");
+/// The GPT shape for a device (the CPU one is a toy).
+pub fn gpt_config(gpu: bool, seq_len: u64) -> GptConfig {
+    if gpu {
+        GptConfig::gpu(seq_len as i64)
+    } else {
+        GptConfig::cpu(seq_len as i64)
     }
-    Ok((name, precision, seq_len))
 }
 
-/// The training configuration of a job, with per-device defaults.
-pub fn config(ctx: &Ctx, mode: Mode) -> Result<TrainConfig> {
-    let gpu = ctx.dev.is_cuda();
-    let p = &ctx.params;
-    let (name, precision, seq_len) = model_params(ctx)?;
-    let batch_size = p.u64_or("batch_size", ModelConfig::default_batch(&name, gpu) as u64)? as i64;
-    if batch_size < 1 {
-        bail!("param batch_size must be 1 or more");
-    }
-    let steps = p.u64_or("steps", if gpu { 30 } else { 5 })?.max(1);
-    let warmup_steps = p.u64_or("warmup_steps", if gpu { 5 } else { 2 })?;
-    let channels_last = p.bool_or("channels_last", gpu)?;
-    let bucket_bytes = p.bytes_or("bucket_bytes", 25 << 20)?.max(1024);
-    let lr = TrainConfig::default_lr(&name);
+/// The training configuration of a job.
+pub fn config(ctx: &Ctx, p: &TrainParams, mode: Mode) -> Result<TrainConfig> {
+    let m = &p.model;
     Ok(TrainConfig {
         mode,
         model: ModelConfig {
-            gpt: if gpu {
-                GptConfig::gpu(seq_len)
-            } else {
-                GptConfig::cpu(seq_len)
-            },
-            name,
-            precision,
-            channels_last,
+            gpt: gpt_config(ctx.dev.is_cuda(), m.seq_len),
+            name: m.model.clone(),
+            precision: Precision::parse(&m.precision)?,
+            channels_last: p.channels_last,
         },
-        batch_size,
-        steps,
-        warmup_steps,
-        baseline_steps: steps.min(BASELINE_STEPS),
-        bucket_bytes,
-        lr,
+        batch_size: p.batch_size as i64,
+        steps: p.steps,
+        warmup_steps: p.warmup_steps,
+        baseline_steps: p.steps.min(BASELINE_STEPS),
+        // A floor of the bucketing, not a rule of the parameter.
+        bucket_bytes: p.bucket_bytes.max(1024),
+        lr: TrainConfig::default_lr(&m.model),
         momentum: 0.9,
         seed: 1234,
     })
 }
 
 /// Runs `ddp` or `fsdp` as this rank of the job.
-pub fn run_mode(ctx: &Ctx, mode: Mode) -> Result<Outcome> {
-    let cfg = config(ctx, mode)?;
+pub fn run_mode(ctx: &Ctx, params: &TrainParams, mode: Mode) -> Result<Outcome> {
+    let cfg = config(ctx, params, mode)?;
     if ctx.dev.is_cuda() {
         tch::Cuda::cudnn_set_benchmark(true);
     }
@@ -121,6 +93,6 @@ pub fn run_mode(ctx: &Ctx, mode: Mode) -> Result<Outcome> {
     })
 }
 
-pub fn run(ctx: &Ctx) -> Result<Outcome> {
-    run_mode(ctx, Mode::Ddp)
+pub fn run(ctx: &Ctx, params: &TrainParams) -> Result<Outcome> {
+    run_mode(ctx, params, Mode::Ddp)
 }

@@ -9,11 +9,12 @@
 //! optimizer state, which the peak memory in the result shows beside ddp's.
 
 use anyhow::Result;
+use gpuctl_proto::catalogue::TrainParams;
 
 use super::train::Mode;
 use super::Outcome;
 use crate::context::Ctx;
 
-pub fn run(ctx: &Ctx) -> Result<Outcome> {
-    super::ddp::run_mode(ctx, Mode::Fsdp)
+pub fn run(ctx: &Ctx, params: &TrainParams) -> Result<Outcome> {
+    super::ddp::run_mode(ctx, params, Mode::Fsdp)
 }

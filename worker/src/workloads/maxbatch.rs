@@ -18,11 +18,12 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use anyhow::{bail, Result};
+use gpuctl_proto::catalogue::MaxBatchParams;
 use gpuctl_proto::pb::{rank_result::Detail, MaxBatchPoint, MaxBatchResult};
 use tch::Device;
 
 use super::memory::Memory;
-use super::models::{gpt::GptConfig, Model, ModelConfig};
+use super::models::{Model, ModelConfig, Precision};
 use super::train::{Mode, ProgressFn, TrainConfig, Trainer};
 use super::Outcome;
 use crate::context::Ctx;
@@ -225,33 +226,20 @@ pub fn run_search(
     })
 }
 
-pub fn run(ctx: &Ctx) -> Result<Outcome> {
+pub fn run(ctx: &Ctx, p: &MaxBatchParams) -> Result<Outcome> {
     let gpu = ctx.dev.is_cuda();
-    let p = &ctx.params;
-    let (name, precision, seq_len) = super::ddp::model_params(ctx)?;
-    let margin = match p.get("margin") {
-        None => 0.1,
-        Some(v) => v
-            .parse::<f64>()
-            .ok()
-            .filter(|m| (0.0..=0.9).contains(m))
-            .ok_or_else(|| anyhow::anyhow!("param margin=`{v}` is not a number in 0..=0.9"))?,
-    };
-    let start = p.u64_or("start", 8)?.clamp(1, u32::MAX as u64) as u32;
-    let limit = p
-        .u64_or("limit", if gpu { 65536 } else { 64 })?
-        .clamp(1, u32::MAX as u64) as u32;
+    let name = p.model.model.clone();
+    let precision = Precision::parse(&p.model.precision)?;
+    let margin = p.margin;
+    let start = p.start.min(u32::MAX as u64) as u32;
+    let limit = p.limit.min(u32::MAX as u64) as u32;
     if gpu {
         tch::Cuda::cudnn_set_benchmark(true);
     }
     let cfg = TrainConfig {
         mode: Mode::Ddp,
         model: ModelConfig {
-            gpt: if gpu {
-                GptConfig::gpu(seq_len)
-            } else {
-                GptConfig::cpu(seq_len)
-            },
+            gpt: super::ddp::gpt_config(gpu, p.model.seq_len),
             name: name.clone(),
             precision,
             channels_last: gpu,

@@ -10,7 +10,8 @@ pub mod nccl;
 pub mod stress;
 pub mod train;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
+use gpuctl_proto::catalogue::TypedParams;
 use gpuctl_proto::pb::rank_result::Detail;
 
 use crate::context::Ctx;
@@ -25,16 +26,13 @@ pub struct Outcome {
     pub error: Option<String>,
 }
 
+/// Runs the workload whose typed parameters the rank was built with.
 pub fn run(ctx: &Ctx) -> Result<Outcome> {
-    match ctx.args.workload.as_str() {
-        "stress" => stress::run(ctx),
-        "nccl" => nccl::run(ctx),
-        "ddp" => ddp::run(ctx),
-        "fsdp" => fsdp::run(ctx),
-        "maxbatch" => maxbatch::run(ctx),
-        w => bail!(
-            "unknown workload `{w}`; this worker runs {}",
-            gpuctl_proto::spec::workload_names().join(", ")
-        ),
+    match &ctx.params {
+        TypedParams::Stress(p) => stress::run(ctx, p),
+        TypedParams::Nccl(p) => nccl::run(ctx, p),
+        TypedParams::Ddp(p) => ddp::run(ctx, p),
+        TypedParams::Fsdp(p) => fsdp::run(ctx, p),
+        TypedParams::MaxBatch(p) => maxbatch::run(ctx, p),
     }
 }

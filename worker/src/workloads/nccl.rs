@@ -13,7 +13,8 @@
 
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
+use gpuctl_proto::catalogue::NcclParams;
 use gpuctl_proto::pb::{rank_result::Detail, CollectiveResult, CollectiveRow};
 use gpuctl_proto::units::format_bytes;
 use tch::{Device, Kind, Tensor};
@@ -239,68 +240,31 @@ pub struct SweepConfig {
     pub warmup: u64,
 }
 
-pub fn config(ctx: &Ctx) -> Result<SweepConfig> {
-    let p = &ctx.params;
-    let gpu = ctx.dev.is_cuda();
-    let ops = match p.get("ops") {
-        None | Some("all") => Op::ALL.to_vec(),
-        Some(list) => list
-            .split(',')
-            .map(|s| {
-                Op::parse(s.trim()).with_context(|| {
-                    format!(
-                        "param ops: `{}` is not one of {} (or all)",
-                        s.trim(),
-                        gpuctl_proto::spec::COLLECTIVE_OPS.join(", ")
-                    )
-                })
-            })
-            .collect::<Result<_>>()?,
-    };
-    let dtype = p
-        .choice_or("dtype", &["float", "bfloat16", "half"], "float")?
-        .to_string();
-    let kind = match dtype.as_str() {
+/// The sweep of a job's (already checked) parameters, in the worker's types.
+pub fn config(p: &NcclParams) -> Result<SweepConfig> {
+    let ops = p
+        .ops
+        .iter()
+        .map(|s| Op::parse(s).with_context(|| format!("collective `{s}` has no implementation")))
+        .collect::<Result<_>>()?;
+    let kind = match p.dtype.as_str() {
         "bfloat16" => Kind::BFloat16,
         "half" => Kind::Half,
         _ => Kind::Float,
     };
-    let cfg = SweepConfig {
+    Ok(SweepConfig {
         ops,
-        min_bytes: p.bytes_or("min_bytes", 1 << 20)?,
-        max_bytes: p.bytes_or("max_bytes", if gpu { 1 << 30 } else { 16 << 20 })?,
-        factor: p.u64_or("factor", 2)?,
+        min_bytes: p.min_bytes,
+        max_bytes: p.max_bytes,
+        factor: p.factor,
         kind,
-        dtype,
-        iters: p.u64_or("iters", 20)?.max(1),
-        warmup: p.u64_or("warmup", 5)?,
-    };
-    if cfg.min_bytes == 0 || cfg.min_bytes > cfg.max_bytes {
-        bail!(
-            "min_bytes ({}) must be at least 1 and at most max_bytes ({})",
-            cfg.min_bytes,
-            cfg.max_bytes
-        );
-    }
-    if cfg.factor < 2 {
-        bail!("param factor={} must be 2 or more", cfg.factor);
-    }
-    Ok(cfg)
+        dtype: p.dtype.clone(),
+        iters: p.iters,
+        warmup: p.warmup,
+    })
 }
 
-/// The sizes of the sweep, in bytes.
-pub fn size_steps(min: u64, max: u64, factor: u64) -> Vec<u64> {
-    let mut v = Vec::new();
-    let mut s = min.max(1);
-    while s <= max {
-        v.push(s);
-        s = match s.checked_mul(factor.max(2)) {
-            Some(x) => x,
-            None => break,
-        };
-    }
-    v
-}
+pub use gpuctl_proto::catalogue::size_steps;
 
 /// One timed measurement: (µs per op, #wrong).
 fn measure(
@@ -366,8 +330,8 @@ fn measure(
     Ok((time_us, wrong))
 }
 
-pub fn run(ctx: &Ctx) -> Result<Outcome> {
-    let cfg = config(ctx)?;
+pub fn run(ctx: &Ctx, params: &NcclParams) -> Result<Outcome> {
+    let cfg = config(params)?;
     let mut comm = ctx.make_comm()?;
     let out = sweep(
         comm.as_mut(),

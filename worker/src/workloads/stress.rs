@@ -8,56 +8,16 @@
 //! device, as raw bits: no host copy in the timed loop).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use gpuctl_proto::catalogue::{MemoryTarget, StressParams};
 use gpuctl_proto::pb::{rank_result::Detail, StressResult};
-use gpuctl_proto::spec::{parse_memory, MemoryTarget};
 use tch::{Device, Kind, Tensor};
 
 use super::Outcome;
 use crate::context::Ctx;
 use crate::device::fnv1a64;
-
-#[derive(Debug, Clone)]
-pub struct StressConfig {
-    pub size: i64,
-    pub precision: String,
-    pub interval: Duration,
-    pub check_every: u64,
-    pub target_memory: Option<MemoryTarget>,
-    pub with_comm: bool,
-    pub duration: Duration,
-}
-
-pub fn config(ctx: &Ctx) -> Result<StressConfig> {
-    let gpu = ctx.dev.is_cuda();
-    let p = &ctx.params;
-    let size = p.u64_or("size", if gpu { 8192 } else { 256 })?;
-    if !(16..=65536).contains(&size) {
-        bail!("param size={size} is out of range; give 16..=65536");
-    }
-    let precision = p
-        .choice_or(
-            "precision",
-            &["bf16", "fp16", "tf32", "fp32", "fp8"],
-            if gpu { "bf16" } else { "fp32" },
-        )?
-        .to_string();
-    let target_memory = match p.get("target_memory") {
-        None => None,
-        Some(v) => Some(parse_memory(v).map_err(|e| anyhow::anyhow!("param target_memory: {e}"))?),
-    };
-    Ok(StressConfig {
-        size: size as i64,
-        precision,
-        interval: p.duration_or("interval", Duration::from_secs(1))?,
-        check_every: p.u64_or("check_every", 10)?.max(1),
-        target_memory,
-        with_comm: p.bool_or("with_comm", false)?,
-        duration: ctx.duration(Duration::from_secs(60)),
-    })
-}
 
 fn kind_of(precision: &str, gpu: bool) -> Result<Kind> {
     Ok(match (precision, gpu) {
@@ -146,14 +106,14 @@ fn fill_memory(ctx: &Ctx, target: MemoryTarget) -> Result<Vec<Tensor>> {
     Ok(held)
 }
 
-pub fn run(ctx: &Ctx) -> Result<Outcome> {
-    let cfg = config(ctx)?;
+pub fn run(ctx: &Ctx, cfg: &StressParams) -> Result<Outcome> {
+    let duration = ctx.duration();
     let gpu = ctx.dev.is_cuda();
     let kind = kind_of(&cfg.precision, gpu)?;
     if gpu {
         crate::device::set_allow_tf32(cfg.precision == "tf32").context("setting TF32 mode")?;
     }
-    let n = cfg.size;
+    let n = cfg.size as i64;
     let dev = ctx.dev.device;
     let class = format!(
         "{}|torch {}|{}|n={}",
@@ -165,7 +125,7 @@ pub fn run(ctx: &Ctx) -> Result<Outcome> {
     tracing::info!(
         size = n,
         precision = %cfg.precision,
-        duration_s = cfg.duration.as_secs_f64(),
+        duration_s = duration.as_secs_f64(),
         with_comm = cfg.with_comm,
         "stress: {class}"
     );
@@ -222,7 +182,7 @@ pub fn run(ctx: &Ctx) -> Result<Outcome> {
      -> Result<()> {
         ctx.dev.synchronize();
         let start = Instant::now();
-        let end = start + cfg.duration;
+        let end = start + duration;
         let mut interval_start = start;
         let mut in_interval: u64 = 0;
         let mut until_check = cfg.check_every;
@@ -254,8 +214,7 @@ pub fn run(ctx: &Ctx) -> Result<Outcome> {
                 interval_start = t;
                 in_interval = 0;
                 ctx.sample_memory();
-                let frac =
-                    t.duration_since(start).as_secs_f64() / cfg.duration.as_secs_f64().max(1e-9);
+                let frac = t.duration_since(start).as_secs_f64() / duration.as_secs_f64().max(1e-9);
                 ctx.progress.update(
                     &format!("gemm {} n={n}", cfg.precision),
                     frac,

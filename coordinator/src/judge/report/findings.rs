@@ -56,7 +56,10 @@ pub(super) fn of_health(health: &[HealthFinding]) -> Vec<Finding> {
                 h.verdict(),
                 "health",
                 &h.rule,
-                format!("node {} GPU {}: health `{}`: {}", h.node, h.gpu_index, h.rule, h.detail),
+                format!(
+                    "node {} GPU {}: health `{}`: {}",
+                    h.node, h.gpu_index, h.rule, h.detail
+                ),
             );
             f.gpu_index = Some(h.gpu_index);
             f.gpu_uuid = h.uuid.clone();

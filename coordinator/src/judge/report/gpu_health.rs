@@ -1,5 +1,5 @@
 //! GPU health onto ranks and nodes: a GPU with a failing health finding fails
-//! the ranks that ran on it, matched by UUID, else by NVML index (`cuda:N`);
+//! the ranks that ran on it, matched by UUID, else by NVML index;
 //! a failing GPU that no rank ran on fails its node.
 
 use std::collections::BTreeMap;
@@ -18,7 +18,6 @@ pub(super) fn apply(
     let mut node_faults: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for f in health.iter().filter(|f| f.verdict() == Verdict::Fail) {
         let why = format!("GPU {} health `{}`: {}", f.gpu_index, f.rule, f.detail);
-        let device = format!("cuda:{}", f.gpu_index);
         let on_gpu: Vec<u32> = plan
             .ranks
             .iter()
@@ -27,7 +26,7 @@ pub(super) fn apply(
                     && if !f.uuid.is_empty() && !p.gpu_uuid.is_empty() {
                         p.gpu_uuid == f.uuid
                     } else {
-                        p.device == device
+                        p.gpu_index == Some(f.gpu_index)
                     }
             })
             .map(|p| p.rank)

@@ -27,7 +27,9 @@ fn rules<'a>(base: &'a PerfRules, spec: &JobSpec, notes: &mut Vec<String>) -> Co
     }
     match base.overlay(&spec.rules) {
         Ok(r) => {
-            notes.push("performance rules: the coordinator's, with the job's --rules over them".into());
+            notes.push(
+                "performance rules: the coordinator's, with the job's --rules over them".into(),
+            );
             Cow::Owned(r)
         }
         Err(e) => {
@@ -50,7 +52,10 @@ fn reason(f: &Finding) -> String {
         format!(" {}", f.unit)
     };
     if f.missing {
-        format!("no {what} ({} reference {:.2}{unit})", f.reference_kind, f.reference)
+        format!(
+            "no {what} ({} reference {:.2}{unit})",
+            f.reference_kind, f.reference
+        )
     } else {
         format!(
             "{what} = {:.2}{unit} against {} reference {:.2}{unit}",

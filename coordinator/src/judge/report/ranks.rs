@@ -69,7 +69,7 @@ pub(super) type RankStates = BTreeMap<u32, RankState>;
 
 /// "rank 3 on node agent-1 (cuda:3)", how every failure names a rank.
 pub fn rank_label(p: &RankPlacement) -> String {
-    format!("rank {} on node {} ({})", p.rank, p.node, p.device)
+    format!("rank {} on node {} ({})", p.rank, p.node, p.device_label())
 }
 
 /// How a worker ended, for messages: "exited with code 1: <last stderr line>".
@@ -91,7 +91,13 @@ pub fn exit_text(ex: &WorkerExited) -> String {
 /// line (a log line at ERROR level, a panic, an `error:`), else the last line;
 /// an INFO line written after the error would explain nothing.
 fn last_error_line(stderr: &str) -> Option<&str> {
-    let lines = || stderr.lines().rev().map(str::trim).filter(|l| !l.is_empty());
+    let lines = || {
+        stderr
+            .lines()
+            .rev()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+    };
     let is_error = |l: &&str| {
         l.contains(" ERROR ")
             || l.starts_with("ERROR")

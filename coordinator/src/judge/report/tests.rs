@@ -9,6 +9,7 @@ use gpuctl_proto::pb::{
 
 use super::*;
 use crate::judge::health::HealthRules;
+use crate::judge::rules::PerfRules;
 use crate::judge::telemetry::Telemetry;
 
 fn job(state: JobState, nodes: usize, per_node: u32) -> Job {
@@ -22,7 +23,7 @@ fn job(state: JobState, nodes: usize, per_node: u32) -> Job {
                 local_rank: l,
                 node_rank: n as u32,
                 node: format!("node-{n}"),
-                device: format!("cuda:{l}"),
+                gpu_index: Some(l),
                 ..Default::default()
             });
         }
@@ -64,6 +65,7 @@ fn build_with(job: &Job, results: Vec<RankResult>) -> Report {
         exits: &BTreeMap::new(),
         telemetry: &Telemetry::default(),
         rules: &HealthRules::default(),
+        perf: &PerfRules::default(),
         now_ms: 9_000,
     })
 }
@@ -249,6 +251,7 @@ fn failing_gpus_fail_their_ranks_and_nodes() {
         exits: &BTreeMap::new(),
         telemetry: &t,
         rules: &HealthRules::default(),
+        perf: &PerfRules::default(),
         now_ms: 9_000,
     });
     assert_eq!(rank(&r, 0).verdict(), Verdict::Pass);
@@ -284,6 +287,7 @@ fn failing_gpus_fail_their_ranks_and_nodes() {
         exits: &BTreeMap::new(),
         telemetry: &t2,
         rules: &HealthRules::default(),
+        perf: &PerfRules::default(),
         now_ms: 9_000,
     });
     let (v, why) = ranks_verdict(&r);
@@ -303,6 +307,7 @@ fn missing_results_are_incomplete_with_reasons() {
         exits: &exits,
         telemetry: &Telemetry::default(),
         rules: &HealthRules::default(),
+        perf: &PerfRules::default(),
         now_ms: 3_000,
     });
     assert_eq!(r.verdict(), Verdict::Incomplete);
@@ -330,6 +335,7 @@ fn missing_results_are_incomplete_with_reasons() {
         exits: &exits,
         telemetry: &Telemetry::default(),
         rules: &HealthRules::default(),
+        perf: &PerfRules::default(),
         now_ms: 3_000,
     });
     assert_eq!(r.verdict(), Verdict::Fail);

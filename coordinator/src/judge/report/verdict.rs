@@ -43,7 +43,10 @@ fn with_job_findings(report: &Report, verdict: Verdict, reason: String) -> (Verd
     if job_warns > 0 {
         parts.push(format!("{job_warns} warning(s) on the job's figures"));
     }
-    (Verdict::Warn, format!("{reason}, with {}", parts.join(" and ")))
+    (
+        Verdict::Warn,
+        format!("{reason}, with {}", parts.join(" and ")),
+    )
 }
 
 /// Sets the report's verdict and reason; a job still running gets a note

@@ -61,37 +61,13 @@ impl Precision {
 /// Which model, and how to lay it out.
 #[derive(Clone, Debug)]
 pub struct ModelConfig {
-    /// One of `gpuctl_proto::spec::MODELS`.
+    /// One of `gpuctl_proto::spec::MODELS` (default and batch: `gpuctl_proto::catalogue`).
     pub name: String,
     pub precision: Precision,
     /// channels_last layout for the CNNs (input and every 4-d weight).
     pub channels_last: bool,
     /// GPT size (ignored by the other models).
     pub gpt: gpt::GptConfig,
-}
-
-impl ModelConfig {
-    /// The default model of a device: resnet50 on a GPU, cnn on a CPU.
-    pub fn default_name(gpu: bool) -> &'static str {
-        if gpu {
-            "resnet50"
-        } else {
-            "cnn"
-        }
-    }
-
-    /// A sensible per-rank batch for the model on this kind of device.
-    pub fn default_batch(name: &str, gpu: bool) -> i64 {
-        match (name, gpu) {
-            ("gpt", true) => 16,
-            ("gpt", false) => 4,
-            ("cnn", true) => 1024,
-            ("cnn", false) => 8,
-            ("resnet18" | "resnet50", true) => 256,
-            (_, true) => 128,
-            (_, false) => 2,
-        }
-    }
 }
 
 enum Net {

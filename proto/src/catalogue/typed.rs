@@ -1,0 +1,321 @@
+//! A job's parameters as typed structs, one per workload, with every default
+//! filled in for the rank's device from the catalogue. The worker builds one
+//! at start and its workloads read fields only.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use super::{
+    check_sizes, default_batch, err, known, param, parse_flag, workloads, MemoryTarget, SpecError,
+    Value,
+};
+
+/// `stress`: the GEMM loop.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StressParams {
+    pub size: u64,
+    pub precision: String,
+    pub interval: Duration,
+    pub target_memory: Option<MemoryTarget>,
+    pub with_comm: bool,
+    pub check_every: u64,
+}
+
+/// `nccl`: the nccl-tests sweep.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NcclParams {
+    pub ops: Vec<String>,
+    pub min_bytes: u64,
+    pub max_bytes: u64,
+    pub factor: u64,
+    pub dtype: String,
+    pub iters: u64,
+    pub warmup: u64,
+}
+
+/// The sizes of an nccl-tests sweep, in bytes: `min`, then times `factor`
+/// up to `max`.
+pub fn size_steps(min: u64, max: u64, factor: u64) -> Vec<u64> {
+    let mut v = Vec::new();
+    let mut s = min.max(1);
+    while s <= max {
+        v.push(s);
+        s = match s.checked_mul(factor.max(2)) {
+            Some(x) => x,
+            None => break,
+        };
+    }
+    v
+}
+
+impl NcclParams {
+    /// The sizes this sweep measures.
+    pub fn sizes(&self) -> Vec<u64> {
+        size_steps(self.min_bytes, self.max_bytes, self.factor)
+    }
+}
+
+/// What every training workload (ddp, fsdp, maxbatch) reads alike.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelParams {
+    pub model: String,
+    pub precision: String,
+    pub seq_len: u64,
+}
+
+/// `ddp` and `fsdp`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainParams {
+    pub model: ModelParams,
+    pub batch_size: u64,
+    pub steps: u64,
+    pub warmup_steps: u64,
+    pub channels_last: bool,
+    pub bucket_bytes: u64,
+}
+
+/// `maxbatch`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MaxBatchParams {
+    pub model: ModelParams,
+    pub margin: f64,
+    pub start: u64,
+    pub limit: u64,
+}
+
+/// One workload's parameters, typed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TypedParams {
+    Stress(StressParams),
+    Nccl(NcclParams),
+    Ddp(TrainParams),
+    Fsdp(TrainParams),
+    MaxBatch(MaxBatchParams),
+}
+
+impl TypedParams {
+    /// Checks `given` against the catalogue and fills every default for a rank
+    /// on a GPU (`gpu`) or a CPU. Errors name the flag, as `normalize`'s do.
+    pub fn build(
+        workload: &str,
+        given: &HashMap<String, String>,
+        gpu: bool,
+    ) -> Result<Self, SpecError> {
+        for key in given.keys() {
+            known(workload, key)?;
+        }
+        let r = Reader {
+            workload,
+            given,
+            gpu,
+        };
+        Ok(match workload {
+            "stress" => TypedParams::Stress(StressParams {
+                size: r.get("size")?,
+                precision: r.get("precision")?,
+                interval: r.get("interval")?,
+                target_memory: r.opt("target_memory")?,
+                with_comm: r.get("with_comm")?,
+                check_every: r.get("check_every")?,
+            }),
+            "nccl" => {
+                let p = NcclParams {
+                    ops: r.get("ops")?,
+                    min_bytes: r.get("min_bytes")?,
+                    max_bytes: r.get("max_bytes")?,
+                    factor: r.get("factor")?,
+                    dtype: r.get("dtype")?,
+                    iters: r.get("iters")?,
+                    warmup: r.get("warmup")?,
+                };
+                check_sizes(p.min_bytes, p.max_bytes)?;
+                TypedParams::Nccl(p)
+            }
+            "ddp" => TypedParams::Ddp(r.train()?),
+            "fsdp" => TypedParams::Fsdp(r.train()?),
+            "maxbatch" => TypedParams::MaxBatch(MaxBatchParams {
+                model: r.model()?,
+                margin: r.get("margin")?,
+                start: r.get("start")?,
+                limit: r.get("limit")?,
+            }),
+            w => {
+                return Err(err(
+                    "workload",
+                    format!(
+                        "unknown workload `{w}`; this build knows {}",
+                        workloads().join(", ")
+                    ),
+                ))
+            }
+        })
+    }
+}
+
+/// Reads one workload's values: the job's, else the catalogue's default.
+struct Reader<'a> {
+    workload: &'a str,
+    given: &'a HashMap<String, String>,
+    gpu: bool,
+}
+
+/// A field's type, taken out of a parsed [`Value`] of the matching kind.
+trait FromValue: Sized {
+    fn from_value(v: Value) -> Option<Self>;
+}
+
+macro_rules! from_value {
+    ($($t:ty => $($variant:ident)|+;)*) => {$(
+        impl FromValue for $t {
+            fn from_value(v: Value) -> Option<Self> {
+                match v {
+                    $(Value::$variant(x) => Some(x),)+
+                    _ => None,
+                }
+            }
+        }
+    )*};
+}
+
+from_value! {
+    u64 => Int | Bytes;
+    f64 => Float;
+    String => Word;
+    Vec<String> => List;
+    bool => Bool;
+    Duration => Duration;
+    MemoryTarget => Memory;
+}
+
+impl Reader<'_> {
+    /// The job's value of `name`, else the default for the device; `None`
+    /// when neither is there.
+    fn opt<T: FromValue>(&self, name: &str) -> Result<Option<T>, SpecError> {
+        let p = param(self.workload, name)
+            .unwrap_or_else(|| panic!("the catalogue has no `{name}` for `{}`", self.workload));
+        let text = self
+            .given
+            .get(name)
+            .map(String::as_str)
+            .or(p.default.for_device(self.gpu));
+        let Some(text) = text else { return Ok(None) };
+        let v = parse_flag(p, text)?;
+        Ok(Some(T::from_value(v).unwrap_or_else(|| {
+            panic!("the catalogue kind of `{name}` does not match its field")
+        })))
+    }
+
+    /// Like [`Reader::opt`] for a parameter the catalogue gives a default.
+    fn get<T: FromValue>(&self, name: &str) -> Result<T, SpecError> {
+        Ok(self.opt(name)?.unwrap_or_else(|| {
+            panic!(
+                "the catalogue gives `{name}` of `{}` no default",
+                self.workload
+            )
+        }))
+    }
+
+    fn model(&self) -> Result<ModelParams, SpecError> {
+        Ok(ModelParams {
+            model: self.get("model")?,
+            precision: self.get("precision")?,
+            seq_len: self.get("seq_len")?,
+        })
+    }
+
+    fn train(&self) -> Result<TrainParams, SpecError> {
+        let model = self.model()?;
+        let batch_size = match self.opt("batch_size")? {
+            Some(b) => b,
+            None => default_batch(&model.model, self.gpu),
+        };
+        Ok(TrainParams {
+            batch_size,
+            steps: self.get("steps")?,
+            warmup_steps: self.get("warmup_steps")?,
+            channels_last: self.get("channels_last")?,
+            bucket_bytes: self.get("bucket_bytes")?,
+            model,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn build(workload: &str, pairs: &[(&str, &str)], gpu: bool) -> Result<TypedParams, SpecError> {
+        let given = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        TypedParams::build(workload, &given, gpu)
+    }
+
+    #[test]
+    fn every_workload_builds_from_defaults_on_both_devices() {
+        for w in ["stress", "nccl", "ddp", "fsdp", "maxbatch"] {
+            for gpu in [true, false] {
+                build(w, &[], gpu).unwrap_or_else(|e| panic!("{w} gpu={gpu}: {e}"));
+            }
+        }
+    }
+
+    #[test]
+    fn defaults_depend_on_the_device() {
+        let TypedParams::Stress(s) = build("stress", &[], true).unwrap() else {
+            panic!()
+        };
+        assert_eq!((s.size, s.precision.as_str()), (8192, "bf16"));
+        assert_eq!(s.interval, Duration::from_secs(1));
+        let TypedParams::Stress(s) = build("stress", &[], false).unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            (s.size, s.precision.as_str(), s.check_every),
+            (256, "fp32", 10)
+        );
+        let TypedParams::Nccl(n) = build("nccl", &[], false).unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            (n.min_bytes, n.max_bytes, n.ops.len()),
+            (1 << 20, 16 << 20, 7)
+        );
+        let TypedParams::Ddp(t) = build("ddp", &[], true).unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            (t.model.model.as_str(), t.batch_size, t.steps),
+            ("resnet50", 256, 30)
+        );
+        assert!(t.channels_last);
+        let TypedParams::Fsdp(t) = build("fsdp", &[("model", "gpt")], false).unwrap() else {
+            panic!()
+        };
+        assert_eq!((t.batch_size, t.steps, t.model.seq_len), (4, 5, 32));
+        let TypedParams::MaxBatch(m) = build("maxbatch", &[], false).unwrap() else {
+            panic!()
+        };
+        assert_eq!((m.limit, m.start, m.margin), (64, 8, 0.1));
+    }
+
+    #[test]
+    fn errors_name_the_flag() {
+        let e = build("nccl", &[("min_bytes", "32M")], false).unwrap_err();
+        assert_eq!(e.field, "--min-bytes", "{e}");
+        assert!(build("nccl", &[("min_bytes", "32M")], true).is_ok());
+        assert_eq!(
+            build("stress", &[("size", "8")], true).unwrap_err().field,
+            "--size"
+        );
+        assert_eq!(
+            build("stress", &[("factor", "2")], true).unwrap_err().field,
+            "--param factor"
+        );
+        let TypedParams::Stress(s) = build("stress", &[("with_comm", "yes")], true).unwrap() else {
+            panic!()
+        };
+        assert!(s.with_comm);
+    }
+}
