@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod cgroup;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -191,6 +193,11 @@ impl Cluster {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// The process id of agent `i` (its workers are its children).
+    pub fn agent_pid(&self, i: usize) -> u32 {
+        self.agents[i].as_ref().expect("agent is running").id()
     }
 
     pub fn kill_agent(&mut self, i: usize) {
