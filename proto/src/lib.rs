@@ -2,7 +2,10 @@
 //! the generated messages and services, the protocol version, job-spec validation
 //! shared by the CLI and the coordinator, and the one place that builds gRPC servers.
 
+pub mod client;
+pub mod metrics_http;
 pub mod server;
+pub mod shutdown;
 pub mod spec;
 pub mod units;
 
