@@ -14,7 +14,6 @@ use gpuctl_proto::pb::worker_service_server::WorkerServiceServer;
 use gpuctl_proto::server::MAX_MESSAGE_BYTES;
 use gpuctl_proto::shutdown::Shutdown;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tracing::{info, warn};
 
 use crate::config::{Config, MetricsListen, StoreKind, DEFAULT_METRICS_LISTEN};
@@ -157,7 +156,7 @@ pub async fn run_with(
         .add_service(jobs)
         .add_service(workers)
         .serve_with_incoming_shutdown(
-            TcpListenerStream::new(listener),
+            gpuctl_proto::server::incoming(listener),
             shutdown.clone().cancelled_owned(),
         );
     let mut server = tokio::spawn(serve);

@@ -25,6 +25,11 @@ use tonic::Status;
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Time for a unary call's answer unless the caller says otherwise.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// HTTP/2 pings: how an idle session notices a vanished host (no FIN ever
+/// comes from a machine that lost power), and how any call notices a peer
+/// that accepted the connection but never speaks.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why no channel came about. The texts name the URL; callers add their fix.
 #[derive(Debug, thiserror::Error)]
@@ -82,10 +87,8 @@ impl Builder {
             .connect_timeout(self.connect_timeout)
             .tcp_nodelay(true)
             .tcp_keepalive(Some(Duration::from_secs(30)))
-            // HTTP/2 pings are how an idle session notices a vanished host
-            // (no FIN ever comes from a machine that lost power).
-            .http2_keep_alive_interval(Duration::from_secs(5))
-            .keep_alive_timeout(Duration::from_secs(10))
+            .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
             .keep_alive_while_idle(true))
     }
 
@@ -132,18 +135,35 @@ pub fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
     cur.to_string()
 }
 
-fn is_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
+/// Whether any error in `e`'s chain is `what`.
+fn in_chain(
+    e: &(dyn std::error::Error + 'static),
+    what: impl Fn(&(dyn std::error::Error + 'static)) -> bool,
+) -> bool {
     let mut cur = Some(e);
     while let Some(e) = cur {
-        if e.downcast_ref::<tonic::TimeoutExpired>().is_some()
-            || e.downcast_ref::<std::io::Error>()
-                .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
-        {
+        if what(e) {
             return true;
         }
         cur = e.source();
     }
     false
+}
+
+fn is_keepalive_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
+    in_chain(e, |e| {
+        e.downcast_ref::<hyper::Error>()
+            .is_some_and(|h| h.is_timeout())
+    })
+}
+
+fn is_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
+    is_keepalive_timeout(e)
+        || in_chain(e, |e| {
+            e.is::<tonic::TimeoutExpired>()
+                || e.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+        })
 }
 
 /// A tonic channel whose calls end with `DEADLINE_EXCEEDED` ("URL: no answer
@@ -176,13 +196,17 @@ impl Service<http::Request<Body>> for Channel {
         let url = self.url.clone();
         let call = self.inner.call(req);
         Box::pin(async move {
-            let late = || Status::deadline_exceeded(format!("{url}: {}", no_answer(limit))).into();
+            let late = |d| Status::deadline_exceeded(format!("{url}: {}", no_answer(d))).into();
             match tokio::time::timeout(limit, call).await {
                 Ok(Ok(resp)) => Ok(resp),
+                // A peer that accepted and never speaks fails the pings first.
+                Ok(Err(e)) if is_keepalive_timeout(&e) => {
+                    Err(late(KEEPALIVE_INTERVAL + KEEPALIVE_TIMEOUT))
+                }
                 // tonic's channel reads `grpc-timeout` too and may fire first.
-                Ok(Err(e)) if is_timeout(&e) => Err(late()),
+                Ok(Err(e)) if is_timeout(&e) => Err(late(limit)),
                 Ok(Err(e)) => Err(e.into()),
-                Err(_) => Err(late()),
+                Err(_) => Err(late(limit)),
             }
         })
     }
