@@ -6,7 +6,8 @@
 //! function that fills a fresh `Registry` (typically with a `Collector` over
 //! a snapshot), and [`write_family`] writes one family of such a snapshot.
 
-use std::future::Future;
+use std::future::{Future, IntoFuture as _};
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -19,6 +20,9 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 
 use crate::shutdown::Shutdown;
+
+/// How long open connections get to finish after the shutdown.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
 /// What prometheus-client writes: OpenMetrics text, ending in `# EOF`.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -100,9 +104,18 @@ where
             )
         })
         .with_state(scrape);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
+    let server = axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+        .into_future();
+    // A client that never finishes its request must not hold up the stop.
+    let grace = async {
+        shutdown.cancelled().await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    };
+    tokio::select! {
+        r = server => r,
+        _ = grace => Ok(()),
+    }
 }
 
 async fn answer<F, Fut>(State(scrape): State<F>) -> Response
@@ -122,7 +135,6 @@ mod tests {
     use prometheus_client::collector::Collector;
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Arc;
-    use std::time::Duration;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     #[derive(Debug)]
@@ -231,6 +243,10 @@ mod tests {
         assert!(resp.starts_with("HTTP/1.1 503"), "{resp}");
         assert!(resp.ends_with("stopping\n"), "{resp}");
 
+        // A client that sent half a request does not hold up the stop.
+        let mut half = tokio::net::TcpStream::connect(addr).await.unwrap();
+        half.write_all(b"GET /metr").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
         stop.cancel();
         tokio::time::timeout(Duration::from_secs(5), server)
             .await
