@@ -26,7 +26,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio_util::sync::CancellationToken;
+use gpuctl_proto::shutdown::Shutdown;
 
 /// Everything the command line decides.
 #[derive(Debug, Clone)]
@@ -70,8 +70,8 @@ pub fn default_work_dir(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("gpuctl-{leaf}"))
 }
 
-/// Runs the agent until `shutdown` is cancelled; on return no worker is left.
-pub async fn run(cfg: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+/// Runs the agent until `shutdown` trips; on return no worker is left.
+pub async fn run(cfg: Config, shutdown: Shutdown) -> anyhow::Result<()> {
     let root = facts::HostRoot::new(&cfg.host_root);
     let mut host = facts::gather(&root);
     let name = cfg.name.clone().unwrap_or_else(|| host.hostname.clone());

@@ -6,7 +6,6 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use tokio_util::sync::CancellationToken;
 
 /// Runs on every GPU host: registers with the coordinator and runs one
 /// gpuctl-worker per assigned rank.
@@ -135,19 +134,9 @@ async fn main() -> anyhow::Result<()> {
         },
     };
 
-    // The one shutdown signal: every loop watches this token, and the agent
-    // kills its workers before it exits.
-    let shutdown = CancellationToken::new();
-    let token = shutdown.clone();
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::spawn(async move {
-        let which = tokio::select! {
-            _ = tokio::signal::ctrl_c() => "SIGINT",
-            _ = term.recv() => "SIGTERM",
-        };
-        tracing::info!("{which}: stopping (killing workers first)");
-        token.cancel();
-    });
+    // The one shutdown signal: every loop watches it, and the agent kills
+    // its workers before it exits.
+    let shutdown = gpuctl_proto::shutdown::on_signals()?;
 
     gpuctl_agent::run(cfg, shutdown).await
 }

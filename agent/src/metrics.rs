@@ -1,31 +1,28 @@
-//! The agent's HTTP `/metrics` endpoint: Prometheus text exposition (format
-//! 0.0.4) of the latest GPU readings, with dcgm-exporter's metric names and
-//! labels (`gpu`, `UUID`, `modelName`, `Hostname`) so that existing
-//! dashboards work, plus the agent's own `gpuctl_agent_*` gauges.
-//!
-//! A deliberately tiny HTTP/1.1 server on a tokio `TcpListener`: one request
-//! per connection, `GET /metrics` (and `/` pointing to it), nothing else.
+//! The agent's `/metrics`: the latest GPU readings with dcgm-exporter's
+//! metric names and labels (`gpu`, `UUID`, `modelName`, `Hostname`) so that
+//! existing dashboards work, plus the agent's own `gpuctl_agent_*` gauges,
+//! served by the shared endpoint ([`gpuctl_proto::metrics_http`]).
 
-use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio_util::sync::CancellationToken;
+use gpuctl_proto::metrics_http::{self, write_family, Labels};
+use gpuctl_proto::shutdown::Shutdown;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::metrics::MetricType::{self, Counter, Gauge};
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
 
 use crate::telemetry::{GpuReading, Telemetry};
 use crate::workers::Workers;
 
-/// The dcgm-exporter port, which operators' scrape configs already know.
+/// Next to dcgm-exporter's 9400, which operators' scrape configs already know.
 pub const DEFAULT_LISTEN: &str = "0.0.0.0:9401";
-/// Requests larger than this are refused (a scrape is a few hundred bytes).
-const MAX_REQUEST_BYTES: usize = 16 * 1024;
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What `/metrics` shows besides the GPUs.
+#[derive(Debug, Clone)]
 pub struct AgentGauges {
     pub node: String,
     pub gpus: u32,
@@ -49,7 +46,8 @@ pub struct MetricsSource {
 }
 
 impl MetricsSource {
-    pub fn render(&self) -> String {
+    /// The registry of one scrape: a snapshot of the live values.
+    pub fn registry(&self) -> Registry {
         let gauges = AgentGauges {
             node: self.node.clone(),
             gpus: self.gpus,
@@ -61,174 +59,174 @@ impl MetricsSource {
                 .unwrap_or(0),
             coordinator_connected: self.connected.load(Ordering::Relaxed),
         };
-        render(&self.hostname, &self.telemetry.latest(), &gauges)
+        registry(&self.hostname, &self.telemetry.latest(), &gauges)
     }
 }
 
 type Getter = fn(&GpuReading) -> Option<f64>;
 
-/// (name, type, help, value) of every GPU series, in dcgm-exporter's names
-/// and units. A GPU without a value (unsupported query) gets no line.
-const GPU_METRICS: &[(&str, &str, &str, Getter)] = &[
+/// (name, type, help, value) of every GPU series, in dcgm-exporter's names,
+/// types and units. A GPU without a value (unsupported query) gets no line.
+const GPU_METRICS: &[(&str, MetricType, &str, Getter)] = &[
     (
         "DCGM_FI_DEV_GPU_UTIL",
-        "gauge",
+        Gauge,
         "GPU utilization (in %).",
         |r| r.util_gpu.map(f64::from),
     ),
     (
         "DCGM_FI_DEV_MEM_COPY_UTIL",
-        "gauge",
+        Gauge,
         "Memory utilization (in %).",
         |r| r.util_mem.map(f64::from),
     ),
     (
         "DCGM_FI_DEV_FB_USED",
-        "gauge",
+        Gauge,
         "Framebuffer memory used (in MiB).",
         |r| r.mem_used_bytes.map(mib),
     ),
     (
         "DCGM_FI_DEV_FB_FREE",
-        "gauge",
+        Gauge,
         "Framebuffer memory free (in MiB).",
         |r| r.mem_free_bytes.map(mib),
     ),
     (
         "DCGM_FI_DEV_GPU_TEMP",
-        "gauge",
+        Gauge,
         "GPU temperature (in C).",
         |r| r.temperature_c.map(f64::from),
     ),
     (
         "DCGM_FI_DEV_POWER_USAGE",
-        "gauge",
+        Gauge,
         "Power draw (in W).",
         |r| r.power_mw.map(|p| p as f64 / 1000.0),
     ),
     (
         "DCGM_FI_DEV_POWER_MGMT_LIMIT",
-        "gauge",
+        Gauge,
         "Enforced power limit (in W).",
         |r| r.power_limit_mw.map(|p| p as f64 / 1000.0),
     ),
     (
         "DCGM_FI_DEV_SM_CLOCK",
-        "gauge",
+        Gauge,
         "SM clock frequency (in MHz).",
         |r| r.sm_clock_mhz.map(f64::from),
     ),
     (
         "DCGM_FI_DEV_MEM_CLOCK",
-        "gauge",
+        Gauge,
         "Memory clock frequency (in MHz).",
         |r| r.mem_clock_mhz.map(f64::from),
     ),
     (
         "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
-        "gauge",
+        Gauge,
         "Current clock throttle reasons (NVML bitmask).",
         |r| r.throttle_reasons.map(|v| v as f64),
     ),
     (
         "DCGM_FI_DEV_XID_ERRORS",
-        "gauge",
+        Gauge,
         "Value of the last XID error encountered.",
         |r| Some(r.last_xid.unwrap_or(0) as f64),
     ),
     (
         "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
-        "counter",
+        Counter,
         "Total number of single-bit volatile ECC errors.",
         |r| r.ecc_corrected.map(|v| v as f64),
     ),
     (
         "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-        "counter",
+        Counter,
         "Total number of double-bit volatile ECC errors.",
         |r| r.ecc_uncorrected.map(|v| v as f64),
     ),
     (
         "DCGM_FI_DEV_RETIRED_SBE",
-        "counter",
+        Counter,
         "Total number of retired pages due to single-bit errors.",
         |r| r.retired_sbe.map(|v| v as f64),
     ),
     (
         "DCGM_FI_DEV_RETIRED_DBE",
-        "counter",
+        Counter,
         "Total number of retired pages due to double-bit errors.",
         |r| r.retired_dbe.map(|v| v as f64),
     ),
     (
         "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
-        "counter",
+        Counter,
         "Number of remapped rows for correctable errors.",
         |r| r.remapped_correctable.map(|v| v as f64),
     ),
     (
         "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
-        "counter",
+        Counter,
         "Number of remapped rows for uncorrectable errors.",
         |r| r.remapped_uncorrectable.map(|v| v as f64),
     ),
     (
         "DCGM_FI_DEV_ROW_REMAP_FAILURE",
-        "gauge",
+        Gauge,
         "Whether remapping of rows has failed (1 = failed).",
         |r| r.remap_failed.map(|b| f64::from(u8::from(b))),
     ),
     (
         "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
-        "counter",
+        Counter,
         "Total number of PCIe retries.",
         |r| r.pcie_replays.map(|v| v as f64),
     ),
     (
         "DCGM_FI_DEV_PCIE_LINK_GEN",
-        "gauge",
+        Gauge,
         "Current PCIe link generation.",
         |r| r.pcie_gen.map(f64::from),
     ),
     (
         "DCGM_FI_DEV_PCIE_LINK_WIDTH",
-        "gauge",
+        Gauge,
         "Current PCIe link width (lanes).",
         |r| r.pcie_width.map(f64::from),
     ),
     (
         "DCGM_FI_DEV_PCIE_MAX_LINK_GEN",
-        "gauge",
+        Gauge,
         "Maximum PCIe link generation.",
         |r| r.pcie_gen_max.map(f64::from),
     ),
     (
         "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH",
-        "gauge",
+        Gauge,
         "Maximum PCIe link width (lanes).",
         |r| r.pcie_width_max.map(f64::from),
     ),
     (
         "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
-        "counter",
+        Counter,
         "Total number of NVLink flow-control CRC errors.",
         |r| r.nvlink_crc_flit.map(|v| v as f64),
     ),
     (
         "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
-        "counter",
+        Counter,
         "Total number of NVLink data CRC errors.",
         |r| r.nvlink_crc_data.map(|v| v as f64),
     ),
     (
         "gpuctl_gpu_nvlinks_active",
-        "gauge",
+        Gauge,
         "Active NVLinks of the GPU.",
         |r| (r.nvlinks_expected > 0).then_some(r.nvlinks_active as f64),
     ),
     (
         "gpuctl_gpu_xid_errors_total",
-        "counter",
+        Counter,
         "XID errors seen since the agent started.",
         |r| Some(r.xid_count as f64),
     ),
@@ -238,84 +236,89 @@ fn mib(bytes: u64) -> f64 {
     (bytes / (1024 * 1024)) as f64
 }
 
-/// Prometheus label value escaping: backslash, double quote, newline.
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+/// One scrape's values, written family by family.
+#[derive(Debug)]
+struct Exposition {
+    hostname: String,
+    readings: Vec<GpuReading>,
+    agent: AgentGauges,
 }
 
-/// Integers without a fraction, the rest as Rust prints them.
-fn num(v: f64) -> String {
-    if v.fract() == 0.0 && v.abs() < 1e15 {
-        format!("{}", v as i64)
-    } else {
-        format!("{v}")
+impl Collector for Exposition {
+    /// Series of one metric are grouped under one HELP/TYPE pair, GPUs in
+    /// NVML index order.
+    fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
+        for (name, kind, help, get) in GPU_METRICS {
+            let series: Vec<(Labels, f64)> = self
+                .readings
+                .iter()
+                .filter_map(|r| get(r).map(|v| (self.gpu_labels(r), v)))
+                .collect();
+            write_family(&mut e, name, help, *kind, &series)?;
+        }
+        let a = &self.agent;
+        for (name, help, v) in [
+            ("gpuctl_agent_up", "1 while the agent runs.", 1.0),
+            (
+                "gpuctl_agent_workers_running",
+                "Worker processes the agent supervises.",
+                a.workers_running as f64,
+            ),
+            (
+                "gpuctl_agent_gpus",
+                "GPUs NVML lists on this node.",
+                a.gpus as f64,
+            ),
+            (
+                "gpuctl_agent_cpu_ranks",
+                "CPU ranks offered (0 when ranks run on GPUs).",
+                a.cpu_ranks as f64,
+            ),
+            (
+                "gpuctl_agent_coordinator_connected",
+                "1 while the session with the coordinator is open.",
+                f64::from(u8::from(a.coordinator_connected)),
+            ),
+        ] {
+            write_family(
+                &mut e,
+                name,
+                help,
+                Gauge,
+                &[(vec![("node", a.node.clone())], v)],
+            )?;
+        }
+        Ok(())
     }
 }
 
-/// The whole exposition. Series of one metric are grouped under one
-/// HELP/TYPE pair, GPUs in NVML index order.
-pub fn render(hostname: &str, readings: &[GpuReading], agent: &AgentGauges) -> String {
-    let mut out = String::with_capacity(4096);
-    let mut readings: Vec<&GpuReading> = readings.iter().collect();
+impl Exposition {
+    fn gpu_labels(&self, r: &GpuReading) -> Labels {
+        vec![
+            ("gpu", r.index.to_string()),
+            ("UUID", r.uuid.clone()),
+            ("modelName", r.name.clone()),
+            ("Hostname", self.hostname.clone()),
+        ]
+    }
+}
+
+/// The registry of one scrape of `readings` and `agent`.
+pub fn registry(hostname: &str, readings: &[GpuReading], agent: &AgentGauges) -> Registry {
+    let mut readings = readings.to_vec();
     readings.sort_by_key(|r| r.index);
-    for (name, kind, help, get) in GPU_METRICS {
-        let values: Vec<(&GpuReading, f64)> = readings
-            .iter()
-            .filter_map(|r| get(r).map(|v| (*r, v)))
-            .collect();
-        if values.is_empty() {
-            continue;
-        }
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} {kind}");
-        for (r, v) in values {
-            let _ = writeln!(
-                out,
-                "{name}{{gpu=\"{}\",UUID=\"{}\",modelName=\"{}\",Hostname=\"{}\"}} {}",
-                r.index,
-                escape(&r.uuid),
-                escape(&r.name),
-                escape(hostname),
-                num(v)
-            );
-        }
-    }
-    let node = escape(&agent.node);
-    let gauges: [(&str, &str, f64); 5] = [
-        ("gpuctl_agent_up", "1 while the agent runs.", 1.0),
-        (
-            "gpuctl_agent_workers_running",
-            "Worker processes the agent supervises.",
-            agent.workers_running as f64,
-        ),
-        (
-            "gpuctl_agent_gpus",
-            "GPUs NVML lists on this node.",
-            agent.gpus as f64,
-        ),
-        (
-            "gpuctl_agent_cpu_ranks",
-            "CPU ranks offered (0 when ranks run on GPUs).",
-            agent.cpu_ranks as f64,
-        ),
-        (
-            "gpuctl_agent_coordinator_connected",
-            "1 while the session with the coordinator is open.",
-            if agent.coordinator_connected {
-                1.0
-            } else {
-                0.0
-            },
-        ),
-    ];
-    for (name, help, v) in gauges {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} gauge");
-        let _ = writeln!(out, "{name}{{node=\"{node}\"}} {}", num(v));
-    }
-    out
+    let mut r = Registry::default();
+    r.register_collector(Box::new(Exposition {
+        hostname: hostname.to_string(),
+        readings,
+        agent: agent.clone(),
+    }));
+    r
+}
+
+/// The whole exposition, as a scrape gets it.
+pub fn render(hostname: &str, readings: &[GpuReading], agent: &AgentGauges) -> String {
+    metrics_http::encode(&registry(hostname, readings, agent))
 }
 
 /// Binds `listen` and serves until `shutdown`; returns the bound address
@@ -323,123 +326,28 @@ pub fn render(hostname: &str, readings: &[GpuReading], agent: &AgentGauges) -> S
 pub async fn serve(
     listen: &str,
     source: Arc<MetricsSource>,
-    shutdown: CancellationToken,
+    shutdown: Shutdown,
 ) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind(listen).await?;
     let addr = listener.local_addr()?;
+    let scrape = move || {
+        let registry = source.registry();
+        async move { Ok(registry) }
+    };
     tokio::spawn(async move {
-        loop {
-            let (stream, _) = tokio::select! {
-                _ = shutdown.cancelled() => break,
-                a = listener.accept() => match a {
-                    Ok(a) => a,
-                    Err(e) => {
-                        tracing::debug!("metrics accept failed: {e}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
-            };
-            let source = source.clone();
-            tokio::spawn(async move {
-                let _ = tokio::time::timeout(REQUEST_TIMEOUT, handle(stream, &source)).await;
-            });
+        if let Err(e) = metrics_http::serve(listener, scrape, shutdown).await {
+            tracing::warn!("metrics server stopped: {e}");
         }
     });
     Ok(addr)
 }
 
-async fn handle(mut stream: TcpStream, source: &MetricsSource) -> std::io::Result<()> {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = stream.read(&mut chunk).await?;
-        if n == 0 {
-            break;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        if buf.len() > MAX_REQUEST_BYTES {
-            return respond(
-                &mut stream,
-                "413 Payload Too Large",
-                "text/plain",
-                "request too large\n",
-                true,
-            )
-            .await;
-        }
-    }
-    let text = String::from_utf8_lossy(&buf);
-    let mut parts = text.lines().next().unwrap_or("").split_whitespace();
-    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let path = target.split('?').next().unwrap_or("");
-    let head = method == "HEAD";
-    match (method, path) {
-        ("GET" | "HEAD", "/metrics") => {
-            let body = source.render();
-            respond(
-                &mut stream,
-                "200 OK",
-                "text/plain; version=0.0.4; charset=utf-8",
-                &body,
-                head,
-            )
-            .await
-        }
-        ("GET" | "HEAD", "/") => {
-            respond(
-                &mut stream,
-                "200 OK",
-                "text/plain; charset=utf-8",
-                "gpuctl-agent: metrics at /metrics\n",
-                head,
-            )
-            .await
-        }
-        ("GET" | "HEAD", _) => {
-            respond(
-                &mut stream,
-                "404 Not Found",
-                "text/plain",
-                "not found; try /metrics\n",
-                head,
-            )
-            .await
-        }
-        _ => {
-            respond(
-                &mut stream,
-                "405 Method Not Allowed",
-                "text/plain",
-                "only GET\n",
-                false,
-            )
-            .await
-        }
-    }
-}
-
-async fn respond(
-    stream: &mut TcpStream,
-    status: &str,
-    content_type: &str,
-    body: &str,
-    head_only: bool,
-) -> std::io::Result<()> {
-    let header = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(header.as_bytes()).await?;
-    if !head_only {
-        stream.write_all(body.as_bytes()).await?;
-    }
-    stream.shutdown().await
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
 
     fn h200(index: u32) -> GpuReading {
         GpuReading {
@@ -592,23 +500,25 @@ mod tests {
             workers: None,
             connected: connected.clone(),
         });
-        let stop = CancellationToken::new();
+        let stop = Shutdown::new();
         let addr = serve("127.0.0.1:0", source, stop.clone()).await.unwrap();
         assert_ne!(addr.port(), 0);
 
+        // `Connection: close`: the server keeps HTTP/1.1 connections open otherwise.
         let resp = get(
             addr,
-            "GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: */*\r\n\r\n",
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: */*\r\nConnection: close\r\n\r\n",
         )
         .await;
         let (head, body) = resp.split_once("\r\n\r\n").unwrap();
         assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+        // prometheus-client writes OpenMetrics text; hyper writes header names in lower case.
         assert!(
-            head.contains("Content-Type: text/plain; version=0.0.4"),
+            head.contains("content-type: application/openmetrics-text; version=1.0.0"),
             "{head}"
         );
         assert!(
-            head.contains(&format!("Content-Length: {}", body.len())),
+            head.contains(&format!("content-length: {}", body.len())),
             "{head}"
         );
         assert!(body.contains("gpuctl_agent_up{node=\"n1\"} 1\n"), "{body}");
@@ -621,9 +531,13 @@ mod tests {
         let resp = get(addr, "GET /metrics?x=1 HTTP/1.0\r\n\r\n").await;
         assert!(resp.contains("gpuctl_agent_coordinator_connected{node=\"n1\"} 1\n"));
 
-        let resp = get(addr, "GET /nope HTTP/1.1\r\n\r\n").await;
+        let resp = get(addr, "GET /nope HTTP/1.1\r\nConnection: close\r\n\r\n").await;
         assert!(resp.starts_with("HTTP/1.1 404"), "{resp}");
-        let resp = get(addr, "POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n").await;
+        let resp = get(
+            addr,
+            "POST /metrics HTTP/1.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        )
+        .await;
         assert!(resp.starts_with("HTTP/1.1 405"), "{resp}");
 
         stop.cancel();

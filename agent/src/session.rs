@@ -11,15 +11,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use gpuctl_proto::client::Channel;
 use gpuctl_proto::pb::{
     agent_message::Msg, agent_service_client::AgentServiceClient, coordinator_message,
     AgentMessage, Assignment, GpuInfo, Heartbeat, HostFacts, PreflightCheck, RegisterRequest,
 };
+use gpuctl_proto::shutdown::Shutdown;
 use gpuctl_proto::PROTOCOL_VERSION;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tokio_util::sync::CancellationToken;
-use tonic::transport::{Channel, Endpoint};
 
 use crate::preflight::{self, Preflight};
 use crate::workers::{killed_by, EventReceiver, Workers};
@@ -28,9 +28,9 @@ use crate::workers::{killed_by, EventReceiver, Workers};
 const BACKOFF_START: Duration = Duration::from_millis(500);
 /// ...up to this.
 const BACKOFF_CAP: Duration = Duration::from_secs(5);
-/// Connecting and registering must answer within this.
+/// Connecting and registering (any unary call) must answer within these.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// A stream that accepts nothing for this long is as good as broken.
 const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 /// Killing workers takes the kill grace (2 s) plus pipe draining; this bounds
@@ -80,7 +80,7 @@ pub async fn run(
     cfg: SessionConfig,
     workers: Arc<Workers>,
     mut events: EventReceiver,
-    shutdown: CancellationToken,
+    shutdown: Shutdown,
 ) {
     let mut backoff = BACKOFF_START;
     let mut failures = 0u32;
@@ -119,19 +119,14 @@ pub async fn run(
 }
 
 async fn connect(url: &str) -> Result<AgentServiceClient<Channel>, String> {
-    let endpoint = Endpoint::from_shared(url.to_string())
-        .map_err(|e| format!("bad coordinator URL `{url}`: {e}"))?
+    // The builder's HTTP/2 keepalive is how an idle session notices a
+    // vanished coordinator host; its request timeout bounds Register.
+    let channel = gpuctl_proto::client::builder(url)
         .connect_timeout(CONNECT_TIMEOUT)
-        .tcp_nodelay(true)
-        // Keepalive is how an idle session notices a vanished coordinator
-        // host (no FIN ever arrives from a machine that lost power).
-        .http2_keep_alive_interval(Duration::from_secs(5))
-        .keep_alive_timeout(Duration::from_secs(10))
-        .keep_alive_while_idle(true);
-    let channel = endpoint
+        .request_timeout(REQUEST_TIMEOUT)
         .connect()
         .await
-        .map_err(|e| format!("cannot connect: {}", error_chain(&e)))?;
+        .map_err(|e| e.to_string())?;
     Ok(AgentServiceClient::new(channel)
         .max_decoding_message_size(gpuctl_proto::server::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(gpuctl_proto::server::MAX_MESSAGE_BYTES))
@@ -142,7 +137,7 @@ async fn serve_once(
     cfg: &SessionConfig,
     workers: &Arc<Workers>,
     events: &mut EventReceiver,
-    shutdown: &CancellationToken,
+    shutdown: &Shutdown,
 ) -> Ended {
     let lost = |reason: String| Ended::Lost {
         reason,
@@ -163,12 +158,11 @@ async fn serve_once(
         preflight: cfg.preflight.clone(),
     };
     let resp = tokio::select! {
-        r = tokio::time::timeout(REGISTER_TIMEOUT, client.register(request)) => match r {
-            Ok(Ok(r)) => r.into_inner(),
-            Ok(Err(status)) => {
-                return lost(format!("Register refused ({:?}): {}", status.code(), status.message()))
+        r = client.register(request) => match r {
+            Ok(r) => r.into_inner(),
+            Err(status) => {
+                return lost(format!("Register failed ({:?}): {}", status.code(), status.message()))
             }
-            Err(_) => return lost(format!("Register got no answer within {REGISTER_TIMEOUT:?}")),
         },
         _ = shutdown.cancelled() => return Ended::Shutdown,
     };
@@ -369,20 +363,4 @@ async fn send(tx: &mpsc::Sender<AgentMessage>, msg: AgentMessage) -> Result<(), 
             "the coordinator accepted nothing for {SEND_TIMEOUT:?}"
         )),
     }
-}
-
-/// tonic's transport errors hide the cause (connection refused, DNS) in
-/// their source chain; operators need it.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let t = c.to_string();
-        if !s.contains(&t) {
-            s.push_str(": ");
-            s.push_str(&t);
-        }
-        cur = c.source();
-    }
-    s
 }

@@ -2,11 +2,9 @@
 //! turns gRPC failures into sentences a user can act on ("cannot reach
 //! coordinator at ...", the coordinator's own refusal text).
 
-use std::time::Duration;
-
 use anyhow::{anyhow, Result};
+use gpuctl_proto::client::{Channel, ClientError};
 use gpuctl_proto::pb::{self, job_service_client::JobServiceClient};
-use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
 use crate::args::UsageError;
@@ -25,17 +23,11 @@ fn unreachable(url: &str, why: &str) -> anyhow::Error {
     )
 }
 
-/// The innermost cause is what says "connection refused"; tonic's outer text is generic.
-fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut cur = e;
-    while let Some(next) = cur.source() {
-        cur = next;
-    }
-    cur.to_string()
-}
-
 impl Coordinator {
-    /// Connects eagerly so that a missing coordinator is reported once, up front.
+    /// Connects eagerly so that a missing coordinator is reported once, up
+    /// front. Every call then gets proto's request timeout (30 s): a
+    /// coordinator that accepts and never answers (a standby) is reported,
+    /// not waited on forever.
     pub async fn connect(url: &str) -> Result<Self> {
         if !(url.starts_with("http://") || url.starts_with("https://")) {
             return Err(UsageError(format!(
@@ -43,19 +35,17 @@ impl Coordinator {
             ))
             .into());
         }
-        let endpoint = Endpoint::from_shared(url.to_string())
-            .map_err(|e| {
-                UsageError(format!(
-                    "--coordinator: `{url}` is not a URL ({e}); write it like http://127.0.0.1:7070"
-                ))
-            })?
-            .connect_timeout(Duration::from_secs(5))
-            .tcp_nodelay(true);
         tracing::debug!("connecting to {url}");
-        let channel = endpoint
+        let channel = gpuctl_proto::client::builder(url)
             .connect()
             .await
-            .map_err(|e| unreachable(url, &root_cause(&e)))?;
+            .map_err(|e| match e {
+                ClientError::BadUrl { reason, .. } => UsageError(format!(
+                    "--coordinator: `{url}` is not a URL ({reason}); write it like http://127.0.0.1:7070"
+                ))
+                .into(),
+                ClientError::Unreachable { reason, .. } => unreachable(url, &reason),
+            })?;
         Ok(Coordinator {
             url: url.to_string(),
             inner: JobServiceClient::new(channel)
@@ -224,6 +214,10 @@ pub fn status_error(url: &str, what: &str, s: Status) -> anyhow::Error {
     let msg = s.message().trim().to_string();
     match s.code() {
         Code::Unavailable => unreachable(url, &msg),
+        // The channel's own timeout ("URL: no answer within 30s").
+        Code::DeadlineExceeded if msg.starts_with(url) => {
+            unreachable(url, msg[url.len()..].trim_start_matches(':').trim())
+        }
         Code::InvalidArgument | Code::FailedPrecondition | Code::AlreadyExists => {
             anyhow!("{what} refused by the coordinator: {msg}")
         }
@@ -233,5 +227,27 @@ pub fn status_error(url: &str, what: &str, s: Status) -> anyhow::Error {
             "the coordinator at {url} does not implement {what} ({msg}); is it an older gpuctl-coordinator?"
         ),
         code => anyhow!("{what} failed: {msg} ({code:?})"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_silent_coordinator_reads_as_unreachable() {
+        let url = "http://10.0.0.9:7070";
+        let s = Status::deadline_exceeded(format!("{url}: no answer within 30s"));
+        assert_eq!(
+            status_error(url, "list nodes", s).to_string(),
+            "cannot reach coordinator at http://10.0.0.9:7070: no answer within 30s \
+             (start one with `gpuctl local up` or set --coordinator)"
+        );
+        // A deadline the coordinator itself reports stays its own message.
+        let s = Status::deadline_exceeded("rendezvous wait ended");
+        assert_eq!(
+            status_error(url, "report", s).to_string(),
+            "report failed: rendezvous wait ended (DeadlineExceeded)"
+        );
     }
 }

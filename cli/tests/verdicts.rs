@@ -41,15 +41,6 @@ fn run_job(c: &Cluster, args: &[&str]) -> Value {
     })
 }
 
-fn node<'a>(report: &'a Value, name: &str) -> &'a Value {
-    report["nodes"]
-        .as_array()
-        .expect("nodes[]")
-        .iter()
-        .find(|n| n["name"] == name)
-        .unwrap_or_else(|| panic!("no node {name} in {report}"))
-}
-
 fn fails(findings: &Value) -> Vec<&Value> {
     findings
         .as_array()

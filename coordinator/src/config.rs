@@ -67,7 +67,7 @@ pub struct Config {
     #[arg(long, value_name = "FILE", env = "GPUCTL_RULES")]
     pub rules: Option<PathBuf>,
 
-    /// Address for Prometheus `/metrics`, or `off` [default: 0.0.0.0:9400; if
+    /// Address for Prometheus `/metrics`, or `off` [default: 0.0.0.0:7071; if
     /// that port is taken the coordinator logs it and runs without metrics].
     #[arg(long, value_name = "ADDR|off", value_parser = parse_metrics_listen)]
     pub metrics_listen: Option<MetricsListen>,
@@ -80,15 +80,17 @@ pub enum MetricsListen {
     At(SocketAddr),
 }
 
-/// The default `/metrics` address (dcgm-exporter's port).
-pub const DEFAULT_METRICS_LISTEN: &str = "0.0.0.0:9400";
+/// The default `/metrics` address: next to the gRPC port (7070), and clear
+/// of the exporters' 9400s (dcgm-exporter has 9400, the agent 9401), which
+/// often run on the same host.
+pub const DEFAULT_METRICS_LISTEN: &str = "0.0.0.0:7071";
 
 fn parse_metrics_listen(text: &str) -> Result<MetricsListen, String> {
     if text.eq_ignore_ascii_case("off") {
         return Ok(MetricsListen::Off);
     }
     text.parse().map(MetricsListen::At).map_err(|_| {
-        format!("`{text}` is neither HOST:PORT (e.g. 0.0.0.0:9400, 127.0.0.1:0) nor `off`")
+        format!("`{text}` is neither HOST:PORT (e.g. 0.0.0.0:7071, 127.0.0.1:0) nor `off`")
     })
 }
 

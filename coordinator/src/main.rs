@@ -5,7 +5,6 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use gpuctl_coordinator::Config;
-use tokio::sync::watch;
 use tracing_subscriber::EnvFilter;
 
 fn init_tracing(filter: Option<&str>) {
@@ -24,37 +23,17 @@ fn init_tracing(filter: Option<&str>) {
         .init();
 }
 
-async fn signalled() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => tracing::info!("SIGTERM"),
-                    _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT"),
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
-}
-
 #[tokio::main]
 async fn main() -> ExitCode {
     let cfg = Config::parse();
     init_tracing(cfg.log.as_deref());
-    let (stop, shutdown) = watch::channel(false);
-    tokio::spawn(async move {
-        signalled().await;
-        let _ = stop.send(true);
-    });
+    let shutdown = match gpuctl_proto::shutdown::on_signals() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("gpuctl-coordinator: cannot watch for SIGINT/SIGTERM: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     match gpuctl_coordinator::server::run(cfg, shutdown).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

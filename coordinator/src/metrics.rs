@@ -1,17 +1,17 @@
-//! The coordinator's `/metrics`: Prometheus text exposition (format 0.0.4) of
-//! the fleet and job counts and the ingest counters, on `--metrics-listen`.
-//! Values come from the scheduler task at scrape time (one event), so the
-//! numbers are one consistent snapshot. The HTTP side is a few lines over
-//! tokio: a scrape is one GET with no body, and a dependency on a web
-//! framework would buy nothing here.
+//! The coordinator's `/metrics`: the fleet and job counts and the ingest
+//! counters, on `--metrics-listen`, through the shared endpoint
+//! ([`gpuctl_proto::metrics_http`]). Values come from the scheduler task at
+//! scrape time (one event), so the numbers are one consistent snapshot.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use gpuctl_proto::metrics_http::{self, write_family, Labels};
+use gpuctl_proto::shutdown::Shutdown;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
 use tracing::debug;
 
 use crate::scheduler::{Event, SchedulerHandle, Snapshot};
@@ -19,32 +19,37 @@ use crate::scheduler::{Event, SchedulerHandle, Snapshot};
 const NODE_STATES: &[&str] = &["ready", "busy", "lost"];
 const JOB_STATES: &[&str] = &["pending", "running", "succeeded", "failed", "cancelled"];
 
-fn family(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
+/// One series per state: the known ones first, zero or not, so that
+/// dashboards and alerts always see a value; then any other.
+fn by_state(all: &[&'static str], counts: &BTreeMap<&'static str, u64>) -> Vec<(Labels, f64)> {
+    let known = all.iter().map(|s| (*s, *counts.get(s).unwrap_or(&0)));
+    let other = counts
+        .iter()
+        .filter(|(s, _)| !all.contains(s))
+        .map(|(s, n)| (*s, *n));
+    known
+        .chain(other)
+        .map(|(s, n)| (vec![("state", s.to_string())], n as f64))
+        .collect()
 }
 
-impl Snapshot {
-    pub fn render(&self) -> String {
-        let mut o = String::new();
-        // Zero series stay present so that dashboards and alerts see a value.
-        let by_state = |o: &mut String, name: &str, all: &[&str], m: &BTreeMap<&str, u64>| {
-            for s in all {
-                let _ = writeln!(o, "{name}{{state=\"{s}\"}} {}", m.get(s).unwrap_or(&0));
-            }
-            for (s, n) in m.iter().filter(|(s, _)| !all.contains(s)) {
-                let _ = writeln!(o, "{name}{{state=\"{s}\"}} {n}");
-            }
-        };
-        family(
-            &mut o,
+impl Collector for Snapshot {
+    fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
+        let gauge = MetricType::Gauge;
+        write_family(
+            &mut e,
             "gpuctl_nodes",
-            "gauge",
             "Registered nodes by state.",
-        );
-        by_state(&mut o, "gpuctl_nodes", NODE_STATES, &self.nodes);
-        family(&mut o, "gpuctl_jobs", "gauge", "Jobs by state.");
-        by_state(&mut o, "gpuctl_jobs", JOB_STATES, &self.jobs);
+            gauge,
+            &by_state(NODE_STATES, &self.nodes),
+        )?;
+        write_family(
+            &mut e,
+            "gpuctl_jobs",
+            "Jobs by state.",
+            gauge,
+            &by_state(JOB_STATES, &self.jobs),
+        )?;
         for (name, help, v) in [
             (
                 "gpuctl_jobs_submitted_total",
@@ -67,97 +72,46 @@ impl Snapshot {
                 self.log_lines,
             ),
         ] {
-            family(&mut o, name, "counter", help);
-            let _ = writeln!(o, "{name} {v}");
+            write_family(
+                &mut e,
+                name,
+                help,
+                MetricType::Counter,
+                &[(vec![], v as f64)],
+            )?;
         }
-        family(
-            &mut o,
+        write_family(
+            &mut e,
             "gpuctl_rendezvous_keys",
-            "gauge",
             "Rendezvous keys held for running jobs.",
-        );
-        let _ = writeln!(o, "gpuctl_rendezvous_keys {}", self.rendezvous_keys);
-        o
+            gauge,
+            &[(vec![], self.rendezvous_keys as f64)],
+        )
     }
 }
 
-/// Serves `/metrics` on `listener` until `shutdown` turns true.
-pub async fn serve(
-    listener: TcpListener,
-    sched: SchedulerHandle,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    // The `Ref` that `wait_for` yields is not Send: drop it inside this future.
-    let stop = async move {
-        let _ = shutdown.wait_for(|stop| *stop).await;
-    };
-    tokio::pin!(stop);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((conn, _)) => {
-                    let sched = sched.clone();
-                    tokio::spawn(async move {
-                        if let Err(e) = answer(conn, sched).await {
-                            debug!("metrics connection: {e}");
-                        }
-                    });
-                }
-                Err(e) => {
-                    debug!("metrics accept: {e}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            },
-            _ = &mut stop => return,
-        }
+impl Snapshot {
+    pub fn registry(self) -> Registry {
+        let mut r = Registry::default();
+        r.register_collector(Box::new(self));
+        r
     }
 }
 
-/// Reads one request head and answers it; the connection then closes.
-async fn answer(mut conn: TcpStream, sched: SchedulerHandle) -> std::io::Result<()> {
-    let mut head = Vec::new();
-    let mut buf = [0u8; 1024];
-    let read = async {
-        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 * 1024 {
-            let n = conn.read(&mut buf).await?;
-            if n == 0 {
-                break;
+/// Serves `/metrics` on `listener` until `shutdown`.
+pub async fn serve(listener: TcpListener, sched: SchedulerHandle, shutdown: Shutdown) {
+    let scrape = move || {
+        let sched = sched.clone();
+        async move {
+            match sched.ask(|reply| Event::Metrics { reply }).await {
+                Ok(snap) => Ok(snap.registry()),
+                Err(_) => Err("coordinator stopping".to_string()),
             }
-            head.extend_from_slice(&buf[..n]);
         }
-        Ok::<_, std::io::Error>(())
     };
-    // A client that never finishes its request does not hold a task forever.
-    if tokio::time::timeout(Duration::from_secs(10), read)
-        .await
-        .is_err()
-    {
-        return Ok(());
+    if let Err(e) = metrics_http::serve(listener, scrape, shutdown).await {
+        debug!("metrics server: {e}");
     }
-    let text = String::from_utf8_lossy(&head);
-    let mut words = text.lines().next().unwrap_or("").split_whitespace();
-    let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
-    let path = path.split('?').next().unwrap_or("");
-    let (status, body) = match (method, path) {
-        ("GET" | "HEAD", "/metrics") => match sched.ask(|reply| Event::Metrics { reply }).await {
-            Ok(snap) => ("200 OK", snap.render()),
-            Err(_) => ("503 Service Unavailable", "coordinator stopping\n".into()),
-        },
-        ("GET" | "HEAD", _) => (
-            "404 Not Found",
-            "gpuctl-coordinator serves /metrics\n".into(),
-        ),
-        _ => ("405 Method Not Allowed", "GET /metrics\n".into()),
-    };
-    let mut resp = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    if method != "HEAD" {
-        resp.push_str(&body);
-    }
-    conn.write_all(resp.as_bytes()).await?;
-    conn.shutdown().await
 }
 
 #[cfg(test)]
@@ -173,7 +127,7 @@ mod tests {
         };
         s.nodes.insert("ready", 2);
         s.jobs.insert("failed", 1);
-        let t = s.render();
+        let t = metrics_http::encode(&s.registry());
         for line in [
             "gpuctl_nodes{state=\"ready\"} 2",
             "gpuctl_nodes{state=\"lost\"} 0",
@@ -184,7 +138,8 @@ mod tests {
             "gpuctl_telemetry_samples_ingested_total 0",
             "gpuctl_worker_logs_lines_total 0",
             "gpuctl_rendezvous_keys 2",
-            "# TYPE gpuctl_jobs_submitted_total counter",
+            // OpenMetrics (prometheus-client) names a counter family without `_total`.
+            "# TYPE gpuctl_jobs_submitted counter",
             "# TYPE gpuctl_nodes gauge",
         ] {
             assert!(t.lines().any(|l| l == line), "missing `{line}` in\n{t}");

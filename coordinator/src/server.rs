@@ -12,9 +12,8 @@ use gpuctl_proto::pb::agent_service_server::AgentServiceServer;
 use gpuctl_proto::pb::job_service_server::JobServiceServer;
 use gpuctl_proto::pb::worker_service_server::WorkerServiceServer;
 use gpuctl_proto::server::MAX_MESSAGE_BYTES;
+use gpuctl_proto::shutdown::Shutdown;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
-use tokio_stream::wrappers::TcpListenerStream;
 use tracing::{info, warn};
 
 use crate::config::{Config, MetricsListen, StoreKind, DEFAULT_METRICS_LISTEN};
@@ -45,13 +44,8 @@ pub fn open_store(cfg: &Config) -> anyhow::Result<Arc<dyn Store>> {
     }
 }
 
-async fn stop_requested(mut shutdown: watch::Receiver<bool>) {
-    // A dropped sender also means stop.
-    let _ = shutdown.wait_for(|stop| *stop).await;
-}
-
-/// Runs the coordinator on `--listen` until `shutdown` turns true.
-pub async fn run(cfg: Config, shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
+/// Runs the coordinator on `--listen` until `shutdown`.
+pub async fn run(cfg: Config, shutdown: Shutdown) -> anyhow::Result<()> {
     let listener = TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("cannot listen on {}", cfg.listen))?;
@@ -80,11 +74,7 @@ pub async fn bind_metrics(cfg: &Config) -> anyhow::Result<Option<TcpListener>> {
 }
 
 /// Runs the coordinator on a bound listener (tests bind first to learn the port).
-pub async fn run_on(
-    cfg: Config,
-    listener: TcpListener,
-    shutdown: watch::Receiver<bool>,
-) -> anyhow::Result<()> {
+pub async fn run_on(cfg: Config, listener: TcpListener, shutdown: Shutdown) -> anyhow::Result<()> {
     let metrics = bind_metrics(&cfg).await?;
     run_with(cfg, listener, metrics, shutdown).await
 }
@@ -94,7 +84,7 @@ pub async fn run_with(
     cfg: Config,
     listener: TcpListener,
     metrics: Option<TcpListener>,
-    shutdown: watch::Receiver<bool>,
+    shutdown: Shutdown,
 ) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     let health_rules = match &cfg.health_rules {
@@ -114,7 +104,7 @@ pub async fn run_with(
         None => PerfRules::default(),
     };
     // With etcd: wait as a standby until this coordinator leads; `shutdown`
-    // then also turns true when the leadership is lost.
+    // then also trips when the leadership is lost.
     let (store, shutdown) = match cfg.store {
         StoreKind::Embedded => (open_store(&cfg)?, shutdown),
         StoreKind::Etcd => match crate::store::etcd::open_leader(
@@ -176,8 +166,8 @@ pub async fn run_with(
         .add_service(jobs)
         .add_service(workers)
         .serve_with_incoming_shutdown(
-            TcpListenerStream::new(listener),
-            stop_requested(shutdown.clone()),
+            gpuctl_proto::server::incoming(listener),
+            shutdown.clone().cancelled_owned(),
         );
     let mut server = tokio::spawn(serve);
 
@@ -192,7 +182,7 @@ pub async fn run_with(
     let early = tokio::select! {
         // A server that ended because of the stop request did not stop by itself.
         biased;
-        _ = stop_requested(shutdown.clone()) => None,
+        _ = shutdown.cancelled() => None,
         r = &mut server => Some(r),
     };
     if let Some(r) = early {

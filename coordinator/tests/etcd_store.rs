@@ -20,7 +20,7 @@ use gpuctl_coordinator::store::etcd::{leader_key, EtcdStore, LEADER_TTL};
 use gpuctl_coordinator::store::{keys, Batch, StateStore, Store};
 use gpuctl_proto::pb::job_service_client::JobServiceClient;
 use gpuctl_proto::pb::*;
-use tokio::sync::watch;
+use gpuctl_proto::shutdown::Shutdown;
 
 const INSTALL: &str = "etcd is not installed (no `etcd` on PATH): these tests need a real etcd. \
      Install it with `apt-get install -y etcd-server` (Debian/Ubuntu; .ci/run does this), \
@@ -245,9 +245,8 @@ async fn put_many_is_atomic_and_fenced() {
     // Fencing: a leader whose key is gone writes nothing of a batch, says
     // why, and signals its stop.
     let leader = EtcdStore::connect(&etcd.url, "/fenced/").await.unwrap();
-    let (_stop, shutdown) = watch::channel(false);
-    let mut stopped = leader
-        .lead("test leader", LEADER_TTL, shutdown)
+    let stopped = leader
+        .lead("test leader", LEADER_TTL, Shutdown::new())
         .await
         .unwrap()
         .expect("no other leader");
@@ -269,10 +268,9 @@ async fn put_many_is_atomic_and_fenced() {
         leader.get("before".into()).await.unwrap(),
         Some(b"1".to_vec())
     );
-    tokio::time::timeout(Duration::from_secs(5), stopped.wait_for(|s| *s))
+    tokio::time::timeout(Duration::from_secs(5), stopped.cancelled())
         .await
-        .expect("the lost leadership turns the stop signal")
-        .unwrap();
+        .expect("the lost leadership trips the stop signal");
     assert!(leader.close().await.is_err(), "close reports the lost lead");
 }
 

@@ -118,7 +118,8 @@ async fn telemetry_health_metrics_and_restart() {
 
     let (head, body) = coord.get("/metrics").await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    assert!(head.contains("text/plain; version=0.0.4"), "{head}");
+    // prometheus-client writes OpenMetrics text.
+    assert!(head.contains("application/openmetrics-text"), "{head}");
     assert_eq!(
         metric(&body, "gpuctl_telemetry_samples_ingested_total"),
         10.0

@@ -1,10 +1,14 @@
 //! The gpuctl wire protocol (`gpuctl.v1`) and what every process needs to speak it:
 //! the generated messages and services, the protocol version, job-spec validation
 //! shared by the CLI and the coordinator (with the catalogue of workload parameters),
-//! and the one place that builds gRPC servers.
+//! and the plumbing every binary shares: the one gRPC server and client builders,
+//! the shutdown signal and the `/metrics` server.
 
 pub mod catalogue;
+pub mod client;
+pub mod metrics_http;
 pub mod server;
+pub mod shutdown;
 pub mod spec;
 pub mod units;
 

@@ -13,3 +13,32 @@ pub fn builder() -> tonic::transport::Server {
         .http2_keepalive_interval(Some(Duration::from_secs(5)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
 }
+
+/// The accepted connections of `listener`, with TCP_NODELAY set: tonic's
+/// `serve_with_incoming*` takes sockets as they come and ignores the
+/// builder's `tcp_nodelay`, and small unary answers must not wait for Nagle.
+pub fn incoming(
+    listener: tokio::net::TcpListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use tokio_stream::StreamExt as _;
+    tokio_stream::wrappers::TcpListenerStream::new(listener).map(|conn| {
+        let conn = conn?;
+        conn.set_nodelay(true)?;
+        Ok(conn)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio_stream::StreamExt as _;
+
+    #[tokio::test]
+    async fn accepted_sockets_have_nodelay() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut incoming = std::pin::pin!(super::incoming(listener));
+        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let accepted = incoming.next().await.unwrap().unwrap();
+        assert!(accepted.nodelay().unwrap());
+    }
+}

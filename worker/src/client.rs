@@ -12,16 +12,20 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
+use gpuctl_proto::client::Channel;
 use gpuctl_proto::pb::{
     worker_service_client::WorkerServiceClient, Ack, RankProgress, RankProgressReport, RankResult,
     RendezvousGetRequest, RendezvousPutRequest,
 };
 use tokio::runtime::Runtime;
-use tonic::transport::Channel;
+use tonic::Request;
 
 use crate::rendezvous::Rendezvous;
 
+/// A unary call's answer; the channel fails the call after this.
 const RPC_TIMEOUT: Duration = Duration::from_secs(20);
+/// A progress report is worth little once it is late.
+const PROGRESS_TIMEOUT: Duration = Duration::from_secs(5);
 /// The longest single RendezvousGet wait; longer waits are several calls.
 const GET_SLICE_MS: u32 = 10_000;
 
@@ -32,14 +36,13 @@ fn runtime() -> Result<Runtime> {
         .context("starting the tokio runtime")
 }
 
+/// Connects on the first call, so a coordinator that restarts meanwhile is
+/// found again; calls that get no answer in time fail naming the URL.
 fn channel(url: &str) -> Result<Channel> {
-    Ok(Channel::from_shared(url.to_string())
-        .map_err(|e| anyhow!("bad coordinator URL `{url}`: {e}"))?
+    Ok(gpuctl_proto::client::builder(url)
         .connect_timeout(Duration::from_secs(10))
-        .tcp_nodelay(true)
-        .http2_keep_alive_interval(Duration::from_secs(5))
-        .keep_alive_timeout(Duration::from_secs(10))
-        .connect_lazy())
+        .request_timeout(RPC_TIMEOUT)
+        .connect_lazy()?)
 }
 
 /// A blocking client of the coordinator's WorkerService for one job attempt.
@@ -78,13 +81,9 @@ impl CoordinatorClient {
         let give_up = Instant::now() + Duration::from_secs(30);
         loop {
             let mut c = self.client.clone();
-            let r = self.rt.block_on(async {
-                tokio::time::timeout(RPC_TIMEOUT, c.report_result(result.clone())).await
-            });
-            let err = match r {
-                Ok(Ok(ack)) => return Ok(ack.into_inner()),
-                Ok(Err(status)) => anyhow!("ReportResult: {}", status.message()),
-                Err(_) => anyhow!("ReportResult timed out after {:?}", RPC_TIMEOUT),
+            let err = match self.rt.block_on(c.report_result(result.clone())) {
+                Ok(ack) => return Ok(ack.into_inner()),
+                Err(status) => anyhow!("ReportResult: {}", status.message()),
             };
             if Instant::now() >= give_up {
                 return Err(err.context(format!("coordinator {}", self.url)));
@@ -107,8 +106,7 @@ impl Rendezvous for CoordinatorClient {
         };
         let ack = self
             .rt
-            .block_on(async { tokio::time::timeout(RPC_TIMEOUT, c.rendezvous_put(req)).await })
-            .map_err(|_| anyhow!("RendezvousPut `{key}` timed out"))?
+            .block_on(c.rendezvous_put(req))
             .map_err(|s| anyhow!("RendezvousPut `{key}` at {}: {}", self.url, s.message()))?
             .into_inner();
         if !ack.ok {
@@ -132,11 +130,12 @@ impl Rendezvous for CoordinatorClient {
                 key: key.to_string(),
                 timeout_ms: slice,
             };
-            let wait = RPC_TIMEOUT + Duration::from_millis(slice as u64);
+            // A long poll: the coordinator holds it up to `slice`.
+            let mut req = Request::new(req);
+            req.set_timeout(RPC_TIMEOUT + Duration::from_millis(slice as u64));
             let resp = self
                 .rt
-                .block_on(async { tokio::time::timeout(wait, c.rendezvous_get(req)).await })
-                .map_err(|_| anyhow!("RendezvousGet `{key}` timed out"))?
+                .block_on(c.rendezvous_get(req))
                 .map_err(|s| anyhow!("RendezvousGet `{key}` at {}: {}", self.url, s.message()))?
                 .into_inner();
             if resp.found {
@@ -286,11 +285,10 @@ fn progress_loop(
             progress: Some(progress),
         };
         let mut c = client.clone();
-        let r = rt.block_on(async {
-            tokio::time::timeout(Duration::from_secs(5), c.report_progress(req)).await
-        });
-        match r {
-            Ok(Ok(ack)) => {
+        let mut req = Request::new(req);
+        req.set_timeout(PROGRESS_TIMEOUT);
+        match rt.block_on(c.report_progress(req)) {
+            Ok(ack) => {
                 failures = 0;
                 let ack = ack.into_inner();
                 if !ack.ok && !last {
@@ -304,15 +302,11 @@ fn progress_loop(
                     unsafe { libc::_exit(1) };
                 }
             }
-            Ok(Err(status)) => {
+            Err(status) => {
                 failures += 1;
                 if failures == 1 || failures == 30 || failures == 300 {
                     tracing::warn!("ReportProgress to {}: {}", t.url, status.message());
                 }
-            }
-            Err(_) => {
-                failures += 1;
-                tracing::warn!("ReportProgress to {} timed out", t.url);
             }
         }
         if last {

@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use gpuctl_proto::pb;
-use tokio::signal::unix::{signal, SignalKind};
 
 use crate::args::{parse_interval, LocalUpArgs, UsageError};
 use crate::client::Coordinator;
@@ -408,8 +407,7 @@ pub async fn up(a: LocalUpArgs) -> Result<i32> {
 
     // Install handlers only now: before this a Ctrl-C kills us by default and
     // the children follow through PDEATHSIG.
-    let mut sigterm = signal(SignalKind::terminate())?;
-    let mut sigint = signal(SignalKind::interrupt())?;
+    let shutdown = gpuctl_proto::shutdown::on_signals()?;
 
     println!("coordinator: {url}");
     println!("export GPUCTL_COORDINATOR={url}");
@@ -425,8 +423,7 @@ pub async fn up(a: LocalUpArgs) -> Result<i32> {
 
     let code = loop {
         tokio::select! {
-            _ = sigterm.recv() => break 0,
-            _ = sigint.recv() => break 0,
+            _ = shutdown.cancelled() => break 0,
             _ = tokio::time::sleep(Duration::from_millis(500)) => {
                 if let Some(c) = sup.coordinator.as_mut() {
                     if !c.running() {

@@ -22,7 +22,8 @@ use std::time::Duration;
 
 use gpuctl_proto::now_ms;
 use gpuctl_proto::pb::{JobState, NodeState};
-use tokio::sync::{mpsc, oneshot, watch};
+use gpuctl_proto::shutdown::Shutdown;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
@@ -176,18 +177,15 @@ impl Scheduler {
         })
     }
 
-    /// Starts the event loop; it ends when `shutdown` turns true or every handle is gone.
-    pub fn spawn(self, shutdown: watch::Receiver<bool>) -> (SchedulerHandle, JoinHandle<()>) {
+    /// Starts the event loop; it ends on `shutdown` or when every handle is gone.
+    pub fn spawn(self, shutdown: Shutdown) -> (SchedulerHandle, JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(1024);
         let task = tokio::spawn(self.run(rx, shutdown));
         (SchedulerHandle { tx }, task)
     }
 
-    async fn run(mut self, mut rx: mpsc::Receiver<Event>, shutdown: watch::Receiver<bool>) {
-        let stop = async move {
-            let mut shutdown = shutdown;
-            let _ = shutdown.wait_for(|stop| *stop).await;
-        };
+    async fn run(mut self, mut rx: mpsc::Receiver<Event>, shutdown: Shutdown) {
+        let stop = shutdown.cancelled_owned();
         tokio::pin!(stop);
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);

@@ -26,7 +26,7 @@ use etcd_client::{
     Txn, TxnOp, TxnOpResponse,
 };
 use futures::future::BoxFuture;
-use tokio::sync::watch;
+use gpuctl_proto::shutdown::Shutdown;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, timeout, Instant};
 use tracing::{error, info, warn};
@@ -90,7 +90,7 @@ struct Fence {
 /// What [`EtcdStore::close`] stops: the lease keep-alive of a leader.
 struct Leadership {
     lease: i64,
-    stop: watch::Sender<bool>,
+    stop: Shutdown,
     task: JoinHandle<()>,
 }
 
@@ -104,8 +104,8 @@ pub struct EtcdStore {
     leadership: Mutex<Option<Leadership>>,
     /// Set when this coordinator lost the leader key; writes fail from then on.
     lost: Arc<AtomicBool>,
-    /// Turned true when the leadership is lost (see [`EtcdStore::lead`]).
-    lost_tx: Arc<watch::Sender<bool>>,
+    /// Tripped when the leadership is lost (see [`EtcdStore::lead`]).
+    lost_signal: Shutdown,
     closed: AtomicBool,
 }
 
@@ -148,7 +148,6 @@ impl EtcdStore {
             .kv_client()
             .max_decoding_message_size(MAX_RESPONSE_BYTES)
             .max_encoding_message_size(MAX_RESPONSE_BYTES);
-        let (lost_tx, _) = watch::channel(false);
         Ok(EtcdStore {
             endpoints: endpoints.to_string(),
             prefix: normalize_prefix(prefix),
@@ -157,7 +156,7 @@ impl EtcdStore {
             fence: OnceLock::new(),
             leadership: Mutex::new(None),
             lost: Arc::new(AtomicBool::new(false)),
-            lost_tx: Arc::new(lost_tx),
+            lost_signal: Shutdown::new(),
             closed: AtomicBool::new(false),
         })
     }
@@ -204,7 +203,7 @@ impl EtcdStore {
     fn mark_lost(&self) {
         if !self.lost.swap(true, Ordering::SeqCst) {
             error!("{}", self.lost_error());
-            self.lost_tx.send_replace(true);
+            self.lost_signal.cancel();
         }
     }
 
@@ -236,14 +235,14 @@ impl EtcdStore {
 
     /// Takes the leader key `{prefix}leader`, waiting as a standby while another
     /// coordinator holds it. `identity` is stored in the key, for the standby's
-    /// log. Returns `None` when `shutdown` turns true first; otherwise a
-    /// receiver that turns true on `shutdown` or when the leadership is lost.
+    /// log. Returns `None` when `shutdown` trips first; otherwise a child of
+    /// `shutdown` that also trips when the leadership is lost.
     pub async fn lead(
         &self,
         identity: &str,
         ttl: Duration,
-        mut shutdown: watch::Receiver<bool>,
-    ) -> StoreResult<Option<watch::Receiver<bool>>> {
+        shutdown: Shutdown,
+    ) -> StoreResult<Option<Shutdown>> {
         let key = leader_key(&self.prefix);
         let ttl_s = ttl.as_secs().max(2) as i64;
         let mut waiting_on: Option<String> = None;
@@ -265,7 +264,7 @@ impl EtcdStore {
             }
             tokio::select! {
                 _ = sleep(STANDBY_POLL) => {}
-                _ = shutdown.wait_for(|s| *s) => return Ok(None),
+                _ = shutdown.cancelled() => return Ok(None),
             }
         };
         let _ = self.fence.set(Fence {
@@ -278,7 +277,7 @@ impl EtcdStore {
             "leader: holding etcd key {key} at {} (lease {ttl_s}s)",
             self.endpoints
         );
-        let (stop, stopped) = watch::channel(false);
+        let stop = Shutdown::new();
         let task = tokio::spawn(keep_alive(
             self.client.clone(),
             lease,
@@ -286,23 +285,21 @@ impl EtcdStore {
             key,
             self.endpoints.clone(),
             Arc::clone(&self.lost),
-            Arc::clone(&self.lost_tx),
-            stopped,
+            self.lost_signal.clone(),
+            stop.clone(),
         ));
         *self.leadership.lock().expect("leadership lock") = Some(Leadership { lease, stop, task });
 
-        // One receiver for both reasons to stop.
-        let mut lost = self.lost_tx.subscribe();
-        let (tx, rx) = watch::channel(*shutdown.borrow() || *lost.borrow());
+        // One signal for both reasons to stop.
+        let stopping = shutdown.child_token();
+        let (lost, trip) = (self.lost_signal.clone(), stopping.clone());
         tokio::spawn(async move {
             tokio::select! {
-                _ = shutdown.wait_for(|s| *s) => {}
-                _ = lost.wait_for(|l| *l) => {}
-                _ = tx.closed() => return,
+                _ = lost.cancelled() => trip.cancel(),
+                _ = trip.cancelled() => {}
             }
-            tx.send_replace(true);
         });
-        Ok(Some(rx))
+        Ok(Some(stopping))
     }
 
     /// One attempt at the leader key: `Ok(Ok((lease, create revision)))` when
@@ -360,7 +357,7 @@ impl EtcdStore {
 
 /// Keeps the leader lease alive every `ttl / 3`. The lease counts as lost
 /// when etcd says it expired, or when no keep-alive went through for `ttl`
-/// (etcd may have expired it meanwhile): then writes stop and `lost_tx` fires.
+/// (etcd may have expired it meanwhile): then writes stop and `lost_signal` trips.
 #[allow(clippy::too_many_arguments)]
 async fn keep_alive(
     mut client: Client,
@@ -369,13 +366,13 @@ async fn keep_alive(
     key: String,
     endpoints: String,
     lost: Arc<AtomicBool>,
-    lost_tx: Arc<watch::Sender<bool>>,
-    mut stop: watch::Receiver<bool>,
+    lost_signal: Shutdown,
+    stop: Shutdown,
 ) {
     let every = ttl / 3;
     let mut deadline = Instant::now() + ttl;
     let why = 'outer: loop {
-        if *stop.borrow() {
+        if stop.is_cancelled() {
             return;
         }
         if Instant::now() >= deadline {
@@ -394,7 +391,7 @@ async fn keep_alive(
                 warn!("leader lease keep-alive to etcd at {endpoints}: {e}; retrying");
                 tokio::select! {
                     _ = sleep(Duration::from_millis(500)) => {}
-                    _ = stop.wait_for(|s| *s) => return,
+                    _ = stop.cancelled() => return,
                 }
                 continue;
             }
@@ -405,7 +402,7 @@ async fn keep_alive(
         loop {
             tokio::select! {
                 _ = sleep(every) => {}
-                _ = stop.wait_for(|s| *s) => return,
+                _ = stop.cancelled() => return,
             }
             let sent = Instant::now();
             if keeper.keep_alive().await.is_err() {
@@ -423,7 +420,7 @@ async fn keep_alive(
     };
     if !lost.swap(true, Ordering::SeqCst) {
         error!("lost the etcd leader key {key}: {why}; stopping so that a standby can take over");
-        lost_tx.send_replace(true);
+        lost_signal.cancel();
     }
 }
 
@@ -518,7 +515,7 @@ impl Store for EtcdStore {
         let leadership = self.leadership.lock().expect("leadership lock").take();
         Box::pin(async move {
             if let Some(l) = leadership {
-                l.stop.send_replace(true);
+                l.stop.cancel();
                 let _ = l.task.await;
                 if !self.lost.load(Ordering::SeqCst) {
                     // Revoking deletes the leader key: a standby takes over now
@@ -601,13 +598,13 @@ fn identity(addr: SocketAddr) -> String {
 
 /// What `--store etcd` opens: connects, then leads (or waits as a standby).
 /// `None` when `shutdown` came while standing by; otherwise the store and a
-/// receiver that turns true on `shutdown` or when the leadership is lost.
+/// child of `shutdown` that also trips when the leadership is lost.
 pub async fn open_leader(
     endpoints: Option<&str>,
     prefix: &str,
     addr: SocketAddr,
-    shutdown: watch::Receiver<bool>,
-) -> anyhow::Result<Option<(Arc<dyn Store>, watch::Receiver<bool>)>> {
+    shutdown: Shutdown,
+) -> anyhow::Result<Option<(Arc<dyn Store>, Shutdown)>> {
     let endpoints = endpoints.ok_or_else(|| {
         anyhow::anyhow!(
             "--store etcd needs --etcd URL (e.g. --etcd http://127.0.0.1:2379), or use --store embedded"

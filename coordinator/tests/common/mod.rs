@@ -17,10 +17,11 @@ use gpuctl_proto::pb::coordinator_message::Msg as Down;
 use gpuctl_proto::pb::job_service_client::JobServiceClient;
 use gpuctl_proto::pb::worker_service_client::WorkerServiceClient;
 use gpuctl_proto::pb::*;
+use gpuctl_proto::shutdown::Shutdown;
 use gpuctl_proto::{now_ms, PROTOCOL_VERSION};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
@@ -32,7 +33,7 @@ pub struct Coord {
     pub url: String,
     /// The metrics listener's address, where one was started.
     pub metrics: Option<String>,
-    stop: watch::Sender<bool>,
+    stop: Shutdown,
     task: JoinHandle<anyhow::Result<()>>,
 }
 
@@ -42,8 +43,12 @@ pub async fn start(dir: &std::path::Path, node_timeout: Duration) -> Coord {
     cfg.node_timeout = node_timeout;
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, shutdown) = watch::channel(false);
-    let task = tokio::spawn(gpuctl_coordinator::server::run_on(cfg, listener, shutdown));
+    let stop = Shutdown::new();
+    let task = tokio::spawn(gpuctl_coordinator::server::run_on(
+        cfg,
+        listener,
+        stop.clone(),
+    ));
     Coord {
         url,
         metrics: None,
@@ -61,12 +66,12 @@ pub async fn start_with_metrics(cfg: Config) -> Coord {
         .expect("metrics listener");
     let url = format!("http://{}", listener.local_addr().unwrap());
     let metrics_at = metrics.local_addr().unwrap().to_string();
-    let (stop, shutdown) = watch::channel(false);
+    let stop = Shutdown::new();
     let task = tokio::spawn(gpuctl_coordinator::server::run_with(
         cfg,
         listener,
         Some(metrics),
-        shutdown,
+        stop.clone(),
     ));
     Coord {
         url,
@@ -96,7 +101,7 @@ impl Coord {
     }
 
     pub async fn shutdown(self) {
-        self.stop.send(true).unwrap();
+        self.stop.cancel();
         tokio::time::timeout(Duration::from_secs(10), self.task)
             .await
             .expect("coordinator stops within 10 s")
@@ -108,9 +113,9 @@ impl Coord {
     pub async fn get(&self, path: &str) -> (String, String) {
         let at = self.metrics.as_deref().expect("a metrics listener");
         let mut conn = tokio::net::TcpStream::connect(at).await.unwrap();
-        conn.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
-            .await
-            .unwrap();
+        // `Connection: close`: the server keeps HTTP/1.1 connections open otherwise.
+        let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        conn.write_all(request.as_bytes()).await.unwrap();
         let mut text = String::new();
         conn.read_to_string(&mut text).await.unwrap();
         let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP response");

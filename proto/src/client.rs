@@ -1,0 +1,318 @@
+//! The one place that builds gRPC clients (CLI, agent, worker), so that every
+//! connection has the same keepalives and none waits forever: a coordinator
+//! that accepts TCP but never answers (a standby waiting for the leader key,
+//! a wedged host) costs a caller at most its timeouts, and the error names
+//! the URL and the wait ("http://h:7070: no answer within 30s").
+//!
+//! The request timeout bounds the wait for a response's headers: all of a
+//! unary call, but only the opening of a stream, whose messages then flow for
+//! as long as the stream lives (the HTTP/2 keepalive notices a dead peer
+//! there). A call that waits longer on purpose (a long poll) names its own
+//! limit with `tonic::Request::set_timeout`, which replaces the default.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tonic::body::Body;
+use tonic::codegen::{http, Service, StdError};
+use tonic::transport::Endpoint;
+use tonic::Status;
+
+/// Time to open the TCP connection (and the HTTP/2 one over it).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time for a unary call's answer unless the caller says otherwise.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// HTTP/2 pings: how an idle session notices a vanished host (no FIN ever
+/// comes from a machine that lost power), and how any call notices a peer
+/// that accepted the connection but never speaks.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why no channel came about. The texts name the URL; callers add their fix.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("`{url}` is not a gRPC URL ({reason}); write it like http://127.0.0.1:7070")]
+    BadUrl { url: String, reason: String },
+    #[error("cannot reach {url}: {reason}")]
+    Unreachable { url: String, reason: String },
+}
+
+impl ClientError {
+    /// What went wrong, without the URL (for messages that name it already).
+    pub fn reason(&self) -> &str {
+        match self {
+            ClientError::BadUrl { reason, .. } | ClientError::Unreachable { reason, .. } => reason,
+        }
+    }
+}
+
+/// Builds a [`Channel`] to one URL: `builder(url).request_timeout(..).connect()`.
+#[derive(Debug, Clone)]
+pub struct Builder {
+    url: String,
+    connect_timeout: Duration,
+    request_timeout: Duration,
+}
+
+/// A client of `url` with the default timeouts.
+pub fn builder(url: &str) -> Builder {
+    Builder {
+        url: url.to_string(),
+        connect_timeout: CONNECT_TIMEOUT,
+        request_timeout: REQUEST_TIMEOUT,
+    }
+}
+
+impl Builder {
+    pub fn connect_timeout(mut self, limit: Duration) -> Self {
+        self.connect_timeout = limit;
+        self
+    }
+
+    pub fn request_timeout(mut self, limit: Duration) -> Self {
+        self.request_timeout = limit;
+        self
+    }
+
+    fn endpoint(&self) -> Result<Endpoint, ClientError> {
+        let endpoint =
+            Endpoint::from_shared(self.url.clone()).map_err(|e| ClientError::BadUrl {
+                url: self.url.clone(),
+                reason: e.to_string(),
+            })?;
+        Ok(endpoint
+            .connect_timeout(self.connect_timeout)
+            .tcp_nodelay(true)
+            .tcp_keepalive(Some(Duration::from_secs(30)))
+            .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+            .keep_alive_while_idle(true))
+    }
+
+    fn wrap(&self, inner: tonic::transport::Channel) -> Channel {
+        Channel {
+            inner,
+            url: Arc::from(self.url.as_str()),
+            request_timeout: self.request_timeout,
+        }
+    }
+
+    /// Connects now, so that a wrong or dead address is reported up front.
+    pub async fn connect(&self) -> Result<Channel, ClientError> {
+        let endpoint = self.endpoint()?;
+        let unreachable = |reason: String| ClientError::Unreachable {
+            url: self.url.clone(),
+            reason,
+        };
+        match tokio::time::timeout(self.connect_timeout, endpoint.connect()).await {
+            Ok(Ok(inner)) => Ok(self.wrap(inner)),
+            Ok(Err(e)) if is_timeout(&e) => Err(unreachable(no_answer(self.connect_timeout))),
+            Ok(Err(e)) => Err(unreachable(root_cause(&e))),
+            Err(_) => Err(unreachable(no_answer(self.connect_timeout))),
+        }
+    }
+
+    /// Connects on the first call (and again after a broken connection).
+    /// Must be called inside a tokio runtime.
+    pub fn connect_lazy(&self) -> Result<Channel, ClientError> {
+        Ok(self.wrap(self.endpoint()?.connect_lazy()))
+    }
+}
+
+fn no_answer(limit: Duration) -> String {
+    format!("no answer within {}", humantime::format_duration(limit))
+}
+
+/// The innermost cause says "connection refused"; tonic's outer text is generic.
+pub fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur = e;
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    cur.to_string()
+}
+
+/// Whether any error in `e`'s chain is `what`.
+fn in_chain(
+    e: &(dyn std::error::Error + 'static),
+    what: impl Fn(&(dyn std::error::Error + 'static)) -> bool,
+) -> bool {
+    let mut cur = Some(e);
+    while let Some(e) = cur {
+        if what(e) {
+            return true;
+        }
+        cur = e.source();
+    }
+    false
+}
+
+fn is_keepalive_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
+    in_chain(e, |e| {
+        e.downcast_ref::<hyper::Error>()
+            .is_some_and(|h| h.is_timeout())
+    })
+}
+
+fn is_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
+    is_keepalive_timeout(e)
+        || in_chain(e, |e| {
+            e.is::<tonic::TimeoutExpired>()
+                || e.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+        })
+}
+
+/// A tonic channel whose calls end with `DEADLINE_EXCEEDED` ("URL: no answer
+/// within 30s") when the response does not start in time. Generated clients
+/// take it like a tonic `Channel`: `JobServiceClient::new(channel)`.
+#[derive(Clone, Debug)]
+pub struct Channel {
+    inner: tonic::transport::Channel,
+    url: Arc<str>,
+    request_timeout: Duration,
+}
+
+impl Channel {
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+}
+
+impl Service<http::Request<Body>> for Channel {
+    type Response = http::Response<Body>;
+    type Error = StdError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, StdError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StdError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        let limit = grpc_timeout(req.headers()).unwrap_or(self.request_timeout);
+        let url = self.url.clone();
+        let call = self.inner.call(req);
+        Box::pin(async move {
+            let late = |d| Status::deadline_exceeded(format!("{url}: {}", no_answer(d))).into();
+            match tokio::time::timeout(limit, call).await {
+                Ok(Ok(resp)) => Ok(resp),
+                // A peer that accepted and never speaks fails the pings first.
+                Ok(Err(e)) if is_keepalive_timeout(&e) => {
+                    Err(late(KEEPALIVE_INTERVAL + KEEPALIVE_TIMEOUT))
+                }
+                // tonic's channel reads `grpc-timeout` too and may fire first.
+                Ok(Err(e)) if is_timeout(&e) => Err(late(limit)),
+                Ok(Err(e)) => Err(e.into()),
+                Err(_) => Err(late(limit)),
+            }
+        })
+    }
+}
+
+/// The `grpc-timeout` header that `tonic::Request::set_timeout` writes:
+/// at most 8 digits and a unit (gRPC over HTTP/2 spec).
+fn grpc_timeout(headers: &http::HeaderMap) -> Option<Duration> {
+    let text = headers.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = text.split_at(text.len().checked_sub(1)?);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pb::job_service_client::JobServiceClient;
+    use crate::pb::ListNodesRequest;
+    use std::time::Instant;
+
+    /// Accepts connections and never answers, like a standby coordinator
+    /// whose listener is bound while it waits for the leader key.
+    async fn silent_listener() -> (String, tokio::task::JoinHandle<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let task = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((conn, _)) = listener.accept().await {
+                held.push(conn);
+            }
+        });
+        (url, task)
+    }
+
+    #[tokio::test]
+    async fn a_silent_server_fails_the_call_in_time_and_names_the_url() {
+        let (url, task) = silent_listener().await;
+        let channel = builder(&url)
+            .request_timeout(Duration::from_millis(300))
+            .connect()
+            .await
+            .expect("TCP is accepted");
+        let mut client = JobServiceClient::new(channel);
+        let start = Instant::now();
+        let status = tokio::time::timeout(
+            Duration::from_secs(5),
+            client.list_nodes(ListNodesRequest {}),
+        )
+        .await
+        .expect("the call must not hang")
+        .unwrap_err();
+        assert!(start.elapsed() < Duration::from_secs(2));
+        assert_eq!(status.code(), tonic::Code::DeadlineExceeded);
+        assert_eq!(status.message(), format!("{url}: no answer within 300ms"));
+
+        // A call's own limit replaces the default, longer or shorter.
+        let mut req = tonic::Request::new(ListNodesRequest {});
+        req.set_timeout(Duration::from_millis(100));
+        let status = client.list_nodes(req).await.unwrap_err();
+        assert_eq!(status.message(), format!("{url}: no answer within 100ms"));
+        task.abort();
+    }
+
+    #[tokio::test]
+    async fn refused_and_malformed_addresses_say_so() {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let url = format!("http://127.0.0.1:{port}");
+        let err = builder(&url).connect().await.unwrap_err();
+        assert!(matches!(err, ClientError::Unreachable { .. }), "{err}");
+        assert!(
+            err.to_string()
+                .starts_with(&format!("cannot reach {url}: ")),
+            "{err}"
+        );
+        assert!(err.reason().contains("refused"), "{err}");
+
+        let err = builder("http://bad host").connect().await.unwrap_err();
+        assert!(matches!(err, ClientError::BadUrl { .. }), "{err}");
+    }
+
+    #[test]
+    fn grpc_timeout_headers_parse() {
+        let mut h = http::HeaderMap::new();
+        assert_eq!(grpc_timeout(&h), None);
+        for (text, want) in [
+            ("30S", Duration::from_secs(30)),
+            ("1500m", Duration::from_millis(1500)),
+            ("2M", Duration::from_secs(120)),
+            ("7u", Duration::from_micros(7)),
+        ] {
+            h.insert("grpc-timeout", text.parse().unwrap());
+            assert_eq!(grpc_timeout(&h), Some(want), "{text}");
+        }
+        h.insert("grpc-timeout", "5x".parse().unwrap());
+        assert_eq!(grpc_timeout(&h), None);
+    }
+}
