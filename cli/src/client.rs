@@ -210,7 +210,29 @@ impl Coordinator {
 
 /// A gRPC status as one sentence. The coordinator's messages are written for
 /// users ("asked for 5 nodes, 4 match"), so they are shown as they are.
+/// A refusal or failure of the coordinator, said for the user, that keeps
+/// its gRPC code so that the exit code does not depend on the wording.
+#[derive(Debug)]
+pub struct RpcError {
+    pub code: Code,
+    pub text: String,
+}
+
+impl std::fmt::Display for RpcError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::error::Error for RpcError {}
+
 pub fn status_error(url: &str, what: &str, s: Status) -> anyhow::Error {
+    let code = s.code();
+    let text = status_text(url, what, s).to_string();
+    RpcError { code, text }.into()
+}
+
+fn status_text(url: &str, what: &str, s: Status) -> anyhow::Error {
     let msg = s.message().trim().to_string();
     match s.code() {
         Code::Unavailable => unreachable(url, &msg),

@@ -85,6 +85,9 @@ impl Exit {
             if let Some(s) = cause.downcast_ref::<tonic::Status>() {
                 return Exit::of_status(s.code(), s.message());
             }
+            if let Some(r) = cause.downcast_ref::<crate::client::RpcError>() {
+                return Exit::of_status(r.code, &r.text);
+            }
             if cause.is::<tonic::transport::Error>()
                 || cause.is::<tonic::ConnectError>()
                 || cause.is::<tonic::TimeoutExpired>()

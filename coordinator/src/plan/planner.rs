@@ -187,13 +187,30 @@ pub fn plan(spec: &JobSpec, chosen: &[&Node]) -> Plan {
 pub fn env(spec: &JobSpec, nodes: &[&Node]) -> Vec<EnvVar> {
     let mut out: Vec<EnvVar> = nccl_env::planned(nodes).0;
     // CPU ranks share the host's cores; without a cap every rank's OpenMP pool
-    // grabs them all and they thrash.
+    // grabs them all and they thrash. Nodes on one host (a local fleet, agents
+    // in containers) share its cores too, so ranks are counted per hostname.
+    let host = |n: &Node| {
+        n.facts
+            .as_ref()
+            .map(|f| f.hostname.clone())
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| n.name.clone())
+    };
+    let mut ranks_on: BTreeMap<String, u32> = BTreeMap::new();
+    for n in nodes.iter().filter(|n| n.gpus.is_empty()) {
+        *ranks_on.entry(host(n)).or_default() += slots(n);
+    }
+    let share = |n: &Node| {
+        let cpus = n.facts.as_ref().map_or(1, |f| f.cpu_count).max(1);
+        let ranks = ranks_on.get(&host(n)).copied().unwrap_or(1).max(1);
+        (cpus, ranks)
+    };
     let cpu_threads = nodes
         .iter()
         .filter(|n| n.gpus.is_empty())
         .map(|n| {
-            let cpus = n.facts.as_ref().map_or(1, |f| f.cpu_count).max(1);
-            (cpus / slots(n)).max(1)
+            let (cpus, ranks) = share(n);
+            (cpus / ranks).max(1)
         })
         .min();
     if let Some(threads) = cpu_threads {
@@ -202,12 +219,16 @@ pub fn env(spec: &JobSpec, nodes: &[&Node]) -> Vec<EnvVar> {
             .filter(|n| n.gpus.is_empty())
             .take(4)
             .map(|n| {
-                format!(
-                    "{}: {} CPUs / {} ranks",
-                    n.name,
-                    n.facts.as_ref().map_or(0, |f| f.cpu_count),
-                    slots(n)
-                )
+                let (cpus, ranks) = share(n);
+                if ranks > slots(n) {
+                    format!(
+                        "{}: {cpus} CPUs / {ranks} ranks on host {}",
+                        n.name,
+                        host(n)
+                    )
+                } else {
+                    format!("{}: {cpus} CPUs / {ranks} ranks", n.name)
+                }
             })
             .collect();
         out.push(EnvVar {
@@ -364,6 +385,17 @@ mod tests {
         );
         let omp = p.env.iter().find(|e| e.name == "OMP_NUM_THREADS").unwrap();
         assert_eq!(omp.value, "1", "2 CPUs / 2 ranks on n1 is the tightest");
+
+        // Two nodes on one host (a local fleet) split its cores between them.
+        let mut a = cpu_node("a", 1, 8, false);
+        let mut b = cpu_node("b", 1, 8, false);
+        for n in [&mut a, &mut b] {
+            n.facts.as_mut().unwrap().hostname = "box".into();
+        }
+        let omp = env(&s, &[&a, &b]);
+        let omp = omp.iter().find(|e| e.name == "OMP_NUM_THREADS").unwrap();
+        assert_eq!(omp.value, "4", "{}", omp.reason);
+        assert!(omp.reason.contains("on host box"), "{}", omp.reason);
 
         s.env.insert("OMP_NUM_THREADS".into(), "7".into());
         s.env.insert("NCCL_DEBUG".into(), "INFO".into());
