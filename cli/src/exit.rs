@@ -11,8 +11,9 @@ use crate::args::UsageError;
 /// What `gpuctl --help` and README.md show; keep the two in step with [`Exit::code`].
 pub const HELP: &str = "\
 Exit codes (every verb):
-  0    done; the job passed (submit --wait, report) or has not failed (status, watch)
-  1    the job failed or was cancelled (submit --wait, status, report, watch), a check
+  0    done; the job passed, warnings included (submit --wait, report), or has not
+       failed (status, watch)
+  1    the job failed its verdict or was cancelled (submit --wait, status, report, watch), a check
        failed (plan, doctor), or another error
   2    bad input: a flag or value was refused, nothing was sent
   3    not found: no such job (or node)
@@ -66,12 +67,12 @@ impl Exit {
         ))
     }
 
-    /// A report's verdict: `Ok` only for a job that succeeded with a pass, so
-    /// CI can gate on `submit --wait` or `report` alone.
+    /// A report's verdict: `Ok` only for a job that succeeded and passed
+    /// (warnings included: they are listed, they do not fail the acceptance),
+    /// so CI can gate on `submit --wait` or `report` alone.
     pub fn of_report(report: &pb::Report) -> Exit {
-        Exit::failed_if(
-            report.state() != pb::JobState::Succeeded || report.verdict() != pb::Verdict::Pass,
-        )
+        let passed = matches!(report.verdict(), pb::Verdict::Pass | pb::Verdict::Warn);
+        Exit::failed_if(report.state() != pb::JobState::Succeeded || !passed)
     }
 
     /// What kind of failure an error is: by type where the cause is kept (a
@@ -194,8 +195,10 @@ mod tests {
         };
         use pb::{JobState as S, Verdict as V};
         assert_eq!(Exit::of_report(&report(S::Succeeded, V::Pass)), Exit::Ok);
+        // Warnings are listed; they do not fail an acceptance run.
+        assert_eq!(Exit::of_report(&report(S::Succeeded, V::Warn)), Exit::Ok);
         assert_eq!(
-            Exit::of_report(&report(S::Succeeded, V::Warn)),
+            Exit::of_report(&report(S::Succeeded, V::Fail)),
             Exit::Failed
         );
         assert_eq!(Exit::of_report(&report(S::Failed, V::Fail)), Exit::Failed);

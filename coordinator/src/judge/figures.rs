@@ -1,16 +1,137 @@
 //! The figures of a job, read out of its rank results in one form for every
-//! workload, so that verdicts, baselines and reports speak of the same things.
+//! workload, so that verdicts, baselines and reports speak of the same things:
+//! what each metric measures, a job's figures per rank and per job, what its
+//! spec asks for, and what a baseline keeps of it.
 //! Keys say what was measured (`bf16 8192`, `all_reduce 1073741824 float`,
 //! `ddp resnet50 bf16 batch 256`): only figures with equal keys are compared.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use gpuctl_proto::catalogue::TypedParams;
 use gpuctl_proto::pb::{
-    rank_result::Detail, CollectiveRow, JobSpec, RankResult, Report, TrainResult,
+    rank_result::Detail, BaselineFigure, CollectiveRow, JobSpec, RankResult, Report, TrainResult,
 };
 
-use super::perf::{Expected, Figure, JobFigures, Metric, RankFigures};
+/// What a figure measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Metric {
+    /// Median GEMM TFLOP/s over the run.
+    StressTflops,
+    /// The slowest sampling interval's TFLOP/s.
+    StressTflopsWorst,
+    /// nccl-tests' bus bandwidth of one op at one size.
+    Busbw,
+    /// Training samples (or tokens) per second with communication.
+    SamplesPerS,
+    /// One rank's training rate with no communication, measured in the same job.
+    SoloSamplesPerS,
+    /// 99th percentile of the training step time.
+    StepMsP99,
+    /// Samples per second against the no-communication rate.
+    ScalingEfficiency,
+    /// Largest batch that fits in memory.
+    MaxBatch,
+}
+
+impl Metric {
+    pub const ALL: [Metric; 8] = [
+        Metric::StressTflops,
+        Metric::StressTflopsWorst,
+        Metric::Busbw,
+        Metric::SamplesPerS,
+        Metric::SoloSamplesPerS,
+        Metric::StepMsP99,
+        Metric::ScalingEfficiency,
+        Metric::MaxBatch,
+    ];
+
+    /// The name in rules files, findings and baselines.
+    pub fn name(self) -> &'static str {
+        match self {
+            Metric::StressTflops => "stress_tflops",
+            Metric::StressTflopsWorst => "stress_tflops_worst",
+            Metric::Busbw => "busbw",
+            Metric::SamplesPerS => "samples_per_s",
+            Metric::SoloSamplesPerS => "solo_samples_per_s",
+            Metric::StepMsP99 => "step_ms_p99",
+            Metric::ScalingEfficiency => "scaling_efficiency",
+            Metric::MaxBatch => "max_batch",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Metric> {
+        Metric::ALL.into_iter().find(|m| m.name() == name)
+    }
+
+    pub fn unit(self) -> &'static str {
+        match self {
+            Metric::StressTflops | Metric::StressTflopsWorst => "TFLOP/s",
+            Metric::Busbw => "GB/s",
+            Metric::SamplesPerS | Metric::SoloSamplesPerS => "samples/s",
+            Metric::StepMsP99 => "ms",
+            Metric::ScalingEfficiency | Metric::MaxBatch => "",
+        }
+    }
+
+    /// Step times are better low; every other figure is better high.
+    pub fn higher_is_better(self) -> bool {
+        self != Metric::StepMsP99
+    }
+
+    /// Whether one rank's figure says something about that rank alone.
+    pub fn per_rank(self) -> bool {
+        matches!(
+            self,
+            Metric::StressTflops
+                | Metric::StressTflopsWorst
+                | Metric::SoloSamplesPerS
+                | Metric::MaxBatch
+        )
+    }
+}
+
+/// One measured figure: what (`metric` at `key`, e.g. `bf16 8192` or
+/// `all_reduce 1073741824 float`) and how much.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Figure {
+    pub metric: Metric,
+    pub key: String,
+    pub value: f64,
+}
+
+/// One rank and the per-rank figures it produced.
+#[derive(Debug, Clone)]
+pub struct RankFigures {
+    pub rank: u32,
+    pub node: String,
+    pub gpu_index: Option<u32>,
+    pub gpu_uuid: String,
+    /// GPU model (or CPU model): what floors are chosen by.
+    pub model: String,
+    /// Ranks are compared only within a device class (model and libraries).
+    pub class: String,
+    /// Whether the rank produced a result at all; a rank without one already
+    /// failed or is incomplete, and its missing figures say nothing new.
+    pub reported: bool,
+    pub figures: Vec<Figure>,
+}
+
+/// The figures that all ranks made together.
+#[derive(Debug, Clone, Default)]
+pub struct JobFigures {
+    /// The one device class of the job; `None` when ranks differ, and then
+    /// job figures are not judged against baselines and floors.
+    pub class: Option<String>,
+    pub model: Option<String>,
+    /// The node a job figure can be pinned on: the job's only node.
+    pub single_node: Option<String>,
+    pub figures: Vec<Figure>,
+}
+
+/// What the job was asked to produce: the (metric, key) pairs its spec implies.
+/// Baselines and floors whose figures the job was asked for and did not
+/// produce fail; the others do not apply.
+pub type Expected = BTreeSet<(Metric, String)>;
 
 /// Collective sizes from which bandwidth is judged (nccl-tests' large
 /// messages); a sweep that stops below it is judged at its largest size.
@@ -162,7 +283,8 @@ pub fn expected(spec: &JobSpec, gpu: bool, world_size: u32) -> Expected {
     out
 }
 
-fn median(mut v: Vec<f64>) -> Option<f64> {
+/// The median, `None` for no values.
+pub fn median(mut v: Vec<f64>) -> Option<f64> {
     if v.is_empty() {
         return None;
     }
@@ -248,6 +370,44 @@ pub fn job_figures(
         single_node: (nodes.len() == 1).then(|| nodes[0].clone()),
         figures,
     }
+}
+
+/// The figures a baseline keeps of a job: per device class, the median of
+/// each per-rank figure over the ranks of the class, and the job figures.
+pub fn baseline_figures(ranks: &[RankFigures], job: &JobFigures) -> Vec<BaselineFigure> {
+    let mut groups: BTreeMap<(&str, &str, Metric, &str), Vec<f64>> = BTreeMap::new();
+    for r in ranks.iter().filter(|r| r.reported) {
+        for f in r.figures.iter().filter(|f| f.metric.per_rank()) {
+            groups
+                .entry((r.class.as_str(), r.model.as_str(), f.metric, f.key.as_str()))
+                .or_default()
+                .push(f.value);
+        }
+    }
+    let mut out: Vec<BaselineFigure> = groups
+        .into_iter()
+        .map(|((class, model, metric, key), v)| BaselineFigure {
+            device_class: class.to_string(),
+            device_name: model.to_string(),
+            metric: metric.name().to_string(),
+            key: key.to_string(),
+            ranks: v.len() as u32,
+            value: median(v).unwrap_or(0.0),
+        })
+        .collect();
+    if let (Some(class), Some(model)) = (&job.class, &job.model) {
+        for f in &job.figures {
+            out.push(BaselineFigure {
+                device_class: class.clone(),
+                device_name: model.clone(),
+                metric: f.metric.name().to_string(),
+                key: f.key.clone(),
+                ranks: 0,
+                value: f.value,
+            });
+        }
+    }
+    out
 }
 
 #[cfg(test)]

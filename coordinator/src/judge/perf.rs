@@ -15,148 +15,17 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gpuctl_proto::pb::{Baseline, BaselineFigure, Finding, Verdict};
+use gpuctl_proto::pb::{Baseline, Finding, Verdict};
 
+use super::figures::median;
+pub use super::figures::{Expected, Figure, JobFigures, Metric, RankFigures};
 use super::rules::{MetricRule, PerfRules};
-
-/// What a figure measures.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Metric {
-    /// Median GEMM TFLOP/s over the run.
-    StressTflops,
-    /// The slowest sampling interval's TFLOP/s.
-    StressTflopsWorst,
-    /// nccl-tests' bus bandwidth of one op at one size.
-    Busbw,
-    /// Training samples (or tokens) per second with communication.
-    SamplesPerS,
-    /// One rank's training rate with no communication, measured in the same job.
-    SoloSamplesPerS,
-    /// 99th percentile of the training step time.
-    StepMsP99,
-    /// Samples per second against the no-communication rate.
-    ScalingEfficiency,
-    /// Largest batch that fits in memory.
-    MaxBatch,
-}
-
-impl Metric {
-    pub const ALL: [Metric; 8] = [
-        Metric::StressTflops,
-        Metric::StressTflopsWorst,
-        Metric::Busbw,
-        Metric::SamplesPerS,
-        Metric::SoloSamplesPerS,
-        Metric::StepMsP99,
-        Metric::ScalingEfficiency,
-        Metric::MaxBatch,
-    ];
-
-    /// The name in rules files, findings and baselines.
-    pub fn name(self) -> &'static str {
-        match self {
-            Metric::StressTflops => "stress_tflops",
-            Metric::StressTflopsWorst => "stress_tflops_worst",
-            Metric::Busbw => "busbw",
-            Metric::SamplesPerS => "samples_per_s",
-            Metric::SoloSamplesPerS => "solo_samples_per_s",
-            Metric::StepMsP99 => "step_ms_p99",
-            Metric::ScalingEfficiency => "scaling_efficiency",
-            Metric::MaxBatch => "max_batch",
-        }
-    }
-
-    pub fn from_name(name: &str) -> Option<Metric> {
-        Metric::ALL.into_iter().find(|m| m.name() == name)
-    }
-
-    pub fn unit(self) -> &'static str {
-        match self {
-            Metric::StressTflops | Metric::StressTflopsWorst => "TFLOP/s",
-            Metric::Busbw => "GB/s",
-            Metric::SamplesPerS | Metric::SoloSamplesPerS => "samples/s",
-            Metric::StepMsP99 => "ms",
-            Metric::ScalingEfficiency | Metric::MaxBatch => "",
-        }
-    }
-
-    /// Step times are better low; every other figure is better high.
-    pub fn higher_is_better(self) -> bool {
-        self != Metric::StepMsP99
-    }
-
-    /// Whether one rank's figure says something about that rank alone.
-    pub fn per_rank(self) -> bool {
-        matches!(
-            self,
-            Metric::StressTflops
-                | Metric::StressTflopsWorst
-                | Metric::SoloSamplesPerS
-                | Metric::MaxBatch
-        )
-    }
-}
-
-/// One measured figure: what (`metric` at `key`, e.g. `bf16 8192` or
-/// `all_reduce 1073741824 float`) and how much.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Figure {
-    pub metric: Metric,
-    pub key: String,
-    pub value: f64,
-}
-
-/// One rank and the per-rank figures it produced.
-#[derive(Debug, Clone)]
-pub struct RankFigures {
-    pub rank: u32,
-    pub node: String,
-    pub gpu_index: Option<u32>,
-    pub gpu_uuid: String,
-    /// GPU model (or CPU model): what floors are chosen by.
-    pub model: String,
-    /// Ranks are compared only within a device class (model and libraries).
-    pub class: String,
-    /// Whether the rank produced a result at all; a rank without one already
-    /// failed or is incomplete, and its missing figures say nothing new.
-    pub reported: bool,
-    pub figures: Vec<Figure>,
-}
-
-/// The figures that all ranks made together.
-#[derive(Debug, Clone, Default)]
-pub struct JobFigures {
-    /// The one device class of the job; `None` when ranks differ, and then
-    /// job figures are not judged against baselines and floors.
-    pub class: Option<String>,
-    pub model: Option<String>,
-    /// The node a job figure can be pinned on: the job's only node.
-    pub single_node: Option<String>,
-    pub figures: Vec<Figure>,
-}
-
-/// What the job was asked to produce: the (metric, key) pairs its spec implies.
-/// Baselines and floors whose figures the job was asked for and did not
-/// produce fail; the others do not apply.
-pub type Expected = BTreeSet<(Metric, String)>;
 
 /// Findings and the sentences that say which references applied.
 #[derive(Debug, Default)]
 pub struct Judgement {
     pub findings: Vec<Finding>,
     pub notes: Vec<String>,
-}
-
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(|a, b| a.total_cmp(b));
-    let n = values.len();
-    if n == 0 {
-        0.0
-    } else if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
-    }
 }
 
 /// How good `value` is against `reference`, 1.0 = equal, lower = worse.
@@ -315,9 +184,12 @@ pub fn judge(
     out
 }
 
+/// Per-rank figures by (device class, metric, key), each with its rank.
+type FleetGroups<'a> = BTreeMap<(&'a str, Metric, &'a str), Vec<(&'a RankFigures, f64)>>;
+
 /// Reference 1: each per-rank figure against the median of its device class.
 fn fleet(ranks: &[RankFigures], rules: &PerfRules, out: &mut Judgement) {
-    let mut groups: BTreeMap<(&str, Metric, &str), Vec<(&RankFigures, f64)>> = BTreeMap::new();
+    let mut groups: FleetGroups = BTreeMap::new();
     let mut classes: BTreeMap<&str, usize> = BTreeMap::new();
     for r in ranks.iter().filter(|r| r.reported) {
         *classes.entry(r.class.as_str()).or_default() += 1;
@@ -351,8 +223,8 @@ fn fleet(ranks: &[RankFigures], rules: &PerfRules, out: &mut Judgement) {
         if members.len() < min {
             continue;
         }
-        let mut values: Vec<f64> = members.iter().map(|(_, v)| *v).collect();
-        let reference = median(&mut values);
+        let values: Vec<f64> = members.iter().map(|(_, v)| *v).collect();
+        let reference = median(values.clone()).unwrap_or(0.0);
         if reference <= 0.0 {
             continue;
         }
@@ -667,47 +539,10 @@ fn floors(
     }
 }
 
-/// The figures a baseline keeps of a job: per device class, the median of
-/// each per-rank figure over the ranks of the class, and the job figures.
-pub fn baseline_figures(ranks: &[RankFigures], job: &JobFigures) -> Vec<BaselineFigure> {
-    let mut groups: BTreeMap<(&str, &str, Metric, &str), Vec<f64>> = BTreeMap::new();
-    for r in ranks.iter().filter(|r| r.reported) {
-        for f in r.figures.iter().filter(|f| f.metric.per_rank()) {
-            groups
-                .entry((r.class.as_str(), r.model.as_str(), f.metric, f.key.as_str()))
-                .or_default()
-                .push(f.value);
-        }
-    }
-    let mut out: Vec<BaselineFigure> = groups
-        .into_iter()
-        .map(|((class, model, metric, key), mut v)| BaselineFigure {
-            device_class: class.to_string(),
-            device_name: model.to_string(),
-            metric: metric.name().to_string(),
-            key: key.to_string(),
-            ranks: v.len() as u32,
-            value: median(&mut v),
-        })
-        .collect();
-    if let (Some(class), Some(model)) = (&job.class, &job.model) {
-        for f in &job.figures {
-            out.push(BaselineFigure {
-                device_class: class.clone(),
-                device_name: model.clone(),
-                metric: f.metric.name().to_string(),
-                key: f.key.clone(),
-                ranks: 0,
-                value: f.value,
-            });
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::judge::figures::baseline_figures;
     use crate::judge::rules::Floor;
 
     fn rank(rank: u32, node: &str, tflops: f64) -> RankFigures {
@@ -777,16 +612,18 @@ mod tests {
 
     #[test]
     fn floors_fail_and_missing_figures_fail() {
-        let mut rules = PerfRules::default();
-        rules.floors = vec![Floor {
-            gpu: "test gpu".into(),
-            metric: "stress_tflops".into(),
-            key: "bf16 8192".into(),
-            fail: 550.0,
-            warn: Some(600.0),
-            single_node: false,
-            source: "test".into(),
-        }];
+        let rules = PerfRules {
+            floors: vec![Floor {
+                gpu: "test gpu".into(),
+                metric: "stress_tflops".into(),
+                key: "bf16 8192".into(),
+                fail: 550.0,
+                warn: Some(600.0),
+                single_node: false,
+                source: "test".into(),
+            }],
+            ..PerfRules::default()
+        };
         let mut ranks = vec![
             rank(0, "a", 700.0),
             rank(1, "a", 580.0),

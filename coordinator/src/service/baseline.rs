@@ -6,7 +6,7 @@
 use gpuctl_proto::pb::{Baseline, JobState, Verdict};
 
 use crate::error::CoordinatorError;
-use crate::judge::{figures, perf};
+use crate::judge::figures;
 use crate::scheduler::{Event, SchedulerHandle};
 use crate::store::StateStore;
 
@@ -65,7 +65,7 @@ pub async fn save(
         ));
     }
     let (ranks, job) = figures::of_report(&report);
-    let figures = perf::baseline_figures(&ranks, &job);
+    let figures = figures::baseline_figures(&ranks, &job);
     if figures.is_empty() {
         return refuse(format!(
             "job {job_id} ({}) produced no figures to keep",
