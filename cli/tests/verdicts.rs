@@ -112,7 +112,7 @@ fn a_slow_node_fails_stress_and_ddp_against_the_fleet_and_the_others_pass() {
 fn baselines_judge_later_jobs_and_floors_fail_what_the_cpu_cannot_reach() {
     let _g = serial();
     let c = Cluster::start(4, 1);
-    let stress = ["stress", "--nodes", "4", "--duration", "6s"];
+    let stress = ["stress", "--nodes", "4", "--duration", "7s"];
 
     let healthy = run_job(&c, &stress);
     assert_eq!(healthy["verdict"], "pass", "{healthy:#}");
@@ -199,7 +199,16 @@ fn healthy_runs_are_never_blamed() {
     let _g = serial();
     let c = Cluster::start(4, 1);
     for run in 0..5 {
-        let r = run_job(&c, &["stress", "--nodes", "4", "--duration", "5s"]);
+        let r = run_job(&c, &["stress", "--nodes", "4", "--duration", "7s"]);
+        let judged = r["notes"].as_array().unwrap().iter().any(|n| {
+            n.as_str()
+                .unwrap()
+                .contains("fleet reference: each rank against")
+        });
+        assert!(
+            judged,
+            "run {run}: the fleet reference must have been used: {r:#}"
+        );
         let f = fails(&r["findings"]);
         assert!(
             f.is_empty(),

@@ -114,6 +114,8 @@ pub struct RankFigures {
     /// failed or is incomplete, and its missing figures say nothing new.
     pub reported: bool,
     pub figures: Vec<Figure>,
+    /// Stress sampling intervals behind the TFLOP/s figures (0: not stress).
+    pub intervals: u32,
 }
 
 /// The figures that all ranks made together.
@@ -171,6 +173,14 @@ fn train_key_of(t: &TrainResult, workload: &str) -> String {
     train_key(mode, &t.model, &t.precision, t.batch_size as u64)
 }
 
+/// How many sampling intervals a stress rank's TFLOP/s figures come from.
+pub fn intervals(r: &RankResult) -> u32 {
+    match &r.detail {
+        Some(Detail::Stress(s)) => s.tflops_per_interval.len() as u32,
+        _ => 0,
+    }
+}
+
 /// The figures that belong to one rank alone.
 pub fn rank_figures(workload: &str, r: &RankResult) -> Vec<Figure> {
     let fig = |metric, key: String, value| Figure { metric, key, value };
@@ -215,6 +225,7 @@ pub fn of_report(report: &Report) -> (Vec<RankFigures>, JobFigures) {
                 class: device_class(res),
                 reported: res.ok,
                 figures: rank_figures(&report.workload, res),
+                intervals: intervals(res),
             });
         }
     }

@@ -191,8 +191,15 @@ type FleetGroups<'a> = BTreeMap<(&'a str, Metric, &'a str), Vec<(&'a RankFigures
 fn fleet(ranks: &[RankFigures], rules: &PerfRules, out: &mut Judgement) {
     let mut groups: FleetGroups = BTreeMap::new();
     let mut classes: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut short = None;
     for r in ranks.iter().filter(|r| r.reported) {
         *classes.entry(r.class.as_str()).or_default() += 1;
+        // A few seconds of GEMMs tell a slow GPU from noise only on quiet
+        // hardware; ranks are compared from `min_intervals` samples on.
+        if r.intervals > 0 && r.intervals < rules.fleet_min_intervals {
+            short = Some(short.map_or(r.intervals, |s: u32| s.min(r.intervals)));
+            continue;
+        }
         for f in &r.figures {
             if f.metric.per_rank() && rules.metric(f.metric).fleet {
                 groups
@@ -201,6 +208,12 @@ fn fleet(ranks: &[RankFigures], rules: &PerfRules, out: &mut Judgement) {
                     .push((r, f.value));
             }
         }
+    }
+    if let Some(n) = short {
+        out.notes.push(format!(
+            "fleet reference not used for stress ranks with fewer than {} sampling intervals (the shortest had {n}): too few to tell a slow GPU from noise; run longer",
+            rules.fleet_min_intervals
+        ));
     }
     let min = rules.fleet_min_ranks.max(2);
     for (class, n) in &classes {
@@ -559,6 +572,7 @@ mod tests {
                 key: "bf16 8192".into(),
                 value: tflops,
             }],
+            intervals: 10,
         }
     }
 
@@ -591,6 +605,30 @@ mod tests {
         assert_eq!(fails[0].reference_kind, "fleet");
         assert!((fails[0].reference - 649.0).abs() < 1e-9);
         assert!(fails[0].detail.contains("rank 3 on node n1 (GPU 1)"));
+    }
+
+    #[test]
+    fn short_stress_runs_are_not_compared_and_the_report_says_so() {
+        let mut ranks: Vec<_> = [650.0, 655.0, 648.0, 320.0]
+            .iter()
+            .enumerate()
+            .map(|(i, v)| rank(i as u32, "n", *v))
+            .collect();
+        for r in &mut ranks {
+            r.intervals = 2;
+        }
+        let j = judge(
+            &ranks,
+            &JobFigures::default(),
+            &Expected::new(),
+            &PerfRules::default(),
+            None,
+        );
+        assert!(j.findings.is_empty(), "{:#?}", j.findings);
+        assert!(j
+            .notes
+            .iter()
+            .any(|n| n.contains("fewer than 5 sampling intervals")));
     }
 
     #[test]

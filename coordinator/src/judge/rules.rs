@@ -86,6 +86,7 @@ struct MetricFile {
 #[serde(default, deny_unknown_fields)]
 struct FleetFile {
     min_ranks: Option<usize>,
+    min_intervals: Option<u32>,
 }
 
 /// One rules file as written: everything optional, laid over what is there.
@@ -102,6 +103,8 @@ struct RulesFile {
 #[derive(Debug, Clone, PartialEq)]
 pub struct PerfRules {
     pub fleet_min_ranks: usize,
+    /// Stress ranks with fewer sampling intervals are not compared.
+    pub fleet_min_intervals: u32,
     pub metrics: BTreeMap<Metric, MetricRule>,
     pub floors: Vec<Floor>,
 }
@@ -119,6 +122,7 @@ impl PerfRules {
     fn bare() -> PerfRules {
         PerfRules {
             fleet_min_ranks: 3,
+            fleet_min_intervals: 5,
             metrics: Metric::ALL
                 .into_iter()
                 .map(|m| {
@@ -162,6 +166,9 @@ impl PerfRules {
                 bail!("fleet.min_ranks = {n}: a median needs 2 ranks or more (3 is the default)");
             }
             out.fleet_min_ranks = n;
+        }
+        if let Some(n) = file.fleet.min_intervals {
+            out.fleet_min_intervals = n;
         }
         for (name, over) in file.metrics {
             let Some(m) = Metric::from_name(&name) else {

@@ -10,7 +10,7 @@ use gpuctl_proto::pb::{CollectiveRow, Finding, JobSpec, JobState, Plan, Verdict}
 
 use super::ranks::{RankStates, Source};
 use super::Inputs;
-use crate::judge::figures::{device_class, expected, job_figures, rank_figures};
+use crate::judge::figures::{device_class, expected, intervals, job_figures, rank_figures};
 use crate::judge::perf::{self, Expected, RankFigures};
 use crate::judge::rules::PerfRules;
 
@@ -89,6 +89,7 @@ pub(super) fn judge(
                 figures: r
                     .map(|r| rank_figures(&spec.workload, r))
                     .unwrap_or_default(),
+                intervals: r.map(intervals).unwrap_or(0),
             }
         })
         .collect();
