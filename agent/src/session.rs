@@ -207,6 +207,9 @@ async fn serve_once(
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await; // the first tick is immediate; the first heartbeat is already queued
+    let mut refresh = tokio::time::interval(PREFLIGHT_REFRESH);
+    refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    refresh.tick().await; // registration carried the first checks
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => {
@@ -232,6 +235,16 @@ async fn serve_once(
                     return broken(e);
                 }
             }
+            _ = refresh.tick(), if cfg.checker.is_some() => {
+                let (checks, _) = check_assignment(cfg.checker.as_ref(), workers, false).await;
+                let mut hb = heartbeat(&name, workers);
+                if let Some(Msg::Heartbeat(h)) = hb.msg.as_mut() {
+                    h.preflight = checks;
+                }
+                if let Err(e) = send(&tx, hb).await {
+                    return broken(e);
+                }
+            }
             Some(ev) = events.recv() => {
                 if let Err(e) = send(&tx, ev).await {
                     return broken(e);
@@ -240,6 +253,9 @@ async fn serve_once(
         }
     }
 }
+
+/// How often the preflight checks are run again between jobs.
+const PREFLIGHT_REFRESH: Duration = Duration::from_secs(30);
 
 async fn handle(
     msg: coordinator_message::Msg,
@@ -351,6 +367,7 @@ fn heartbeat(name: &str, workers: &Workers) -> AgentMessage {
             protocol_version: PROTOCOL_VERSION,
             unix_ms: gpuctl_proto::now_ms(),
             running: workers.running(),
+            preflight: Vec::new(),
         })),
     }
 }

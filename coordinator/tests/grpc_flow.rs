@@ -127,7 +127,16 @@ async fn job_life_from_submit_to_report() {
                 attempt: 1,
                 ok: true,
                 error: String::new(),
-                checks: Vec::new(),
+                // The agent's preflight when the assignment arrived: a stranger
+                // took GPU memory after the node registered.
+                checks: vec![PreflightCheck {
+                    node: "node-0".into(),
+                    name: "gpu_processes".into(),
+                    verdict: Verdict::Warn as i32,
+                    detail: "other processes hold GPU memory: GPU 0: pid 4242 (python3) 20480 MiB"
+                        .into(),
+                    fix: "stop them".into(),
+                }],
             })),
         })
         .await
@@ -248,7 +257,32 @@ async fn job_life_from_submit_to_report() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(report.verdict(), Verdict::Pass, "{report:?}");
+    // Every rank passed; the check taken at job start warns node-0, and only it.
+    assert_eq!(report.verdict(), Verdict::Warn, "{report:?}");
+    assert!(
+        report.reason.contains("warnings on node-0"),
+        "{}",
+        report.reason
+    );
+    assert_eq!(report.nodes[0].verdict(), Verdict::Warn);
+    assert_eq!(report.nodes[1].verdict(), Verdict::Pass);
+    let held: Vec<&PreflightCheck> = report
+        .preflight
+        .iter()
+        .filter(|c| c.node == "node-0" && c.name == "gpu_processes")
+        .collect();
+    assert_eq!(
+        held.len(),
+        1,
+        "the start check replaces registration's: {report:?}"
+    );
+    assert!(held[0].detail.contains("pid 4242"));
+    let f = &report.nodes[0].findings;
+    assert!(
+        f.iter()
+            .any(|f| f.metric == "preflight" && f.detail.contains("pid 4242")),
+        "{f:?}"
+    );
     assert_eq!(report.world_size, 4);
     assert_eq!(
         report.nodes[1].ranks[0].result.as_ref().unwrap().node,

@@ -115,6 +115,10 @@ impl Scheduler {
             return; // a replaced session still draining
         }
         e.node.last_heartbeat_unix_ms = now;
+        if !hb.preflight.is_empty() {
+            // Kept in memory: the next registration or state change stores it.
+            e.node.preflight = hb.preflight;
+        }
         if e.lost() {
             info!(node = %node, "heartbeats resumed");
             e.node.set_state(NodeState::Ready);

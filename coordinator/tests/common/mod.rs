@@ -164,6 +164,7 @@ pub fn heartbeat(name: &str) -> AgentMessage {
             protocol_version: PROTOCOL_VERSION,
             unix_ms: now_ms(),
             running: vec![],
+            preflight: vec![],
         })),
     }
 }
