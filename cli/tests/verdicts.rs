@@ -18,9 +18,9 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A quarter of one core for the slowed node; the healthy ones share the
+/// 15 % of one core for the slowed node; the healthy ones share the
 /// machine's other cores.
-const SLOW_CORES: f64 = 0.25;
+const SLOW_CORES: f64 = 0.15;
 
 /// Submits, waits for the job to end and returns its report (`report`
 /// exits 1 for a failed verdict and prints the JSON all the same).

@@ -45,6 +45,20 @@ pub fn open_store(cfg: &Config) -> anyhow::Result<Arc<dyn Store>> {
 }
 
 /// Runs the coordinator on `--listen` until `shutdown`.
+/// A rules file when one is given, else the built-in rules.
+fn load_rules<T: Default>(
+    path: Option<&std::path::Path>,
+    what: &str,
+    load: impl FnOnce(&std::path::Path) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    let Some(path) = path else {
+        return Ok(T::default());
+    };
+    let rules = load(path)?;
+    info!(file = %path.display(), "{what} rules loaded");
+    Ok(rules)
+}
+
 pub async fn run(cfg: Config, shutdown: Shutdown) -> anyhow::Result<()> {
     let listener = TcpListener::bind(cfg.listen)
         .await
@@ -87,22 +101,8 @@ pub async fn run_with(
     shutdown: Shutdown,
 ) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
-    let health_rules = match &cfg.health_rules {
-        Some(path) => {
-            let rules = HealthRules::load(path)?;
-            info!(file = %path.display(), "health rules loaded");
-            rules
-        }
-        None => HealthRules::default(),
-    };
-    let perf_rules = match &cfg.rules {
-        Some(path) => {
-            let rules = PerfRules::load(path)?;
-            info!(file = %path.display(), "performance rules loaded");
-            rules
-        }
-        None => PerfRules::default(),
-    };
+    let health_rules = load_rules(cfg.health_rules.as_deref(), "health", HealthRules::load)?;
+    let perf_rules = load_rules(cfg.rules.as_deref(), "performance", PerfRules::load)?;
     // With etcd: wait as a standby until this coordinator leads; `shutdown`
     // then also trips when the leadership is lost.
     let (store, shutdown) = match cfg.store {

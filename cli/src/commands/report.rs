@@ -106,10 +106,14 @@ fn kinds(r: &pb::Report) -> Kinds {
 }
 
 /// The SDC cell of a stress rank: its own stability, then the cross-rank verdict.
+/// (A rank fails for other reasons too, a slow GPU say: the coordinator's
+/// digest vote is what the reason says.)
 fn sdc_cell(rank: &pb::RankReport, s: &pb::StressResult, ok: bool) -> String {
+    let outvoted =
+        rank.reason.contains("silent data corruption") || rank.reason.contains("digests disagree");
     if s.self_mismatches > 0 {
         format!("{} of {} checks changed", s.self_mismatches, s.checks)
-    } else if ok && rank.verdict() == pb::Verdict::Fail {
+    } else if ok && outvoted {
         "differs from group".into()
     } else {
         format!("ok ({} checks)", s.checks)
@@ -452,7 +456,7 @@ pub(crate) mod tests {
             gpu_uuid: format!("GPU-{rank}"),
             verdict: verdict as i32,
             reason: if verdict == pb::Verdict::Fail {
-                "digest differs from the group majority".into()
+                "silent data corruption: result digest ffff differs from abcdef0123456789 shared by 1 of 2 ranks".into()
             } else {
                 String::new()
             },

@@ -39,7 +39,8 @@ fn score(metric: Metric, value: f64, reference: f64) -> f64 {
     }
 }
 
-fn fmt_value(metric: Metric, v: f64) -> String {
+/// A figure with as many digits as its size needs, and its unit.
+pub fn fmt_value(metric: Metric, v: f64) -> String {
     let unit = metric.unit();
     let num = if v.abs() >= 100.0 || metric == Metric::MaxBatch {
         format!("{v:.0}")
@@ -441,37 +442,26 @@ fn compare(
             .find(|f| f.metric == metric && f.key == key)
             .map(|f| f.value)
     };
+    let mut check = |subject: Subject, figures: &[Figure]| match find(figures) {
+        Some(v) => {
+            if let Some(level) = reference.level(v) {
+                out.findings.push(reference.miss(&subject, Some(v), level));
+            }
+        }
+        None if asked => out
+            .findings
+            .push(reference.miss(&subject, None, Verdict::Fail)),
+        None => {}
+    };
     if metric.per_rank() {
         for r in ranks
             .iter()
             .filter(|r| r.reported && reference.class_or_model.covers_rank(r))
         {
-            let subject = Subject::of(r);
-            match find(&r.figures) {
-                Some(v) => {
-                    if let Some(level) = reference.level(v) {
-                        out.findings.push(reference.miss(&subject, Some(v), level));
-                    }
-                }
-                None if asked => out
-                    .findings
-                    .push(reference.miss(&subject, None, Verdict::Fail)),
-                None => {}
-            }
+            check(Subject::of(r), &r.figures);
         }
     } else if reference.class_or_model.covers_job(job) {
-        let subject = Subject::job(job);
-        match find(&job.figures) {
-            Some(v) => {
-                if let Some(level) = reference.level(v) {
-                    out.findings.push(reference.miss(&subject, Some(v), level));
-                }
-            }
-            None if asked => out
-                .findings
-                .push(reference.miss(&subject, None, Verdict::Fail)),
-            None => {}
-        }
+        check(Subject::job(job), &job.figures);
     }
 }
 

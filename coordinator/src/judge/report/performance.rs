@@ -11,7 +11,7 @@ use gpuctl_proto::pb::{CollectiveRow, Finding, JobSpec, JobState, Plan, Verdict}
 use super::ranks::{RankStates, Source};
 use super::Inputs;
 use crate::judge::figures::{device_class, expected, intervals, job_figures, rank_figures};
-use crate::judge::perf::{self, Expected, RankFigures};
+use crate::judge::perf::{self, fmt_value, Expected, Metric, RankFigures};
 use crate::judge::rules::PerfRules;
 
 /// What performance found, and which references applied.
@@ -46,20 +46,17 @@ fn rules<'a>(base: &'a PerfRules, spec: &JobSpec, notes: &mut Vec<String>) -> Co
 /// a rank's reason, the rank being named already.
 fn reason(f: &Finding) -> String {
     let what = format!("{} {}", f.metric, f.key);
-    let unit = if f.unit.is_empty() {
-        String::new()
-    } else {
-        format!(" {}", f.unit)
+    let Some(metric) = Metric::from_name(&f.metric) else {
+        return f.detail.clone();
     };
+    let reference = fmt_value(metric, f.reference);
     if f.missing {
-        format!(
-            "no {what} ({} reference {:.2}{unit})",
-            f.reference_kind, f.reference
-        )
+        format!("no {what} ({} reference {reference})", f.reference_kind)
     } else {
         format!(
-            "{what} = {:.2}{unit} against {} reference {:.2}{unit}",
-            f.value, f.reference_kind, f.reference
+            "{what} = {} against {} reference {reference}",
+            fmt_value(metric, f.value),
+            f.reference_kind
         )
     }
 }
