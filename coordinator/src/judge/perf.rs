@@ -478,7 +478,7 @@ fn floors(
         .filter(|r| r.reported)
         .map(|r| r.model.as_str())
         .collect();
-    let mut used: BTreeSet<&str> = BTreeSet::new();
+    let mut used: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for floor in &rules.floors {
         let Some(metric) = Metric::from_name(&floor.metric) else {
             continue; // refused when the rules were loaded
@@ -493,7 +493,9 @@ fn floors(
         if floor.single_node && job.single_node.is_none() {
             continue;
         }
-        used.insert(model);
+        used.entry(model)
+            .or_default()
+            .push(format!("{} {}", metric.name(), floor.key));
         let mut rule = format!(
             "floor for {} {} {}: fail {} {}",
             floor.gpu,
@@ -530,7 +532,13 @@ fn floors(
             out,
         );
     }
-    for m in models.iter().filter(|m| !used.contains(*m)) {
+    for (m, checked) in &used {
+        out.notes.push(format!(
+            "floors for `{m}` applied where the job ran what they measure: {}",
+            checked.join(", ")
+        ));
+    }
+    for m in models.iter().filter(|m| !used.contains_key(*m)) {
         out.notes.push(format!(
             "no floors for `{m}`: only the fleet{} reference judged it",
             if out.notes.iter().any(|n| n.starts_with("baseline `")) {
