@@ -540,12 +540,7 @@ fn floors(
     }
     for m in models.iter().filter(|m| !used.contains_key(*m)) {
         out.notes.push(format!(
-            "no floors for `{m}`: only the fleet{} reference judged it",
-            if out.notes.iter().any(|n| n.starts_with("baseline `")) {
-                " and baseline"
-            } else {
-                ""
-            }
+            "no floors for `{m}` in the rules: judged by the fleet and baseline references only"
         ));
     }
 }
