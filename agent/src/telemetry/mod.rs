@@ -43,6 +43,7 @@ pub struct GpuReading {
     pub power_mw: Option<u32>,
     pub power_limit_mw: Option<u32>,
     pub sm_clock_mhz: Option<u32>,
+    pub sm_clock_max_mhz: Option<u32>,
     pub mem_clock_mhz: Option<u32>,
     /// NVML's clock event (throttle) reasons bitmask.
     pub throttle_reasons: Option<u64>,
@@ -98,6 +99,7 @@ impl GpuReading {
             power_w: self.power_mw.unwrap_or(0) as f64 / 1000.0,
             power_limit_w: self.power_limit_mw.unwrap_or(0) as f64 / 1000.0,
             sm_clock_mhz: self.sm_clock_mhz.unwrap_or(0),
+            sm_clock_max_mhz: self.sm_clock_max_mhz.unwrap_or(0),
             mem_clock_mhz: self.mem_clock_mhz.unwrap_or(0),
             throttle_reasons: self.throttle_reasons.unwrap_or(0),
             ecc_corrected: self.ecc_corrected.unwrap_or(0),

@@ -38,6 +38,7 @@ pub fn read_gpu(nvml: &Nvml, index: u32) -> GpuReading {
         .or_else(|_| d.power_management_limit())
         .ok();
     r.sm_clock_mhz = d.clock_info(Clock::SM).ok();
+    r.sm_clock_max_mhz = d.max_clock_info(Clock::SM).ok();
     r.mem_clock_mhz = d.clock_info(Clock::Memory).ok();
     r.throttle_reasons = throttle_reasons_raw(nvml, &d);
     r.ecc_corrected = d

@@ -75,6 +75,10 @@ pub struct HealthRules {
     pub hw_thermal_slowdown: Level,
     pub sw_thermal_slowdown: Level,
     pub hw_power_brake: Level,
+    /// Share of loaded samples whose SM clock sat under 90 % of its maximum
+    /// with no throttle reason to explain it, before `clock_low` fires.
+    pub clock_low_min_share: f64,
+    pub clock_low: Level,
     pub temperature_warn_c: f64,
     pub temperature_fail_c: f64,
     /// Share of samples under 10 % utilisation above which `idle` fires.
@@ -110,6 +114,8 @@ impl Default for HealthRules {
             hw_thermal_slowdown: Level::Fail,
             sw_thermal_slowdown: Level::Warn,
             hw_power_brake: Level::Fail,
+            clock_low_min_share: 0.2,
+            clock_low: Level::Warn,
             temperature_warn_c: 90.0,
             temperature_fail_c: 95.0,
             idle_share: 0.5,
@@ -159,6 +165,7 @@ impl HealthRules {
         for (name, share) in [
             ("pcie_link_min_share", self.pcie_link_min_share),
             ("throttle_min_share", self.throttle_min_share),
+            ("clock_low_min_share", self.clock_low_min_share),
             ("idle_share", self.idle_share),
         ] {
             if !(0.0..=1.0).contains(&share) {
@@ -337,6 +344,21 @@ impl HealthRules {
                 }
             }
         }
+        if t.loaded > 0 && t.clock_low_loaded > 0 {
+            let share = t.clock_low_loaded as f64 / t.loaded as f64;
+            if share >= self.clock_low_min_share {
+                fire(
+                    self.clock_low,
+                    "clock_low",
+                    format!(
+                        "SM clock under {:.0} % of its {} MHz maximum in {:.0} % of loaded samples, with no throttle reason reported: the GPU ran slow for a cause NVML does not name (clock limits set with nvidia-smi -lgc, firmware)",
+                        super::series::CLOCK_LOW_RATIO * 100.0,
+                        t.sm_clock_max,
+                        share * 100.0
+                    ),
+                );
+            }
+        }
         if t.n > 0 && t.temp_max >= self.temperature_fail_c {
             fire(
                 Level::Fail,
@@ -482,6 +504,42 @@ mod tests {
 
     fn rules_of(r: &HealthRules, t: &Bucket) -> Vec<(Level, &'static str)> {
         r.evaluate(t).iter().map(|f| (f.level, f.rule)).collect()
+    }
+
+    #[test]
+    fn a_low_clock_with_no_reason_warns_and_a_power_capped_one_does_not() {
+        use gpuctl_proto::pb::GpuSample;
+        let r = HealthRules::default();
+        let sample = |clock: u32, reasons: u64| GpuSample {
+            util_gpu: 99.0,
+            sm_clock_mhz: clock,
+            sm_clock_max_mhz: 1980,
+            throttle_reasons: reasons,
+            ..Default::default()
+        };
+        let run = |s: &GpuSample| {
+            let mut t = Bucket::of(s, 0);
+            for i in 1..10 {
+                t.merge(&Bucket::of(s, i * 1000));
+            }
+            t
+        };
+        // 1200 MHz, nothing reported: something NVML does not name holds it back.
+        let fired = rules_of(&r, &run(&sample(1200, 0)));
+        assert_eq!(fired, vec![(Level::Warn, "clock_low")]);
+        let detail = &r.evaluate(&run(&sample(1200, 0)))[0].detail;
+        assert!(
+            detail.contains("1980 MHz") && detail.contains("100 %"),
+            "{detail}"
+        );
+        // The same clock on the software power cap is a GPU at full power.
+        assert!(rules_of(&r, &run(&sample(1200, 0x4))).is_empty());
+        // At 1900 MHz nothing is low.
+        assert!(rules_of(&r, &run(&sample(1900, 0))).is_empty());
+        // Unknown maximum: no judgement.
+        let mut unknown = sample(1200, 0);
+        unknown.sm_clock_max_mhz = 0;
+        assert!(rules_of(&r, &run(&unknown)).is_empty());
     }
 
     #[test]

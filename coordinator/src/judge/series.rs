@@ -26,6 +26,13 @@ pub const LOW_UTIL: f64 = 10.0;
 pub const LOADED_UTIL: f64 = 50.0;
 /// Throttle-reason bits counted per bucket (NVML defines bits 0..=8).
 const THROTTLE_BITS: usize = 16;
+/// A loaded GPU whose SM clock is under this share of its maximum is slow.
+pub const CLOCK_LOW_RATIO: f64 = 0.9;
+/// Throttle reasons that explain a low clock: application clocks (0x2), the
+/// power cap a GPU at full load sits on by design (0x4), sync boost (0x10),
+/// and the slowdowns other rules judge (0x8, 0x20, 0x40, 0x80). Only GPU
+/// idle (0x1) and nothing at all leave a low clock unexplained.
+const CLOCK_REASONS: u64 = 0x2 | 0x4 | 0x8 | 0x10 | 0x20 | 0x40 | 0x80;
 
 /// Counters whose growth over the run matters.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -119,6 +126,12 @@ pub struct Bucket {
     /// Sorted, without repeats.
     #[prost(uint32, repeated, tag = "34")]
     pub xids: Vec<u32>,
+    /// The GPU's maximum SM clock, and the loaded samples whose clock was under
+    /// [`CLOCK_LOW_RATIO`] of it with no throttle reason to explain it.
+    #[prost(uint32, tag = "35")]
+    pub sm_clock_max: u32,
+    #[prost(uint32, tag = "36")]
+    pub clock_low_loaded: u32,
 }
 
 /// One GPU's series over one job, as stored under `telemetry/{job}/{node}/{gpu:03}`.
@@ -203,6 +216,11 @@ impl Bucket {
             first: Some(c.clone()),
             last: Some(c),
             xids,
+            sm_clock_max: s.sm_clock_max_mhz,
+            clock_low_loaded: (loaded
+                && s.sm_clock_max_mhz > 0
+                && (s.sm_clock_mhz as f64) < CLOCK_LOW_RATIO * s.sm_clock_max_mhz as f64
+                && s.throttle_reasons & CLOCK_REASONS == 0) as u32,
         }
     }
 
@@ -257,6 +275,8 @@ impl Bucket {
             self.nvlinks_expected = self.nvlinks_expected.max(b.nvlinks_expected);
         }
         self.remap_failed |= b.remap_failed;
+        self.sm_clock_max = self.sm_clock_max.max(b.sm_clock_max);
+        self.clock_low_loaded += b.clock_low_loaded;
         if self.first.is_none() {
             self.first = b.first.clone();
         }
