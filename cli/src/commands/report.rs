@@ -337,6 +337,10 @@ pub fn render(r: &pb::Report) -> String {
         s.push_str("\nRANKS\n");
         s.push_str(&ranks_table(r));
     }
+    if !r.links.is_empty() {
+        s.push_str("\nLINKS (every pair of nodes; the slowest rank of each pair)\n");
+        s.push_str(&output::links::matrix(&r.links));
+    }
     if !r.collectives.is_empty() {
         s.push_str("\nCOLLECTIVES (across ranks: slowest rank's time, #wrong summed)\n");
         s.push_str(&collectives_table(&r.collectives));
@@ -665,6 +669,7 @@ pub(crate) mod tests {
                         backend: "tcp-ring".into(),
                         world_size: 2,
                         rows: vec![],
+                        links: vec![],
                     })),
                 )],
                 ..Default::default()

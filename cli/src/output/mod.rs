@@ -3,6 +3,7 @@
 
 pub mod findings;
 pub mod json;
+pub mod links;
 pub mod table;
 
 use std::collections::HashMap;

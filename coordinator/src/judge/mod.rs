@@ -6,6 +6,7 @@
 
 pub mod figures;
 pub mod health;
+pub mod links;
 pub mod perf;
 pub mod report;
 pub mod rules;

@@ -89,11 +89,18 @@ struct FleetFile {
     min_intervals: Option<u32>,
 }
 
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct LinksFile {
+    slow: Option<f64>,
+}
+
 /// One rules file as written: everything optional, laid over what is there.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 struct RulesFile {
     fleet: FleetFile,
+    links: LinksFile,
     metrics: BTreeMap<String, MetricFile>,
     floors: Vec<Floor>,
     builtin_floors: Option<bool>,
@@ -105,6 +112,8 @@ pub struct PerfRules {
     pub fleet_min_ranks: usize,
     /// Stress ranks with fewer sampling intervals are not compared.
     pub fleet_min_intervals: u32,
+    /// A link below this share of the job's median link is slow.
+    pub link_slow_ratio: f64,
     pub metrics: BTreeMap<Metric, MetricRule>,
     pub floors: Vec<Floor>,
 }
@@ -123,6 +132,7 @@ impl PerfRules {
         PerfRules {
             fleet_min_ranks: 3,
             fleet_min_intervals: 5,
+            link_slow_ratio: 0.8,
             metrics: Metric::ALL
                 .into_iter()
                 .map(|m| {
@@ -169,6 +179,12 @@ impl PerfRules {
         }
         if let Some(n) = file.fleet.min_intervals {
             out.fleet_min_intervals = n;
+        }
+        if let Some(s) = file.links.slow {
+            if !(s > 0.0 && s <= 1.0) {
+                bail!("[links] slow = {s}: a ratio between 0 and 1 (0.8 means 80 % of the median link)");
+            }
+            out.link_slow_ratio = s;
         }
         for (name, over) in file.metrics {
             let Some(m) = Metric::from_name(&name) else {

@@ -441,6 +441,7 @@ pub fn sweep(
         backend: comm.backend().into(),
         world_size: n as u32,
         rows,
+        links: Vec::new(),
     })
 }
 

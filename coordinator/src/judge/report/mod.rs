@@ -7,6 +7,7 @@
 //! - [`gpu_health`]: failing GPUs fail their ranks, or their node;
 //! - [`collectives`]: wrong elements fail ranks; one bandwidth table;
 //! - [`performance`]: figures against the fleet, a baseline and the floors;
+//! - [`links`](super::links): node pairs' bandwidth against the median link;
 //! - [`findings`]: everything that failed or warned, in one list;
 //! - [`nodes`]: node verdicts from their ranks, GPUs and findings;
 //! - [`notes`]: library versions the ranks ran with;
@@ -31,6 +32,7 @@ use std::collections::BTreeMap;
 use gpuctl_proto::pb::{Job, PreflightCheck, RankResult, Report, Verdict, WorkerExited};
 
 use super::health::HealthRules;
+use super::links;
 use super::rules::PerfRules;
 use super::telemetry::Telemetry;
 
@@ -67,8 +69,11 @@ pub fn build(inp: &Inputs) -> Report {
     collectives::fail_wrong_elements(inp.results, &mut states);
     let table = aggregate_collectives(inp.results.values());
     let mut found = findings::of_ranks(&plan, &states);
-    let perf = performance::judge(inp, &spec, &plan, &table, &mut states);
+    let rules = performance::rules(inp.perf, &spec, &mut notes);
+    let perf = performance::judge(inp, &spec, &plan, &table, &rules, &mut states);
     found.extend(perf.findings);
+    let links = links::judge(inp.results, &plan.nodes, rules.link_slow_ratio);
+    found.extend(links.findings);
     found.extend(findings::of_health(&health));
     let preflight = start_checks(job);
     found.extend(findings::of_preflight(&preflight));
@@ -76,6 +81,7 @@ pub fn build(inp: &Inputs) -> Report {
     let nodes = nodes::verdicts(&plan, &states, inp.results, gpu_faults, &found);
     notes.extend(notes::mixed_torch(inp.results));
     notes.extend(perf.notes);
+    notes.extend(links.notes);
 
     let mut report = Report {
         job_id: job.id.clone(),
@@ -99,6 +105,7 @@ pub fn build(inp: &Inputs) -> Report {
         health,
         preflight,
         findings: found,
+        links: links.links,
     };
     verdict::judge_job(&mut report, job, inp.results.len());
     report

@@ -21,7 +21,11 @@ pub(super) struct Outcome {
 }
 
 /// The rules of this job: the coordinator's, with the job's `--rules` over them.
-fn rules<'a>(base: &'a PerfRules, spec: &JobSpec, notes: &mut Vec<String>) -> Cow<'a, PerfRules> {
+pub(super) fn rules<'a>(
+    base: &'a PerfRules,
+    spec: &JobSpec,
+    notes: &mut Vec<String>,
+) -> Cow<'a, PerfRules> {
     if spec.rules.trim().is_empty() {
         return Cow::Borrowed(base);
     }
@@ -66,10 +70,10 @@ pub(super) fn judge(
     spec: &JobSpec,
     plan: &Plan,
     collectives: &[CollectiveRow],
+    rules: &PerfRules,
     states: &mut RankStates,
 ) -> Outcome {
     let mut notes = Vec::new();
-    let rules = rules(inp.perf, spec, &mut notes);
     let ranks: Vec<RankFigures> = plan
         .ranks
         .iter()
@@ -98,7 +102,7 @@ pub(super) fn judge(
     } else {
         Expected::new()
     };
-    let j = perf::judge(&ranks, &job, &wanted, &rules, inp.job.baseline.as_ref());
+    let j = perf::judge(&ranks, &job, &wanted, rules, inp.job.baseline.as_ref());
     for f in &j.findings {
         let Some(st) = f.rank.and_then(|r| states.get_mut(&r)) else {
             continue;

@@ -4,25 +4,19 @@
 
 use gpuctl_proto::pb::{Job, JobState, NodeReport, RankReport, Report, Verdict};
 
-/// A job that ran to its end: its ranks' verdict, failed further by the job
-/// figures that no node can be blamed for, and `warn` when anything warned.
-fn with_job_findings(report: &Report, verdict: Verdict, reason: String) -> (Verdict, String) {
-    let job_level = |level: Verdict| -> Vec<&str> {
-        report
-            .findings
-            .iter()
-            .filter(|f| f.node.is_empty() && f.metric != "preflight" && f.level() == level)
-            .map(|f| f.detail.as_str())
-            .collect()
-    };
-    let fails = job_level(Verdict::Fail);
-    if !fails.is_empty() {
-        let text = fails.join("; ");
-        return match verdict {
-            Verdict::Fail => (Verdict::Fail, format!("{reason}; {text}")),
-            _ => (Verdict::Fail, text),
-        };
-    }
+/// The findings of the job as a whole (a job figure of several nodes, a
+/// slow link between two good nodes) at `level`.
+fn job_level(report: &Report, level: Verdict) -> Vec<&str> {
+    report
+        .findings
+        .iter()
+        .filter(|f| f.node.is_empty() && f.metric != "preflight" && f.level() == level)
+        .map(|f| f.detail.as_str())
+        .collect()
+}
+
+/// A job that ran to its end and passed: `warn` when anything warned.
+fn with_warnings(report: &Report, verdict: Verdict, reason: String) -> (Verdict, String) {
     if verdict != Verdict::Pass {
         return (verdict, reason);
     }
@@ -32,7 +26,7 @@ fn with_job_findings(report: &Report, verdict: Verdict, reason: String) -> (Verd
         .filter(|n| n.verdict() == Verdict::Warn)
         .map(|n| n.name.as_str())
         .collect();
-    let job_warns = job_level(Verdict::Warn).len();
+    let job_warns = job_level(report, Verdict::Warn).len();
     if warned.is_empty() && job_warns == 0 {
         return (verdict, reason);
     }
@@ -55,7 +49,7 @@ pub(super) fn judge_job(report: &mut Report, job: &Job, reported: usize) {
     let state = job.state();
     let (ranks_verdict, ranks_reason) = ranks_verdict(report);
     let (verdict, reason) = match state {
-        JobState::Succeeded => with_job_findings(report, ranks_verdict, ranks_reason),
+        JobState::Succeeded => with_warnings(report, ranks_verdict, ranks_reason),
         JobState::Failed => {
             let why = if ranks_verdict == Verdict::Fail && job.message.is_empty() {
                 ranks_reason
@@ -101,8 +95,9 @@ pub(super) fn judge_job(report: &mut Report, job: &Job, reported: usize) {
     report.reason = reason;
 }
 
-/// The verdict of the ranks alone: fail names the failed ranks, node and
-/// device; incomplete if any rank has no result; else pass.
+/// The verdict of the ranks, the nodes and the job's own findings: fail
+/// names the failed ranks, node and device (or the failed node or link);
+/// incomplete if any rank has no result; else pass.
 pub fn ranks_verdict(report: &Report) -> (Verdict, String) {
     let all: Vec<(&NodeReport, &RankReport)> = report
         .nodes
@@ -131,8 +126,11 @@ pub fn ranks_verdict(report: &Report) -> (Verdict, String) {
         })
         .map(|n| format!("node {}: {}", n.name, n.reason))
         .collect();
-    if failed.is_empty() && !node_only.is_empty() {
-        return (Verdict::Fail, node_only.join("; "));
+    let job_fails = job_level(report, Verdict::Fail);
+    if failed.is_empty() && (!node_only.is_empty() || !job_fails.is_empty()) {
+        let mut why = node_only;
+        why.extend(job_fails.iter().map(|s| s.to_string()));
+        return (Verdict::Fail, why.join("; "));
     }
     if !failed.is_empty() {
         const SHOWN: usize = 5;

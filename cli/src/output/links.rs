@@ -1,0 +1,120 @@
+//! The link matrix of a `--pattern pairs` job: per op, bus bandwidth between
+//! every pair of nodes (GB/s), slow links marked, and each node's median link,
+//! so the slow node stands out as a row and a column.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gpuctl_proto::pb;
+
+use super::table::Table;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// One matrix per op; `!` marks a slow link.
+pub fn matrix(links: &[pb::Link]) -> String {
+    let mut by_op: BTreeMap<&str, Vec<&pb::Link>> = BTreeMap::new();
+    for l in links {
+        by_op.entry(l.op.as_str()).or_default().push(l);
+    }
+    let mut s = String::new();
+    for (op, ls) in by_op {
+        let nodes: BTreeSet<&str> = ls
+            .iter()
+            .flat_map(|l| [l.a.as_str(), l.b.as_str()])
+            .collect();
+        let nodes: Vec<&str> = nodes.into_iter().collect();
+        let cell: BTreeMap<(&str, &str), &pb::Link> = ls
+            .iter()
+            .flat_map(|l| {
+                [
+                    ((l.a.as_str(), l.b.as_str()), *l),
+                    ((l.b.as_str(), l.a.as_str()), *l),
+                ]
+            })
+            .collect();
+        let bytes = ls.first().map_or(0, |l| l.bytes);
+        let reference = ls.first().map_or(0.0, |l| l.reference_gbps);
+        s.push_str(&format!(
+            "{op} busbw GB/s at {} (median link {reference:.2}; ! = slow)\n",
+            gpuctl_proto::units::format_bytes(bytes)
+        ));
+        let mut headers = vec!["NODE"];
+        headers.extend(nodes.iter().copied());
+        headers.push("MEDIAN");
+        let right: Vec<usize> = (1..headers.len()).collect();
+        let mut t = Table::new(&headers).right(&right);
+        for a in &nodes {
+            let mut row = vec![a.to_string()];
+            let mut mine = Vec::new();
+            for b in &nodes {
+                row.push(match cell.get(&(*a, *b)) {
+                    _ if a == b => "-".to_string(),
+                    Some(l) => {
+                        mine.push(l.busbw_gbps);
+                        let mark = if l.verdict() == pb::Verdict::Fail {
+                            "!"
+                        } else {
+                            ""
+                        };
+                        format!("{:.2}{mark}", l.busbw_gbps)
+                    }
+                    None => "?".to_string(),
+                });
+            }
+            row.push(format!("{:.2}", median(mine)));
+            t.row(row);
+        }
+        s.push_str(&t.render());
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slow_node_shows_as_a_row_and_a_column() {
+        let mut links = Vec::new();
+        let names = ["a", "b", "c"];
+        for i in 0..3 {
+            for j in i + 1..3 {
+                let slow = i == 1 || j == 1;
+                links.push(pb::Link {
+                    a: names[i].into(),
+                    b: names[j].into(),
+                    op: "all_reduce".into(),
+                    bytes: 1 << 20,
+                    busbw_gbps: if slow { 1.0 } else { 9.0 },
+                    reference_gbps: 1.0,
+                    verdict: if slow {
+                        pb::Verdict::Fail
+                    } else {
+                        pb::Verdict::Pass
+                    } as i32,
+                    ..Default::default()
+                });
+            }
+        }
+        let s = matrix(&links);
+        assert!(s.starts_with("all_reduce busbw GB/s at 1.0 MiB"), "{s}");
+        let row_b = s.lines().find(|l| l.starts_with("b ")).expect(&s);
+        assert!(
+            row_b.contains("1.00!") && row_b.trim_end().ends_with("1.00"),
+            "{row_b}"
+        );
+        let row_a = s.lines().find(|l| l.starts_with("a ")).expect(&s);
+        assert!(row_a.contains("9.00") && row_a.contains("1.00!"), "{row_a}");
+    }
+}

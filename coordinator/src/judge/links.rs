@@ -1,0 +1,261 @@
+//! Links between nodes (`nccl --pattern pairs`): every pair's bandwidth, the
+//! slowest rank's figure of each (round, pair, op), judged against the median
+//! link of the same op in the job. A link below `slow_ratio ×` that median is
+//! slow; a node in most of its links slow is named as the culprit and fails;
+//! a slow link between two otherwise good nodes is named as the link.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gpuctl_proto::pb::{rank_result::Detail, Finding, Link, RankResult, Verdict};
+
+use super::figures::median;
+
+/// What the links of a job say.
+#[derive(Debug, Default)]
+pub struct Judged {
+    pub links: Vec<Link>,
+    pub findings: Vec<Finding>,
+    pub notes: Vec<String>,
+}
+
+/// Key of one measured link: (op, a, b, bytes, dtype, round).
+type Key = (String, u32, u32, u64, String, u32);
+
+/// The links the ranks reported, one per (op, pair): the slowest rank's
+/// bandwidth (every rank of a pair waits for the slowest), `#wrong` summed.
+fn collect(results: &BTreeMap<u32, RankResult>) -> BTreeMap<Key, (f64, u64)> {
+    let mut out: BTreeMap<Key, (f64, u64)> = BTreeMap::new();
+    for r in results.values() {
+        let Some(Detail::Collectives(c)) = &r.detail else {
+            continue;
+        };
+        for l in &c.links {
+            let (a, b) = (l.node_a.min(l.node_b), l.node_a.max(l.node_b));
+            let key = (l.op.clone(), a, b, l.bytes, l.dtype.clone(), l.round);
+            let e = out.entry(key).or_insert((f64::INFINITY, 0));
+            e.0 = e.0.min(l.busbw_gbps);
+            e.1 += l.wrong;
+        }
+    }
+    out
+}
+
+fn name(nodes: &[String], rank: u32) -> String {
+    nodes
+        .get(rank as usize)
+        .cloned()
+        .unwrap_or_else(|| format!("node rank {rank}"))
+}
+
+/// Judges the links of a job whose nodes are `nodes` (by node rank).
+pub fn judge(results: &BTreeMap<u32, RankResult>, nodes: &[String], slow_ratio: f64) -> Judged {
+    let measured = collect(results);
+    let mut out = Judged::default();
+    if measured.is_empty() {
+        return out;
+    }
+    let mut by_op: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for ((op, ..), (bw, _)) in &measured {
+        by_op.entry(op.as_str()).or_default().push(*bw);
+    }
+    let reference: BTreeMap<&str, Option<f64>> = by_op
+        .iter()
+        .map(|(op, v)| {
+            // One link has nothing to be compared with.
+            let m = (v.len() >= 2).then(|| median(v.clone())).flatten();
+            (*op, m)
+        })
+        .collect();
+    for (op, m) in &reference {
+        match m {
+            Some(m) => out.notes.push(format!(
+                "links ({op}): each against the median link of the job, {m:.2} GB/s; slow below {slow_ratio:.2}x"
+            )),
+            None => out.notes.push(format!(
+                "links ({op}): one link only, nothing to compare it with; judge it against a baseline"
+            )),
+        }
+    }
+    // Slow links per node, per op.
+    let mut slow_of: BTreeMap<(&str, u32), Vec<u32>> = BTreeMap::new();
+    let mut all_of: BTreeMap<(&str, u32), usize> = BTreeMap::new();
+    for ((op, a, b, bytes, dtype, round), (bw, wrong)) in &measured {
+        let m = reference[op.as_str()];
+        let slow = m.is_some_and(|m| *bw < slow_ratio * m);
+        let bad = slow || *wrong > 0;
+        for (x, y) in [(*a, *b), (*b, *a)] {
+            *all_of.entry((op.as_str(), x)).or_default() += 1;
+            if bad {
+                slow_of.entry((op.as_str(), x)).or_default().push(y);
+            }
+        }
+        out.links.push(Link {
+            a: name(nodes, *a),
+            b: name(nodes, *b),
+            op: op.clone(),
+            bytes: *bytes,
+            dtype: dtype.clone(),
+            round: *round,
+            busbw_gbps: *bw,
+            wrong: *wrong,
+            verdict: if bad { Verdict::Fail } else { Verdict::Pass } as i32,
+            reference_gbps: m.unwrap_or(0.0),
+        });
+    }
+    // A node in most of its links slow is the culprit; its links are explained.
+    let mut culprits: BTreeSet<u32> = BTreeSet::new();
+    for ((op, node), peers) in &slow_of {
+        let total = all_of[&(*op, *node)];
+        if total >= 2 && peers.len() * 2 > total {
+            culprits.insert(*node);
+            let m = reference[op].unwrap_or(0.0);
+            let mine: Vec<f64> = measured
+                .iter()
+                .filter(|((o, a, b, ..), _)| o == op && (a == node || b == node))
+                .map(|(_, (bw, _))| *bw)
+                .collect();
+            let med = median(mine).unwrap_or(0.0);
+            out.findings.push(Finding {
+                node: name(nodes, *node),
+                metric: "link_busbw".into(),
+                key: op.to_string(),
+                value: med,
+                reference: m,
+                reference_kind: "fleet".into(),
+                rule: format!(
+                    "links rule: a link below {slow_ratio:.2}x the job's median link is slow; a node in most of its links slow is the culprit"
+                ),
+                level: Verdict::Fail as i32,
+                unit: "GB/s".into(),
+                detail: format!(
+                    "node {}: {} of {total} {op} links slow (median of its links {med:.2} GB/s against the job's median link {m:.2} GB/s; slow with {})",
+                    name(nodes, *node),
+                    peers.len(),
+                    peers.iter().map(|p| name(nodes, *p)).collect::<Vec<_>>().join(", ")
+                ),
+                ..Default::default()
+            });
+        }
+    }
+    // A slow link between two nodes that are not culprits is the link's fault.
+    for ((op, a, b, ..), (bw, wrong)) in &measured {
+        let m = reference[op.as_str()];
+        let slow = m.is_some_and(|m| *bw < slow_ratio * m) || *wrong > 0;
+        if !slow || culprits.contains(a) || culprits.contains(b) {
+            continue;
+        }
+        let (na, nb) = (name(nodes, *a), name(nodes, *b));
+        out.findings.push(Finding {
+            metric: "link_busbw".into(),
+            key: format!("{op} {na}-{nb}"),
+            value: *bw,
+            reference: m.unwrap_or(0.0),
+            reference_kind: "fleet".into(),
+            rule: format!("links rule: a link below {slow_ratio:.2}x the job's median link is slow"),
+            level: Verdict::Fail as i32,
+            unit: "GB/s".into(),
+            detail: if *wrong > 0 {
+                format!("link {na} <-> {nb}: {wrong} wrong elements in {op}")
+            } else {
+                format!(
+                    "link {na} <-> {nb}: {op} {bw:.2} GB/s against the job's median link {:.2} GB/s; both nodes are fine with their other peers, so the link (cable, port, switch) is suspect",
+                    m.unwrap_or(0.0)
+                )
+            },
+            ..Default::default()
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuctl_proto::pb::{CollectiveResult, LinkResult};
+
+    /// Rank `r` (one per node) reports every link it took part in.
+    fn results(n: u32, bw: impl Fn(u32, u32) -> f64) -> BTreeMap<u32, RankResult> {
+        let mut out = BTreeMap::new();
+        for r in 0..n {
+            let mut links = Vec::new();
+            for p in 0..n {
+                if p != r {
+                    links.push(LinkResult {
+                        node_a: r.min(p),
+                        node_b: r.max(p),
+                        op: "all_reduce".into(),
+                        bytes: 1 << 20,
+                        dtype: "float".into(),
+                        busbw_gbps: bw(r.min(p), r.max(p)),
+                        ..Default::default()
+                    });
+                }
+            }
+            out.insert(
+                r,
+                RankResult {
+                    rank: r,
+                    ok: true,
+                    detail: Some(Detail::Collectives(CollectiveResult {
+                        links,
+                        ..Default::default()
+                    })),
+                    ..Default::default()
+                },
+            );
+        }
+        out
+    }
+
+    fn nodes(n: u32) -> Vec<String> {
+        (0..n).map(|i| format!("node-{i}")).collect()
+    }
+
+    #[test]
+    fn a_slow_node_is_named_and_its_peers_are_not() {
+        let r = results(4, |a, b| if a == 2 || b == 2 { 1.0 } else { 10.0 });
+        let j = judge(&r, &nodes(4), 0.8);
+        assert_eq!(j.links.len(), 6);
+        let nodes_failed: Vec<&str> = j.findings.iter().map(|f| f.node.as_str()).collect();
+        assert_eq!(nodes_failed, vec!["node-2"], "{:#?}", j.findings);
+        assert!(j.findings[0]
+            .detail
+            .contains("3 of 3 all_reduce links slow"));
+    }
+
+    #[test]
+    fn one_slow_link_between_good_nodes_names_the_link() {
+        let r = results(4, |a, b| if (a, b) == (1, 3) { 2.0 } else { 10.0 });
+        let j = judge(&r, &nodes(4), 0.8);
+        assert_eq!(j.findings.len(), 1, "{:#?}", j.findings);
+        assert_eq!(j.findings[0].node, "", "the link, not a node");
+        assert!(j.findings[0].key.contains("node-1-node-3"));
+        let slow: Vec<&Link> = j
+            .links
+            .iter()
+            .filter(|l| l.verdict() == Verdict::Fail)
+            .collect();
+        assert_eq!(slow.len(), 1);
+    }
+
+    #[test]
+    fn a_healthy_fleet_has_no_slow_link() {
+        let r = results(5, |a, b| 10.0 + (a + b) as f64 * 0.1);
+        let j = judge(&r, &nodes(5), 0.8);
+        assert_eq!(j.links.len(), 10);
+        assert!(j.findings.is_empty());
+        assert!(j.links.iter().all(|l| l.verdict() == Verdict::Pass));
+    }
+
+    #[test]
+    fn the_slowest_rank_of_a_pair_sets_the_link() {
+        let mut r = results(2, |_, _| 10.0);
+        if let Some(Detail::Collectives(c)) = &mut r.get_mut(&1).unwrap().detail {
+            c.links[0].busbw_gbps = 7.0;
+        }
+        let j = judge(&r, &nodes(2), 0.8);
+        assert_eq!(j.links.len(), 1);
+        assert_eq!(j.links[0].busbw_gbps, 7.0);
+        assert!(j.notes[0].contains("one link only"));
+    }
+}
