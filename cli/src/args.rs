@@ -72,6 +72,26 @@ pub enum Command {
     /// Keep a finished job's figures under a name, to judge later jobs against (submit --baseline).
     #[command(subcommand)]
     Baseline(BaselineCommand),
+    /// The fleet over time: each node's last verdict, figures and drift; `fleet links`: every pair.
+    Fleet(FleetArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct FleetArgs {
+    #[command(subcommand)]
+    pub view: Option<FleetView>,
+    /// Only runs that ended within this long, e.g. 7d.
+    #[arg(long, global = true)]
+    pub since: Option<String>,
+    /// One node's runs, newest first.
+    #[arg(long, global = true)]
+    pub node: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum FleetView {
+    /// The latest bandwidth of every pair of nodes, with its age.
+    Links,
 }
 
 #[derive(Debug, Subcommand)]

@@ -132,6 +132,18 @@ impl Coordinator {
             .map_err(|s| self.status("report", s))
     }
 
+    pub async fn fleet(&mut self, since_unix_ms: u64, node: &str) -> Result<pb::GetFleetResponse> {
+        let req = pb::GetFleetRequest {
+            since_unix_ms,
+            node: node.to_string(),
+        };
+        self.inner
+            .get_fleet(req)
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| self.status("fleet", s))
+    }
+
     pub async fn save_baseline(
         &mut self,
         job: &str,

@@ -48,6 +48,14 @@ pub struct Config {
     #[arg(long, default_value = "15s", value_parser = parse_duration)]
     pub node_timeout: Duration,
 
+    /// Fleet history: runs kept per node (`gpuctl fleet`).
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub history_keep: u32,
+
+    /// Fleet history: runs older than this are deleted.
+    #[arg(long, default_value = "180d", value_parser = parse_duration)]
+    pub history_max_age: Duration,
+
     /// URL that workers use to reach this coordinator (default: the address
     /// each agent connected to).
     #[arg(long, env = "GPUCTL_ADVERTISE_URL")]
@@ -108,12 +116,22 @@ impl Config {
             etcd: None,
             etcd_prefix: "/gpuctl/".into(),
             node_timeout: Duration::from_secs(15),
+            history_keep: 200,
+            history_max_age: Duration::from_secs(180 * 86_400),
             advertise_url: None,
             log: None,
             health_rules: None,
             rules: None,
             // Tests run many coordinators at once: none takes the fixed port.
             metrics_listen: Some(MetricsListen::Off),
+        }
+    }
+
+    /// How long the fleet history is kept.
+    pub fn retention(&self) -> crate::history::Retention {
+        crate::history::Retention {
+            keep: self.history_keep as usize,
+            max_age: self.history_max_age,
         }
     }
 

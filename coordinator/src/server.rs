@@ -122,11 +122,12 @@ pub async fn run_with(
     let store = StateStore::new(store);
     let rdv = Rendezvous::default();
     let (logs, log_task) = LogSink::spawn(store.clone());
+    let perf_rules = Arc::new(perf_rules);
     let sched_cfg = SchedulerConfig {
         node_timeout: cfg.node_timeout,
         heartbeat_interval: cfg.heartbeat_interval(),
         health_rules: Arc::new(health_rules),
-        perf_rules: Arc::new(perf_rules),
+        perf_rules: perf_rules.clone(),
     };
     let scheduler = Scheduler::load(sched_cfg, store.clone(), rdv.clone(), logs)
         .await
@@ -141,7 +142,12 @@ pub async fn run_with(
     let agents = AgentServiceServer::new(AgentSvc::new(sched.clone(), advertise))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let jobs = JobServiceServer::new(JobSvc::new(sched.clone(), store.clone()))
+    let history_task = tokio::spawn(crate::history::keep_bounded(
+        store.clone(),
+        cfg.retention(),
+        shutdown.clone(),
+    ));
+    let jobs = JobServiceServer::new(JobSvc::new(sched.clone(), store.clone(), perf_rules))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let workers = WorkerServiceServer::new(WorkerSvc::new(sched.clone(), rdv))
@@ -194,6 +200,7 @@ pub async fn run_with(
         let _ = t.await;
     }
     let _ = sched_task.await;
+    let _ = history_task.await;
     match tokio::time::timeout(DRAIN, &mut server).await {
         Ok(r) => r.context("server task")?.context("gRPC server")?,
         Err(_) => {

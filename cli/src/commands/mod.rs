@@ -4,6 +4,7 @@
 pub mod baseline;
 pub mod cancel;
 pub mod doctor;
+pub mod fleet;
 pub mod jobs;
 pub mod local;
 pub mod logs;
@@ -58,6 +59,17 @@ pub async fn run(cli: Cli) -> Result<Exit> {
         }
         Command::Local(LocalCommand::Up(a)) => Ok(Exit::failed_if(local::up(a).await? != 0)),
         Command::Doctor(a) => doctor::run(&a, out),
+        Command::Fleet(a) => {
+            let since = match &a.since {
+                Some(s) => {
+                    let d = crate::args::parse_interval("--since", s)?;
+                    gpuctl_proto::now_ms().saturating_sub(d.as_millis() as u64)
+                }
+                None => 0,
+            };
+            let mut c = Coordinator::connect(url).await?;
+            fleet::run(&mut c, &a, since, out).await
+        }
         Command::Baseline(cmd) => {
             baseline::run(&mut Coordinator::connect(url).await?, cmd, out).await
         }

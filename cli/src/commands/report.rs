@@ -471,6 +471,7 @@ pub(crate) mod tests {
                 detail: Some(d),
                 ..Default::default()
             }),
+            gpu_index: Some(local),
         }
     }
 

@@ -219,7 +219,7 @@ pub fn of_report(report: &Report) -> (Vec<RankFigures>, JobFigures) {
             ranks.push(RankFigures {
                 rank: r.rank,
                 node: node.name.clone(),
-                gpu_index: None,
+                gpu_index: r.gpu_index,
                 gpu_uuid: r.gpu_uuid.clone(),
                 model: res.device_name.clone(),
                 class: device_class(res),

@@ -100,6 +100,7 @@ pub fn judge(results: &BTreeMap<u32, RankResult>, nodes: &[String], slow_ratio: 
             wrong: *wrong,
             verdict: if bad { Verdict::Fail } else { Verdict::Pass } as i32,
             reference_gbps: m.unwrap_or(0.0),
+            measured_unix_ms: 0,
         });
     }
     // A node in most of its links slow is the culprit; its links are explained.

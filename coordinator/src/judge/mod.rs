@@ -5,6 +5,7 @@
 //! here schedules.
 
 pub mod figures;
+pub mod fleet;
 pub mod health;
 pub mod links;
 pub mod perf;

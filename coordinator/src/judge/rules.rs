@@ -87,6 +87,7 @@ struct MetricFile {
 struct FleetFile {
     min_ranks: Option<usize>,
     min_intervals: Option<u32>,
+    drift: Option<f64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -114,6 +115,9 @@ pub struct PerfRules {
     pub fleet_min_intervals: u32,
     /// A link below this share of the job's median link is slow.
     pub link_slow_ratio: f64,
+    /// `gpuctl fleet`: a node's last figure under this share of the median of
+    /// its previous runs is flagged as drift.
+    pub drift_tolerance: f64,
     pub metrics: BTreeMap<Metric, MetricRule>,
     pub floors: Vec<Floor>,
 }
@@ -133,6 +137,7 @@ impl PerfRules {
             fleet_min_ranks: 3,
             fleet_min_intervals: 5,
             link_slow_ratio: 0.8,
+            drift_tolerance: 0.9,
             metrics: Metric::ALL
                 .into_iter()
                 .map(|m| {
@@ -179,6 +184,12 @@ impl PerfRules {
         }
         if let Some(n) = file.fleet.min_intervals {
             out.fleet_min_intervals = n;
+        }
+        if let Some(d) = file.fleet.drift {
+            if !(d > 0.0 && d <= 1.0) {
+                bail!("[fleet] drift = {d}: a ratio between 0 and 1 (0.9 flags a node 10 % under its own history)");
+            }
+            out.drift_tolerance = d;
         }
         if let Some(s) = file.links.slow {
             if !(s > 0.0 && s <= 1.0) {

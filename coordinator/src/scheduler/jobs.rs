@@ -14,6 +14,7 @@ use tracing::{debug, info, warn};
 use super::state::{job_id, JobEntry, NodeEntry};
 use super::{human, Scheduler};
 use crate::error::CoordinatorError;
+use crate::judge::fleet;
 use crate::judge::report;
 use crate::judge::telemetry::Telemetry;
 use crate::plan::{planner, preflight};
@@ -267,6 +268,10 @@ impl Scheduler {
             .map(|p| p.nodes.clone())
             .unwrap_or_default();
         let mut batch = Batch::default().job(&entry.job).report(&report);
+        // The fleet history: each node's verdict and figures of this job.
+        for run in fleet::runs_of(&report) {
+            batch = batch.run(&run);
+        }
         for s in &series {
             batch = batch.telemetry(id, s);
         }

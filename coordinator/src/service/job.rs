@@ -3,26 +3,37 @@
 
 use gpuctl_proto::pb::job_service_server::JobService;
 use gpuctl_proto::pb::{
-    Baseline, CancelJobRequest, GetBaselineRequest, GetJobRequest, GetLogsRequest, GetLogsResponse,
-    GetReportRequest, GetTelemetryRequest, GetTelemetryResponse, Job, ListBaselinesRequest,
-    ListBaselinesResponse, ListJobsRequest, ListJobsResponse, ListNodesRequest, ListNodesResponse,
-    Plan, Report, SaveBaselineRequest, SubmitRequest,
+    Baseline, CancelJobRequest, GetBaselineRequest, GetFleetRequest, GetFleetResponse,
+    GetJobRequest, GetLogsRequest, GetLogsResponse, GetReportRequest, GetTelemetryRequest,
+    GetTelemetryResponse, Job, ListBaselinesRequest, ListBaselinesResponse, ListJobsRequest,
+    ListJobsResponse, ListNodesRequest, ListNodesResponse, Plan, Report, SaveBaselineRequest,
+    SubmitRequest,
 };
 use tonic::{Request, Response, Status};
 
+use std::sync::Arc;
+
 use super::baseline;
 use crate::error::CoordinatorError;
+use crate::history;
+use crate::judge::rules::PerfRules;
 use crate::scheduler::{Event, SchedulerHandle};
 use crate::store::StateStore;
 
 pub struct JobSvc {
     sched: SchedulerHandle,
     store: StateStore,
+    /// For the drift tolerance of `gpuctl fleet`.
+    rules: Arc<PerfRules>,
 }
 
 impl JobSvc {
-    pub fn new(sched: SchedulerHandle, store: StateStore) -> Self {
-        JobSvc { sched, store }
+    pub fn new(sched: SchedulerHandle, store: StateStore, rules: Arc<PerfRules>) -> Self {
+        JobSvc {
+            sched,
+            store,
+            rules,
+        }
     }
 }
 
@@ -163,5 +174,13 @@ impl JobService for JobSvc {
         Ok(Response::new(
             baseline::delete(&self.store, &req.into_inner().name).await?,
         ))
+    }
+
+    async fn get_fleet(
+        &self,
+        req: Request<GetFleetRequest>,
+    ) -> Result<Response<GetFleetResponse>, Status> {
+        let r = history::fleet(&self.store, req.into_inner(), self.rules.drift_tolerance).await?;
+        Ok(Response::new(r))
     }
 }

@@ -9,7 +9,9 @@ pub mod redb;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use gpuctl_proto::pb::{Baseline, GetLogsResponse, Job, LogLine, Node, RankResult, Report};
+use gpuctl_proto::pb::{
+    Baseline, GetLogsResponse, Job, LogLine, Node, NodeRun, RankResult, Report,
+};
 use prost::Message;
 
 use crate::judge::series::GpuSeries;
@@ -68,6 +70,15 @@ pub mod keys {
     pub const NODES: &str = "nodes/";
     pub const JOBS: &str = "jobs/";
     pub const BASELINES: &str = "baselines/";
+    pub const HISTORY: &str = "history/";
+
+    /// One node's run of one job; the time first so a node's runs sort by age.
+    pub fn history(node: &str, finished_ms: u64, job: &str) -> String {
+        format!("history/{node}/{finished_ms:013}-{job}")
+    }
+    pub fn history_of(node: &str) -> String {
+        format!("history/{node}/")
+    }
 
     pub fn baseline(name: &str) -> String {
         format!("baselines/{name}")
@@ -126,6 +137,11 @@ impl Batch {
     pub fn report(mut self, report: &Report) -> Self {
         self.0
             .push((keys::report(&report.job_id), report.encode_to_vec()));
+        self
+    }
+    pub fn run(mut self, run: &NodeRun) -> Self {
+        let key = keys::history(&run.node, run.finished_unix_ms, &run.job_id);
+        self.0.push((key, run.encode_to_vec()));
         self
     }
     pub fn telemetry(mut self, job: &str, series: &GpuSeries) -> Self {
@@ -224,6 +240,20 @@ impl StateStore {
 
     pub async fn results(&self, job: &str, attempt: u32) -> StoreResult<Vec<RankResult>> {
         self.scan_msgs(keys::results(job, attempt)).await
+    }
+
+    /// Every kept run (of one node when `node` is given), oldest first.
+    pub async fn history(&self, node: Option<&str>) -> StoreResult<Vec<NodeRun>> {
+        let prefix = match node {
+            Some(n) => keys::history_of(n),
+            None => keys::HISTORY.to_string(),
+        };
+        self.scan_msgs(prefix).await
+    }
+
+    pub async fn delete_run(&self, run: &NodeRun) -> StoreResult<bool> {
+        let key = keys::history(&run.node, run.finished_unix_ms, &run.job_id);
+        self.inner.delete(key).await
     }
 
     pub async fn baseline(&self, name: &str) -> StoreResult<Option<Baseline>> {

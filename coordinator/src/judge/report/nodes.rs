@@ -39,6 +39,7 @@ pub(super) fn verdicts(
                 verdict: st.verdict as i32,
                 reason: st.reason(),
                 result: results.get(&p.rank).cloned(),
+                gpu_index: p.gpu_index,
             });
         }
         let mine: Vec<Finding> = findings

@@ -1,0 +1,204 @@
+//! `gpuctl fleet`: one row per node from the history that finished jobs leave
+//! behind: the last verdict and when, stress TFLOP/s (slowest and median
+//! GPU), all_reduce bandwidth, the median link, training rate, and the figures
+//! that drifted below the node's own history. `--node NAME` lists one node's
+//! runs, newest first; `fleet links` the latest bandwidth of every pair.
+
+use anyhow::Result;
+use gpuctl_proto::pb;
+use serde_json::{json, Value};
+
+use crate::args::{FleetArgs, FleetView, OutputFormat};
+use crate::client::Coordinator;
+use crate::exit::Exit;
+use crate::output::{self, table::Table};
+
+pub async fn run(
+    c: &mut Coordinator,
+    a: &FleetArgs,
+    since_unix_ms: u64,
+    out: OutputFormat,
+) -> Result<Exit> {
+    let node = a.node.as_deref().unwrap_or("");
+    let f = c.fleet(since_unix_ms, node).await?;
+    if !node.is_empty() && f.runs.is_empty() {
+        anyhow::bail!(
+            "no runs of node `{node}` in the fleet history (`gpuctl fleet` lists the nodes)"
+        );
+    }
+    let now = gpuctl_proto::now_ms();
+    match (out, &a.view) {
+        (OutputFormat::Json, Some(FleetView::Links)) => output::print_json(
+            &json!({ "links": f.links.iter().map(|l| link(l, now)).collect::<Vec<_>>() }),
+        ),
+        (OutputFormat::Json, None) => output::print_json(&json!({
+            "nodes": f.rows.iter().map(row).collect::<Vec<_>>(),
+            "runs": f.runs.iter().map(node_run).collect::<Vec<_>>(),
+        })),
+        (OutputFormat::Table, Some(FleetView::Links)) => {
+            output::print_text(&links_table(&f.links, now))
+        }
+        (OutputFormat::Table, None) if !node.is_empty() => {
+            output::print_text(&runs_table(&f.runs, now))
+        }
+        (OutputFormat::Table, None) => output::print_text(&rows_table(&f.rows, now)),
+    }
+    Ok(Exit::Ok)
+}
+
+fn num(v: f64) -> String {
+    if v <= 0.0 || !v.is_finite() {
+        "-".into()
+    } else if v >= 100.0 {
+        format!("{v:.0}")
+    } else if v >= 1.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.4}")
+    }
+}
+
+fn drift_text(d: &[pb::Drift]) -> String {
+    let flagged: Vec<String> = d
+        .iter()
+        .filter(|d| d.flagged)
+        .map(|d| {
+            format!(
+                "{} {} {:.2}x of {} runs",
+                d.metric, d.key, d.ratio, d.previous_runs
+            )
+        })
+        .collect();
+    if flagged.is_empty() {
+        "-".into()
+    } else {
+        flagged.join("; ")
+    }
+}
+
+fn rows_table(rows: &[pb::FleetRow], now: u64) -> String {
+    let mut t = Table::new(&[
+        "NODE",
+        "LAST",
+        "WHEN",
+        "RUNS",
+        "TFLOP/S WORST",
+        "MEDIAN",
+        "ALL_REDUCE GB/S",
+        "MEDIAN LINK",
+        "SAMPLES/S",
+        "DRIFT",
+    ])
+    .right(&[3, 4, 5, 6, 7, 8]);
+    for r in rows {
+        t.row([
+            r.node.clone(),
+            r.last_verdict().label().to_string(),
+            output::age(r.last_unix_ms, now),
+            r.runs.to_string(),
+            num(r.stress_tflops_worst),
+            num(r.stress_tflops_median),
+            num(r.all_reduce_busbw_gbps),
+            num(r.median_link_gbps),
+            num(r.samples_per_s),
+            drift_text(&r.drift),
+        ]);
+    }
+    t.render()
+}
+
+fn runs_table(runs: &[pb::NodeRun], now: u64) -> String {
+    let mut t = Table::new(&["WHEN", "JOB", "WORKLOAD", "VERDICT", "FIGURES", "REASON"]);
+    for r in runs {
+        let figs: Vec<String> = r
+            .figures
+            .iter()
+            .map(|f| match f.gpu_index {
+                Some(g) => format!("{} GPU {g} {}", f.metric, num(f.value)),
+                None => format!("{} {}", f.metric, num(f.value)),
+            })
+            .collect();
+        t.row([
+            output::age(r.finished_unix_ms, now),
+            r.job_id.clone(),
+            r.workload.clone(),
+            r.verdict().label().to_string(),
+            output::dash(&figs.join(", ")),
+            output::dash(&r.reason),
+        ]);
+    }
+    t.render()
+}
+
+fn links_table(links: &[pb::Link], now: u64) -> String {
+    let mut s = output::links::matrix(links);
+    let mut t = Table::new(&["A", "B", "OP", "GB/S", "VERDICT", "MEASURED"]).right(&[3]);
+    for l in links {
+        t.row([
+            l.a.clone(),
+            l.b.clone(),
+            l.op.clone(),
+            num(l.busbw_gbps),
+            l.verdict().label().to_string(),
+            output::age(l.measured_unix_ms, now),
+        ]);
+    }
+    s.push('\n');
+    s.push_str(&t.render());
+    s
+}
+
+fn row(r: &pb::FleetRow) -> Value {
+    json!({
+        "node": r.node,
+        "last_verdict": r.last_verdict().label(),
+        "last_unix_ms": r.last_unix_ms,
+        "last_job": r.last_job,
+        "runs": r.runs,
+        "stress_tflops_worst": r.stress_tflops_worst,
+        "stress_tflops_median": r.stress_tflops_median,
+        "all_reduce_busbw_gbps": r.all_reduce_busbw_gbps,
+        "median_link_gbps": r.median_link_gbps,
+        "samples_per_s": r.samples_per_s,
+        "drift": r.drift.iter().map(|d| json!({
+            "metric": d.metric,
+            "key": d.key,
+            "last": d.last,
+            "previous_median": d.previous_median,
+            "previous_runs": d.previous_runs,
+            "ratio": d.ratio,
+            "flagged": d.flagged,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn node_run(r: &pb::NodeRun) -> Value {
+    json!({
+        "node": r.node,
+        "job_id": r.job_id,
+        "workload": r.workload,
+        "finished_unix_ms": r.finished_unix_ms,
+        "verdict": r.verdict().label(),
+        "reason": r.reason,
+        "figures": r.figures.iter().map(|f| json!({
+            "metric": f.metric,
+            "key": f.key,
+            "value": f.value,
+            "gpu_uuid": f.gpu_uuid,
+            "gpu_index": f.gpu_index,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn link(l: &pb::Link, now: u64) -> Value {
+    json!({
+        "a": l.a,
+        "b": l.b,
+        "op": l.op,
+        "bytes": l.bytes,
+        "busbw_gbps": l.busbw_gbps,
+        "verdict": l.verdict().label(),
+        "measured_unix_ms": l.measured_unix_ms,
+        "age_s": now.saturating_sub(l.measured_unix_ms) / 1000,
+    })
+}

@@ -1,0 +1,106 @@
+//! The fleet over time, on real processes: three stress jobs in a row on 4
+//! nodes with a coordinator restart (kill -9) between them, the last one with
+//! one node under a CPU quota. `gpuctl fleet` must show all three runs of
+//! every node, flag the slowed node's drift against its own history, and
+//! leave the healthy nodes unflagged.
+
+mod common;
+
+use std::time::Duration;
+
+use common::cgroup::CpuQuota;
+use common::*;
+use serde_json::Value;
+
+fn finish(c: &Cluster, args: &[&str]) -> String {
+    let id = c.submit(args);
+    c.wait_state(
+        &id,
+        &["succeeded", "failed", "cancelled"],
+        Duration::from_secs(180),
+    );
+    id
+}
+
+fn row<'a>(fleet: &'a Value, node: &str) -> &'a Value {
+    fleet["nodes"]
+        .as_array()
+        .expect("nodes[]")
+        .iter()
+        .find(|r| r["node"] == node)
+        .unwrap_or_else(|| panic!("no row for {node}: {fleet:#}"))
+}
+
+fn flagged(row: &Value) -> Vec<String> {
+    row["drift"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["flagged"] == true)
+        .map(|d| d["metric"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn history_survives_a_restart_and_drift_names_the_slowed_node() {
+    let mut c = Cluster::start(4, 1);
+    let stress = ["stress", "--nodes", "4", "--duration", "7s"];
+    let first = finish(&c, &stress);
+
+    c.restart_coordinator();
+    c.wait_ready(4, Duration::from_secs(60));
+    let second = finish(&c, &stress);
+
+    let slow = Cluster::agent_name(1);
+    let third = {
+        let _quota = CpuQuota::apply("gpuctl-test-fleet", c.agent_pid(1), 0.15);
+        finish(&c, &stress)
+    };
+
+    let fleet = c.json(&["fleet"]);
+    for i in 0..4 {
+        let name = Cluster::agent_name(i);
+        let r = row(&fleet, &name);
+        assert_eq!(r["runs"], 3, "{name}: {r:#}");
+        assert_eq!(r["last_job"], third.as_str(), "{name}: {r:#}");
+        assert!(r["stress_tflops_median"].as_f64().unwrap() > 0.0, "{r:#}");
+        let f = flagged(r);
+        if name == slow {
+            assert!(
+                f.contains(&"stress_tflops".to_string()),
+                "{name} drifted: {r:#}"
+            );
+            assert_eq!(r["last_verdict"], "fail", "{r:#}");
+        } else {
+            assert!(f.is_empty(), "healthy {name} flagged: {r:#}");
+        }
+    }
+
+    // One node's runs, newest first, each with its per-GPU figures.
+    let mine = c.json(&["fleet", "--node", &slow]);
+    let runs: Vec<&str> = mine["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["job_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(runs, vec![third.as_str(), second.as_str(), first.as_str()]);
+    assert!(mine["runs"][0]["figures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|f| f["metric"] == "stress_tflops"));
+
+    // The table a person reads names the drift.
+    let out = c.gpuctl(&["fleet"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(&slow))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(line.contains("stress_tflops"), "{text}");
+
+    let unknown = c.gpuctl(&["fleet", "--node", "nope"]);
+    assert_ne!(unknown.status.code(), Some(0), "{}", stderr(&unknown));
+    assert!(stderr(&unknown).contains("no runs of node `nope`"));
+}

@@ -1,0 +1,258 @@
+//! The fleet over time. When a job ends each of its nodes gets a [`NodeRun`]:
+//! its verdict and its figures (per GPU, and the job's own), kept in the
+//! store's history; `gpuctl fleet` reads them back as one row per node with
+//! the last verdict, the headline figures and the drift of each figure
+//! against the node's own previous runs.
+
+use std::collections::BTreeMap;
+
+use gpuctl_proto::pb::{Drift, FigureRecord, FleetRow, Link, NodeRun, Report};
+
+use super::figures::{median, of_report, Metric};
+
+/// The runs a finished report leaves in the history, one per node.
+pub fn runs_of(report: &Report) -> Vec<NodeRun> {
+    let (ranks, job) = of_report(report);
+    report
+        .nodes
+        .iter()
+        .map(|n| {
+            let mut figures: Vec<FigureRecord> = ranks
+                .iter()
+                .filter(|r| r.node == n.name && r.reported)
+                .flat_map(|r| {
+                    r.figures.iter().map(|f| FigureRecord {
+                        metric: f.metric.name().to_string(),
+                        key: f.key.clone(),
+                        value: f.value,
+                        gpu_uuid: r.gpu_uuid.clone(),
+                        gpu_index: r.gpu_index,
+                    })
+                })
+                .collect();
+            figures.extend(job.figures.iter().map(|f| FigureRecord {
+                metric: f.metric.name().to_string(),
+                key: f.key.clone(),
+                value: f.value,
+                ..Default::default()
+            }));
+            NodeRun {
+                node: n.name.clone(),
+                job_id: report.job_id.clone(),
+                workload: report.workload.clone(),
+                finished_unix_ms: report.finished_unix_ms,
+                verdict: n.verdict,
+                reason: n.reason.clone(),
+                figures,
+                links: report
+                    .links
+                    .iter()
+                    .filter(|l| l.a == n.name || l.b == n.name)
+                    .cloned()
+                    .collect(),
+            }
+        })
+        .collect()
+}
+
+/// Headline figures of one run: (metric, key) → values (one per GPU).
+fn values(run: &NodeRun) -> BTreeMap<(&str, &str), Vec<f64>> {
+    let mut out: BTreeMap<(&str, &str), Vec<f64>> = BTreeMap::new();
+    for f in &run.figures {
+        out.entry((f.metric.as_str(), f.key.as_str()))
+            .or_default()
+            .push(f.value);
+    }
+    out
+}
+
+/// The drift of every figure of the last run against the median of the
+/// previous runs that measured the same thing (per-GPU figures by their
+/// median over the node's GPUs). `tolerance`: a ratio under it is flagged.
+fn drift(runs: &[&NodeRun], tolerance: f64) -> Vec<Drift> {
+    let Some((last, previous)) = runs.split_last() else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for ((metric, key), v) in values(last) {
+        let before: Vec<f64> = previous
+            .iter()
+            .filter_map(|r| {
+                values(r)
+                    .get(&(metric, key))
+                    .and_then(|v| median(v.clone()))
+            })
+            .collect();
+        let (Some(now), Some(prev)) = (median(v), median(before.clone())) else {
+            continue;
+        };
+        if prev <= 0.0 || now <= 0.0 {
+            continue;
+        }
+        let better_low = Metric::from_name(metric).is_some_and(|m| !m.higher_is_better());
+        let ratio = if better_low { prev / now } else { now / prev };
+        out.push(Drift {
+            metric: metric.to_string(),
+            key: key.to_string(),
+            last: now,
+            previous_median: prev,
+            previous_runs: before.len() as u32,
+            ratio,
+            flagged: ratio < tolerance,
+        });
+    }
+    out
+}
+
+fn last_of<'a>(runs: &[&'a NodeRun], metric: &str) -> Option<&'a NodeRun> {
+    runs.iter()
+        .rev()
+        .find(|r| r.figures.iter().any(|f| f.metric == metric))
+        .copied()
+}
+
+/// One row per node from its runs (any order); `tolerance` flags drift.
+pub fn rows(runs: &[NodeRun], tolerance: f64) -> Vec<FleetRow> {
+    let mut by_node: BTreeMap<&str, Vec<&NodeRun>> = BTreeMap::new();
+    for r in runs {
+        by_node.entry(r.node.as_str()).or_default().push(r);
+    }
+    by_node
+        .into_iter()
+        .map(|(node, mut rs)| {
+            rs.sort_by_key(|r| (r.finished_unix_ms, r.job_id.clone()));
+            let last = rs[rs.len() - 1];
+            let mut row = FleetRow {
+                node: node.to_string(),
+                last_verdict: last.verdict,
+                last_unix_ms: last.finished_unix_ms,
+                last_job: last.job_id.clone(),
+                runs: rs.len() as u32,
+                drift: drift(&rs, tolerance),
+                ..Default::default()
+            };
+            if let Some(r) = last_of(&rs, Metric::StressTflops.name()) {
+                let mut v: Vec<f64> = r
+                    .figures
+                    .iter()
+                    .filter(|f| f.metric == Metric::StressTflops.name())
+                    .map(|f| f.value)
+                    .collect();
+                row.stress_tflops_worst = v.iter().copied().fold(f64::INFINITY, f64::min);
+                row.stress_tflops_median = median(std::mem::take(&mut v)).unwrap_or(0.0);
+            }
+            if let Some(r) = last_of(&rs, Metric::Busbw.name()) {
+                row.all_reduce_busbw_gbps = r
+                    .figures
+                    .iter()
+                    .filter(|f| {
+                        f.metric == Metric::Busbw.name() && f.key.starts_with("all_reduce ")
+                    })
+                    .map(|f| f.value)
+                    .fold(0.0, f64::max);
+            }
+            if let Some(r) = rs.iter().rev().find(|r| !r.links.is_empty()) {
+                row.median_link_gbps =
+                    median(r.links.iter().map(|l| l.busbw_gbps).collect()).unwrap_or(0.0);
+            }
+            if let Some(r) = last_of(&rs, Metric::SamplesPerS.name()) {
+                row.samples_per_s = r
+                    .figures
+                    .iter()
+                    .find(|f| f.metric == Metric::SamplesPerS.name())
+                    .map_or(0.0, |f| f.value);
+            }
+            row
+        })
+        .collect()
+}
+
+/// The latest measurement of every pair of nodes, from the runs' links.
+pub fn latest_links(runs: &[NodeRun]) -> Vec<Link> {
+    let mut latest: BTreeMap<(String, String, String), (u64, Link)> = BTreeMap::new();
+    for r in runs {
+        for l in &r.links {
+            let key = (l.op.clone(), l.a.clone(), l.b.clone());
+            match latest.get(&key) {
+                Some((t, _)) if *t >= r.finished_unix_ms => {}
+                _ => {
+                    let mut l = l.clone();
+                    l.measured_unix_ms = r.finished_unix_ms;
+                    latest.insert(key, (r.finished_unix_ms, l));
+                }
+            }
+        }
+    }
+    latest.into_values().map(|(_, l)| l).collect()
+}
+
+/// Whether a run is still kept: at most `keep` runs per node, none older
+/// than `max_age_ms`. `runs` is one node's, newest first.
+pub fn expired(
+    runs_newest_first: &[NodeRun],
+    keep: usize,
+    max_age_ms: u64,
+    now: u64,
+) -> Vec<usize> {
+    runs_newest_first
+        .iter()
+        .enumerate()
+        .filter(|(i, r)| *i >= keep || now.saturating_sub(r.finished_unix_ms) > max_age_ms)
+        .map(|(i, _)| i)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuctl_proto::pb::Verdict;
+
+    fn run(node: &str, job: u64, tflops: &[f64]) -> NodeRun {
+        NodeRun {
+            node: node.into(),
+            job_id: format!("job-{job:06}"),
+            workload: "stress".into(),
+            finished_unix_ms: job * 1000,
+            verdict: Verdict::Pass as i32,
+            figures: tflops
+                .iter()
+                .enumerate()
+                .map(|(i, v)| FigureRecord {
+                    metric: "stress_tflops".into(),
+                    key: "bf16 8192".into(),
+                    value: *v,
+                    gpu_index: Some(i as u32),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn rows_show_the_last_run_and_flag_drift() {
+        let runs = vec![
+            run("a", 1, &[650.0, 660.0]),
+            run("a", 2, &[655.0, 665.0]),
+            run("a", 3, &[400.0, 660.0]),
+            run("b", 1, &[650.0, 650.0]),
+        ];
+        let rows = rows(&runs, 0.9);
+        assert_eq!(rows.len(), 2);
+        let a = &rows[0];
+        assert_eq!((a.runs, a.last_job.as_str()), (3, "job-000003"));
+        assert_eq!(a.stress_tflops_worst, 400.0);
+        assert_eq!(a.stress_tflops_median, 530.0);
+        let d = &a.drift[0];
+        assert_eq!(d.previous_runs, 2);
+        assert!(d.flagged && d.ratio < 0.9, "{d:?}");
+        assert!(rows[1].drift.is_empty(), "one run: nothing to drift from");
+    }
+
+    #[test]
+    fn retention_keeps_the_newest_within_age() {
+        let runs: Vec<NodeRun> = (1..=5).rev().map(|j| run("a", j, &[1.0])).collect();
+        assert_eq!(expired(&runs, 3, u64::MAX, 6000), vec![3, 4]);
+        assert_eq!(expired(&runs, 10, 2500, 6000), vec![2, 3, 4]);
+    }
+}
