@@ -82,7 +82,10 @@ fn parse_namespaces(text: &str) -> Vec<String> {
 }
 
 fn ours(names: Vec<String>) -> Vec<String> {
-    names.into_iter().filter(|n| n.starts_with(PREFIX)).collect()
+    names
+        .into_iter()
+        .filter(|n| n.starts_with(PREFIX))
+        .collect()
 }
 
 /// Removes every link and namespace named `gpl-…`; returns what it removed.
@@ -125,7 +128,9 @@ impl Network {
     /// bridge and one namespace per agent name.
     pub fn create(agents: &[String]) -> Result<Network> {
         if agents.len() > MAX_AGENTS as usize {
-            bail!("--netns takes at most {MAX_AGENTS} agents (interface names and addresses run out)");
+            bail!(
+                "--netns takes at most {MAX_AGENTS} agents (interface names and addresses run out)"
+            );
         }
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
@@ -146,7 +151,15 @@ impl Network {
         };
         let host = format!("{HOST_ADDR}/{PREFIX_LEN}");
         // forward_delay 0: ports forward at once instead of after 15 s of listening.
-        ip(&["link", "add", BRIDGE, "type", "bridge", "forward_delay", "0"])?;
+        ip(&[
+            "link",
+            "add",
+            BRIDGE,
+            "type",
+            "bridge",
+            "forward_delay",
+            "0",
+        ])?;
         ip(&["addr", "add", &host, "dev", BRIDGE])?;
         ip(&["link", "set", BRIDGE, "up"])?;
         for (i, name) in agents.iter().enumerate() {
@@ -154,7 +167,9 @@ impl Network {
             net.agents.push(ns.clone());
             let addr = format!("{}/{PREFIX_LEN}", agent_addr(i as u32));
             ip(&["netns", "add", &ns])?;
-            ip(&["link", "add", &ns, "type", "veth", "peer", "name", INNER_IF, "netns", &ns])?;
+            ip(&[
+                "link", "add", &ns, "type", "veth", "peer", "name", INNER_IF, "netns", &ns,
+            ])?;
             ip(&["link", "set", &ns, "master", BRIDGE])?;
             ip(&["link", "set", &ns, "up"])?;
             ip(&["-n", &ns, "addr", "add", &addr, "dev", INNER_IF])?;
@@ -231,7 +246,10 @@ mod tests {
     #[test]
     fn names_and_addresses_fit() {
         let last = namespace_of(&format!("local-{}", MAX_AGENTS - 1));
-        assert!(last.len() <= 15, "{last} is longer than an interface name may be");
+        assert!(
+            last.len() <= 15,
+            "{last} is longer than an interface name may be"
+        );
         assert_eq!(agent_addr(0), Ipv4Addr::new(10, 213, 0, 10));
         assert_eq!(agent_addr(MAX_AGENTS - 1), Ipv4Addr::new(10, 213, 0, 73));
         assert_eq!(host_addr().to_string(), "10.213.0.1");
@@ -242,6 +260,9 @@ mod tests {
         let links = "1: lo: <LOOPBACK,UP> mtu 65536\n5: gpl-br0: <BROADCAST> mtu 1500\n6: gpl-local-0@if2: <BROADCAST> mtu 1500\n";
         assert_eq!(ours(parse_links(links)), vec!["gpl-br0", "gpl-local-0"]);
         let ns = "gpl-local-7\nother (id: 3)\ngpl-local-0 (id: 0)\n";
-        assert_eq!(ours(parse_namespaces(ns)), vec!["gpl-local-7", "gpl-local-0"]);
+        assert_eq!(
+            ours(parse_namespaces(ns)),
+            vec!["gpl-local-7", "gpl-local-0"]
+        );
     }
 }
