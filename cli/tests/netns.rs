@@ -107,13 +107,7 @@ impl Fleet {
     }
 
     fn gpuctl(&self, args: &[&str]) -> std::process::Output {
-        Command::new(bin("gpuctl"))
-            .args(args)
-            .env("GPUCTL_COORDINATOR", &self.url)
-            .env_remove("RUST_LOG")
-            .stdin(Stdio::null())
-            .output()
-            .expect("run gpuctl")
+        gpuctl_at(&self.url, args)
     }
 
     fn json(&self, args: &[&str]) -> Value {
