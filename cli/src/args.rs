@@ -465,7 +465,7 @@ pub struct LocalUpArgs {
     /// CPU ranks each agent offers when it has no GPU.
     #[arg(long, default_value_t = 2)]
     pub cpu_ranks: u32,
-    /// Coordinator port on 127.0.0.1 (0 picks a free one).
+    /// Coordinator port on 127.0.0.1, or on 10.213.0.1 with --netns (0 picks a free one).
     #[arg(long, default_value_t = 7070)]
     pub port: u16,
     /// A node without heartbeat this long is lost.
@@ -486,6 +486,11 @@ pub struct LocalUpArgs {
     /// How long to wait for every agent to register.
     #[arg(long, default_value = "60s")]
     pub ready_timeout: String,
+    /// Put each agent in its own network namespace (gpl-local-i) on bridge
+    /// gpl-br0, so traffic between nodes crosses real interfaces (root; at most
+    /// 64 agents). The coordinator then listens on 10.213.0.1.
+    #[arg(long)]
+    pub netns: bool,
 }
 
 #[cfg(test)]

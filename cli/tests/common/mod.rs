@@ -89,13 +89,7 @@ impl Cluster {
 
     /// Runs `gpuctl` against this cluster.
     pub fn gpuctl(&self, args: &[&str]) -> Output {
-        Command::new(bin("gpuctl"))
-            .args(args)
-            .env("GPUCTL_COORDINATOR", &self.url)
-            .env_remove("RUST_LOG")
-            .stdin(Stdio::null())
-            .output()
-            .expect("run gpuctl")
+        gpuctl_at(&self.url, args)
     }
 
     /// Runs `gpuctl ... --output json` and parses stdout.
@@ -383,4 +377,15 @@ pub fn wait_workers_gone(job: &str, limit: Duration) -> Result<Duration, Vec<u32
 
 pub fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).to_string()
+}
+
+/// Runs the `gpuctl` binary against the coordinator at `url`.
+pub fn gpuctl_at(url: &str, args: &[&str]) -> Output {
+    Command::new(bin("gpuctl"))
+        .args(args)
+        .env("GPUCTL_COORDINATOR", url)
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run gpuctl")
 }

@@ -4,6 +4,9 @@
 //! their workers), then the coordinator. No child outlives it: every child is in
 //! its own process group (so a terminal's Ctrl-C reaches only us and we stop them
 //! in order) and gets SIGTERM from the kernel if we die without cleaning up.
+//! With `--netns` each agent runs in its own network namespace ([`netns`]).
+
+mod netns;
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
@@ -15,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use gpuctl_proto::pb;
+use gpuctl_proto::shutdown::Shutdown;
 
 use crate::args::{parse_interval, LocalUpArgs, UsageError};
 use crate::client::Coordinator;
@@ -37,6 +41,8 @@ struct Proc {
 struct Supervisor {
     coordinator: Option<Proc>,
     agents: Vec<Proc>,
+    /// Removed after every process that uses it has stopped.
+    net: Option<netns::Network>,
 }
 
 impl Proc {
@@ -104,6 +110,9 @@ impl Supervisor {
         stop_all(&mut agents, AGENT_GRACE);
         if let Some(c) = self.coordinator.as_mut() {
             stop_all(&mut [c], COORDINATOR_GRACE);
+        }
+        if let Some(n) = self.net.as_mut() {
+            n.teardown();
         }
     }
 }
@@ -194,12 +203,13 @@ fn detach_but_tie(cmd: &mut Command) {
 fn start_coordinator(
     a: &LocalUpArgs,
     bin: &Path,
+    host: std::net::Ipv4Addr,
     data_dir: &Path,
     logs: &Path,
 ) -> Result<(Proc, String)> {
     let mut cmd = Command::new(bin);
     cmd.arg("--listen")
-        .arg(format!("127.0.0.1:{}", a.port))
+        .arg(format!("{host}:{}", a.port))
         .arg("--data-dir")
         .arg(data_dir.join("coordinator"))
         .arg("--node-timeout")
@@ -271,12 +281,16 @@ fn start_agent(
     bin: &Path,
     url: &str,
     name: &str,
+    net: Option<&netns::Network>,
     data_dir: &Path,
     logs: &Path,
 ) -> Result<Proc> {
     let work = data_dir.join("agents").join(name);
     fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
-    let mut cmd = Command::new(bin);
+    let mut cmd = match net {
+        Some(n) => n.command(name, bin),
+        None => Command::new(bin),
+    };
     cmd.arg("--coordinator")
         .arg(url)
         .arg("--name")
@@ -313,9 +327,13 @@ async fn wait_for_agents(
     c: &mut Coordinator,
     names: &[String],
     timeout: Duration,
+    shutdown: Option<&Shutdown>,
 ) -> Result<()> {
     let deadline = Instant::now() + timeout;
     loop {
+        if shutdown.is_some_and(|s| s.is_cancelled()) {
+            bail!("stopped by a signal before every agent registered");
+        }
         for p in sup.agents.iter_mut() {
             if !p.running() {
                 return Err(died(p, "before it registered"));
@@ -356,6 +374,14 @@ async fn wait_for_agents(
 pub async fn up(a: LocalUpArgs) -> Result<i32> {
     // Check what we can before starting anything.
     parse_interval("--node-timeout", &a.node_timeout)?;
+    if a.netns && a.agents > netns::MAX_AGENTS {
+        return Err(UsageError(format!(
+            "--netns takes at most {} agents, not {}",
+            netns::MAX_AGENTS,
+            a.agents
+        ))
+        .into());
+    }
     let ready_timeout = parse_interval("--ready-timeout", &a.ready_timeout)?;
     let coordinator_bin = find_bin(
         a.coordinator_bin.clone(),
@@ -389,25 +415,47 @@ pub async fn up(a: LocalUpArgs) -> Result<i32> {
         fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
     }
 
+    let names: Vec<String> = (0..a.agents).map(|i| format!("local-{i}")).collect();
     let mut sup = Supervisor::default();
-    let (coord, url) = start_coordinator(&a, &coordinator_bin, &data_dir, &logs)?;
+    // Without namespaces, handlers come only once the fleet is up: before that
+    // a Ctrl-C kills us by default and the children follow through PDEATHSIG.
+    // Namespaces would outlive us, so then a signal must reach our cleanup.
+    let early_shutdown = if a.netns {
+        let s = gpuctl_proto::shutdown::on_signals()?;
+        sup.net = Some(netns::Network::create(&names)?);
+        Some(s)
+    } else {
+        None
+    };
+    let host = if a.netns {
+        netns::host_addr()
+    } else {
+        std::net::Ipv4Addr::LOCALHOST
+    };
+    let (coord, url) = start_coordinator(&a, &coordinator_bin, host, &data_dir, &logs)?;
     sup.coordinator = Some(coord);
     tracing::info!("coordinator listening on {url}");
     let mut client = Coordinator::connect(&url).await?;
 
-    let names: Vec<String> = (0..a.agents).map(|i| format!("local-{i}")).collect();
     if let Some(bin) = &agent_bin {
         for name in &names {
-            let p = start_agent(&a, bin, &url, name, &data_dir, &logs)?;
+            let p = start_agent(&a, bin, &url, name, sup.net.as_ref(), &data_dir, &logs)?;
             sup.agents.push(p);
         }
     }
     eprintln!("waiting for {} agent(s) to register...", names.len());
-    wait_for_agents(&mut sup, &mut client, &names, ready_timeout).await?;
-
-    // Install handlers only now: before this a Ctrl-C kills us by default and
-    // the children follow through PDEATHSIG.
-    let shutdown = gpuctl_proto::shutdown::on_signals()?;
+    wait_for_agents(
+        &mut sup,
+        &mut client,
+        &names,
+        ready_timeout,
+        early_shutdown.as_ref(),
+    )
+    .await?;
+    let shutdown = match early_shutdown {
+        Some(s) => s,
+        None => gpuctl_proto::shutdown::on_signals()?,
+    };
 
     println!("coordinator: {url}");
     println!("export GPUCTL_COORDINATOR={url}");
@@ -419,6 +467,15 @@ pub async fn up(a: LocalUpArgs) -> Result<i32> {
         data_dir.display(),
         logs.display()
     );
+    if a.netns && a.agents > 0 {
+        eprintln!(
+            "agents local-0 .. local-{} run in network namespaces gpl-local-i ({} .. {}), each behind host link gpl-local-i on bridge {}; slow one down with e.g. `tc qdisc add dev gpl-local-0 root tbf rate 50mbit burst 64kb latency 50ms`",
+            a.agents - 1,
+            netns::agent_addr(0),
+            netns::agent_addr(a.agents - 1),
+            netns::BRIDGE
+        );
+    }
     eprintln!("try: gpuctl --coordinator {url} nodes    (Ctrl-C stops everything)");
 
     let code = loop {

@@ -1,0 +1,334 @@
+//! `gpuctl local up --netns` as an operator runs it: real network namespaces,
+//! veth pairs and a bridge (root and iproute2 needed; a machine without them
+//! fails these tests saying what is missing, never skips them). The fleet's
+//! traffic stays on the private 10.213.0.0/24 that exists only on gpl-br0.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+/// Both tests own the `gpl-` names of the machine: one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs a command that must succeed; the panic says what it needs.
+fn must(prog: &str, args: &[&str]) -> String {
+    let out = Command::new(prog).args(args).output().unwrap_or_else(|e| {
+        panic!(
+            "cannot run `{prog} {}`: {e}; these tests need root and iproute2 (ip, tc)",
+            args.join(" ")
+        )
+    });
+    assert!(
+        out.status.success(),
+        "`{prog} {}` failed ({}): {}; these tests need root, iproute2 and a kernel with network namespaces, veth, bridge and the tbf qdisc",
+        args.join(" "),
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Every `gpl-` link and namespace on the machine.
+fn gpl_names() -> Vec<String> {
+    let mut names: Vec<String> = must("ip", &["-o", "link", "show"])
+        .lines()
+        .filter_map(|l| l.split(": ").nth(1))
+        .map(|n| n.split('@').next().unwrap_or(n).to_string())
+        .collect();
+    names.extend(
+        must("ip", &["netns", "list"])
+            .lines()
+            .filter_map(|l| l.split_whitespace().next())
+            .map(|n| format!("netns {n}")),
+    );
+    names.retain(|n| n.trim_start_matches("netns ").starts_with("gpl-"));
+    names
+}
+
+/// A running `gpuctl local up --netns`.
+struct Fleet {
+    child: Child,
+    url: String,
+    dir: tempfile::TempDir,
+}
+
+impl Fleet {
+    fn start(agents: u32) -> Fleet {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut child = Command::new(bin("gpuctl"))
+            .args(["local", "up", "--netns", "--port", "0", "--cpu-ranks", "1"])
+            .args(["--agents", &agents.to_string()])
+            .arg("--data-dir")
+            .arg(dir.path())
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start gpuctl local up");
+        let (tx, rx) = mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(url) = line.strip_prefix("coordinator: ") {
+                    let _ = tx.send(url.trim().to_string());
+                }
+            }
+        });
+        let stderr = child.stderr.take().unwrap();
+        let (etx, erx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let text: Vec<String> = BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+                .collect();
+            let _ = etx.send(text.join("\n"));
+        });
+        match rx.recv_timeout(Duration::from_secs(120)) {
+            Ok(url) => Fleet { child, url, dir },
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let err = erx.recv_timeout(Duration::from_secs(5)).unwrap_or_default();
+                panic!("gpuctl local up --netns printed no coordinator URL:\n{err}");
+            }
+        }
+    }
+
+    fn gpuctl(&self, args: &[&str]) -> std::process::Output {
+        gpuctl_at(&self.url, args)
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        let mut all = args.to_vec();
+        all.extend(["--output", "json"]);
+        parse_json(&self.gpuctl(&all), &all)
+    }
+
+    fn logs(&self) -> String {
+        let mut s = String::new();
+        for e in std::fs::read_dir(self.dir.path().join("logs"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(30).collect();
+            s += &format!("--- {}\n", e.path().display());
+            for l in tail.into_iter().rev() {
+                s += l;
+                s.push('\n');
+            }
+        }
+        s
+    }
+
+    /// SIGTERM, as an operator's `kill` or a service manager sends it; the
+    /// exit status.
+    fn stop(mut self) -> std::process::ExitStatus {
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(st) = self.child.try_wait().expect("wait") {
+                return st;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "local up did not stop within 60 s of SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Bytes both ways through a host-side link.
+fn link_bytes(link: &str) -> u64 {
+    ["rx_bytes", "tx_bytes"]
+        .iter()
+        .map(|f| {
+            std::fs::read_to_string(format!("/sys/class/net/{link}/statistics/{f}"))
+                .unwrap_or_else(|e| panic!("reading {f} of {link}: {e}"))
+                .trim()
+                .parse::<u64>()
+                .unwrap()
+        })
+        .sum()
+}
+
+fn wait_ready(f: &Fleet, n: usize) -> Vec<Value> {
+    let start = Instant::now();
+    loop {
+        let nodes = nodes_array(&f.json(&["nodes"]));
+        if nodes.iter().filter(|n| n["state"] == "ready").count() >= n {
+            return nodes;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "not ready: {nodes:?}\n{}",
+            f.logs()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+#[test]
+fn four_agents_in_namespaces_run_nccl_over_their_links_and_leave_nothing() {
+    let _g = serial();
+    // A leftover as a crashed run would leave it; `local up` must remove it.
+    let _ = Command::new("ip")
+        .args(["netns", "del", "gpl-local-7"])
+        .output();
+    must("ip", &["netns", "add", "gpl-local-7"]);
+
+    let fleet = Fleet::start(4);
+    assert!(
+        fleet.url.starts_with("http://10.213.0.1:"),
+        "URL on the bridge: {}",
+        fleet.url
+    );
+    let left: Vec<String> = gpl_names();
+    assert!(
+        !left.contains(&"netns gpl-local-7".to_string()),
+        "leftover kept: {left:?}"
+    );
+    for i in 0..4 {
+        assert!(
+            left.contains(&format!("gpl-local-{i}")),
+            "host link gpl-local-{i} in {left:?}"
+        );
+        assert!(
+            left.contains(&format!("netns gpl-local-{i}")),
+            "namespace gpl-local-{i} in {left:?}"
+        );
+    }
+    assert!(left.contains(&"gpl-br0".to_string()), "bridge in {left:?}");
+
+    let nodes = wait_ready(&fleet, 4);
+    let firsts: BTreeSet<String> = nodes
+        .iter()
+        .map(|n| {
+            n.pointer("/facts/addresses/0")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect();
+    let want: BTreeSet<String> = (10..14).map(|i| format!("10.213.0.{i}")).collect();
+    assert_eq!(
+        firsts, want,
+        "each node's first address is its own veth's: {nodes:?}"
+    );
+
+    // The plan sends MASTER_ADDR and NCCL's sockets over the namespace ends.
+    let plan = fleet.json(&["plan", "nccl", "--nodes", "4"]);
+    assert_eq!(plan["master_addr"], "10.213.0.10", "{plan}");
+    let ifname = plan["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "NCCL_SOCKET_IFNAME")
+        .unwrap_or_else(|| panic!("NCCL_SOCKET_IFNAME planned: {plan}"));
+    assert_eq!(ifname["value"], "=eth0", "{plan}");
+
+    let before: Vec<u64> = (0..4)
+        .map(|i| link_bytes(&format!("gpl-local-{i}")))
+        .collect();
+    let out = fleet.gpuctl(&[
+        "submit",
+        "nccl",
+        "--nodes",
+        "4",
+        "--max-bytes",
+        "1M",
+        "--ops",
+        "all_reduce",
+        "--wait",
+        "--output",
+        "json",
+    ]);
+    let report = parse_json(&out, &["submit nccl --wait"]);
+    assert_eq!(report["state"], "succeeded", "{report}\n{}", fleet.logs());
+    assert_eq!(report["verdict"], "pass", "{report}");
+    // A ring all_reduce of 1 MiB moves 1.5 MiB through every rank each
+    // iteration: the bytes must show on every node's host link.
+    for (i, b) in before.iter().enumerate() {
+        let moved = link_bytes(&format!("gpl-local-{i}")) - b;
+        assert!(
+            moved > 1_000_000,
+            "only {moved} bytes crossed gpl-local-{i} during the job"
+        );
+    }
+
+    let st = fleet.stop();
+    assert!(st.success(), "local up exited {st} after SIGTERM");
+    let left = gpl_names();
+    assert!(left.is_empty(), "left behind after stop: {left:?}");
+}
+
+#[test]
+fn tc_slows_a_host_link_and_a_crashed_run_is_cleaned_by_the_next() {
+    let _g = serial();
+    let fleet = Fleet::start(3);
+    wait_ready(&fleet, 3);
+    // The operator's command from docs/operations.md.
+    must(
+        "tc",
+        &[
+            "qdisc",
+            "add",
+            "dev",
+            "gpl-local-2",
+            "root",
+            "tbf",
+            "rate",
+            "20mbit",
+            "burst",
+            "32kb",
+            "latency",
+            "50ms",
+        ],
+    );
+    let shown = must("tc", &["qdisc", "show", "dev", "gpl-local-2"]);
+    assert!(shown.contains("tbf") && shown.contains("20Mbit"), "{shown}");
+
+    // A crash (SIGKILL) cannot clean up: its names stay until the next start.
+    let mut fleet = fleet;
+    fleet.child.kill().unwrap();
+    fleet.child.wait().unwrap();
+    assert!(
+        gpl_names().contains(&"gpl-br0".to_string()),
+        "a killed run leaves its bridge"
+    );
+    let next = Fleet::start(1);
+    wait_ready(&next, 1);
+    let left = gpl_names();
+    assert!(
+        !left
+            .iter()
+            .any(|n| n.ends_with("gpl-local-2") || n.ends_with("gpl-local-1")),
+        "the crashed run's names are gone once the next is up: {left:?}"
+    );
+    assert!(next.stop().success());
+    let left = gpl_names();
+    assert!(left.is_empty(), "left behind after stop: {left:?}");
+}
