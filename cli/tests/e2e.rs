@@ -17,6 +17,21 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A job that passed: `pass`, or `warn` when a CPU rank drew less of the
+/// shared cores than its peers (a performance warning, listed, not a failure),
+/// and no failed finding.
+fn passed(report: &Value) {
+    let v = report["verdict"].as_str().unwrap_or("");
+    assert!(v == "pass" || v == "warn", "verdict {v}: {report}");
+    let fails: Vec<&Value> = report["findings"]
+        .as_array()
+        .expect("findings[]")
+        .iter()
+        .filter(|f| f["level"] == "fail")
+        .collect();
+    assert!(fails.is_empty(), "failed findings: {fails:?}");
+}
+
 /// Ranks of the report, checked to be 0..world each once, in nodes named as the fleet.
 fn check_ranks(report: &Value, nodes: usize, world: usize) {
     let node_list = report["nodes"].as_array().expect("nodes[]");
@@ -24,7 +39,8 @@ fn check_ranks(report: &Value, nodes: usize, world: usize) {
     let mut seen = Vec::new();
     for n in node_list {
         assert!(n["name"].as_str().unwrap().starts_with("node-"), "{n}");
-        assert_eq!(n["verdict"], "pass", "node verdict: {n}");
+        let v = n["verdict"].as_str().unwrap_or("");
+        assert!(v == "pass" || v == "warn", "node verdict: {n}");
         for r in n["ranks"].as_array().expect("ranks[]") {
             seen.push(r["rank"].as_u64().expect("rank number") as usize);
         }
@@ -51,7 +67,7 @@ fn stress_and_nccl_on_four_nodes_pass() {
     ]);
     let report = parse_json(&out, &["submit stress --wait"]);
     assert_eq!(report["state"], "succeeded", "{report}\n{}", cluster.logs());
-    assert_eq!(report["verdict"], "pass", "{report}");
+    passed(&report);
     assert_eq!(report["workload"], "stress");
     check_ranks(&report, 4, 8);
     for n in report["nodes"].as_array().unwrap() {
