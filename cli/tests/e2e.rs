@@ -58,7 +58,7 @@ fn stress_and_nccl_on_four_nodes_pass() {
         "submit",
         "stress",
         "--duration",
-        "5s",
+        "4s",
         "--nodes",
         "4",
         "--wait",
