@@ -31,6 +31,30 @@ pub struct NcclParams {
     pub dtype: String,
     pub iters: u64,
     pub warmup: u64,
+    pub pattern: NcclPattern,
+}
+
+/// Which ranks measure together (`--pattern`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NcclPattern {
+    /// nccl-tests' sweep: every collective over every rank of the job.
+    All,
+    /// Every pair of nodes, in the rounds of [`crate::pairs::round_robin`]: sendrecv
+    /// and all_reduce at `max_bytes` between GPU i of one node and GPU i of the other.
+    Pairs,
+}
+
+impl NcclPattern {
+    /// What refuses `pairs` on fewer than two nodes (normalize, else the worker).
+    pub const PAIRS_NEED_NODES: &'static str =
+        "--pattern pairs needs 2 nodes or more; give --nodes 2 or more, or --pattern all";
+
+    pub fn name(self) -> &'static str {
+        match self {
+            NcclPattern::All => "all",
+            NcclPattern::Pairs => "pairs",
+        }
+    }
 }
 
 /// The sizes of an nccl-tests sweep, in bytes: `min`, then times `factor`
@@ -127,6 +151,7 @@ impl TypedParams {
                     dtype: r.get("dtype")?,
                     iters: r.get("iters")?,
                     warmup: r.get("warmup")?,
+                    pattern: r.get("pattern")?,
                 };
                 check_sizes(p.min_bytes, p.max_bytes)?;
                 TypedParams::Nccl(p)
@@ -185,6 +210,16 @@ from_value! {
     bool => Bool;
     Duration => Duration;
     MemoryTarget => Memory;
+}
+
+impl FromValue for NcclPattern {
+    fn from_value(v: Value) -> Option<Self> {
+        match v {
+            Value::Word(w) if w == "all" => Some(NcclPattern::All),
+            Value::Word(w) if w == "pairs" => Some(NcclPattern::Pairs),
+            _ => None,
+        }
+    }
 }
 
 impl Reader<'_> {
@@ -281,6 +316,17 @@ mod tests {
         assert_eq!(
             (n.min_bytes, n.max_bytes, n.ops.len()),
             (1 << 20, 16 << 20, 7)
+        );
+        assert_eq!(n.pattern, NcclPattern::All);
+        let TypedParams::Nccl(n) = build("nccl", &[("pattern", "pairs")], true).unwrap() else {
+            panic!()
+        };
+        assert_eq!(n.pattern, NcclPattern::Pairs);
+        assert_eq!(
+            build("nccl", &[("pattern", "ring")], true)
+                .unwrap_err()
+                .field,
+            "--pattern"
         );
         let TypedParams::Ddp(t) = build("ddp", &[], true).unwrap() else {
             panic!()
