@@ -57,7 +57,7 @@ impl Place {
         local_rank: usize,
         local_world: usize,
     ) -> Result<Place> {
-        if local_world == 0 || world % local_world != 0 {
+        if local_world == 0 || !world.is_multiple_of(local_world) {
             bail!(
                 "--pattern pairs needs the same number of ranks on every node (GPU i meets \
                  GPU i): WORLD_SIZE={world} is not a multiple of this node's \
