@@ -47,7 +47,7 @@ pub enum NcclPattern {
 impl NcclPattern {
     /// What refuses `pairs` on fewer than two nodes (normalize, else the worker).
     pub const PAIRS_NEED_NODES: &'static str =
-        "--pattern pairs needs 2 nodes or more; give --nodes 2 or more, or --pattern all";
+        "--pattern pairs needs 2 nodes or more; choose more nodes (--nodes, --selector) or use --pattern all";
 
     pub fn name(self) -> &'static str {
         match self {
