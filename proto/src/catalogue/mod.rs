@@ -452,7 +452,9 @@ pub fn check_given(
             _ => {}
         }
     }
-    if let (Some(lo), Some(hi)) = (bytes.get("min_bytes"), bytes.get("max_bytes")) {
+    // `--pattern pairs` measures at max_bytes only: min_bytes does not apply.
+    let pairs = given.get("pattern").map(|v| v.trim()) == Some("pairs");
+    if let (Some(lo), Some(hi), false) = (bytes.get("min_bytes"), bytes.get("max_bytes"), pairs) {
         check_sizes(*lo, *hi)?;
     }
     Ok(out)
@@ -529,6 +531,16 @@ mod tests {
         assert!(e.message.contains("2 nodes or more"), "{e}");
         assert!(check_shape("nccl", &given, Some(2)).is_ok());
         assert!(check_shape("nccl", &given, None).is_ok());
+        // Sizes: pairs measure at max_bytes only, so min_bytes above it is no error.
+        given.insert("min_bytes".to_string(), "2M".to_string());
+        given.insert("max_bytes".to_string(), "1M".to_string());
+        assert!(check_given("nccl", &given).is_ok());
+        given.remove("pattern");
+        assert_eq!(
+            check_given("nccl", &given).unwrap_err().field,
+            "--min-bytes"
+        );
+        given.remove("min_bytes");
         given.insert("pattern".to_string(), "all".to_string());
         assert!(check_shape("nccl", &given, Some(1)).is_ok());
         assert!(check_shape("stress", &std::collections::HashMap::new(), Some(1)).is_ok());

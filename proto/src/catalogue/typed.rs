@@ -153,7 +153,11 @@ impl TypedParams {
                     warmup: r.get("warmup")?,
                     pattern: r.get("pattern")?,
                 };
-                check_sizes(p.min_bytes, p.max_bytes)?;
+                // Pairs measure at max_bytes only: a small max_bytes with the
+                // default min_bytes is no mistake there.
+                if p.pattern == NcclPattern::All {
+                    check_sizes(p.min_bytes, p.max_bytes)?;
+                }
                 TypedParams::Nccl(p)
             }
             "ddp" => TypedParams::Ddp(r.train()?),
@@ -322,6 +326,13 @@ mod tests {
             panic!()
         };
         assert_eq!(n.pattern, NcclPattern::Pairs);
+        // min_bytes does not apply to pairs: below it is fine there only.
+        let small = [("pattern", "pairs"), ("max_bytes", "64K")];
+        assert!(build("nccl", &small, true).is_ok());
+        assert_eq!(
+            build("nccl", &small[1..], true).unwrap_err().field,
+            "--min-bytes"
+        );
         assert_eq!(
             build("nccl", &[("pattern", "ring")], true)
                 .unwrap_err()
