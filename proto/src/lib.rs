@@ -7,6 +7,7 @@
 pub mod catalogue;
 pub mod client;
 pub mod metrics_http;
+pub mod pairs;
 pub mod server;
 pub mod shutdown;
 pub mod spec;

@@ -3,7 +3,7 @@
 //! it again before storing anything, both with this code, so a bad spec gets the
 //! same clear error wherever it is caught.
 
-use crate::catalogue::{check_given, err};
+use crate::catalogue::{check_given, check_shape, err};
 use crate::pb::{JobSpec, Node};
 
 pub use crate::catalogue::{parse_memory, MemoryTarget, SpecError, COLLECTIVE_OPS, MODELS};
@@ -83,6 +83,11 @@ pub fn normalize(spec: &JobSpec) -> Result<JobSpec, SpecError> {
         spec.duration_ms = DEFAULT_DURATION_MS;
     }
     spec.params = check_given(def.name, &spec.params)?;
+    check_shape(
+        def.name,
+        &spec.params,
+        (!spec.all_nodes).then_some(spec.node_count),
+    )?;
     for key in spec.env.keys() {
         if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
             return Err(err(
@@ -220,6 +225,18 @@ mod tests {
             .unwrap_err()
             .message
             .contains("no parameter `factor`"));
+    }
+
+    #[test]
+    fn pairs_on_one_node_is_refused_when_the_count_is_known() {
+        let mut s = spec("nccl");
+        s.params.insert("pattern".into(), "pairs".into());
+        assert_eq!(normalize(&s).unwrap_err().field, "--pattern");
+        s.node_count = 2;
+        assert!(normalize(&s).is_ok());
+        s.node_count = 1;
+        s.all_nodes = true;
+        assert!(normalize(&s).is_ok());
     }
 
     #[test]

@@ -140,28 +140,27 @@ impl Ctx {
 
     /// The backend this rank's device calls for: NCCL on a GPU, TCP on a CPU.
     pub fn make_comm(&self) -> Result<Box<dyn Collectives>> {
-        let (rank, world) = (self.env.rank, self.env.world_size);
+        self.make_comm_in(self.env.rank, self.env.world_size, self.rdzv.as_ref())
+    }
+
+    /// A communicator over a group of the job's ranks, this one being `rank` of
+    /// `world`, meeting through `rdzv` (a [`crate::rendezvous::Scoped`] one for
+    /// a group smaller than the job, so that groups keep their keys apart).
+    pub fn make_comm_in(
+        &self,
+        rank: usize,
+        world: usize,
+        rdzv: &dyn Rendezvous,
+    ) -> Result<Box<dyn Collectives>> {
         if self.dev.is_cuda() {
-            let c = NcclComm::new(
-                rank,
-                world,
-                self.dev.ordinal,
-                self.rdzv.as_ref(),
-                self.rendezvous_timeout,
-            )
-            .context("setting up NCCL")?;
+            let c = NcclComm::new(rank, world, self.dev.ordinal, rdzv, self.rendezvous_timeout)
+                .context("setting up NCCL")?;
             Ok(Box::new(c))
         } else {
             let host = std::env::var("GPUCTL_ADVERTISE_ADDR")
                 .unwrap_or_else(|_| advertise_host(&self.env.master_addr, self.env.master_port));
-            let c = TcpComm::connect(
-                rank,
-                world,
-                self.rdzv.as_ref(),
-                &host,
-                self.rendezvous_timeout,
-            )
-            .context("setting up the TCP ring")?;
+            let c = TcpComm::connect(rank, world, rdzv, &host, self.rendezvous_timeout)
+                .context("setting up the TCP ring")?;
             Ok(Box::new(c))
         }
     }

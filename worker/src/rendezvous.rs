@@ -17,6 +17,61 @@ pub trait Rendezvous: Send + Sync {
     fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>>;
 }
 
+/// Another rendezvous seen under a key prefix, so that communicators of
+/// different rank groups in one job (the pairs of `--pattern pairs`) use their
+/// usual keys (`tcp/addr/{rank}`, `nccl/id`) without meeting each other.
+pub struct Scoped<'a> {
+    inner: &'a dyn Rendezvous,
+    prefix: String,
+}
+
+impl<'a> Scoped<'a> {
+    /// Keys become `{prefix}/{key}`.
+    pub fn new(inner: &'a dyn Rendezvous, prefix: &str) -> Self {
+        Scoped {
+            inner,
+            prefix: format!("{prefix}/"),
+        }
+    }
+}
+
+impl Rendezvous for Scoped<'_> {
+    fn put(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.inner.put(&format!("{}{key}", self.prefix), value)
+    }
+
+    fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        self.inner.get(&format!("{}{key}", self.prefix), timeout)
+    }
+}
+
+/// Returns when all `world` ranks have called it with the same `name`, through
+/// the rendezvous only (no communicator needed). Each rank puts
+/// `barrier/{name}/{rank}`; rank 0 waits for every one and then puts
+/// `barrier/{name}/done`, which the others wait for: a key per rank and two
+/// waits each, not one per pair of ranks.
+pub fn barrier(
+    rdzv: &dyn Rendezvous,
+    name: &str,
+    rank: usize,
+    world: usize,
+    timeout: Duration,
+) -> Result<()> {
+    rdzv.put(&format!("barrier/{name}/{rank}"), b"")?;
+    let done = format!("barrier/{name}/done");
+    if rank == 0 {
+        for r in 1..world {
+            rdzv.get(&format!("barrier/{name}/{r}"), timeout)
+                .map_err(|e| e.context(format!("barrier `{name}`: waiting for rank {r}")))?;
+        }
+        rdzv.put(&done, b"")
+    } else {
+        rdzv.get(&done, timeout)
+            .map_err(|e| e.context(format!("barrier `{name}`: waiting for rank 0")))?;
+        Ok(())
+    }
+}
+
 type Shared = Arc<(Mutex<HashMap<String, Vec<u8>>>, Condvar)>;
 
 /// In-process rendezvous shared by ranks that are threads of one process.
@@ -61,5 +116,40 @@ impl Rendezvous for MemoryRendezvous {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scoped_keys_do_not_meet_and_the_barrier_waits_for_everyone() {
+        let m = MemoryRendezvous::new();
+        Scoped::new(&m, "a").put("k", b"1").unwrap();
+        Scoped::new(&m, "b").put("k", b"2").unwrap();
+        assert_eq!(m.get("a/k", Duration::ZERO).unwrap(), b"1");
+        assert_eq!(Scoped::new(&m, "b").get("k", Duration::ZERO).unwrap(), b"2");
+        assert!(m.get("k", Duration::ZERO).is_err());
+
+        let arrived = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let hs: Vec<_> = (0..4)
+            .map(|r| {
+                let (m, arrived) = (m.clone(), arrived.clone());
+                std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_millis(30 * r as u64));
+                    arrived.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    barrier(&m, "x", r, 4, Duration::from_secs(10)).unwrap();
+                    // Nobody leaves before the last one came.
+                    arrived.load(std::sync::atomic::Ordering::SeqCst)
+                })
+            })
+            .collect();
+        for h in hs {
+            assert_eq!(h.join().unwrap(), 4);
+        }
+        // A rank that never comes: rank 0 names it.
+        let e = barrier(&m, "y", 0, 2, Duration::from_millis(20)).unwrap_err();
+        assert!(format!("{e:#}").contains("rank 1"), "{e:#}");
     }
 }

@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gpuctl_proto::catalogue::TypedParams;
+use gpuctl_proto::catalogue::{NcclPattern, TypedParams};
 use gpuctl_proto::pb::{
     rank_result::Detail, BaselineFigure, CollectiveRow, JobSpec, RankResult, Report, TrainResult,
 };
@@ -262,6 +262,8 @@ pub fn expected(spec: &JobSpec, gpu: bool, world_size: u32) -> Expected {
             out.insert((Metric::StressTflops, key.clone()));
             out.insert((Metric::StressTflopsWorst, key));
         }
+        // Pairs measure links, judged against each other (judge::links).
+        TypedParams::Nccl(n) if n.pattern == NcclPattern::Pairs => {}
         TypedParams::Nccl(n) => {
             for bytes in judged_sizes(&n.sizes()) {
                 for op in &n.ops {

@@ -12,7 +12,8 @@ use std::time::Duration;
 use crate::units::{parse_bytes, parse_duration};
 
 pub use typed::{
-    size_steps, MaxBatchParams, ModelParams, NcclParams, StressParams, TrainParams, TypedParams,
+    size_steps, MaxBatchParams, ModelParams, NcclParams, NcclPattern, StressParams, TrainParams,
+    TypedParams,
 };
 
 /// A problem with one field of a job spec, said so that the user can fix it.
@@ -142,6 +143,8 @@ pub const MODELS: &[&str] = &[
 const PRECISIONS_TRAIN: &[&str] = &["fp32", "fp16", "bf16"];
 const PRECISIONS_GEMM: &[&str] = &["bf16", "fp16", "tf32", "fp32", "fp8"];
 const DTYPES: &[&str] = &["float", "bfloat16", "half"];
+/// `--pattern` of nccl: [`NcclPattern`]'s words.
+pub const NCCL_PATTERNS: &[&str] = &["all", "pairs"];
 
 const STRESS: &[&str] = &["stress"];
 const NCCL: &[&str] = &["nccl"];
@@ -199,6 +202,8 @@ pub const PARAMS: &[Param] = &[
     p("dtype", Kind::Choice(DTYPES), "", DefaultValue::Same("float"), "float, bfloat16 or half", NCCL),
     p("iters", int(1, 1 << 20), "iterations", DefaultValue::Same("20"), "timed iterations per size", NCCL),
     p("warmup", int(0, 1 << 20), "iterations", DefaultValue::Same("5"), "untimed iterations per size", NCCL),
+    p("pattern", Kind::Choice(NCCL_PATTERNS), "", DefaultValue::Same("all"),
+      "all: one collective over every rank; pairs: every pair of nodes in rounds (docs/workloads.md)", NCCL),
     // ddp, fsdp, maxbatch
     p("model", Kind::Choice(MODELS), "", dev("resnet50", "cnn"),
       "model (resnet18, resnet50, resnet101, resnet152, cnn, gpt)", MODEL_USERS),
@@ -412,6 +417,21 @@ fn check_sizes(min_bytes: u64, max_bytes: u64) -> Result<(), SpecError> {
     Ok(())
 }
 
+/// The rules between a workload's parameters and the job's size that can be
+/// judged before nodes are chosen: `--pattern pairs` on one node (with `--nodes
+/// all` the count is known only when the job starts; the worker refuses then).
+pub fn check_shape(
+    workload: &str,
+    params: &std::collections::HashMap<String, String>,
+    node_count: Option<u32>,
+) -> Result<(), SpecError> {
+    let pairs = workload == "nccl" && params.get("pattern").map(|v| v.trim()) == Some("pairs");
+    if pairs && node_count.is_some_and(|n| n < 2) {
+        return Err(err("--pattern", NcclPattern::PAIRS_NEED_NODES));
+    }
+    Ok(())
+}
+
 /// Checks the parameters a job gives (not the defaults: the device is not
 /// known yet) and returns them with booleans written `true`/`false`.
 pub fn check_given(
@@ -432,7 +452,9 @@ pub fn check_given(
             _ => {}
         }
     }
-    if let (Some(lo), Some(hi)) = (bytes.get("min_bytes"), bytes.get("max_bytes")) {
+    // `--pattern pairs` measures at max_bytes only: min_bytes does not apply.
+    let pairs = given.get("pattern").map(|v| v.trim()) == Some("pairs");
+    if let (Some(lo), Some(hi), false) = (bytes.get("min_bytes"), bytes.get("max_bytes"), pairs) {
         check_sizes(*lo, *hi)?;
     }
     Ok(out)
@@ -498,6 +520,30 @@ mod tests {
             flag_help("precision").contains("stress: ")
                 && flag_help("precision").contains("ddp/fsdp/maxbatch: ")
         );
+    }
+
+    #[test]
+    fn pairs_need_two_nodes_when_the_count_is_known() {
+        let mut given = std::collections::HashMap::new();
+        given.insert("pattern".to_string(), "pairs".to_string());
+        let e = check_shape("nccl", &given, Some(1)).unwrap_err();
+        assert_eq!(e.field, "--pattern");
+        assert!(e.message.contains("2 nodes or more"), "{e}");
+        assert!(check_shape("nccl", &given, Some(2)).is_ok());
+        assert!(check_shape("nccl", &given, None).is_ok());
+        // Sizes: pairs measure at max_bytes only, so min_bytes above it is no error.
+        given.insert("min_bytes".to_string(), "2M".to_string());
+        given.insert("max_bytes".to_string(), "1M".to_string());
+        assert!(check_given("nccl", &given).is_ok());
+        given.remove("pattern");
+        assert_eq!(
+            check_given("nccl", &given).unwrap_err().field,
+            "--min-bytes"
+        );
+        given.remove("min_bytes");
+        given.insert("pattern".to_string(), "all".to_string());
+        assert!(check_shape("nccl", &given, Some(1)).is_ok());
+        assert!(check_shape("stress", &std::collections::HashMap::new(), Some(1)).is_ok());
     }
 
     #[test]

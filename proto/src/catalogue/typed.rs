@@ -31,6 +31,30 @@ pub struct NcclParams {
     pub dtype: String,
     pub iters: u64,
     pub warmup: u64,
+    pub pattern: NcclPattern,
+}
+
+/// Which ranks measure together (`--pattern`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NcclPattern {
+    /// nccl-tests' sweep: every collective over every rank of the job.
+    All,
+    /// Every pair of nodes, in the rounds of [`crate::pairs::round_robin`]: sendrecv
+    /// and all_reduce at `max_bytes` between GPU i of one node and GPU i of the other.
+    Pairs,
+}
+
+impl NcclPattern {
+    /// What refuses `pairs` on fewer than two nodes (normalize, else the worker).
+    pub const PAIRS_NEED_NODES: &'static str =
+        "--pattern pairs needs 2 nodes or more; choose more nodes (--nodes, --selector) or use --pattern all";
+
+    pub fn name(self) -> &'static str {
+        match self {
+            NcclPattern::All => "all",
+            NcclPattern::Pairs => "pairs",
+        }
+    }
 }
 
 /// The sizes of an nccl-tests sweep, in bytes: `min`, then times `factor`
@@ -127,8 +151,13 @@ impl TypedParams {
                     dtype: r.get("dtype")?,
                     iters: r.get("iters")?,
                     warmup: r.get("warmup")?,
+                    pattern: r.get("pattern")?,
                 };
-                check_sizes(p.min_bytes, p.max_bytes)?;
+                // Pairs measure at max_bytes only: a small max_bytes with the
+                // default min_bytes is no mistake there.
+                if p.pattern == NcclPattern::All {
+                    check_sizes(p.min_bytes, p.max_bytes)?;
+                }
                 TypedParams::Nccl(p)
             }
             "ddp" => TypedParams::Ddp(r.train()?),
@@ -185,6 +214,16 @@ from_value! {
     bool => Bool;
     Duration => Duration;
     MemoryTarget => Memory;
+}
+
+impl FromValue for NcclPattern {
+    fn from_value(v: Value) -> Option<Self> {
+        match v {
+            Value::Word(w) if w == "all" => Some(NcclPattern::All),
+            Value::Word(w) if w == "pairs" => Some(NcclPattern::Pairs),
+            _ => None,
+        }
+    }
 }
 
 impl Reader<'_> {
@@ -281,6 +320,24 @@ mod tests {
         assert_eq!(
             (n.min_bytes, n.max_bytes, n.ops.len()),
             (1 << 20, 16 << 20, 7)
+        );
+        assert_eq!(n.pattern, NcclPattern::All);
+        let TypedParams::Nccl(n) = build("nccl", &[("pattern", "pairs")], true).unwrap() else {
+            panic!()
+        };
+        assert_eq!(n.pattern, NcclPattern::Pairs);
+        // min_bytes does not apply to pairs: below it is fine there only.
+        let small = [("pattern", "pairs"), ("max_bytes", "64K")];
+        assert!(build("nccl", &small, true).is_ok());
+        assert_eq!(
+            build("nccl", &small[1..], true).unwrap_err().field,
+            "--min-bytes"
+        );
+        assert_eq!(
+            build("nccl", &[("pattern", "ring")], true)
+                .unwrap_err()
+                .field,
+            "--pattern"
         );
         let TypedParams::Ddp(t) = build("ddp", &[], true).unwrap() else {
             panic!()

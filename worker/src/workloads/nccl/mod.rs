@@ -1,27 +1,48 @@
-//! Collective bandwidth, the way nccl-tests measures it.
+//! Collective bandwidth, the way nccl-tests measures it: the arithmetic both
+//! patterns share (sizes, bandwidths, inputs and their exact expected results).
 //!
-//! For every op and every size (min_bytes, ×factor, up to max_bytes) the rank
-//! runs `warmup` untimed and `iters` timed operations out-of-place, then the same
-//! in-place, and after each checks one more operation on fresh inputs against
-//! the exact expected values (`#wrong`). Sizes, counts, algbw and busbw follow
-//! nccl-tests (`setupArgs`, `*GetCollByteCount`, `*GetBw`), so a row can be laid
-//! beside nccl-tests' output line by line.
+//! * [`sweep`] — `--pattern all`: every op and size over every rank of the job.
+//! * [`pairs`] — `--pattern pairs`: every pair of nodes, in rounds.
 //!
-//! Inputs are small integers, `v(rank, i) = f((rank + i) mod p)`, chosen so that
-//! every partial sum is exactly representable in float, bfloat16 and half: the
-//! expected result is exact and any difference is a wrong element.
+//! Sizes, counts, algbw and busbw follow nccl-tests (`setupArgs`,
+//! `*GetCollByteCount`, `*GetBw`), so a row can be laid beside nccl-tests'
+//! output line by line. Inputs are small integers, `v(rank, i) = f((rank + i)
+//! mod p)`, chosen so that every partial sum is exactly representable in float,
+//! bfloat16 and half: the expected result is exact and any difference is a
+//! wrong element.
 
-use std::time::Instant;
+pub mod pairs;
+pub mod sweep;
 
-use anyhow::{Context, Result};
-use gpuctl_proto::catalogue::NcclParams;
-use gpuctl_proto::pb::{rank_result::Detail, CollectiveResult, CollectiveRow};
-use gpuctl_proto::units::format_bytes;
+use anyhow::Result;
+use gpuctl_proto::catalogue::{NcclParams, NcclPattern};
 use tch::{Device, Kind, Tensor};
 
 use super::Outcome;
-use crate::comm::{Collectives, Op};
+use crate::comm::Op;
 use crate::context::Ctx;
+
+pub use sweep::{config, size_steps, sweep, SweepConfig};
+
+/// Runs the pattern the job asks for.
+pub fn run(ctx: &Ctx, params: &NcclParams) -> Result<Outcome> {
+    match params.pattern {
+        NcclPattern::All => sweep::run(ctx, params),
+        NcclPattern::Pairs => pairs::run(ctx, params),
+    }
+}
+
+/// What both patterns send as progress: the phase, and the busbw of the step
+/// just done when there is one.
+fn report_progress(ctx: &Ctx) -> impl Fn(&str, f64, Option<f64>) + '_ {
+    move |phase, frac, busbw| {
+        ctx.sample_memory();
+        match busbw {
+            Some(b) => ctx.progress.update(phase, frac, &[("busbw_gbps", b)]),
+            None => ctx.progress.update(phase, frac, &[]),
+        }
+    }
+}
 
 /// nccl-tests' busbw factor: busbw = algbw × factor.
 pub fn bus_factor(op: Op, nranks: usize) -> f64 {
@@ -226,223 +247,6 @@ pub fn count_wrong(got: &Tensor, want: &Tensor) -> Result<u64> {
     Ok(g.f_ne_tensor(want)?
         .f_sum(Kind::Int64)?
         .f_int64_value(&[])? as u64)
-}
-
-#[derive(Debug, Clone)]
-pub struct SweepConfig {
-    pub ops: Vec<Op>,
-    pub min_bytes: u64,
-    pub max_bytes: u64,
-    pub factor: u64,
-    pub kind: Kind,
-    pub dtype: String,
-    pub iters: u64,
-    pub warmup: u64,
-}
-
-/// The sweep of a job's (already checked) parameters, in the worker's types.
-pub fn config(p: &NcclParams) -> Result<SweepConfig> {
-    let ops = p
-        .ops
-        .iter()
-        .map(|s| Op::parse(s).with_context(|| format!("collective `{s}` has no implementation")))
-        .collect::<Result<_>>()?;
-    let kind = match p.dtype.as_str() {
-        "bfloat16" => Kind::BFloat16,
-        "half" => Kind::Half,
-        _ => Kind::Float,
-    };
-    Ok(SweepConfig {
-        ops,
-        min_bytes: p.min_bytes,
-        max_bytes: p.max_bytes,
-        factor: p.factor,
-        kind,
-        dtype: p.dtype.clone(),
-        iters: p.iters,
-        warmup: p.warmup,
-    })
-}
-
-pub use gpuctl_proto::catalogue::size_steps;
-
-/// One timed measurement: (µs per op, #wrong).
-fn measure(
-    comm: &mut dyn Collectives,
-    op: Op,
-    cfg: &SweepConfig,
-    s: &Sizes,
-    pat: &Pattern,
-    dev: Device,
-    in_place: bool,
-) -> Result<(f64, u64)> {
-    let r = comm.rank();
-    let kind = cfg.kind;
-    // Buffers: out-of-place a send and a recv tensor; in-place one buffer with
-    // nccl-tests' offsets.
-    let make = |fill_input: bool| -> Result<(Tensor, Tensor)> {
-        let inp = input(pat, s, r, kind, dev)?;
-        if !in_place {
-            let recv = Tensor::f_full([s.recv as i64], -1.0, (kind, dev))?;
-            return Ok((inp, recv));
-        }
-        Ok(match op {
-            Op::AllGather => {
-                let buf = Tensor::f_full([s.recv as i64], -1.0, (kind, dev))?;
-                let mut send = buf.narrow(0, (r * s.count) as i64, s.count as i64);
-                if fill_input {
-                    send.f_copy_(&inp)?;
-                }
-                (send, buf)
-            }
-            Op::ReduceScatter => {
-                let buf = inp;
-                let recv = buf.narrow(0, (r * s.count) as i64, s.count as i64);
-                (buf, recv)
-            }
-            _ => {
-                let buf = inp;
-                let recv = buf.shallow_clone();
-                (buf, recv)
-            }
-        })
-    };
-    let (send, recv) = make(true)?;
-    for _ in 0..cfg.warmup {
-        comm.run(op, &send, &recv)?;
-    }
-    comm.barrier()?;
-    let t0 = Instant::now();
-    for _ in 0..cfg.iters {
-        comm.run(op, &send, &recv)?;
-    }
-    comm.synchronize()?;
-    let time_us = t0.elapsed().as_secs_f64() * 1e6 / cfg.iters as f64;
-    drop((send, recv));
-    // Correctness on fresh inputs.
-    let (send, recv) = make(true)?;
-    comm.run(op, &send, &recv)?;
-    comm.synchronize()?;
-    let wrong = match expected(op, pat, s, r, dev)? {
-        Some(want) => count_wrong(&recv, &want)?,
-        None => 0,
-    };
-    Ok((time_us, wrong))
-}
-
-pub fn run(ctx: &Ctx, params: &NcclParams) -> Result<Outcome> {
-    let cfg = config(params)?;
-    let mut comm = ctx.make_comm()?;
-    let out = sweep(
-        comm.as_mut(),
-        &cfg,
-        ctx.dev.device,
-        &|phase, frac, busbw| {
-            ctx.sample_memory();
-            match busbw {
-                Some(b) => ctx.progress.update(phase, frac, &[("busbw_gbps", b)]),
-                None => ctx.progress.update(phase, frac, &[]),
-            }
-        },
-    )?;
-    let version = comm.version();
-    let total_wrong: u64 = out.rows.iter().map(|r| r.wrong + r.wrong_ip).sum();
-    let error = (total_wrong > 0).then(|| {
-        format!("{total_wrong} wrong elements in the collective results (see the #wrong columns)")
-    });
-    Ok(Outcome {
-        detail: Detail::Collectives(out),
-        nccl_version: Some(version),
-        error,
-    })
-}
-
-/// The whole sweep on one communicator; `progress(phase, fraction, busbw of the step just done)`.
-pub fn sweep(
-    comm: &mut dyn Collectives,
-    cfg: &SweepConfig,
-    dev: Device,
-    progress: &dyn Fn(&str, f64, Option<f64>),
-) -> Result<CollectiveResult> {
-    let n = comm.world_size();
-    let es = cfg.kind.elt_size_in_bytes();
-    let pat = Pattern::new(cfg.kind, n);
-    let steps = size_steps(cfg.min_bytes, cfg.max_bytes, cfg.factor);
-    let total = (steps.len() * cfg.ops.len()).max(1) as f64;
-    let mut rows = Vec::new();
-    let mut done = 0.0;
-    if comm.rank() == 0 {
-        tracing::info!(
-            "{:>12} {:>12} {:>8} {:>6} {:>6} {:>9} {:>8} {:>8} {:>6} {:>9} {:>8} {:>8} {:>6}",
-            "size(B)",
-            "count",
-            "type",
-            "redop",
-            "root",
-            "time(us)",
-            "algbw",
-            "busbw",
-            "#wrong",
-            "time(us)",
-            "algbw",
-            "busbw",
-            "#wrong"
-        );
-    }
-    for &op in &cfg.ops {
-        for &bytes in &steps {
-            let s = sizes(op, bytes, es, n);
-            let phase = format!("{} {}", op.name(), format_bytes(bytes));
-            if s.count == 0 {
-                tracing::debug!("{phase}: no element per rank at this size; skipped");
-                done += 1.0;
-                continue;
-            }
-            progress(&phase, done / total, None);
-            let (t, w) = measure(comm, op, cfg, &s, &pat, dev, false)
-                .with_context(|| format!("{phase} out-of-place"))?;
-            let (t_ip, w_ip) = measure(comm, op, cfg, &s, &pat, dev, true)
-                .with_context(|| format!("{phase} in-place"))?;
-            let (alg, bus) = bandwidth(op, &s, es, n, t);
-            let (alg_ip, bus_ip) = bandwidth(op, &s, es, n, t_ip);
-            let row = CollectiveRow {
-                op: op.name().into(),
-                bytes: s.bytes(es),
-                count: s.count as u64,
-                dtype: cfg.dtype.clone(),
-                redop: redop_label(op).into(),
-                root: if op.rooted() { 0 } else { -1 },
-                time_us: t,
-                algbw_gbps: alg,
-                busbw_gbps: bus,
-                wrong: w,
-                time_us_ip: t_ip,
-                algbw_gbps_ip: alg_ip,
-                busbw_gbps_ip: bus_ip,
-                wrong_ip: w_ip,
-            };
-            if comm.rank() == 0 {
-                tracing::info!(
-                    "{:>12} {:>12} {:>8} {:>6} {:>6} {:>9.1} {:>8.2} {:>8.2} {:>6} {:>9.1} {:>8.2} {:>8.2} {:>6}  {}",
-                    row.bytes, row.count, row.dtype, row.redop, row.root, row.time_us, row.algbw_gbps,
-                    row.busbw_gbps, row.wrong, row.time_us_ip, row.algbw_gbps_ip, row.busbw_gbps_ip,
-                    row.wrong_ip, op.name()
-                );
-            }
-            if w + w_ip > 0 {
-                tracing::error!("{phase}: {w} wrong out-of-place, {w_ip} wrong in-place");
-            }
-            done += 1.0;
-            progress(&phase, done / total, Some(bus));
-            rows.push(row);
-        }
-    }
-    Ok(CollectiveResult {
-        backend: comm.backend().into(),
-        world_size: n as u32,
-        rows,
-        links: Vec::new(),
-    })
 }
 
 #[cfg(test)]

@@ -1,0 +1,300 @@
+//! `--pattern pairs`: every pair of nodes measured, in rounds.
+//!
+//! The rounds are `gpuctl_proto::pairs::round_robin` over the node ranks
+//! (GROUP_RANK): N nodes take N−1 rounds (N rounds when N is odd, one node
+//! sitting out each), not N(N−1)/2 one after the other. In a round, the 2×L ranks
+//! of each pair of nodes (a, b) open a communicator of their own — group rank
+//! `side × L + local rank`, node a's ranks first — meeting under the rendezvous
+//! prefix `pairs/{round}/{a}-{b}`, so the pairs of a round run at the same time
+//! without meeting each other. Each pair measures, at `max_bytes`, out-of-place:
+//!
+//! * sendrecv: local rank i of a and local rank i of b send to each other at
+//!   once (both directions, nccl-tests' sendrecv on two ranks, busbw = algbw);
+//! * all_reduce over the 2×L ranks (busbw = algbw × 2(n−1)/n, n = 2L).
+//!
+//! Every round ends at a rendezvous barrier of all ranks (`barrier/pairs-{round}`),
+//! so rounds never overlap and nodes that sit a round out wait there. Each rank
+//! reports the links it took part in with its own time; the coordinator keeps
+//! the slowest rank's.
+
+use std::cell::RefCell;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use gpuctl_proto::catalogue::{NcclParams, NcclPattern};
+use gpuctl_proto::pairs::{pair_of, round_robin};
+use gpuctl_proto::pb::{rank_result::Detail, CollectiveResult, LinkResult};
+use gpuctl_proto::units::format_bytes;
+use tch::Device;
+
+use super::sweep::{config, measure, Peer, SweepConfig};
+use super::{bandwidth, report_progress, sizes, Pattern};
+use crate::comm::{Collectives, Op};
+use crate::context::{Ctx, RankEnv};
+use crate::rendezvous::{barrier, Rendezvous, Scoped};
+use crate::workloads::Outcome;
+
+/// Where this rank sits among the nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Place {
+    /// The job's rank and ranks.
+    pub rank: usize,
+    pub world: usize,
+    /// The node's rank (GROUP_RANK) and how many nodes there are.
+    pub node: usize,
+    pub nnodes: usize,
+    pub local_rank: usize,
+    pub local_world: usize,
+}
+
+impl Place {
+    /// Every node runs `local_world` ranks, so there are `world / local_world`
+    /// nodes; fewer than two have no pair.
+    pub fn new(
+        rank: usize,
+        world: usize,
+        node: usize,
+        local_rank: usize,
+        local_world: usize,
+    ) -> Result<Place> {
+        if local_world == 0 || !world.is_multiple_of(local_world) {
+            bail!(
+                "--pattern pairs needs the same number of ranks on every node (GPU i meets \
+                 GPU i): WORLD_SIZE={world} is not a multiple of this node's \
+                 LOCAL_WORLD_SIZE={local_world}"
+            );
+        }
+        let nnodes = world / local_world;
+        if nnodes < 2 {
+            bail!("{}", NcclPattern::PAIRS_NEED_NODES);
+        }
+        if node >= nnodes || local_rank >= local_world {
+            bail!(
+                "GROUP_RANK={node} LOCAL_RANK={local_rank} do not fit {nnodes} nodes of \
+                 {local_world} ranks"
+            );
+        }
+        Ok(Place {
+            rank,
+            world,
+            node,
+            nnodes,
+            local_rank,
+            local_world,
+        })
+    }
+
+    pub fn from_env(env: &RankEnv) -> Result<Place> {
+        Place::new(
+            env.rank,
+            env.world_size,
+            env.group_rank,
+            env.local_rank,
+            env.local_world_size,
+        )
+    }
+}
+
+/// Opens a communicator over a group: (rank in the group, group size, the
+/// group's rendezvous).
+pub type Opener<'a> = dyn Fn(usize, usize, &dyn Rendezvous) -> Result<Box<dyn Collectives>> + 'a;
+
+pub fn run(ctx: &Ctx, params: &NcclParams) -> Result<Outcome> {
+    let cfg = config(params)?;
+    let place = Place::from_env(&ctx.env)?;
+    let version = RefCell::new(None);
+    let open = |rank: usize, world: usize, rdzv: &dyn Rendezvous| {
+        let comm = ctx.make_comm_in(rank, world, rdzv)?;
+        version.borrow_mut().get_or_insert_with(|| comm.version());
+        Ok(comm)
+    };
+    // A node may wait out several pairs' measurements at a round's barrier:
+    // up to the job's deadline (the agent stops the worker then anyway).
+    let left_ms = ctx
+        .args
+        .deadline_unix_ms
+        .saturating_sub(gpuctl_proto::now_ms());
+    let round_timeout = ctx.rendezvous_timeout.max(Duration::from_millis(left_ms));
+    let out = pairs(
+        &place,
+        &cfg,
+        ctx.rdzv.as_ref(),
+        &open,
+        ctx.dev.device,
+        round_timeout,
+        &report_progress(ctx),
+    )?;
+    let wrong: u64 = out.links.iter().map(|l| l.wrong).sum();
+    let error = (wrong > 0).then(|| {
+        let bad: Vec<String> = out
+            .links
+            .iter()
+            .filter(|l| l.wrong > 0)
+            .map(|l| format!("{} nodes {}-{}", l.op, l.node_a, l.node_b))
+            .collect();
+        format!(
+            "{wrong} wrong elements in the pair results ({})",
+            bad.join(", ")
+        )
+    });
+    Ok(Outcome {
+        detail: Detail::Collectives(out),
+        nccl_version: version.into_inner(),
+        error,
+    })
+}
+
+/// Checks, once before the rounds, that every node runs as many ranks as this
+/// one: node ranks' local rank 0 publish theirs, rank 0 compares and publishes
+/// the verdict every rank reads (a key per node and per rank, not per pair).
+fn check_shape(place: &Place, rdzv: &dyn Rendezvous, timeout: Duration) -> Result<()> {
+    if place.local_rank == 0 {
+        rdzv.put(
+            &format!("pairs/ranks/{}", place.node),
+            place.local_world.to_string().as_bytes(),
+        )?;
+    }
+    if place.rank == 0 {
+        let mut odd = Vec::new();
+        for k in 0..place.nnodes {
+            let v = rdzv
+                .get(&format!("pairs/ranks/{k}"), timeout)
+                .with_context(|| format!("waiting for node {k}'s rank count"))?;
+            let v = String::from_utf8_lossy(&v).into_owned();
+            if v != place.local_world.to_string() {
+                odd.push(format!("node {k} has {v}"));
+            }
+        }
+        let verdict = if odd.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "--pattern pairs needs the same number of ranks on every node (GPU i meets \
+                 GPU i): node 0 has {}, {}",
+                place.local_world,
+                odd.join(", ")
+            )
+        };
+        rdzv.put("pairs/shape", verdict.as_bytes())?;
+    }
+    let verdict = rdzv
+        .get("pairs/shape", timeout)
+        .context("waiting for rank 0's check of the nodes")?;
+    if !verdict.is_empty() {
+        bail!("{}", String::from_utf8_lossy(&verdict));
+    }
+    Ok(())
+}
+
+/// Every round of the schedule for this rank; `progress(phase, fraction,
+/// all_reduce busbw of the round just done)`. `open` makes each pair's
+/// communicator; `round_timeout` bounds the wait at a round's barrier.
+pub fn pairs(
+    place: &Place,
+    cfg: &SweepConfig,
+    rdzv: &dyn Rendezvous,
+    open: &Opener,
+    dev: Device,
+    round_timeout: Duration,
+    progress: &dyn Fn(&str, f64, Option<f64>),
+) -> Result<CollectiveResult> {
+    let (l, es) = (place.local_world, cfg.kind.elt_size_in_bytes());
+    let n = 2 * l;
+    if sizes(Op::AllReduce, cfg.max_bytes, es, n).count == 0 {
+        bail!(
+            "--max-bytes {} holds no {} element; give at least {es} bytes",
+            cfg.max_bytes,
+            cfg.dtype
+        );
+    }
+    check_shape(place, rdzv, round_timeout)?;
+    let pat = Pattern::new(cfg.kind, n);
+    let rounds = round_robin(place.nnodes);
+    let total = rounds.len();
+    let mut links = Vec::new();
+    let mut backend = None;
+    for (r, round) in rounds.iter().enumerate() {
+        let phase = format!("pairs round {}/{total}", r + 1);
+        progress(&phase, r as f64 / total as f64, None);
+        let mut busbw = None;
+        if let Some((a, b)) = pair_of(round, place.node) {
+            let side = usize::from(place.node == b);
+            let g = side * l + place.local_rank;
+            let what = format!("{phase}, nodes {a} and {b}");
+            let scoped = Scoped::new(rdzv, &format!("pairs/{r}/{a}-{b}"));
+            let mut comm = open(g, n, &scoped)
+                .with_context(|| format!("{what}: opening their communicator"))?;
+            backend.get_or_insert(comm.backend());
+            for (op, peer) in [
+                (Op::SendRecv, Peer::Both((g + l) % n)),
+                (Op::AllReduce, Peer::Ring),
+            ] {
+                let s = sizes(op, cfg.max_bytes, es, n);
+                let (t, wrong) = measure(comm.as_mut(), op, cfg, &s, &pat, dev, false, peer)
+                    .with_context(|| {
+                        format!("{what}: {} {}", op.name(), format_bytes(s.bytes(es)))
+                    })?;
+                let (alg, bus) = bandwidth(op, &s, es, n, t);
+                if g == 0 {
+                    tracing::info!(
+                        "{phase} nodes {a}-{b}: {} {} {:.1} us algbw {:.2} busbw {:.2} GB/s #wrong {wrong}",
+                        op.name(),
+                        format_bytes(s.bytes(es)),
+                        t,
+                        alg,
+                        bus
+                    );
+                }
+                if wrong > 0 {
+                    tracing::error!("{what}: {} has {wrong} wrong elements", op.name());
+                }
+                if op == Op::AllReduce {
+                    busbw = Some(bus);
+                }
+                links.push(LinkResult {
+                    round: r as u32,
+                    node_a: a as u32,
+                    node_b: b as u32,
+                    op: op.name().into(),
+                    bytes: s.bytes(es),
+                    dtype: cfg.dtype.clone(),
+                    time_us: t,
+                    algbw_gbps: alg,
+                    busbw_gbps: bus,
+                    wrong,
+                });
+            }
+        }
+        barrier(
+            rdzv,
+            &format!("pairs-{r}"),
+            place.rank,
+            place.world,
+            round_timeout,
+        )
+        .with_context(|| format!("{phase}: waiting for the other pairs"))?;
+        progress(&phase, (r + 1) as f64 / total as f64, busbw);
+    }
+    Ok(CollectiveResult {
+        backend: backend.unwrap_or_default().into(),
+        world_size: place.world as u32,
+        rows: Vec::new(),
+        links,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn places_need_two_nodes_of_equal_size() {
+        let p = Place::new(5, 6, 2, 1, 2).unwrap();
+        assert_eq!((p.nnodes, p.node, p.local_rank), (3, 2, 1));
+        let e = Place::new(0, 2, 0, 0, 2).unwrap_err().to_string();
+        assert!(e.contains("2 nodes or more"), "{e}");
+        let e = Place::new(0, 6, 0, 0, 4).unwrap_err().to_string();
+        assert!(e.contains("same number of ranks"), "{e}");
+        assert!(Place::new(0, 4, 2, 0, 2).is_err());
+    }
+}
