@@ -332,3 +332,105 @@ fn tc_slows_a_host_link_and_a_crashed_run_is_cleaned_by_the_next() {
     let left = gpl_names();
     assert!(left.is_empty(), "left behind after stop: {left:?}");
 }
+
+/// `nccl --pattern pairs` on 4 namespaced nodes: a healthy fleet has no slow
+/// link in 3 runs; with one host-side link throttled by tbf the node behind
+/// it is named as the culprit and the three others pass.
+#[test]
+fn pairs_name_the_node_behind_a_throttled_link() {
+    let _g = serial();
+    let fleet = Fleet::start(4);
+    wait_ready(&fleet, 4);
+    // On this box every link is CPU-bound TCP, and the two pairs of a round
+    // share two cores: healthy links vary by about ±40 %, so the test's rules
+    // call a link slow under 0.3x the median rather than the default 0.8x
+    // (meant for real interconnects). The throttled link is ~50x slower.
+    let rules = fleet.dir.path().join("links.toml");
+    std::fs::write(&rules, "[links]\nslow = 0.3\n").unwrap();
+    let rules = rules.to_str().unwrap().to_string();
+    let pairs = [
+        "submit",
+        "nccl",
+        "--pattern",
+        "pairs",
+        "--nodes",
+        "4",
+        "--max-bytes",
+        "1M",
+        "--iters",
+        "5",
+        "--warmup",
+        "2",
+        "--rules",
+        &rules,
+        "--wait",
+    ];
+    let run = |what: &str| -> Value {
+        let mut all = pairs.to_vec();
+        all.extend(["--output", "json"]);
+        let out = fleet.gpuctl(&all);
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "{what}: no report ({e}): {}\n{}",
+                String::from_utf8_lossy(&out.stderr),
+                fleet.logs()
+            )
+        })
+    };
+    for i in 0..3 {
+        let r = run("healthy");
+        let links = r["links"].as_array().expect("links[]");
+        assert_eq!(links.len(), 12, "6 pairs x (sendrecv, all_reduce): {r:#}");
+        let slow: Vec<&Value> = links.iter().filter(|l| l["verdict"] != "pass").collect();
+        assert!(slow.is_empty(), "healthy run {i}: slow links {slow:?}");
+        assert_ne!(r["verdict"], "fail", "healthy run {i}: {r:#}");
+    }
+
+    must(
+        "tc",
+        &[
+            "qdisc",
+            "add",
+            "dev",
+            "gpl-local-2",
+            "root",
+            "tbf",
+            "rate",
+            "50mbit",
+            "burst",
+            "64kb",
+            "latency",
+            "50ms",
+        ],
+    );
+    let r = run("throttled");
+    assert_eq!(r["verdict"], "fail", "{r:#}");
+    for n in r["nodes"].as_array().unwrap() {
+        let name = n["name"].as_str().unwrap();
+        let fails: Vec<&Value> = n["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["level"] == "fail")
+            .collect();
+        if name == "local-2" {
+            assert_eq!(n["verdict"], "fail", "{n:#}");
+            assert!(
+                fails.iter().any(|f| f["metric"] == "link_busbw"),
+                "local-2 is the culprit: {n:#}"
+            );
+        } else {
+            assert!(fails.is_empty(), "{name} blamed: {n:#}");
+            assert_ne!(n["verdict"], "fail", "{name}: {n:#}");
+        }
+    }
+    // The slow links are exactly local-2's.
+    for l in r["links"].as_array().unwrap() {
+        let touches = l["a"] == "local-2" || l["b"] == "local-2";
+        assert_eq!(l["verdict"] == "fail", touches, "{l}");
+    }
+    // The fleet view keeps the latest matrix.
+    let links = fleet.json(&["fleet", "links"]);
+    assert_eq!(links["links"].as_array().unwrap().len(), 12, "{links:#}");
+    assert!(fleet.stop().success());
+}
