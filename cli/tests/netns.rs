@@ -161,6 +161,18 @@ impl Drop for Fleet {
     }
 }
 
+/// The operator's command from docs/operations.md: a token bucket on a
+/// host-side link.
+fn throttle(link: &str, rate: &str, burst: &str) {
+    must(
+        "tc",
+        &[
+            "qdisc", "add", "dev", link, "root", "tbf", "rate", rate, "burst", burst, "latency",
+            "50ms",
+        ],
+    );
+}
+
 /// Bytes both ways through a host-side link.
 fn link_bytes(link: &str) -> u64 {
     ["rx_bytes", "tx_bytes"]
@@ -291,23 +303,7 @@ fn tc_slows_a_host_link_and_a_crashed_run_is_cleaned_by_the_next() {
     let fleet = Fleet::start(3);
     wait_ready(&fleet, 3);
     // The operator's command from docs/operations.md.
-    must(
-        "tc",
-        &[
-            "qdisc",
-            "add",
-            "dev",
-            "gpl-local-2",
-            "root",
-            "tbf",
-            "rate",
-            "20mbit",
-            "burst",
-            "32kb",
-            "latency",
-            "50ms",
-        ],
-    );
+    throttle("gpl-local-2", "20mbit", "32kb");
     let shown = must("tc", &["qdisc", "show", "dev", "gpl-local-2"]);
     assert!(shown.contains("tbf") && shown.contains("20Mbit"), "{shown}");
 
@@ -386,23 +382,7 @@ fn pairs_name_the_node_behind_a_throttled_link() {
         assert_ne!(r["verdict"], "fail", "healthy run {i}: {r:#}");
     }
 
-    must(
-        "tc",
-        &[
-            "qdisc",
-            "add",
-            "dev",
-            "gpl-local-2",
-            "root",
-            "tbf",
-            "rate",
-            "50mbit",
-            "burst",
-            "64kb",
-            "latency",
-            "50ms",
-        ],
-    );
+    throttle("gpl-local-2", "50mbit", "64kb");
     let r = run("throttled");
     assert_eq!(r["verdict"], "fail", "{r:#}");
     for n in r["nodes"].as_array().unwrap() {
