@@ -44,7 +44,7 @@ pub fn matrix(links: &[pb::Link]) -> String {
             })
             .collect();
         let bytes = ls.first().map_or(0, |l| l.bytes);
-        let reference = ls.first().map_or(0.0, |l| l.reference_gbps);
+        let reference = median(ls.iter().map(|l| l.busbw_gbps).collect());
         s.push_str(&format!(
             "{op} busbw GB/s at {} (median link {reference:.2}; ! = slow)\n",
             gpuctl_proto::units::format_bytes(bytes)
