@@ -670,7 +670,7 @@ pub(crate) mod tests {
                         backend: "tcp-ring".into(),
                         world_size: 2,
                         rows: vec![],
-                        links: vec![],
+                        ..Default::default()
                     })),
                 )],
                 ..Default::default()

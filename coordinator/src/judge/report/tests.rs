@@ -152,7 +152,7 @@ fn coll(rank: u32, world: u32, rows: Vec<(&str, u64, f64, u64)>) -> RankResult {
                     ..Default::default()
                 })
                 .collect(),
-            links: vec![],
+            ..Default::default()
         })),
         ..Default::default()
     }

@@ -280,6 +280,7 @@ pub fn pairs(
         world_size: place.world as u32,
         rows: Vec::new(),
         links,
+        ..Default::default()
     })
 }
 

@@ -241,5 +241,6 @@ pub fn sweep(
         world_size: n as u32,
         rows,
         links: Vec::new(),
+        ..Default::default()
     })
 }
