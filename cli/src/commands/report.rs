@@ -341,6 +341,10 @@ pub fn render(r: &pb::Report) -> String {
         s.push_str("\nLINKS (every pair of nodes; the slowest rank of each pair)\n");
         s.push_str(&output::links::matrix(&r.links));
     }
+    if !r.bisect.is_empty() {
+        s.push_str("\nBISECT (halves measured at the same time; the slower one is split again)\n");
+        s.push_str(&output::links::bisect(&r.bisect));
+    }
     if !r.collectives.is_empty() {
         s.push_str("\nCOLLECTIVES (across ranks: slowest rank's time, #wrong summed)\n");
         s.push_str(&collectives_table(&r.collectives));

@@ -302,6 +302,14 @@ pub fn report(r: &pb::Report) -> Value {
             "ranks": n.ranks.iter().map(|x| rank_report(&n.name, x)).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
         "collectives": r.collectives.iter().map(collective_row).collect::<Vec<_>>(),
+        "bisect": r.bisect.iter().map(|b| json!({
+            "round": b.round,
+            "decision": b.decision,
+            "groups": b.groups.iter().map(|g| json!({
+                "nodes": g.names,
+                "busbw_gbps": g.busbw_gbps,
+            })).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
         "links": r.links.iter().map(|l| json!({
             "a": l.a,
             "b": l.b,

@@ -80,6 +80,31 @@ pub fn matrix(links: &[pb::Link]) -> String {
     s
 }
 
+/// The rounds of a `--pattern bisect` search, one line per round.
+pub fn bisect(rounds: &[pb::BisectRound]) -> String {
+    let mut t = Table::new(&["ROUND", "GROUPS (busbw GB/s)", "DECISION"]).right(&[0]);
+    for r in rounds {
+        let groups: Vec<String> = r
+            .groups
+            .iter()
+            .map(|g| {
+                let names = if g.names.is_empty() {
+                    g.nodes.iter().map(|n| n.to_string()).collect::<Vec<_>>()
+                } else {
+                    g.names.clone()
+                };
+                format!("[{}] {:.2}", names.join(" "), g.busbw_gbps)
+            })
+            .collect();
+        t.row([
+            r.round.to_string(),
+            groups.join("  vs  "),
+            super::dash(&r.decision),
+        ]);
+    }
+    t.render()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,6 +4,7 @@
 //! turns results and telemetry into verdicts. The scheduler feeds it; nothing
 //! here schedules.
 
+pub mod bisect;
 pub mod figures;
 pub mod fleet;
 pub mod health;

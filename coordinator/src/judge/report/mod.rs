@@ -8,6 +8,7 @@
 //! - [`collectives`]: wrong elements fail ranks; one bandwidth table;
 //! - [`performance`]: figures against the fleet, a baseline and the floors;
 //! - [`links`](super::links): node pairs' bandwidth against the median link;
+//! - [`bisect`](super::bisect): the node the workers' search isolated;
 //! - [`findings`]: everything that failed or warned, in one list;
 //! - [`nodes`]: node verdicts from their ranks, GPUs and findings;
 //! - [`notes`]: library versions the ranks ran with;
@@ -32,9 +33,9 @@ use std::collections::BTreeMap;
 use gpuctl_proto::pb::{Job, PreflightCheck, RankResult, Report, Verdict, WorkerExited};
 
 use super::health::HealthRules;
-use super::links;
 use super::rules::PerfRules;
 use super::telemetry::Telemetry;
+use super::{bisect, links};
 
 pub use collectives::{aggregate_collectives, algbw_gbps, busbw_factor};
 pub use ranks::{exit_text, rank_label};
@@ -74,6 +75,8 @@ pub fn build(inp: &Inputs) -> Report {
     found.extend(perf.findings);
     let links = links::judge(inp.results, &plan.nodes, rules.link_slow_ratio);
     found.extend(links.findings);
+    let bisect = bisect::judge(inp.results, &plan.nodes);
+    found.extend(bisect.findings);
     found.extend(findings::of_health(&health));
     let preflight = start_checks(job);
     found.extend(findings::of_preflight(&preflight));
@@ -82,6 +85,7 @@ pub fn build(inp: &Inputs) -> Report {
     notes.extend(notes::mixed_torch(inp.results));
     notes.extend(perf.notes);
     notes.extend(links.notes);
+    notes.extend(bisect.notes);
 
     let mut report = Report {
         job_id: job.id.clone(),
@@ -106,6 +110,7 @@ pub fn build(inp: &Inputs) -> Report {
         preflight,
         findings: found,
         links: links.links,
+        bisect: bisect.rounds,
     };
     verdict::judge_job(&mut report, job, inp.results.len());
     report
