@@ -414,3 +414,59 @@ fn pairs_name_the_node_behind_a_throttled_link() {
     assert_eq!(links["links"].as_array().unwrap().len(), 12, "{links:#}");
     assert!(fleet.stop().success());
 }
+
+/// `nccl --pattern bisect` on 4 namespaced nodes with one host-side link
+/// throttled: the search isolates that node in at most 3 rounds
+/// (⌈log₂ 4⌉ + 1), fails it with the rounds as evidence, and blames no other.
+#[test]
+fn bisect_isolates_the_node_behind_a_throttled_link() {
+    let _g = serial();
+    let fleet = Fleet::start(4);
+    wait_ready(&fleet, 4);
+    throttle("gpl-local-1", "50mbit", "64kb");
+    let args = [
+        "submit",
+        "nccl",
+        "--pattern",
+        "bisect",
+        "--nodes",
+        "4",
+        "--max-bytes",
+        "1M",
+        "--iters",
+        "5",
+        "--warmup",
+        "2",
+        "--wait",
+        "--output",
+        "json",
+    ];
+    let out = fleet.gpuctl(&args);
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "no report ({e}): {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            fleet.logs()
+        )
+    });
+    let rounds = r["bisect"].as_array().expect("bisect[]");
+    assert!(
+        !rounds.is_empty() && rounds.len() <= 3,
+        "{} rounds: {r:#}",
+        rounds.len()
+    );
+    assert_eq!(r["verdict"], "fail", "{r:#}");
+    for n in r["nodes"].as_array().unwrap() {
+        let name = n["name"].as_str().unwrap();
+        let bisected = n["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["metric"] == "bisect" && f["level"] == "fail");
+        assert_eq!(bisected, name == "local-1", "{name}: {n:#}");
+        if name != "local-1" {
+            assert_ne!(n["verdict"], "fail", "{name} blamed: {n:#}");
+        }
+    }
+    assert!(fleet.stop().success());
+}
