@@ -19,8 +19,11 @@ fn cluster(slow: &[usize], slow_link: Option<(usize, usize)>) -> impl Fn(&[usize
     }
 }
 
-/// Runs the search to its end: (rounds as (groups, decision), verdict).
-fn run(n: usize, busbw: impl Fn(&[usize]) -> f64) -> (Vec<(Vec<Vec<usize>>, String)>, Verdict) {
+/// One round as the search ran it: its groups and its decision.
+type Round = (Vec<Vec<usize>>, String);
+
+/// Runs the search to its end: (rounds, verdict).
+fn run(n: usize, busbw: impl Fn(&[usize]) -> f64) -> (Vec<Round>, Verdict) {
     let mut s = Search::new(n, 0.8);
     let mut rounds = Vec::new();
     while let Some(groups) = s.groups() {
