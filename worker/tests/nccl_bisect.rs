@@ -106,7 +106,7 @@ fn run_bisect(nnodes: usize, l: usize, slow: Option<usize>) -> Vec<(Bisected, Ve
             let rdzv = rdzv.clone();
             thread::spawn(move || {
                 tch::set_num_threads(1);
-                let place = Place::of(NcclPattern::Bisect, rank, world, rank / l, rank % l, l)?;
+                let place = Place::new(NcclPattern::Bisect, rank, world, rank / l, rank % l, l)?;
                 let open = |g: usize, n: usize, r: &dyn Rendezvous| {
                     let c = TcpComm::connect(g, n, r, "127.0.0.1", Duration::from_secs(20))?;
                     if slow == Some(rank / l) {
@@ -231,7 +231,7 @@ fn a_late_node_is_isolated() {
 
 #[test]
 fn two_nodes_are_refused_before_any_round() {
-    let e = Place::of(NcclPattern::Bisect, 0, 2, 0, 0, 1)
+    let e = Place::new(NcclPattern::Bisect, 0, 2, 0, 0, 1)
         .unwrap_err()
         .to_string();
     assert!(e.contains("3 nodes or more"), "{e}");

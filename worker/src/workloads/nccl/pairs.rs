@@ -49,26 +49,8 @@ pub struct Place {
 
 impl Place {
     /// Every node runs `local_world` ranks, so there are `world / local_world`
-    /// nodes; fewer than two have no pair.
+    /// nodes; fewer than `pattern` needs (two for pairs) are refused.
     pub fn new(
-        rank: usize,
-        world: usize,
-        node: usize,
-        local_rank: usize,
-        local_world: usize,
-    ) -> Result<Place> {
-        Place::of(
-            NcclPattern::Pairs,
-            rank,
-            world,
-            node,
-            local_rank,
-            local_world,
-        )
-    }
-
-    /// As [`Place::new`], refusing fewer nodes than `pattern` needs.
-    pub fn of(
         pattern: NcclPattern,
         rank: usize,
         world: usize,
@@ -106,7 +88,7 @@ impl Place {
     }
 
     pub fn from_env(pattern: NcclPattern, env: &RankEnv) -> Result<Place> {
-        Place::of(
+        Place::new(
             pattern,
             env.rank,
             env.world_size,
@@ -333,19 +315,23 @@ mod tests {
 
     #[test]
     fn places_need_two_nodes_of_equal_size() {
-        let p = Place::new(5, 6, 2, 1, 2).unwrap();
+        let p = Place::new(NcclPattern::Pairs, 5, 6, 2, 1, 2).unwrap();
         assert_eq!((p.nnodes, p.node, p.local_rank), (3, 2, 1));
-        let e = Place::new(0, 2, 0, 0, 2).unwrap_err().to_string();
+        let e = Place::new(NcclPattern::Pairs, 0, 2, 0, 0, 2)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("2 nodes or more"), "{e}");
-        let e = Place::new(0, 6, 0, 0, 4).unwrap_err().to_string();
+        let e = Place::new(NcclPattern::Pairs, 0, 6, 0, 0, 4)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("same number of ranks"), "{e}");
-        assert!(Place::new(0, 4, 2, 0, 2).is_err());
-        let e = Place::of(NcclPattern::Bisect, 0, 4, 0, 0, 2)
+        assert!(Place::new(NcclPattern::Pairs, 0, 4, 2, 0, 2).is_err());
+        let e = Place::new(NcclPattern::Bisect, 0, 4, 0, 0, 2)
             .unwrap_err()
             .to_string();
         assert!(e.contains("3 nodes or more"), "{e}");
         assert_eq!(
-            Place::of(NcclPattern::Bisect, 0, 3, 0, 0, 1)
+            Place::new(NcclPattern::Bisect, 0, 3, 0, 0, 1)
                 .unwrap()
                 .nnodes,
             3
