@@ -164,13 +164,8 @@ impl Search {
     /// The next stage for the current suspects, in words.
     fn narrow(&mut self) -> String {
         let s = self.suspects.clone();
-        if s.len() == 1 {
-            let note = format!("node {} isolated", s[0]);
-            self.stage = Stage::Done(Verdict {
-                culprit: Some(s[0]),
-                note: note.clone(),
-            });
-            return note;
+        if let [x] = s[..] {
+            return self.stop(Some(x), format!("node {x} isolated"));
         }
         if s.len() >= 4 {
             self.stage = Stage::Halves;
