@@ -11,6 +11,7 @@ use std::thread;
 use std::time::Duration;
 
 use anyhow::Context;
+use gpuctl_proto::catalogue::NcclPattern;
 use gpuctl_proto::pairs::{pair_of, round_robin};
 use gpuctl_proto::pb::CollectiveResult;
 use gpuctl_worker::comm::tcp::TcpComm;
@@ -48,7 +49,7 @@ fn run_pairs(local: &[usize]) -> Vec<anyhow::Result<CollectiveResult>> {
             let rdzv = rdzv.clone();
             hs.push(thread::spawn(move || {
                 tch::set_num_threads(1);
-                let place = Place::new(rank, world, node, local_rank, l)?;
+                let place = Place::new(NcclPattern::Pairs, rank, world, node, local_rank, l)?;
                 // The rounds this node plays, in order: the k-th communicator it
                 // opens is for the k-th of them.
                 let played: Vec<usize> = round_robin(place.nnodes)

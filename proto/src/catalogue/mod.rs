@@ -144,7 +144,7 @@ const PRECISIONS_TRAIN: &[&str] = &["fp32", "fp16", "bf16"];
 const PRECISIONS_GEMM: &[&str] = &["bf16", "fp16", "tf32", "fp32", "fp8"];
 const DTYPES: &[&str] = &["float", "bfloat16", "half"];
 /// `--pattern` of nccl: [`NcclPattern`]'s words.
-pub const NCCL_PATTERNS: &[&str] = &["all", "pairs"];
+pub const NCCL_PATTERNS: &[&str] = &["all", "pairs", "bisect"];
 
 const STRESS: &[&str] = &["stress"];
 const NCCL: &[&str] = &["nccl"];
@@ -203,7 +203,7 @@ pub const PARAMS: &[Param] = &[
     p("iters", int(1, 1 << 20), "iterations", DefaultValue::Same("20"), "timed iterations per size", NCCL),
     p("warmup", int(0, 1 << 20), "iterations", DefaultValue::Same("5"), "untimed iterations per size", NCCL),
     p("pattern", Kind::Choice(NCCL_PATTERNS), "", DefaultValue::Same("all"),
-      "all: one collective over every rank; pairs: every pair of nodes in rounds (docs/workloads.md)", NCCL),
+      "all: one collective over every rank; pairs: every pair of nodes in rounds; bisect: halves until the slow node is left, 3 nodes or more (docs/workloads.md)", NCCL),
     // ddp, fsdp, maxbatch
     p("model", Kind::Choice(MODELS), "", dev("resnet50", "cnn"),
       "model (resnet18, resnet50, resnet101, resnet152, cnn, gpt)", MODEL_USERS),
@@ -418,16 +418,20 @@ fn check_sizes(min_bytes: u64, max_bytes: u64) -> Result<(), SpecError> {
 }
 
 /// The rules between a workload's parameters and the job's size that can be
-/// judged before nodes are chosen: `--pattern pairs` on one node (with `--nodes
-/// all` the count is known only when the job starts; the worker refuses then).
+/// judged before nodes are chosen: `--pattern pairs` on one node, `--pattern
+/// bisect` on fewer than three (with `--nodes all` the count is known only when
+/// the job starts; the worker refuses then).
 pub fn check_shape(
     workload: &str,
     params: &std::collections::HashMap<String, String>,
     node_count: Option<u32>,
 ) -> Result<(), SpecError> {
-    let pairs = workload == "nccl" && params.get("pattern").map(|v| v.trim()) == Some("pairs");
-    if pairs && node_count.is_some_and(|n| n < 2) {
-        return Err(err("--pattern", NcclPattern::PAIRS_NEED_NODES));
+    let pattern = params.get("pattern").and_then(|v| NcclPattern::parse(v));
+    if let (Some(p), Some(n), "nccl") = (pattern, node_count, workload) {
+        let (least, why) = p.min_nodes();
+        if n < least {
+            return Err(err("--pattern", why));
+        }
     }
     Ok(())
 }
@@ -452,9 +456,13 @@ pub fn check_given(
             _ => {}
         }
     }
-    // `--pattern pairs` measures at max_bytes only: min_bytes does not apply.
-    let pairs = given.get("pattern").map(|v| v.trim()) == Some("pairs");
-    if let (Some(lo), Some(hi), false) = (bytes.get("min_bytes"), bytes.get("max_bytes"), pairs) {
+    // `--pattern pairs` and `bisect` measure at max_bytes only: min_bytes does not apply.
+    let one_size = given
+        .get("pattern")
+        .and_then(|v| NcclPattern::parse(v))
+        .is_some_and(NcclPattern::max_bytes_only);
+    if let (Some(lo), Some(hi), false) = (bytes.get("min_bytes"), bytes.get("max_bytes"), one_size)
+    {
         check_sizes(*lo, *hi)?;
     }
     Ok(out)
@@ -544,6 +552,24 @@ mod tests {
         given.insert("pattern".to_string(), "all".to_string());
         assert!(check_shape("nccl", &given, Some(1)).is_ok());
         assert!(check_shape("stress", &std::collections::HashMap::new(), Some(1)).is_ok());
+    }
+
+    #[test]
+    fn bisect_needs_three_nodes_when_the_count_is_known() {
+        let mut given = std::collections::HashMap::new();
+        given.insert("pattern".to_string(), "bisect".to_string());
+        for n in [1, 2] {
+            let e = check_shape("nccl", &given, Some(n)).unwrap_err();
+            assert_eq!(e.field, "--pattern");
+            assert!(e.message.contains("3 nodes or more"), "{e}");
+        }
+        assert!(check_shape("nccl", &given, Some(3)).is_ok());
+        assert!(check_shape("nccl", &given, None).is_ok());
+        // One size, like pairs: min_bytes above max_bytes is no error.
+        given.insert("min_bytes".to_string(), "2M".to_string());
+        given.insert("max_bytes".to_string(), "1M".to_string());
+        assert!(check_given("nccl", &given).is_ok());
+        assert!(flag_help("pattern").contains("bisect"));
     }
 
     #[test]

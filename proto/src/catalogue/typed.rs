@@ -42,17 +42,50 @@ pub enum NcclPattern {
     /// Every pair of nodes, in the rounds of [`crate::pairs::round_robin`]: sendrecv
     /// and all_reduce at `max_bytes` between GPU i of one node and GPU i of the other.
     Pairs,
+    /// A search for one slow node: all_reduce at `max_bytes` over the whole set,
+    /// then over halves of the suspect set measured at the same time, until one
+    /// node is left (the worker's `nccl::bisect`).
+    Bisect,
 }
 
 impl NcclPattern {
     /// What refuses `pairs` on fewer than two nodes (normalize, else the worker).
     pub const PAIRS_NEED_NODES: &'static str =
         "--pattern pairs needs 2 nodes or more; choose more nodes (--nodes, --selector) or use --pattern all";
+    /// What refuses `bisect` on fewer than three nodes: with two, a slow pair
+    /// cannot say which of its nodes is slow.
+    pub const BISECT_NEED_NODES: &'static str =
+        "--pattern bisect needs 3 nodes or more (with 2, nothing tells which of the two is slow); choose more nodes (--nodes, --selector) or use --pattern pairs";
+
+    /// The fewest nodes the pattern can run on, and what refuses fewer.
+    pub fn min_nodes(self) -> (u32, &'static str) {
+        match self {
+            NcclPattern::All => (1, ""),
+            NcclPattern::Pairs => (2, Self::PAIRS_NEED_NODES),
+            NcclPattern::Bisect => (3, Self::BISECT_NEED_NODES),
+        }
+    }
+
+    /// Whether the pattern measures at `max_bytes` only (`min_bytes` does not apply).
+    pub fn max_bytes_only(self) -> bool {
+        self != NcclPattern::All
+    }
+
+    /// The pattern named by a `--pattern` word.
+    pub fn parse(word: &str) -> Option<NcclPattern> {
+        match word.trim() {
+            "all" => Some(NcclPattern::All),
+            "pairs" => Some(NcclPattern::Pairs),
+            "bisect" => Some(NcclPattern::Bisect),
+            _ => None,
+        }
+    }
 
     pub fn name(self) -> &'static str {
         match self {
             NcclPattern::All => "all",
             NcclPattern::Pairs => "pairs",
+            NcclPattern::Bisect => "bisect",
         }
     }
 }
@@ -153,9 +186,9 @@ impl TypedParams {
                     warmup: r.get("warmup")?,
                     pattern: r.get("pattern")?,
                 };
-                // Pairs measure at max_bytes only: a small max_bytes with the
-                // default min_bytes is no mistake there.
-                if p.pattern == NcclPattern::All {
+                // Pairs and bisect measure at max_bytes only: a small max_bytes
+                // with the default min_bytes is no mistake there.
+                if !p.pattern.max_bytes_only() {
                     check_sizes(p.min_bytes, p.max_bytes)?;
                 }
                 TypedParams::Nccl(p)
@@ -219,8 +252,7 @@ from_value! {
 impl FromValue for NcclPattern {
     fn from_value(v: Value) -> Option<Self> {
         match v {
-            Value::Word(w) if w == "all" => Some(NcclPattern::All),
-            Value::Word(w) if w == "pairs" => Some(NcclPattern::Pairs),
+            Value::Word(w) => NcclPattern::parse(&w),
             _ => None,
         }
     }
@@ -326,6 +358,11 @@ mod tests {
             panic!()
         };
         assert_eq!(n.pattern, NcclPattern::Pairs);
+        let TypedParams::Nccl(n) = build("nccl", &[("pattern", "bisect")], true).unwrap() else {
+            panic!()
+        };
+        assert_eq!(n.pattern, NcclPattern::Bisect);
+        assert!(build("nccl", &[("pattern", "bisect"), ("max_bytes", "64K")], true).is_ok());
         // min_bytes does not apply to pairs: below it is fine there only.
         let small = [("pattern", "pairs"), ("max_bytes", "64K")];
         assert!(build("nccl", &small, true).is_ok());

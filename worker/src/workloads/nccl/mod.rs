@@ -3,6 +3,7 @@
 //!
 //! * [`sweep`] — `--pattern all`: every op and size over every rank of the job.
 //! * [`pairs`] — `--pattern pairs`: every pair of nodes, in rounds.
+//! * [`bisect`] — `--pattern bisect`: halves of the nodes until the slow one is left.
 //!
 //! Sizes, counts, algbw and busbw follow nccl-tests (`setupArgs`,
 //! `*GetCollByteCount`, `*GetBw`), so a row can be laid beside nccl-tests'
@@ -11,6 +12,7 @@
 //! bfloat16 and half: the expected result is exact and any difference is a
 //! wrong element.
 
+pub mod bisect;
 pub mod pairs;
 pub mod sweep;
 
@@ -29,10 +31,11 @@ pub fn run(ctx: &Ctx, params: &NcclParams) -> Result<Outcome> {
     match params.pattern {
         NcclPattern::All => sweep::run(ctx, params),
         NcclPattern::Pairs => pairs::run(ctx, params),
+        NcclPattern::Bisect => bisect::run(ctx, params),
     }
 }
 
-/// What both patterns send as progress: the phase, and the busbw of the step
+/// What the patterns send as progress: the phase, and the busbw of the step
 /// just done when there is one.
 fn report_progress(ctx: &Ctx) -> impl Fn(&str, f64, Option<f64>) + '_ {
     move |phase, frac, busbw| {

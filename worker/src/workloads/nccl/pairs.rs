@@ -49,24 +49,27 @@ pub struct Place {
 
 impl Place {
     /// Every node runs `local_world` ranks, so there are `world / local_world`
-    /// nodes; fewer than two have no pair.
+    /// nodes; fewer than `pattern` needs (two for pairs) are refused.
     pub fn new(
+        pattern: NcclPattern,
         rank: usize,
         world: usize,
         node: usize,
         local_rank: usize,
         local_world: usize,
     ) -> Result<Place> {
+        let name = pattern.name();
         if local_world == 0 || !world.is_multiple_of(local_world) {
             bail!(
-                "--pattern pairs needs the same number of ranks on every node (GPU i meets \
+                "--pattern {name} needs the same number of ranks on every node (GPU i meets \
                  GPU i): WORLD_SIZE={world} is not a multiple of this node's \
                  LOCAL_WORLD_SIZE={local_world}"
             );
         }
         let nnodes = world / local_world;
-        if nnodes < 2 {
-            bail!("{}", NcclPattern::PAIRS_NEED_NODES);
+        let (least, why) = pattern.min_nodes();
+        if nnodes < least as usize {
+            bail!("{why}");
         }
         if node >= nnodes || local_rank >= local_world {
             bail!(
@@ -84,8 +87,9 @@ impl Place {
         })
     }
 
-    pub fn from_env(env: &RankEnv) -> Result<Place> {
+    pub fn from_env(pattern: NcclPattern, env: &RankEnv) -> Result<Place> {
         Place::new(
+            pattern,
             env.rank,
             env.world_size,
             env.group_rank,
@@ -101,20 +105,10 @@ pub type Opener<'a> = dyn Fn(usize, usize, &dyn Rendezvous) -> Result<Box<dyn Co
 
 pub fn run(ctx: &Ctx, params: &NcclParams) -> Result<Outcome> {
     let cfg = config(params)?;
-    let place = Place::from_env(&ctx.env)?;
+    let place = Place::from_env(NcclPattern::Pairs, &ctx.env)?;
     let version = RefCell::new(None);
-    let open = |rank: usize, world: usize, rdzv: &dyn Rendezvous| {
-        let comm = ctx.make_comm_in(rank, world, rdzv)?;
-        version.borrow_mut().get_or_insert_with(|| comm.version());
-        Ok(comm)
-    };
-    // A node may wait out several pairs' measurements at a round's barrier:
-    // up to the job's deadline (the agent stops the worker then anyway).
-    let left_ms = ctx
-        .args
-        .deadline_unix_ms
-        .saturating_sub(gpuctl_proto::now_ms());
-    let round_timeout = ctx.rendezvous_timeout.max(Duration::from_millis(left_ms));
+    let open = opener(ctx, &version);
+    let round_timeout = round_timeout(ctx);
     let out = pairs(
         &place,
         &cfg,
@@ -139,18 +133,49 @@ pub fn run(ctx: &Ctx, params: &NcclParams) -> Result<Outcome> {
     });
     Ok(Outcome {
         detail: Detail::Collectives(out),
-        nccl_version: version.into_inner(),
+        nccl_version: version.take(),
         error,
     })
+}
+
+/// Opens a group's communicator through the job's backend, keeping the first
+/// communicator's library version for the result.
+pub(super) fn opener<'a>(
+    ctx: &'a Ctx,
+    version: &'a RefCell<Option<String>>,
+) -> impl Fn(usize, usize, &dyn Rendezvous) -> Result<Box<dyn Collectives>> + 'a {
+    move |rank, world, rdzv| {
+        let comm = ctx.make_comm_in(rank, world, rdzv)?;
+        version.borrow_mut().get_or_insert_with(|| comm.version());
+        Ok(comm)
+    }
+}
+
+/// How long a rank may wait at a round's barrier: a node may wait out other
+/// groups' measurements there, up to the job's deadline (the agent stops the
+/// worker then anyway).
+pub(super) fn round_timeout(ctx: &Ctx) -> Duration {
+    let left_ms = ctx
+        .args
+        .deadline_unix_ms
+        .saturating_sub(gpuctl_proto::now_ms());
+    ctx.rendezvous_timeout.max(Duration::from_millis(left_ms))
 }
 
 /// Checks, once before the rounds, that every node runs as many ranks as this
 /// one: node ranks' local rank 0 publish theirs, rank 0 compares and publishes
 /// the verdict every rank reads (a key per node and per rank, not per pair).
-fn check_shape(place: &Place, rdzv: &dyn Rendezvous, timeout: Duration) -> Result<()> {
+/// Keys live under the pattern's name (`pairs/ranks/{node}`, `pairs/shape`).
+pub(super) fn check_shape(
+    pattern: NcclPattern,
+    place: &Place,
+    rdzv: &dyn Rendezvous,
+    timeout: Duration,
+) -> Result<()> {
+    let name = pattern.name();
     if place.local_rank == 0 {
         rdzv.put(
-            &format!("pairs/ranks/{}", place.node),
+            &format!("{name}/ranks/{}", place.node),
             place.local_world.to_string().as_bytes(),
         )?;
     }
@@ -158,7 +183,7 @@ fn check_shape(place: &Place, rdzv: &dyn Rendezvous, timeout: Duration) -> Resul
         let mut odd = Vec::new();
         for k in 0..place.nnodes {
             let v = rdzv
-                .get(&format!("pairs/ranks/{k}"), timeout)
+                .get(&format!("{name}/ranks/{k}"), timeout)
                 .with_context(|| format!("waiting for node {k}'s rank count"))?;
             let v = String::from_utf8_lossy(&v).into_owned();
             if v != place.local_world.to_string() {
@@ -169,16 +194,16 @@ fn check_shape(place: &Place, rdzv: &dyn Rendezvous, timeout: Duration) -> Resul
             String::new()
         } else {
             format!(
-                "--pattern pairs needs the same number of ranks on every node (GPU i meets \
+                "--pattern {name} needs the same number of ranks on every node (GPU i meets \
                  GPU i): node 0 has {}, {}",
                 place.local_world,
                 odd.join(", ")
             )
         };
-        rdzv.put("pairs/shape", verdict.as_bytes())?;
+        rdzv.put(&format!("{name}/shape"), verdict.as_bytes())?;
     }
     let verdict = rdzv
-        .get("pairs/shape", timeout)
+        .get(&format!("{name}/shape"), timeout)
         .context("waiting for rank 0's check of the nodes")?;
     if !verdict.is_empty() {
         bail!("{}", String::from_utf8_lossy(&verdict));
@@ -207,7 +232,7 @@ pub fn pairs(
             cfg.dtype
         );
     }
-    check_shape(place, rdzv, round_timeout)?;
+    check_shape(NcclPattern::Pairs, place, rdzv, round_timeout)?;
     let pat = Pattern::new(cfg.kind, n);
     let rounds = round_robin(place.nnodes);
     let total = rounds.len();
@@ -290,12 +315,26 @@ mod tests {
 
     #[test]
     fn places_need_two_nodes_of_equal_size() {
-        let p = Place::new(5, 6, 2, 1, 2).unwrap();
+        let p = Place::new(NcclPattern::Pairs, 5, 6, 2, 1, 2).unwrap();
         assert_eq!((p.nnodes, p.node, p.local_rank), (3, 2, 1));
-        let e = Place::new(0, 2, 0, 0, 2).unwrap_err().to_string();
+        let e = Place::new(NcclPattern::Pairs, 0, 2, 0, 0, 2)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("2 nodes or more"), "{e}");
-        let e = Place::new(0, 6, 0, 0, 4).unwrap_err().to_string();
+        let e = Place::new(NcclPattern::Pairs, 0, 6, 0, 0, 4)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("same number of ranks"), "{e}");
-        assert!(Place::new(0, 4, 2, 0, 2).is_err());
+        assert!(Place::new(NcclPattern::Pairs, 0, 4, 2, 0, 2).is_err());
+        let e = Place::new(NcclPattern::Bisect, 0, 4, 0, 0, 2)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("3 nodes or more"), "{e}");
+        assert_eq!(
+            Place::new(NcclPattern::Bisect, 0, 3, 0, 0, 1)
+                .unwrap()
+                .nnodes,
+            3
+        );
     }
 }

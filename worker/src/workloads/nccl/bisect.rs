@@ -1,0 +1,206 @@
+//! `--pattern bisect`: a search for one slow node by halving.
+//!
+//! The search itself ([`plan::Search`]) is pure: it names the groups of nodes a
+//! round measures and decides from their busbw. This module measures: in a
+//! round, the L ranks of each node of a group (GPU i of every node, group rank
+//! `position of the node in the group × L + local rank`) open a communicator of
+//! their own under the rendezvous prefix `bisect/{round}/{group}/comm`, and run
+//! all_reduce at `max_bytes`, out-of-place. The group's rank 0 publishes its
+//! busbw under `bisect/{round}/{group}`; after the round's barrier of all ranks
+//! (`barrier/bisect-{round}`, where nodes outside every group wait) each rank
+//! reads every group's figure and takes the same decision.
+
+pub mod plan;
+
+use std::cell::RefCell;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use gpuctl_proto::catalogue::{NcclParams, NcclPattern};
+use gpuctl_proto::pb::{rank_result::Detail, BisectGroup, BisectRound, CollectiveResult};
+use gpuctl_proto::units::format_bytes;
+use tch::Device;
+
+use super::pairs::{check_shape, opener, round_timeout, Opener, Place};
+use super::sweep::{config, measure, Peer, SweepConfig};
+use super::{bandwidth, report_progress, sizes, Pattern};
+use crate::comm::Op;
+use crate::context::Ctx;
+use crate::rendezvous::{barrier, Rendezvous, Scoped};
+use crate::workloads::Outcome;
+
+/// A group is slow below this fraction of the group it is compared with.
+pub const SLOW_RATIO: f64 = 0.8;
+
+/// What one rank saw: the rounds (the same on every rank) and the wrong
+/// elements of its own groups.
+#[derive(Debug, Clone)]
+pub struct Bisected {
+    pub result: CollectiveResult,
+    pub wrong: u64,
+    /// "round r nodes a, b" for each of its groups with wrong elements.
+    pub wrong_in: Vec<String>,
+}
+
+pub fn run(ctx: &Ctx, params: &NcclParams) -> Result<Outcome> {
+    let cfg = config(params)?;
+    let place = Place::from_env(NcclPattern::Bisect, &ctx.env)?;
+    let version = RefCell::new(None);
+    let open = opener(ctx, &version);
+    let out = bisect(
+        &place,
+        &cfg,
+        ctx.rdzv.as_ref(),
+        &open,
+        ctx.dev.device,
+        round_timeout(ctx),
+        SLOW_RATIO,
+        &report_progress(ctx),
+    )?;
+    let error = (out.wrong > 0).then(|| {
+        format!(
+            "{} wrong elements in the bisect all_reduce results ({})",
+            out.wrong,
+            out.wrong_in.join(", ")
+        )
+    });
+    Ok(Outcome {
+        detail: Detail::Collectives(out.result),
+        nccl_version: version.take(),
+        error,
+    })
+}
+
+/// This rank's group in `groups`: (group index, rank in the group, group size).
+fn my_group(groups: &[Vec<usize>], place: &Place) -> Option<(usize, usize, usize)> {
+    let l = place.local_world;
+    groups.iter().enumerate().find_map(|(i, g)| {
+        let pos = g.iter().position(|&k| k == place.node)?;
+        Some((i, pos * l + place.local_rank, g.len() * l))
+    })
+}
+
+/// Runs the search on this rank; `progress(phase, fraction, busbw of this
+/// rank's group in the round just done)`. `open` makes each group's
+/// communicator; `round_timeout` bounds the wait at a round's barrier.
+#[allow(clippy::too_many_arguments)]
+pub fn bisect(
+    place: &Place,
+    cfg: &SweepConfig,
+    rdzv: &dyn Rendezvous,
+    open: &Opener,
+    dev: Device,
+    round_timeout: Duration,
+    slow_ratio: f64,
+    progress: &dyn Fn(&str, f64, Option<f64>),
+) -> Result<Bisected> {
+    let (l, es) = (place.local_world, cfg.kind.elt_size_in_bytes());
+    // The smallest group is two nodes.
+    if sizes(Op::AllReduce, cfg.max_bytes, es, 2 * l).count == 0 {
+        bail!(
+            "--max-bytes {} holds no {} element; give at least {es} bytes",
+            cfg.max_bytes,
+            cfg.dtype
+        );
+    }
+    check_shape(NcclPattern::Bisect, place, rdzv, round_timeout)?;
+    let mut search = plan::Search::new(place.nnodes, slow_ratio);
+    // About ⌈log₂ N⌉ + 1 rounds for one slow node: a guess for the fraction done.
+    let expect = (usize::BITS - (place.nnodes - 1).leading_zeros()) as f64 + 1.0;
+    let mut out = Bisected {
+        result: CollectiveResult {
+            world_size: place.world as u32,
+            ..Default::default()
+        },
+        wrong: 0,
+        wrong_in: Vec::new(),
+    };
+    let mut backend = None;
+    while let Some(groups) = search.groups() {
+        let r = search.round();
+        let phase = format!("bisect round {r}");
+        let frac = |k: usize| (k as f64 / (expect + 1.0)).min(0.95);
+        progress(&phase, frac(r), None);
+        let mut mine = None;
+        if let Some((gi, g, n)) = my_group(&groups, place) {
+            let what = format!("{phase}, nodes {:?}", groups[gi]);
+            let scoped = Scoped::new(rdzv, &format!("bisect/{r}/{gi}/comm"));
+            let mut comm = open(g, n, &scoped)
+                .with_context(|| format!("{what}: opening their communicator"))?;
+            backend.get_or_insert(comm.backend());
+            let s = sizes(Op::AllReduce, cfg.max_bytes, es, n);
+            let pat = Pattern::new(cfg.kind, n);
+            let (t, wrong) = measure(
+                comm.as_mut(),
+                Op::AllReduce,
+                cfg,
+                &s,
+                &pat,
+                dev,
+                false,
+                Peer::Ring,
+            )
+            .with_context(|| format!("{what}: all_reduce {}", format_bytes(s.bytes(es))))?;
+            let (alg, bus) = bandwidth(Op::AllReduce, &s, es, n, t);
+            if g == 0 {
+                tracing::info!(
+                    "{what}: all_reduce {} {t:.1} us algbw {alg:.2} busbw {bus:.2} GB/s #wrong {wrong}",
+                    format_bytes(s.bytes(es)),
+                );
+                // Display of an f64 reads back to the same f64: every rank
+                // decides on the very same number.
+                rdzv.put(&format!("bisect/{r}/{gi}"), bus.to_string().as_bytes())?;
+            }
+            if wrong > 0 {
+                tracing::error!("{what}: all_reduce has {wrong} wrong elements");
+                out.wrong += wrong;
+                out.wrong_in
+                    .push(format!("round {r} nodes {:?}", groups[gi]));
+            }
+            mine = Some(bus);
+        }
+        barrier(
+            rdzv,
+            &format!("bisect-{r}"),
+            place.rank,
+            place.world,
+            round_timeout,
+        )
+        .with_context(|| format!("{phase}: waiting for the other groups"))?;
+        let busbw = (0..groups.len())
+            .map(|gi| {
+                let v = rdzv
+                    .get(&format!("bisect/{r}/{gi}"), round_timeout)
+                    .with_context(|| format!("{phase}: group {gi}'s busbw"))?;
+                let v = String::from_utf8_lossy(&v);
+                v.parse::<f64>()
+                    .with_context(|| format!("{phase}: group {gi}'s busbw {v:?}"))
+            })
+            .collect::<Result<Vec<f64>>>()?;
+        let decision = search.decide(&busbw);
+        if place.rank == 0 {
+            tracing::info!("{phase}: {decision}");
+        }
+        out.result.bisect.push(BisectRound {
+            round: r as u32,
+            groups: groups
+                .iter()
+                .zip(&busbw)
+                .map(|(g, &b)| BisectGroup {
+                    nodes: g.iter().map(|&k| k as u32).collect(),
+                    busbw_gbps: b,
+                    names: Vec::new(),
+                })
+                .collect(),
+            decision,
+        });
+        progress(&phase, frac(r + 1), mine);
+    }
+    let verdict = search
+        .verdict()
+        .expect("the loop ends when the search does");
+    out.result.bisect_culprit = verdict.culprit.map(|k| k as u32);
+    out.result.bisect_note = verdict.note.clone();
+    out.result.backend = backend.unwrap_or_default().into();
+    Ok(out)
+}
