@@ -262,8 +262,9 @@ pub fn expected(spec: &JobSpec, gpu: bool, world_size: u32) -> Expected {
             out.insert((Metric::StressTflops, key.clone()));
             out.insert((Metric::StressTflopsWorst, key));
         }
-        // Pairs measure links, judged against each other (judge::links).
-        TypedParams::Nccl(n) if n.pattern == NcclPattern::Pairs => {}
+        // Pairs and bisect measure links and groups, judged against each
+        // other (judge::links, judge::bisect), not a sweep.
+        TypedParams::Nccl(n) if n.pattern != NcclPattern::All => {}
         TypedParams::Nccl(n) => {
             for bytes in judged_sizes(&n.sizes()) {
                 for op in &n.ops {
