@@ -175,8 +175,22 @@ async fn round_trips_pages_and_persists() {
         state: JobState::Pending as i32,
         ..Default::default()
     };
+    // The fleet history, as a finished job leaves it.
+    let run = NodeRun {
+        node: "node-1".into(),
+        job_id: "job-000007".into(),
+        finished_unix_ms: 1_700_000_000_000,
+        verdict: Verdict::Pass as i32,
+        figures: vec![FigureRecord {
+            metric: "stress_tflops".into(),
+            key: "bf16 8192".into(),
+            value: 660.0,
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
     state
-        .write(Batch::default().job(&job).job_seq(7))
+        .write(Batch::default().job(&job).job_seq(7).run(&run))
         .await
         .unwrap();
     state.close().await.unwrap();
@@ -191,6 +205,11 @@ async fn round_trips_pages_and_persists() {
     ));
     assert_eq!(again.job_seq().await.unwrap(), 7);
     assert_eq!(again.jobs().await.unwrap(), vec![job]);
+    assert_eq!(
+        again.history(Some("node-1")).await.unwrap(),
+        vec![run.clone()]
+    );
+    assert_eq!(again.history(None).await.unwrap(), vec![run]);
     assert_eq!(
         again.raw().scan_prefix("logs/".into()).await.unwrap().len(),
         1234
