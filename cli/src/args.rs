@@ -227,6 +227,10 @@ pub struct JobArgs {
     #[arg(long)]
     pub exclusive: bool,
 
+    /// Ranks per node: the node's first N GPUs (or CPU ranks); 1 tests one rail. Default: all.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub gpus_per_node: Option<u32>,
+
     #[command(flatten)]
     pub params: WorkloadParams,
 }
@@ -397,6 +401,7 @@ impl JobArgs {
             name: self.name.clone().unwrap_or_default(),
             baseline: self.baseline.clone().unwrap_or_default(),
             exclusive: self.exclusive,
+            gpus_per_node: self.gpus_per_node.unwrap_or(0),
             ..Default::default()
         };
         if let Some(path) = &self.rules {
@@ -575,9 +580,12 @@ mod tests {
             "3",
             "--warmup",
             "1",
+            "--gpus-per-node",
+            "1",
         ])
         .unwrap();
         assert!(s.all_nodes);
+        assert_eq!(s.gpus_per_node, 1, "one rail");
         assert_eq!(s.params.get("ops").unwrap(), "all_reduce,all_gather");
         assert_eq!(s.params.get("min_bytes").unwrap(), "1K");
         assert_eq!(s.params.get("max_bytes").unwrap(), "1M");

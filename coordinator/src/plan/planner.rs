@@ -137,7 +137,11 @@ pub fn plan(spec: &JobSpec, chosen: &[&Node]) -> Plan {
     let mut ranks = Vec::new();
     let mut next = 0u32;
     for (node_rank, node) in nodes.iter().enumerate() {
-        for local_rank in 0..slots(node) {
+        let per_node = match spec.gpus_per_node {
+            0 => slots(node),
+            n => slots(node).min(n),
+        };
+        for local_rank in 0..per_node {
             let (gpu_index, gpu_uuid, device_name) = match node.gpus.get(local_rank as usize) {
                 Some(g) => (Some(g.index), g.uuid.clone(), g.name.clone()),
                 None => (
@@ -420,6 +424,23 @@ mod tests {
         let gpus = [gpu_node("g0", 2, "r1")];
         let p = plan(&spec(1), &[&gpus[0]]);
         assert!(p.env.is_empty(), "{:?}", p.env);
+    }
+
+    #[test]
+    fn gpus_per_node_takes_the_first_gpus_of_every_node() {
+        let nodes = [gpu_node("a", 8, "r1"), gpu_node("b", 8, "r1")];
+        let mut s = spec(2);
+        s.gpus_per_node = 1;
+        let p = plan(&s, &[&nodes[0], &nodes[1]]);
+        assert_eq!(p.world_size, 2);
+        let placed: Vec<(u32, &str, Option<u32>)> = p
+            .ranks
+            .iter()
+            .map(|r| (r.rank, r.node.as_str(), r.gpu_index))
+            .collect();
+        assert_eq!(placed, vec![(0, "a", Some(0)), (1, "b", Some(0))]);
+        s.gpus_per_node = 99;
+        assert_eq!(plan(&s, &[&nodes[0], &nodes[1]]).world_size, 16);
     }
 
     #[test]
