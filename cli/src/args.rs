@@ -46,8 +46,8 @@ pub enum OutputFormat {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// List the fleet's nodes.
-    Nodes,
+    /// List the fleet's nodes; `nodes remove NAME` forgets one.
+    Nodes(NodesArgs),
     /// Submit a workload (stress, nccl, ddp, fsdp, maxbatch).
     Submit(SubmitArgs),
     /// List jobs, newest first.
@@ -74,6 +74,21 @@ pub enum Command {
     Baseline(BaselineCommand),
     /// The fleet over time: each node's last verdict, figures and drift; `fleet links`: every pair.
     Fleet(FleetArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct NodesArgs {
+    #[command(subcommand)]
+    pub action: Option<NodesAction>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum NodesAction {
+    /// Forget a node that runs no job (a host taken out of the fleet).
+    Remove {
+        /// The node's name, as `gpuctl nodes` lists it.
+        name: String,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -653,6 +668,11 @@ mod tests {
         let e = spec_of(&["submit", "stress", "--duration", "-5m"]).unwrap_err();
         assert!(
             e.0.starts_with("--duration:") && e.0.contains("negative"),
+            "{e}"
+        );
+        let e = spec_of(&["submit", "stress", "--duration", "99999999h"]).unwrap_err();
+        assert!(
+            e.0.starts_with("--duration:") && e.0.contains("7 days"),
             "{e}"
         );
         let e = spec_of(&["submit", "stress", "--duration", "soon"]).unwrap_err();

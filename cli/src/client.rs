@@ -211,6 +211,17 @@ impl Coordinator {
             .map_err(|s| self.status("logs", s))
     }
 
+    pub async fn remove_node(&mut self, name: &str) -> Result<pb::Node> {
+        let req = pb::RemoveNodeRequest {
+            name: name.to_string(),
+        };
+        self.inner
+            .remove_node(req)
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| self.status("nodes remove", s))
+    }
+
     pub async fn nodes(&mut self) -> Result<Vec<pb::Node>> {
         self.inner
             .list_nodes(pb::ListNodesRequest {})

@@ -12,6 +12,9 @@ pub enum CoordinatorError {
     /// No job by that id.
     #[error("no job `{0}`; `gpuctl jobs` lists the jobs")]
     JobNotFound(String),
+    /// No node by that name.
+    #[error("no node `{0}`; `gpuctl nodes` lists them")]
+    NodeNotFound(String),
     /// No saved baseline by that name.
     #[error("no baseline `{0}`; `gpuctl baseline list` lists them, `gpuctl baseline save JOB --name NAME` makes one")]
     BaselineNotFound(String),

@@ -60,6 +60,7 @@ pub const DEFAULT_DURATION_MS: u64 = 60_000;
 /// spec to store; on error nothing should be stored or started.
 pub fn normalize(spec: &JobSpec) -> Result<JobSpec, SpecError> {
     let mut spec = spec.clone();
+    crate::limits::spec(&spec)?;
     let def = workload(&spec.workload).ok_or_else(|| {
         err(
             "workload",

@@ -36,7 +36,15 @@ pub async fn run(cli: Cli) -> Result<Exit> {
             let mut c = Coordinator::connect(url).await?;
             plan::run(&mut c, spec, out).await
         }
-        Command::Nodes => nodes::run(&mut Coordinator::connect(url).await?, out).await,
+        Command::Nodes(a) => {
+            let mut c = Coordinator::connect(url).await?;
+            match a.action {
+                Some(crate::args::NodesAction::Remove { name }) => {
+                    nodes::remove(&mut c, &name, out).await
+                }
+                None => nodes::run(&mut c, out).await,
+            }
+        }
         Command::Jobs(a) => jobs::run(&mut Coordinator::connect(url).await?, a.limit, out).await,
         Command::Status(a) => status::run(&mut Coordinator::connect(url).await?, &a.job, out).await,
         Command::Watch(a) => {

@@ -10,6 +10,19 @@ use crate::client::Coordinator;
 use crate::exit::Exit;
 use crate::output::{self, table::Table};
 
+/// `gpuctl nodes remove NAME`.
+pub async fn remove(c: &mut Coordinator, name: &str, out: OutputFormat) -> Result<Exit> {
+    let node = c.remove_node(name).await?;
+    match out {
+        OutputFormat::Json => output::print_json(&serde_json::json!({ "removed": node.name })),
+        OutputFormat::Table => output::print_text(&format!(
+            "node {} removed; an agent still running under that name registers it again\n",
+            node.name
+        )),
+    }
+    Ok(Exit::Ok)
+}
+
 pub async fn run(c: &mut Coordinator, out: OutputFormat) -> Result<Exit> {
     let mut nodes = c.nodes().await?;
     nodes.sort_by(|a, b| a.name.cmp(&b.name));

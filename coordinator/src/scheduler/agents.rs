@@ -18,6 +18,27 @@ use crate::store::Batch;
 const STALE_JOB_MS: u64 = 5_000;
 
 impl Scheduler {
+    /// Forgets a node that runs no job. A live agent's session ends with
+    /// it; such an agent registers again by itself.
+    pub(super) async fn remove_node(&mut self, name: &str) -> Result<Node, CoordinatorError> {
+        let Some(e) = self.nodes.get(name) else {
+            return Err(CoordinatorError::NodeNotFound(name.to_string()));
+        };
+        if !e.node.current_job.is_empty() {
+            return Err(CoordinatorError::Refused(format!(
+                "node {name} is running {}; cancel it first (gpuctl cancel {})",
+                e.node.current_job, e.node.current_job
+            )));
+        }
+        self.store
+            .delete_node(name)
+            .await
+            .map_err(|err| CoordinatorError::store("could not remove the node", err))?;
+        let removed = self.nodes.remove(name).map(|e| e.node).unwrap_or_default();
+        info!(node = %name, "node removed");
+        Ok(removed)
+    }
+
     pub(super) async fn register(
         &mut self,
         req: RegisterRequest,
@@ -30,6 +51,7 @@ impl Scheduler {
                 message: "the node name is empty; start the agent with --name NAME".into(),
             });
         }
+        gpuctl_proto::limits::register(&req)?;
         let now = now_ms();
         let entry = self
             .nodes

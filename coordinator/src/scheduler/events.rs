@@ -91,6 +91,10 @@ pub enum Event {
     ListNodes {
         reply: Reply<Vec<Node>>,
     },
+    RemoveNode {
+        name: String,
+        reply: Reply<Result<Node, CoordinatorError>>,
+    },
     GetTelemetry {
         job_id: String,
         reply: Reply<Result<Vec<TelemetryBatch>, CoordinatorError>>,
@@ -129,6 +133,7 @@ impl Event {
             | Event::GetJob { .. }
             | Event::ListJobs { .. }
             | Event::ListNodes { .. }
+            | Event::RemoveNode { .. }
             | Event::GetTelemetry { .. }
             | Event::GetReport { .. }
             | Event::Metrics { .. } => false,

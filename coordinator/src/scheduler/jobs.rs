@@ -33,7 +33,7 @@ pub fn job_budget_ms(spec: &JobSpec) -> u64 {
     if spec.timeout_ms > 0 {
         spec.timeout_ms
     } else if timed {
-        spec.duration_ms + TIMED_GRACE_MS
+        spec.duration_ms.saturating_add(TIMED_GRACE_MS)
     } else {
         DEFAULT_TIMEOUT_MS
     }
@@ -169,7 +169,7 @@ impl Scheduler {
                 .await;
             return;
         }
-        let deadline = now + job_budget_ms(&spec);
+        let deadline = now.saturating_add(job_budget_ms(&spec));
         let Some(entry) = self.jobs.get_mut(id) else {
             return;
         };
@@ -322,7 +322,7 @@ impl Scheduler {
             .filter(|j| {
                 j.state() == JobState::Running
                     && j.deadline_unix_ms > 0
-                    && now > j.deadline_unix_ms + DEADLINE_GRACE_MS
+                    && now > j.deadline_unix_ms.saturating_add(DEADLINE_GRACE_MS)
             })
             .map(|j| {
                 let missing: Vec<String> = j

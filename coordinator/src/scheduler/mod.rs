@@ -267,6 +267,9 @@ impl Scheduler {
             Event::ListNodes { reply } => {
                 let _ = reply.send(self.nodes.values().map(|e| e.node.clone()).collect());
             }
+            Event::RemoveNode { name, reply } => {
+                let _ = reply.send(self.remove_node(&name).await);
+            }
             Event::GetReport { job_id, reply } => {
                 let _ = reply.send(self.report(&job_id).await);
             }

@@ -6,8 +6,8 @@ use gpuctl_proto::pb::{
     Baseline, CancelJobRequest, GetBaselineRequest, GetFleetRequest, GetFleetResponse,
     GetJobRequest, GetLogsRequest, GetLogsResponse, GetReportRequest, GetTelemetryRequest,
     GetTelemetryResponse, Job, ListBaselinesRequest, ListBaselinesResponse, ListJobsRequest,
-    ListJobsResponse, ListNodesRequest, ListNodesResponse, Plan, Report, SaveBaselineRequest,
-    SubmitRequest,
+    ListJobsResponse, ListNodesRequest, ListNodesResponse, Node, Plan, RemoveNodeRequest, Report,
+    SaveBaselineRequest, SubmitRequest,
 };
 use tonic::{Request, Response, Status};
 
@@ -182,5 +182,14 @@ impl JobService for JobSvc {
     ) -> Result<Response<GetFleetResponse>, Status> {
         let r = history::fleet(&self.store, req.into_inner(), self.rules.drift_tolerance).await?;
         Ok(Response::new(r))
+    }
+
+    async fn remove_node(&self, req: Request<RemoveNodeRequest>) -> Result<Response<Node>, Status> {
+        let name = req.into_inner().name.trim().to_string();
+        let node = self
+            .sched
+            .ask(|reply| Event::RemoveNode { name, reply })
+            .await??;
+        Ok(Response::new(node))
     }
 }

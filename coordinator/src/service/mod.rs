@@ -16,9 +16,9 @@ impl From<CoordinatorError> for Status {
     fn from(e: CoordinatorError) -> Status {
         let message = e.to_string();
         match e {
-            CoordinatorError::JobNotFound(_) | CoordinatorError::BaselineNotFound(_) => {
-                Status::not_found(message)
-            }
+            CoordinatorError::JobNotFound(_)
+            | CoordinatorError::NodeNotFound(_)
+            | CoordinatorError::BaselineNotFound(_) => Status::not_found(message),
             CoordinatorError::InvalidField { .. } => Status::invalid_argument(message),
             CoordinatorError::NotEnoughNodes(_)
             | CoordinatorError::PlanRefused(_)

@@ -35,9 +35,8 @@ impl WorkerService for WorkerSvc {
         req: Request<RendezvousPutRequest>,
     ) -> Result<Response<Ack>, Status> {
         let r = req.into_inner();
-        if r.key.is_empty() {
-            return Err(Status::invalid_argument("key: the rendezvous key is empty"));
-        }
+        gpuctl_proto::limits::rendezvous(&r.key, &r.value)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let ok = self.rdv.put(&r.job_id, r.attempt, &r.key, r.value);
         let message = if ok {
             String::new()

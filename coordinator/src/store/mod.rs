@@ -251,6 +251,10 @@ impl StateStore {
         self.scan_msgs(prefix).await
     }
 
+    pub async fn delete_node(&self, name: &str) -> StoreResult<bool> {
+        self.inner.delete(keys::node(name)).await
+    }
+
     pub async fn delete_run(&self, run: &NodeRun) -> StoreResult<bool> {
         let key = keys::history(&run.node, run.finished_unix_ms, &run.job_id);
         self.inner.delete(key).await

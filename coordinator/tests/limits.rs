@@ -1,0 +1,135 @@
+//! Bad input at the protocol edge, against a live coordinator over real gRPC:
+//! oversized registrations, rendezvous values and specs are refused naming
+//! the field, nothing of them is stored, and the coordinator keeps serving;
+//! a node that runs no job can be removed.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{cpu_host, register, spec, start};
+use gpuctl_proto::pb::agent_service_client::AgentServiceClient;
+use gpuctl_proto::pb::*;
+use gpuctl_proto::PROTOCOL_VERSION;
+use tonic::Code;
+
+#[tokio::test]
+async fn oversized_input_is_refused_naming_the_field_and_nothing_is_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let coord = start(dir.path(), Duration::from_secs(15)).await;
+    let mut agents = AgentServiceClient::connect(coord.url.clone())
+        .await
+        .unwrap();
+    let reg = |name: String, gpus: usize| RegisterRequest {
+        protocol_version: PROTOCOL_VERSION,
+        name,
+        facts: Some(cpu_host("x", 1)),
+        gpus: vec![GpuInfo::default(); gpus],
+        ..Default::default()
+    };
+
+    let e = agents
+        .register(reg("big".into(), 100_000))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(
+        e.message().starts_with("gpus:") && e.message().contains("at most 64"),
+        "{e}"
+    );
+    let e = agents
+        .register(reg("h".repeat(10 << 20), 1))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(
+        e.message().starts_with("name:"),
+        "{}",
+        &e.message()[..80.min(e.message().len())]
+    );
+
+    let mut jobs = coord.jobs().await;
+    let nodes = jobs
+        .list_nodes(ListNodesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .nodes;
+    assert!(
+        nodes.is_empty(),
+        "nothing of a refused registration is kept: {nodes:?}"
+    );
+
+    let mut w = coord.workers().await;
+    let e = w
+        .rendezvous_put(RendezvousPutRequest {
+            job_id: "job-000001".into(),
+            attempt: 1,
+            key: "tcp/addr/0".into(),
+            value: vec![0; 50 << 20],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().starts_with("value:"), "{e}");
+
+    let mut s = spec("stress", 1);
+    s.spec.as_mut().unwrap().duration_ms = u64::MAX;
+    let e = jobs.submit(s).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().starts_with("--duration:"), "{e}");
+    let mut s = spec("stress", 1);
+    s.spec.as_mut().unwrap().timeout_ms = u64::MAX;
+    assert!(jobs
+        .submit(s)
+        .await
+        .unwrap_err()
+        .message()
+        .starts_with("--timeout:"));
+    let mut s = spec("stress", 1);
+    let sp = s.spec.as_mut().unwrap();
+    for i in 0..10_000 {
+        sp.env.insert(format!("V{i}"), "1".into());
+    }
+    assert!(jobs
+        .submit(s)
+        .await
+        .unwrap_err()
+        .message()
+        .starts_with("--env:"));
+    let jl = jobs
+        .list_jobs(ListJobsRequest { limit: 0 })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(jl.jobs.is_empty(), "nothing of a refused spec is stored");
+
+    // Still serving: a good registration goes through, and a node that runs
+    // nothing can be removed (and not twice).
+    let (_client, resp) = register(&coord.url, "good", cpu_host("good", 1), vec![]).await;
+    assert_eq!(resp.name, "good");
+    let removed = jobs
+        .remove_node(RemoveNodeRequest {
+            name: "good".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(removed.name, "good");
+    let nodes = jobs
+        .list_nodes(ListNodesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .nodes;
+    assert!(nodes.is_empty(), "{nodes:?}");
+    let e = jobs
+        .remove_node(RemoveNodeRequest {
+            name: "good".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    assert!(e.message().contains("no node `good`"), "{e}");
+    coord.shutdown().await;
+}
