@@ -7,7 +7,8 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    cpu_host, heartbeat, job, latest_telemetry, register, spec, start, wait_state, Agent,
+    cpu_host, heartbeat, job, latest_telemetry, list_nodes, register, spec, start, wait_state,
+    Agent,
 };
 use gpuctl_proto::pb::agent_message::Msg as Up;
 use gpuctl_proto::pb::agent_service_client::AgentServiceClient;
@@ -51,12 +52,7 @@ async fn job_life_from_submit_to_report() {
     let mut a0 = agent(&coord.url, "node-0", 2).await;
     let mut jobs = coord.jobs().await;
 
-    let nodes = jobs
-        .list_nodes(ListNodesRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .nodes;
+    let nodes = list_nodes(&mut jobs).await;
     assert_eq!(nodes.len(), 2);
     assert!(
         nodes
@@ -443,12 +439,7 @@ async fn lost_node_fails_its_job_and_restart_fails_running_jobs() {
     assert_eq!(failed.message, "node node-2 lost: no heartbeat for 1s");
     assert_eq!(a0.cancel().await.reason, failed.message);
     assert_eq!(a1.cancel().await.job_id, id);
-    let nodes = jobs
-        .list_nodes(ListNodesRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .nodes;
+    let nodes = list_nodes(&mut jobs).await;
     let states: Vec<(&str, NodeState)> =
         nodes.iter().map(|n| (n.name.as_str(), n.state())).collect();
     assert_eq!(
@@ -539,12 +530,7 @@ async fn lost_node_fails_its_job_and_restart_fails_running_jobs() {
         "the stored result survived: {report:?}"
     );
     assert_eq!(report.verdict(), Verdict::Fail);
-    let nodes = jobs
-        .list_nodes(ListNodesRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .nodes;
+    let nodes = list_nodes(&mut jobs).await;
     assert!(
         nodes.iter().all(|n| n.state() == NodeState::Lost),
         "{nodes:?}"

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{cpu_host, register, spec, start};
+use common::{cpu_host, list_nodes, register, spec, start};
 use gpuctl_proto::pb::agent_service_client::AgentServiceClient;
 use gpuctl_proto::pb::*;
 use gpuctl_proto::PROTOCOL_VERSION;
@@ -49,12 +49,7 @@ async fn oversized_input_is_refused_naming_the_field_and_nothing_is_stored() {
     );
 
     let mut jobs = coord.jobs().await;
-    let nodes = jobs
-        .list_nodes(ListNodesRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .nodes;
+    let nodes = list_nodes(&mut jobs).await;
     assert!(
         nodes.is_empty(),
         "nothing of a refused registration is kept: {nodes:?}"
@@ -116,12 +111,7 @@ async fn oversized_input_is_refused_naming_the_field_and_nothing_is_stored() {
         .unwrap()
         .into_inner();
     assert_eq!(removed.name, "good");
-    let nodes = jobs
-        .list_nodes(ListNodesRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .nodes;
+    let nodes = list_nodes(&mut jobs).await;
     assert!(nodes.is_empty(), "{nodes:?}");
     let e = jobs
         .remove_node(RemoveNodeRequest {

@@ -73,15 +73,13 @@ fn drift(runs: &[&NodeRun], tolerance: f64) -> Vec<Drift> {
     let Some((last, previous)) = runs.split_last() else {
         return Vec::new();
     };
+    // Each previous run's figures, read once for all the last run's figures.
+    let previous: Vec<_> = previous.iter().map(|r| values(r)).collect();
     let mut out = Vec::new();
     for ((metric, key), v) in values(last) {
         let before: Vec<f64> = previous
             .iter()
-            .filter_map(|r| {
-                values(r)
-                    .get(&(metric, key))
-                    .and_then(|v| median(v.clone()))
-            })
+            .filter_map(|p| p.get(&(metric, key)).and_then(|v| median(v.clone())))
             .collect();
         let (Some(now), Some(prev)) = (median(v), median(before.clone())) else {
             continue;

@@ -271,6 +271,15 @@ pub fn spec(workload: &str, nodes: u32) -> SubmitRequest {
     submit_request(workload, nodes, 1_000)
 }
 
+/// Every node the coordinator knows.
+pub async fn list_nodes(c: &mut JobServiceClient<Channel>) -> Vec<Node> {
+    c.list_nodes(ListNodesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .nodes
+}
+
 pub async fn job(c: &mut JobServiceClient<Channel>, id: &str) -> Job {
     c.get_job(GetJobRequest { job_id: id.into() })
         .await
