@@ -204,6 +204,8 @@ pub const PARAMS: &[Param] = &[
     p("warmup", int(0, 1 << 20), "iterations", DefaultValue::Same("5"), "untimed iterations per size", NCCL),
     p("pattern", Kind::Choice(NCCL_PATTERNS), "", DefaultValue::Same("all"),
       "all: one collective over every rank; pairs: every pair of nodes in rounds; bisect: halves until the slow node is left, 3 nodes or more (docs/workloads.md)", NCCL),
+    p("slow_ratio", Kind::Float { min: 0.01, max: 1.0 }, "", DefaultValue::Same("0.8"),
+      "bisect: a group below this share of the group it is compared with is slow", NCCL),
     // ddp, fsdp, maxbatch
     p("model", Kind::Choice(MODELS), "", dev("resnet50", "cnn"),
       "model (resnet18, resnet50, resnet101, resnet152, cnn, gpt)", MODEL_USERS),

@@ -32,6 +32,8 @@ pub struct NcclParams {
     pub iters: u64,
     pub warmup: u64,
     pub pattern: NcclPattern,
+    /// Bisect: a group below this share of the one it is compared with is slow.
+    pub slow_ratio: f64,
 }
 
 /// Which ranks measure together (`--pattern`).
@@ -185,6 +187,7 @@ impl TypedParams {
                     iters: r.get("iters")?,
                     warmup: r.get("warmup")?,
                     pattern: r.get("pattern")?,
+                    slow_ratio: r.get("slow_ratio")?,
                 };
                 // Pairs and bisect measure at max_bytes only: a small max_bytes
                 // with the default min_bytes is no mistake there.

@@ -29,9 +29,6 @@ use crate::context::Ctx;
 use crate::rendezvous::{barrier, Rendezvous, Scoped};
 use crate::workloads::Outcome;
 
-/// A group is slow below this fraction of the group it is compared with.
-pub const SLOW_RATIO: f64 = 0.8;
-
 /// What one rank saw: the rounds (the same on every rank) and the wrong
 /// elements of its own groups.
 #[derive(Debug, Clone)]
@@ -54,7 +51,7 @@ pub fn run(ctx: &Ctx, params: &NcclParams) -> Result<Outcome> {
         &open,
         ctx.dev.device,
         round_timeout(ctx),
-        SLOW_RATIO,
+        params.slow_ratio,
         &report_progress(ctx),
     )?;
     let error = (out.wrong > 0).then(|| {
