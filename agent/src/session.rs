@@ -156,6 +156,7 @@ async fn serve_once(
         facts: Some(cfg.facts.clone()),
         gpus: cfg.gpus.clone(),
         preflight: cfg.preflight.clone(),
+        running: Vec::new(),
     };
     let resp = tokio::select! {
         r = client.register(request) => match r {

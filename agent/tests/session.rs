@@ -48,6 +48,7 @@ impl AgentService for Fake {
             heartbeat_interval_ms: 100,
             protocol_version: gpuctl_proto::PROTOCOL_VERSION,
             coordinator_url: "http://workers-use-this:1".into(),
+            ..Default::default()
         }))
     }
 
@@ -279,6 +280,7 @@ async fn session_contract_loss_and_shutdown() {
             job_id: "job-2".into(),
             attempt: 1,
             reason: "test".into(),
+            ..Default::default()
         })),
     }))
     .await

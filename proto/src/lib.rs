@@ -21,8 +21,10 @@ pub mod pb {
 
 /// Bumped whenever a message changes meaning. Agents send it on register and on
 /// every heartbeat; the coordinator refuses a mismatch. 2: `RankPlacement`
-/// names its GPU by `gpu_index` instead of a `device` string.
-pub const PROTOCOL_VERSION: u32 = 2;
+/// names its GPU by `gpu_index` instead of a `device` string. 3: agents
+/// re-register with the jobs they still run (adoption), ranks report an
+/// iteration counter, WorkerService calls carry a per-rank secret.
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// Milliseconds since the Unix epoch, the one clock every message uses.
 pub fn now_ms() -> u64 {

@@ -277,6 +277,7 @@ fn progress_loop(
                 metrics: s.metrics.clone(),
                 message: s.message.clone(),
                 unix_ms: gpuctl_proto::now_ms(),
+                iterations: 0,
             }
         };
         let req = RankProgressReport {

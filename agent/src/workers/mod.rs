@@ -246,6 +246,7 @@ impl Workers {
                 job_id: job_id.clone(),
                 attempt: *attempt,
                 ranks: j.alive.iter().copied().collect(),
+                processes: Vec::new(),
             })
             .collect();
         out.sort_by(|a, b| (&a.job_id, a.attempt).cmp(&(&b.job_id, b.attempt)));
@@ -685,6 +686,7 @@ mod tests {
             master_port: 29500,
             deadline_unix_ms,
             coordinator_url: String::new(),
+            ..Default::default()
         }
     }
 

@@ -476,6 +476,7 @@ pub(crate) mod tests {
                 ..Default::default()
             }),
             gpu_index: Some(local),
+            ..Default::default()
         }
     }
 

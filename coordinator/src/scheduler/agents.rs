@@ -95,6 +95,8 @@ impl Scheduler {
             heartbeat_interval_ms: self.cfg.heartbeat_interval.as_millis() as u32,
             protocol_version: gpuctl_proto::PROTOCOL_VERSION,
             coordinator_url: url,
+            adopted: Vec::new(),
+            refused: Vec::new(),
         })
     }
 

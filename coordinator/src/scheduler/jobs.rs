@@ -217,6 +217,8 @@ impl Scheduler {
                 master_port: plan.master_port,
                 deadline_unix_ms: deadline,
                 coordinator_url: n.coordinator_url.clone(),
+                rank_secrets: Default::default(),
+                coordinator_urls: Vec::new(),
             };
             if !n.send(CoordinatorMessage {
                 msg: Some(Msg::Assignment(a)),

@@ -65,6 +65,7 @@ impl NodeEntry {
                 job_id: job.to_string(),
                 attempt,
                 reason: reason.to_string(),
+                kind: String::new(),
             })),
         })
     }

@@ -150,6 +150,7 @@ pub async fn register(
             facts: Some(facts),
             gpus,
             preflight: vec![],
+            running: vec![],
         })
         .await
         .unwrap()

@@ -111,6 +111,7 @@ pub fn build(inp: &Inputs) -> Report {
         findings: found,
         links: links.links,
         bisect: bisect.rounds,
+        hang_timeout_ms: 0,
     };
     verdict::judge_job(&mut report, job, inp.results.len());
     report

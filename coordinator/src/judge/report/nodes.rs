@@ -40,6 +40,7 @@ pub(super) fn verdicts(
                 reason: st.reason(),
                 result: results.get(&p.rank).cloned(),
                 gpu_index: p.gpu_index,
+                ..Default::default()
             });
         }
         let mine: Vec<Finding> = findings
