@@ -37,6 +37,12 @@ async fn oversized_input_is_refused_naming_the_field_and_nothing_is_stored() {
         e.message().starts_with("gpus:") && e.message().contains("at most 64"),
         "{e}"
     );
+    // Found by the fuzz test: four billion CPU ranks planned row by row.
+    let mut many = reg("many".into(), 0);
+    many.facts.as_mut().unwrap().cpu_ranks = u32::MAX;
+    let e = agents.register(many).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().starts_with("facts.cpu_ranks:"), "{e}");
     let e = agents
         .register(reg("h".repeat(10 << 20), 1))
         .await

@@ -333,3 +333,13 @@ pub async fn latest_telemetry(
     }
     latest
 }
+
+/// A valid registration of `name` (protocol, facts, no GPUs).
+pub fn register_request(name: &str, facts: HostFacts) -> RegisterRequest {
+    RegisterRequest {
+        protocol_version: PROTOCOL_VERSION,
+        name: name.into(),
+        facts: Some(facts),
+        ..Default::default()
+    }
+}
