@@ -15,7 +15,7 @@ use crate::error::CoordinatorError;
 /// Refusals quote what they refuse; a megabyte of name is not sent back.
 const MAX_STATUS_MESSAGE: usize = 2048;
 
-fn clip(mut message: String) -> String {
+pub(crate) fn clip(mut message: String) -> String {
     if message.len() > MAX_STATUS_MESSAGE {
         let mut end = MAX_STATUS_MESSAGE;
         while !message.is_char_boundary(end) {
