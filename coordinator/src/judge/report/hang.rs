@@ -73,6 +73,10 @@ fn state_blame(state: &str) -> Option<(u8, &'static str)> {
     })
 }
 
+/// A rank that progressed this recently still makes progress (ranks report
+/// about once a second); one quiet for longer is taken as blocked.
+const RECENT_MS: u64 = 5_000;
+
 fn secs(ms: u64) -> String {
     format!("{}s", (ms + 500) / 1000)
 }
@@ -109,8 +113,13 @@ pub fn find(ranks: &[Clock], now_ms: u64, timeout_ms: u64) -> Option<Hung> {
         }
     };
     let why = format!("no progress for {}, {because}", secs(age(culprit)));
+    // The others stopped a little after the culprit (once they needed it), so
+    // they are judged on a shorter window than the timeout.
     let others = ranks.len() - 1;
-    let others_stalled = stalled.len() - 1;
+    let others_stalled = ranks
+        .iter()
+        .filter(|c| c.rank != culprit.rank && age(c) >= RECENT_MS.min(timeout_ms))
+        .count();
     let rest = if others == 0 {
         String::new()
     } else if others_stalled == others {
@@ -124,7 +133,10 @@ pub fn find(ranks: &[Clock], now_ms: u64, timeout_ms: u64) -> Option<Hung> {
         };
         format!("; the other {others} {word} progress")
     } else {
-        format!("; {others_stalled} of the other {others} ranks made no progress either")
+        format!(
+            "; {others_stalled} of the other {others} ranks made no progress in the last {} either",
+            secs(RECENT_MS.min(timeout_ms))
+        )
     };
     Some(Hung {
         rank: culprit.rank,
@@ -246,7 +258,7 @@ mod tests {
             clock(0, 5_000, None),
             clock(1, 2_000, None),
             clock(2, 2_000, None),
-            clock(3, 50_000, None),
+            clock(3, 57_000, None),
         ];
         let h = find(&ranks, 60_000, 30_000).unwrap();
         assert_eq!((h.rank, h.node.as_str()), (1, "node-a"));
@@ -257,13 +269,22 @@ mod tests {
         );
         assert!(
             h.message
-                .ends_with("2 of the other 3 ranks made no progress either"),
+                .ends_with("2 of the other 3 ranks made no progress in the last 5s either"),
             "{}",
             h.message
         );
         // A rank that never reported runs on the job's clock, and is caught.
         let never = [clock(0, 0, None)];
         let h = find(&never, 40_000, 30_000).unwrap();
+        // Peers that stopped a moment after the culprit are blocked on it.
+        let ranks = [clock(0, 1_000, None), clock(1, 3_000, None)];
+        let h2 = find(&ranks, 31_000, 30_000).unwrap();
+        assert!(
+            h2.message
+                .ends_with("the other 1 rank is blocked waiting on it"),
+            "{}",
+            h2.message
+        );
         assert_eq!(h.message, "rank 0 on node-a hung: no progress for 40s, no process is stopped or stuck in the kernel");
     }
 
