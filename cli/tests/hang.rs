@@ -60,15 +60,21 @@ fn rank_and_node(pid: u32) -> (u64, String) {
     (rank, node)
 }
 
+/// A field of `status --output json`, at the top or under `job`.
+fn job_field(job: &Value, key: &str) -> Value {
+    job.get(key)
+        .or_else(|| job.pointer(&format!("/job/{key}")))
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
 /// Waits until every one of `world` ranks reported progress with work done.
 fn wait_all_progress(cluster: &Cluster, id: &str, world: usize) {
     let start = Instant::now();
     loop {
         let job = cluster.job(id);
-        let progress = job
-            .get("progress")
-            .or_else(|| job.pointer("/job/progress"))
-            .and_then(Value::as_array)
+        let progress = job_field(&job, "progress")
+            .as_array()
             .cloned()
             .unwrap_or_default();
         let working = progress
@@ -127,10 +133,8 @@ fn stop_one_worker(args: &[&str]) -> String {
         "failed {took:?} after SIGSTOP, before the 10 s hang timeout"
     );
     let job = cluster.job(&id);
-    let message = job
-        .get("message")
-        .or_else(|| job.pointer("/job/message"))
-        .and_then(Value::as_str)
+    let message = job_field(&job, "message")
+        .as_str()
         .unwrap_or_default()
         .to_string();
     let culprit = format!("rank {rank} on {node} hung");
