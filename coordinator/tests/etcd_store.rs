@@ -9,6 +9,8 @@
 
 mod common;
 
+use common::etcd::{free_port, Etcd};
+
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -21,103 +23,6 @@ use gpuctl_coordinator::store::{keys, Batch, StateStore, Store};
 use gpuctl_proto::pb::job_service_client::JobServiceClient;
 use gpuctl_proto::pb::*;
 use gpuctl_proto::shutdown::Shutdown;
-
-const INSTALL: &str = "etcd is not installed (no `etcd` on PATH): these tests need a real etcd. \
-     Install it with `apt-get install -y etcd-server` (Debian/Ubuntu; .ci/run does this), \
-     or put an etcd v3 binary on PATH";
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// One etcd server, killed on drop.
-struct Etcd {
-    url: String,
-    child: Child,
-    dir: tempfile::TempDir,
-}
-
-impl Etcd {
-    async fn start() -> Etcd {
-        match Command::new("etcd").arg("--version").output() {
-            Ok(out) if out.status.success() => {}
-            Ok(out) => panic!(
-                "{INSTALL}\n(`etcd --version` failed: {})",
-                String::from_utf8_lossy(&out.stderr)
-            ),
-            Err(e) => panic!("{INSTALL}\n({e})"),
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let (client, peer) = (free_port(), free_port());
-        let url = format!("http://127.0.0.1:{client}");
-        let log = std::fs::File::create(dir.path().join("etcd.log")).unwrap();
-        let mut cmd = Command::new("etcd");
-        if std::env::consts::ARCH == "aarch64" {
-            // etcd 3.4 runs on arm64 only when told to.
-            cmd.env("ETCD_UNSUPPORTED_ARCH", "arm64");
-        }
-        let child = cmd
-            .arg("--name")
-            .arg("gpuctl-test")
-            .arg("--data-dir")
-            .arg(dir.path().join("data"))
-            .args([
-                "--listen-client-urls",
-                &url,
-                "--advertise-client-urls",
-                &url,
-            ])
-            .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
-            .args([
-                "--initial-advertise-peer-urls",
-                &format!("http://127.0.0.1:{peer}"),
-                "--initial-cluster",
-                &format!("gpuctl-test=http://127.0.0.1:{peer}"),
-            ])
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("{INSTALL}\n({e})"));
-        let mut etcd = Etcd { url, child, dir };
-        etcd.wait_ready().await;
-        etcd
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default()
-    }
-
-    async fn wait_ready(&mut self) {
-        let started = Instant::now();
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("etcd exited ({status}) at start:\n{}", self.log());
-            }
-            if EtcdStore::connect(&self.url, "/").await.is_ok() {
-                return;
-            }
-            if started.elapsed() > Duration::from_secs(30) {
-                panic!(
-                    "etcd did not answer on {} in 30 s:\n{}",
-                    self.url,
-                    self.log()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 #[tokio::test]
 async fn round_trips_pages_and_persists() {

@@ -333,3 +333,6 @@ pub async fn latest_telemetry(
     }
     latest
 }
+
+/// A real etcd server, for the `--store etcd` tests.
+pub mod etcd;
