@@ -154,13 +154,10 @@ impl Coordinator {
 
     pub async fn jobs(&mut self, limit: u32) -> Result<Vec<pb::Job>> {
         let req = pb::ListJobsRequest { limit };
-        self.call(true, move |mut c| {
-            let req = req.clone();
-            async move { c.list_jobs(req).await }
-        })
-        .await
-        .map(|r| r.jobs)
-        .map_err(|s| self.status("list jobs", s))
+        self.call(true, move |mut c| async move { c.list_jobs(req).await })
+            .await
+            .map(|r| r.jobs)
+            .map_err(|s| self.status("list jobs", s))
     }
 
     pub async fn cancel(&mut self, id: &str, reason: &str) -> Result<pb::Job> {
@@ -250,10 +247,10 @@ impl Coordinator {
 
     pub async fn list_baselines(&mut self) -> Result<Vec<pb::Baseline>> {
         let req = pb::ListBaselinesRequest {};
-        self.call(true, move |mut c| {
-            let req = req.clone();
-            async move { c.list_baselines(req).await }
-        })
+        self.call(
+            true,
+            move |mut c| async move { c.list_baselines(req).await },
+        )
         .await
         .map(|r| r.baselines)
         .map_err(|s| self.status("baseline list", s))
@@ -306,13 +303,10 @@ impl Coordinator {
 
     pub async fn nodes(&mut self) -> Result<Vec<pb::Node>> {
         let req = pb::ListNodesRequest {};
-        self.call(true, move |mut c| {
-            let req = req.clone();
-            async move { c.list_nodes(req).await }
-        })
-        .await
-        .map(|r| r.nodes)
-        .map_err(|s| self.status("list nodes", s))
+        self.call(true, move |mut c| async move { c.list_nodes(req).await })
+            .await
+            .map(|r| r.nodes)
+            .map_err(|s| self.status("list nodes", s))
     }
 }
 

@@ -9,15 +9,13 @@
 
 mod common;
 
-use common::etcd::{free_port, Etcd};
-
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::etcd::{free_port, Etcd};
 use gpuctl_coordinator::store::etcd::{leader_key, EtcdStore, LEADER_TTL};
 use gpuctl_coordinator::store::{keys, Batch, StateStore, Store};
 use gpuctl_proto::pb::job_service_client::JobServiceClient;
