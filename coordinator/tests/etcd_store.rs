@@ -9,13 +9,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::etcd::{free_port, Etcd};
+use common::etcd::{coordinator_bin, free_port, Coordinator, Etcd};
 use gpuctl_coordinator::store::etcd::{leader_key, EtcdStore, LEADER_TTL};
 use gpuctl_coordinator::store::{keys, Batch, StateStore, Store};
 use gpuctl_proto::pb::job_service_client::JobServiceClient;
@@ -236,96 +234,6 @@ async fn unreachable_etcd_names_the_endpoint_and_the_fix() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("--store etcd needs --etcd URL"), "{stderr}");
-}
-
-fn coordinator_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_gpuctl-coordinator"))
-}
-
-/// A `gpuctl-coordinator --store etcd` process; stderr goes to `log`.
-struct Coordinator {
-    child: Child,
-    log: PathBuf,
-    /// The `listening on` line, once printed.
-    url: std::sync::mpsc::Receiver<String>,
-}
-
-impl Coordinator {
-    fn start(etcd: &Etcd, prefix: &str, dir: &Path, name: &str) -> Coordinator {
-        let log = dir.join(format!("{name}.log"));
-        let mut child = Command::new(coordinator_bin())
-            .args(["--listen", "127.0.0.1:0", "--metrics-listen", "off"])
-            .args([
-                "--store",
-                "etcd",
-                "--etcd",
-                &etcd.url,
-                "--etcd-prefix",
-                prefix,
-            ])
-            .arg("--data-dir")
-            .arg(dir.join(name))
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("start gpuctl-coordinator");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, url) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(u) = line.strip_prefix("listening on ") {
-                    let _ = tx.send(u.trim().to_string());
-                }
-            }
-        });
-        Coordinator { child, log, url }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Waits for the `listening on` line.
-    fn serving(&mut self, within: Duration) -> String {
-        match self.url.recv_timeout(within) {
-            Ok(url) => url,
-            Err(_) => {
-                let status = self.child.try_wait().ok().flatten();
-                panic!(
-                    "coordinator did not start serving within {within:?} (exited: {status:?}):\n{}",
-                    self.log()
-                )
-            }
-        }
-    }
-
-    fn terminate(&mut self) -> std::process::ExitStatus {
-        let ok = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(ok.success());
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(15),
-                "coordinator did not stop on SIGTERM:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Coordinator {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 async fn node_names(url: &str) -> Vec<String> {

@@ -10,13 +10,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::etcd::{free_port, Etcd};
+use common::etcd::{free_port, Coordinator, Etcd};
 use gpuctl_coordinator::store::etcd::LEADER_TTL;
 use gpuctl_proto::leader::{leader_of, LEADER_METADATA};
 use gpuctl_proto::pb::agent_service_client::AgentServiceClient;
@@ -59,31 +57,10 @@ impl Drop for Proc {
     }
 }
 
-/// A coordinator on `--store etcd` listening on 127.0.0.1:`port`, and a
-/// receiver of its `listening on` line (printed once it leads).
-fn coordinator(etcd: &Etcd, dir: &Path, name: &str, port: u16) -> (Proc, mpsc::Receiver<()>) {
-    let log = dir.join(format!("{name}.log"));
-    let mut child = Command::new(bin("gpuctl-coordinator"))
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .args(["--metrics-listen", "off", "--store", "etcd"])
-        .args(["--etcd", &etcd.url, "--etcd-prefix", "/standby-test/"])
-        .arg("--data-dir")
-        .arg(dir.join(name))
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .expect("start gpuctl-coordinator");
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if line.starts_with("listening on ") {
-                let _ = tx.send(());
-            }
-        }
-    });
-    (Proc { child, log }, rx)
+/// A coordinator on `--store etcd` listening on 127.0.0.1:`port`.
+fn coordinator(etcd: &Etcd, dir: &Path, name: &str, port: u16) -> Coordinator {
+    let listen = format!("127.0.0.1:{port}");
+    Coordinator::start_on(etcd, "/standby-test/", dir, name, &listen)
 }
 
 fn gpuctl(urls: &str, args: &[&str]) -> Output {
@@ -170,11 +147,9 @@ async fn a_standby_names_the_leader_and_clients_follow_it_through_a_failover() {
         format!("http://127.0.0.1:{port_b}"),
     );
 
-    let (mut a, a_serving) = coordinator(&etcd, dir.path(), "a", port_a);
-    a_serving
-        .recv_timeout(Duration::from_secs(30))
-        .unwrap_or_else(|_| panic!("a did not lead:\n{}", a.log()));
-    let (b, b_serving) = coordinator(&etcd, dir.path(), "b", port_b);
+    let mut a = coordinator(&etcd, dir.path(), "a", port_a);
+    assert_eq!(a.serving(Duration::from_secs(30)), url_a);
+    let mut b = coordinator(&etcd, dir.path(), "b", port_b);
 
     // The standby answers at once, on every service, naming the leader. (It
     // answers from its start; the leader's URL once it has read the key.)
@@ -209,7 +184,7 @@ async fn a_standby_names_the_leader_and_clients_follow_it_through_a_failover() {
         );
     }
     assert!(
-        b_serving.try_recv().is_err(),
+        b.url.try_recv().is_err(),
         "b must not lead yet:\n{}",
         b.log()
     );
@@ -247,9 +222,7 @@ async fn a_standby_names_the_leader_and_clients_follow_it_through_a_failover() {
     a.child.kill().unwrap();
     a.child.wait().unwrap();
     let killed_ms = gpuctl_proto::now_ms();
-    b_serving
-        .recv_timeout(LEADER_TTL + Duration::from_secs(20))
-        .unwrap_or_else(|_| panic!("b did not take over:\n{}", b.log()));
+    assert_eq!(b.serving(LEADER_TTL + Duration::from_secs(20)), url_b);
 
     // The CLI with the dead leader first uses the new one; the agent
     // registers with it again.
