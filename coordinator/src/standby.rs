@@ -172,9 +172,10 @@ mod tests {
         let addr: std::net::SocketAddr = "0.0.0.0:7070".parse().unwrap();
         let v = leader_value(Some("http://10.0.0.1:7070"), addr);
         assert!(v.starts_with("http://10.0.0.1:7070 ("), "{v}");
+        assert_eq!(leader_url(&v).as_deref(), Some("http://10.0.0.1:7070"));
+        // A wildcard listen address: the host name, which peers can resolve.
         let v = leader_value(None, addr);
         assert_eq!(leader_url(&v), Some(format!("http://{}:7070", host_name())));
-        assert_eq!(leader_url(&v).as_deref(), Some("http://10.0.0.1:7070"));
         assert_eq!(
             leader_url("https://c.example:7070").as_deref(),
             Some("https://c.example:7070")
