@@ -33,10 +33,9 @@ fn client(channel: Channel) -> JobServiceClient<Channel> {
         .max_encoding_message_size(MAX_MESSAGE_BYTES)
 }
 
-/// Whether a failed call may go to another URL: any call that a standby
-/// refused or that found no coordinator may, when it only reads; a call
-/// that changes something only when a standby refused it (then nothing was
-/// done), as a call that broke mid-way may have been carried out.
+/// Whether a failed call may go to another URL: a read after any
+/// UNAVAILABLE; a change (submit, cancel, ...) only after a standby's
+/// refusal, which did nothing: a call that broke mid-way may have been done.
 fn may_retry(status: &Status, reads: bool) -> bool {
     status.code() == Code::Unavailable && (reads || leader::leader_of(status).is_some())
 }
@@ -357,6 +356,17 @@ fn status_text(url: &str, what: &str, s: Status) -> anyhow::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_reads_or_calls_a_standby_refused_go_to_another_url() {
+        let standby = leader::standby_status(Some("http://10.0.0.1:7070"));
+        let broken = Status::unavailable("connection reset");
+        assert!(may_retry(&standby, false) && may_retry(&standby, true));
+        // A change cut off mid-way may have been done: not sent twice.
+        assert!(!may_retry(&broken, false));
+        assert!(may_retry(&broken, true));
+        assert!(!may_retry(&Status::invalid_argument("no"), true));
+    }
 
     #[test]
     fn a_silent_coordinator_reads_as_unreachable() {
