@@ -400,4 +400,53 @@ mod tests {
         assert_eq!(f.url(), other);
         assert!(std::future::poll_fn(|cx| f.poll_ready(cx)).await.is_ok());
     }
+
+    /// A server on a free loopback port answering every call like a standby
+    /// naming `leader` (or, with `None`, like a leader: UNIMPLEMENTED).
+    async fn server(standby_for: Option<String>) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let answer = move |req: tonic::Request<()>| match &standby_for {
+            Some(l) => Err(standby_status(Some(l))),
+            None => Ok(req),
+        };
+        let serve = crate::server::builder()
+            .layer(tonic::service::InterceptorLayer::new(answer))
+            .add_routes(tonic::service::Routes::default())
+            .serve_with_incoming(crate::server::incoming(listener));
+        tokio::spawn(serve);
+        url
+    }
+
+    async fn ask(f: &Failover) -> Status {
+        let mut grpc = tonic::client::Grpc::new(f.clone());
+        grpc.ready().await.unwrap();
+        let codec = tonic_prost::ProstCodec::<(), ()>::default();
+        let path = http::uri::PathAndQuery::from_static(PROBE_PATH);
+        grpc.unary(tonic::Request::new(()), path, codec)
+            .await
+            .unwrap_err()
+    }
+
+    #[tokio::test]
+    async fn a_standby_sends_clients_to_the_leader_it_names() {
+        let leader = server(None).await;
+        let standby = server(Some(leader.clone())).await;
+
+        // Connecting up front: the standby's pointer is followed.
+        let ch = find_leader(std::slice::from_ref(&standby), crate::client::builder)
+            .await
+            .unwrap();
+        assert_eq!(ch.url(), leader);
+
+        // Lazily: the call the standby refused fails; the next goes to the leader.
+        let f = Failover::new(std::slice::from_ref(&standby), |u| {
+            crate::client::builder(u).connect_lazy()
+        })
+        .unwrap();
+        let refused = ask(&f).await;
+        assert_eq!(leader_of(&refused).as_deref(), Some(leader.as_str()));
+        assert_eq!(f.url(), leader);
+        assert_eq!(ask(&f).await.code(), Code::Unimplemented);
+    }
 }
