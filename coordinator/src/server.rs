@@ -1,5 +1,6 @@
-//! Wires the coordinator together and serves it: opens the store, loads the
-//! scheduler, binds, prints the `listening on` line, serves the three services
+//! Wires the coordinator together and serves it: opens the store (with etcd,
+//! standing by until it leads while crate::standby answers on the bound
+//! port), loads the scheduler, prints the `listening on` line, serves the three services
 //! until the shutdown signal, then stops in order (server, scheduler, log
 //! writer) so that everything acknowledged is on disk.
 
