@@ -336,3 +336,13 @@ pub async fn latest_telemetry(
 
 /// A real etcd server, for the `--store etcd` tests.
 pub mod etcd;
+
+/// A valid registration of `name` (protocol, facts, no GPUs).
+pub fn register_request(name: &str, facts: HostFacts) -> RegisterRequest {
+    RegisterRequest {
+        protocol_version: PROTOCOL_VERSION,
+        name: name.into(),
+        facts: Some(facts),
+        ..Default::default()
+    }
+}
