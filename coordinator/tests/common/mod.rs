@@ -334,6 +334,9 @@ pub async fn latest_telemetry(
     latest
 }
 
+/// A real etcd server, for the `--store etcd` tests.
+pub mod etcd;
+
 /// A valid registration of `name` (protocol, facts, no GPUs).
 pub fn register_request(name: &str, facts: HostFacts) -> RegisterRequest {
     RegisterRequest {
