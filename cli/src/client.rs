@@ -1,6 +1,8 @@
 //! The coordinator connection: one `JobService` client and a method per RPC that
 //! turns gRPC failures into sentences a user can act on ("cannot reach
-//! coordinator at ...", the coordinator's own refusal text).
+//! coordinator at ...", the coordinator's own refusal text). Every call
+//! carries `GPUCTL_TOKEN` as a bearer token; `https://` URLs use the TLS files
+//! of `--tls-ca/--tls-cert/--tls-key` (or `GPUCTL_TLS_*`).
 
 use anyhow::{anyhow, Result};
 use gpuctl_proto::client::{Channel, ClientError};
@@ -23,6 +25,30 @@ fn unreachable(url: &str, why: &str) -> anyhow::Error {
     )
 }
 
+/// Where the CLI's token comes from; never a flag (it would show in `ps`).
+pub const TOKEN_ENV: &str = "GPUCTL_TOKEN";
+
+/// The TLS files of every connection of this run, from the global flags.
+pub fn set_tls(cli: &crate::args::Cli) {
+    let nonempty = |p: &Option<std::path::PathBuf>| p.clone().filter(|p| !p.as_os_str().is_empty());
+    gpuctl_proto::client::set_tls(gpuctl_proto::client::TlsFiles {
+        ca: nonempty(&cli.tls_ca),
+        cert: nonempty(&cli.tls_cert),
+        key: nonempty(&cli.tls_key),
+    });
+}
+
+/// `GPUCTL_TOKEN` as an `authorization` header, when set.
+fn with_token(builder: gpuctl_proto::client::Builder) -> gpuctl_proto::client::Builder {
+    match std::env::var(TOKEN_ENV) {
+        Ok(t) if !t.trim().is_empty() => builder.header(
+            gpuctl_proto::auth::AUTHORIZATION,
+            format!("Bearer {}", t.trim()),
+        ),
+        _ => builder,
+    }
+}
+
 impl Coordinator {
     /// Connects eagerly so that a missing coordinator is reported once, up
     /// front. Every call then gets proto's request timeout (30 s): a
@@ -36,10 +62,11 @@ impl Coordinator {
             .into());
         }
         tracing::debug!("connecting to {url}");
-        let channel = gpuctl_proto::client::builder(url)
+        let channel = with_token(gpuctl_proto::client::builder(url))
             .connect()
             .await
             .map_err(|e| match e {
+                ClientError::Setup { reason, .. } => UsageError(reason).into(),
                 ClientError::BadUrl { reason, .. } => UsageError(format!(
                     "--coordinator: `{url}` is not a URL ({reason}); write it like http://127.0.0.1:7070"
                 ))
@@ -263,7 +290,11 @@ fn status_text(url: &str, what: &str, s: Status) -> anyhow::Error {
         Code::DeadlineExceeded if msg.starts_with(url) => {
             unreachable(url, msg[url.len()..].trim_start_matches(':').trim())
         }
-        Code::InvalidArgument | Code::FailedPrecondition | Code::AlreadyExists => {
+        Code::InvalidArgument
+        | Code::FailedPrecondition
+        | Code::AlreadyExists
+        | Code::Unauthenticated
+        | Code::PermissionDenied => {
             anyhow!("{what} refused by the coordinator: {msg}")
         }
         Code::NotFound if msg.is_empty() => anyhow!("{what}: not found"),

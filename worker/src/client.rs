@@ -38,11 +38,17 @@ fn runtime() -> Result<Runtime> {
 
 /// Connects on the first call, so a coordinator that restarts meanwhile is
 /// found again; calls that get no answer in time fail naming the URL.
+/// Every call carries this rank's secret (from the agent, in
+/// `GPUCTL_RANK_SECRET`): the coordinator takes results and rendezvous
+/// writes only from the job's own workers. TLS comes from `GPUCTL_TLS_CA`.
 fn channel(url: &str) -> Result<Channel> {
-    Ok(gpuctl_proto::client::builder(url)
+    let mut builder = gpuctl_proto::client::builder(url)
         .connect_timeout(Duration::from_secs(10))
-        .request_timeout(RPC_TIMEOUT)
-        .connect_lazy()?)
+        .request_timeout(RPC_TIMEOUT);
+    if let Ok(secret) = std::env::var(gpuctl_proto::auth::RANK_SECRET_ENV) {
+        builder = builder.header(gpuctl_proto::auth::RANK_SECRET, secret);
+    }
+    Ok(builder.connect_lazy()?)
 }
 
 /// A blocking client of the coordinator's WorkerService for one job attempt.
