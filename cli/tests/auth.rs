@@ -112,7 +112,7 @@ fn tls_certificates_tokens_and_worker_secrets_guard_the_coordinator() {
 
     // certs init: a CA, the coordinator, one certificate per node, the CLI's.
     let out = Command::new(bin("gpuctl"))
-        .args(["certs", "init", "--nodes", "node-a,node-b", "--dir"])
+        .args(["certs", "init", "--nodes", "a,b", "--dir"])
         .arg(&certs)
         .output()
         .unwrap();
@@ -184,40 +184,40 @@ fn tls_certificates_tokens_and_worker_secrets_guard_the_coordinator() {
     assert!(stderr(&out).contains("not one this coordinator knows"));
 
     // An agent with its own certificate registers.
-    procs.0.push(agent(d, &url, "node-a", Some("node-a")));
+    procs.0.push(agent(d, &url, "a", Some("node-a")));
     let start = Instant::now();
     loop {
         let v = json(&gpuctl(&url, &certs, Some(READ), &["nodes", "-o", "json"]));
         let ready = common::nodes_array(&v)
             .iter()
-            .any(|n| n["name"] == "node-a" && n["state"] == "ready");
+            .any(|n| n["name"] == "a" && n["state"] == "ready");
         if ready {
             break;
         }
         assert!(
             start.elapsed() < Duration::from_secs(60),
-            "node-a not ready: {v}"
+            "a not ready: {v}"
         );
         std::thread::sleep(Duration::from_millis(200));
     }
 
     // No certificate, and another node's certificate: refused, saying why.
-    procs.0.push(agent(d, &url, "node-c", None));
-    procs.0.push(agent(d, &url, "node-b", Some("node-a")));
+    procs.0.push(agent(d, &url, "c", None));
+    procs.0.push(agent(d, &url, "b", Some("node-a")));
     wait_log(
-        &d.join("agent-node-c.log"),
+        &d.join("agent-c.log"),
         "presented no client certificate",
         Duration::from_secs(30),
     );
     wait_log(
-        &d.join("agent-node-b.log"),
-        "presented the certificate of `node-a`",
+        &d.join("agent-b.log"),
+        "presented the certificate of `a`",
         Duration::from_secs(30),
     );
     let v = json(&gpuctl(&url, &certs, Some(READ), &["nodes", "-o", "json"]));
     let nodes = common::nodes_array(&v);
     let names: Vec<&str> = nodes.iter().map(|n| n["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["node-a"], "{v}");
+    assert_eq!(names, ["a"], "{v}");
 
     // A read token cannot submit; the operate token can.
     let submit = [
@@ -249,7 +249,7 @@ fn tls_certificates_tokens_and_worker_secrets_guard_the_coordinator() {
         job_id: id.clone(),
         attempt: 1,
         rank: 0,
-        node: "node-a".into(),
+        node: "a".into(),
         ok: false,
         error: "forged".into(),
         ..Default::default()
