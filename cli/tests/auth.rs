@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use common::{bin, stderr};
 use gpuctl_proto::pb::worker_service_client::WorkerServiceClient;
-use gpuctl_proto::pb::RankResult;
+use gpuctl_proto::pb::{RankResult, RendezvousPutRequest};
 use serde_json::Value;
 
 const READ: &str = "read-token-0123456789abcdef";
@@ -271,6 +271,26 @@ fn tls_certificates_tokens_and_worker_secrets_guard_the_coordinator() {
             status.message()
         );
     }
+
+    // Nor may anyone outside the job write rank 0's rendezvous address.
+    let status = rt.block_on(async {
+        let channel = gpuctl_proto::client::builder(&url).connect().await.unwrap();
+        let mut w = WorkerServiceClient::new(channel);
+        w.rendezvous_put(RendezvousPutRequest {
+            job_id: id.clone(),
+            attempt: 1,
+            key: "tcp/addr/0".into(),
+            value: b"10.6.6.6:1".to_vec(),
+        })
+        .await
+        .unwrap_err()
+    });
+    assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
+    assert!(
+        status.message().contains("not from rank 0's worker"),
+        "{}",
+        status.message()
+    );
 
     // The job runs end to end: workers reach the coordinator over TLS with
     // their secrets; the forged result is nowhere.
