@@ -175,20 +175,7 @@ async fn job_life_from_submit_to_report() {
 
     // Progress shows on the job.
     let ack = w
-        .report_progress(as_rank(
-            &sec,
-            2,
-            RankProgressReport {
-                job_id: id.clone(),
-                attempt: 1,
-                progress: Some(RankProgress {
-                    rank: 2,
-                    phase: "gemm".into(),
-                    fraction: 0.5,
-                    ..Default::default()
-                }),
-            },
-        ))
+        .report_progress(as_rank(&sec, 2, progress(&id, 2, "gemm", 0.5)))
         .await
         .unwrap()
         .into_inner();
@@ -303,18 +290,7 @@ async fn job_life_from_submit_to_report() {
 
     // The job is over: workers are told so.
     let ack = w
-        .report_progress(as_rank(
-            &sec,
-            0,
-            RankProgressReport {
-                job_id: id.clone(),
-                attempt: 1,
-                progress: Some(RankProgress {
-                    rank: 0,
-                    ..Default::default()
-                }),
-            },
-        ))
+        .report_progress(as_rank(&sec, 0, progress(&id, 0, "", 0.0)))
         .await
         .unwrap()
         .into_inner();
@@ -569,4 +545,18 @@ async fn lost_node_fails_its_job_and_restart_fails_running_jobs() {
     )
     .await;
     coord.shutdown().await;
+}
+
+/// A progress report of one rank of attempt 1.
+fn progress(id: &str, rank: u32, phase: &str, fraction: f64) -> RankProgressReport {
+    RankProgressReport {
+        job_id: id.to_string(),
+        attempt: 1,
+        progress: Some(RankProgress {
+            rank,
+            phase: phase.into(),
+            fraction,
+            ..Default::default()
+        }),
+    }
 }
