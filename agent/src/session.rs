@@ -285,7 +285,7 @@ async fn handle(
             .await
         }
         coordinator_message::Msg::Cancel(c) => {
-            let found = workers.cancel(&c.job_id, c.attempt, killed_by::CANCEL);
+            let found = workers.cancel(&c.job_id, c.attempt, killed_by::from_kind(&c.kind));
             if found {
                 tracing::info!(job = %c.job_id, attempt = c.attempt, reason = %c.reason, "cancel: killing the job's workers");
             } else {

@@ -259,6 +259,10 @@ pub struct JobArgs {
     #[arg(long, allow_hyphen_values = true)]
     pub timeout: Option<String>,
 
+    /// Fail the job when a rank makes no progress for this long (5s to 24h; default 120s).
+    #[arg(long, allow_hyphen_values = true)]
+    pub hang_timeout: Option<String>,
+
     /// Environment override for every worker, K=V; repeatable; wins over the plan.
     #[arg(long = "env", short = 'e', value_name = "K=V")]
     pub env: Vec<String>,
@@ -464,6 +468,12 @@ impl JobArgs {
         }
         if let Some(t) = &self.timeout {
             spec.timeout_ms = parse_duration_flag("--timeout", t)?;
+        }
+        if let Some(t) = &self.hang_timeout {
+            spec.hang_timeout_ms = parse_duration_flag("--hang-timeout", t)?;
+            if spec.hang_timeout_ms == 0 {
+                return Err(usage("--hang-timeout: 0 is no timeout; give 5s to 24h"));
+            }
         }
         for e in &self.env {
             let (k, v) = split_kv("--env", e, "NCCL_DEBUG=INFO")?;
@@ -689,6 +699,17 @@ mod tests {
         let s = spec_of(&["submit", "stress"]).unwrap();
         assert_eq!(s.node_count, 1);
         assert_eq!(s.duration_ms, spec::DEFAULT_DURATION_MS);
+    }
+
+    #[test]
+    fn hang_timeout_goes_into_the_spec_within_bounds() {
+        let s = spec_of(&["submit", "nccl", "--hang-timeout", "30s"]).unwrap();
+        assert_eq!(s.hang_timeout_ms, 30_000);
+        assert_eq!(spec_of(&["submit", "nccl"]).unwrap().hang_timeout_ms, 0);
+        for bad in ["1s", "25h", "0s", "soon"] {
+            let e = spec_of(&["submit", "nccl", "--hang-timeout", bad]).unwrap_err();
+            assert!(e.0.starts_with("--hang-timeout:"), "{bad}: {e}");
+        }
     }
 
     #[test]

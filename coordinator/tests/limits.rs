@@ -37,6 +37,12 @@ async fn oversized_input_is_refused_naming_the_field_and_nothing_is_stored() {
         e.message().starts_with("gpus:") && e.message().contains("at most 64"),
         "{e}"
     );
+    // Found by the fuzz test: four billion CPU ranks planned row by row.
+    let mut many = reg("many".into(), 0);
+    many.facts.as_mut().unwrap().cpu_ranks = u32::MAX;
+    let e = agents.register(many).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().starts_with("facts.cpu_ranks:"), "{e}");
     let e = agents
         .register(reg("h".repeat(10 << 20), 1))
         .await
@@ -121,5 +127,53 @@ async fn oversized_input_is_refused_naming_the_field_and_nothing_is_stored() {
         .unwrap_err();
     assert_eq!(e.code(), Code::NotFound);
     assert!(e.message().contains("no node `good`"), "{e}");
+    coord.shutdown().await;
+}
+
+#[tokio::test]
+async fn sizes_a_host_cannot_hold_are_refused_at_plan_time_with_the_numbers() {
+    let dir = tempfile::tempdir().unwrap();
+    let coord = start(dir.path(), Duration::from_secs(15)).await;
+    let mut facts = cpu_host("small", 2);
+    facts.memory_total_bytes = 23 << 30;
+    let _agent = common::agent(&coord.url, "small", facts, vec![]).await;
+    let mut jobs = coord.jobs().await;
+
+    let mut s = spec("nccl", 1);
+    s.spec
+        .as_mut()
+        .unwrap()
+        .params
+        .insert("max_bytes".into(), "1T".into());
+    let e = jobs.submit(s).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+    assert!(
+        e.message().contains("memory_fit") && e.message().contains("on small"),
+        "{e}"
+    );
+    assert!(
+        e.message().contains("6 TiB")
+            && e.message().contains("2 ranks")
+            && e.message().contains("23 GiB"),
+        "the numbers: {e}"
+    );
+    let mut s = spec("stress", 1);
+    s.spec
+        .as_mut()
+        .unwrap()
+        .params
+        .insert("size".into(), "65536".into());
+    let e = jobs.submit(s).await.unwrap_err();
+    assert!(e.message().contains("stress --size"), "{e}");
+    let jl = jobs
+        .list_jobs(ListJobsRequest { limit: 0 })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(jl.jobs.is_empty(), "nothing of a refused spec is stored");
+
+    // The default sizes fit the same host.
+    let job = jobs.submit(spec("nccl", 1)).await.unwrap().into_inner();
+    assert!(!job.id.is_empty());
     coord.shutdown().await;
 }

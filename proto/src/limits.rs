@@ -97,7 +97,22 @@ pub fn register(req: &RegisterRequest) -> Result<(), SpecError> {
             text(field, v, MAX_TEXT)?;
         }
     }
+    list("running", &req.running, MAX_LIST)?;
+    for r in &req.running {
+        text("running.job_id", &r.job_id, MAX_NODE_NAME)?;
+        list("running.ranks", &r.ranks, MAX_GPUS)?;
+    }
     if let Some(f) = &req.facts {
+        // Every offered rank becomes a row of a plan: as bounded as GPUs.
+        if f.cpu_ranks as usize > MAX_GPUS {
+            return Err(err(
+                "facts.cpu_ranks",
+                format!(
+                    "{} CPU ranks; at most {MAX_GPUS} (start the agent with a smaller --cpu-ranks)",
+                    f.cpu_ranks
+                ),
+            ));
+        }
         for (field, v) in [
             ("facts.hostname", &f.hostname),
             ("facts.cpu_model", &f.cpu_model),

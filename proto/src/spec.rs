@@ -56,6 +56,23 @@ pub fn workload_names() -> Vec<&'static str> {
 /// Default run time of timed workloads when none is given.
 pub const DEFAULT_DURATION_MS: u64 = 60_000;
 
+/// A rank that makes no progress for this long fails its job as hung, unless
+/// the spec sets `hang_timeout_ms`.
+pub const DEFAULT_HANG_TIMEOUT_MS: u64 = 120_000;
+/// Bounds of `--hang-timeout`: shorter would catch ranks that are only slow
+/// to start; longer than a day is no watch at all.
+pub const MIN_HANG_TIMEOUT_MS: u64 = 5_000;
+pub const MAX_HANG_TIMEOUT_MS: u64 = 86_400_000;
+
+/// The hang timeout that applies to a job (0 in the spec: the default).
+pub fn hang_timeout_ms(spec: &JobSpec) -> u64 {
+    if spec.hang_timeout_ms == 0 {
+        DEFAULT_HANG_TIMEOUT_MS
+    } else {
+        spec.hang_timeout_ms
+    }
+}
+
 /// Checks a spec and fills the defaults the coordinator relies on. Returns the
 /// spec to store; on error nothing should be stored or started.
 pub fn normalize(spec: &JobSpec) -> Result<JobSpec, SpecError> {
@@ -79,6 +96,17 @@ pub fn normalize(spec: &JobSpec) -> Result<JobSpec, SpecError> {
     }
     for s in &spec.selectors {
         parse_selector(s)?;
+    }
+    let hang = spec.hang_timeout_ms;
+    if hang != 0 && !(MIN_HANG_TIMEOUT_MS..=MAX_HANG_TIMEOUT_MS).contains(&hang) {
+        return Err(err(
+            "--hang-timeout",
+            format!(
+                "{hang} ms is out of range: give between {} s and {} h",
+                MIN_HANG_TIMEOUT_MS / 1000,
+                MAX_HANG_TIMEOUT_MS / 3_600_000
+            ),
+        ));
     }
     if def.timed && spec.duration_ms == 0 {
         spec.duration_ms = DEFAULT_DURATION_MS;
@@ -206,6 +234,32 @@ mod tests {
             DEFAULT_DURATION_MS
         );
         assert_eq!(normalize(&spec("nccl")).unwrap().duration_ms, 0);
+    }
+
+    #[test]
+    fn hang_timeout_is_bounded_and_defaults() {
+        let mut s = spec("nccl");
+        assert_eq!(
+            hang_timeout_ms(&normalize(&s).unwrap()),
+            DEFAULT_HANG_TIMEOUT_MS
+        );
+        s.hang_timeout_ms = 30_000;
+        assert_eq!(hang_timeout_ms(&normalize(&s).unwrap()), 30_000);
+        for bad in [
+            1,
+            MIN_HANG_TIMEOUT_MS - 1,
+            MAX_HANG_TIMEOUT_MS + 1,
+            u64::MAX,
+        ] {
+            s.hang_timeout_ms = bad;
+            let e = normalize(&s).unwrap_err();
+            assert_eq!(e.field, "--hang-timeout", "{bad}");
+            assert!(
+                e.message.contains("5 s") && e.message.contains("24 h"),
+                "{}",
+                e.message
+            );
+        }
     }
 
     #[test]

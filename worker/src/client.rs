@@ -7,7 +7,7 @@
 //! thread sits in a long GEMM or collective.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -171,6 +171,10 @@ struct Snapshot {
 
 /// Progress of this rank; cheap to update from the work loop, sent about once a
 /// second by a background thread. `Progress::disabled()` sends nothing.
+///
+/// Besides the phase, the rank counts units of work done ([`Progress::tick`]):
+/// the coordinator judges a hang by that counter, not by messages arriving,
+/// since this thread keeps sending while the work loop is blocked.
 #[derive(Clone)]
 pub struct Progress {
     inner: Option<Arc<ProgressInner>>,
@@ -178,6 +182,8 @@ pub struct Progress {
 
 struct ProgressInner {
     snap: Mutex<Snapshot>,
+    /// Units of work done (GEMMs, collective calls, training steps, trials).
+    iterations: AtomicU64,
     stop: AtomicBool,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
@@ -199,6 +205,18 @@ impl Progress {
         Progress { inner: None }
     }
 
+    /// Keeps the phase and counter but sends nothing (tests, tools).
+    pub fn local() -> Self {
+        Progress {
+            inner: Some(Arc::new(ProgressInner {
+                snap: Mutex::new(Snapshot::default()),
+                iterations: AtomicU64::new(0),
+                stop: AtomicBool::new(false),
+                thread: Mutex::new(None),
+            })),
+        }
+    }
+
     /// Starts the sender thread. When the coordinator answers `Ack{ok:false}`
     /// (the job is over) or the deadline passes, the process exits with code 1
     /// at once: there is nothing left to report to.
@@ -208,6 +226,7 @@ impl Progress {
                 phase: "starting".into(),
                 ..Default::default()
             }),
+            iterations: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             thread: Mutex::new(None),
         });
@@ -235,6 +254,21 @@ impl Progress {
                 }
             }
         }
+    }
+
+    /// Counts `n` units of work done; the counter only grows while the rank
+    /// makes progress, which is what hang detection watches.
+    pub fn tick(&self, n: u64) {
+        if let Some(i) = &self.inner {
+            i.iterations.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Units of work counted so far (0 when progress is off).
+    pub fn iterations(&self) -> u64 {
+        self.inner
+            .as_ref()
+            .map_or(0, |i| i.iterations.load(Ordering::Relaxed))
     }
 
     pub fn message(&self, message: &str) {
@@ -283,7 +317,7 @@ fn progress_loop(
                 metrics: s.metrics.clone(),
                 message: s.message.clone(),
                 unix_ms: gpuctl_proto::now_ms(),
-                iterations: 0,
+                iterations: inner.iterations.load(Ordering::Relaxed),
             }
         };
         let req = RankProgressReport {

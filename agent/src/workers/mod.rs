@@ -15,6 +15,7 @@
 mod command;
 mod logs;
 mod process;
+mod procstat;
 
 pub use command::{worker_command, WorkerCommand};
 pub use process::{kill_group, signal_group, signal_name, spawn_in_group};
@@ -67,6 +68,17 @@ pub mod killed_by {
     pub const COORDINATOR_LOST: &str = "coordinator-lost";
     /// The agent itself was stopped (SIGINT/SIGTERM).
     pub const AGENT_SHUTDOWN: &str = "agent-shutdown";
+    /// The coordinator found a rank of the job hung.
+    pub const HANG: &str = "hang";
+
+    /// The `killed_by` for a `CancelJob.kind`: one of the values above,
+    /// else (empty or unknown) a plain cancel.
+    pub fn from_kind(kind: &str) -> &'static str {
+        [CANCEL, DEADLINE, COORDINATOR_LOST, AGENT_SHUTDOWN, HANG]
+            .into_iter()
+            .find(|k| *k == kind.trim())
+            .unwrap_or(CANCEL)
+    }
 }
 
 /// What every worker of this agent shares.
@@ -236,17 +248,26 @@ impl Workers {
         *self.coordinator_url.lock().unwrap() = url;
     }
 
-    /// Alive ranks per job, for the heartbeat.
+    /// Alive ranks per job, with each worker's process as /proc shows it
+    /// now, for the heartbeat.
     pub fn running(&self) -> Vec<RunningJob> {
         let jobs = self.jobs.lock().unwrap();
         let mut out: Vec<RunningJob> = jobs
             .iter()
             .filter(|(_, j)| !j.alive.is_empty())
-            .map(|((job_id, attempt), j)| RunningJob {
-                job_id: job_id.clone(),
-                attempt: *attempt,
-                ranks: j.alive.iter().copied().collect(),
-                processes: Vec::new(),
+            .map(|((job_id, attempt), j)| {
+                let mut processes: Vec<_> = j
+                    .pids
+                    .iter()
+                    .filter_map(|(rank, pid)| procstat::read(*rank, *pid))
+                    .collect();
+                processes.sort_by_key(|p| p.rank);
+                RunningJob {
+                    job_id: job_id.clone(),
+                    attempt: *attempt,
+                    ranks: j.alive.iter().copied().collect(),
+                    processes,
+                }
             })
             .collect();
         out.sort_by(|a, b| (&a.job_id, a.attempt).cmp(&(&b.job_id, b.attempt)));
@@ -821,12 +842,20 @@ exit $((RANK + 3))"#,
         assert_eq!(running[0].ranks, vec![0, 1]);
         // Let the workers start before killing them.
         tokio::time::sleep(Duration::from_millis(200)).await;
-        assert!(w.cancel("job-7", 0, killed_by::CANCEL));
+        let procs = &w.running()[0].processes;
+        assert_eq!(procs.iter().map(|p| p.rank).collect::<Vec<_>>(), vec![0, 1]);
+        assert!(
+            procs
+                .iter()
+                .all(|p| p.pid > 0 && p.state_name == "sleeping"),
+            "{procs:?}"
+        );
+        assert!(w.cancel("job-7", 0, killed_by::from_kind("hang")));
         let (_, exits) = collect(&mut events, 2).await;
         for e in exits {
             assert_eq!(
                 (e.exit_code, e.signal.as_str(), e.killed_by.as_str()),
-                (-1, "SIGTERM", "cancel")
+                (-1, "SIGTERM", "hang")
             );
         }
         assert!(w.running().is_empty());
@@ -834,6 +863,9 @@ exit $((RANK + 3))"#,
             !w.cancel("job-7", 0, killed_by::CANCEL),
             "job forgotten once its ranks are gone"
         );
+        assert_eq!(killed_by::from_kind(""), "cancel");
+        assert_eq!(killed_by::from_kind("failed"), "cancel");
+        assert_eq!(killed_by::from_kind("deadline"), "deadline");
     }
 
     #[tokio::test]

@@ -336,6 +336,13 @@ pub fn render(r: &pb::Report) -> String {
         s.push_str(&nodes_table(r));
         s.push_str("\nRANKS\n");
         s.push_str(&ranks_table(r));
+        if output::hang::hung(r) {
+            s.push_str(&format!(
+                "\nLAST PROGRESS (the job hung: no progress for the hang timeout of {}; ! = blamed)\n",
+                format_duration_ms(r.hang_timeout_ms)
+            ));
+            s.push_str(&output::hang::last_progress_table(r));
+        }
     }
     if !r.links.is_empty() {
         s.push_str("\nLINKS (every pair of nodes; the slowest rank of each pair)\n");

@@ -25,6 +25,7 @@ pub fn spec(s: &pb::JobSpec) -> Value {
         "selectors": s.selectors,
         "duration_ms": s.duration_ms,
         "timeout_ms": s.timeout_ms,
+        "hang_timeout_ms": s.hang_timeout_ms,
         "params": sorted_map(&s.params),
         "env": sorted_map(&s.env),
         "name": s.name,
@@ -132,6 +133,7 @@ pub fn progress(p: &pb::RankProgress) -> Value {
         "metrics": metrics,
         "message": p.message,
         "unix_ms": p.unix_ms,
+        "iterations": p.iterations,
     })
 }
 
@@ -249,6 +251,10 @@ pub fn rank_report(node: &str, r: &pb::RankReport) -> Value {
         "verdict": r.verdict().label(),
         "reason": r.reason,
         "reported": r.result.is_some(),
+        "last_phase": r.last_phase,
+        "iterations": r.iterations,
+        "last_progress_unix_ms": r.last_progress_unix_ms,
+        "process_state": r.process_state,
     });
     if let Some(res) = &r.result {
         let m = o.as_object_mut().expect("object");
@@ -285,6 +291,7 @@ pub fn report(r: &pb::Report) -> Value {
         "verdict": r.verdict().label(),
         "reason": r.reason,
         "duration_ms": r.duration_ms,
+        "hang_timeout_ms": r.hang_timeout_ms,
         "started_unix_ms": r.started_unix_ms,
         "finished_unix_ms": r.finished_unix_ms,
         "world_size": r.world_size,

@@ -2,6 +2,7 @@
 //! the small formatting helpers (ages, durations, metrics) both share.
 
 pub mod findings;
+pub mod hang;
 pub mod json;
 pub mod links;
 pub mod table;

@@ -2,6 +2,7 @@
 //! rank table and environment, and the preflight checks that decide whether
 //! the plan can run. The scheduler asks; nothing here schedules.
 
+pub mod memory;
 pub mod nccl_env;
 pub mod planner;
 pub mod preflight;

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use gpuctl_proto::pb::{EnvVar, JobSpec, Node, Plan, RankPlacement};
 use gpuctl_proto::spec::{parse_selector, Selector};
 
-use super::{nccl_env, preflight};
+use super::{memory, nccl_env, preflight};
 use crate::error::CoordinatorError;
 
 /// torchrun's default rendezvous port.
@@ -170,6 +170,10 @@ pub fn plan(spec: &JobSpec, chosen: &[&Node]) -> Plan {
         .and_then(|n| n.facts.as_ref())
         .and_then(|f| f.addresses.first().cloned())
         .unwrap_or_else(|| "127.0.0.1".to_string());
+    let mut checks = preflight::checks(&nodes);
+    checks.extend(nccl_env::planned(&nodes).1);
+    checks.extend(nccl_env::check_overrides(&spec.env, &nodes));
+    checks.extend(memory::checks(spec, &nodes, &ranks));
     Plan {
         nodes: nodes.iter().map(|n| n.name.clone()).collect(),
         ranks,
@@ -177,12 +181,7 @@ pub fn plan(spec: &JobSpec, chosen: &[&Node]) -> Plan {
         world_size: next,
         master_addr,
         master_port: MASTER_PORT,
-        checks: {
-            let mut c = preflight::checks(&nodes);
-            c.extend(nccl_env::planned(&nodes).1);
-            c.extend(nccl_env::check_overrides(&spec.env, &nodes));
-            c
-        },
+        checks,
         spec: Some(spec.clone()),
     }
 }

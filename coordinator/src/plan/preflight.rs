@@ -20,6 +20,7 @@ const BLOCKING_CHECKS: &[&str] = &[
     nccl_env::ENV_CHECK,
     nccl_env::NCCL_VERSION_CHECK,
     nccl_env::TORCH_VERSION_CHECK,
+    super::memory::MEMORY_CHECK,
 ];
 
 /// Preflight checks from the facts the agents reported.

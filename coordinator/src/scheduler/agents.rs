@@ -151,6 +151,20 @@ impl Scheduler {
             let batch = Batch::default().node(&e.node);
             self.save(batch).await;
         }
+        // The workers' process states, for telling a hung rank from those
+        // waiting on it; only for ranks planned on this node, so that a
+        // heartbeat cannot grow the map.
+        for rj in &hb.running {
+            if let Some(j) = self.jobs.get_mut(&rj.job_id) {
+                if j.job.attempt == rj.attempt && j.state() == JobState::Running {
+                    for p in &rj.processes {
+                        if j.placement(p.rank).is_some_and(|pl| pl.node == node) {
+                            j.watch.processes.insert(p.rank, p.clone());
+                        }
+                    }
+                }
+            }
+        }
         let Some(e) = self.nodes.get(&node) else {
             return;
         };

@@ -276,6 +276,7 @@ impl Scheduler {
         let series = entry.telemetry.take_dirty();
         entry.telemetry.forget_series();
         let attempt = entry.job.attempt;
+        let kind = entry.cancel_kind();
         let nodes: Vec<String> = entry
             .job
             .plan
@@ -300,7 +301,7 @@ impl Scheduler {
                 batch = batch.node(&n.node);
             }
             if state != JobState::Succeeded && skip != Some(name.as_str()) {
-                n.send_cancel(id, attempt, &message);
+                n.send_cancel_as(id, attempt, &message, kind);
             }
         }
         self.rdv.close(id, attempt);
@@ -366,6 +367,38 @@ impl Scheduler {
         }
     }
 
+    /// Running jobs with a rank that made no progress for the job's hang
+    /// timeout fail, naming the rank to blame (`report::hang::find`); every
+    /// worker of the job is then stopped with `CancelJob.kind` "hang".
+    pub(super) async fn fail_hung_jobs(&mut self) {
+        let now = now_ms();
+        let mut hung = Vec::new();
+        for e in self.jobs.values_mut() {
+            if e.state() != JobState::Running {
+                continue;
+            }
+            if e.watch.since_ms == 0 {
+                // The clock of ranks that never progress: the job's start as
+                // this coordinator saw it.
+                e.watch.since_ms = now;
+            }
+            let timeout = e.job.spec.as_ref().map_or(
+                gpuctl_proto::spec::DEFAULT_HANG_TIMEOUT_MS,
+                gpuctl_proto::spec::hang_timeout_ms,
+            );
+            if let Some(h) = report::hang::find(&e.progress_clocks(), now, timeout) {
+                hung.push((e.job.id.clone(), h));
+            }
+        }
+        for (id, h) in hung {
+            let message = h.message.clone();
+            if let Some(e) = self.jobs.get_mut(&id) {
+                e.watch.hung = Some(h);
+            }
+            self.finish(&id, JobState::Failed, message, None).await;
+        }
+    }
+
     /// A running job's partial report from memory; an ended job's stored one.
     pub(super) async fn report(&self, id: &str) -> Result<Report, CoordinatorError> {
         let entry = self.job(id)?;
@@ -387,6 +420,8 @@ impl Scheduler {
             job: &entry.job,
             results: &results,
             exits: &entry.exits,
+            progress: &entry.progress,
+            watch: &entry.watch,
             telemetry: &Telemetry::from_stored(series),
             rules: &self.cfg.health_rules,
             perf: &self.cfg.perf_rules,

@@ -282,6 +282,7 @@ impl Scheduler {
     async fn tick(&mut self) {
         self.lose_silent_nodes().await;
         self.fail_overdue_jobs().await;
+        self.fail_hung_jobs().await;
         self.store_telemetry(false).await;
     }
 

@@ -46,6 +46,10 @@ impl Scheduler {
         if p.unix_ms == 0 {
             p.unix_ms = now_ms();
         }
+        if entry.placement(p.rank).is_some() {
+            let before = entry.progress.get(&p.rank).map_or(0, |old| old.iterations);
+            entry.watch.progress(p.rank, before, p.iterations, now_ms());
+        }
         entry.progress.insert(p.rank, p);
         (true, String::new())
     }

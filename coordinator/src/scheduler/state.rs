@@ -11,6 +11,7 @@ use gpuctl_proto::pb::{
 use super::events::SessionTx;
 use super::SchedulerConfig;
 use crate::judge::report;
+use crate::judge::report::hang::Watch;
 use crate::judge::telemetry::Telemetry;
 use crate::plan::planner::Candidate;
 
@@ -60,12 +61,18 @@ impl NodeEntry {
 
     /// Tells the agent to stop a job's workers; false when it cannot be reached.
     pub fn send_cancel(&self, job: &str, attempt: u32, reason: &str) -> bool {
+        self.send_cancel_as(job, attempt, reason, "")
+    }
+
+    /// As [`Self::send_cancel`], with the `kind` the workers' exits will carry
+    /// as `killed_by` ("hang"; empty: a plain cancel).
+    pub fn send_cancel_as(&self, job: &str, attempt: u32, reason: &str, kind: &str) -> bool {
         self.send(CoordinatorMessage {
             msg: Some(Msg::Cancel(CancelJob {
                 job_id: job.to_string(),
                 attempt,
                 reason: reason.to_string(),
-                kind: String::new(),
+                kind: kind.to_string(),
             })),
         })
     }
@@ -91,6 +98,8 @@ pub struct JobEntry {
     /// is stored.
     pub results: BTreeMap<u32, RankResult>,
     pub exits: BTreeMap<u32, WorkerExited>,
+    /// Progress clocks and process states of the ranks, for hang detection.
+    pub watch: Watch,
     pub telemetry: Telemetry,
     /// When the telemetry series were last written to the store.
     pub telemetry_stored_ms: u64,
@@ -118,6 +127,32 @@ impl JobEntry {
             .find(|p| p.rank == rank)
     }
 
+    /// The `CancelJob.kind` for this job's workers when it ends now.
+    pub fn cancel_kind(&self) -> &'static str {
+        if self.watch.hung.is_some() {
+            "hang"
+        } else {
+            ""
+        }
+    }
+
+    /// The ranks still expected to make progress: planned, without a
+    /// result, worker not exited; each with when it last progressed.
+    pub fn progress_clocks(&self) -> Vec<report::hang::Clock<'_>> {
+        self.job
+            .plan
+            .iter()
+            .flat_map(|p| &p.ranks)
+            .filter(|p| !self.results.contains_key(&p.rank) && !self.exits.contains_key(&p.rank))
+            .map(|p| report::hang::Clock {
+                rank: p.rank,
+                node: &p.node,
+                last_growth_ms: self.watch.last_growth(p.rank),
+                process: self.watch.processes.get(&p.rank),
+            })
+            .collect()
+    }
+
     pub fn world_size(&self) -> u32 {
         self.job.plan.as_ref().map_or(0, |p| p.world_size)
     }
@@ -127,6 +162,8 @@ impl JobEntry {
             job: &self.job,
             results: &self.results,
             exits: &self.exits,
+            progress: &self.progress,
+            watch: &self.watch,
             telemetry: &self.telemetry,
             rules: &cfg.health_rules,
             perf: &cfg.perf_rules,

@@ -24,9 +24,9 @@ pub fn check_protocol(node: &str, version: u32) -> Result<(), Status> {
     if version == PROTOCOL_VERSION {
         return Ok(());
     }
-    Err(Status::failed_precondition(format!(
+    Err(Status::failed_precondition(super::clip(format!(
         "protocol version mismatch: agent `{node}` speaks gpuctl protocol {version}, this coordinator speaks protocol {PROTOCOL_VERSION}; run the same gpuctl release on agents and coordinator"
-    )))
+    ))))
 }
 
 pub struct AgentSvc {

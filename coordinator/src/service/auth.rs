@@ -195,12 +195,12 @@ impl Security {
             ));
         };
         if token.role < need {
-            return Err(Status::permission_denied(format!(
+            return Err(Status::permission_denied(super::clip(format!(
                 "this needs a token with the `{}` role; `{}` has `{}`",
                 need.label(),
                 token.name,
                 token.role.label()
-            )));
+            ))));
         }
         Ok(())
     }
@@ -217,18 +217,18 @@ impl Security {
             return Ok(());
         }
         let certs = certs.filter(|c| !c.is_empty()).ok_or_else(|| {
-            Status::permission_denied(format!(
+            Status::permission_denied(super::clip(format!(
                 "agent `{node}` presented no client certificate; this coordinator needs one naming the node (gpuctl-agent --tls-cert/--tls-key, made by `gpuctl certs init`)"
-            ))
+            )))
         })?;
         let names = cert_names(certs[0].as_ref());
         if names.iter().any(|n| n == node) {
             return Ok(());
         }
-        Err(Status::permission_denied(format!(
+        Err(Status::permission_denied(super::clip(format!(
             "agent `{node}` presented the certificate of `{}`; a node registers only with its own certificate",
             names.first().map(String::as_str).unwrap_or("(no name)")
-        )))
+        ))))
     }
 
     /// The secret of one rank of a job attempt, for its assignment.
@@ -255,20 +255,20 @@ impl Security {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("");
         let Some(owner) = self.rank_key.verify(job, attempt, presented) else {
-            return Err(Status::permission_denied(format!(
-                "{job} attempt {attempt}: refused, not from {}: {}",
+            return Err(Status::permission_denied(super::clip(format!(
+                "refused, not from {}: {} ({job} attempt {attempt})",
                 whose(),
                 if presented.is_empty() {
                     "the call carries no worker secret"
                 } else {
                     "the worker secret is not one of this job attempt"
                 }
-            )));
+            ))));
         };
         match rank {
-            Some(r) if r != owner => Err(Status::permission_denied(format!(
-                "{job} attempt {attempt}: refused, not from rank {r}'s worker (the secret is rank {owner}'s)"
-            ))),
+            Some(r) if r != owner => Err(Status::permission_denied(super::clip(format!(
+                "refused, not from rank {r}'s worker: the secret is rank {owner}'s ({job} attempt {attempt})"
+            )))),
             _ => Ok(owner),
         }
     }

@@ -13,9 +13,25 @@ use tonic::Status;
 
 use crate::error::CoordinatorError;
 
+/// Refusals quote what they refuse; a megabyte of name is not sent back.
+const MAX_STATUS_MESSAGE: usize = 2048;
+
+pub(crate) fn clip(mut message: String) -> String {
+    if message.len() > MAX_STATUS_MESSAGE {
+        let mut end = MAX_STATUS_MESSAGE;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        let cut = message.len() - end;
+        message.truncate(end);
+        message.push_str(&format!("… ({cut} more bytes)"));
+    }
+    message
+}
+
 impl From<CoordinatorError> for Status {
     fn from(e: CoordinatorError) -> Status {
-        let message = e.to_string();
+        let message = clip(e.to_string());
         match e {
             CoordinatorError::JobNotFound(_)
             | CoordinatorError::NodeNotFound(_)

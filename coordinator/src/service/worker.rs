@@ -52,7 +52,10 @@ impl WorkerService for WorkerSvc {
         let message = if ok {
             String::new()
         } else {
-            format!("job {} attempt {} is not running", r.job_id, r.attempt)
+            super::clip(format!(
+                "job {} attempt {} is not running",
+                r.job_id, r.attempt
+            ))
         };
         Ok(ack((ok, message)))
     }

@@ -356,3 +356,13 @@ pub fn secrets(assignments: &[&Assignment]) -> std::collections::HashMap<u32, St
         .flat_map(|a| a.rank_secrets.clone())
         .collect()
 }
+
+/// A valid registration of `name` (protocol, facts, no GPUs).
+pub fn register_request(name: &str, facts: HostFacts) -> RegisterRequest {
+    RegisterRequest {
+        protocol_version: PROTOCOL_VERSION,
+        name: name.into(),
+        facts: Some(facts),
+        ..Default::default()
+    }
+}

@@ -11,6 +11,8 @@
 //! all_gather, `recv = send.narrow(rank*c, c)` for reduce_scatter). The only
 //! reduction is a sum, as in nccl-tests' default.
 
+pub mod abort;
+pub mod counted;
 pub mod nccl;
 pub mod tcp;
 

@@ -126,6 +126,7 @@ impl NcclComm {
                 .map_err(|e| nccl_err("ncclCommInitRank", e))?;
             comm.assume_init()
         };
+        super::abort::register(comm as usize);
         Ok(Self {
             comm,
             rank,
@@ -169,8 +170,18 @@ fn overlaps(a: &Tensor, b: &Tensor) -> bool {
     la > 0 && lb > 0 && a0 < b0 + lb && b0 < a0 + la
 }
 
+/// `ncclCommAbort` for the SIGTERM watcher ([`super::abort`]).
+pub(super) fn abort(comm: sys::ncclComm_t) {
+    // SAFETY: a communicator registered by `NcclComm::new` and not yet
+    // destroyed (Drop unregisters it first, under the same lock).
+    if let Err(e) = unsafe { result::comm_abort(comm) } {
+        eprintln!("gpuctl-worker: ncclCommAbort failed: NCCL error {:?}", e.0);
+    }
+}
+
 impl Drop for NcclComm {
     fn drop(&mut self) {
+        super::abort::unregister(self.comm as usize);
         // SAFETY: the communicator is ours and no longer used.
         unsafe {
             let _ = result::comm_destroy(self.comm);

@@ -48,6 +48,7 @@ impl TcpComm {
         host: &str,
         timeout: Duration,
     ) -> Result<Self> {
+        super::abort::watch_sigterm();
         let listener = TcpListener::bind("0.0.0.0:0").context("binding the TCP listener")?;
         let port = listener.local_addr()?.port();
         let me = format!("{host}:{port}");

@@ -66,7 +66,9 @@ pub fn run_mode(ctx: &Ctx, params: &TrainParams, mode: Mode) -> Result<Outcome> 
         None
     };
     let nccl_version = comm.as_ref().map(|c| c.version());
+    // train() calls this once a step: each call is a unit of progress.
     let progress = |phase: &str, frac: f64, metrics: &[(&str, f64)]| {
+        ctx.progress.tick(1);
         ctx.progress.update(phase, frac, metrics);
     };
     let mut out = train(

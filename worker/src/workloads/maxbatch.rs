@@ -254,7 +254,9 @@ pub fn run(ctx: &Ctx, p: &MaxBatchParams) -> Result<Outcome> {
         seed: 1234,
     };
     let mem = Memory::new(&ctx.dev);
+    // The search calls this as each trial starts and ends: units of progress.
     let progress = |phase: &str, frac: f64, metrics: &[(&str, f64)]| {
+        ctx.progress.tick(1);
         ctx.progress.update(phase, frac, metrics);
         ctx.sample_memory();
     };

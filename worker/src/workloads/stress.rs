@@ -189,6 +189,7 @@ pub fn run(ctx: &Ctx, cfg: &StressParams) -> Result<Outcome> {
         loop {
             let c = a.f_matmul(&b)?;
             *iterations += 1;
+            ctx.progress.tick(1);
             in_interval += 1;
             until_check -= 1;
             if until_check == 0 {

@@ -12,7 +12,9 @@
 //! - [`findings`]: everything that failed or warned, in one list;
 //! - [`nodes`]: node verdicts from their ranks, GPUs and findings;
 //! - [`notes`]: library versions the ranks ran with;
-//! - [`verdict`]: the job's verdict and reason.
+//! - [`verdict`]: the job's verdict and reason;
+//! - [`hang`]: the rank blamed when the job hung (decided by the scheduler,
+//!   applied by [`ranks`]), and where every rank was.
 //!
 //! Judges only ever fail a rank further, so a reason added early stays first.
 
@@ -20,6 +22,7 @@ mod collectives;
 mod digests;
 mod findings;
 mod gpu_health;
+pub mod hang;
 mod nodes;
 mod notes;
 mod performance;
@@ -30,7 +33,9 @@ mod verdict;
 
 use std::collections::BTreeMap;
 
-use gpuctl_proto::pb::{Job, PreflightCheck, RankResult, Report, Verdict, WorkerExited};
+use gpuctl_proto::pb::{
+    Job, PreflightCheck, RankProgress, RankResult, Report, Verdict, WorkerExited,
+};
 
 use super::health::HealthRules;
 use super::rules::PerfRules;
@@ -48,6 +53,11 @@ pub struct Inputs<'a> {
     /// Worker exits seen while the coordinator ran (not stored: they only
     /// explain incomplete ranks).
     pub exits: &'a BTreeMap<u32, WorkerExited>,
+    /// Each rank's last progress report (kept in memory while the
+    /// coordinator runs, like `exits`).
+    pub progress: &'a BTreeMap<u32, RankProgress>,
+    /// Progress clocks, process states and the hung rank, if any.
+    pub watch: &'a hang::Watch,
     pub telemetry: &'a Telemetry,
     pub rules: &'a HealthRules,
     pub perf: &'a PerfRules,
@@ -60,7 +70,7 @@ pub fn build(inp: &Inputs) -> Report {
     let spec = job.spec.clone().unwrap_or_default();
     let plan = job.plan.clone().unwrap_or_default();
 
-    let mut states = ranks::from_results(job, &plan, inp.results, inp.exits);
+    let mut states = ranks::from_results(job, &plan, inp.results, inp.exits, &inp.watch.hung);
     let sdc_note = digests::stress(inp.results, &mut states);
     let mut notes: Vec<String> = digests::ddp(inp.results, &spec, &mut states)
         .into_iter()
@@ -81,12 +91,14 @@ pub fn build(inp: &Inputs) -> Report {
     let preflight = start_checks(job);
     found.extend(findings::of_preflight(&preflight));
     findings::sort(&mut found);
-    let nodes = nodes::verdicts(&plan, &states, inp.results, gpu_faults, &found);
+    let mut nodes = nodes::verdicts(&plan, &states, inp.results, gpu_faults, &found);
+    hang::fill_ranks(&mut nodes, inp.progress, inp.watch);
     notes.extend(notes::mixed_torch(inp.results));
     notes.extend(perf.notes);
     notes.extend(links.notes);
     notes.extend(bisect.notes);
 
+    let hang_timeout_ms = gpuctl_proto::spec::hang_timeout_ms(&spec);
     let mut report = Report {
         job_id: job.id.clone(),
         workload: spec.workload.clone(),
@@ -111,7 +123,7 @@ pub fn build(inp: &Inputs) -> Report {
         findings: found,
         links: links.links,
         bisect: bisect.rounds,
-        hang_timeout_ms: 0,
+        hang_timeout_ms,
     };
     verdict::judge_job(&mut report, job, inp.results.len());
     report

@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 
 use gpuctl_proto::pb::{Job, JobState, Plan, RankPlacement, RankResult, Verdict, WorkerExited};
 
+use super::hang::Hung;
+
 /// Where a rank's failure was found: findings of the worker's own result
 /// are listed as such; health and performance list their own findings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,8 +63,8 @@ impl RankState {
 }
 
 /// What an agent writes in `WorkerExited.killed_by` when the coordinator
-/// told it to stop the job's workers.
-const KILLED_BY_CANCEL: &str = "cancel";
+/// told it to stop the job's workers: a cancel, or a hang elsewhere.
+const KILLED_BY_COORDINATOR: [&str; 2] = ["cancel", "hang"];
 
 /// Every planned rank's state, by rank.
 pub(super) type RankStates = BTreeMap<u32, RankState>;
@@ -108,12 +110,15 @@ fn last_error_line(stderr: &str) -> Option<&str> {
 }
 
 /// Pass for an ok result, fail for an error result, incomplete without one
-/// (why: the worker's exit if one was seen, else the job's state).
+/// (why: the worker's exit if one was seen, else the job's state). When the
+/// job hung, the blamed rank fails and the others without a result were only
+/// stopped.
 pub(super) fn from_results(
     job: &Job,
     plan: &Plan,
     results: &BTreeMap<u32, RankResult>,
     exits: &BTreeMap<u32, WorkerExited>,
+    hung: &Option<Hung>,
 ) -> RankStates {
     let mut states = RankStates::new();
     for p in &plan.ranks {
@@ -130,6 +135,13 @@ pub(super) fn from_results(
                     },
                 )],
             ),
+            None if hung.as_ref().is_some_and(|h| h.rank == p.rank) => RankState::new(
+                Verdict::Fail,
+                vec![(
+                    Source::Result,
+                    hung.as_ref().map(|h| h.why.clone()).unwrap_or_default(),
+                )],
+            ),
             None => {
                 let why = match exits.get(&p.rank) {
                     Some(ex) => format!("no result: the worker {}", exit_text(ex)),
@@ -141,9 +153,10 @@ pub(super) fn from_results(
                     },
                 };
                 let mut st = RankState::new(Verdict::Incomplete, vec![(Source::Result, why)]);
-                st.stopped = exits
-                    .get(&p.rank)
-                    .is_some_and(|ex| ex.killed_by == KILLED_BY_CANCEL);
+                st.stopped = hung.is_some()
+                    || exits
+                        .get(&p.rank)
+                        .is_some_and(|ex| KILLED_BY_COORDINATOR.contains(&ex.killed_by.as_str()));
                 st
             }
         };

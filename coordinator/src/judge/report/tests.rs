@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use gpuctl_proto::pb::{
     rank_result::Detail, CollectiveResult, CollectiveRow, Job, JobState, Plan, RankPlacement,
-    RankReport, RankResult, Report, StressResult, Verdict, WorkerExited,
+    RankProcess, RankProgress, RankReport, RankResult, Report, StressResult, Verdict, WorkerExited,
 };
 
 use super::*;
@@ -63,6 +63,8 @@ fn build_with(job: &Job, results: Vec<RankResult>) -> Report {
         job,
         results: &results,
         exits: &BTreeMap::new(),
+        progress: &BTreeMap::new(),
+        watch: &hang::Watch::default(),
         telemetry: &Telemetry::default(),
         rules: &HealthRules::default(),
         perf: &PerfRules::default(),
@@ -250,6 +252,8 @@ fn failing_gpus_fail_their_ranks_and_nodes() {
         job: &j,
         results: &results,
         exits: &BTreeMap::new(),
+        progress: &BTreeMap::new(),
+        watch: &hang::Watch::default(),
         telemetry: &t,
         rules: &HealthRules::default(),
         perf: &PerfRules::default(),
@@ -286,6 +290,8 @@ fn failing_gpus_fail_their_ranks_and_nodes() {
         job: &j,
         results: &results,
         exits: &BTreeMap::new(),
+        progress: &BTreeMap::new(),
+        watch: &hang::Watch::default(),
         telemetry: &t2,
         rules: &HealthRules::default(),
         perf: &PerfRules::default(),
@@ -306,6 +312,8 @@ fn missing_results_are_incomplete_with_reasons() {
         job: &j,
         results: &results,
         exits: &exits,
+        progress: &BTreeMap::new(),
+        watch: &hang::Watch::default(),
         telemetry: &Telemetry::default(),
         rules: &HealthRules::default(),
         perf: &PerfRules::default(),
@@ -334,6 +342,8 @@ fn missing_results_are_incomplete_with_reasons() {
         job: &j,
         results: &results,
         exits: &exits,
+        progress: &BTreeMap::new(),
+        watch: &hang::Watch::default(),
         telemetry: &Telemetry::default(),
         rules: &HealthRules::default(),
         perf: &PerfRules::default(),
@@ -355,4 +365,113 @@ fn missing_results_are_incomplete_with_reasons() {
     assert_eq!(r.verdict(), Verdict::Incomplete);
     assert!(r.nodes.is_empty());
     assert_eq!(r.reason, "cancelled by user");
+}
+
+#[test]
+fn a_hung_job_fails_only_the_blamed_rank_and_shows_where_each_rank_was() {
+    let mut j = job(JobState::Failed, 2, 2);
+    j.spec.as_mut().unwrap().hang_timeout_ms = 30_000;
+    let h = hang::find(
+        &[hang::Clock {
+            rank: 3,
+            node: "node-1",
+            last_growth_ms: 2_000,
+            process: Some(&RankProcess {
+                rank: 3,
+                state: "T".into(),
+                ..Default::default()
+            }),
+        }],
+        40_000,
+        30_000,
+    )
+    .unwrap();
+    j.message = h.message.clone();
+    let mut watch = hang::Watch {
+        since_ms: 1_000,
+        hung: Some(h),
+        ..Default::default()
+    };
+    watch.grew_ms.insert(0, 4_000);
+    watch.processes.insert(
+        3,
+        RankProcess {
+            rank: 3,
+            state: "T".into(),
+            state_name: "stopped".into(),
+            ..Default::default()
+        },
+    );
+    let progress: BTreeMap<u32, RankProgress> = [(
+        0,
+        RankProgress {
+            rank: 0,
+            phase: "all_reduce 1MiB".into(),
+            iterations: 42,
+            ..Default::default()
+        },
+    )]
+    .into_iter()
+    .collect();
+    // Rank 1's worker was stopped by its agent after the hang.
+    let exits: BTreeMap<u32, WorkerExited> = [(
+        1,
+        WorkerExited {
+            rank: 1,
+            signal: "SIGTERM".into(),
+            killed_by: "hang".into(),
+            ..Default::default()
+        },
+    )]
+    .into_iter()
+    .collect();
+    let r = build(&Inputs {
+        job: &j,
+        results: &BTreeMap::new(),
+        exits: &exits,
+        progress: &progress,
+        watch: &watch,
+        telemetry: &Telemetry::default(),
+        rules: &HealthRules::default(),
+        perf: &PerfRules::default(),
+        now_ms: 40_000,
+    });
+    assert_eq!(r.hang_timeout_ms, 30_000);
+    assert_eq!(r.verdict(), Verdict::Fail);
+    assert!(
+        r.reason.starts_with("rank 3 on node-1 hung"),
+        "{}",
+        r.reason
+    );
+    assert_eq!(rank(&r, 3).verdict(), Verdict::Fail);
+    assert!(
+        rank(&r, 3).reason.contains("stopped (SIGSTOP?)"),
+        "{}",
+        rank(&r, 3).reason
+    );
+    assert_eq!(rank(&r, 3).process_state, "stopped");
+    assert_eq!(
+        (
+            rank(&r, 0).last_phase.as_str(),
+            rank(&r, 0).iterations,
+            rank(&r, 0).last_progress_unix_ms
+        ),
+        ("all_reduce 1MiB", 42, 4_000)
+    );
+    assert_eq!(rank(&r, 2).last_progress_unix_ms, 0);
+    assert_eq!(r.nodes[1].verdict(), Verdict::Fail);
+    assert_eq!(r.nodes[0].verdict(), Verdict::Pass);
+    assert!(
+        r.nodes[0]
+            .reason
+            .contains("stopped when the job failed on node-1"),
+        "{}",
+        r.nodes[0].reason
+    );
+    // A job without --hang-timeout reports the default that applied.
+    let r = build_with(&job(JobState::Running, 1, 1), vec![]);
+    assert_eq!(
+        r.hang_timeout_ms,
+        gpuctl_proto::spec::DEFAULT_HANG_TIMEOUT_MS
+    );
 }

@@ -16,7 +16,7 @@ use tch::{Device, Kind, Tensor};
 use super::{
     bandwidth, count_wrong, expected, input, redop_label, report_progress, sizes, Pattern, Sizes,
 };
-use crate::comm::{Collectives, Op};
+use crate::comm::{counted::counted, Collectives, Op};
 use crate::context::Ctx;
 use crate::workloads::Outcome;
 
@@ -142,7 +142,7 @@ pub(super) fn measure(
 
 pub fn run(ctx: &Ctx, params: &NcclParams) -> Result<Outcome> {
     let cfg = config(params)?;
-    let mut comm = ctx.make_comm()?;
+    let mut comm = counted(ctx.make_comm()?, &ctx.progress);
     let out = sweep(comm.as_mut(), &cfg, ctx.dev.device, &report_progress(ctx))?;
     let version = comm.version();
     let total_wrong: u64 = out.rows.iter().map(|r| r.wrong + r.wrong_ip).sum();

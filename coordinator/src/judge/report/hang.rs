@@ -1,0 +1,304 @@
+//! Hung ranks. A running rank counts units of work (`RankProgress.iterations`);
+//! one whose count has not grown for the job's hang timeout fails the job.
+//! [`find`] names the rank to blame: one whose process its agent reads as
+//! stopped, traced, a zombie or in uninterruptible sleep (the others only wait
+//! on it), else the rank whose progress stopped first. The report then fails
+//! that rank alone, and shows where every rank was ([`fill_ranks`]).
+
+use std::collections::BTreeMap;
+
+use gpuctl_proto::pb::{NodeReport, RankProcess, RankProgress};
+
+/// What the coordinator follows of a running job's ranks, besides their last
+/// progress report.
+#[derive(Debug, Clone, Default)]
+pub struct Watch {
+    /// When the coordinator began to watch the job (ms): the clock of a rank
+    /// that never made progress starts here.
+    pub since_ms: u64,
+    /// Rank → when its iteration count last grew (ms).
+    pub grew_ms: BTreeMap<u32, u64>,
+    /// Rank → its worker process as its agent last read it.
+    pub processes: BTreeMap<u32, RankProcess>,
+    /// Set when the job failed because this rank hung.
+    pub hung: Option<Hung>,
+}
+
+impl Watch {
+    /// Notes a progress report: the rank progressed when its count grew.
+    pub fn progress(&mut self, rank: u32, before: u64, now: u64, now_ms: u64) {
+        if now > before {
+            self.grew_ms.insert(rank, now_ms);
+        }
+    }
+
+    /// When the rank last progressed (the watch's start if it never did).
+    pub fn last_growth(&self, rank: u32) -> u64 {
+        self.grew_ms.get(&rank).copied().unwrap_or(self.since_ms)
+    }
+}
+
+/// The rank blamed for a hang.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hung {
+    pub rank: u32,
+    pub node: String,
+    /// Why this rank, for its row of the report.
+    pub why: String,
+    /// The job's failure message.
+    pub message: String,
+}
+
+/// A rank still expected to make progress (no result, worker not exited).
+#[derive(Debug, Clone)]
+pub struct Clock<'a> {
+    pub rank: u32,
+    pub node: &'a str,
+    pub last_growth_ms: u64,
+    pub process: Option<&'a RankProcess>,
+}
+
+/// What a process state says about a rank that made no progress, most
+/// telling first; `None` for states that only wait (sleeping, running).
+fn state_blame(state: &str) -> Option<(u8, &'static str)> {
+    Some(match state {
+        "T" => (0, "its process is stopped (SIGSTOP?)"),
+        "t" => (0, "its process is being traced (a debugger?)"),
+        "D" => (
+            1,
+            "its process is in uninterruptible sleep (stuck in the kernel: a driver or I/O call)",
+        ),
+        "Z" => (2, "its process is a zombie (it exited but was not reaped)"),
+        _ => return None,
+    })
+}
+
+/// A rank that progressed this recently still makes progress (ranks report
+/// about once a second); one quiet for longer is taken as blocked.
+const RECENT_MS: u64 = 5_000;
+
+fn secs(ms: u64) -> String {
+    format!("{}s", (ms + 500) / 1000)
+}
+
+/// The hung rank of a job, if some rank of `ranks` has made no progress for
+/// `timeout_ms` at `now_ms`.
+pub fn find(ranks: &[Clock], now_ms: u64, timeout_ms: u64) -> Option<Hung> {
+    let age = |c: &Clock| now_ms.saturating_sub(c.last_growth_ms);
+    let stalled: Vec<&Clock> = ranks.iter().filter(|c| age(c) >= timeout_ms).collect();
+    if stalled.is_empty() {
+        return None;
+    }
+    let by_state = stalled
+        .iter()
+        .filter_map(|c| {
+            let (order, text) = state_blame(&c.process?.state)?;
+            Some((order, c.last_growth_ms, c.rank, *c, text))
+        })
+        .min_by_key(|(order, grew, rank, _, _)| (*order, *grew, *rank));
+    let (culprit, because) = match by_state {
+        Some((_, _, _, c, text)) => (c, text.to_string()),
+        None => {
+            let c = stalled
+                .iter()
+                .min_by_key(|c| (c.last_growth_ms, c.rank))
+                .copied()
+                .expect("stalled is not empty");
+            let because = if stalled.len() > 1 {
+                "its progress stopped first and no process is stopped or stuck in the kernel"
+            } else {
+                "no process is stopped or stuck in the kernel"
+            };
+            (c, because.to_string())
+        }
+    };
+    let why = format!("no progress for {}, {because}", secs(age(culprit)));
+    // The others stopped a little after the culprit (once they needed it), so
+    // they are judged on a shorter window than the timeout.
+    let others = ranks.len() - 1;
+    let others_stalled = ranks
+        .iter()
+        .filter(|c| c.rank != culprit.rank && age(c) >= RECENT_MS.min(timeout_ms))
+        .count();
+    let rest = if others == 0 {
+        String::new()
+    } else if others_stalled == others {
+        let word = if others == 1 { "rank is" } else { "ranks are" };
+        format!("; the other {others} {word} blocked waiting on it")
+    } else if others_stalled == 0 {
+        let word = if others == 1 {
+            "rank still makes"
+        } else {
+            "ranks still make"
+        };
+        format!("; the other {others} {word} progress")
+    } else {
+        format!(
+            "; {others_stalled} of the other {others} ranks made no progress in the last {} either",
+            secs(RECENT_MS.min(timeout_ms))
+        )
+    };
+    Some(Hung {
+        rank: culprit.rank,
+        node: culprit.node.to_string(),
+        message: format!(
+            "rank {} on {} hung: {why}{rest}",
+            culprit.rank, culprit.node
+        ),
+        why: format!("hung: {why}"),
+    })
+}
+
+/// Where each rank was when the report was made: last phase, iterations,
+/// last progress and process state.
+pub(super) fn fill_ranks(
+    nodes: &mut [NodeReport],
+    progress: &BTreeMap<u32, RankProgress>,
+    watch: &Watch,
+) {
+    for r in nodes.iter_mut().flat_map(|n| n.ranks.iter_mut()) {
+        if let Some(p) = progress.get(&r.rank) {
+            r.last_phase = p.phase.clone();
+            r.iterations = p.iterations;
+        }
+        r.last_progress_unix_ms = watch.grew_ms.get(&r.rank).copied().unwrap_or(0);
+        if let Some(p) = watch.processes.get(&r.rank) {
+            r.process_state = p.state_name.clone();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn proc(rank: u32, state: &str) -> RankProcess {
+        RankProcess {
+            rank,
+            pid: 100 + rank,
+            state: state.into(),
+            state_name: String::new(),
+            cpu_ms: 0,
+        }
+    }
+
+    fn clock<'a>(rank: u32, grew: u64, p: Option<&'a RankProcess>) -> Clock<'a> {
+        Clock {
+            rank,
+            node: if rank < 2 { "node-a" } else { "node-b" },
+            last_growth_ms: grew,
+            process: p,
+        }
+    }
+
+    #[test]
+    fn nothing_hangs_before_the_timeout() {
+        let s = proc(0, "S");
+        let ranks = [clock(0, 1_000, Some(&s)), clock(1, 5_000, None)];
+        assert_eq!(find(&ranks, 30_999, 30_000), None);
+        assert!(find(&ranks, 31_000, 30_000).is_some());
+        assert_eq!(find(&[], 1_000_000, 30_000), None);
+    }
+
+    #[test]
+    fn a_stopped_process_is_blamed_over_the_oldest_progress() {
+        let (s, t) = (proc(0, "S"), proc(3, "T"));
+        // Rank 0 stopped progressing first (blocked early), rank 3 is stopped.
+        let ranks = [
+            clock(0, 1_000, Some(&s)),
+            clock(1, 2_000, None),
+            clock(2, 2_000, None),
+            clock(3, 3_000, Some(&t)),
+        ];
+        let h = find(&ranks, 60_000, 30_000).unwrap();
+        assert_eq!((h.rank, h.node.as_str()), (3, "node-b"));
+        assert_eq!(
+            h.message,
+            "rank 3 on node-b hung: no progress for 57s, its process is stopped (SIGSTOP?); \
+             the other 3 ranks are blocked waiting on it"
+        );
+        assert!(h.why.starts_with("hung: no progress for 57s"), "{}", h.why);
+    }
+
+    #[test]
+    fn a_stopped_rank_beats_an_uninterruptible_one_which_beats_a_zombie() {
+        let (z, d, t) = (proc(0, "Z"), proc(1, "D"), proc(2, "t"));
+        let all = [
+            clock(0, 1_000, Some(&z)),
+            clock(1, 1_000, Some(&d)),
+            clock(2, 9_000, Some(&t)),
+        ];
+        assert_eq!(find(&all, 60_000, 30_000).unwrap().rank, 2);
+        assert!(find(&all, 60_000, 30_000).unwrap().why.contains("traced"));
+        assert_eq!(find(&all[..2], 60_000, 30_000).unwrap().rank, 1);
+        assert!(find(&all[..1], 60_000, 30_000)
+            .unwrap()
+            .why
+            .contains("zombie"));
+    }
+
+    #[test]
+    fn a_stopped_process_that_still_progressed_lately_is_not_blamed() {
+        // Only stalled ranks are suspects: rank 1 was read as stopped, but it
+        // progressed 1 s ago (a debugger's breakpoint, say), so rank 0 is it.
+        let (s, t) = (proc(0, "S"), proc(1, "T"));
+        let ranks = [clock(0, 1_000, Some(&s)), clock(1, 59_000, Some(&t))];
+        let h = find(&ranks, 60_000, 30_000).unwrap();
+        assert_eq!(h.rank, 0);
+        assert!(
+            h.message.ends_with("the other 1 rank still makes progress"),
+            "{}",
+            h.message
+        );
+    }
+
+    #[test]
+    fn without_a_telling_state_the_first_to_stop_is_blamed() {
+        let ranks = [
+            clock(0, 5_000, None),
+            clock(1, 2_000, None),
+            clock(2, 2_000, None),
+            clock(3, 57_000, None),
+        ];
+        let h = find(&ranks, 60_000, 30_000).unwrap();
+        assert_eq!((h.rank, h.node.as_str()), (1, "node-a"));
+        assert!(
+            h.message.contains("its progress stopped first"),
+            "{}",
+            h.message
+        );
+        assert!(
+            h.message
+                .ends_with("2 of the other 3 ranks made no progress in the last 5s either"),
+            "{}",
+            h.message
+        );
+        // A rank that never reported runs on the job's clock, and is caught.
+        let never = [clock(0, 0, None)];
+        let h = find(&never, 40_000, 30_000).unwrap();
+        // Peers that stopped a moment after the culprit are blocked on it.
+        let ranks = [clock(0, 1_000, None), clock(1, 3_000, None)];
+        let h2 = find(&ranks, 31_000, 30_000).unwrap();
+        assert!(
+            h2.message
+                .ends_with("the other 1 rank is blocked waiting on it"),
+            "{}",
+            h2.message
+        );
+        assert_eq!(h.message, "rank 0 on node-a hung: no progress for 40s, no process is stopped or stuck in the kernel");
+    }
+
+    #[test]
+    fn growth_moves_the_clock_and_only_growth() {
+        let mut w = Watch {
+            since_ms: 1_000,
+            ..Default::default()
+        };
+        assert_eq!(w.last_growth(4), 1_000);
+        w.progress(4, 0, 0, 2_000);
+        assert_eq!(w.last_growth(4), 1_000);
+        w.progress(4, 0, 7, 3_000);
+        w.progress(4, 7, 7, 9_000);
+        assert_eq!(w.last_growth(4), 3_000);
+    }
+}

@@ -1,0 +1,94 @@
+//! Stopping a rank that is blocked in a collective. The agent stops a worker
+//! with SIGTERM (then SIGKILL); a rank blocked in NCCL would leave its
+//! kernels spinning on the GPU until the process is gone, and NCCL may keep a
+//! peer's kernels waiting too. So once a communicator exists, a watcher thread
+//! takes SIGTERM: it aborts every live NCCL communicator (`ncclCommAbort`
+//! ends their kernels), then ends the process by SIGTERM as before, without
+//! running destructors that would race the blocked main thread.
+//!
+//! The TCP backend needs nothing more: the kernel closes its sockets with the
+//! process, and the peers' reads fail at once.
+
+use std::sync::{Mutex, Once};
+
+/// Raw `ncclComm_t` pointers of the communicators alive now.
+static LIVE: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+static WATCH: Once = Once::new();
+
+/// Installs the SIGTERM watcher (once per process); called when a
+/// communicator is made.
+pub fn watch_sigterm() {
+    WATCH.call_once(|| {
+        let started = std::thread::Builder::new()
+            .name("sigterm".into())
+            .spawn(|| {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        tracing::warn!(
+                            "no SIGTERM watcher (runtime: {e}); NCCL is not aborted on stop"
+                        );
+                        return;
+                    }
+                };
+                let got = rt.block_on(async {
+                    use tokio::signal::unix::{signal, SignalKind};
+                    let mut s = signal(SignalKind::terminate())?;
+                    s.recv().await;
+                    Ok::<_, std::io::Error>(())
+                });
+                if let Err(e) = got {
+                    tracing::warn!("no SIGTERM watcher ({e}); NCCL is not aborted on stop");
+                    return;
+                }
+                stop_now();
+            });
+        if let Err(e) = started {
+            tracing::warn!("no SIGTERM watcher ({e}); NCCL is not aborted on stop");
+        }
+    });
+}
+
+/// Aborts every live communicator, then dies of SIGTERM. The lock stays held:
+/// a communicator being dropped meanwhile waits rather than being destroyed
+/// twice.
+fn stop_now() -> ! {
+    let live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+    if !live.is_empty() {
+        eprintln!(
+            "gpuctl-worker: SIGTERM: aborting {} NCCL communicator(s)",
+            live.len()
+        );
+    }
+    for &comm in live.iter() {
+        super::nccl::abort(comm as _);
+    }
+    // SAFETY: plain libc calls; restoring the default action makes the agent
+    // see death by SIGTERM, as without this watcher. _exit is the fallback.
+    unsafe {
+        libc::signal(libc::SIGTERM, libc::SIG_DFL);
+        libc::raise(libc::SIGTERM);
+        libc::_exit(128 + libc::SIGTERM)
+    }
+}
+
+/// A communicator to abort on SIGTERM.
+pub fn register(comm: usize) {
+    watch_sigterm();
+    LIVE.lock().unwrap_or_else(|e| e.into_inner()).push(comm);
+}
+
+/// Forgets a communicator before it is destroyed.
+pub fn unregister(comm: usize) {
+    LIVE.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|&c| c != comm);
+}
+
+/// How many communicators are registered (for tests).
+pub fn live() -> usize {
+    LIVE.lock().unwrap_or_else(|e| e.into_inner()).len()
+}
