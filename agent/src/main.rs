@@ -72,6 +72,20 @@ struct Args {
     /// Address of the Prometheus /metrics endpoint (host:port), or `off`.
     #[arg(long, env = "GPUCTL_METRICS_LISTEN", default_value = gpuctl_agent::metrics::DEFAULT_LISTEN)]
     metrics_listen: String,
+
+    /// CA of the coordinator's certificate (PEM), for an https:// --coordinator;
+    /// handed to the workers too.
+    #[arg(long, value_name = "FILE", env = gpuctl_proto::client::TLS_CA_ENV)]
+    tls_ca: Option<PathBuf>,
+
+    /// This node's client certificate (PEM; its name is the node name), for a
+    /// coordinator with --client-ca. `gpuctl certs init` makes one per node.
+    #[arg(long, value_name = "FILE", env = gpuctl_proto::client::TLS_CERT_ENV, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+
+    /// The key of --tls-cert (PEM).
+    #[arg(long, value_name = "FILE", env = gpuctl_proto::client::TLS_KEY_ENV, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {
@@ -128,6 +142,12 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let args = Args::parse();
     let labels: BTreeMap<String, String> = args.labels.into_iter().collect();
+    let nonempty = |p: Option<PathBuf>| p.filter(|p| !p.as_os_str().is_empty());
+    gpuctl_proto::client::set_tls(gpuctl_proto::client::TlsFiles {
+        ca: nonempty(args.tls_ca),
+        cert: nonempty(args.tls_cert),
+        key: nonempty(args.tls_key),
+    });
     let cfg = gpuctl_agent::Config {
         coordinator: coordinator_urls(&args.coordinator)?,
         name: args.name.filter(|n| !n.is_empty()),

@@ -35,6 +35,19 @@ pub struct Cli {
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     pub verbose: u8,
 
+    /// CA of the coordinator's certificate (PEM), for an https:// coordinator.
+    /// The token, if the coordinator wants one, is read from GPUCTL_TOKEN.
+    #[arg(long, value_name = "FILE", env = "GPUCTL_TLS_CA", global = true)]
+    pub tls_ca: Option<PathBuf>,
+
+    /// Client certificate (PEM), for a coordinator that asks for one.
+    #[arg(long, value_name = "FILE", env = "GPUCTL_TLS_CERT", global = true)]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The key of --tls-cert (PEM).
+    #[arg(long, value_name = "FILE", env = "GPUCTL_TLS_KEY", global = true)]
+    pub tls_key: Option<PathBuf>,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -75,6 +88,30 @@ pub enum Command {
     Baseline(BaselineCommand),
     /// The fleet over time: each node's last verdict, figures and drift; `fleet links`: every pair.
     Fleet(FleetArgs),
+    /// Certificates for mutual TLS between the coordinator, agents and CLI.
+    #[command(subcommand)]
+    Certs(CertsCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CertsCommand {
+    /// Make a CA, the coordinator's certificate and one per node (and the CLI's).
+    Init(CertsInitArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CertsInitArgs {
+    /// Folder for the files (ca.pem, coordinator.pem/.key, node-NAME.pem/.key, cli.pem/.key);
+    /// a CA already there is reused and existing files are kept.
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// Node names, comma-separated: one client certificate each.
+    #[arg(long, value_delimiter = ',')]
+    pub nodes: Vec<String>,
+    /// Host names and IP addresses agents and the CLI reach the coordinator at,
+    /// comma-separated (localhost and 127.0.0.1 are always included).
+    #[arg(long, value_delimiter = ',')]
+    pub coordinator_names: Vec<String>,
 }
 
 #[derive(Debug, Args)]

@@ -1,6 +1,8 @@
 //! The coordinator connection: one `JobService` client and a method per RPC that
 //! turns gRPC failures into sentences a user can act on ("cannot reach
-//! coordinator at ...", the coordinator's own refusal text).
+//! coordinator at ...", the coordinator's own refusal text). Every call
+//! carries `GPUCTL_TOKEN` as a bearer token; `https://` URLs use the TLS files
+//! of `--tls-ca/--tls-cert/--tls-key` (or `GPUCTL_TLS_*`).
 
 use anyhow::{anyhow, Result};
 use gpuctl_proto::client::Channel;
@@ -42,11 +44,35 @@ fn may_retry(status: &Status, reads: bool) -> bool {
 
 /// Connects to the leader among `urls`, or says why none answered, naming each URL.
 async fn find(urls: &[String]) -> Result<(String, Channel)> {
-    match leader::find_leader(urls, gpuctl_proto::client::builder).await {
+    match leader::find_leader(urls, |u| with_token(gpuctl_proto::client::builder(u))).await {
         Ok(channel) => Ok((channel.url().to_string(), channel)),
         Err(e) if e.all_bad_urls() => Err(UsageError(format!("--coordinator: {e}")).into()),
         Err(e) if e.tried.len() == 1 => Err(unreachable(&e.tried[0].0, &e.tried[0].1)),
         Err(e) => Err(unreachable(&e.urls(), &e.to_string())),
+    }
+}
+
+/// Where the CLI's token comes from; never a flag (it would show in `ps`).
+pub const TOKEN_ENV: &str = "GPUCTL_TOKEN";
+
+/// The TLS files of every connection of this run, from the global flags.
+pub fn set_tls(cli: &crate::args::Cli) {
+    let nonempty = |p: &Option<std::path::PathBuf>| p.clone().filter(|p| !p.as_os_str().is_empty());
+    gpuctl_proto::client::set_tls(gpuctl_proto::client::TlsFiles {
+        ca: nonempty(&cli.tls_ca),
+        cert: nonempty(&cli.tls_cert),
+        key: nonempty(&cli.tls_key),
+    });
+}
+
+/// `GPUCTL_TOKEN` as an `authorization` header, when set.
+fn with_token(builder: gpuctl_proto::client::Builder) -> gpuctl_proto::client::Builder {
+    match std::env::var(TOKEN_ENV) {
+        Ok(t) if !t.trim().is_empty() => builder.header(
+            gpuctl_proto::auth::AUTHORIZATION,
+            format!("Bearer {}", t.trim()),
+        ),
+        _ => builder,
     }
 }
 
@@ -341,7 +367,11 @@ fn status_text(url: &str, what: &str, s: Status) -> anyhow::Error {
         Code::DeadlineExceeded if msg.starts_with(url) => {
             unreachable(url, msg[url.len()..].trim_start_matches(':').trim())
         }
-        Code::InvalidArgument | Code::FailedPrecondition | Code::AlreadyExists => {
+        Code::InvalidArgument
+        | Code::FailedPrecondition
+        | Code::AlreadyExists
+        | Code::Unauthenticated
+        | Code::PermissionDenied => {
             anyhow!("{what} refused by the coordinator: {msg}")
         }
         Code::NotFound if msg.is_empty() => anyhow!("{what}: not found"),

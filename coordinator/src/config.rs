@@ -79,6 +79,25 @@ pub struct Config {
     /// that port is taken the coordinator logs it and runs without metrics].
     #[arg(long, value_name = "ADDR|off", value_parser = parse_metrics_listen)]
     pub metrics_listen: Option<MetricsListen>,
+
+    /// This coordinator's TLS certificate (PEM): serve gRPC over TLS
+    /// (`gpuctl certs init` makes one); with --tls-key.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The key of --tls-cert (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// CA of the agents' client certificates: an agent must then present a
+    /// certificate whose name is its node name.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub client_ca: Option<PathBuf>,
+
+    /// CLI tokens, lines `ROLE TOKEN [NAME]` with ROLE `read` or `operate`;
+    /// without it the JobService is open to anyone who reaches the port.
+    #[arg(long, value_name = "FILE", env = "GPUCTL_TOKENS")]
+    pub tokens: Option<PathBuf>,
 }
 
 /// Where `/metrics` is served.
@@ -124,6 +143,10 @@ impl Config {
             rules: None,
             // Tests run many coordinators at once: none takes the fixed port.
             metrics_listen: Some(MetricsListen::Off),
+            tls_cert: None,
+            tls_key: None,
+            client_ca: None,
+            tokens: None,
         }
     }
 

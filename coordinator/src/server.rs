@@ -23,6 +23,7 @@ use crate::judge::rules::PerfRules;
 use crate::logs::LogSink;
 use crate::rendezvous::Rendezvous;
 use crate::scheduler::{Scheduler, SchedulerConfig};
+use crate::service::auth::Security;
 use crate::service::{agent::AgentSvc, job::JobSvc, worker::WorkerSvc};
 use crate::standby::{self, Standby};
 use crate::store::{RedbStore, StateStore, Store};
@@ -105,6 +106,7 @@ pub async fn run_with(
     let addr = listener.local_addr()?;
     let health_rules = load_rules(cfg.health_rules.as_deref(), "health", HealthRules::load)?;
     let perf_rules = load_rules(cfg.rules.as_deref(), "performance", PerfRules::load)?;
+    let tls = Security::server_tls(&cfg)?;
     let advertise = cfg
         .advertise_url
         .clone()
@@ -136,6 +138,7 @@ pub async fn run_with(
         }
     };
     let store = StateStore::new(store);
+    let security = Security::load(&cfg, &store, addr).await?;
     let rdv = Rendezvous::default();
     let (logs, log_task) = LogSink::spawn(store.clone());
     let perf_rules = Arc::new(perf_rules);
@@ -150,7 +153,7 @@ pub async fn run_with(
         .context("loading the stored state")?;
 
     let (sched, sched_task) = scheduler.spawn(shutdown.clone());
-    let agents = AgentServiceServer::new(AgentSvc::new(sched.clone(), advertise))
+    let agents = AgentServiceServer::new(AgentSvc::new(sched.clone(), advertise, security.clone()))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let history_task = tokio::spawn(crate::history::keep_bounded(
@@ -158,10 +161,15 @@ pub async fn run_with(
         cfg.retention(),
         shutdown.clone(),
     ));
-    let jobs = JobServiceServer::new(JobSvc::new(sched.clone(), store.clone(), perf_rules))
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let workers = WorkerServiceServer::new(WorkerSvc::new(sched.clone(), rdv))
+    let jobs = JobServiceServer::new(JobSvc::new(
+        sched.clone(),
+        store.clone(),
+        perf_rules,
+        security.clone(),
+    ))
+    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+    .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let workers = WorkerServiceServer::new(WorkerSvc::new(sched.clone(), rdv, security))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let metrics_task = match metrics {
@@ -178,7 +186,9 @@ pub async fn run_with(
     };
     drop(sched);
 
-    let serve = gpuctl_proto::server::builder()
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let serve = gpuctl_proto::server::builder_with_tls(tls)
+        .context("--tls-cert/--tls-key/--client-ca")?
         .add_service(agents)
         .add_service(jobs)
         .add_service(workers)
@@ -191,7 +201,7 @@ pub async fn run_with(
     // The one line on stdout: tests and scripts wait for it.
     {
         let mut out = std::io::stdout().lock();
-        writeln!(out, "listening on http://{addr}")?;
+        writeln!(out, "listening on {scheme}://{addr}")?;
         out.flush()?;
     }
     info!(%addr, data_dir = %cfg.data_dir.display(), node_timeout = %humantime::format_duration(cfg.node_timeout), "coordinator serving");

@@ -7,8 +7,8 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    cpu_host, heartbeat, job, latest_telemetry, list_nodes, register, spec, start, wait_state,
-    Agent,
+    as_rank, cpu_host, heartbeat, job, latest_telemetry, list_nodes, register, secrets, spec,
+    start, wait_state, Agent,
 };
 use gpuctl_proto::pb::agent_message::Msg as Up;
 use gpuctl_proto::pb::agent_service_client::AgentServiceClient;
@@ -103,6 +103,7 @@ async fn job_life_from_submit_to_report() {
 
     let asg0 = a0.assignment().await;
     let asg1 = a1.assignment().await;
+    let sec = secrets(&[&asg0, &asg1]);
     assert_eq!((asg0.node_rank, asg1.node_rank), (0, 1));
     let ranks0: Vec<u32> = asg0.ranks.iter().map(|r| r.rank).collect();
     let ranks1: Vec<u32> = asg1.ranks.iter().map(|r| r.rank).collect();
@@ -142,25 +143,29 @@ async fn job_life_from_submit_to_report() {
     let mut w = coord.workers().await;
     let mut w2 = coord.workers().await;
     let gid = id.clone();
-    let getter = tokio::spawn(async move {
-        w2.rendezvous_get(RendezvousGetRequest {
+    let get = as_rank(
+        &sec,
+        1,
+        RendezvousGetRequest {
             job_id: gid,
             attempt: 1,
             key: "nccl/id".into(),
             timeout_ms: 5_000,
-        })
-        .await
-        .unwrap()
-        .into_inner()
-    });
+        },
+    );
+    let getter = tokio::spawn(async move { w2.rendezvous_get(get).await.unwrap().into_inner() });
     tokio::time::sleep(Duration::from_millis(100)).await;
     let put = w
-        .rendezvous_put(RendezvousPutRequest {
-            job_id: id.clone(),
-            attempt: 1,
-            key: "nccl/id".into(),
-            value: vec![7; 128],
-        })
+        .rendezvous_put(as_rank(
+            &sec,
+            0,
+            RendezvousPutRequest {
+                job_id: id.clone(),
+                attempt: 1,
+                key: "nccl/id".into(),
+                value: vec![7; 128],
+            },
+        ))
         .await
         .unwrap()
         .into_inner();
@@ -170,16 +175,7 @@ async fn job_life_from_submit_to_report() {
 
     // Progress shows on the job.
     let ack = w
-        .report_progress(RankProgressReport {
-            job_id: id.clone(),
-            attempt: 1,
-            progress: Some(RankProgress {
-                rank: 2,
-                phase: "gemm".into(),
-                fraction: 0.5,
-                ..Default::default()
-            }),
-        })
+        .report_progress(as_rank(&sec, 2, progress(&id, 2, "gemm", 0.5)))
         .await
         .unwrap()
         .into_inner();
@@ -226,7 +222,7 @@ async fn job_life_from_submit_to_report() {
     // Results: a partial report first, then the final one.
     for rank in 0..3 {
         let ack = w
-            .report_result(stress_result(&id, rank, "abc"))
+            .report_result(as_rank(&sec, rank, stress_result(&id, rank, "abc")))
             .await
             .unwrap()
             .into_inner();
@@ -241,7 +237,7 @@ async fn job_life_from_submit_to_report() {
     assert_eq!(partial.nodes.len(), 2);
     assert_eq!(job(&mut jobs, &id).await.results_in, 3);
     let ack = w
-        .report_result(stress_result(&id, 3, "abc"))
+        .report_result(as_rank(&sec, 3, stress_result(&id, 3, "abc")))
         .await
         .unwrap()
         .into_inner();
@@ -294,25 +290,22 @@ async fn job_life_from_submit_to_report() {
 
     // The job is over: workers are told so.
     let ack = w
-        .report_progress(RankProgressReport {
-            job_id: id.clone(),
-            attempt: 1,
-            progress: Some(RankProgress {
-                rank: 0,
-                ..Default::default()
-            }),
-        })
+        .report_progress(as_rank(&sec, 0, progress(&id, 0, "", 0.0)))
         .await
         .unwrap()
         .into_inner();
     assert!(!ack.ok);
     let over = w
-        .rendezvous_get(RendezvousGetRequest {
-            job_id: id.clone(),
-            attempt: 1,
-            key: "x".into(),
-            timeout_ms: 5_000,
-        })
+        .rendezvous_get(as_rank(
+            &sec,
+            0,
+            RendezvousGetRequest {
+                job_id: id.clone(),
+                attempt: 1,
+                key: "x".into(),
+                timeout_ms: 5_000,
+            },
+        ))
         .await
         .unwrap()
         .into_inner();
@@ -500,11 +493,11 @@ async fn lost_node_fails_its_job_and_restart_fails_running_jobs() {
         .unwrap()
         .into_inner()
         .id;
-    a0.assignment().await;
+    let sec = secrets(&[&a0.assignment().await]);
     a1.assignment().await;
     let mut w = coord.workers().await;
     assert!(
-        w.report_result(stress_result(&running, 0, "d"))
+        w.report_result(as_rank(&sec, 0, stress_result(&running, 0, "d")))
             .await
             .unwrap()
             .into_inner()
@@ -552,4 +545,18 @@ async fn lost_node_fails_its_job_and_restart_fails_running_jobs() {
     )
     .await;
     coord.shutdown().await;
+}
+
+/// A progress report of one rank of attempt 1.
+fn progress(id: &str, rank: u32, phase: &str, fraction: f64) -> RankProgressReport {
+    RankProgressReport {
+        job_id: id.to_string(),
+        attempt: 1,
+        progress: Some(RankProgress {
+            rank,
+            phase: phase.into(),
+            fraction,
+            ..Default::default()
+        }),
+    }
 }

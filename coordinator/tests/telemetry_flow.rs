@@ -136,14 +136,19 @@ async fn telemetry_health_metrics_and_restart() {
         .await
         .unwrap();
     for rank in 0..2 {
+        let result = RankResult {
+            job_id: id.clone(),
+            attempt: 1,
+            rank,
+            ok: true,
+            ..Default::default()
+        };
         let ack = w
-            .report_result(RankResult {
-                job_id: id.clone(),
-                attempt: 1,
+            .report_result(common::as_rank(
+                &asg.rank_secrets.clone().into_iter().collect(),
                 rank,
-                ok: true,
-                ..Default::default()
-            })
+                result,
+            ))
             .await
             .unwrap()
             .into_inner();

@@ -9,16 +9,22 @@
 //! as long as the stream lives (the HTTP/2 keepalive notices a dead peer
 //! there). A call that waits longer on purpose (a long poll) names its own
 //! limit with `tonic::Request::set_timeout`, which replaces the default.
+//!
+//! An `https://` URL gets TLS with the process's [`TlsFiles`] (the CA that
+//! signed the coordinator, and this process's own certificate where it has
+//! one): set once from flags with [`set_tls`], else read from `GPUCTL_TLS_*`.
+//! [`Builder::header`] puts a header (a token, a worker's secret) on every call.
 
 use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tonic::body::Body;
 use tonic::codegen::{http, Service, StdError};
-use tonic::transport::Endpoint;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 use tonic::Status;
 
 /// Time to open the TCP connection (and the HTTP/2 one over it).
@@ -38,15 +44,99 @@ pub enum ClientError {
     BadUrl { url: String, reason: String },
     #[error("cannot reach {url}: {reason}")]
     Unreachable { url: String, reason: String },
+    /// TLS files missing or unreadable, or a header that is no header value.
+    #[error("cannot connect to {url}: {reason}")]
+    Setup { url: String, reason: String },
 }
 
 impl ClientError {
     /// What went wrong, without the URL (for messages that name it already).
     pub fn reason(&self) -> &str {
         match self {
-            ClientError::BadUrl { reason, .. } | ClientError::Unreachable { reason, .. } => reason,
+            ClientError::BadUrl { reason, .. }
+            | ClientError::Unreachable { reason, .. }
+            | ClientError::Setup { reason, .. } => reason,
         }
     }
+}
+
+/// The TLS files of a client: the CA that signed the server's certificate
+/// and, for mutual TLS, this process's own certificate and key (PEM).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub ca: Option<PathBuf>,
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+}
+
+/// The environment variables [`TlsFiles::from_env`] reads.
+pub const TLS_CA_ENV: &str = "GPUCTL_TLS_CA";
+pub const TLS_CERT_ENV: &str = "GPUCTL_TLS_CERT";
+pub const TLS_KEY_ENV: &str = "GPUCTL_TLS_KEY";
+
+impl TlsFiles {
+    /// `GPUCTL_TLS_CA`, `GPUCTL_TLS_CERT`, `GPUCTL_TLS_KEY` (empty = unset).
+    pub fn from_env() -> TlsFiles {
+        let var = |name| {
+            std::env::var_os(name)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
+        TlsFiles {
+            ca: var(TLS_CA_ENV),
+            cert: var(TLS_CERT_ENV),
+            key: var(TLS_KEY_ENV),
+        }
+    }
+
+    /// Absolute paths, so that child processes in other folders (workers)
+    /// can be handed them.
+    fn absolute(self) -> TlsFiles {
+        let abs = |p: Option<PathBuf>| p.map(|p| std::path::absolute(&p).unwrap_or(p));
+        TlsFiles {
+            ca: abs(self.ca),
+            cert: abs(self.cert),
+            key: abs(self.key),
+        }
+    }
+
+    fn config(&self) -> Result<ClientTlsConfig, String> {
+        let read = |p: &Path, what: &str| {
+            std::fs::read(p).map_err(|e| format!("cannot read the {what} {}: {e}", p.display()))
+        };
+        let ca = self.ca.as_deref().ok_or_else(|| {
+            format!("an https:// URL needs the CA that signed the coordinator's certificate: pass --tls-ca FILE or set {TLS_CA_ENV}")
+        })?;
+        let mut config =
+            ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(ca, "CA")?));
+        match (&self.cert, &self.key) {
+            (Some(cert), Some(key)) => {
+                config = config.identity(Identity::from_pem(
+                    read(cert, "certificate")?,
+                    read(key, "key")?,
+                ));
+            }
+            (None, None) => {}
+            _ => return Err("--tls-cert and --tls-key go together: pass both or neither".into()),
+        }
+        Ok(config)
+    }
+}
+
+static PROCESS_TLS: OnceLock<TlsFiles> = OnceLock::new();
+
+/// Sets the TLS files of every `https://` channel this process builds (from
+/// its flags); the first call wins. Without it, `GPUCTL_TLS_*` apply.
+pub fn set_tls(files: TlsFiles) {
+    let _ = PROCESS_TLS.set(files.absolute());
+}
+
+/// The TLS files `https://` channels of this process use.
+pub fn tls() -> TlsFiles {
+    PROCESS_TLS
+        .get()
+        .cloned()
+        .unwrap_or_else(|| TlsFiles::from_env().absolute())
 }
 
 /// Builds a [`Channel`] to one URL: `builder(url).request_timeout(..).connect()`.
@@ -55,6 +145,7 @@ pub struct Builder {
     url: String,
     connect_timeout: Duration,
     request_timeout: Duration,
+    headers: Vec<(&'static str, String)>,
 }
 
 /// A client of `url` with the default timeouts.
@@ -63,6 +154,7 @@ pub fn builder(url: &str) -> Builder {
         url: url.to_string(),
         connect_timeout: CONNECT_TIMEOUT,
         request_timeout: REQUEST_TIMEOUT,
+        headers: Vec::new(),
     }
 }
 
@@ -77,12 +169,32 @@ impl Builder {
         self
     }
 
+    /// Sends `name: value` with every call of the channel (a bearer token,
+    /// a worker's secret).
+    pub fn header(mut self, name: &'static str, value: impl Into<String>) -> Self {
+        self.headers.push((name, value.into()));
+        self
+    }
+
+    fn setup_error(&self, reason: String) -> ClientError {
+        ClientError::Setup {
+            url: self.url.clone(),
+            reason,
+        }
+    }
+
     fn endpoint(&self) -> Result<Endpoint, ClientError> {
-        let endpoint =
+        let mut endpoint =
             Endpoint::from_shared(self.url.clone()).map_err(|e| ClientError::BadUrl {
                 url: self.url.clone(),
                 reason: e.to_string(),
             })?;
+        if self.url.starts_with("https://") {
+            let config = tls().config().map_err(|e| self.setup_error(e))?;
+            endpoint = endpoint
+                .tls_config(config)
+                .map_err(|e| self.setup_error(format!("TLS: {}", root_cause(&e))))?;
+        }
         Ok(endpoint
             .connect_timeout(self.connect_timeout)
             .tcp_nodelay(true)
@@ -92,23 +204,38 @@ impl Builder {
             .keep_alive_while_idle(true))
     }
 
-    fn wrap(&self, inner: tonic::transport::Channel) -> Channel {
-        Channel {
+    fn headers(&self) -> Result<Arc<http::HeaderMap>, ClientError> {
+        let mut map = http::HeaderMap::new();
+        for (name, value) in &self.headers {
+            let value = http::HeaderValue::from_str(value).map_err(|_| {
+                self.setup_error(format!(
+                    "the value for `{name}` has characters a header cannot carry"
+                ))
+            })?;
+            map.insert(*name, value);
+        }
+        Ok(Arc::new(map))
+    }
+
+    fn wrap(&self, inner: tonic::transport::Channel) -> Result<Channel, ClientError> {
+        Ok(Channel {
             inner,
             url: Arc::from(self.url.as_str()),
             request_timeout: self.request_timeout,
-        }
+            headers: self.headers()?,
+        })
     }
 
     /// Connects now, so that a wrong or dead address is reported up front.
     pub async fn connect(&self) -> Result<Channel, ClientError> {
         let endpoint = self.endpoint()?;
+        self.headers()?;
         let unreachable = |reason: String| ClientError::Unreachable {
             url: self.url.clone(),
             reason,
         };
         match tokio::time::timeout(self.connect_timeout, endpoint.connect()).await {
-            Ok(Ok(inner)) => Ok(self.wrap(inner)),
+            Ok(Ok(inner)) => self.wrap(inner),
             Ok(Err(e)) if is_timeout(&e) => Err(unreachable(no_answer(self.connect_timeout))),
             Ok(Err(e)) => Err(unreachable(root_cause(&e))),
             Err(_) => Err(unreachable(no_answer(self.connect_timeout))),
@@ -118,7 +245,7 @@ impl Builder {
     /// Connects on the first call (and again after a broken connection).
     /// Must be called inside a tokio runtime.
     pub fn connect_lazy(&self) -> Result<Channel, ClientError> {
-        Ok(self.wrap(self.endpoint()?.connect_lazy()))
+        self.wrap(self.endpoint()?.connect_lazy())
     }
 }
 
@@ -174,6 +301,7 @@ pub struct Channel {
     inner: tonic::transport::Channel,
     url: Arc<str>,
     request_timeout: Duration,
+    headers: Arc<http::HeaderMap>,
 }
 
 impl Channel {
@@ -191,7 +319,10 @@ impl Service<http::Request<Body>> for Channel {
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
-    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+    fn call(&mut self, mut req: http::Request<Body>) -> Self::Future {
+        for (name, value) in self.headers.iter() {
+            req.headers_mut().insert(name, value.clone());
+        }
         let limit = grpc_timeout(req.headers()).unwrap_or(self.request_timeout);
         let url = self.url.clone();
         let call = self.inner.call(req);

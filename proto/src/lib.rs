@@ -4,6 +4,7 @@
 //! and the plumbing every binary shares: the one gRPC server and client builders,
 //! the shutdown signal and the `/metrics` server.
 
+pub mod auth;
 pub mod catalogue;
 pub mod client;
 pub mod leader;

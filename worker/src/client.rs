@@ -41,6 +41,9 @@ fn runtime() -> Result<Runtime> {
 /// `url` and every URL in `GPUCTL_COORDINATOR_URLS` (the agent's list: a
 /// leader and its standbys): a call that meets a standby or no coordinator
 /// moves the channel to the leader or the next URL, where callers' retries go.
+/// Every call carries this rank's secret (from the agent, in
+/// `GPUCTL_RANK_SECRET`): the coordinator takes results and rendezvous
+/// writes only from the job's own workers. TLS comes from `GPUCTL_TLS_CA`.
 fn channel(url: &str) -> Result<Failover> {
     let mut urls = gpuctl_proto::leader::split_urls(url);
     if let Ok(more) = std::env::var("GPUCTL_COORDINATOR_URLS") {
@@ -50,11 +53,15 @@ fn channel(url: &str) -> Result<Failover> {
             }
         }
     }
-    Ok(Failover::new(&urls, |u| {
-        gpuctl_proto::client::builder(u)
+    let secret = std::env::var(gpuctl_proto::auth::RANK_SECRET_ENV).ok();
+    Ok(Failover::new(&urls, move |u| {
+        let mut builder = gpuctl_proto::client::builder(u)
             .connect_timeout(Duration::from_secs(10))
-            .request_timeout(RPC_TIMEOUT)
-            .connect_lazy()
+            .request_timeout(RPC_TIMEOUT);
+        if let Some(secret) = &secret {
+            builder = builder.header(gpuctl_proto::auth::RANK_SECRET, secret.clone());
+        }
+        builder.connect_lazy()
     })?)
 }
 

@@ -69,6 +69,20 @@ pub fn worker_command(
         env.push(("LD_LIBRARY_PATH".into(), ld.to_string_lossy().into_owned()));
     }
     env.push(("GPUCTL_COORDINATOR".into(), coordinator_url.into()));
+    // The worker's credentials: its rank's secret, and the CA to reach a TLS
+    // coordinator with; not the agent's own certificate (empty = unset).
+    if let Some(secret) = a.rank_secrets.get(&p.rank) {
+        env.push((gpuctl_proto::auth::RANK_SECRET_ENV.into(), secret.clone()));
+    }
+    let tls = gpuctl_proto::client::tls();
+    if let Some(ca) = tls.ca {
+        env.push((
+            gpuctl_proto::client::TLS_CA_ENV.into(),
+            ca.to_string_lossy().into_owned(),
+        ));
+    }
+    env.push((gpuctl_proto::client::TLS_CERT_ENV.into(), String::new()));
+    env.push((gpuctl_proto::client::TLS_KEY_ENV.into(), String::new()));
     // torchrun's names, so that existing scripts can reuse them.
     env.extend([
         ("RANK".into(), p.rank.to_string()),

@@ -3,6 +3,7 @@
 
 pub mod baseline;
 pub mod cancel;
+pub mod certs;
 pub mod doctor;
 pub mod fleet;
 pub mod jobs;
@@ -17,13 +18,14 @@ pub mod watch;
 
 use anyhow::Result;
 
-use crate::args::{Cli, Command, LocalCommand};
+use crate::args::{CertsCommand, Cli, Command, LocalCommand};
 use crate::client::Coordinator;
 use crate::exit::Exit;
 
 pub async fn run(cli: Cli) -> Result<Exit> {
     let out = cli.output;
     let url = cli.coordinator.as_str();
+    crate::client::set_tls(&cli);
     match cli.command {
         // Validation comes before connecting: bad input must send nothing.
         Command::Submit(a) => {
@@ -78,6 +80,7 @@ pub async fn run(cli: Cli) -> Result<Exit> {
             let mut c = Coordinator::connect(url).await?;
             fleet::run(&mut c, &a, since, out).await
         }
+        Command::Certs(CertsCommand::Init(a)) => certs::init(&a),
         Command::Baseline(cmd) => {
             baseline::run(&mut Coordinator::connect(url).await?, cmd, out).await
         }

@@ -194,21 +194,35 @@ impl Scheduler {
             .iter()
             .map(|e| (e.name.clone(), e.value.clone()))
             .collect();
+        // Without the key no worker could report: fail now, saying why.
+        let key = match self.store.rank_key().await {
+            Ok(k) => k,
+            Err(e) => {
+                let msg = format!("no worker secrets: {e}");
+                self.finish(id, JobState::Failed, msg, None).await;
+                return;
+            }
+        };
         let mut unreachable = Vec::new();
         for (node_rank, name) in plan.nodes.iter().enumerate() {
             let Some(n) = self.nodes.get(name) else {
                 continue;
             };
+            let ranks: Vec<_> = plan
+                .ranks
+                .iter()
+                .filter(|r| &r.node == name)
+                .cloned()
+                .collect();
             let a = Assignment {
                 job_id: id.to_string(),
                 attempt,
                 spec: Some(spec.clone()),
-                ranks: plan
-                    .ranks
+                rank_secrets: ranks
                     .iter()
-                    .filter(|r| &r.node == name)
-                    .cloned()
+                    .map(|r| (r.rank, key.secret(id, attempt, r.rank)))
                     .collect(),
+                ranks,
                 env: env.clone(),
                 world_size: plan.world_size,
                 node_rank: node_rank as u32,
@@ -217,7 +231,6 @@ impl Scheduler {
                 master_port: plan.master_port,
                 deadline_unix_ms: deadline,
                 coordinator_url: n.coordinator_url.clone(),
-                rank_secrets: Default::default(),
                 coordinator_urls: Vec::new(),
             };
             if !n.send(CoordinatorMessage {

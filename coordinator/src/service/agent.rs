@@ -16,6 +16,7 @@ use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, warn};
 
+use super::auth::{PeerCerts, Security};
 use crate::scheduler::{Event, SchedulerHandle, SessionTx};
 
 /// Refuses an agent that speaks another protocol version, naming both.
@@ -33,14 +34,16 @@ pub struct AgentSvc {
     /// `--advertise-url`, or the listen URL when it is a concrete address.
     advertise_url: Option<String>,
     next_session: Arc<AtomicU64>,
+    security: Security,
 }
 
 impl AgentSvc {
-    pub fn new(sched: SchedulerHandle, advertise_url: Option<String>) -> Self {
+    pub fn new(sched: SchedulerHandle, advertise_url: Option<String>, security: Security) -> Self {
         AgentSvc {
             sched,
             advertise_url,
             next_session: Arc::new(AtomicU64::new(1)),
+            security,
         }
     }
 }
@@ -60,8 +63,17 @@ impl AgentService for AgentSvc {
             .clone()
             .or_else(|| req.local_addr().map(|a| format!("http://{a}")))
             .unwrap_or_default();
+        // Workers reach a TLS coordinator over TLS too (with the agent's CA).
+        let url = match url.strip_prefix("http://") {
+            Some(rest) if self.security.tls() => format!("https://{rest}"),
+            _ => url,
+        };
+        let certs = req.peer_certs();
         let req = req.into_inner();
         check_protocol(&req.name, req.protocol_version)?;
+        self.security
+            .check_agent(certs.as_ref(), &req.name)
+            .inspect_err(|s| warn!("register refused: {}", s.message()))?;
         let resp = self
             .sched
             .ask(|reply| Event::AgentRegistered {
@@ -82,6 +94,7 @@ impl AgentService for AgentSvc {
         // Answer at once and read the first heartbeat afterwards: an agent may
         // wait for the response before it sends anything. Refusals then come
         // down the stream as its error.
+        let certs = req.peer_certs();
         let inbound = req.into_inner();
         let session = self.next_session.fetch_add(1, Ordering::Relaxed);
         // The stream carries what the scheduler sends, then why the session
@@ -91,6 +104,7 @@ impl AgentService for AgentSvc {
         let (refuse, refusal) = mpsc::unbounded_channel();
         tokio::spawn(run_session(
             self.sched.clone(),
+            (self.security.clone(), certs),
             inbound,
             tx,
             refuse,
@@ -107,6 +121,7 @@ impl AgentService for AgentSvc {
 /// the node it names; returns the node's name.
 async fn open(
     sched: &SchedulerHandle,
+    (security, certs): &(Security, Option<PeerCerts>),
     inbound: &mut Streaming<AgentMessage>,
     tx: SessionTx,
     session: u64,
@@ -121,6 +136,7 @@ async fn open(
         ));
     };
     check_protocol(&hb.node, hb.protocol_version)?;
+    security.check_agent(certs.as_ref(), &hb.node)?;
     let node = hb.node.clone();
     sched
         .ask(|reply| Event::SessionOpened {
@@ -138,12 +154,13 @@ async fn open(
 /// A refusal goes to `refuse`, which ends the agent's stream with it.
 async fn run_session(
     sched: SchedulerHandle,
+    auth: (Security, Option<PeerCerts>),
     mut inbound: Streaming<AgentMessage>,
     tx: SessionTx,
     refuse: mpsc::UnboundedSender<Status>,
     session: u64,
 ) {
-    let node = match open(&sched, &mut inbound, tx, session).await {
+    let node = match open(&sched, &auth, &mut inbound, tx, session).await {
         Ok(node) => node,
         Err(status) => {
             warn!("session refused: {}", status.message());

@@ -1,5 +1,7 @@
 //! `JobService`: what the CLI calls. Logs are read from the store directly;
-//! everything else is answered by the scheduler.
+//! everything else is answered by the scheduler. With `--tokens`, reads need
+//! the `read` role and changes (submit, cancel, baselines, removing a node)
+//! the `operate` role.
 
 use gpuctl_proto::pb::job_service_server::JobService;
 use gpuctl_proto::pb::{
@@ -13,6 +15,7 @@ use tonic::{Request, Response, Status};
 
 use std::sync::Arc;
 
+use super::auth::{Role, Security};
 use super::baseline;
 use crate::error::CoordinatorError;
 use crate::history;
@@ -25,14 +28,21 @@ pub struct JobSvc {
     store: StateStore,
     /// For the drift tolerance of `gpuctl fleet`.
     rules: Arc<PerfRules>,
+    security: Security,
 }
 
 impl JobSvc {
-    pub fn new(sched: SchedulerHandle, store: StateStore, rules: Arc<PerfRules>) -> Self {
+    pub fn new(
+        sched: SchedulerHandle,
+        store: StateStore,
+        rules: Arc<PerfRules>,
+        security: Security,
+    ) -> Self {
         JobSvc {
             sched,
             store,
             rules,
+            security,
         }
     }
 }
@@ -40,6 +50,7 @@ impl JobSvc {
 #[tonic::async_trait]
 impl JobService for JobSvc {
     async fn submit(&self, req: Request<SubmitRequest>) -> Result<Response<Job>, Status> {
+        self.security.allow(&req, Role::Operate)?;
         let spec = req.into_inner().spec.unwrap_or_default();
         Ok(Response::new(
             self.sched
@@ -49,6 +60,7 @@ impl JobService for JobSvc {
     }
 
     async fn plan_job(&self, req: Request<SubmitRequest>) -> Result<Response<Plan>, Status> {
+        self.security.allow(&req, Role::Read)?;
         let spec = req.into_inner().spec.unwrap_or_default();
         Ok(Response::new(
             self.sched
@@ -58,6 +70,7 @@ impl JobService for JobSvc {
     }
 
     async fn get_job(&self, req: Request<GetJobRequest>) -> Result<Response<Job>, Status> {
+        self.security.allow(&req, Role::Read)?;
         let job_id = req.into_inner().job_id;
         Ok(Response::new(
             self.sched
@@ -70,6 +83,7 @@ impl JobService for JobSvc {
         &self,
         req: Request<ListJobsRequest>,
     ) -> Result<Response<ListJobsResponse>, Status> {
+        self.security.allow(&req, Role::Read)?;
         let limit = req.into_inner().limit;
         let jobs = self
             .sched
@@ -79,6 +93,7 @@ impl JobService for JobSvc {
     }
 
     async fn cancel_job(&self, req: Request<CancelJobRequest>) -> Result<Response<Job>, Status> {
+        self.security.allow(&req, Role::Operate)?;
         let CancelJobRequest { job_id, reason } = req.into_inner();
         Ok(Response::new(
             self.sched
@@ -92,6 +107,7 @@ impl JobService for JobSvc {
     }
 
     async fn get_report(&self, req: Request<GetReportRequest>) -> Result<Response<Report>, Status> {
+        self.security.allow(&req, Role::Read)?;
         let job_id = req.into_inner().job_id;
         Ok(Response::new(
             self.sched
@@ -104,6 +120,7 @@ impl JobService for JobSvc {
         &self,
         req: Request<GetLogsRequest>,
     ) -> Result<Response<GetLogsResponse>, Status> {
+        self.security.allow(&req, Role::Read)?;
         let r = req.into_inner();
         let job_id = r.job_id.clone();
         // Unknown jobs get the same not-found as everywhere else.
@@ -125,6 +142,7 @@ impl JobService for JobSvc {
         &self,
         req: Request<GetTelemetryRequest>,
     ) -> Result<Response<GetTelemetryResponse>, Status> {
+        self.security.allow(&req, Role::Read)?;
         let job_id = req.into_inner().job_id;
         let latest = self
             .sched
@@ -135,8 +153,9 @@ impl JobService for JobSvc {
 
     async fn list_nodes(
         &self,
-        _req: Request<ListNodesRequest>,
+        req: Request<ListNodesRequest>,
     ) -> Result<Response<ListNodesResponse>, Status> {
+        self.security.allow(&req, Role::Read)?;
         let nodes = self.sched.ask(|reply| Event::ListNodes { reply }).await?;
         Ok(Response::new(ListNodesResponse { nodes }))
     }
@@ -145,6 +164,7 @@ impl JobService for JobSvc {
         &self,
         req: Request<SaveBaselineRequest>,
     ) -> Result<Response<Baseline>, Status> {
+        self.security.allow(&req, Role::Operate)?;
         let r = req.into_inner();
         let b = baseline::save(&self.sched, &self.store, r.job_id, &r.name, r.replace).await?;
         Ok(Response::new(b))
@@ -154,6 +174,7 @@ impl JobService for JobSvc {
         &self,
         req: Request<GetBaselineRequest>,
     ) -> Result<Response<Baseline>, Status> {
+        self.security.allow(&req, Role::Read)?;
         Ok(Response::new(
             baseline::get(&self.store, &req.into_inner().name).await?,
         ))
@@ -161,8 +182,9 @@ impl JobService for JobSvc {
 
     async fn list_baselines(
         &self,
-        _req: Request<ListBaselinesRequest>,
+        req: Request<ListBaselinesRequest>,
     ) -> Result<Response<ListBaselinesResponse>, Status> {
+        self.security.allow(&req, Role::Read)?;
         let baselines = baseline::list(&self.store).await?;
         Ok(Response::new(ListBaselinesResponse { baselines }))
     }
@@ -171,6 +193,7 @@ impl JobService for JobSvc {
         &self,
         req: Request<GetBaselineRequest>,
     ) -> Result<Response<Baseline>, Status> {
+        self.security.allow(&req, Role::Operate)?;
         Ok(Response::new(
             baseline::delete(&self.store, &req.into_inner().name).await?,
         ))
@@ -180,11 +203,13 @@ impl JobService for JobSvc {
         &self,
         req: Request<GetFleetRequest>,
     ) -> Result<Response<GetFleetResponse>, Status> {
+        self.security.allow(&req, Role::Read)?;
         let r = history::fleet(&self.store, req.into_inner(), self.rules.drift_tolerance).await?;
         Ok(Response::new(r))
     }
 
     async fn remove_node(&self, req: Request<RemoveNodeRequest>) -> Result<Response<Node>, Status> {
+        self.security.allow(&req, Role::Operate)?;
         let name = req.into_inner().name.trim().to_string();
         let node = self
             .sched

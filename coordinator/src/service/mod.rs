@@ -4,6 +4,7 @@
 //! `tonic::Status` codes here.
 
 pub mod agent;
+pub mod auth;
 pub mod baseline;
 pub mod job;
 pub mod worker;

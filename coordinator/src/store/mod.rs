@@ -9,6 +9,7 @@ pub mod redb;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
+use gpuctl_proto::auth::RankKey;
 use gpuctl_proto::pb::{
     Baseline, GetLogsResponse, Job, LogLine, Node, NodeRun, RankResult, Report,
 };
@@ -67,6 +68,8 @@ pub trait Store: Send + Sync + 'static {
 /// The key space, in one place.
 pub mod keys {
     pub const JOB_SEQ: &str = "meta/job_seq";
+    /// The key of the workers' per-rank secrets (gpuctl_proto::auth::RankKey).
+    pub const RANK_KEY: &str = "meta/rank_key";
     pub const NODES: &str = "nodes/";
     pub const JOBS: &str = "jobs/";
     pub const BASELINES: &str = "baselines/";
@@ -165,11 +168,42 @@ impl Batch {
 #[derive(Clone)]
 pub struct StateStore {
     inner: Arc<dyn Store>,
+    /// Read (or made) once: it never changes while the store lives.
+    rank_key: Arc<tokio::sync::OnceCell<RankKey>>,
 }
 
 impl StateStore {
     pub fn new(inner: Arc<dyn Store>) -> Self {
-        StateStore { inner }
+        StateStore {
+            inner,
+            rank_key: Default::default(),
+        }
+    }
+
+    /// The key of the workers' secrets: the stored one, else a new random
+    /// one, stored. Only the leading coordinator writes, so a get and a put
+    /// suffice; a standby that takes over reads the same key and derives the
+    /// same secrets for the jobs it adopts.
+    pub async fn rank_key(&self) -> StoreResult<RankKey> {
+        self.rank_key
+            .get_or_try_init(|| async {
+                let key = keys::RANK_KEY.to_string();
+                if let Some(bytes) = self.inner.get(key.clone()).await? {
+                    return RankKey::from_bytes(&bytes).ok_or_else(|| {
+                        StoreError::Backend(format!(
+                            "`{key}` holds {} bytes, not a key of {}",
+                            bytes.len(),
+                            gpuctl_proto::auth::KEY_BYTES
+                        ))
+                    });
+                }
+                let fresh = RankKey::generate()
+                    .map_err(|e| StoreError::Backend(format!("no random bytes for a key: {e}")))?;
+                self.inner.put(key, fresh.as_bytes().to_vec()).await?;
+                Ok(fresh)
+            })
+            .await
+            .cloned()
     }
 
     pub async fn close(&self) -> StoreResult<()> {

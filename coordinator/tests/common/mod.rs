@@ -337,6 +337,29 @@ pub async fn latest_telemetry(
 /// A real etcd server, for the `--store etcd` tests.
 pub mod etcd;
 
+/// `msg` as rank `rank`'s worker sends it: with the secret its agent was
+/// handed in the assignment (`Assignment.rank_secrets`).
+pub fn as_rank<T>(
+    secrets: &std::collections::HashMap<u32, String>,
+    rank: u32,
+    msg: T,
+) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(msg);
+    req.metadata_mut().insert(
+        gpuctl_proto::auth::RANK_SECRET,
+        secrets[&rank].parse().expect("a secret is ASCII"),
+    );
+    req
+}
+
+/// The secrets of every rank in `assignments`.
+pub fn secrets(assignments: &[&Assignment]) -> std::collections::HashMap<u32, String> {
+    assignments
+        .iter()
+        .flat_map(|a| a.rank_secrets.clone())
+        .collect()
+}
+
 /// A valid registration of `name` (protocol, facts, no GPUs).
 pub fn register_request(name: &str, facts: HostFacts) -> RegisterRequest {
     RegisterRequest {
