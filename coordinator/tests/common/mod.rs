@@ -333,3 +333,22 @@ pub async fn latest_telemetry(
     }
     latest
 }
+
+/// A coordinator on `cfg` (its listen address is ignored: a free loopback
+/// port), without metrics.
+pub async fn start_cfg(cfg: Config) -> Coord {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let stop = Shutdown::new();
+    let task = tokio::spawn(gpuctl_coordinator::server::run_on(
+        cfg,
+        listener,
+        stop.clone(),
+    ));
+    Coord {
+        url,
+        metrics: None,
+        stop,
+        task,
+    }
+}
