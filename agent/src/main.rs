@@ -71,6 +71,12 @@ struct Args {
     /// Address of the Prometheus /metrics endpoint (host:port), or `off`.
     #[arg(long, env = "GPUCTL_METRICS_LISTEN", default_value = gpuctl_agent::metrics::DEFAULT_LISTEN)]
     metrics_listen: String,
+
+    /// How long workers keep running while the coordinator is unreachable
+    /// (e.g. 60s, 5m; 0 stops them at once): a coordinator restarted (or a
+    /// standby taking over) within it adopts the running jobs.
+    #[arg(long, default_value = "60s", value_parser = parse_grace)]
+    coordinator_grace: Duration,
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {
@@ -83,6 +89,13 @@ fn parse_label(s: &str) -> Result<(String, String), String> {
 }
 
 fn parse_interval(s: &str) -> Result<Duration, String> {
+    gpuctl_proto::units::parse_duration(s)
+}
+
+fn parse_grace(s: &str) -> Result<Duration, String> {
+    if matches!(s.trim(), "0" | "0s" | "0ms") {
+        return Ok(Duration::ZERO);
+    }
     gpuctl_proto::units::parse_duration(s)
 }
 
@@ -132,6 +145,7 @@ async fn main() -> anyhow::Result<()> {
             "" | "off" | "none" => None,
             l => Some(l.to_string()),
         },
+        coordinator_grace: args.coordinator_grace,
     };
 
     // The one shutdown signal: every loop watches it, and the agent kills
