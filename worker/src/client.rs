@@ -174,7 +174,7 @@ impl CoordinatorClient {
                     }
                 ));
             }
-            if failures == 1 || failures % 10 == 0 {
+            if failures == 1 || failures.is_multiple_of(10) {
                 tracing::warn!(
                     "{what} at {}: {}; trying again for up to {budget:?}",
                     self.url,
