@@ -31,8 +31,9 @@ use gpuctl_proto::shutdown::Shutdown;
 /// Everything the command line decides.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// `http://host:port` of the coordinator.
-    pub coordinator: String,
+    /// `http://host:port` of the coordinator, or of each of a leader and its
+    /// standbys (the one that leads is used).
+    pub coordinator: Vec<String>,
     /// Node name; the host name when `None`.
     pub name: Option<String>,
     /// Ranks offered when there is no GPU.
@@ -194,7 +195,7 @@ pub async fn run(cfg: Config, shutdown: Shutdown) -> anyhow::Result<()> {
             .collect::<HashMap<_, _>>(),
         kill_grace: workers::KILL_GRACE,
     };
-    let (workers, events) = workers::Workers::new(settings, cfg.coordinator.clone());
+    let (workers, events) = workers::Workers::new(settings, cfg.coordinator.join(","));
 
     // Preflight at start: the verdicts go with Register, the facts they
     // read into HostFacts; the same checks run again for every assignment.
@@ -268,7 +269,7 @@ pub async fn run(cfg: Config, shutdown: Shutdown) -> anyhow::Result<()> {
     }
 
     let session_cfg = session::SessionConfig {
-        coordinator: cfg.coordinator.clone(),
+        coordinator: cfg.coordinator.join(","),
         name,
         facts: host,
         gpus: inventory.gpus.clone(),

@@ -12,7 +12,8 @@ use clap::Parser;
 #[derive(Debug, Parser)]
 #[command(name = "gpuctl-agent", version)]
 struct Args {
-    /// Coordinator URL.
+    /// Coordinator URL, or several separated by commas (a leader and its
+    /// standbys with `--store etcd`): the agent registers with the one that leads.
     #[arg(
         long,
         env = "GPUCTL_COORDINATOR",
@@ -108,6 +109,18 @@ fn normalize_url(url: &str) -> String {
     }
 }
 
+/// `--coordinator` as a list of URLs, each with a scheme.
+fn coordinator_urls(arg: &str) -> anyhow::Result<Vec<String>> {
+    let urls: Vec<String> = gpuctl_proto::leader::split_urls(arg)
+        .iter()
+        .map(|u| normalize_url(u))
+        .collect();
+    if urls.is_empty() {
+        anyhow::bail!("--coordinator `{arg}` names no URL; write it like http://127.0.0.1:7070");
+    }
+    Ok(urls)
+}
+
 fn default_worker_bin() -> PathBuf {
     std::env::current_exe()
         .ok()
@@ -129,7 +142,7 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let labels: BTreeMap<String, String> = args.labels.into_iter().collect();
     let cfg = gpuctl_agent::Config {
-        coordinator: normalize_url(&args.coordinator),
+        coordinator: coordinator_urls(&args.coordinator)?,
         name: args.name.filter(|n| !n.is_empty()),
         cpu_ranks: args.cpu_ranks,
         libtorch: args.libtorch.filter(|p| !p.as_os_str().is_empty()),

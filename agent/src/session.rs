@@ -188,15 +188,22 @@ async fn grace_watchdog(
     }
 }
 
-async fn connect(url: &str) -> Result<AgentServiceClient<Channel>, String> {
-    // The builder's HTTP/2 keepalive is how an idle session notices a
-    // vanished coordinator host; its request timeout bounds Register.
-    let channel = gpuctl_proto::client::builder(url)
-        .connect_timeout(CONNECT_TIMEOUT)
-        .request_timeout(REQUEST_TIMEOUT)
-        .connect()
-        .await
-        .map_err(|e| e.to_string())?;
+async fn connect(urls: &str) -> Result<AgentServiceClient<Channel>, String> {
+    // `urls`: `--coordinator`, one URL or several (a leader and its
+    // standbys); the one that leads is used. The builder's HTTP/2 keepalive
+    // is how an idle session notices a vanished coordinator host; its
+    // request timeout bounds Register.
+    let list = gpuctl_proto::leader::split_urls(urls);
+    let channel = gpuctl_proto::leader::find_leader(&list, |url| {
+        gpuctl_proto::client::builder(url)
+            .connect_timeout(CONNECT_TIMEOUT)
+            .request_timeout(REQUEST_TIMEOUT)
+    })
+    .await
+    .map_err(|e| format!("cannot reach {e}"))?;
+    if list.len() > 1 {
+        tracing::info!(leader = %channel.url(), "the leading coordinator");
+    }
     Ok(AgentServiceClient::new(channel)
         .max_decoding_message_size(gpuctl_proto::server::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(gpuctl_proto::server::MAX_MESSAGE_BYTES))

@@ -22,7 +22,8 @@ pub const DEFAULT_COORDINATOR: &str = "http://127.0.0.1:7070";
     propagate_version = true
 )]
 pub struct Cli {
-    /// Coordinator URL.
+    /// Coordinator URL, or several separated by commas (a leader and its
+    /// standbys with `--store etcd`): the one that leads is used.
     #[arg(long, env = "GPUCTL_COORDINATOR", default_value = DEFAULT_COORDINATOR, global = true)]
     pub coordinator: String,
 

@@ -3,7 +3,8 @@
 //! coordinator at ...", the coordinator's own refusal text).
 
 use anyhow::{anyhow, Result};
-use gpuctl_proto::client::{Channel, ClientError};
+use gpuctl_proto::client::Channel;
+use gpuctl_proto::leader;
 use gpuctl_proto::pb::{self, job_service_client::JobServiceClient};
 use tonic::{Code, Status};
 
@@ -13,6 +14,9 @@ use crate::args::UsageError;
 const MAX_MESSAGE_BYTES: usize = gpuctl_proto::server::MAX_MESSAGE_BYTES;
 
 pub struct Coordinator {
+    /// Every `--coordinator` URL, for finding the leader again after a failover.
+    urls: Vec<String>,
+    /// The one that led when last asked.
     url: String,
     inner: JobServiceClient<Channel>,
 }
@@ -23,35 +27,90 @@ fn unreachable(url: &str, why: &str) -> anyhow::Error {
     )
 }
 
+fn client(channel: Channel) -> JobServiceClient<Channel> {
+    JobServiceClient::new(channel)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES)
+}
+
+/// Whether a failed call may go to another URL: a read after any
+/// UNAVAILABLE; a change (submit, cancel, ...) only after a standby's
+/// refusal, which did nothing: a call that broke mid-way may have been done.
+fn may_retry(status: &Status, reads: bool) -> bool {
+    status.code() == Code::Unavailable && (reads || leader::leader_of(status).is_some())
+}
+
+/// Connects to the leader among `urls`, or says why none answered, naming each URL.
+async fn find(urls: &[String]) -> Result<(String, Channel)> {
+    match leader::find_leader(urls, gpuctl_proto::client::builder).await {
+        Ok(channel) => Ok((channel.url().to_string(), channel)),
+        Err(e) if e.all_bad_urls() => Err(UsageError(format!("--coordinator: {e}")).into()),
+        Err(e) if e.tried.len() == 1 => Err(unreachable(&e.tried[0].0, &e.tried[0].1)),
+        Err(e) => Err(unreachable(&e.urls(), &e.to_string())),
+    }
+}
+
 impl Coordinator {
-    /// Connects eagerly so that a missing coordinator is reported once, up
-    /// front. Every call then gets proto's request timeout (30 s): a
-    /// coordinator that accepts and never answers (a standby) is reported,
-    /// not waited on forever.
-    pub async fn connect(url: &str) -> Result<Self> {
-        if !(url.starts_with("http://") || url.starts_with("https://")) {
+    /// Connects eagerly to the coordinator that leads among `urls` (one URL
+    /// or several, comma-separated: a standby's answer names the leader), so
+    /// that a missing coordinator is reported once, up front. Every call
+    /// then gets proto's request timeout (30 s): a coordinator that accepts
+    /// and never answers is reported, not waited on forever.
+    pub async fn connect(urls: &str) -> Result<Self> {
+        let list = leader::split_urls(urls);
+        if list.is_empty() {
             return Err(UsageError(format!(
-                "--coordinator: `{url}` is not a URL; write it like http://127.0.0.1:7070"
+                "--coordinator: `{urls}` names no URL; write it like http://127.0.0.1:7070[,http://other:7070]"
             ))
             .into());
         }
-        tracing::debug!("connecting to {url}");
-        let channel = gpuctl_proto::client::builder(url)
-            .connect()
-            .await
-            .map_err(|e| match e {
-                ClientError::BadUrl { reason, .. } => UsageError(format!(
-                    "--coordinator: `{url}` is not a URL ({reason}); write it like http://127.0.0.1:7070"
-                ))
-                .into(),
-                ClientError::Unreachable { reason, .. } => unreachable(url, &reason),
-            })?;
+        if let Some(bad) = list
+            .iter()
+            .find(|u| !(u.starts_with("http://") || u.starts_with("https://")))
+        {
+            return Err(UsageError(format!(
+                "--coordinator: `{bad}` is not a URL; write it like http://127.0.0.1:7070"
+            ))
+            .into());
+        }
+        let (url, channel) = find(&list).await?;
         Ok(Coordinator {
-            url: url.to_string(),
-            inner: JobServiceClient::new(channel)
-                .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            urls: list,
+            url,
+            inner: client(channel),
         })
+    }
+
+    /// Runs `call` on the leader; when it fails so that another URL may
+    /// answer ([`may_retry`]), finds the leader again (the one a standby
+    /// named first) and runs it once more there.
+    async fn call<T, F, Fut>(&mut self, reads: bool, mut call: F) -> std::result::Result<T, Status>
+    where
+        F: FnMut(JobServiceClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<tonic::Response<T>, Status>>,
+    {
+        let status = match call(self.inner.clone()).await {
+            Ok(r) => return Ok(r.into_inner()),
+            Err(s)
+                if may_retry(&s, reads)
+                    && self.urls.len() + usize::from(leader::leader_of(&s).is_some()) > 1 =>
+            {
+                s
+            }
+            Err(s) => return Err(s),
+        };
+        let mut urls = self.urls.clone();
+        if let Some(l) = leader::leader_of(&status) {
+            urls.retain(|u| *u != l);
+            urls.insert(0, l);
+        }
+        let Ok((url, channel)) = find(&urls).await else {
+            return Err(status);
+        };
+        tracing::info!(from = %self.url, to = %url, "the coordinator changed: {}", status.message());
+        self.url = url;
+        self.inner = client(channel);
+        call(self.inner.clone()).await.map(|r| r.into_inner())
     }
 
     pub fn url(&self) -> &str {
@@ -64,37 +123,39 @@ impl Coordinator {
 
     pub async fn submit(&mut self, spec: pb::JobSpec) -> Result<pb::Job> {
         let req = pb::SubmitRequest { spec: Some(spec) };
-        self.inner
-            .submit(req)
-            .await
-            .map(|r| r.into_inner())
-            .map_err(|s| self.status("submit", s))
+        self.call(false, move |mut c| {
+            let req = req.clone();
+            async move { c.submit(req).await }
+        })
+        .await
+        .map_err(|s| self.status("submit", s))
     }
 
     pub async fn plan(&mut self, spec: pb::JobSpec) -> Result<pb::Plan> {
         let req = pb::SubmitRequest { spec: Some(spec) };
-        self.inner
-            .plan_job(req)
-            .await
-            .map(|r| r.into_inner())
-            .map_err(|s| self.status("plan", s))
+        self.call(true, move |mut c| {
+            let req = req.clone();
+            async move { c.plan_job(req).await }
+        })
+        .await
+        .map_err(|s| self.status("plan", s))
     }
 
     pub async fn job(&mut self, id: &str) -> Result<pb::Job> {
         let req = pb::GetJobRequest { job_id: id.into() };
-        self.inner
-            .get_job(req)
-            .await
-            .map(|r| r.into_inner())
-            .map_err(|s| self.status("get job", s))
+        self.call(true, move |mut c| {
+            let req = req.clone();
+            async move { c.get_job(req).await }
+        })
+        .await
+        .map_err(|s| self.status("get job", s))
     }
 
     pub async fn jobs(&mut self, limit: u32) -> Result<Vec<pb::Job>> {
         let req = pb::ListJobsRequest { limit };
-        self.inner
-            .list_jobs(req)
+        self.call(true, move |mut c| async move { c.list_jobs(req).await })
             .await
-            .map(|r| r.into_inner().jobs)
+            .map(|r| r.jobs)
             .map_err(|s| self.status("list jobs", s))
     }
 
@@ -103,27 +164,34 @@ impl Coordinator {
             job_id: id.into(),
             reason: reason.into(),
         };
-        self.inner
-            .cancel_job(req)
-            .await
-            .map(|r| r.into_inner())
-            .map_err(|s| self.status("cancel", s))
+        self.call(false, move |mut c| {
+            let req = req.clone();
+            async move { c.cancel_job(req).await }
+        })
+        .await
+        .map_err(|s| self.status("cancel", s))
     }
 
     /// The latest telemetry batch of every node of a running job.
     pub async fn telemetry(&mut self, id: &str) -> Result<Vec<pb::TelemetryBatch>> {
         let req = pb::GetTelemetryRequest { job_id: id.into() };
-        self.inner
-            .get_telemetry(req)
-            .await
-            .map(|r| r.into_inner().latest)
-            .map_err(|s| self.status("telemetry", s))
+        self.call(true, move |mut c| {
+            let req = req.clone();
+            async move { c.get_telemetry(req).await }
+        })
+        .await
+        .map(|r| r.latest)
+        .map_err(|s| self.status("telemetry", s))
     }
 
     /// The raw status is kept for callers that wait for a report to appear.
     pub async fn report_raw(&mut self, id: &str) -> std::result::Result<pb::Report, Status> {
         let req = pb::GetReportRequest { job_id: id.into() };
-        self.inner.get_report(req).await.map(|r| r.into_inner())
+        self.call(true, move |mut c| {
+            let req = req.clone();
+            async move { c.get_report(req).await }
+        })
+        .await
     }
 
     pub async fn report(&mut self, id: &str) -> Result<pb::Report> {
@@ -137,11 +205,12 @@ impl Coordinator {
             since_unix_ms,
             node: node.to_string(),
         };
-        self.inner
-            .get_fleet(req)
-            .await
-            .map(|r| r.into_inner())
-            .map_err(|s| self.status("fleet", s))
+        self.call(true, move |mut c| {
+            let req = req.clone();
+            async move { c.get_fleet(req).await }
+        })
+        .await
+        .map_err(|s| self.status("fleet", s))
     }
 
     pub async fn save_baseline(
@@ -155,41 +224,47 @@ impl Coordinator {
             name: name.to_string(),
             replace,
         };
-        self.inner
-            .save_baseline(req)
-            .await
-            .map(|r| r.into_inner())
-            .map_err(|s| self.status("baseline save", s))
+        self.call(false, move |mut c| {
+            let req = req.clone();
+            async move { c.save_baseline(req).await }
+        })
+        .await
+        .map_err(|s| self.status("baseline save", s))
     }
 
     pub async fn get_baseline(&mut self, name: &str) -> Result<pb::Baseline> {
         let req = pb::GetBaselineRequest {
             name: name.to_string(),
         };
-        self.inner
-            .get_baseline(req)
-            .await
-            .map(|r| r.into_inner())
-            .map_err(|s| self.status("baseline show", s))
+        self.call(true, move |mut c| {
+            let req = req.clone();
+            async move { c.get_baseline(req).await }
+        })
+        .await
+        .map_err(|s| self.status("baseline show", s))
     }
 
     pub async fn list_baselines(&mut self) -> Result<Vec<pb::Baseline>> {
-        self.inner
-            .list_baselines(pb::ListBaselinesRequest {})
-            .await
-            .map(|r| r.into_inner().baselines)
-            .map_err(|s| self.status("baseline list", s))
+        let req = pb::ListBaselinesRequest {};
+        self.call(
+            true,
+            move |mut c| async move { c.list_baselines(req).await },
+        )
+        .await
+        .map(|r| r.baselines)
+        .map_err(|s| self.status("baseline list", s))
     }
 
     pub async fn delete_baseline(&mut self, name: &str) -> Result<pb::Baseline> {
         let req = pb::GetBaselineRequest {
             name: name.to_string(),
         };
-        self.inner
-            .delete_baseline(req)
-            .await
-            .map(|r| r.into_inner())
-            .map_err(|s| self.status("baseline delete", s))
+        self.call(false, move |mut c| {
+            let req = req.clone();
+            async move { c.delete_baseline(req).await }
+        })
+        .await
+        .map_err(|s| self.status("baseline delete", s))
     }
 
     pub async fn logs(
@@ -204,29 +279,32 @@ impl Coordinator {
             rank: rank.unwrap_or(0),
             tail,
         };
-        self.inner
-            .get_logs(req)
-            .await
-            .map(|r| r.into_inner().lines)
-            .map_err(|s| self.status("logs", s))
+        self.call(true, move |mut c| {
+            let req = req.clone();
+            async move { c.get_logs(req).await }
+        })
+        .await
+        .map(|r| r.lines)
+        .map_err(|s| self.status("logs", s))
     }
 
     pub async fn remove_node(&mut self, name: &str) -> Result<pb::Node> {
         let req = pb::RemoveNodeRequest {
             name: name.to_string(),
         };
-        self.inner
-            .remove_node(req)
-            .await
-            .map(|r| r.into_inner())
-            .map_err(|s| self.status("nodes remove", s))
+        self.call(false, move |mut c| {
+            let req = req.clone();
+            async move { c.remove_node(req).await }
+        })
+        .await
+        .map_err(|s| self.status("nodes remove", s))
     }
 
     pub async fn nodes(&mut self) -> Result<Vec<pb::Node>> {
-        self.inner
-            .list_nodes(pb::ListNodesRequest {})
+        let req = pb::ListNodesRequest {};
+        self.call(true, move |mut c| async move { c.list_nodes(req).await })
             .await
-            .map(|r| r.into_inner().nodes)
+            .map(|r| r.nodes)
             .map_err(|s| self.status("list nodes", s))
     }
 }
@@ -278,6 +356,17 @@ fn status_text(url: &str, what: &str, s: Status) -> anyhow::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_reads_or_calls_a_standby_refused_go_to_another_url() {
+        let standby = leader::standby_status(Some("http://10.0.0.1:7070"));
+        let broken = Status::unavailable("connection reset");
+        assert!(may_retry(&standby, false) && may_retry(&standby, true));
+        // A change cut off mid-way may have been done: not sent twice.
+        assert!(!may_retry(&broken, false));
+        assert!(may_retry(&broken, true));
+        assert!(!may_retry(&Status::invalid_argument("no"), true));
+    }
 
     #[test]
     fn a_silent_coordinator_reads_as_unreachable() {

@@ -13,6 +13,7 @@ pub mod rendezvous;
 pub mod scheduler;
 pub mod server;
 pub mod service;
+pub mod standby;
 pub mod store;
 
 pub use config::Config;

@@ -1,5 +1,6 @@
-//! Wires the coordinator together and serves it: opens the store, loads the
-//! scheduler, binds, prints the `listening on` line, serves the three services
+//! Wires the coordinator together and serves it: opens the store (with etcd,
+//! standing by until it leads while crate::standby answers on the bound
+//! port), loads the scheduler, prints the `listening on` line, serves the three services
 //! until the shutdown signal, then stops in order (server, scheduler, log
 //! writer) so that everything acknowledged is on disk.
 
@@ -23,6 +24,7 @@ use crate::logs::LogSink;
 use crate::rendezvous::Rendezvous;
 use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::service::{agent::AgentSvc, job::JobSvc, worker::WorkerSvc};
+use crate::standby::{self, Standby};
 use crate::store::{RedbStore, StateStore, Store};
 
 /// How long in-flight calls (long rendezvous waits, sessions) get to end.
@@ -39,7 +41,7 @@ pub fn open_store(cfg: &Config) -> anyhow::Result<Arc<dyn Store>> {
             let store = RedbStore::open(&cfg.data_dir.join(STORE_FILE))?;
             Ok(Arc::new(store))
         }
-        // It waits for the leader key, so `run_with` opens it (store::etcd::open_leader).
+        // It waits for the leader key, so `run_with` opens it (standby::open_leader).
         StoreKind::Etcd => bail!("--store etcd is opened by server::run, not open_store"),
     }
 }
@@ -103,21 +105,35 @@ pub async fn run_with(
     let addr = listener.local_addr()?;
     let health_rules = load_rules(cfg.health_rules.as_deref(), "health", HealthRules::load)?;
     let perf_rules = load_rules(cfg.rules.as_deref(), "performance", PerfRules::load)?;
-    // With etcd: wait as a standby until this coordinator leads; `shutdown`
-    // then also trips when the leadership is lost.
+    let advertise = cfg
+        .advertise_url
+        .clone()
+        .or_else(|| (!addr.ip().is_unspecified()).then(|| format!("http://{addr}")));
+    // The standby server and then the real one accept on it in turn.
+    let listener = Arc::new(listener);
+    // With etcd: stand by (answering UNAVAILABLE, naming the leader) until
+    // this coordinator leads; `shutdown` then also trips when the
+    // leadership is lost.
     let (store, shutdown) = match cfg.store {
         StoreKind::Embedded => (open_store(&cfg)?, shutdown),
-        StoreKind::Etcd => match crate::store::etcd::open_leader(
-            cfg.etcd.as_deref(),
-            &cfg.etcd_prefix,
-            addr,
-            shutdown,
-        )
-        .await?
-        {
-            Some(opened) => opened,
-            None => return Ok(()), // stopped while standing by
-        },
+        StoreKind::Etcd => {
+            let standby = Standby::serve(listener.clone());
+            info!(%addr, "standby: answering every call with UNAVAILABLE until this coordinator leads");
+            let value = standby::leader_value(advertise.as_deref(), addr);
+            let opened = standby::open_leader(
+                cfg.etcd.as_deref(),
+                &cfg.etcd_prefix,
+                &value,
+                &standby,
+                shutdown,
+            )
+            .await;
+            standby.stop();
+            match opened? {
+                Some(opened) => opened,
+                None => return Ok(()), // stopped while standing by
+            }
+        }
     };
     let store = StateStore::new(store);
     let rdv = Rendezvous::default();
@@ -133,11 +149,6 @@ pub async fn run_with(
     let scheduler = Scheduler::load(sched_cfg, store.clone(), rdv.clone(), logs)
         .await
         .context("loading the stored state")?;
-
-    let advertise = cfg
-        .advertise_url
-        .clone()
-        .or_else(|| (!addr.ip().is_unspecified()).then(|| format!("http://{addr}")));
 
     let (sched, sched_task) = scheduler.spawn(shutdown.clone());
     let agents = AgentServiceServer::new(AgentSvc::new(sched.clone(), advertise))
@@ -173,7 +184,7 @@ pub async fn run_with(
         .add_service(jobs)
         .add_service(workers)
         .serve_with_incoming_shutdown(
-            gpuctl_proto::server::incoming(listener),
+            standby::incoming(listener, shutdown.clone()),
             shutdown.clone().cancelled_owned(),
         );
     let mut server = tokio::spawn(serve);

@@ -9,115 +9,16 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::etcd::{coordinator_bin, free_port, Coordinator, Etcd};
 use gpuctl_coordinator::store::etcd::{leader_key, EtcdStore, LEADER_TTL};
 use gpuctl_coordinator::store::{keys, Batch, StateStore, Store};
 use gpuctl_proto::pb::job_service_client::JobServiceClient;
 use gpuctl_proto::pb::*;
 use gpuctl_proto::shutdown::Shutdown;
-
-const INSTALL: &str = "etcd is not installed (no `etcd` on PATH): these tests need a real etcd. \
-     Install it with `apt-get install -y etcd-server` (Debian/Ubuntu; .ci/run does this), \
-     or put an etcd v3 binary on PATH";
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// One etcd server, killed on drop.
-struct Etcd {
-    url: String,
-    child: Child,
-    dir: tempfile::TempDir,
-}
-
-impl Etcd {
-    async fn start() -> Etcd {
-        match Command::new("etcd").arg("--version").output() {
-            Ok(out) if out.status.success() => {}
-            Ok(out) => panic!(
-                "{INSTALL}\n(`etcd --version` failed: {})",
-                String::from_utf8_lossy(&out.stderr)
-            ),
-            Err(e) => panic!("{INSTALL}\n({e})"),
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let (client, peer) = (free_port(), free_port());
-        let url = format!("http://127.0.0.1:{client}");
-        let log = std::fs::File::create(dir.path().join("etcd.log")).unwrap();
-        let mut cmd = Command::new("etcd");
-        if std::env::consts::ARCH == "aarch64" {
-            // etcd 3.4 runs on arm64 only when told to.
-            cmd.env("ETCD_UNSUPPORTED_ARCH", "arm64");
-        }
-        let child = cmd
-            .arg("--name")
-            .arg("gpuctl-test")
-            .arg("--data-dir")
-            .arg(dir.path().join("data"))
-            .args([
-                "--listen-client-urls",
-                &url,
-                "--advertise-client-urls",
-                &url,
-            ])
-            .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
-            .args([
-                "--initial-advertise-peer-urls",
-                &format!("http://127.0.0.1:{peer}"),
-                "--initial-cluster",
-                &format!("gpuctl-test=http://127.0.0.1:{peer}"),
-            ])
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("{INSTALL}\n({e})"));
-        let mut etcd = Etcd { url, child, dir };
-        etcd.wait_ready().await;
-        etcd
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default()
-    }
-
-    async fn wait_ready(&mut self) {
-        let started = Instant::now();
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("etcd exited ({status}) at start:\n{}", self.log());
-            }
-            if EtcdStore::connect(&self.url, "/").await.is_ok() {
-                return;
-            }
-            if started.elapsed() > Duration::from_secs(30) {
-                panic!(
-                    "etcd did not answer on {} in 30 s:\n{}",
-                    self.url,
-                    self.log()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 #[tokio::test]
 async fn round_trips_pages_and_persists() {
@@ -333,96 +234,6 @@ async fn unreachable_etcd_names_the_endpoint_and_the_fix() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("--store etcd needs --etcd URL"), "{stderr}");
-}
-
-fn coordinator_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_gpuctl-coordinator"))
-}
-
-/// A `gpuctl-coordinator --store etcd` process; stderr goes to `log`.
-struct Coordinator {
-    child: Child,
-    log: PathBuf,
-    /// The `listening on` line, once printed.
-    url: std::sync::mpsc::Receiver<String>,
-}
-
-impl Coordinator {
-    fn start(etcd: &Etcd, prefix: &str, dir: &Path, name: &str) -> Coordinator {
-        let log = dir.join(format!("{name}.log"));
-        let mut child = Command::new(coordinator_bin())
-            .args(["--listen", "127.0.0.1:0", "--metrics-listen", "off"])
-            .args([
-                "--store",
-                "etcd",
-                "--etcd",
-                &etcd.url,
-                "--etcd-prefix",
-                prefix,
-            ])
-            .arg("--data-dir")
-            .arg(dir.join(name))
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("start gpuctl-coordinator");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, url) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(u) = line.strip_prefix("listening on ") {
-                    let _ = tx.send(u.trim().to_string());
-                }
-            }
-        });
-        Coordinator { child, log, url }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Waits for the `listening on` line.
-    fn serving(&mut self, within: Duration) -> String {
-        match self.url.recv_timeout(within) {
-            Ok(url) => url,
-            Err(_) => {
-                let status = self.child.try_wait().ok().flatten();
-                panic!(
-                    "coordinator did not start serving within {within:?} (exited: {status:?}):\n{}",
-                    self.log()
-                )
-            }
-        }
-    }
-
-    fn terminate(&mut self) -> std::process::ExitStatus {
-        let ok = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(ok.success());
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(15),
-                "coordinator did not stop on SIGTERM:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Coordinator {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 async fn node_names(url: &str) -> Vec<String> {

@@ -6,6 +6,7 @@
 
 pub mod catalogue;
 pub mod client;
+pub mod leader;
 pub mod limits;
 pub mod metrics_http;
 pub mod pairs;

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use gpuctl_proto::client::Channel;
+use gpuctl_proto::leader::Failover;
 use gpuctl_proto::pb::{
     worker_service_client::WorkerServiceClient, Ack, RankProgress, RankProgressReport, RankResult,
     RendezvousGetRequest, RendezvousPutRequest,
@@ -78,18 +78,31 @@ fn runtime() -> Result<Runtime> {
 }
 
 /// Connects on the first call, so a coordinator that restarts meanwhile is
-/// found again; calls that get no answer in time fail naming the URL.
-fn channel(url: &str) -> Result<Channel> {
-    Ok(gpuctl_proto::client::builder(url)
-        .connect_timeout(Duration::from_secs(10))
-        .request_timeout(RPC_TIMEOUT)
-        .connect_lazy()?)
+/// found again; calls that get no answer in time fail naming the URL. Over
+/// `url` and every URL in `GPUCTL_COORDINATOR_URLS` (the agent's list: a
+/// leader and its standbys): a call that meets a standby or no coordinator
+/// moves the channel to the leader or the next URL, where callers' retries go.
+fn channel(url: &str) -> Result<Failover> {
+    let mut urls = gpuctl_proto::leader::split_urls(url);
+    if let Ok(more) = std::env::var("GPUCTL_COORDINATOR_URLS") {
+        for u in gpuctl_proto::leader::split_urls(&more) {
+            if !urls.contains(&u) {
+                urls.push(u);
+            }
+        }
+    }
+    Ok(Failover::new(&urls, |u| {
+        gpuctl_proto::client::builder(u)
+            .connect_timeout(Duration::from_secs(10))
+            .request_timeout(RPC_TIMEOUT)
+            .connect_lazy()
+    })?)
 }
 
 /// A blocking client of the coordinator's WorkerService for one job attempt.
 pub struct CoordinatorClient {
     rt: Runtime,
-    client: WorkerServiceClient<Channel>,
+    client: WorkerServiceClient<Failover>,
     url: String,
     job_id: String,
     attempt: u32,
@@ -144,7 +157,7 @@ impl CoordinatorClient {
         mut f: F,
     ) -> Result<T>
     where
-        F: FnMut(WorkerServiceClient<Channel>) -> Fut,
+        F: FnMut(WorkerServiceClient<Failover>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
     {
         let mut delay = RETRY_START;
@@ -339,7 +352,7 @@ impl Progress {
 
 fn progress_loop(
     rt: Runtime,
-    client: WorkerServiceClient<Channel>,
+    client: WorkerServiceClient<Failover>,
     t: ProgressTarget,
     inner: Arc<ProgressInner>,
 ) {

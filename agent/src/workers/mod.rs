@@ -206,6 +206,9 @@ pub struct Workers {
     coordinator_url: Mutex<String>,
     /// `--coordinator-grace` in ms, handed to every worker.
     coordinator_grace_ms: AtomicU64,
+    /// Every `--coordinator` URL, comma-separated, for workers to fail over
+    /// to (`GPUCTL_COORDINATOR_URLS`) unless an assignment lists its own.
+    coordinator_urls: String,
     jobs: Mutex<HashMap<JobKey, JobEntry>>,
     events: EventSender,
     /// Supervisors still running; `kill_all_and_wait` waits for zero.
@@ -213,14 +216,23 @@ pub struct Workers {
 }
 
 impl Workers {
+    /// `coordinator_url`: the agent's `--coordinator`, one URL or several
+    /// comma-separated (workers are told the first until the coordinator
+    /// names its own URL, and get all of them to fail over to).
     pub fn new(settings: WorkerSettings, coordinator_url: String) -> (Arc<Workers>, EventReceiver) {
         let (tx, rx) = mpsc::unbounded_channel();
         let queued = Arc::new(AtomicUsize::new(0));
         let queued_telemetry = Arc::new(AtomicUsize::new(0));
         let workers = Arc::new(Workers {
             settings,
-            coordinator_url: Mutex::new(coordinator_url),
             coordinator_grace_ms: AtomicU64::new(0),
+            coordinator_url: Mutex::new(
+                gpuctl_proto::leader::split_urls(&coordinator_url)
+                    .into_iter()
+                    .next()
+                    .unwrap_or_default(),
+            ),
+            coordinator_urls: coordinator_url,
             jobs: Mutex::new(HashMap::new()),
             events: EventSender {
                 tx,
@@ -496,7 +508,13 @@ impl Workers {
         std::fs::create_dir_all(&dir)
             .map_err(|e| format!("cannot create the working folder {}: {e}", dir.display()))?;
         let mut cmd = Command::new(&self.settings.worker_bin);
+        let urls = if a.coordinator_urls.is_empty() {
+            self.coordinator_urls.clone()
+        } else {
+            a.coordinator_urls.join(",")
+        };
         cmd.args(&spec.args)
+            .env("GPUCTL_COORDINATOR_URLS", urls)
             .envs(spec.env.iter().map(|(k, v)| (k, v)))
             .env(
                 COORDINATOR_GRACE_ENV,

@@ -16,7 +16,6 @@
 //!   fenced by a compare on that key, so a coordinator that lost its lease
 //!   cannot write over its successor's state; it stops instead.
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -27,6 +26,7 @@ use etcd_client::{
 };
 use futures::future::BoxFuture;
 use gpuctl_proto::shutdown::Shutdown;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, timeout, Instant};
 use tracing::{error, info, warn};
@@ -107,6 +107,8 @@ pub struct EtcdStore {
     /// Tripped when the leadership is lost (see [`EtcdStore::lead`]).
     lost_signal: Shutdown,
     closed: AtomicBool,
+    /// The leader key's value as a standby last read it (see [`EtcdStore::holder`]).
+    holder: watch::Sender<Option<String>>,
 }
 
 impl EtcdStore {
@@ -158,11 +160,18 @@ impl EtcdStore {
             lost: Arc::new(AtomicBool::new(false)),
             lost_signal: Shutdown::new(),
             closed: AtomicBool::new(false),
+            holder: watch::Sender::new(None),
         })
     }
 
     pub fn prefix(&self) -> &str {
         &self.prefix
+    }
+
+    /// The leader key's value while [`EtcdStore::lead`] stands by: what a
+    /// standby tells clients about the leader (crate::standby).
+    pub fn holder(&self) -> watch::Receiver<Option<String>> {
+        self.holder.subscribe()
     }
 
     fn full(&self, key: &str) -> String {
@@ -234,8 +243,8 @@ impl EtcdStore {
     }
 
     /// Takes the leader key `{prefix}leader`, waiting as a standby while another
-    /// coordinator holds it. `identity` is stored in the key, for the standby's
-    /// log. Returns `None` when `shutdown` trips first; otherwise a child of
+    /// coordinator holds it. `identity` is stored in the key: the leader's
+    /// URL first, which standbys hand to clients (crate::standby). Returns `None` when `shutdown` trips first; otherwise a child of
     /// `shutdown` that also trips when the leadership is lost.
     pub async fn lead(
         &self,
@@ -250,6 +259,7 @@ impl EtcdStore {
             match self.try_take(&key, identity, ttl_s).await {
                 Ok(Ok(taken)) => break taken,
                 Ok(Err(holder)) => {
+                    self.holder.send_replace(Some(holder.clone()));
                     if waiting_on.as_deref() != Some(holder.as_str()) {
                         info!(
                             key = %key,
@@ -582,39 +592,6 @@ impl EtcdStore {
             }
         }
         Ok(out)
-    }
-}
-
-/// This process as the leader key shows it to a standby.
-fn identity(addr: SocketAddr) -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_else(|| "unknown-host".into());
-    format!("{host} pid {} listening on {addr}", std::process::id())
-}
-
-/// What `--store etcd` opens: connects, then leads (or waits as a standby).
-/// `None` when `shutdown` came while standing by; otherwise the store and a
-/// child of `shutdown` that also trips when the leadership is lost.
-pub async fn open_leader(
-    endpoints: Option<&str>,
-    prefix: &str,
-    addr: SocketAddr,
-    shutdown: Shutdown,
-) -> anyhow::Result<Option<(Arc<dyn Store>, Shutdown)>> {
-    let endpoints = endpoints.ok_or_else(|| {
-        anyhow::anyhow!(
-            "--store etcd needs --etcd URL (e.g. --etcd http://127.0.0.1:2379), or use --store embedded"
-        )
-    })?;
-    let store = Arc::new(EtcdStore::connect(endpoints, prefix).await?);
-    info!(etcd = %endpoints, prefix = %store.prefix(), "state in etcd");
-    match store.lead(&identity(addr), LEADER_TTL, shutdown).await? {
-        Some(stop) => Ok(Some((store, stop))),
-        None => Ok(None),
     }
 }
 

@@ -339,3 +339,6 @@ pub async fn start_cfg(cfg: Config) -> Coord {
         task,
     }
 }
+
+/// A real etcd server, for the `--store etcd` tests.
+pub mod etcd;

@@ -1,0 +1,187 @@
+//! A coordinator that does not lead (`--store etcd`, another holds the
+//! leader key) still answers on its port: every call of every service gets
+//! `UNAVAILABLE` at once, naming the leader's URL in the text and in the
+//! `gpuctl-leader` metadata (gpuctl_proto::leader), so clients given several
+//! URLs go to the leader instead of hanging on a silent socket.
+//!
+//! The standby server and, later, the real one accept on the same bound
+//! listener: on taking the lead the standby stops accepting (connections
+//! wait in the kernel's backlog meanwhile; the port is never released), tells
+//! its open connections to go away (HTTP/2 GOAWAY, clients reconnect), and
+//! the real services accept from then on.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpuctl_proto::leader::standby_status;
+use gpuctl_proto::shutdown::Shutdown;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_stream::Stream;
+use tracing::{info, warn};
+
+use crate::store::etcd::{EtcdStore, LEADER_TTL};
+use crate::store::Store;
+
+/// How long the standby's open connections get to take their answers and go.
+const DRAIN: Duration = Duration::from_secs(3);
+
+/// The accepted connections of a shared listener (TCP_NODELAY set, as
+/// gpuctl_proto::server::incoming does), until `stop` trips: then the stream
+/// ends and accepts nothing more, so that another server can take the listener.
+pub fn incoming(
+    listener: Arc<TcpListener>,
+    stop: Shutdown,
+) -> impl Stream<Item = std::io::Result<TcpStream>> {
+    let accepted = futures::stream::unfold(listener, |l| async move {
+        let conn = l.accept().await.and_then(|(c, _)| {
+            c.set_nodelay(true)?;
+            Ok(c)
+        });
+        Some((conn, l))
+    });
+    futures::StreamExt::take_until(accepted, stop.cancelled_owned())
+}
+
+/// The leader's URL in the leader key's value: its first word, when that is
+/// a URL (a leader of an older gpuctl stored only its host and pid).
+pub fn leader_url(value: &str) -> Option<String> {
+    let first = value.split_whitespace().next()?;
+    (first.starts_with("http://") || first.starts_with("https://")).then(|| first.to_string())
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "unknown-host".into())
+}
+
+/// What the leader key holds for this coordinator: the URL clients should
+/// use (`--advertise-url`, else the listen address, else the host name and
+/// port for a wildcard address), then, for people reading the key, the host
+/// and pid.
+pub fn leader_value(advertise: Option<&str>, addr: std::net::SocketAddr) -> String {
+    let url = match advertise {
+        Some(u) => u.to_string(),
+        None => format!("http://{}:{}", host_name(), addr.port()),
+    };
+    format!("{url} ({} pid {})", host_name(), std::process::id())
+}
+
+/// The standby server, answering until [`Standby::stop`].
+pub struct Standby {
+    leader: Arc<watch::Sender<Option<String>>>,
+    stop: Shutdown,
+    task: JoinHandle<()>,
+}
+
+impl Standby {
+    /// Starts answering on `listener` (a clone of the one the real server takes later).
+    pub fn serve(listener: Arc<TcpListener>) -> Standby {
+        let (tx, rx) = watch::channel(None::<String>);
+        let stop = Shutdown::new();
+        let answer = move |_req: tonic::Request<()>| -> Result<tonic::Request<()>, tonic::Status> {
+            Err(standby_status(rx.borrow().as_deref()))
+        };
+        let server = gpuctl_proto::server::builder()
+            .layer(tonic::service::InterceptorLayer::new(answer))
+            .add_routes(tonic::service::Routes::default())
+            .serve_with_incoming_shutdown(
+                incoming(listener, stop.clone()),
+                stop.clone().cancelled_owned(),
+            );
+        let task = tokio::spawn(async move {
+            if let Err(e) = server.await {
+                warn!("standby server: {e}");
+            }
+        });
+        Standby {
+            leader: Arc::new(tx),
+            stop,
+            task,
+        }
+    }
+
+    /// Follows the leader key's value as the etcd store reads it while
+    /// standing by. Ends with `holder`'s sender (the store).
+    fn follow(&self, mut holder: watch::Receiver<Option<String>>) -> JoinHandle<()> {
+        let leader = self.leader.clone();
+        tokio::spawn(async move {
+            while holder.changed().await.is_ok() {
+                let url = holder.borrow_and_update().as_deref().and_then(leader_url);
+                leader.send_if_modified(|cur| {
+                    let changed = *cur != url;
+                    *cur = url;
+                    changed
+                });
+            }
+        })
+    }
+
+    /// Stops accepting at once; the open connections are drained in the
+    /// background (GOAWAY, at most [`DRAIN`]).
+    pub fn stop(self) {
+        self.stop.cancel();
+        let mut task = self.task;
+        tokio::spawn(async move {
+            if tokio::time::timeout(DRAIN, &mut task).await.is_err() {
+                task.abort();
+            }
+        });
+    }
+}
+
+/// What `--store etcd` opens: connects, then leads, standing by meanwhile
+/// with `standby` answering. `value` goes into the leader key
+/// ([`leader_value`]). `None` when `shutdown` came while standing by;
+/// otherwise the store and a child of `shutdown` that also trips when the
+/// leadership is lost.
+pub async fn open_leader(
+    endpoints: Option<&str>,
+    prefix: &str,
+    value: &str,
+    standby: &Standby,
+    shutdown: Shutdown,
+) -> anyhow::Result<Option<(Arc<dyn Store>, Shutdown)>> {
+    let endpoints = endpoints.ok_or_else(|| {
+        anyhow::anyhow!(
+            "--store etcd needs --etcd URL (e.g. --etcd http://127.0.0.1:2379), or use --store embedded"
+        )
+    })?;
+    let store = Arc::new(EtcdStore::connect(endpoints, prefix).await?);
+    info!(etcd = %endpoints, prefix = %store.prefix(), "state in etcd");
+    let follower = standby.follow(store.holder());
+    let led = store.lead(value, LEADER_TTL, shutdown).await;
+    follower.abort();
+    match led? {
+        Some(stop) => Ok(Some((store, stop))),
+        None => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_leader_url_is_the_first_word_of_the_key() {
+        let addr: std::net::SocketAddr = "0.0.0.0:7070".parse().unwrap();
+        let v = leader_value(Some("http://10.0.0.1:7070"), addr);
+        assert!(v.starts_with("http://10.0.0.1:7070 ("), "{v}");
+        assert_eq!(leader_url(&v).as_deref(), Some("http://10.0.0.1:7070"));
+        // A wildcard listen address: the host name, which peers can resolve.
+        let v = leader_value(None, addr);
+        assert_eq!(leader_url(&v), Some(format!("http://{}:7070", host_name())));
+        assert_eq!(
+            leader_url("https://c.example:7070").as_deref(),
+            Some("https://c.example:7070")
+        );
+        // An older leader's value, and a key gone meanwhile.
+        assert_eq!(leader_url("host-a pid 12 listening on 0.0.0.0:7070"), None);
+        assert_eq!(leader_url("(gone)"), None);
+    }
+}
