@@ -55,6 +55,9 @@ pub struct Config {
     pub sample_interval: Duration,
     /// Address of the `/metrics` endpoint; `None` disables it.
     pub metrics_listen: Option<String>,
+    /// How long workers keep running while the coordinator is away
+    /// (`--coordinator-grace`); zero kills them as soon as it is lost.
+    pub coordinator_grace: Duration,
 }
 
 /// `$XDG_STATE_HOME/gpuctl/agent-NAME`, else `~/.local/state/gpuctl/agent-NAME`,
@@ -274,6 +277,7 @@ pub async fn run(cfg: Config, shutdown: Shutdown) -> anyhow::Result<()> {
         preflight: start_checks,
         checker: Some(checker),
         connected,
+        coordinator_grace: cfg.coordinator_grace,
     };
     session::run(session_cfg, workers, events, shutdown).await;
     tracing::info!("gpuctl-agent stopped");

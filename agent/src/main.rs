@@ -86,6 +86,12 @@ struct Args {
     /// The key of --tls-cert (PEM).
     #[arg(long, value_name = "FILE", env = gpuctl_proto::client::TLS_KEY_ENV, requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+
+    /// How long workers keep running while the coordinator is unreachable
+    /// (e.g. 60s, 5m; 0 stops them at once): a coordinator restarted (or a
+    /// standby taking over) within it adopts the running jobs.
+    #[arg(long, default_value = "60s", value_parser = parse_grace)]
+    coordinator_grace: Duration,
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {
@@ -98,6 +104,13 @@ fn parse_label(s: &str) -> Result<(String, String), String> {
 }
 
 fn parse_interval(s: &str) -> Result<Duration, String> {
+    gpuctl_proto::units::parse_duration(s)
+}
+
+fn parse_grace(s: &str) -> Result<Duration, String> {
+    if matches!(s.trim(), "0" | "0s" | "0ms") {
+        return Ok(Duration::ZERO);
+    }
     gpuctl_proto::units::parse_duration(s)
 }
 
@@ -165,6 +178,7 @@ async fn main() -> anyhow::Result<()> {
             "" | "off" | "none" => None,
             l => Some(l.to_string()),
         },
+        coordinator_grace: args.coordinator_grace,
     };
 
     // The one shutdown signal: every loop watches it, and the agent kills

@@ -1,11 +1,13 @@
 //! The agent's life with the coordinator: `Register`, then one long `Session`
 //! stream (heartbeats and worker events up, assignments and cancels down).
 //!
-//! When the stream breaks or ends, the coordinator is taken for lost: every
-//! worker is killed (`killed_by = "coordinator-lost"`; a job cannot go on
-//! without its coordinator), and the agent reconnects with backoff and
-//! registers again, forever, until it is shut down. Worker events not yet
-//! sent are kept and sent on the next session.
+//! When the stream breaks or ends, the coordinator is taken for away, not for
+//! gone: the workers keep running for `--coordinator-grace` while the agent
+//! reconnects with backoff and registers again listing the jobs it still runs,
+//! which a restarted coordinator (or a standby that took over) adopts. Only
+//! when the grace runs out without a session, or the coordinator refuses a
+//! job, are workers killed (`killed_by = "coordinator-lost"`). Worker events
+//! not yet sent (exits, bounded logs) are kept and sent on the next session.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -18,7 +20,8 @@ use gpuctl_proto::pb::{
 };
 use gpuctl_proto::shutdown::Shutdown;
 use gpuctl_proto::PROTOCOL_VERSION;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::preflight::{self, Preflight};
@@ -53,6 +56,8 @@ pub struct SessionConfig {
     pub checker: Option<Arc<Preflight>>,
     /// True while a session is open (for `/metrics`).
     pub connected: Arc<AtomicBool>,
+    /// How long workers outlive a lost coordinator (zero: killed at once).
+    pub coordinator_grace: Duration,
 }
 
 /// Clears the connected flag when a session ends, however it ends.
@@ -82,28 +87,50 @@ pub async fn run(
     mut events: EventReceiver,
     shutdown: Shutdown,
 ) {
+    let grace = cfg.coordinator_grace;
+    workers.set_coordinator_grace(grace);
+    // Since when no session is open while workers may run (None: connected).
+    let (away_tx, away_rx) = watch::channel(None);
+    let watchdog = tokio::spawn(grace_watchdog(
+        workers.clone(),
+        grace,
+        away_rx,
+        shutdown.clone(),
+    ));
     let mut backoff = BACKOFF_START;
     let mut failures = 0u32;
     while !shutdown.is_cancelled() {
-        match serve_once(&cfg, &workers, &mut events, &shutdown).await {
+        match serve_once(&cfg, &workers, &mut events, &shutdown, &away_tx).await {
             Ended::Shutdown => break,
             Ended::Lost { reason, registered } => {
+                away_tx.send_if_modified(|away| {
+                    let first = away.is_none();
+                    if first {
+                        *away = Some(Instant::now());
+                    }
+                    first
+                });
+                let live = workers.live_workers();
                 if registered {
                     backoff = BACKOFF_START;
                     failures = 0;
-                    tracing::warn!(coordinator = %cfg.coordinator, "lost the coordinator: {reason}; killing workers and reconnecting");
+                    tracing::warn!(coordinator = %cfg.coordinator, live_workers = live,
+                        "lost the coordinator: {reason}; reconnecting (workers are kept for {grace:?})");
                 } else {
                     failures += 1;
-                    tracing::warn!(coordinator = %cfg.coordinator, failures, "cannot register with the coordinator: {reason}; retrying in {backoff:?}");
+                    tracing::warn!(coordinator = %cfg.coordinator, failures, live_workers = live,
+                        "cannot register with the coordinator: {reason}; retrying in {backoff:?}");
                 }
-                workers
-                    .kill_all_and_wait(killed_by::COORDINATOR_LOST, KILL_WAIT)
-                    .await;
-                // The events still queued (last logs, the exits of the workers
-                // just killed) stay queued: the next session sends them after
-                // its first heartbeat, so a coordinator that only blinked learns
-                // at once why the job's ranks ended, and one that restarted
-                // ignores jobs it already failed.
+                if grace.is_zero() {
+                    // Killed before reconnecting, so that the next coordinator
+                    // hears of none of them as running.
+                    workers
+                        .kill_all_and_wait(killed_by::COORDINATOR_LOST, KILL_WAIT)
+                        .await;
+                }
+                // The events still queued (logs, exits of workers that ended
+                // meanwhile) stay queued: the next session sends them after
+                // its first heartbeat.
                 tokio::select! {
                     _ = tokio::time::sleep(backoff) => {}
                     _ = shutdown.cancelled() => break,
@@ -112,10 +139,53 @@ pub async fn run(
             }
         }
     }
+    drop(away_tx);
+    let _ = watchdog.await;
     // Nothing may outlive the agent (also covers a shutdown between sessions).
     workers
         .kill_all_and_wait(killed_by::AGENT_SHUTDOWN, KILL_WAIT)
         .await;
+}
+
+/// Kills every worker once no session has been open for the grace: a job
+/// cannot finish without a coordinator to report to, and its GPUs must not be
+/// held for good. Reconnecting goes on; the exits are sent when it succeeds.
+async fn grace_watchdog(
+    workers: Arc<Workers>,
+    grace: Duration,
+    mut away: watch::Receiver<Option<Instant>>,
+    shutdown: Shutdown,
+) {
+    loop {
+        let since = *away.borrow_and_update();
+        let expired = async {
+            match since {
+                Some(t) => tokio::time::sleep_until(t + grace).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            changed = away.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            _ = expired => {
+                if workers.live_workers() > 0 {
+                    tracing::error!(live_workers = workers.live_workers(),
+                        "no coordinator for {grace:?} (--coordinator-grace): stopping every worker");
+                    workers
+                        .kill_all_and_wait(killed_by::COORDINATOR_LOST, KILL_WAIT)
+                        .await;
+                }
+                // Nothing more to do until a session opens (or closes) again.
+                if away.changed().await.is_err() {
+                    return;
+                }
+            }
+            _ = shutdown.cancelled() => return,
+        }
+    }
 }
 
 async fn connect(urls: &str) -> Result<AgentServiceClient<Channel>, String> {
@@ -145,6 +215,7 @@ async fn serve_once(
     workers: &Arc<Workers>,
     events: &mut EventReceiver,
     shutdown: &Shutdown,
+    away: &watch::Sender<Option<Instant>>,
 ) -> Ended {
     let lost = |reason: String| Ended::Lost {
         reason,
@@ -163,7 +234,9 @@ async fn serve_once(
         facts: Some(cfg.facts.clone()),
         gpus: cfg.gpus.clone(),
         preflight: cfg.preflight.clone(),
-        running: Vec::new(),
+        // Workers kept while the coordinator was away: it adopts them or
+        // refuses them.
+        running: workers.running(),
     };
     let resp = tokio::select! {
         r = client.register(request) => match r {
@@ -174,6 +247,14 @@ async fn serve_once(
         },
         _ = shutdown.cancelled() => return Ended::Shutdown,
     };
+    for id in &resp.refused {
+        if workers.cancel(id, 0, killed_by::COORDINATOR_LOST) {
+            tracing::warn!(job = %id, "the coordinator does not know the job as running: stopping its workers");
+        }
+    }
+    if !resp.adopted.is_empty() {
+        tracing::info!(jobs = ?resp.adopted, "the coordinator adopted the jobs whose workers were kept");
+    }
     let name = if resp.name.is_empty() {
         cfg.name.clone()
     } else {
@@ -207,6 +288,7 @@ async fn serve_once(
         heartbeat = ?interval, "registered; session open");
     cfg.connected.store(true, Ordering::Relaxed);
     let _connected = Connected(&cfg.connected);
+    away.send_replace(None);
 
     let broken = |reason: String| Ended::Lost {
         reason,

@@ -182,6 +182,8 @@ async fn session_contract_loss_and_shutdown() {
         preflight: vec![],
         checker: None,
         connected: Arc::new(AtomicBool::new(false)),
+        // Workers die with the session, as the contract below pins.
+        coordinator_grace: Duration::ZERO,
     };
     let connected = cfg.connected.clone();
     let shutdown = CancellationToken::new();
@@ -377,6 +379,8 @@ async fn failing_preflight_refuses_the_assignment() {
         preflight: start_checks,
         checker: Some(checker),
         connected: Arc::new(AtomicBool::new(false)),
+        // Workers die with the session, as the contract below pins.
+        coordinator_grace: Duration::ZERO,
     };
     let shutdown = CancellationToken::new();
     let agent = tokio::spawn(session::run(cfg, workers.clone(), events, shutdown.clone()));

@@ -48,6 +48,13 @@ pub struct Config {
     #[arg(long, default_value = "15s", value_parser = parse_duration)]
     pub node_timeout: Duration,
 
+    /// After a restart (or a standby taking over), jobs that were running wait
+    /// this long for their nodes' agents to come back and adopt them; a job
+    /// with a node still missing then fails naming it. Longer than the agents'
+    /// `--coordinator-grace` (60 s), so an agent gives up first.
+    #[arg(long, default_value = "70s", value_parser = parse_duration)]
+    pub adopt_grace: Duration,
+
     /// Fleet history: runs kept per node (`gpuctl fleet`).
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub history_keep: u32,
@@ -135,6 +142,7 @@ impl Config {
             etcd: None,
             etcd_prefix: "/gpuctl/".into(),
             node_timeout: Duration::from_secs(15),
+            adopt_grace: Duration::from_secs(70),
             history_keep: 200,
             history_max_age: Duration::from_secs(180 * 86_400),
             advertise_url: None,

@@ -144,6 +144,7 @@ pub async fn run_with(
     let perf_rules = Arc::new(perf_rules);
     let sched_cfg = SchedulerConfig {
         node_timeout: cfg.node_timeout,
+        adopt_grace: cfg.adopt_grace,
         heartbeat_interval: cfg.heartbeat_interval(),
         health_rules: Arc::new(health_rules),
         perf_rules: perf_rules.clone(),

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::{
     as_rank, cpu_host, heartbeat, job, latest_telemetry, list_nodes, register, secrets, spec,
-    start, wait_state, Agent,
+    start, start_cfg, wait_state, Agent,
 };
 use gpuctl_proto::pb::agent_message::Msg as Up;
 use gpuctl_proto::pb::agent_service_client::AgentServiceClient;
@@ -410,7 +410,7 @@ async fn job_life_from_submit_to_report() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lost_node_fails_its_job_and_restart_fails_running_jobs() {
+async fn lost_node_fails_its_job_and_unadopted_jobs_fail_after_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let coord = start(dir.path(), Duration::from_secs(1)).await;
     let mut a0 = agent(&coord.url, "node-0", 1).await;
@@ -506,11 +506,24 @@ async fn lost_node_fails_its_job_and_restart_fails_running_jobs() {
     drop((a0, a1, a2, jobs, w, client));
     coord.shutdown().await;
 
-    let coord = start(dir.path(), Duration::from_secs(1)).await;
+    // The job waits for its agents to hand their workers back; these
+    // stand-ins never come back, so it fails when the adopt grace ends.
+    let mut cfg = gpuctl_coordinator::Config::for_dir(dir.path());
+    cfg.node_timeout = Duration::from_secs(1);
+    cfg.adopt_grace = Duration::from_secs(1);
+    let coord = start_cfg(cfg).await;
     let mut jobs = coord.jobs().await;
-    let j = job(&mut jobs, &running).await;
-    assert_eq!(j.state(), JobState::Failed);
-    assert_eq!(j.message, "coordinator restarted during the run");
+    let j = wait_state(
+        &mut jobs,
+        &running,
+        JobState::Failed,
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(
+        j.message,
+        "nodes node-0, node-1 did not come back within 1s of the coordinator restart"
+    );
     let report = jobs
         .get_report(GetReportRequest {
             job_id: running.clone(),

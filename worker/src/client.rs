@@ -5,6 +5,14 @@
 //! from its own thread (own runtime, own connection) about once a second, so it
 //! keeps flowing — and a job that is over is noticed — even while the main
 //! thread sits in a long GEMM or collective.
+//!
+//! The coordinator may be away for a while (restarting, or a standby taking
+//! over) while the agent keeps this worker running for its grace
+//! (`GPUCTL_COORDINATOR_GRACE_MS`): rendezvous calls that find no coordinator
+//! are tried again for that long, and the result (one per rank) is held until
+//! it is acknowledged or the grace is over, so the worker never exits with an
+//! undelivered result the coordinator could still take. Progress needs no
+//! buffer: each report is the latest state, and a failed one is just skipped.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -18,7 +26,7 @@ use gpuctl_proto::pb::{
     RendezvousGetRequest, RendezvousPutRequest,
 };
 use tokio::runtime::Runtime;
-use tonic::Request;
+use tonic::{Code, Request, Status};
 
 use crate::rendezvous::Rendezvous;
 
@@ -28,6 +36,39 @@ const RPC_TIMEOUT: Duration = Duration::from_secs(20);
 const PROGRESS_TIMEOUT: Duration = Duration::from_secs(5);
 /// The longest single RendezvousGet wait; longer waits are several calls.
 const GET_SLICE_MS: u32 = 10_000;
+/// How long the agent keeps workers without a coordinator, in ms (set by the
+/// agent from its `--coordinator-grace`).
+pub const COORDINATOR_GRACE_ENV: &str = "GPUCTL_COORDINATOR_GRACE_MS";
+/// The agent's default grace, for a worker started without the variable.
+const DEFAULT_GRACE: Duration = Duration::from_secs(60);
+/// Calls are tried again a little past the grace (the agent may find the
+/// coordinator at its very end)...
+const GRACE_MARGIN: Duration = Duration::from_secs(5);
+/// ...and a result for at least this long, even with no grace: a result that
+/// never arrives fails the rank, so a coordinator blip is worth waiting out.
+const MIN_RESULT_RETRY: Duration = Duration::from_secs(30);
+/// Backoff between tries of a call the coordinator did not answer.
+const RETRY_START: Duration = Duration::from_millis(200);
+const RETRY_CAP: Duration = Duration::from_secs(2);
+
+/// How long calls are tried again while the coordinator is away.
+fn outage_budget() -> Duration {
+    let grace = std::env::var(COORDINATOR_GRACE_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_millis)
+        .unwrap_or(DEFAULT_GRACE);
+    grace + GRACE_MARGIN
+}
+
+/// Errors that mean "no coordinator answered" rather than "the coordinator
+/// said no": worth trying again.
+fn unanswered(status: &Status) -> bool {
+    matches!(
+        status.code(),
+        Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded
+    )
+}
 
 fn runtime() -> Result<Runtime> {
     tokio::runtime::Builder::new_current_thread()
@@ -72,6 +113,8 @@ pub struct CoordinatorClient {
     url: String,
     job_id: String,
     attempt: u32,
+    /// How long an unanswered call is tried again.
+    outage: Duration,
 }
 
 impl CoordinatorClient {
@@ -87,6 +130,7 @@ impl CoordinatorClient {
             url: url.to_string(),
             job_id: job_id.to_string(),
             attempt,
+            outage: outage_budget(),
         })
     }
 
@@ -94,41 +138,88 @@ impl CoordinatorClient {
         &self.url
     }
 
-    /// Sends the result, retrying for about half a minute: a result that never
-    /// arrives fails the rank, so it is worth waiting for a restarting coordinator.
+    /// Sends the result, trying again while the coordinator is away for as
+    /// long as the agent keeps this worker (its grace; half a minute at least),
+    /// whatever the error: a result that never arrives fails the rank.
     pub fn report_result(&self, result: RankResult) -> Result<Ack> {
-        let mut delay = Duration::from_millis(200);
-        let give_up = Instant::now() + Duration::from_secs(30);
+        let budget = self.outage.max(MIN_RESULT_RETRY);
+        self.call(
+            "ReportResult",
+            budget,
+            |_| true,
+            |mut c| {
+                let r = result.clone();
+                async move { c.report_result(r).await }
+            },
+        )
+    }
+
+    /// One unary call, tried again with backoff while `retry` says the error
+    /// is worth it, for up to `budget` after its first failure.
+    fn call<T, F, Fut>(
+        &self,
+        what: &str,
+        budget: Duration,
+        retry: impl Fn(&Status) -> bool,
+        mut f: F,
+    ) -> Result<T>
+    where
+        F: FnMut(WorkerServiceClient<Failover>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let mut delay = RETRY_START;
+        let mut give_up = None;
+        let mut failures = 0u32;
         loop {
-            let mut c = self.client.clone();
-            let err = match self.rt.block_on(c.report_result(result.clone())) {
-                Ok(ack) => return Ok(ack.into_inner()),
-                Err(status) => anyhow!("ReportResult: {}", status.message()),
+            let status = match self.rt.block_on(f(self.client.clone())) {
+                Ok(r) => {
+                    if failures > 0 {
+                        tracing::info!("{what}: the coordinator at {} answers again", self.url);
+                    }
+                    return Ok(r.into_inner());
+                }
+                Err(status) => status,
             };
-            if Instant::now() >= give_up {
-                return Err(err.context(format!("coordinator {}", self.url)));
+            failures += 1;
+            let until = *give_up.get_or_insert_with(|| Instant::now() + budget);
+            if !retry(&status) || Instant::now() >= until {
+                return Err(anyhow!(
+                    "{what} at {}: {}{}",
+                    self.url,
+                    status.message(),
+                    if failures > 1 {
+                        format!(" (tried {failures} times over {budget:?})")
+                    } else {
+                        String::new()
+                    }
+                ));
             }
-            tracing::warn!("{err:#}; retrying in {delay:?}");
+            if failures == 1 || failures.is_multiple_of(10) {
+                tracing::warn!(
+                    "{what} at {}: {}; trying again for up to {budget:?}",
+                    self.url,
+                    status.message()
+                );
+            }
             std::thread::sleep(delay);
-            delay = (delay * 2).min(Duration::from_secs(5));
+            delay = (delay * 2).min(RETRY_CAP);
         }
     }
 }
 
 impl Rendezvous for CoordinatorClient {
     fn put(&self, key: &str, value: &[u8]) -> Result<()> {
-        let mut c = self.client.clone();
         let req = RendezvousPutRequest {
             job_id: self.job_id.clone(),
             attempt: self.attempt,
             key: key.to_string(),
             value: value.to_vec(),
         };
-        let ack = self
-            .rt
-            .block_on(c.rendezvous_put(req))
-            .map_err(|s| anyhow!("RendezvousPut `{key}` at {}: {}", self.url, s.message()))?
-            .into_inner();
+        let what = format!("RendezvousPut `{key}`");
+        let ack = self.call(&what, self.outage, unanswered, |mut c| {
+            let r = req.clone();
+            async move { c.rendezvous_put(r).await }
+        })?;
         if !ack.ok {
             bail!(
                 "the coordinator refused rendezvous key `{key}`: {}",
@@ -143,21 +234,19 @@ impl Rendezvous for CoordinatorClient {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let slice = (left.as_millis() as u32).clamp(1, GET_SLICE_MS);
-            let mut c = self.client.clone();
             let req = RendezvousGetRequest {
                 job_id: self.job_id.clone(),
                 attempt: self.attempt,
                 key: key.to_string(),
                 timeout_ms: slice,
             };
-            // A long poll: the coordinator holds it up to `slice`.
-            let mut req = Request::new(req);
-            req.set_timeout(RPC_TIMEOUT + Duration::from_millis(slice as u64));
-            let resp = self
-                .rt
-                .block_on(c.rendezvous_get(req))
-                .map_err(|s| anyhow!("RendezvousGet `{key}` at {}: {}", self.url, s.message()))?
-                .into_inner();
+            let what = format!("RendezvousGet `{key}`");
+            let resp = self.call(&what, self.outage, unanswered, |mut c| {
+                // A long poll: the coordinator holds it up to `slice`.
+                let mut r = Request::new(req.clone());
+                r.set_timeout(RPC_TIMEOUT + Duration::from_millis(slice as u64));
+                async move { c.rendezvous_get(r).await }
+            })?;
             if resp.found {
                 return Ok(resp.value);
             }

@@ -7,8 +7,9 @@
 //! `WorkerExited` when the worker ends, with who killed it if anyone did.
 //!
 //! Workers are killed on `CancelJob`, when the assignment's deadline passes,
-//! when the coordinator is lost and when the agent shuts down: the agent never
-//! leaves a worker behind. As last resorts, a dropped child is killed
+//! when the coordinator has been away for the agent's grace (or refuses a job
+//! the agent kept) and when the agent shuts down: the agent never leaves a
+//! worker behind. As last resorts, a dropped child is killed
 //! (`kill_on_drop`) and the kernel kills a worker whose agent died
 //! (`PR_SET_PDEATHSIG`).
 
@@ -26,7 +27,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -57,6 +58,9 @@ const MAX_QUEUED_LOG_LINES: usize = 100_000;
 /// Telemetry batches waiting for the session; beyond this, new batches are
 /// dropped (telemetry is a stream of snapshots: losing some is harmless).
 const MAX_QUEUED_TELEMETRY: usize = 64;
+/// Tells workers how long the agent keeps them without a coordinator (ms), so
+/// that they hold an undelivered result that long (the worker reads it).
+pub const COORDINATOR_GRACE_ENV: &str = "GPUCTL_COORDINATOR_GRACE_MS";
 /// Exit code reported for a rank whose worker could not be started (the
 /// shell's "command not found").
 pub const SPAWN_FAILED_EXIT_CODE: i32 = 127;
@@ -212,6 +216,8 @@ pub struct Workers {
     /// The URL workers are told (`RegisterResponse.coordinator_url`), unless an
     /// assignment names one.
     coordinator_url: Mutex<String>,
+    /// `--coordinator-grace` in ms, handed to every worker.
+    coordinator_grace_ms: AtomicU64,
     /// Every `--coordinator` URL, comma-separated, for workers to fail over
     /// to (`GPUCTL_COORDINATOR_URLS`) unless an assignment lists its own.
     coordinator_urls: String,
@@ -231,6 +237,7 @@ impl Workers {
         let queued_telemetry = Arc::new(AtomicUsize::new(0));
         let workers = Arc::new(Workers {
             settings,
+            coordinator_grace_ms: AtomicU64::new(0),
             coordinator_url: Mutex::new(
                 gpuctl_proto::leader::split_urls(&coordinator_url)
                     .into_iter()
@@ -258,6 +265,13 @@ impl Workers {
 
     pub fn set_coordinator_url(&self, url: String) {
         *self.coordinator_url.lock().unwrap() = url;
+    }
+
+    /// How long workers started from now on hold their results for a
+    /// coordinator that is away (`--coordinator-grace`).
+    pub fn set_coordinator_grace(&self, grace: Duration) {
+        self.coordinator_grace_ms
+            .store(grace.as_millis() as u64, Ordering::Relaxed);
     }
 
     /// Alive ranks per job, with each worker's process as /proc shows it
@@ -523,6 +537,12 @@ impl Workers {
         cmd.args(&spec.args)
             .env("GPUCTL_COORDINATOR_URLS", urls)
             .envs(spec.env.iter().map(|(k, v)| (k, v)))
+            .env(
+                COORDINATOR_GRACE_ENV,
+                self.coordinator_grace_ms
+                    .load(Ordering::Relaxed)
+                    .to_string(),
+            )
             .current_dir(&dir)
             .stdin(Stdio::null());
         spawn_in_group(cmd).map_err(|e| e.to_string())

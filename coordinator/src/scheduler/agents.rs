@@ -1,16 +1,18 @@
-//! Agents and their sessions: registration, the session that carries
-//! assignments down and heartbeats up, acknowledgements of assignments, and
-//! nodes that fall silent.
+//! Agents and their sessions: registration (and the adoption of jobs whose
+//! workers an agent kept while the coordinator was away), the session that
+//! carries assignments down and heartbeats up, acknowledgements of
+//! assignments, and nodes that fall silent.
 
 use gpuctl_proto::now_ms;
 use gpuctl_proto::pb::{
-    AssignmentAck, Heartbeat, JobState, Node, NodeState, RegisterRequest, RegisterResponse,
+    AssignmentAck, Heartbeat, JobState, Node, NodeState, RegisterRequest, RegisterResponse, Verdict,
 };
 use tracing::{debug, info, warn};
 
 use super::state::{NodeEntry, Session};
 use super::{human, Scheduler, SessionTx};
 use crate::error::CoordinatorError;
+use crate::judge::report;
 use crate::plan::planner;
 use crate::store::Batch;
 
@@ -57,9 +59,9 @@ impl Scheduler {
             .nodes
             .entry(name.clone())
             .or_insert_with(|| NodeEntry::detached(Node::default()));
-        // An agent registers again after it lost its session, and it kills its
-        // workers when that happens: a job it was running cannot finish.
-        let interrupted = std::mem::take(&mut entry.node.current_job);
+        // The job this node was part of: kept across a lost session and a
+        // coordinator restart, so that the agent can hand its workers back.
+        let prior = std::mem::take(&mut entry.node.current_job);
         let mut node = Node {
             name: name.clone(),
             facts: req.facts,
@@ -76,15 +78,67 @@ impl Scheduler {
         entry.node = node;
         entry.session = None;
         entry.coordinator_url = url.clone();
+
+        // What the agent still runs: the job this node is part of is adopted
+        // when the coordinator knows it as running under that attempt; the
+        // rest is refused, and the agent stops it.
+        let (mut adopted, mut refused) = (Vec::new(), Vec::new());
+        for rj in &req.running {
+            let adopt = rj.job_id == prior
+                && self.jobs.get(&rj.job_id).is_some_and(|j| {
+                    j.state() == JobState::Running
+                        && j.job.attempt == rj.attempt
+                        && j.job.plan.iter().any(|p| p.nodes.contains(&name))
+                });
+            if adopt {
+                adopted.push(rj.job_id.clone());
+            } else if !refused.contains(&rj.job_id) {
+                refused.push(rj.job_id.clone());
+            }
+        }
+        // Without the job's workers the node is still part of it when each
+        // of its ranks delivered a result (the workers ended while the
+        // coordinator was away); else the job cannot finish.
+        let interrupted = if prior.is_empty() || adopted.contains(&prior) {
+            None
+        } else {
+            match self.jobs.get(&prior) {
+                Some(j) if j.state() == JobState::Running => {
+                    let done = j
+                        .job
+                        .plan
+                        .iter()
+                        .flat_map(|p| &p.ranks)
+                        .filter(|p| p.node == name)
+                        .all(|p| j.results.contains_key(&p.rank));
+                    (!done).then(|| prior.clone())
+                }
+                _ => None,
+            }
+        };
+        let keep = !prior.is_empty()
+            && interrupted.is_none()
+            && self
+                .jobs
+                .get(&prior)
+                .is_some_and(|j| j.state() == JobState::Running);
+        let entry = self.nodes.get_mut(&name).expect("inserted above");
+        if keep {
+            entry.node.current_job = prior.clone();
+        }
+        entry.refresh_state();
         let batch = Batch::default().node(&entry.node);
-        info!(node = %name, slots = entry.node.slots, gpus = entry.node.gpus.len(), "agent registered");
+        info!(node = %name, slots = entry.node.slots, gpus = entry.node.gpus.len(), ?adopted, ?refused, "agent registered");
         self.save(batch).await;
-        if !interrupted.is_empty() {
+        for id in &adopted {
+            info!(node = %name, job = %id, "job adopted: the agent kept its workers running");
+        }
+        if let Some(id) = interrupted {
             self.finish(
-                &interrupted,
+                &id,
                 JobState::Failed,
                 format!(
-                    "node {name} registered again during the run (its agent restarted or lost the coordinator), so its workers were stopped"
+                    "node {name} registered again without the job's workers (its agent restarted, or stopped them after losing the coordinator)"
                 ),
                 Some(&name),
             )
@@ -95,9 +149,74 @@ impl Scheduler {
             heartbeat_interval_ms: self.cfg.heartbeat_interval.as_millis() as u32,
             protocol_version: gpuctl_proto::PROTOCOL_VERSION,
             coordinator_url: url,
-            adopted: Vec::new(),
-            refused: Vec::new(),
+            adopted,
+            refused,
         })
+    }
+
+    /// Jobs found running at load: done once every node came back (or every
+    /// rank has a result); failed, naming the nodes still missing, when the
+    /// adopt grace has passed.
+    pub(super) async fn check_adoptions(&mut self) {
+        let now = now_ms();
+        let ids: Vec<String> = self.adopting.keys().cloned().collect();
+        for id in ids {
+            if self.finish_if_complete(&id).await {
+                self.adopting.remove(&id);
+                continue;
+            }
+            let Some(j) = self
+                .jobs
+                .get(&id)
+                .filter(|j| j.state() == JobState::Running)
+            else {
+                self.adopting.remove(&id);
+                continue;
+            };
+            let missing: Vec<String> = j
+                .job
+                .plan
+                .iter()
+                .flat_map(|p| &p.nodes)
+                .filter(|n| self.nodes.get(*n).is_none_or(|e| e.lost()))
+                .cloned()
+                .collect();
+            if missing.is_empty() {
+                info!(job = %id, "job adopted: every node came back");
+                self.adopting.remove(&id);
+            } else if now >= self.adopting[&id] {
+                self.adopting.remove(&id);
+                let msg = format!(
+                    "{} {} did not come back within {} of the coordinator restart",
+                    if missing.len() == 1 { "node" } else { "nodes" },
+                    missing.join(", "),
+                    human(self.cfg.adopt_grace)
+                );
+                self.finish(&id, JobState::Failed, msg, None).await;
+            }
+        }
+    }
+
+    /// Ends a running job whose every rank has a result, by the ranks'
+    /// verdict; returns whether it did.
+    pub(super) async fn finish_if_complete(&mut self, id: &str) -> bool {
+        let Some(entry) = self.jobs.get(id) else {
+            return false;
+        };
+        let world = entry.world_size();
+        if entry.state() != JobState::Running || world == 0 || (entry.results.len() as u32) < world
+        {
+            return false;
+        }
+        let report = entry.report(now_ms(), &self.cfg);
+        let (verdict, why) = report::ranks_verdict(&report);
+        if verdict == Verdict::Pass {
+            self.finish(id, JobState::Succeeded, String::new(), None)
+                .await;
+        } else {
+            self.finish(id, JobState::Failed, why, None).await;
+        }
+        true
     }
 
     pub(super) async fn session_opened(
@@ -248,5 +367,6 @@ impl Scheduler {
                 self.finish(&job, JobState::Failed, msg, Some(&name)).await;
             }
         }
+        self.check_adoptions().await;
     }
 }

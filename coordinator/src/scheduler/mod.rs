@@ -44,11 +44,11 @@ use crate::store::{Batch, StateStore, StoreError};
 /// How often lost nodes, deadlines and waiting jobs are looked at.
 pub const TICK: Duration = Duration::from_millis(500);
 
-pub const RESTART_MESSAGE: &str = "coordinator restarted during the run";
-
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
     pub node_timeout: Duration,
+    /// How long jobs found running at load wait for their nodes to come back.
+    pub adopt_grace: Duration,
     pub heartbeat_interval: Duration,
     pub health_rules: Arc<HealthRules>,
     pub perf_rules: Arc<PerfRules>,
@@ -94,13 +94,19 @@ pub struct Scheduler {
     nodes: BTreeMap<String, NodeEntry>,
     jobs: BTreeMap<String, JobEntry>,
     job_seq: u64,
+    /// Jobs found running at load whose nodes have not all come back yet:
+    /// job id → the Unix time (ms) by which they must.
+    adopting: BTreeMap<String, u64>,
     /// Counters since this coordinator started, for `/metrics`.
     counts: Counts,
 }
 
 impl Scheduler {
     /// Loads the stored state. Stored nodes are lost until their agents register
-    /// again; jobs that were running failed with the coordinator.
+    /// again. Jobs that were running stay running, with their stored results
+    /// and telemetry, awaiting adoption: their agents keep the workers for a
+    /// grace and hand them back when they register (`register`); a job whose
+    /// nodes do not all come back within `adopt_grace` fails naming them.
     pub async fn load(
         cfg: SchedulerConfig,
         store: StateStore,
@@ -108,19 +114,14 @@ impl Scheduler {
         logs: LogSink,
     ) -> Result<Scheduler, StoreError> {
         let now = now_ms();
+        let adopt_by = now.saturating_add(cfg.adopt_grace.as_millis() as u64);
         let mut job_seq = store.job_seq().await?;
-        let mut batch = Batch::default();
-        let mut nodes = BTreeMap::new();
-        for mut node in store.nodes().await? {
-            node.set_state(NodeState::Lost);
-            node.state_reason =
-                "coordinator restarted; waiting for the agent to register again".into();
-            node.current_job.clear();
-            batch = batch.node(&node);
-            nodes.insert(node.name.clone(), NodeEntry::detached(node));
-        }
         let mut jobs = BTreeMap::new();
-        for mut job in store.jobs().await? {
+        let mut adopting = BTreeMap::new();
+        // Node → the running job it is part of, so that the node stays tied to
+        // it while it is lost (a Busy node when it comes back with the job).
+        let mut running_on = BTreeMap::new();
+        for job in store.jobs().await? {
             if let Some(n) = job
                 .id
                 .strip_prefix("job-")
@@ -128,11 +129,12 @@ impl Scheduler {
             {
                 job_seq = job_seq.max(n);
             }
-            let mut entry = JobEntry::default();
-            if job.state() == JobState::Running {
-                job.set_state(JobState::Failed);
-                job.message = RESTART_MESSAGE.into();
-                job.finished_unix_ms = now;
+            let mut entry = JobEntry {
+                job,
+                ..Default::default()
+            };
+            if entry.state() == JobState::Running {
+                let job = &mut entry.job;
                 entry.results = store
                     .results(&job.id, job.attempt)
                     .await?
@@ -140,32 +142,46 @@ impl Scheduler {
                     .map(|r| (r.rank, r))
                     .collect();
                 job.results_in = entry.results.len() as u32;
-                // The telemetry stored up to the crash keeps its place in the report.
                 // Unreadable telemetry costs the summary, not the coordinator's start.
                 let series = store.telemetry(&job.id).await.unwrap_or_else(|e| {
                     warn!(job = %job.id, "stored telemetry unreadable: {e}");
                     Vec::new()
                 });
                 entry.telemetry = Telemetry::from_stored(series);
-                entry.job = job;
-                let report = entry.report(now, &cfg);
-                entry.results.clear();
-                entry.telemetry.forget_series();
-                batch = batch.job(&entry.job).report(&report);
-                warn!(job = %entry.job.id, "{RESTART_MESSAGE}");
-            } else {
-                entry.job = job;
+                entry.telemetry_stored_ms = now;
+                // The deadline the agents were given with the assignment.
+                let spec = job.spec.clone().unwrap_or_default();
+                entry.deadline_unix_ms = job.started_unix_ms.saturating_add(job_budget_ms(&spec));
+                for n in job.plan.iter().flat_map(|p| &p.nodes) {
+                    running_on.insert(n.clone(), job.id.clone());
+                }
+                // Keys written before the restart are gone: ranks past their
+                // rendezvous go on; ranks still in it see only new writes.
+                rdv.open(&job.id, job.attempt);
+                adopting.insert(job.id.clone(), adopt_by);
+                info!(job = %job.id, results = job.results_in, "running at restart: awaiting adoption by its agents for {}", human(cfg.adopt_grace));
             }
             jobs.insert(entry.job.id.clone(), entry);
+        }
+        let mut batch = Batch::default();
+        let mut nodes = BTreeMap::new();
+        for mut node in store.nodes().await? {
+            node.set_state(NodeState::Lost);
+            node.state_reason =
+                "coordinator restarted; waiting for the agent to register again".into();
+            node.current_job = running_on.get(&node.name).cloned().unwrap_or_default();
+            batch = batch.node(&node);
+            nodes.insert(node.name.clone(), NodeEntry::detached(node));
         }
         store.write(batch).await?;
         info!(
             nodes = nodes.len(),
             jobs = jobs.len(),
+            adopting = adopting.len(),
             job_seq,
             "state loaded"
         );
-        Ok(Scheduler {
+        let mut me = Scheduler {
             cfg,
             store,
             rdv,
@@ -173,8 +189,16 @@ impl Scheduler {
             nodes,
             jobs,
             job_seq,
+            adopting,
             counts: Counts::default(),
-        })
+        };
+        // A crash between the last result and the job's end leaves nothing
+        // to wait for.
+        let ids: Vec<String> = me.adopting.keys().cloned().collect();
+        for id in ids {
+            me.finish_if_complete(&id).await;
+        }
+        Ok(me)
     }
 
     /// Starts the event loop; it ends on `shutdown` or when every handle is gone.

@@ -3,7 +3,7 @@
 
 use gpuctl_proto::now_ms;
 use gpuctl_proto::pb::{
-    JobState, RankProgressReport, RankResult, TelemetryBatch, Verdict, WorkerExited, WorkerLog,
+    JobState, RankProgressReport, RankResult, TelemetryBatch, WorkerExited, WorkerLog,
 };
 use tracing::{info, warn};
 
@@ -104,16 +104,7 @@ impl Scheduler {
         }
         entry.results.insert(rank, result);
         entry.job.results_in = entry.results.len() as u32;
-        if entry.results.len() as u32 >= world && entry.state() == JobState::Running {
-            let report = entry.report(now_ms(), &self.cfg);
-            let (verdict, why) = report::ranks_verdict(&report);
-            if verdict == Verdict::Pass {
-                self.finish(&id, JobState::Succeeded, String::new(), None)
-                    .await;
-            } else {
-                self.finish(&id, JobState::Failed, why, None).await;
-            }
-        }
+        self.finish_if_complete(&id).await;
         (true, "stored".into())
     }
 

@@ -41,20 +41,7 @@ pub struct Coord {
 pub async fn start(dir: &std::path::Path, node_timeout: Duration) -> Coord {
     let mut cfg = Config::for_dir(dir);
     cfg.node_timeout = node_timeout;
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let stop = Shutdown::new();
-    let task = tokio::spawn(gpuctl_coordinator::server::run_on(
-        cfg,
-        listener,
-        stop.clone(),
-    ));
-    Coord {
-        url,
-        metrics: None,
-        stop,
-        task,
-    }
+    start_cfg(cfg).await
 }
 
 /// A coordinator on `cfg`, serving metrics where `cfg.metrics_listen` says.
@@ -332,6 +319,25 @@ pub async fn latest_telemetry(
         tokio::time::sleep(pause).await;
     }
     latest
+}
+
+/// A coordinator on `cfg` (its listen address is ignored: a free loopback
+/// port), without metrics.
+pub async fn start_cfg(cfg: Config) -> Coord {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let stop = Shutdown::new();
+    let task = tokio::spawn(gpuctl_coordinator::server::run_on(
+        cfg,
+        listener,
+        stop.clone(),
+    ));
+    Coord {
+        url,
+        metrics: None,
+        stop,
+        task,
+    }
 }
 
 /// A real etcd server, for the `--store etcd` tests.
