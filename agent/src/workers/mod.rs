@@ -14,11 +14,14 @@
 //! (`PR_SET_PDEATHSIG`).
 
 mod command;
+mod events;
 mod logs;
 mod process;
 mod procstat;
 
 pub use command::{worker_command, WorkerCommand};
+pub use events::EventReceiver;
+pub(crate) use events::EventSender;
 pub use process::{kill_group, signal_group, signal_name, spawn_in_group};
 
 use std::collections::{BTreeSet, HashMap};
@@ -27,13 +30,13 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gpuctl_proto::pb::{
-    agent_message::Msg, AgentMessage, Assignment, AssignmentAck, RankPlacement, RunningJob,
-    TelemetryBatch, WorkerExited, WorkerLog,
+    agent_message::Msg, Assignment, AssignmentAck, RankPlacement, RunningJob, TelemetryBatch,
+    WorkerExited, WorkerLog,
 };
 use tokio::process::{Child, Command};
 use tokio::sync::{mpsc, watch};
@@ -52,12 +55,6 @@ const STDERR_TAIL_LINES: usize = 20;
 /// Longer lines are cut, so that a worker printing without newlines cannot
 /// grow the agent's memory.
 const MAX_LINE_BYTES: usize = 16 * 1024;
-/// Log lines waiting for the session to send them; beyond this, lines are
-/// dropped (and the drop is said in the log) rather than held in memory.
-const MAX_QUEUED_LOG_LINES: usize = 100_000;
-/// Telemetry batches waiting for the session; beyond this, new batches are
-/// dropped (telemetry is a stream of snapshots: losing some is harmless).
-const MAX_QUEUED_TELEMETRY: usize = 64;
 /// Tells workers how long the agent keeps them without a coordinator (ms), so
 /// that they hold an undelivered result that long (the worker reads it).
 pub const COORDINATOR_GRACE_ENV: &str = "GPUCTL_COORDINATOR_GRACE_MS";
@@ -98,91 +95,6 @@ pub struct WorkerSettings {
     /// NVML index → UUID, for placements that give only a GPU index.
     pub gpu_uuids: HashMap<u32, String>,
     pub kill_grace: Duration,
-}
-
-// ───────────────────────────── events ─────────────────────────────
-
-/// The workers' side of the queue of messages for the coordinator. Unbounded
-/// so that a worker's exit is never lost or blocked behind a slow session;
-/// log lines are counted and capped instead.
-#[derive(Clone)]
-pub(crate) struct EventSender {
-    tx: mpsc::UnboundedSender<AgentMessage>,
-    queued_log_lines: Arc<AtomicUsize>,
-    queued_telemetry: Arc<AtomicUsize>,
-}
-
-impl EventSender {
-    fn send(&self, msg: Msg) {
-        // The receiver lives as long as the agent; a send error means it is
-        // shutting down and the message has nowhere to go.
-        let _ = self.tx.send(AgentMessage { msg: Some(msg) });
-    }
-
-    /// Sends a batch unless too many lines are already waiting; `dropped`
-    /// carries the count of lost lines into the next batch that goes out.
-    pub(super) fn send_log(&self, mut log: WorkerLog, dropped: &mut usize) {
-        let n = log.lines.len();
-        if self.queued_log_lines.load(Ordering::Relaxed) + n > MAX_QUEUED_LOG_LINES {
-            *dropped += n;
-            return;
-        }
-        if *dropped > 0 {
-            log.lines.insert(
-                0,
-                format!("[gpuctl-agent: {dropped} log lines dropped: the coordinator is not keeping up]"),
-            );
-            *dropped = 0;
-        }
-        self.queued_log_lines
-            .fetch_add(log.lines.len(), Ordering::Relaxed);
-        self.send(Msg::Log(log));
-    }
-
-    /// Sends a telemetry batch unless too many are already waiting; returns
-    /// whether it was queued.
-    fn send_telemetry(&self, batch: TelemetryBatch) -> bool {
-        if self.queued_telemetry.load(Ordering::Relaxed) >= MAX_QUEUED_TELEMETRY {
-            return false;
-        }
-        self.queued_telemetry.fetch_add(1, Ordering::Relaxed);
-        self.send(Msg::Telemetry(batch));
-        true
-    }
-}
-
-/// The session's side: every message the workers want sent, in order.
-pub struct EventReceiver {
-    rx: mpsc::UnboundedReceiver<AgentMessage>,
-    queued_log_lines: Arc<AtomicUsize>,
-    queued_telemetry: Arc<AtomicUsize>,
-}
-
-impl EventReceiver {
-    pub async fn recv(&mut self) -> Option<AgentMessage> {
-        let m = self.rx.recv().await?;
-        self.account(&m);
-        Some(m)
-    }
-
-    pub fn try_recv(&mut self) -> Option<AgentMessage> {
-        let m = self.rx.try_recv().ok()?;
-        self.account(&m);
-        Some(m)
-    }
-
-    fn account(&self, m: &AgentMessage) {
-        match &m.msg {
-            Some(Msg::Log(l)) => {
-                self.queued_log_lines
-                    .fetch_sub(l.lines.len(), Ordering::Relaxed);
-            }
-            Some(Msg::Telemetry(_)) => {
-                self.queued_telemetry.fetch_sub(1, Ordering::Relaxed);
-            }
-            _ => {}
-        }
-    }
 }
 
 // ───────────────────────────── the manager ─────────────────────────────
@@ -232,9 +144,7 @@ impl Workers {
     /// comma-separated (workers are told the first until the coordinator
     /// names its own URL, and get all of them to fail over to).
     pub fn new(settings: WorkerSettings, coordinator_url: String) -> (Arc<Workers>, EventReceiver) {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let queued = Arc::new(AtomicUsize::new(0));
-        let queued_telemetry = Arc::new(AtomicUsize::new(0));
+        let (events, receiver) = events::channel();
         let workers = Arc::new(Workers {
             settings,
             coordinator_grace_ms: AtomicU64::new(0),
@@ -246,21 +156,10 @@ impl Workers {
             ),
             coordinator_urls: coordinator_url,
             jobs: Mutex::new(HashMap::new()),
-            events: EventSender {
-                tx,
-                queued_log_lines: queued.clone(),
-                queued_telemetry: queued_telemetry.clone(),
-            },
+            events,
             live: watch::Sender::new(0),
         });
-        (
-            workers,
-            EventReceiver {
-                rx,
-                queued_log_lines: queued,
-                queued_telemetry,
-            },
-        )
+        (workers, receiver)
     }
 
     pub fn set_coordinator_url(&self, url: String) {
