@@ -70,8 +70,11 @@ fn result(job: &str, rank: u32) -> RankResult {
 }
 
 /// Two stand-in agents with their sessions open and a 2-node stress job
-/// assigned to them; returns the agents and the job id.
-async fn running_job(coord: &common::Coord) -> (Agent, Agent, String) {
+/// assigned to them; returns the agents, the job id and the ranks' secrets
+/// (what each worker presents).
+async fn running_job(
+    coord: &common::Coord,
+) -> (Agent, Agent, String, std::collections::HashMap<u32, String>) {
     let mut agents = Vec::new();
     for name in ["node-0", "node-1"] {
         let (client, _) = register(&coord.url, name, cpu_host(name, 1), vec![]).await;
@@ -90,9 +93,13 @@ async fn running_job(coord: &common::Coord) -> (Agent, Agent, String) {
     assert!(!id.is_empty(), "the job was never accepted");
     let mut a1 = agents.pop().unwrap();
     let mut a0 = agents.pop().unwrap();
-    assert_eq!(a0.assignment().await.job_id, id);
-    assert_eq!(a1.assignment().await.job_id, id);
-    (a0, a1, id)
+    let (s0, s1) = (a0.assignment().await, a1.assignment().await);
+    assert_eq!(
+        (s0.job_id.as_str(), s1.job_id.as_str()),
+        (id.as_str(), id.as_str())
+    );
+    let secrets = common::secrets(&[&s0, &s1]);
+    (a0, a1, id, secrets)
 }
 
 fn node_state(nodes: &[Node], name: &str) -> (NodeState, String) {
@@ -104,10 +111,10 @@ fn node_state(nodes: &[Node], name: &str) -> (NodeState, String) {
 async fn a_restarted_coordinator_adopts_running_jobs() {
     let dir = tempfile::tempdir().unwrap();
     let coord = start_cfg(config(dir.path())).await;
-    let (a0, a1, id) = running_job(&coord).await;
+    let (a0, a1, id, secrets) = running_job(&coord).await;
     let mut w = coord.workers().await;
     assert!(
-        w.report_result(result(&id, 0))
+        w.report_result(common::as_rank(&secrets, 0, result(&id, 0)))
             .await
             .unwrap()
             .into_inner()
@@ -143,7 +150,7 @@ async fn a_restarted_coordinator_adopts_running_jobs() {
     // A result posted after the restart finishes the job, both ranks in.
     let mut w = coord.workers().await;
     assert!(
-        w.report_result(result(&id, 1))
+        w.report_result(common::as_rank(&secrets, 1, result(&id, 1)))
             .await
             .unwrap()
             .into_inner()
@@ -181,7 +188,7 @@ async fn a_restarted_coordinator_adopts_running_jobs() {
 async fn an_agent_back_without_its_workers_fails_the_job() {
     let dir = tempfile::tempdir().unwrap();
     let coord = start_cfg(config(dir.path())).await;
-    let (a0, a1, id) = running_job(&coord).await;
+    let (a0, a1, id, _) = running_job(&coord).await;
     drop((a0, a1));
     coord.shutdown().await;
 

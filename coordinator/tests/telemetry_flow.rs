@@ -17,7 +17,15 @@ use gpuctl_proto::pb::*;
 
 /// A coordinator on `dir/data` with a health rules file and a metrics listener.
 async fn start(dir: &std::path::Path) -> Coord {
+    start_adopting(dir, None).await
+}
+
+/// The same, with `adopt_grace` for jobs found running at start.
+async fn start_adopting(dir: &std::path::Path, adopt_grace: Option<Duration>) -> Coord {
     let mut cfg = Config::for_dir(dir.join("data"));
+    if let Some(g) = adopt_grace {
+        cfg.adopt_grace = g;
+    }
     let rules = dir.join("rules.toml");
     // XID 31 is a program fault by default; this site treats it as fatal.
     std::fs::write(&rules, "critical_xids = [31, 79]\nidle = \"off\"\n").unwrap();
@@ -200,8 +208,11 @@ async fn telemetry_health_metrics_and_restart() {
     drop(agent);
     coord.shutdown().await;
 
-    let coord = start(dir.path()).await;
+    // The stand-in agent never comes back to hand the job over: it fails
+    // when the (short) adopt grace ends.
+    let coord = start_adopting(dir.path(), Some(Duration::from_secs(1))).await;
     let mut jobs = coord.jobs().await;
+    wait_state(&mut jobs, &id2, JobState::Failed, Duration::from_secs(10)).await;
     let report = jobs
         .get_report(GetReportRequest {
             job_id: id2.clone(),
