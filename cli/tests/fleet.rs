@@ -43,6 +43,13 @@ fn flagged(row: &Value) -> Vec<String> {
 
 #[test]
 fn history_survives_a_restart_and_drift_names_the_slowed_node() {
+    // CPU ranks on a shared 2-core machine move 20 % run to run (a CI run saw
+    // a healthy node at 0.80 of its own median); the node held to 0.15 of a
+    // core drops far below either tolerance.
+    let rules = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(rules.path(), "[fleet]\ndrift = 0.6\n").unwrap();
+    // The only test of this binary: the coordinator it starts inherits it.
+    std::env::set_var("GPUCTL_RULES", rules.path());
     let mut c = Cluster::start(4, 1);
     let stress = ["stress", "--nodes", "4", "--duration", "7s"];
     let first = finish(&c, &stress);
