@@ -161,13 +161,7 @@ pub(crate) fn ranks_grid(r: &pb::Report) -> Table {
     headers.push("PEAK MEM");
     headers.push("REASON");
     let mut t = Table::new(&headers).right(&right);
-    let mut ranks: Vec<(&str, &pb::RankReport)> = r
-        .nodes
-        .iter()
-        .flat_map(|n| n.ranks.iter().map(move |x| (n.name.as_str(), x)))
-        .collect();
-    ranks.sort_by_key(|(_, x)| x.rank);
-    for (node, rank) in ranks {
+    for (node, rank) in ranks_in_order(r) {
         let res = rank.result.as_ref();
         let detail = res.and_then(|x| x.detail.as_ref());
         let mut row = vec![
@@ -229,15 +223,33 @@ pub(crate) fn ranks_grid(r: &pb::Report) -> Table {
         } else {
             "-".to_string()
         });
-        let reason = if rank.reason.is_empty() {
-            res.map(|x| x.error.clone()).unwrap_or_default()
-        } else {
-            rank.reason.clone()
-        };
-        row.push(output::truncate(&output::dash(&reason), 80));
+        row.push(output::truncate(&output::dash(&rank_reason(rank)), 80));
         t.row(row);
     }
     t
+}
+
+/// Every rank with its node's name, by rank number.
+pub(crate) fn ranks_in_order(r: &pb::Report) -> Vec<(&str, &pb::RankReport)> {
+    let mut ranks: Vec<(&str, &pb::RankReport)> = r
+        .nodes
+        .iter()
+        .flat_map(|n| n.ranks.iter().map(move |x| (n.name.as_str(), x)))
+        .collect();
+    ranks.sort_by_key(|(_, x)| x.rank);
+    ranks
+}
+
+/// Why a rank got its verdict: the coordinator's reason, else the worker's error.
+pub(crate) fn rank_reason(rank: &pb::RankReport) -> String {
+    if rank.reason.is_empty() {
+        rank.result
+            .as_ref()
+            .map(|x| x.error.clone())
+            .unwrap_or_default()
+    } else {
+        rank.reason.clone()
+    }
 }
 
 /// nccl-tests prints times with fewer decimals as they grow; so do we, to match line by line.

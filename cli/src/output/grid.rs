@@ -127,8 +127,11 @@ mod tests {
 
     #[test]
     fn sections_are_titled() {
-        let s = csv_sections(&[Section::new("nodes", table()), Section::new("more", table())])
-            .unwrap();
+        let s = csv_sections(&[
+            Section::new("nodes", table()),
+            Section::new("more", table()),
+        ])
+        .unwrap();
         assert!(s.starts_with("# nodes\nNODE,"), "{s}");
         assert!(s.contains("\n\n# more\nNODE,"), "{s}");
     }

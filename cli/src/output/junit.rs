@@ -9,6 +9,8 @@ use anyhow::Result;
 use gpuctl_proto::pb;
 use quick_junit::{NonSuccessKind, Report, TestCase, TestCaseStatus, TestSuite};
 
+use crate::commands::report;
+
 /// The sentences a person reads, one a line.
 fn sentences<'a>(findings: impl Iterator<Item = &'a pb::Finding>) -> String {
     let mut s = String::new();
@@ -82,22 +84,9 @@ pub fn report(r: &pb::Report) -> Result<String> {
             mine,
         ));
     }
-    let mut ranks: Vec<(&str, &pb::RankReport)> = r
-        .nodes
-        .iter()
-        .flat_map(|n| n.ranks.iter().map(move |x| (n.name.as_str(), x)))
-        .collect();
-    ranks.sort_by_key(|(_, x)| x.rank);
-    for (node, rank) in ranks {
+    for (node, rank) in report::ranks_in_order(r) {
         let mine = sentences(r.findings.iter().filter(|f| f.rank == Some(rank.rank)));
-        let reason = if rank.reason.is_empty() {
-            rank.result
-                .as_ref()
-                .map(|x| x.error.clone())
-                .unwrap_or_default()
-        } else {
-            rank.reason.clone()
-        };
+        let reason = report::rank_reason(rank);
         let device = if rank.device.is_empty() {
             String::new()
         } else {
@@ -111,9 +100,9 @@ pub fn report(r: &pb::Report) -> Result<String> {
             mine,
         ));
     }
-    let mut report = Report::new(format!("gpuctl {}", r.job_id));
-    report.add_test_suite(suite);
-    Ok(report.to_string()?)
+    let mut out = Report::new(format!("gpuctl {}", r.job_id));
+    out.add_test_suite(suite);
+    Ok(out.to_string()?)
 }
 
 #[cfg(test)]

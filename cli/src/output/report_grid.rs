@@ -57,14 +57,20 @@ pub fn sections(r: &pb::Report) -> Vec<Section> {
     }
     let mut out = vec![Section::new("summary", summary)];
     if !r.findings.is_empty() {
-        out.push(Section::new("findings", findings::findings_grid(&r.findings)));
+        out.push(Section::new(
+            "findings",
+            findings::findings_grid(&r.findings),
+        ));
     }
     if !r.nodes.is_empty() {
         out.push(Section::new("nodes", report::nodes_grid(r)));
         out.push(Section::new("ranks", report::ranks_grid(r)));
     }
     if !r.collectives.is_empty() {
-        out.push(Section::new("collectives", collectives_grid(&r.collectives)));
+        out.push(Section::new(
+            "collectives",
+            collectives_grid(&r.collectives),
+        ));
     }
     out
 }
