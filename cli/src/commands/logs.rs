@@ -1,5 +1,6 @@
 //! `gpuctl logs JOB [--rank N] [--tail N]`: worker output stored by the
-//! coordinator, prefixed with the rank when more than one rank is shown.
+//! coordinator, prefixed with the rank when more than one rank is shown. A
+//! `--rank` the job does not have is bad input (exit 2), not an empty log.
 
 use anyhow::Result;
 
