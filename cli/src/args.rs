@@ -56,6 +56,21 @@ pub struct Cli {
 pub enum OutputFormat {
     Table,
     Json,
+    /// Comma-separated tables for a spreadsheet (report, jobs, nodes, fleet);
+    /// a report gives one table per section, each under a `# section` line.
+    Csv,
+    /// GitHub pipe tables (report, jobs, nodes, fleet); a report's verdict comes first.
+    #[value(alias = "markdown")]
+    Md,
+    /// JUnit XML of a report: a test case per node and per rank, for CI dashboards.
+    Junit,
+}
+
+impl OutputFormat {
+    /// The table-like formats: csv and md render the same tables as `table`.
+    pub fn is_grid(self) -> bool {
+        matches!(self, OutputFormat::Csv | OutputFormat::Md)
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -91,6 +106,11 @@ pub enum Command {
     /// Certificates for mutual TLS between the coordinator, agents and CLI.
     #[command(subcommand)]
     Certs(CertsCommand),
+    /// Print a shell completion script: `gpuctl completion bash > /etc/bash_completion.d/gpuctl`.
+    Completion {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Debug, Subcommand)]

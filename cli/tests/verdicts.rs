@@ -174,18 +174,7 @@ fn baselines_judge_later_jobs_and_floors_fail_what_the_cpu_cannot_reach() {
     assert!(stderr(&unknown).contains("no baseline `nope`"));
 
     // A floor the CPU cannot reach, for the model the ranks report.
-    let model = healthy["nodes"][0]["ranks"][0]["device_name"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let rules = c.dir.path().join("floor.toml");
-    std::fs::write(
-        &rules,
-        format!(
-            "[[floors]]\ngpu = \"{model}\"\nmetric = \"stress_tflops\"\nkey = \"fp32 256\"\nfail = 1000000.0\nsource = \"test: out of reach\"\n"
-        ),
-    )
-    .unwrap();
+    let rules = unreachable_floor(c.dir.path(), &healthy);
     let mut args = stress.to_vec();
     let path = rules.to_str().unwrap().to_string();
     args.extend(["--rules", &path]);

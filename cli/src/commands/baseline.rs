@@ -16,7 +16,7 @@ pub async fn run(c: &mut Coordinator, cmd: BaselineCommand, out: OutputFormat) -
             let b = c.save_baseline(&a.job, &a.name, a.replace).await?;
             match out {
                 OutputFormat::Json => output::print_json(&output::json::baseline(&b)),
-                OutputFormat::Table => {
+                _ => {
                     output::print_text(&format!(
                         "baseline `{}` saved from {}: {} figures\n",
                         b.name,
@@ -33,21 +33,21 @@ pub async fn run(c: &mut Coordinator, cmd: BaselineCommand, out: OutputFormat) -
                 OutputFormat::Json => output::print_json(&serde_json::Value::Array(
                     all.iter().map(output::json::baseline).collect(),
                 )),
-                OutputFormat::Table => output::print_text(&list_table(&all)),
+                _ => output::print_text(&list_table(&all)),
             }
         }
         BaselineCommand::Show(a) => {
             let b = c.get_baseline(&a.name).await?;
             match out {
                 OutputFormat::Json => output::print_json(&output::json::baseline(&b)),
-                OutputFormat::Table => output::print_text(&render(&b)),
+                _ => output::print_text(&render(&b)),
             }
         }
         BaselineCommand::Delete(a) => {
             let b = c.delete_baseline(&a.name).await?;
             match out {
                 OutputFormat::Json => output::print_json(&output::json::baseline(&b)),
-                OutputFormat::Table => output::print_text(&format!(
+                _ => output::print_text(&format!(
                     "baseline `{}` deleted; jobs judged against it keep their copy\n",
                     b.name
                 )),

@@ -11,7 +11,7 @@ pub async fn run(c: &mut Coordinator, id: &str, reason: &str, out: OutputFormat)
     let job = c.cancel(id, reason).await?;
     match out {
         OutputFormat::Json => output::print_json(&output::json::job(&job)),
-        OutputFormat::Table => {
+        _ => {
             // A job that had already ended keeps its state; say so rather than pretend.
             let state = output::job_state(&job);
             if job.state().is_terminal() && state != "cancelled" {

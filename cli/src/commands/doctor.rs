@@ -42,7 +42,7 @@ pub fn run(a: &DoctorArgs, out: OutputFormat) -> Result<Exit> {
                 },
             }));
         }
-        OutputFormat::Table => {
+        _ => {
             output::print_text(&render(&local.checks));
             let count = |v: Verdict| local.checks.iter().filter(|c| verdict_of(c) == v).count();
             eprintln!(

@@ -35,13 +35,18 @@ pub async fn run(
             "nodes": f.rows.iter().map(row).collect::<Vec<_>>(),
             "runs": f.runs.iter().map(node_run).collect::<Vec<_>>(),
         })),
-        (OutputFormat::Table, Some(FleetView::Links)) => {
-            output::print_text(&links_table(&f.links, now))
+        // CSV and Markdown: the same tables; `fleet links` without its matrix.
+        (out, view) if out.is_grid() => {
+            let t = match view {
+                Some(FleetView::Links) => links_grid(&f.links, now),
+                None if !node.is_empty() => runs_grid(&f.runs, now),
+                None => rows_grid(&f.rows, now),
+            };
+            output::grid::print(&t, out)?
         }
-        (OutputFormat::Table, None) if !node.is_empty() => {
-            output::print_text(&runs_table(&f.runs, now))
-        }
-        (OutputFormat::Table, None) => output::print_text(&rows_table(&f.rows, now)),
+        (_, Some(FleetView::Links)) => output::print_text(&links_table(&f.links, now)),
+        (_, None) if !node.is_empty() => output::print_text(&runs_grid(&f.runs, now).render()),
+        (_, None) => output::print_text(&rows_grid(&f.rows, now).render()),
     }
     Ok(Exit::Ok)
 }
@@ -76,7 +81,7 @@ fn drift_text(d: &[pb::Drift]) -> String {
     }
 }
 
-fn rows_table(rows: &[pb::FleetRow], now: u64) -> String {
+fn rows_grid(rows: &[pb::FleetRow], now: u64) -> Table {
     let mut t = Table::new(&[
         "NODE",
         "LAST",
@@ -104,10 +109,10 @@ fn rows_table(rows: &[pb::FleetRow], now: u64) -> String {
             drift_text(&r.drift),
         ]);
     }
-    t.render()
+    t
 }
 
-fn runs_table(runs: &[pb::NodeRun], now: u64) -> String {
+fn runs_grid(runs: &[pb::NodeRun], now: u64) -> Table {
     let mut t = Table::new(&["WHEN", "JOB", "WORKLOAD", "VERDICT", "FIGURES", "REASON"]);
     for r in runs {
         let figs: Vec<String> = r
@@ -127,11 +132,17 @@ fn runs_table(runs: &[pb::NodeRun], now: u64) -> String {
             output::dash(&r.reason),
         ]);
     }
-    t.render()
+    t
 }
 
 fn links_table(links: &[pb::Link], now: u64) -> String {
     let mut s = output::links::matrix(links);
+    s.push('\n');
+    s.push_str(&links_grid(links, now).render());
+    s
+}
+
+fn links_grid(links: &[pb::Link], now: u64) -> Table {
     let mut t = Table::new(&["A", "B", "OP", "GB/S", "VERDICT", "MEASURED"]).right(&[3]);
     for l in links {
         t.row([
@@ -143,9 +154,7 @@ fn links_table(links: &[pb::Link], now: u64) -> String {
             output::age(l.measured_unix_ms, now),
         ]);
     }
-    s.push('\n');
-    s.push_str(&t.render());
-    s
+    t
 }
 
 fn row(r: &pb::FleetRow) -> Value {

@@ -20,7 +20,8 @@ pub async fn run(c: &mut Coordinator, limit: u32, out: OutputFormat) -> Result<E
         OutputFormat::Json => output::print_json(&serde_json::Value::Array(
             jobs.iter().map(output::json::job).collect(),
         )),
-        OutputFormat::Table => {
+        out if out.is_grid() => output::grid::print(&grid(&jobs, gpuctl_proto::now_ms()), out)?,
+        _ => {
             if jobs.is_empty() {
                 eprintln!("no jobs yet; submit one with `gpuctl submit stress --duration 30s`");
             } else {
@@ -47,6 +48,11 @@ pub fn nodes_cell(j: &pb::Job) -> String {
 }
 
 pub fn render(jobs: &[pb::Job], now: u64) -> String {
+    grid(jobs, now).render()
+}
+
+/// The jobs' table before layout (also `-o csv|md`).
+pub fn grid(jobs: &[pb::Job], now: u64) -> Table {
     let mut t = Table::new(&[
         "ID", "WORKLOAD", "STATE", "NODES", "CREATED", "DURATION", "NAME", "MESSAGE",
     ]);
@@ -63,5 +69,5 @@ pub fn render(jobs: &[pb::Job], now: u64) -> String {
             output::truncate(&output::dash(&j.message), 60),
         ]);
     }
-    t.render()
+    t
 }

@@ -17,13 +17,47 @@ pub mod submit;
 pub mod watch;
 
 use anyhow::Result;
+use clap::{CommandFactory, ValueEnum};
 
-use crate::args::{CertsCommand, Cli, Command, LocalCommand};
+use crate::args::{CertsCommand, Cli, Command, LocalCommand, OutputFormat, UsageError};
 use crate::client::Coordinator;
 use crate::exit::Exit;
 
+/// CSV and Markdown are for the listings and the report, JUnit for the report
+/// only (`submit --wait` prints a report too); anywhere else they are a usage
+/// error before anything is sent.
+fn check_format(cmd: &Command, out: OutputFormat) -> Result<()> {
+    let ok = match out {
+        OutputFormat::Table | OutputFormat::Json => true,
+        _ if matches!(cmd, Command::Submit(a) if a.wait) => true,
+        OutputFormat::Csv | OutputFormat::Md => matches!(
+            cmd,
+            Command::Report(_)
+                | Command::Jobs(_)
+                | Command::Fleet(_)
+                | Command::Nodes(crate::args::NodesArgs { action: None, .. })
+        ),
+        OutputFormat::Junit => matches!(cmd, Command::Report(_)),
+    };
+    if ok {
+        return Ok(());
+    }
+    let name = out.to_possible_value().map(|v| v.get_name().to_string());
+    Err(UsageError(format!(
+        "--output {} is for {}; this command prints table or json",
+        name.unwrap_or_default(),
+        if out == OutputFormat::Junit {
+            "`report`"
+        } else {
+            "`report`, `jobs`, `nodes` and `fleet`"
+        }
+    ))
+    .into())
+}
+
 pub async fn run(cli: Cli) -> Result<Exit> {
     let out = cli.output;
+    check_format(&cli.command, out)?;
     let url = cli.coordinator.as_str();
     crate::client::set_tls(&cli);
     match cli.command {
@@ -81,6 +115,10 @@ pub async fn run(cli: Cli) -> Result<Exit> {
             fleet::run(&mut c, &a, since, out).await
         }
         Command::Certs(CertsCommand::Init(a)) => certs::init(&a),
+        Command::Completion { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "gpuctl", &mut std::io::stdout());
+            Ok(Exit::Ok)
+        }
         Command::Baseline(cmd) => {
             baseline::run(&mut Coordinator::connect(url).await?, cmd, out).await
         }

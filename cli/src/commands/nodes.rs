@@ -15,7 +15,7 @@ pub async fn remove(c: &mut Coordinator, name: &str, out: OutputFormat) -> Resul
     let node = c.remove_node(name).await?;
     match out {
         OutputFormat::Json => output::print_json(&serde_json::json!({ "removed": node.name })),
-        OutputFormat::Table => output::print_text(&format!(
+        _ => output::print_text(&format!(
             "node {} removed; an agent still running under that name registers it again\n",
             node.name
         )),
@@ -31,7 +31,8 @@ pub async fn run(c: &mut Coordinator, out: OutputFormat) -> Result<Exit> {
         OutputFormat::Json => output::print_json(&serde_json::Value::Array(
             nodes.iter().map(|n| output::json::node(n, now)).collect(),
         )),
-        OutputFormat::Table => {
+        out if out.is_grid() => output::grid::print(&grid(&nodes, now), out)?,
+        _ => {
             if nodes.is_empty() {
                 eprintln!(
                     "no nodes registered at {}; start agents with `gpuctl-agent --coordinator {}`",
@@ -72,6 +73,11 @@ fn model(n: &pb::Node) -> String {
 }
 
 pub fn render(nodes: &[pb::Node], now: u64) -> String {
+    grid(nodes, now).render()
+}
+
+/// The nodes' table before layout (also `-o csv|md`).
+pub fn grid(nodes: &[pb::Node], now: u64) -> Table {
     let mut t = Table::new(&[
         "NAME",
         "STATE",
@@ -102,7 +108,7 @@ pub fn render(nodes: &[pb::Node], now: u64) -> String {
             output::truncate(&output::dash(&n.state_reason), 50),
         ]);
     }
-    t.render()
+    t
 }
 
 #[cfg(test)]

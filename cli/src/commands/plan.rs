@@ -14,7 +14,7 @@ pub async fn run(c: &mut Coordinator, spec: pb::JobSpec, out: OutputFormat) -> R
     let plan = c.plan(spec).await?;
     match out {
         OutputFormat::Json => output::print_json(&output::json::plan(&plan)),
-        OutputFormat::Table => output::print_text(&render(&plan)),
+        _ => output::print_text(&render(&plan)),
     }
     // A plan whose preflight already fails would fail as a job: say so in the exit code.
     let failing = plan

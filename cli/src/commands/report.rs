@@ -16,17 +16,21 @@ use crate::output::{self, findings, table::Table};
 
 pub async fn run(c: &mut Coordinator, id: &str, out: OutputFormat) -> Result<Exit> {
     let report = c.report(id).await?;
-    print(&report, out);
+    print(&report, out)?;
     // Like `submit --wait`, the exit code carries the verdict, so a script can
     // gate on `gpuctl report JOB` alone.
     Ok(Exit::of_report(&report))
 }
 
-pub fn print(report: &pb::Report, out: OutputFormat) {
+pub fn print(report: &pb::Report, out: OutputFormat) -> Result<()> {
     match out {
         OutputFormat::Json => output::print_json(&output::json::report(report)),
         OutputFormat::Table => output::print_text(&render(report)),
+        OutputFormat::Csv => output::print_text(&output::report_grid::csv(report)?),
+        OutputFormat::Md => output::print_text(&output::report_grid::markdown(report)),
+        OutputFormat::Junit => output::print_text(&output::junit::report(report)?),
     }
+    Ok(())
 }
 
 fn backend(r: &pb::Report) -> String {
@@ -40,6 +44,11 @@ fn backend(r: &pb::Report) -> String {
 }
 
 fn header(r: &pb::Report) -> String {
+    output::table::key_values(&header_pairs(r))
+}
+
+/// The report's header as key/value pairs (the CSV and Markdown `summary` too).
+pub(crate) fn header_pairs(r: &pb::Report) -> Vec<(&'static str, String)> {
     let spec = r.spec.clone().unwrap_or_default();
     let mut pairs = vec![("JOB", r.job_id.clone())];
     if !spec.name.is_empty() {
@@ -62,10 +71,14 @@ fn header(r: &pb::Report) -> String {
     if !r.sdc_note.is_empty() {
         pairs.push(("SDC CHECK", r.sdc_note.clone()));
     }
-    output::table::key_values(&pairs)
+    pairs
 }
 
 fn nodes_table(r: &pb::Report) -> String {
+    nodes_grid(r).render()
+}
+
+pub(crate) fn nodes_grid(r: &pb::Report) -> Table {
     let mut t = Table::new(&["NODE", "VERDICT", "RANKS", "REASON"]).right(&[2]);
     for n in &r.nodes {
         let pass = n
@@ -80,7 +93,7 @@ fn nodes_table(r: &pb::Report) -> String {
             output::dash(&n.reason),
         ]);
     }
-    t.render()
+    t
 }
 
 /// Which workload figures appear in the rank table: the union over the ranks,
@@ -125,6 +138,10 @@ fn short_digest(d: &str) -> String {
 }
 
 fn ranks_table(r: &pb::Report) -> String {
+    ranks_grid(r).render()
+}
+
+pub(crate) fn ranks_grid(r: &pb::Report) -> Table {
     let k = kinds(r);
     let mut headers = vec!["RANK", "NODE", "LOCAL", "DEVICE", "DEVICE NAME", "VERDICT"];
     let mut right = vec![0, 2];
@@ -144,13 +161,7 @@ fn ranks_table(r: &pb::Report) -> String {
     headers.push("PEAK MEM");
     headers.push("REASON");
     let mut t = Table::new(&headers).right(&right);
-    let mut ranks: Vec<(&str, &pb::RankReport)> = r
-        .nodes
-        .iter()
-        .flat_map(|n| n.ranks.iter().map(move |x| (n.name.as_str(), x)))
-        .collect();
-    ranks.sort_by_key(|(_, x)| x.rank);
-    for (node, rank) in ranks {
+    for (node, rank) in ranks_in_order(r) {
         let res = rank.result.as_ref();
         let detail = res.and_then(|x| x.detail.as_ref());
         let mut row = vec![
@@ -212,15 +223,33 @@ fn ranks_table(r: &pb::Report) -> String {
         } else {
             "-".to_string()
         });
-        let reason = if rank.reason.is_empty() {
-            res.map(|x| x.error.clone()).unwrap_or_default()
-        } else {
-            rank.reason.clone()
-        };
-        row.push(output::truncate(&output::dash(&reason), 80));
+        row.push(output::truncate(&output::dash(&rank_reason(rank)), 80));
         t.row(row);
     }
-    t.render()
+    t
+}
+
+/// Every rank with its node's name, by rank number.
+pub(crate) fn ranks_in_order(r: &pb::Report) -> Vec<(&str, &pb::RankReport)> {
+    let mut ranks: Vec<(&str, &pb::RankReport)> = r
+        .nodes
+        .iter()
+        .flat_map(|n| n.ranks.iter().map(move |x| (n.name.as_str(), x)))
+        .collect();
+    ranks.sort_by_key(|(_, x)| x.rank);
+    ranks
+}
+
+/// Why a rank got its verdict: the coordinator's reason, else the worker's error.
+pub(crate) fn rank_reason(rank: &pb::RankReport) -> String {
+    if rank.reason.is_empty() {
+        rank.result
+            .as_ref()
+            .map(|x| x.error.clone())
+            .unwrap_or_default()
+    } else {
+        rank.reason.clone()
+    }
 }
 
 /// nccl-tests prints times with fewer decimals as they grow; so do we, to match line by line.

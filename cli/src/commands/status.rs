@@ -15,7 +15,7 @@ pub async fn run(c: &mut Coordinator, id: &str, out: OutputFormat) -> Result<Exi
     let job = c.job(id).await?;
     match out {
         OutputFormat::Json => output::print_json(&output::json::job(&job)),
-        OutputFormat::Table => output::print_text(&render(
+        _ => output::print_text(&render(
             &job,
             gpuctl_proto::now_ms(),
             &ExtraColumns::default(),

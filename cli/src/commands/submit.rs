@@ -36,7 +36,7 @@ pub async fn run(
         match out {
             OutputFormat::Json => output::print_json(&output::json::job(&job)),
             // Only the id on stdout, so `JOB=$(gpuctl submit ...)` works.
-            OutputFormat::Table => println!("{}", job.id),
+            _ => println!("{}", job.id),
         }
         return Ok(Exit::Ok);
     }
@@ -266,7 +266,7 @@ async fn finish(c: &mut Coordinator, job: &pb::Job, out: OutputFormat) -> Result
     loop {
         match c.report_raw(&job.id).await {
             Ok(report) => {
-                super::report::print(&report, out);
+                super::report::print(&report, out)?;
                 return Ok(Exit::of_report(&report));
             }
             Err(s)
@@ -282,7 +282,7 @@ async fn finish(c: &mut Coordinator, job: &pb::Job, out: OutputFormat) -> Result
                 tracing::debug!("no report for {}: {s}", job.id);
                 match out {
                     OutputFormat::Json => output::print_json(&output::json::job(job)),
-                    OutputFormat::Table => output::print_text(&super::status::render(
+                    _ => output::print_text(&super::status::render(
                         job,
                         gpuctl_proto::now_ms(),
                         &Default::default(),

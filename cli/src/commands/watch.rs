@@ -170,7 +170,7 @@ pub async fn run(
                 }
                 let _ = o.flush();
             }
-            OutputFormat::Table => {
+            _ => {
                 if fp != last || done {
                     println!("{}", summary_line(&job, now));
                 }

@@ -54,6 +54,11 @@ fn place(f: &pb::Finding) -> String {
 
 /// One row per finding, worst first as the coordinator sorted them.
 pub fn findings_table(findings: &[pb::Finding]) -> String {
+    findings_grid(findings).render()
+}
+
+/// The findings' table before layout (also the CSV and Markdown `findings`).
+pub fn findings_grid(findings: &[pb::Finding]) -> Table {
     let mut t = Table::new(&[
         "LEVEL",
         "NODE",
@@ -106,7 +111,7 @@ pub fn findings_table(findings: &[pb::Finding]) -> String {
             super::dash(rule),
         ]);
     }
-    t.render()
+    t
 }
 
 /// `12 checks pass on 4 nodes` for the passing rows, and the others as they are.

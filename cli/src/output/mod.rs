@@ -1,10 +1,14 @@
-//! How results reach the user: aligned tables for people, JSON for scripts, and
+//! How results reach the user: aligned tables for people, JSON for scripts,
+//! CSV, Markdown and JUnit for spreadsheets, tickets and CI, and
 //! the small formatting helpers (ages, durations, metrics) both share.
 
 pub mod findings;
+pub mod grid;
 pub mod hang;
 pub mod json;
+pub mod junit;
 pub mod links;
+pub mod report_grid;
 pub mod table;
 
 use std::collections::HashMap;

@@ -18,6 +18,9 @@ const WRAP_MIN: u16 = 24;
 /// A table with a header row; cells are plain text.
 pub struct Table {
     inner: comfy_table::Table,
+    // The plain cells too, for the CSV and Markdown renderings (output::grid).
+    headers: Vec<String>,
+    rows: Vec<Vec<String>>,
 }
 
 impl Table {
@@ -26,7 +29,11 @@ impl Table {
         inner
             .load_preset(NOTHING)
             .set_header(headers.iter().map(|h| h.as_ref().to_string()));
-        Table { inner }
+        Table {
+            inner,
+            headers: headers.iter().map(|h| h.as_ref().to_string()).collect(),
+            rows: Vec::new(),
+        }
     }
 
     /// Right-aligns the named columns (numbers read better that way).
@@ -45,8 +52,17 @@ impl Table {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        self.inner
-            .add_row(cells.into_iter().map(Into::into).collect::<Vec<String>>());
+        let cells: Vec<String> = cells.into_iter().map(Into::into).collect();
+        self.inner.add_row(cells.clone());
+        self.rows.push(cells);
+    }
+
+    pub fn headers(&self) -> &[String] {
+        &self.headers
+    }
+
+    pub fn rows(&self) -> &[Vec<String>] {
+        &self.rows
     }
 
     /// The table as text, one line per row (more on a narrow terminal), each

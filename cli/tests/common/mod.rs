@@ -389,3 +389,20 @@ pub fn gpuctl_at(url: &str, args: &[&str]) -> Output {
         .output()
         .expect("run gpuctl")
 }
+
+/// A rules file in `dir` with a stress floor no CPU reaches, for the device
+/// model a finished job's report (JSON) names: every stress rank fails it.
+pub fn unreachable_floor(dir: &Path, report: &Value) -> PathBuf {
+    let model = report["nodes"][0]["ranks"][0]["device_name"]
+        .as_str()
+        .expect("a rank's device_name in the report");
+    let rules = dir.join("floor.toml");
+    std::fs::write(
+        &rules,
+        format!(
+            "[[floors]]\ngpu = \"{model}\"\nmetric = \"stress_tflops\"\nkey = \"fp32 256\"\nfail = 1000000.0\nsource = \"test: out of reach\"\n"
+        ),
+    )
+    .unwrap();
+    rules
+}

@@ -1,0 +1,111 @@
+//! A report as CSV or Markdown: the table report's sections (summary,
+//! findings, nodes, ranks, collectives) as separate tables, so each pastes
+//! into a spreadsheet or a ticket as it is. Markdown opens with the verdict.
+
+use anyhow::Result;
+use gpuctl_proto::pb;
+
+use super::findings;
+use super::grid::{self, Section};
+use super::table::Table;
+use crate::commands::report;
+
+/// One row per collective size, nccl-tests' columns with their units in the headers.
+fn collectives_grid(rows: &[pb::CollectiveRow]) -> Table {
+    let mut t = Table::new(&[
+        "OP",
+        "SIZE B",
+        "COUNT",
+        "TYPE",
+        "REDOP",
+        "ROOT",
+        "TIME US",
+        "ALGBW GB/S",
+        "BUSBW GB/S",
+        "WRONG",
+        "IN-PLACE TIME US",
+        "IN-PLACE ALGBW GB/S",
+        "IN-PLACE BUSBW GB/S",
+        "IN-PLACE WRONG",
+    ]);
+    for r in rows {
+        t.row([
+            r.op.clone(),
+            r.bytes.to_string(),
+            r.count.to_string(),
+            r.dtype.clone(),
+            r.redop.clone(),
+            r.root.to_string(),
+            format!("{:.2}", r.time_us),
+            format!("{:.2}", r.algbw_gbps),
+            format!("{:.2}", r.busbw_gbps),
+            r.wrong.to_string(),
+            format!("{:.2}", r.time_us_ip),
+            format!("{:.2}", r.algbw_gbps_ip),
+            format!("{:.2}", r.busbw_gbps_ip),
+            r.wrong_ip.to_string(),
+        ]);
+    }
+    t
+}
+
+/// The sections in the table report's order; empty ones are left out.
+pub fn sections(r: &pb::Report) -> Vec<Section> {
+    let mut summary = Table::new(&["KEY", "VALUE"]);
+    for (k, v) in report::header_pairs(r) {
+        summary.row([k.to_string(), v]);
+    }
+    let mut out = vec![Section::new("summary", summary)];
+    if !r.findings.is_empty() {
+        out.push(Section::new(
+            "findings",
+            findings::findings_grid(&r.findings),
+        ));
+    }
+    if !r.nodes.is_empty() {
+        out.push(Section::new("nodes", report::nodes_grid(r)));
+        out.push(Section::new("ranks", report::ranks_grid(r)));
+    }
+    if !r.collectives.is_empty() {
+        out.push(Section::new(
+            "collectives",
+            collectives_grid(&r.collectives),
+        ));
+    }
+    out
+}
+
+pub fn csv(r: &pb::Report) -> Result<String> {
+    grid::csv_sections(&sections(r))
+}
+
+/// `**VERDICT FAIL**: reason`, the job's notes, then the sections.
+pub fn markdown(r: &pb::Report) -> String {
+    let mut s = format!("**VERDICT {}**", r.verdict().label().to_uppercase());
+    if !r.reason.is_empty() {
+        s.push_str(&format!(": {}", r.reason));
+    }
+    s.push('\n');
+    for n in &r.notes {
+        s.push_str(&format!("\n> note: {n}\n"));
+    }
+    s.push_str(&grid::markdown_sections(&sections(r)));
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stress_report_has_its_sections() {
+        let r = report::tests::stress_report();
+        let csv = csv(&r).unwrap();
+        for title in ["# summary\n", "# nodes\n", "# ranks\n"] {
+            assert!(csv.contains(title), "{csv}");
+        }
+        let md = markdown(&r);
+        assert!(md.starts_with("**VERDICT FAIL**"), "{md}");
+        assert!(md.contains("### ranks\n\n| RANK | NODE |"), "{md}");
+    }
+}
