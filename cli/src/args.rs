@@ -73,11 +73,40 @@ impl OutputFormat {
     }
 }
 
+const SUBMIT_EXAMPLES: &str = "\
+Examples:
+  gpuctl submit stress --duration 15m --nodes 4 --wait
+  gpuctl submit nccl --nodes all --min-bytes 1M --max-bytes 1G --wait
+  gpuctl submit nccl --nodes all --pattern pairs --wait      # every link between nodes
+  gpuctl submit ddp --nodes 2 --model resnet50 --batch-size 256 --wait
+  gpuctl submit stress --nodes all --baseline h200-ref --hang-timeout 60s --wait -o junit > results.xml";
+
+const REPORT_EXAMPLES: &str = "\
+Examples:
+  gpuctl report job-000042                 # verdict and findings first, then the tables
+  gpuctl report job-000042 -o json         # for machines
+  gpuctl report job-000042 -o junit > results.xml
+  gpuctl report job-000042 -o md           # to paste into a ticket";
+
+const FLEET_EXAMPLES: &str = "\
+Examples:
+  gpuctl fleet                             # every node: last verdict, figures, drift
+  gpuctl fleet --node gpu-017              # one node's runs, newest first
+  gpuctl fleet links --since 7d            # the latest measurement of every pair
+  gpuctl fleet -o csv > fleet.csv";
+
+const LOCAL_UP_EXAMPLES: &str = "\
+Examples:
+  gpuctl local up --agents 4 --data-dir /tmp/fleet          # CPU ranks, no GPU needed
+  gpuctl local up --agents 1 --agent-arg=--libtorch=/path/to/site-packages   # this host's GPUs
+  sudo gpuctl local up --agents 4 --netns                   # each agent in its own network namespace";
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// List the fleet's nodes; `nodes remove NAME` forgets one.
     Nodes(NodesArgs),
     /// Submit a workload (stress, nccl, ddp, fsdp, maxbatch).
+    #[command(after_help = SUBMIT_EXAMPLES)]
     Submit(SubmitArgs),
     /// List jobs, newest first.
     Jobs(JobsArgs),
@@ -88,6 +117,7 @@ pub enum Command {
     /// Cancel a job.
     Cancel(CancelArgs),
     /// Print a job's report.
+    #[command(after_help = REPORT_EXAMPLES)]
     Report(JobRef),
     /// Print a job's worker logs.
     Logs(LogsArgs),
@@ -102,6 +132,7 @@ pub enum Command {
     #[command(subcommand)]
     Baseline(BaselineCommand),
     /// The fleet over time: each node's last verdict, figures and drift; `fleet links`: every pair.
+    #[command(after_help = FLEET_EXAMPLES)]
     Fleet(FleetArgs),
     /// Certificates for mutual TLS between the coordinator, agents and CLI.
     #[command(subcommand)]
@@ -538,6 +569,7 @@ impl JobArgs {
 #[derive(Debug, Subcommand)]
 pub enum LocalCommand {
     /// Start a coordinator and N agents on this machine and stay in the foreground.
+    #[command(after_help = LOCAL_UP_EXAMPLES)]
     Up(LocalUpArgs),
 }
 
@@ -589,6 +621,35 @@ mod tests {
         let mut v = vec!["gpuctl"];
         v.extend_from_slice(args);
         Cli::try_parse_from(v).unwrap_or_else(|e| panic!("{args:?}: {e}"))
+    }
+
+    #[test]
+    fn every_help_example_parses_and_its_spec_is_valid() {
+        let all = [
+            SUBMIT_EXAMPLES,
+            REPORT_EXAMPLES,
+            FLEET_EXAMPLES,
+            LOCAL_UP_EXAMPLES,
+        ];
+        let mut n = 0;
+        for line in all.iter().flat_map(|e| e.lines()) {
+            let Some(cmd) = line
+                .trim()
+                .trim_start_matches("sudo ")
+                .strip_prefix("gpuctl ")
+            else {
+                continue;
+            };
+            let cmd = cmd.split(['#', '>']).next().unwrap();
+            let words: Vec<&str> = cmd.split_whitespace().collect();
+            if let Command::Submit(s) = parse(&words).command {
+                s.job
+                    .to_spec()
+                    .unwrap_or_else(|e| panic!("{line}: {}", e.0));
+            }
+            n += 1;
+        }
+        assert_eq!(n, 16, "every example was tried");
     }
 
     fn spec_of(args: &[&str]) -> Result<JobSpec, UsageError> {

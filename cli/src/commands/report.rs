@@ -373,6 +373,10 @@ pub fn render(r: &pb::Report) -> String {
             s.push_str(&output::hang::last_progress_table(r));
         }
     }
+    if let Some(curve) = output::maxbatch::curve(r) {
+        s.push_str("\nMAXBATCH (each trial: batch -> peak memory; OOM = out of memory)\n");
+        s.push_str(&curve);
+    }
     if !r.links.is_empty() {
         s.push_str("\nLINKS (every pair of nodes; the slowest rank of each pair)\n");
         s.push_str(&output::links::matrix(&r.links));
