@@ -278,6 +278,9 @@ pub struct LogsArgs {
     /// Only the last N lines (per the whole selection).
     #[arg(long)]
     pub tail: Option<u32>,
+    /// Keep printing new lines until the job ends (text output only).
+    #[arg(short, long)]
+    pub follow: bool,
 }
 
 #[derive(Debug, Args)]

@@ -150,6 +150,34 @@ fn report_as_csv_markdown_and_junit_and_the_listings_as_csv() {
     let ok = c.gpuctl(&["logs", &id, "--rank", "1"]);
     assert_eq!(ok.status.code(), Some(0), "{}", stderr(&ok));
 
+    // logs -f on a running job: returns when the job ends, having printed
+    // every line once, as the plain listing has them afterwards.
+    let running = c.submit(&stress);
+    let followed = c.gpuctl(&["logs", &running, "-f"]);
+    assert_eq!(followed.status.code(), Some(0), "{}", stderr(&followed));
+    let state = c.job_state(&running);
+    assert!(
+        ["succeeded", "failed"].contains(&state.as_str()),
+        "-f returned while the job was {state}"
+    );
+    let all = stdout(&c, &["logs", &running]);
+    assert!(all.contains("[rank 0 "), "{all}");
+    let followed = String::from_utf8_lossy(&followed.stdout).to_string();
+    for r in 0..2 {
+        let of = |text: &str| -> Vec<String> {
+            let p = format!("[rank {r} ");
+            text.lines()
+                .filter(|l| l.starts_with(&p))
+                .map(String::from)
+                .collect()
+        };
+        assert_eq!(
+            of(&followed),
+            of(&all),
+            "rank {r}'s lines, each once, in order"
+        );
+    }
+
     // A floor no CPU reaches fails every node: JUnit carries the reasons.
     let rules = unreachable_floor(c.dir.path(), &c.json(&["report", &id]));
     let mut args = stress.to_vec();

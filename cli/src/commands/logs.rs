@@ -1,8 +1,12 @@
-//! `gpuctl logs JOB [--rank N] [--tail N]`: worker output stored by the
+//! `gpuctl logs JOB [--rank N] [--tail N] [-f]`: worker output stored by the
 //! coordinator, prefixed with the rank when more than one rank is shown. A
 //! `--rank` the job does not have is bad input (exit 2), not an empty log.
+//! `-f` keeps printing new lines until the job ends.
+
+use std::collections::HashMap;
 
 use anyhow::Result;
+use gpuctl_proto::pb::LogLine;
 
 use crate::args::{OutputFormat, UsageError};
 use crate::client::Coordinator;
@@ -25,17 +29,7 @@ pub async fn run(
             lines.iter().map(output::json::log_line).collect(),
         )),
         _ => {
-            let mut text = String::new();
-            for l in &lines {
-                if rank.is_some() {
-                    text.push_str(&l.line);
-                } else {
-                    // Like `docker compose logs`: who said it, then what.
-                    text.push_str(&format!("[rank {} {}] {}", l.rank, l.node, l.line));
-                }
-                text.push('\n');
-            }
-            output::print_text(&text);
+            output::print_text(&text(&lines, rank.is_some()));
             if lines.is_empty() {
                 eprintln!(
                     "no log lines for {id}{}",
@@ -45,6 +39,68 @@ pub async fn run(
         }
     }
     Ok(Exit::Ok)
+}
+
+fn text(lines: &[LogLine], one_rank: bool) -> String {
+    let mut text = String::new();
+    for l in lines {
+        if one_rank {
+            text.push_str(&l.line);
+        } else {
+            // Like `docker compose logs`: who said it, then what.
+            text.push_str(&format!("[rank {} {}] {}", l.rank, l.node, l.line));
+        }
+        text.push('\n');
+    }
+    text
+}
+
+/// How often `-f` asks for new lines.
+const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Prints the lines there are (the last `tail`), then each new one as it
+/// arrives, until the job has ended and its last lines are out.
+pub async fn follow(
+    c: &mut Coordinator,
+    id: &str,
+    rank: Option<u32>,
+    tail: Option<u32>,
+) -> Result<Exit> {
+    let first = c.logs(id, rank, 0).await?;
+    if let (Some(r), true) = (rank, first.is_empty()) {
+        check_rank(c, id, r).await?;
+    }
+    let skip = tail.map_or(0, |t| first.len().saturating_sub(t as usize));
+    output::print_text(&text(&first[skip..], rank.is_some()));
+    // Lines come back grouped by rank, each rank's in order: new lines are
+    // those past what was shown of their rank.
+    let mut shown: HashMap<u32, usize> = HashMap::new();
+    for l in &first {
+        *shown.entry(l.rank).or_default() += 1;
+    }
+    loop {
+        // Asked before the lines, so the lines fetched after it ended are the last.
+        let over = c.job(id).await?.state().is_terminal();
+        let lines = c.logs(id, rank, 0).await?;
+        let mut seen: HashMap<u32, usize> = HashMap::new();
+        let fresh: Vec<LogLine> = lines
+            .into_iter()
+            .filter(|l| {
+                let n = seen.entry(l.rank).or_default();
+                *n += 1;
+                *n > shown.get(&l.rank).copied().unwrap_or(0)
+            })
+            .collect();
+        output::print_text(&text(&fresh, rank.is_some()));
+        for (r, n) in seen {
+            let s = shown.entry(r).or_default();
+            *s = (*s).max(n);
+        }
+        if over {
+            return Ok(Exit::Ok);
+        }
+        tokio::time::sleep(FOLLOW_EVERY).await;
+    }
 }
 
 /// A rank the job does not have is bad input, not an empty log: asked only

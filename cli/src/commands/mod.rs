@@ -99,7 +99,11 @@ pub async fn run(cli: Cli) -> Result<Exit> {
         Command::Report(a) => report::run(&mut Coordinator::connect(url).await?, &a.job, out).await,
         Command::Logs(a) => {
             let mut c = Coordinator::connect(url).await?;
-            logs::run(&mut c, &a.job, a.rank, a.tail, out).await
+            if a.follow {
+                logs::follow(&mut c, &a.job, a.rank, a.tail).await
+            } else {
+                logs::run(&mut c, &a.job, a.rank, a.tail, out).await
+            }
         }
         Command::Local(LocalCommand::Up(a)) => Ok(Exit::failed_if(local::up(a).await? != 0)),
         Command::Doctor(a) => doctor::run(&a, out),
