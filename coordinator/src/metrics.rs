@@ -1,7 +1,8 @@
-//! The coordinator's `/metrics`: the fleet and job counts and the ingest
-//! counters, on `--metrics-listen`, through the shared endpoint
-//! ([`gpuctl_proto::metrics_http`]). Values come from the scheduler task at
-//! scrape time (one event), so the numbers are one consistent snapshot.
+//! The coordinator's `/metrics`: the fleet and job counts, the ingest
+//! counters, and each node's last verdict and figures from the fleet history
+//! (so Grafana charts fleet health), on `--metrics-listen`, through the shared
+//! endpoint ([`gpuctl_proto::metrics_http`]). Counts come from the scheduler
+//! task at scrape time (one event), so they are one consistent snapshot.
 
 use std::collections::BTreeMap;
 
@@ -14,7 +15,10 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tracing::debug;
 
+use gpuctl_proto::pb::{FleetRow, GetFleetRequest, Verdict};
+
 use crate::scheduler::{Event, SchedulerHandle, Snapshot};
+use crate::store::StateStore;
 
 const NODE_STATES: &[&str] = &["ready", "busy", "lost"];
 const JOB_STATES: &[&str] = &["pending", "running", "succeeded", "failed", "cancelled"];
@@ -86,8 +90,91 @@ impl Collector for Snapshot {
             "Rendezvous keys held for running jobs.",
             gauge,
             &[(vec![], self.rendezvous_keys as f64)],
-        )
+        )?;
+        results(&mut e, &self.fleet)
     }
+}
+
+/// A verdict as a number an alert can compare: higher is worse.
+fn verdict_value(v: Verdict) -> f64 {
+    match v {
+        Verdict::Pass => 0.0,
+        Verdict::Warn => 1.0,
+        Verdict::Fail => 2.0,
+        Verdict::Incomplete | Verdict::Unspecified => 3.0,
+    }
+}
+
+/// Per node: the last verdict, and each figure its last run of that kind
+/// produced (a node that never ran a workload has no series for it, not 0).
+fn results(e: &mut DescriptorEncoder, rows: &[FleetRow]) -> std::fmt::Result {
+    let node = |r: &FleetRow| vec![("node", r.node.clone())];
+    let figure = |f: fn(&FleetRow) -> f64| -> Vec<(Labels, f64)> {
+        rows.iter()
+            .filter(|r| f(r) > 0.0)
+            .map(|r| (node(r), f(r)))
+            .collect()
+    };
+    let gauge = MetricType::Gauge;
+    write_family(
+        e,
+        "gpuctl_node_verdict",
+        "Each node's verdict in its last finished job: 0 pass, 1 warn, 2 fail, 3 incomplete.",
+        gauge,
+        &rows
+            .iter()
+            .map(|r| (node(r), verdict_value(r.last_verdict())))
+            .collect::<Vec<_>>(),
+    )?;
+    let mut tflops = Vec::new();
+    for r in rows {
+        for (stat, v) in [
+            ("median", r.stress_tflops_median),
+            ("worst", r.stress_tflops_worst),
+        ] {
+            if v > 0.0 {
+                tflops.push((vec![("node", r.node.clone()), ("gpu", stat.to_string())], v));
+            }
+        }
+    }
+    write_family(
+        e,
+        "gpuctl_node_stress_tflops",
+        "TFLOP/s in the node's last stress job: its median GPU's and its slowest GPU's median.",
+        gauge,
+        &tflops,
+    )?;
+    write_family(
+        e,
+        "gpuctl_node_all_reduce_busbw_gbps",
+        "all_reduce bus bandwidth (GB/s) in the node's last nccl job, at its largest judged size.",
+        gauge,
+        &figure(|r| r.all_reduce_busbw_gbps),
+    )?;
+    write_family(
+        e,
+        "gpuctl_node_link_median_gbps",
+        "The median bandwidth (GB/s) of the node's links in its last `nccl --pattern pairs` job.",
+        gauge,
+        &figure(|r| r.median_link_gbps),
+    )?;
+    write_family(
+        e,
+        "gpuctl_node_samples_per_second",
+        "Training samples/s in the node's last ddp or fsdp job.",
+        gauge,
+        &figure(|r| r.samples_per_s),
+    )?;
+    write_family(
+        e,
+        "gpuctl_node_drifted_figures",
+        "Figures of the node's last run below the drift tolerance of its own history.",
+        gauge,
+        &rows
+            .iter()
+            .map(|r| (node(r), r.drift.iter().filter(|d| d.flagged).count() as f64))
+            .collect::<Vec<_>>(),
+    )
 }
 
 impl Snapshot {
@@ -98,15 +185,28 @@ impl Snapshot {
     }
 }
 
-/// Serves `/metrics` on `listener` until `shutdown`.
-pub async fn serve(listener: TcpListener, sched: SchedulerHandle, shutdown: Shutdown) {
+/// Serves `/metrics` on `listener` until `shutdown`; `drift` is the fleet
+/// rule's tolerance, as `gpuctl fleet` applies it.
+pub async fn serve(
+    listener: TcpListener,
+    sched: SchedulerHandle,
+    store: StateStore,
+    drift: f64,
+    shutdown: Shutdown,
+) {
     let scrape = move || {
-        let sched = sched.clone();
+        let (sched, store) = (sched.clone(), store.clone());
         async move {
-            match sched.ask(|reply| Event::Metrics { reply }).await {
-                Ok(snap) => Ok(snap.registry()),
-                Err(_) => Err("coordinator stopping".to_string()),
+            let mut snap = match sched.ask(|reply| Event::Metrics { reply }).await {
+                Ok(snap) => snap,
+                Err(_) => return Err("coordinator stopping".to_string()),
+            };
+            // The history unreadable costs the result series, not the scrape.
+            match crate::history::fleet(&store, GetFleetRequest::default(), drift).await {
+                Ok(f) => snap.fleet = f.rows,
+                Err(e) => debug!("metrics: fleet history unreadable: {e}"),
             }
+            Ok(snap.registry())
         }
     };
     if let Err(e) = metrics_http::serve(listener, scrape, shutdown).await {
@@ -144,5 +244,40 @@ mod tests {
         ] {
             assert!(t.lines().any(|l| l == line), "missing `{line}` in\n{t}");
         }
+    }
+
+    #[test]
+    fn each_node_has_its_last_verdict_and_only_the_figures_it_produced() {
+        let mut s = Snapshot::default();
+        s.fleet = vec![
+            FleetRow {
+                node: "a".into(),
+                last_verdict: Verdict::Fail as i32,
+                stress_tflops_median: 600.0,
+                stress_tflops_worst: 300.0,
+                drift: vec![gpuctl_proto::pb::Drift {
+                    flagged: true,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+            FleetRow {
+                node: "b".into(),
+                last_verdict: Verdict::Pass as i32,
+                all_reduce_busbw_gbps: 330.5,
+                ..Default::default()
+            },
+        ];
+        let t = metrics_http::encode(&s.registry());
+        for line in [
+            "gpuctl_node_verdict{node=\"a\"} 2",
+            "gpuctl_node_verdict{node=\"b\"} 0",
+            "gpuctl_node_stress_tflops{node=\"a\",gpu=\"worst\"} 300",
+            "gpuctl_node_all_reduce_busbw_gbps{node=\"b\"} 330.5",
+            "gpuctl_node_drifted_figures{node=\"a\"} 1",
+        ] {
+            assert!(t.lines().any(|l| l == line), "missing `{line}` in\n{t}");
+        }
+        assert!(!t.contains("gpuctl_node_stress_tflops{node=\"b\""), "{t}");
     }
 }

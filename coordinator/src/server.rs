@@ -142,6 +142,7 @@ pub async fn run_with(
     let rdv = Rendezvous::default();
     let (logs, log_task) = LogSink::spawn(store.clone());
     let perf_rules = Arc::new(perf_rules);
+    let drift_tolerance = perf_rules.drift_tolerance;
     let sched_cfg = SchedulerConfig {
         node_timeout: cfg.node_timeout,
         adopt_grace: cfg.adopt_grace,
@@ -180,6 +181,8 @@ pub async fn run_with(
             Some(tokio::spawn(crate::metrics::serve(
                 l,
                 sched.clone(),
+                store.clone(),
+                drift_tolerance,
                 shutdown.clone(),
             )))
         }

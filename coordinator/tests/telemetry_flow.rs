@@ -190,6 +190,8 @@ async fn telemetry_health_metrics_and_restart() {
     let (_, body) = coord.get("/metrics").await;
     assert_eq!(metric(&body, "gpuctl_results_ingested_total"), 2.0);
     assert_eq!(metric(&body, "gpuctl_jobs{state=\"failed\"}"), 1.0);
+    // The node's last verdict from the fleet history: the job failed on it.
+    assert_eq!(metric(&body, "gpuctl_node_verdict{node=\"g0\"}"), 2.0);
 
     // A second job is running when the coordinator stops: its telemetry is in
     // the store, and the restarted coordinator's report of it keeps it.

@@ -16,6 +16,9 @@ pub struct Snapshot {
     pub samples: u64,
     pub log_lines: u64,
     pub rendezvous_keys: u64,
+    /// Each node's last verdict and figures from the fleet history (filled
+    /// by the metrics server, not the scheduler, which holds no history).
+    pub fleet: Vec<gpuctl_proto::pb::FleetRow>,
 }
 
 /// Counters since this coordinator started.
