@@ -248,26 +248,28 @@ mod tests {
 
     #[test]
     fn each_node_has_its_last_verdict_and_only_the_figures_it_produced() {
-        let mut s = Snapshot::default();
-        s.fleet = vec![
-            FleetRow {
-                node: "a".into(),
-                last_verdict: Verdict::Fail as i32,
-                stress_tflops_median: 600.0,
-                stress_tflops_worst: 300.0,
-                drift: vec![gpuctl_proto::pb::Drift {
-                    flagged: true,
+        let s = Snapshot {
+            fleet: vec![
+                FleetRow {
+                    node: "a".into(),
+                    last_verdict: Verdict::Fail as i32,
+                    stress_tflops_median: 600.0,
+                    stress_tflops_worst: 300.0,
+                    drift: vec![gpuctl_proto::pb::Drift {
+                        flagged: true,
+                        ..Default::default()
+                    }],
                     ..Default::default()
-                }],
-                ..Default::default()
-            },
-            FleetRow {
-                node: "b".into(),
-                last_verdict: Verdict::Pass as i32,
-                all_reduce_busbw_gbps: 330.5,
-                ..Default::default()
-            },
-        ];
+                },
+                FleetRow {
+                    node: "b".into(),
+                    last_verdict: Verdict::Pass as i32,
+                    all_reduce_busbw_gbps: 330.5,
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        };
         let t = metrics_http::encode(&s.registry());
         for line in [
             "gpuctl_node_verdict{node=\"a\"} 2",
