@@ -4,20 +4,20 @@
 //! still reach the coordinator it finds next. Against a stand-in coordinator
 //! on loopback with real (shell-script) workers.
 
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+mod common;
+
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::{assignment, pid_alive, read_pid, until, worker_script};
 use gpuctl_agent::session::{self, SessionConfig};
 use gpuctl_agent::workers::{WorkerSettings, Workers};
 use gpuctl_proto::pb::{
     agent_message::Msg,
     agent_service_server::{AgentService, AgentServiceServer},
-    coordinator_message, AgentMessage, Assignment, CoordinatorMessage, HostFacts, JobSpec,
-    RankPlacement, RegisterRequest, RegisterResponse,
+    AgentMessage, CoordinatorMessage, HostFacts, RegisterRequest, RegisterResponse,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
@@ -76,80 +76,6 @@ impl AgentService for Fake {
     }
 }
 
-async fn until<T>(inbound: &mut Streaming<AgentMessage>, want: impl Fn(&Msg) -> Option<T>) -> T {
-    loop {
-        let m = tokio::time::timeout(Duration::from_secs(10), inbound.message())
-            .await
-            .expect("agent sent nothing within 10 s")
-            .expect("stream error")
-            .expect("stream ended")
-            .msg
-            .expect("empty message");
-        if let Some(t) = want(&m) {
-            return t;
-        }
-    }
-}
-
-fn assignment(job: &str) -> CoordinatorMessage {
-    CoordinatorMessage {
-        msg: Some(coordinator_message::Msg::Assignment(Assignment {
-            job_id: job.into(),
-            attempt: 1,
-            spec: Some(JobSpec {
-                workload: "stress".into(),
-                ..Default::default()
-            }),
-            ranks: vec![RankPlacement {
-                rank: 0,
-                node: "test-node".into(),
-                ..Default::default()
-            }],
-            world_size: 1,
-            master_addr: "127.0.0.1".into(),
-            master_port: 29500,
-            ..Default::default()
-        })),
-    }
-}
-
-fn pid_alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => !s
-            .rsplit_once(')')
-            .map(|(_, r)| r.trim_start().starts_with('Z'))
-            .unwrap_or(false),
-        Err(_) => false,
-    }
-}
-
-async fn read_pid(path: &Path) -> i32 {
-    for _ in 0..500 {
-        if let Ok(s) = std::fs::read_to_string(path) {
-            if let Ok(p) = s.trim().parse() {
-                return p;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("worker never wrote {}", path.display());
-}
-
-/// A worker that says the grace it was given, writes its pid and sleeps.
-fn worker_script(dir: &Path) -> PathBuf {
-    let p = dir.join("fake-worker");
-    std::fs::write(
-        &p,
-        format!(
-            "#!/bin/sh\necho \"grace=$GPUCTL_COORDINATOR_GRACE_MS\"\necho $$ > {}/pid-$4\nexec sleep 100\n",
-            dir.display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-    p
-}
-
 #[tokio::test]
 async fn workers_outlive_the_coordinator_for_the_grace() {
     let tmp = tempfile::tempdir().unwrap();
@@ -171,7 +97,7 @@ async fn workers_outlive_the_coordinator_for_the_grace() {
     );
     let settings = WorkerSettings {
         node: "test-node".into(),
-        worker_bin: worker_script(tmp.path()),
+        worker_bin: worker_script(tmp.path(), "grace=$GPUCTL_COORDINATOR_GRACE_MS"),
         work_dir: tmp.path().join("work"),
         ld_library_path: None,
         gpu_uuids: Default::default(),

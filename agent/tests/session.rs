@@ -3,13 +3,14 @@
 //! Checks the contract of docs/architecture.md "Agent process": heartbeat
 //! first, ack, logs, kill on coordinator loss, re-register, kill on shutdown.
 
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+mod common;
+
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::{assignment, next, pid_alive, read_pid, until, worker_script};
 use gpuctl_agent::facts::HostRoot;
 use gpuctl_agent::gpus::GpuInventory;
 use gpuctl_agent::preflight::Preflight;
@@ -18,8 +19,8 @@ use gpuctl_agent::workers::{WorkerSettings, Workers};
 use gpuctl_proto::pb::{
     agent_message::Msg,
     agent_service_server::{AgentService, AgentServiceServer},
-    coordinator_message, AgentMessage, Assignment, CancelJob, CoordinatorMessage, HostFacts,
-    JobSpec, RankPlacement, RegisterRequest, RegisterResponse,
+    coordinator_message, AgentMessage, CancelJob, CoordinatorMessage, HostFacts, RankPlacement,
+    RegisterRequest, RegisterResponse,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
@@ -64,85 +65,6 @@ impl AgentService for Fake {
     }
 }
 
-async fn next(inbound: &mut Streaming<AgentMessage>) -> Msg {
-    tokio::time::timeout(Duration::from_secs(10), inbound.message())
-        .await
-        .expect("agent sent nothing within 10 s")
-        .expect("stream error")
-        .expect("stream ended")
-        .msg
-        .expect("empty message")
-}
-
-/// Reads until `want` matches, skipping heartbeats and other messages.
-async fn until<T>(inbound: &mut Streaming<AgentMessage>, want: impl Fn(&Msg) -> Option<T>) -> T {
-    loop {
-        let m = next(inbound).await;
-        if let Some(t) = want(&m) {
-            return t;
-        }
-    }
-}
-
-fn assignment(job: &str) -> CoordinatorMessage {
-    CoordinatorMessage {
-        msg: Some(coordinator_message::Msg::Assignment(Assignment {
-            job_id: job.into(),
-            attempt: 1,
-            spec: Some(JobSpec {
-                workload: "stress".into(),
-                ..Default::default()
-            }),
-            ranks: vec![RankPlacement {
-                rank: 0,
-                node: "test-node".into(),
-                ..Default::default()
-            }],
-            world_size: 1,
-            master_addr: "127.0.0.1".into(),
-            master_port: 29500,
-            ..Default::default()
-        })),
-    }
-}
-
-fn pid_alive(pid: i32) -> bool {
-    // A zombie counts as dead: it no longer runs anything.
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => !s
-            .rsplit_once(')')
-            .map(|(_, r)| r.trim_start().starts_with('Z'))
-            .unwrap_or(false),
-        Err(_) => false,
-    }
-}
-
-async fn read_pid(path: &Path) -> i32 {
-    for _ in 0..500 {
-        if let Ok(s) = std::fs::read_to_string(path) {
-            if let Ok(p) = s.trim().parse() {
-                return p;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("worker never wrote {}", path.display());
-}
-
-fn worker_script(dir: &Path) -> PathBuf {
-    let p = dir.join("fake-worker");
-    std::fs::write(
-        &p,
-        format!(
-            "#!/bin/sh\necho \"$GPUCTL_COORDINATOR $4\"\necho $$ > {}/pid-$4\nexec sleep 100\n",
-            dir.display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-    p
-}
-
 #[tokio::test]
 async fn session_contract_loss_and_shutdown() {
     let tmp = tempfile::tempdir().unwrap();
@@ -162,7 +84,7 @@ async fn session_contract_loss_and_shutdown() {
 
     let settings = WorkerSettings {
         node: "test-node".into(),
-        worker_bin: worker_script(tmp.path()),
+        worker_bin: worker_script(tmp.path(), "$GPUCTL_COORDINATOR $4"),
         work_dir: tmp.path().join("work"),
         ld_library_path: None,
         gpu_uuids: Default::default(),
@@ -354,7 +276,7 @@ async fn failing_preflight_refuses_the_assignment() {
     );
     let settings = WorkerSettings {
         node: "test-node".into(),
-        worker_bin: worker_script(tmp.path()),
+        worker_bin: worker_script(tmp.path(), "$GPUCTL_COORDINATOR $4"),
         work_dir: tmp.path().join("work"),
         ld_library_path: None,
         gpu_uuids: Default::default(),
