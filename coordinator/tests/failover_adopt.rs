@@ -10,24 +10,13 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::etcd::{free_port, Coordinator, Etcd};
+use common::etcd::{bin, free_port, gpuctl, Coordinator, Etcd};
 use gpuctl_coordinator::store::etcd::LEADER_TTL;
 use serde_json::Value;
-
-/// Where cargo put the workspace's binaries.
-fn bin(name: &str) -> PathBuf {
-    let p = common::etcd::coordinator_bin().parent().unwrap().join(name);
-    assert!(
-        p.exists(),
-        "{} is missing: run `cargo build --workspace` before this test",
-        p.display()
-    );
-    p
-}
 
 /// An agent process, killed on drop.
 struct Agent(Child);
@@ -54,17 +43,6 @@ fn agent(urls: &str, dir: &Path, name: &str) -> Agent {
             .spawn()
             .expect("start gpuctl-agent"),
     )
-}
-
-fn gpuctl(urls: &str, args: &[&str]) -> Output {
-    Command::new(bin("gpuctl"))
-        .args(["--coordinator", urls])
-        .args(args)
-        .env_remove("GPUCTL_COORDINATOR")
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run gpuctl")
 }
 
 /// `gpuctl ... --output json`, whatever its exit code (a failed job's

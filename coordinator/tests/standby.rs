@@ -11,10 +11,10 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::etcd::{free_port, Coordinator, Etcd};
+use common::etcd::{bin, free_port, gpuctl, Coordinator, Etcd};
 use gpuctl_coordinator::store::etcd::LEADER_TTL;
 use gpuctl_proto::leader::{leader_of, LEADER_METADATA};
 use gpuctl_proto::pb::agent_service_client::AgentServiceClient;
@@ -23,20 +23,6 @@ use gpuctl_proto::pb::worker_service_client::WorkerServiceClient;
 use gpuctl_proto::pb::*;
 use serde_json::Value;
 use tonic::Code;
-
-/// Where cargo put the workspace's binaries.
-fn bin(name: &str) -> PathBuf {
-    let p = Path::new(env!("CARGO_BIN_EXE_gpuctl-coordinator"))
-        .parent()
-        .unwrap()
-        .join(name);
-    assert!(
-        p.exists(),
-        "{} is missing: run `cargo build --workspace` before this test",
-        p.display()
-    );
-    p
-}
 
 /// A child process with its stderr in `log`, killed on drop.
 struct Proc {
@@ -61,17 +47,6 @@ impl Drop for Proc {
 fn coordinator(etcd: &Etcd, dir: &Path, name: &str, port: u16) -> Coordinator {
     let listen = format!("127.0.0.1:{port}");
     Coordinator::start_on(etcd, "/standby-test/", dir, name, &listen)
-}
-
-fn gpuctl(urls: &str, args: &[&str]) -> Output {
-    Command::new(bin("gpuctl"))
-        .args(["--coordinator", urls])
-        .args(args)
-        .env_remove("GPUCTL_COORDINATOR")
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run gpuctl")
 }
 
 /// `gpuctl nodes -o json` through `urls`: the node named `name`, if listed.

@@ -112,6 +112,29 @@ pub fn coordinator_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_gpuctl-coordinator"))
 }
 
+/// Where cargo put the workspace's other binaries (the agent, the CLI).
+pub fn bin(name: &str) -> PathBuf {
+    let p = coordinator_bin().parent().unwrap().join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: run `cargo build --workspace` before this test",
+        p.display()
+    );
+    p
+}
+
+/// `gpuctl --coordinator URLS ARGS...`, with nothing from the test's environment.
+pub fn gpuctl(urls: &str, args: &[&str]) -> std::process::Output {
+    Command::new(bin("gpuctl"))
+        .args(["--coordinator", urls])
+        .args(args)
+        .env_remove("GPUCTL_COORDINATOR")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run gpuctl")
+}
+
 /// A `gpuctl-coordinator --store etcd` process; stderr goes to `log`.
 pub struct Coordinator {
     pub child: Child,
