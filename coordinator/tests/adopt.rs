@@ -12,7 +12,6 @@ use std::time::Duration;
 use common::{cpu_host, job, list_nodes, register, spec, start_cfg, wait_state, Agent};
 use gpuctl_proto::pb::agent_service_client::AgentServiceClient;
 use gpuctl_proto::pb::*;
-use gpuctl_proto::PROTOCOL_VERSION;
 use tonic::transport::Channel;
 
 fn config(dir: &std::path::Path) -> gpuctl_coordinator::Config {
@@ -31,11 +30,8 @@ async fn register_running(
     let mut client = AgentServiceClient::connect(url.to_string()).await.unwrap();
     let resp = client
         .register(RegisterRequest {
-            protocol_version: PROTOCOL_VERSION,
-            name: name.into(),
-            facts: Some(cpu_host(name, 1)),
             running,
-            ..Default::default()
+            ..common::register_request(name, cpu_host(name, 1))
         })
         .await
         .unwrap()
@@ -53,20 +49,7 @@ fn running(job: &str, rank: u32) -> RunningJob {
 }
 
 fn result(job: &str, rank: u32) -> RankResult {
-    RankResult {
-        job_id: job.into(),
-        attempt: 1,
-        rank,
-        ok: true,
-        detail: Some(rank_result::Detail::Stress(StressResult {
-            digest: "d".into(),
-            device_class: "cpu".into(),
-            checks: 3,
-            tflops_median: 0.1,
-            ..Default::default()
-        })),
-        ..Default::default()
-    }
+    common::stress_result(job, rank, "d")
 }
 
 /// Two stand-in agents with their sessions open and a 2-node stress job

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::{
     as_rank, cpu_host, heartbeat, job, latest_telemetry, list_nodes, register, secrets, spec,
-    start, start_cfg, wait_state, Agent,
+    start, start_cfg, stress_result, wait_state, Agent,
 };
 use gpuctl_proto::pb::agent_message::Msg as Up;
 use gpuctl_proto::pb::agent_service_client::AgentServiceClient;
@@ -25,23 +25,6 @@ async fn agent(url: &str, name: &str, cpu_ranks: u32) -> Agent {
     assert_eq!(resp.name, name);
     assert_eq!(resp.coordinator_url, url, "workers reach the listen URL");
     Agent::session(client, name).await
-}
-
-fn stress_result(job: &str, rank: u32, digest: &str) -> RankResult {
-    RankResult {
-        job_id: job.into(),
-        attempt: 1,
-        rank,
-        ok: true,
-        detail: Some(rank_result::Detail::Stress(StressResult {
-            digest: digest.into(),
-            device_class: "cpu".into(),
-            checks: 3,
-            tflops_median: 0.1,
-            ..Default::default()
-        })),
-        ..Default::default()
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

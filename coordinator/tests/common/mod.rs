@@ -375,3 +375,21 @@ pub fn register_request(name: &str, facts: HostFacts) -> RegisterRequest {
         ..Default::default()
     }
 }
+
+/// A passing stress result of `rank` with result digest `digest`.
+pub fn stress_result(job: &str, rank: u32, digest: &str) -> RankResult {
+    RankResult {
+        job_id: job.into(),
+        attempt: 1,
+        rank,
+        ok: true,
+        detail: Some(rank_result::Detail::Stress(StressResult {
+            digest: digest.into(),
+            device_class: "cpu".into(),
+            checks: 3,
+            tflops_median: 0.1,
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
