@@ -72,8 +72,18 @@ pub async fn kill_group(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     signal_group(pgid, libc::SIGKILL);
+    // SIGKILL is delivered asynchronously: members the child left behind
+    // (orphans) may still be running for a moment. Return once they are gone
+    // (bounded), so that "no worker left" holds when this returns.
+    let killed = Instant::now() + KILL_SETTLE;
+    while group_alive(pgid) && Instant::now() < killed {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     status
 }
+
+/// How long `kill_group` waits for SIGKILLed members to disappear.
+const KILL_SETTLE: Duration = Duration::from_secs(1);
 
 /// `SIGTERM` for 15, and so on; `SIG<n>` for the rest.
 pub fn signal_name(sig: i32) -> String {
