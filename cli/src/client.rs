@@ -210,6 +210,17 @@ impl Coordinator {
         .map_err(|s| self.status("telemetry", s))
     }
 
+    /// The job's stored telemetry series per GPU.
+    pub async fn timeline(&mut self, id: &str) -> Result<pb::Timeline> {
+        let req = pb::GetTimelineRequest { job_id: id.into() };
+        self.call(true, move |mut c| {
+            let req = req.clone();
+            async move { c.get_timeline(req).await }
+        })
+        .await
+        .map_err(|s| self.status("timeline", s))
+    }
+
     /// The raw status is kept for callers that wait for a report to appear.
     pub async fn report_raw(&mut self, id: &str) -> std::result::Result<pb::Report, Status> {
         let req = pb::GetReportRequest { job_id: id.into() };

@@ -12,7 +12,7 @@
 
 use std::collections::BTreeSet;
 
-use gpuctl_proto::pb::GpuSample;
+use gpuctl_proto::pb::{GpuSample, GpuTimeline, TelemetryPoint};
 
 /// Most buckets per GPU per job.
 pub const MAX_BUCKETS: usize = 300;
@@ -337,5 +337,40 @@ impl GpuSeries {
             t.merge(b);
         }
         t
+    }
+}
+
+impl GpuSeries {
+    /// The series as the CLI draws it (`GetTimeline`): means per bucket.
+    pub fn timeline(&self) -> GpuTimeline {
+        let points = self
+            .buckets
+            .iter()
+            .filter(|b| b.n > 0)
+            .map(|b| {
+                let n = b.n as f64;
+                TelemetryPoint {
+                    start_unix_ms: b.start_ms,
+                    end_unix_ms: b.end_ms,
+                    samples: b.n,
+                    util_mean: b.util_sum / n,
+                    util_max: b.util_max,
+                    power_mean_w: b.power_sum / n,
+                    power_limit_w: b.power_limit,
+                    temp_mean_c: b.temp_sum / n,
+                    temp_max_c: b.temp_max,
+                    sm_clock_mean_mhz: b.sm_clock_sum / n,
+                    mem_used_max_bytes: b.mem_used_max,
+                    mem_total_bytes: b.mem_total,
+                    throttle_reasons: b.throttle_any,
+                }
+            })
+            .collect();
+        GpuTimeline {
+            node: self.node.clone(),
+            index: self.index,
+            uuid: self.uuid.clone(),
+            points,
+        }
     }
 }

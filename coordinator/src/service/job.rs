@@ -7,9 +7,9 @@ use gpuctl_proto::pb::job_service_server::JobService;
 use gpuctl_proto::pb::{
     Baseline, CancelJobRequest, GetBaselineRequest, GetFleetRequest, GetFleetResponse,
     GetJobRequest, GetLogsRequest, GetLogsResponse, GetReportRequest, GetTelemetryRequest,
-    GetTelemetryResponse, Job, ListBaselinesRequest, ListBaselinesResponse, ListJobsRequest,
+    GetTelemetryResponse, GetTimelineRequest, Job, ListBaselinesRequest, ListBaselinesResponse, ListJobsRequest,
     ListJobsResponse, ListNodesRequest, ListNodesResponse, Node, Plan, RemoveNodeRequest, Report,
-    SaveBaselineRequest, SubmitRequest,
+    SaveBaselineRequest, SubmitRequest, Timeline,
 };
 use tonic::{Request, Response, Status};
 
@@ -149,6 +149,27 @@ impl JobService for JobSvc {
             .ask(|reply| Event::GetTelemetry { job_id, reply })
             .await??;
         Ok(Response::new(GetTelemetryResponse { latest }))
+    }
+
+    async fn get_timeline(
+        &self,
+        req: Request<GetTimelineRequest>,
+    ) -> Result<Response<Timeline>, Status> {
+        self.security.allow(&req, Role::Read)?;
+        let job_id = req.into_inner().job_id;
+        let id = job_id.clone();
+        self.sched
+            .ask(|reply| Event::GetJob { job_id: id, reply })
+            .await??;
+        // What the store holds: a running job's latest seconds arrive with
+        // the scheduler's next telemetry flush.
+        let series = self.store.telemetry(&job_id).await.map_err(|e| {
+            CoordinatorError::store(format!("reading the telemetry of {job_id}"), e)
+        })?;
+        Ok(Response::new(Timeline {
+            job_id,
+            gpus: series.iter().map(|s| s.timeline()).collect(),
+        }))
     }
 
     async fn list_nodes(
