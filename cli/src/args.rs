@@ -88,6 +88,11 @@ Examples:
   gpuctl report job-000042 -o junit > results.xml
   gpuctl report job-000042 -o md           # to paste into a ticket";
 
+const TRACE_EXAMPLES: &str = "\
+Examples:
+  gpuctl trace job-000042 > trace.json     # open in https://ui.perfetto.dev or chrome://tracing
+  gpuctl trace job-000042 --out trace.json";
+
 const FLEET_EXAMPLES: &str = "\
 Examples:
   gpuctl fleet                             # every node: last verdict, figures, drift
@@ -119,6 +124,9 @@ pub enum Command {
     /// Print a job's report.
     #[command(after_help = REPORT_EXAMPLES)]
     Report(JobRef),
+    /// Print a job's timeline as a Chrome trace (open it in Perfetto or chrome://tracing).
+    #[command(after_help = TRACE_EXAMPLES)]
+    Trace(TraceArgs),
     /// Print a job's worker logs.
     Logs(LogsArgs),
     /// Dry run: show the ranks and the NCCL environment a submit would get; nothing starts.
@@ -244,6 +252,15 @@ pub struct DoctorArgs {
 pub struct JobRef {
     /// Job id, as `gpuctl submit` or `gpuctl jobs` print it.
     pub job: String,
+}
+
+#[derive(Debug, Args)]
+pub struct TraceArgs {
+    /// Job id, as `gpuctl submit` or `gpuctl jobs` print it.
+    pub job: String,
+    /// Write the trace to this file instead of standard output.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Args)]

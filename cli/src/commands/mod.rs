@@ -14,6 +14,7 @@ pub mod plan;
 pub mod report;
 pub mod status;
 pub mod submit;
+pub mod trace;
 pub mod watch;
 
 use anyhow::Result;
@@ -97,6 +98,14 @@ pub async fn run(cli: Cli) -> Result<Exit> {
             .await
         }
         Command::Report(a) => report::run(&mut Coordinator::connect(url).await?, &a.job, out).await,
+        Command::Trace(a) => {
+            trace::run(
+                &mut Coordinator::connect(url).await?,
+                &a.job,
+                a.out.as_deref(),
+            )
+            .await
+        }
         Command::Logs(a) => {
             let mut c = Coordinator::connect(url).await?;
             if a.follow {

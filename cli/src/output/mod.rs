@@ -11,6 +11,7 @@ pub mod links;
 pub mod maxbatch;
 pub mod report_grid;
 pub mod table;
+pub mod trace;
 
 use std::collections::HashMap;
 use std::io::Write;

@@ -7,9 +7,9 @@ use gpuctl_proto::pb::job_service_server::JobService;
 use gpuctl_proto::pb::{
     Baseline, CancelJobRequest, GetBaselineRequest, GetFleetRequest, GetFleetResponse,
     GetJobRequest, GetLogsRequest, GetLogsResponse, GetReportRequest, GetTelemetryRequest,
-    GetTelemetryResponse, GetTimelineRequest, Job, ListBaselinesRequest, ListBaselinesResponse, ListJobsRequest,
-    ListJobsResponse, ListNodesRequest, ListNodesResponse, Node, Plan, RemoveNodeRequest, Report,
-    SaveBaselineRequest, SubmitRequest, Timeline,
+    GetTelemetryResponse, GetTimelineRequest, Job, ListBaselinesRequest, ListBaselinesResponse,
+    ListJobsRequest, ListJobsResponse, ListNodesRequest, ListNodesResponse, Node, Plan,
+    RemoveNodeRequest, Report, SaveBaselineRequest, SubmitRequest, Timeline,
 };
 use tonic::{Request, Response, Status};
 
