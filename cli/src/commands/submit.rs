@@ -1,5 +1,6 @@
 //! `gpuctl submit WORKLOAD ...`: sends a checked spec; with `--wait` follows the
-//! job with one progress bar per node and prints the report when it ends. The
+//! job (on a terminal with the live view `watch` shows, else with a line per
+//! node now and then) and prints the report when it ends. The
 //! exit code then carries the verdict (0 only for succeeded + pass), so CI can
 //! gate on it.
 
@@ -9,13 +10,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use gpuctl_proto::pb;
-use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tonic::Code;
 
 use crate::args::OutputFormat;
 use crate::client::Coordinator;
 use crate::exit::Exit;
-use crate::output;
+use crate::output::{self, live};
 
 const POLL: Duration = Duration::from_millis(500);
 /// Without a terminal, a progress line this often (and on every state change).
@@ -52,77 +52,44 @@ pub async fn run(
     finish(c, &job, out).await
 }
 
-/// Per-node bars (terminal) or periodic plain lines on stderr (no terminal).
+/// The live view on stderr (terminal) or periodic plain lines (no terminal).
 struct Display {
-    mp: MultiProgress,
-    top: ProgressBar,
-    bars: BTreeMap<String, ProgressBar>,
-    plain: bool,
+    /// Some on a terminal: the live view, redrawn in place.
+    screen: Option<live::Screen>,
     last_plain: Option<Instant>,
     last_state: i32,
 }
 
 impl Display {
     fn new() -> Self {
-        // Bars draw on stderr; hide them when stdout is not a terminal (piped
-        // into a file or CI), where a redraw would only be noise.
-        let plain = !std::io::stdout().is_terminal() || !std::io::stderr().is_terminal();
-        let target = if plain {
-            ProgressDrawTarget::hidden()
-        } else {
-            ProgressDrawTarget::stderr()
-        };
-        let mp = MultiProgress::with_draw_target(target);
-        let top = mp.add(ProgressBar::new_spinner());
-        top.set_style(ProgressStyle::with_template("{spinner} {msg}").expect("template"));
-        if !plain {
-            top.enable_steady_tick(Duration::from_millis(120));
-        }
+        // Redraws only where a person watches: piped into a file or CI, a line
+        // now and then is history a log can keep.
+        let tty = std::io::stdout().is_terminal() && std::io::stderr().is_terminal();
         Display {
-            mp,
-            top,
-            bars: BTreeMap::new(),
-            plain,
+            screen: tty.then(live::Screen::default),
             last_plain: None,
             last_state: -1,
         }
     }
 
-    fn bar(&mut self, node: &str) -> &ProgressBar {
-        let mp = &self.mp;
-        self.bars.entry(node.to_string()).or_insert_with(|| {
-            let b = mp.add(ProgressBar::new(1000));
-            b.set_style(
-                ProgressStyle::with_template(
-                    "  {prefix:<16} [{bar:30.cyan/blue}] {percent:>3}%  {msg}",
-                )
-                .expect("template")
-                .progress_chars("=> "),
-            );
-            b.set_prefix(node.to_string());
-            b
-        })
+    fn live(&self) -> bool {
+        self.screen.is_some()
     }
 
-    fn update(&mut self, job: &pb::Job) {
+    fn update(&mut self, job: &pb::Job, latest: &[pb::TelemetryBatch]) {
         let now = gpuctl_proto::now_ms();
-        let nodes = node_views(job);
-        let state = output::job_state(job);
-        let elapsed = output::fmt_duration_opt(output::job_duration_ms(job, now));
-        let world = job.plan.as_ref().map(|p| p.world_size).unwrap_or(0);
-        self.top.set_message(format!(
-            "{} {state} {elapsed}  results {}/{}",
-            job.id, job.results_in, world
-        ));
-        for v in &nodes {
-            let b = self.bar(&v.name).clone();
-            b.set_position((v.fraction.clamp(0.0, 1.0) * 1000.0) as u64);
-            b.set_message(format!("{state}  {}", v.detail));
-        }
-        if self.plain {
+        if let Some(screen) = &mut self.screen {
+            let rows = live::rows_for(console::Term::stderr().size_checked().map(|s| s.0));
+            screen.draw(
+                &mut std::io::stderr().lock(),
+                &live::render(job, now, latest, rows),
+            );
+        } else {
             let due = self.last_plain.is_none_or(|t| t.elapsed() >= PLAIN_EVERY);
             if due || job.state != self.last_state {
-                let per_node: Vec<String> = nodes
+                let state = output::job_state(job);
+                let elapsed = output::fmt_duration_opt(output::job_duration_ms(job, now));
+                let per_node: Vec<String> = node_views(job)
                     .iter()
                     .map(|v| format!("{} {:.0}% {}", v.name, v.fraction * 100.0, v.detail))
                     .collect();
@@ -133,16 +100,17 @@ impl Display {
         self.last_state = job.state;
     }
 
-    fn finish(&self) {
-        for b in self.bars.values() {
-            b.finish();
+    /// Leaves the last view on screen; the report prints below it, after a
+    /// blank line.
+    fn finish(&mut self) {
+        if let Some(s) = &mut self.screen {
+            s.keep();
+            eprintln!();
         }
-        self.top.finish_and_clear();
-        let _ = self.mp.clear();
     }
 }
 
-/// What one node's bar shows.
+/// One node's progress in a plain line.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NodeView {
     pub name: String,
@@ -237,8 +205,9 @@ fn node_detail(ranks: &[&pb::RankProgress]) -> String {
 async fn follow(c: &mut Coordinator, mut job: pb::Job) -> Result<pb::Job> {
     let mut display = Display::new();
     let mut unreachable_since: Option<Instant> = None;
+    let mut latest = Vec::new();
     loop {
-        display.update(&job);
+        display.update(&job, &latest);
         if job.state().is_terminal() {
             display.finish();
             return Ok(job);
@@ -248,6 +217,10 @@ async fn follow(c: &mut Coordinator, mut job: pb::Job) -> Result<pb::Job> {
             Ok(j) => {
                 job = j;
                 unreachable_since = None;
+                // Telemetry is a nicety of the live view: a CPU job has none.
+                if display.live() && !job.state().is_terminal() {
+                    latest = c.telemetry(&job.id).await.unwrap_or_default();
+                }
             }
             Err(e) => {
                 let since = *unreachable_since.get_or_insert_with(Instant::now);

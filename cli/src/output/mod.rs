@@ -8,6 +8,7 @@ pub mod hang;
 pub mod json;
 pub mod junit;
 pub mod links;
+pub mod live;
 pub mod maxbatch;
 pub mod report_grid;
 pub mod table;

@@ -406,3 +406,26 @@ pub fn unreachable_floor(dir: &Path, report: &Value) -> PathBuf {
     .unwrap();
     rules
 }
+
+/// (rank, node) of a worker, from its environment and command line.
+pub fn rank_and_node(pid: u32) -> (u64, String) {
+    let env = std::fs::read(format!("/proc/{pid}/environ")).expect("environ");
+    let rank = env
+        .split(|b| *b == 0)
+        .filter_map(|kv| std::str::from_utf8(kv).ok())
+        .find_map(|kv| kv.strip_prefix("RANK="))
+        .and_then(|v| v.parse().ok())
+        .expect("RANK in the worker's environment");
+    let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).expect("cmdline");
+    let args: Vec<String> = cmd
+        .split(|b| *b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    let node = args
+        .iter()
+        .position(|a| a == "--node")
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+        .expect("--node on the worker's command line");
+    (rank, node)
+}
