@@ -1,0 +1,488 @@
+//! The coordinator's scale bench: a real `gpuctl-coordinator` process (embedded
+//! store in a fresh folder) against a simulated fleet, driven through
+//! register → idle → one long stress job on every node → short jobs in a row,
+//! with `nodes`, `jobs` and `status` calls all along. It measures the
+//! coordinator process only (CPU from /proc, resident memory, store size);
+//! the simulator runs in this process and its cost is not counted.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use gpuctl_proto::client::Channel;
+use gpuctl_proto::pb::{
+    job_service_client::JobServiceClient, GetJobRequest, GetReportRequest, JobSpec, JobState,
+    ListJobsRequest, ListNodesRequest, Report, SubmitRequest,
+};
+use gpuctl_proto::shutdown::Shutdown;
+use serde_json::{json, Value};
+
+use crate::fleet::{self, FleetConfig};
+use crate::probe;
+
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    pub coordinator_bin: PathBuf,
+    pub nodes: usize,
+    pub gpus: u32,
+    pub idle: Duration,
+    pub long: Duration,
+    pub short_jobs: usize,
+    pub short: Duration,
+    pub interval: Duration,
+    pub connections: usize,
+    /// The CLI calls' pause between rounds.
+    pub cli_every: Duration,
+}
+
+/// What one run measured; `to_json` for machines, `print` for people.
+#[derive(Debug, Default)]
+pub struct BenchReport {
+    pub nodes: usize,
+    pub gpus: u32,
+    pub register_ms: f64,
+    pub plan_ms: f64,
+    pub phases: Vec<PhaseFigures>,
+    pub jobs: Vec<JobFigures>,
+    pub rss_before_jobs: u64,
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct PhaseFigures {
+    pub name: String,
+    pub seconds: f64,
+    pub cpu_per_s: f64,
+    pub rss_max: u64,
+    pub rss_end: u64,
+    pub store_bytes: u64,
+    /// Per call (`nodes`, `jobs`, `status`): p50 and p99 in ms, and count.
+    pub cli: BTreeMap<String, (f64, f64, usize)>,
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct JobFigures {
+    pub id: String,
+    pub state: String,
+    pub ranks: u32,
+    /// Ranks whose result the stored report holds.
+    pub results_in_report: u32,
+    pub assign_ms: f64,
+    pub report_ms: f64,
+    pub rss_after: u64,
+}
+
+/// The coordinator process; killed when dropped.
+struct Coordinator {
+    child: Child,
+    url: String,
+    dir: PathBuf,
+}
+
+impl Drop for Coordinator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Coordinator {
+    fn start(bin: &PathBuf, dir: PathBuf) -> Result<Coordinator> {
+        let log = std::fs::File::create(dir.join("coordinator.log"))?;
+        let mut child = Command::new(bin)
+            .args(["--listen", "127.0.0.1:0", "--node-timeout", "60s"])
+            .arg("--data-dir")
+            .arg(dir.join("store"))
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("piped"))
+            .read_line(&mut line)
+            .context("reading the coordinator's first line")?;
+        let Some(url) = line.trim().strip_prefix("listening on ") else {
+            bail!(
+                "the coordinator printed `{}`, not `listening on URL`",
+                line.trim()
+            );
+        };
+        Ok(Coordinator {
+            url: url.to_string(),
+            child,
+            dir,
+        })
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+/// CLI latencies, by call, for the phase running now.
+#[derive(Default)]
+struct Latencies {
+    by_call: BTreeMap<String, Vec<f64>>,
+    /// The job `status` asks for.
+    job: String,
+}
+
+fn percentile(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// Calls `nodes`, `jobs` and `status` over and over, as people and scripts
+/// do during a run, each on the same connection the CLI would open.
+async fn cli_load(
+    mut c: JobServiceClient<Channel>,
+    lat: Arc<Mutex<Latencies>>,
+    every: Duration,
+    stop: Shutdown,
+) {
+    loop {
+        let t = Instant::now();
+        let ok = c.list_nodes(ListNodesRequest {}).await.is_ok();
+        record(&lat, "nodes", t, ok);
+        let t = Instant::now();
+        let ok = c.list_jobs(ListJobsRequest { limit: 50 }).await.is_ok();
+        record(&lat, "jobs", t, ok);
+        let job = lat.lock().unwrap().job.clone();
+        if !job.is_empty() {
+            let t = Instant::now();
+            let ok = c.get_job(GetJobRequest { job_id: job }).await.is_ok();
+            record(&lat, "status", t, ok);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.cancelled() => return,
+        }
+    }
+}
+
+fn record(lat: &Mutex<Latencies>, call: &str, t: Instant, ok: bool) {
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    let key = if ok {
+        call.to_string()
+    } else {
+        format!("{call} (error)")
+    };
+    lat.lock().unwrap().by_call.entry(key).or_default().push(ms);
+}
+
+/// Samples the coordinator's CPU and memory through one phase.
+struct Phase {
+    name: String,
+    start: Instant,
+    cpu0: f64,
+    rss_max: u64,
+}
+
+impl Phase {
+    fn begin(name: &str, pid: u32, lat: &Mutex<Latencies>) -> Phase {
+        lat.lock().unwrap().by_call.clear();
+        Phase {
+            name: name.into(),
+            start: Instant::now(),
+            cpu0: probe::cpu_seconds(pid).unwrap_or(0.0),
+            rss_max: probe::rss_bytes(pid).unwrap_or(0),
+        }
+    }
+
+    fn sample(&mut self, pid: u32) {
+        self.rss_max = self.rss_max.max(probe::rss_bytes(pid).unwrap_or(0));
+    }
+
+    fn end(mut self, co: &Coordinator, lat: &Mutex<Latencies>) -> PhaseFigures {
+        self.sample(co.pid());
+        let secs = self.start.elapsed().as_secs_f64();
+        let cpu = probe::cpu_seconds(co.pid()).unwrap_or(0.0) - self.cpu0;
+        let mut l = lat.lock().unwrap();
+        let cli = l
+            .by_call
+            .iter_mut()
+            .map(|(k, v)| {
+                let n = v.len();
+                (k.clone(), (percentile(v, 0.5), percentile(v, 0.99), n))
+            })
+            .collect();
+        PhaseFigures {
+            name: self.name,
+            seconds: secs,
+            cpu_per_s: cpu / secs.max(1e-9),
+            rss_max: self.rss_max,
+            rss_end: probe::rss_bytes(co.pid()).unwrap_or(0),
+            store_bytes: probe::dir_bytes(&co.dir.join("store")),
+            cli,
+        }
+    }
+}
+
+/// Sleeps `d`, sampling memory each half second.
+async fn hold(phase: &mut Phase, pid: u32, d: Duration) {
+    let until = Instant::now() + d;
+    while Instant::now() < until {
+        phase.sample(pid);
+        tokio::time::sleep(Duration::from_millis(500).min(until - Instant::now())).await;
+    }
+}
+
+pub async fn run(cfg: &BenchConfig, dir: PathBuf) -> Result<BenchReport> {
+    let co = Coordinator::start(&cfg.coordinator_bin, dir)?;
+    let pid = co.pid();
+    let stop = Shutdown::new();
+    let _guard = stop.clone().drop_guard();
+    let builder = gpuctl_proto::client::builder(&co.url).request_timeout(Duration::from_secs(60));
+    let mut jobs =
+        JobServiceClient::new(builder.connect().await?).max_decoding_message_size(256 << 20);
+    let lat = Arc::new(Mutex::new(Latencies::default()));
+    let mut out = BenchReport {
+        nodes: cfg.nodes,
+        gpus: cfg.gpus,
+        ..Default::default()
+    };
+
+    eprintln!(
+        "registering {} simulated nodes × {} GPUs…",
+        cfg.nodes, cfg.gpus
+    );
+    let phase = Phase::begin("register", pid, &lat);
+    let t = Instant::now();
+    let fleet = fleet::start(
+        FleetConfig {
+            url: co.url.clone(),
+            nodes: cfg.nodes,
+            gpus: cfg.gpus,
+            prefix: "sim-".into(),
+            heartbeat: Duration::from_secs(1),
+            interval: cfg.interval,
+            connections: cfg.connections,
+        },
+        stop.clone(),
+    )
+    .await?;
+    out.register_ms = t.elapsed().as_secs_f64() * 1e3;
+    out.phases.push(phase.end(&co, &lat));
+
+    let cli = JobServiceClient::new(builder.connect().await?).max_decoding_message_size(256 << 20);
+    tokio::spawn(cli_load(cli, lat.clone(), cfg.cli_every, stop.clone()));
+
+    eprintln!("idle for {}…", humantime::format_duration(cfg.idle));
+    let mut phase = Phase::begin("idle", pid, &lat);
+    hold(&mut phase, pid, cfg.idle).await;
+    out.phases.push(phase.end(&co, &lat));
+    out.rss_before_jobs = probe::rss_bytes(pid).unwrap_or(0);
+
+    let spec = |d: Duration| JobSpec {
+        workload: "stress".into(),
+        all_nodes: true,
+        duration_ms: d.as_millis() as u64,
+        ..Default::default()
+    };
+    let t = Instant::now();
+    jobs.plan_job(SubmitRequest {
+        spec: Some(spec(cfg.long)),
+    })
+    .await
+    .context("planning a job on every node")?;
+    out.plan_ms = t.elapsed().as_secs_f64() * 1e3;
+
+    eprintln!(
+        "a {} stress job on every node…",
+        humantime::format_duration(cfg.long)
+    );
+    let mut phase = Phase::begin("long job", pid, &lat);
+    let job = one_job(&mut jobs, &fleet, spec(cfg.long), &lat, &mut phase, pid).await?;
+    out.jobs.push(job);
+    out.phases.push(phase.end(&co, &lat));
+
+    if cfg.short_jobs > 0 {
+        eprintln!("{} short jobs in a row…", cfg.short_jobs);
+        let mut phase = Phase::begin("short jobs", pid, &lat);
+        for i in 0..cfg.short_jobs {
+            let job = one_job(&mut jobs, &fleet, spec(cfg.short), &lat, &mut phase, pid).await?;
+            eprintln!(
+                "  {}/{}: {} {}; resident {:.0} MB",
+                i + 1,
+                cfg.short_jobs,
+                job.id,
+                job.state,
+                job.rss_after as f64 / 1e6
+            );
+            out.jobs.push(job);
+        }
+        out.phases.push(phase.end(&co, &lat));
+    }
+    stop.cancel();
+    Ok(out)
+}
+
+/// Submits, waits for the end and for the stored report, and measures.
+async fn one_job(
+    jobs: &mut JobServiceClient<Channel>,
+    fleet: &fleet::Fleet,
+    spec: JobSpec,
+    lat: &Mutex<Latencies>,
+    phase: &mut Phase,
+    pid: u32,
+) -> Result<JobFigures> {
+    let submitted = Instant::now();
+    let job = jobs
+        .submit(SubmitRequest { spec: Some(spec) })
+        .await
+        .context("submit")?
+        .into_inner();
+    lat.lock().unwrap().job = job.id.clone();
+    let nodes = fleet.names.len() as u64;
+    let mut assign_ms = f64::NAN;
+    let state = loop {
+        phase.sample(pid);
+        if assign_ms.is_nan() {
+            if let Some(t) = fleet.stats.job(&job.id).filter(|t| t.assignments >= nodes) {
+                assign_ms = (t.last_assignment - submitted).as_secs_f64() * 1e3;
+            }
+        }
+        let j = jobs
+            .get_job(GetJobRequest {
+                job_id: job.id.clone(),
+            })
+            .await?
+            .into_inner();
+        if j.state().is_terminal() {
+            break j.state();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let report: Report = loop {
+        match jobs
+            .get_report(GetReportRequest {
+                job_id: job.id.clone(),
+            })
+            .await
+        {
+            Ok(r) => break r.into_inner(),
+            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    };
+    let reported = Instant::now();
+    let times = fleet.stats.job(&job.id);
+    let report_ms = times
+        .and_then(|t| t.last_result)
+        .map_or(f64::NAN, |t| (reported - t).as_secs_f64() * 1e3);
+    fleet.stats.forget(&job.id);
+    // Let the job's leftovers go before reading memory.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    phase.sample(pid);
+    let results_in_report = report
+        .nodes
+        .iter()
+        .flat_map(|n| &n.ranks)
+        .filter(|r| r.result.is_some())
+        .count() as u32;
+    Ok(JobFigures {
+        id: job.id,
+        state: state_name(state).into(),
+        ranks: report.world_size,
+        results_in_report,
+        assign_ms,
+        report_ms,
+        rss_after: probe::rss_bytes(pid).unwrap_or(0),
+    })
+}
+
+fn state_name(s: JobState) -> &'static str {
+    match s {
+        JobState::Succeeded => "succeeded",
+        JobState::Failed => "failed",
+        JobState::Cancelled => "cancelled",
+        JobState::Running => "running",
+        JobState::Pending => "pending",
+        JobState::Unspecified => "unknown",
+    }
+}
+
+const MB: f64 = 1e6;
+
+impl BenchReport {
+    pub fn to_json(&self) -> Value {
+        json!({
+            "nodes": self.nodes,
+            "gpus_per_node": self.gpus,
+            "register_ms": self.register_ms,
+            "plan_all_nodes_ms": self.plan_ms,
+            "rss_before_jobs_bytes": self.rss_before_jobs,
+            "phases": self.phases.iter().map(|p| json!({
+                "name": p.name, "seconds": p.seconds, "cpu_s_per_s": p.cpu_per_s,
+                "rss_max_bytes": p.rss_max, "rss_end_bytes": p.rss_end, "store_bytes": p.store_bytes,
+                "cli_ms": p.cli.iter().map(|(k, (p50, p99, n))| (k.clone(), json!({"p50": p50, "p99": p99, "calls": n}))).collect::<serde_json::Map<_, _>>(),
+            })).collect::<Vec<_>>(),
+            "jobs": self.jobs.iter().map(|j| json!({
+                "id": j.id, "state": j.state, "ranks": j.ranks, "results_in_report": j.results_in_report,
+                "assign_ms": j.assign_ms, "report_ms": j.report_ms, "rss_after_bytes": j.rss_after,
+            })).collect::<Vec<_>>(),
+        })
+    }
+
+    pub fn print(&self) {
+        println!(
+            "gpuctl coordinator at {} simulated nodes × {} GPUs: registered in {:.0} ms; planning a job on every node {:.1} ms",
+            self.nodes, self.gpus, self.register_ms, self.plan_ms
+        );
+        let mut t = comfy_table::Table::new();
+        t.load_preset(comfy_table::presets::NOTHING).set_header([
+            "PHASE",
+            "SECONDS",
+            "CPU S/S",
+            "RSS MAX MB",
+            "RSS END MB",
+            "STORE MB",
+            "CLI MS P50/P99",
+        ]);
+        for p in &self.phases {
+            let cli: Vec<String> = p
+                .cli
+                .iter()
+                .map(|(k, (p50, p99, _))| format!("{k} {p50:.1}/{p99:.1}"))
+                .collect();
+            t.add_row([
+                p.name.clone(),
+                format!("{:.1}", p.seconds),
+                format!("{:.2}", p.cpu_per_s),
+                format!("{:.0}", p.rss_max as f64 / MB),
+                format!("{:.0}", p.rss_end as f64 / MB),
+                format!("{:.1}", p.store_bytes as f64 / MB),
+                cli.join(", "),
+            ]);
+        }
+        println!("{t}\n");
+        let mut t = comfy_table::Table::new();
+        t.load_preset(comfy_table::presets::NOTHING).set_header([
+            "JOB",
+            "STATE",
+            "RANKS",
+            "RESULTS IN REPORT",
+            "ASSIGN MS",
+            "REPORT MS",
+            "RSS AFTER MB",
+        ]);
+        for j in &self.jobs {
+            t.add_row([
+                j.id.clone(),
+                j.state.clone(),
+                j.ranks.to_string(),
+                j.results_in_report.to_string(),
+                format!("{:.0}", j.assign_ms),
+                format!("{:.0}", j.report_ms),
+                format!("{:.0}", j.rss_after as f64 / MB),
+            ]);
+        }
+        println!("{t}");
+    }
+}

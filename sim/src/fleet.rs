@@ -1,0 +1,489 @@
+//! A simulated fleet: N fake agents with G GPUs each, speaking gpuctl.v1 to a
+//! real coordinator exactly as `gpuctl-agent` does (Register, one Session
+//! stream with heartbeats listing running ranks, a telemetry batch per job
+//! each second, acknowledged assignments, worker exits), and for every
+//! assigned rank a fake worker ([`crate::ranks`]) that sends progress and a
+//! result through the WorkerService with its rank secret. Nothing here
+//! touches a GPU: the point is the coordinator's cost, not the workers'.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use gpuctl_proto::client::Channel;
+use gpuctl_proto::pb::{
+    agent_message::Msg, agent_service_client::AgentServiceClient, coordinator_message,
+    worker_service_client::WorkerServiceClient, AgentMessage, Assignment, AssignmentAck, GpuInfo,
+    GpuSample, Heartbeat, HostFacts, NetInterface, RankProcess, RegisterRequest, RunningJob,
+    TelemetryBatch, WorkerExited,
+};
+use gpuctl_proto::shutdown::Shutdown;
+use gpuctl_proto::{now_ms, PROTOCOL_VERSION};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::ranks::{self, RankJob};
+
+/// What the simulated fleet looks like.
+#[derive(Debug, Clone)]
+pub struct FleetConfig {
+    pub url: String,
+    pub nodes: usize,
+    pub gpus: u32,
+    /// Node names are `{prefix}{i:05}`.
+    pub prefix: String,
+    pub heartbeat: Duration,
+    /// Telemetry batch per job per node, and each rank's progress.
+    pub interval: Duration,
+    /// HTTP/2 connections the agents share (a real fleet has one per agent).
+    pub connections: usize,
+}
+
+/// Counts the bench reads while the fleet runs.
+#[derive(Default)]
+pub struct Stats {
+    pub registered: AtomicU64,
+    pub ranks_started: AtomicU64,
+    pub results_sent: AtomicU64,
+    pub results_refused: AtomicU64,
+    pub rpc_errors: AtomicU64,
+    jobs: Mutex<HashMap<String, JobTimes>>,
+}
+
+/// When a job's assignments and results arrived at the fleet.
+#[derive(Debug, Clone, Copy)]
+pub struct JobTimes {
+    pub first_assignment: Instant,
+    pub last_assignment: Instant,
+    pub assignments: u64,
+    pub last_result: Option<Instant>,
+    pub results: u64,
+}
+
+impl Stats {
+    pub fn job(&self, id: &str) -> Option<JobTimes> {
+        self.jobs.lock().unwrap().get(id).copied()
+    }
+
+    /// Forgets finished jobs' times (the bench keeps what it needs).
+    pub fn forget(&self, id: &str) {
+        self.jobs.lock().unwrap().remove(id);
+    }
+
+    fn assigned(&self, id: &str) {
+        let now = Instant::now();
+        let mut jobs = self.jobs.lock().unwrap();
+        let t = jobs.entry(id.to_string()).or_insert(JobTimes {
+            first_assignment: now,
+            last_assignment: now,
+            assignments: 0,
+            last_result: None,
+            results: 0,
+        });
+        t.last_assignment = now;
+        t.assignments += 1;
+    }
+
+    pub(crate) fn result_sent(&self, id: &str) {
+        self.results_sent.fetch_add(1, Ordering::Relaxed);
+        if let Some(t) = self.jobs.lock().unwrap().get_mut(id) {
+            t.last_result = Some(Instant::now());
+            t.results += 1;
+        }
+    }
+}
+
+/// A running simulated fleet; dropping it does not stop it, `shutdown` does.
+pub struct Fleet {
+    pub stats: Arc<Stats>,
+    pub names: Vec<String>,
+}
+
+/// Starts every agent; returns once all are registered.
+pub async fn start(cfg: FleetConfig, shutdown: Shutdown) -> Result<Fleet> {
+    let stats = Arc::new(Stats::default());
+    let mut channels = Vec::new();
+    for _ in 0..cfg.connections.clamp(1, cfg.nodes.max(1)) {
+        channels.push(
+            gpuctl_proto::client::builder(&cfg.url)
+                .connect_timeout(Duration::from_secs(10))
+                .request_timeout(Duration::from_secs(30))
+                .connect()
+                .await
+                .with_context(|| format!("connecting to {}", cfg.url))?,
+        );
+    }
+    let names: Vec<String> = (0..cfg.nodes)
+        .map(|i| format!("{}{i:05}", cfg.prefix))
+        .collect();
+    let mut registered = tokio::task::JoinSet::new();
+    for (i, name) in names.iter().enumerate() {
+        let agent = Agent {
+            name: name.clone(),
+            index: i as u32,
+            cfg: cfg.clone(),
+            channel: channels[i % channels.len()].clone(),
+            stats: stats.clone(),
+            shutdown: shutdown.clone(),
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(agent.run(tx));
+        registered.spawn(rx);
+    }
+    while let Some(r) = registered.join_next().await {
+        r?.context("an agent stopped before registering")??;
+    }
+    Ok(Fleet { stats, names })
+}
+
+struct Agent {
+    name: String,
+    index: u32,
+    cfg: FleetConfig,
+    channel: Channel,
+    stats: Arc<Stats>,
+    shutdown: Shutdown,
+}
+
+/// The ranks one agent runs now, by job.
+type Running = Arc<Mutex<BTreeMap<String, RunningJob>>>;
+
+impl Agent {
+    fn gpus(&self) -> Vec<GpuInfo> {
+        (0..self.cfg.gpus)
+            .map(|g| GpuInfo {
+                index: g,
+                uuid: format!("GPU-sim-{:05}-{g}", self.index),
+                name: "NVIDIA H200".into(),
+                memory_total_bytes: 150_754_820_096,
+                pci_bus_id: format!("00000000:{:02X}:00.0", 0x18 + g),
+                pcie_gen_max: 5,
+                pcie_width_max: 16,
+                nvlinks_active: 18,
+                compute_capability: "9.0".into(),
+                sm_count: 132,
+            })
+            .collect()
+    }
+
+    fn facts(&self) -> HostFacts {
+        let ip = format!(
+            "10.{}.{}.{}",
+            1 + self.index / 65536,
+            (self.index / 256) % 256,
+            self.index % 256
+        );
+        HostFacts {
+            hostname: self.name.clone(),
+            addresses: vec![ip.clone()],
+            cpu_count: 224,
+            memory_total_bytes: 2 << 40,
+            shm_bytes: 1 << 40,
+            cpu_model: "Intel(R) Xeon(R) Platinum 8480C".into(),
+            driver_version: "580.95.05".into(),
+            cuda_driver_version: "13.0".into(),
+            nvml_status: "ok".into(),
+            agent_version: format!("gpuctl-sim {}", env!("CARGO_PKG_VERSION")),
+            libtorch: "simulated".into(),
+            os: "Debian GNU/Linux 12".into(),
+            kernel: "6.8.0".into(),
+            interfaces: vec![NetInterface {
+                name: "eth0".into(),
+                ipv4: ip,
+                mtu: 9000,
+                speed_mbps: 400_000,
+            }],
+            nccl_version: "2.28.3".into(),
+            torch_version: "2.11.0+cu130".into(),
+            memlock_bytes: u64::MAX,
+            ..Default::default()
+        }
+    }
+
+    async fn run(self, registered: tokio::sync::oneshot::Sender<Result<()>>) {
+        let mut client = AgentServiceClient::new(self.channel.clone());
+        let req = RegisterRequest {
+            protocol_version: PROTOCOL_VERSION,
+            name: self.name.clone(),
+            facts: Some(self.facts()),
+            gpus: self.gpus(),
+            ..Default::default()
+        };
+        let resp = match client.register(req).await {
+            Ok(r) => r.into_inner(),
+            Err(s) => {
+                let _ = registered.send(Err(anyhow::anyhow!(
+                    "{}: Register: {}",
+                    self.name,
+                    s.message()
+                )));
+                return;
+            }
+        };
+        self.stats.registered.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel::<AgentMessage>(256);
+        let hb = |running: Vec<RunningJob>| AgentMessage {
+            msg: Some(Msg::Heartbeat(Heartbeat {
+                node: self.name.clone(),
+                protocol_version: PROTOCOL_VERSION,
+                unix_ms: now_ms(),
+                running,
+                preflight: vec![],
+            })),
+        };
+        let _ = tx.send(hb(vec![])).await;
+        let inbound = match client.session(ReceiverStream::new(rx)).await {
+            Ok(s) => s.into_inner(),
+            Err(s) => {
+                let _ = registered.send(Err(anyhow::anyhow!(
+                    "{}: Session: {}",
+                    self.name,
+                    s.message()
+                )));
+                return;
+            }
+        };
+        let _ = registered.send(Ok(()));
+        let worker_url = if resp.coordinator_url.is_empty() {
+            self.cfg.url.clone()
+        } else {
+            resp.coordinator_url.clone()
+        };
+        let running: Running = Arc::default();
+        let me = Arc::new(self);
+        let beat = tokio::spawn(me.clone().heartbeats(tx.clone(), running.clone()));
+        let tele = tokio::spawn(me.clone().telemetry(tx.clone(), running.clone()));
+        me.clone().listen(inbound, tx, running, worker_url).await;
+        beat.abort();
+        tele.abort();
+    }
+
+    async fn heartbeats(self: Arc<Self>, tx: mpsc::Sender<AgentMessage>, running: Running) {
+        let mut tick = tokio::time::interval(self.cfg.heartbeat);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = self.shutdown.cancelled() => return,
+            }
+            let jobs: Vec<RunningJob> = running.lock().unwrap().values().cloned().collect();
+            let msg = AgentMessage {
+                msg: Some(Msg::Heartbeat(Heartbeat {
+                    node: self.name.clone(),
+                    protocol_version: PROTOCOL_VERSION,
+                    unix_ms: now_ms(),
+                    running: jobs,
+                    preflight: vec![],
+                })),
+            };
+            if tx.send(msg).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// One batch per running job per interval, with its GPUs busy.
+    async fn telemetry(self: Arc<Self>, tx: mpsc::Sender<AgentMessage>, running: Running) {
+        let mut tick = tokio::time::interval(self.cfg.interval);
+        let mut rng = fastrand::Rng::with_seed(self.index as u64);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = self.shutdown.cancelled() => return,
+            }
+            let jobs: Vec<(String, u32, Vec<u32>)> = running
+                .lock()
+                .unwrap()
+                .values()
+                .map(|j| (j.job_id.clone(), j.attempt, j.ranks.clone()))
+                .collect();
+            for (job_id, attempt, ranks) in jobs {
+                let now = now_ms();
+                let samples = (0..ranks.len() as u32)
+                    .map(|g| busy_sample(self.index, g, now, &mut rng))
+                    .collect();
+                let msg = AgentMessage {
+                    msg: Some(Msg::Telemetry(TelemetryBatch {
+                        node: self.name.clone(),
+                        job_id,
+                        attempt,
+                        samples,
+                    })),
+                };
+                if tx.send(msg).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn listen(
+        self: Arc<Self>,
+        mut inbound: tonic::Streaming<gpuctl_proto::pb::CoordinatorMessage>,
+        tx: mpsc::Sender<AgentMessage>,
+        running: Running,
+        worker_url: String,
+    ) {
+        let workers = WorkerServiceClient::new(self.channel.clone());
+        let mut cancels: HashMap<String, Shutdown> = HashMap::new();
+        loop {
+            let msg = tokio::select! {
+                m = inbound.message() => m,
+                _ = self.shutdown.cancelled() => return,
+            };
+            let msg = match msg {
+                Ok(Some(m)) => m,
+                Ok(None) | Err(_) => {
+                    tracing::warn!(node = %self.name, "session ended");
+                    return;
+                }
+            };
+            match msg.msg {
+                Some(coordinator_message::Msg::Assignment(a)) => {
+                    self.stats.assigned(&a.job_id);
+                    let stop = self.shutdown.child_token();
+                    cancels.insert(a.job_id.clone(), stop.clone());
+                    self.start_ranks(&a, &tx, &running, workers.clone(), stop, &worker_url)
+                        .await;
+                }
+                Some(coordinator_message::Msg::Cancel(c)) => {
+                    if let Some(stop) = cancels.remove(&c.job_id) {
+                        stop.cancel();
+                    }
+                }
+                None => {}
+            }
+        }
+    }
+
+    async fn start_ranks(
+        &self,
+        a: &Assignment,
+        tx: &mpsc::Sender<AgentMessage>,
+        running: &Running,
+        workers: WorkerServiceClient<Channel>,
+        stop: Shutdown,
+        _worker_url: &str,
+    ) {
+        let ranks: Vec<u32> = a.ranks.iter().map(|r| r.rank).collect();
+        let ok = a.spec.as_ref().is_some_and(|s| s.workload == "stress");
+        let _ = tx
+            .send(AgentMessage {
+                msg: Some(Msg::Ack(AssignmentAck {
+                    job_id: a.job_id.clone(),
+                    attempt: a.attempt,
+                    ok,
+                    error: if ok {
+                        String::new()
+                    } else {
+                        "gpuctl-sim plays the stress workload only".into()
+                    },
+                    checks: vec![],
+                })),
+            })
+            .await;
+        if !ok {
+            return;
+        }
+        running.lock().unwrap().insert(
+            a.job_id.clone(),
+            RunningJob {
+                job_id: a.job_id.clone(),
+                attempt: a.attempt,
+                ranks: ranks.clone(),
+                processes: ranks
+                    .iter()
+                    .map(|&rank| RankProcess {
+                        rank,
+                        pid: 100_000 + rank,
+                        state: "R".into(),
+                        state_name: "running".into(),
+                        cpu_ms: 0,
+                    })
+                    .collect(),
+            },
+        );
+        let left = Arc::new(AtomicU64::new(ranks.len() as u64));
+        for p in &a.ranks {
+            self.stats.ranks_started.fetch_add(1, Ordering::Relaxed);
+            let job = RankJob {
+                job_id: a.job_id.clone(),
+                attempt: a.attempt,
+                placement: p.clone(),
+                secret: a.rank_secrets.get(&p.rank).cloned().unwrap_or_default(),
+                spec: a.spec.clone().unwrap_or_default(),
+                interval: self.cfg.interval,
+            };
+            let (tx, running, left, stats, stop, client) = (
+                tx.clone(),
+                running.clone(),
+                left.clone(),
+                self.stats.clone(),
+                stop.clone(),
+                workers.clone(),
+            );
+            tokio::spawn(async move {
+                let outcome = ranks::run(job.clone(), client, stats.clone(), stop).await;
+                let (exit_code, killed_by) = match outcome {
+                    ranks::Outcome::Done => (0, String::new()),
+                    ranks::Outcome::Cancelled => (-1, "cancel".to_string()),
+                    ranks::Outcome::Failed => (1, String::new()),
+                };
+                let _ = tx
+                    .send(AgentMessage {
+                        msg: Some(Msg::WorkerExited(WorkerExited {
+                            job_id: job.job_id.clone(),
+                            attempt: job.attempt,
+                            rank: job.placement.rank,
+                            exit_code,
+                            signal: if exit_code < 0 {
+                                "SIGKILL".into()
+                            } else {
+                                String::new()
+                            },
+                            stderr_tail: String::new(),
+                            killed_by,
+                        })),
+                    })
+                    .await;
+                let mut r = running.lock().unwrap();
+                if let Some(j) = r.get_mut(&job.job_id) {
+                    j.ranks.retain(|&x| x != job.placement.rank);
+                    j.processes.retain(|p| p.rank != job.placement.rank);
+                }
+                if left.fetch_sub(1, Ordering::Relaxed) == 1 {
+                    r.remove(&job.job_id);
+                }
+            });
+        }
+    }
+}
+
+/// A loaded H200 at its power cap, with a little noise.
+fn busy_sample(node: u32, gpu: u32, now: u64, rng: &mut fastrand::Rng) -> GpuSample {
+    GpuSample {
+        index: gpu,
+        uuid: format!("GPU-sim-{node:05}-{gpu}"),
+        unix_ms: now,
+        util_gpu: 97.0 + rng.f64() * 3.0,
+        util_mem: 60.0 + rng.f64() * 10.0,
+        mem_used_bytes: 80 << 30,
+        mem_total_bytes: 150_754_820_096,
+        temperature_c: 62.0 + rng.f64() * 6.0,
+        power_w: 680.0 + rng.f64() * 20.0,
+        power_limit_w: 700.0,
+        sm_clock_mhz: 1_830 + rng.u32(0..150),
+        mem_clock_mhz: 3_201,
+        // The power cap a GPU at full load sits on by design.
+        throttle_reasons: 0x4,
+        pcie_gen: 5,
+        pcie_width: 16,
+        pcie_gen_max: 5,
+        pcie_width_max: 16,
+        nvlinks_active: 18,
+        nvlinks_expected: 18,
+        sm_clock_max_mhz: 1_980,
+        ..Default::default()
+    }
+}

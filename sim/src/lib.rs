@@ -1,0 +1,8 @@
+//! gpuctl-sim: a simulated fleet (fake agents and workers speaking gpuctl.v1
+//! to a real coordinator) and the coordinator's scale bench built on it
+//! (docs/benchmarks.md, "Coordinator at fleet scale").
+
+pub mod bench;
+pub mod fleet;
+pub mod probe;
+pub mod ranks;

@@ -1,0 +1,179 @@
+//! `gpuctl-sim`: `bench` runs the coordinator's scale bench (a real
+//! coordinator process against a simulated fleet, docs/benchmarks.md);
+//! `fleet` runs only the simulated fleet against a coordinator you started,
+//! until Ctrl-C, for poking at it with `gpuctl`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use gpuctl_sim::bench::{self, BenchConfig};
+use gpuctl_sim::fleet::{self, FleetConfig};
+
+#[derive(Parser)]
+#[command(
+    name = "gpuctl-sim",
+    version,
+    about = "A simulated GPU fleet for the gpuctl coordinator"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(clap::Args)]
+struct Shape {
+    /// Simulated nodes.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=16384))]
+    nodes: u32,
+    /// GPUs per node.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
+    gpus: u32,
+    /// Each rank's progress and each node's telemetry batch, as real agents and workers.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    interval: Duration,
+    /// HTTP/2 connections the simulated agents share (0: one per agent, like a real fleet).
+    #[arg(long, default_value_t = 0)]
+    connections: usize,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Start a coordinator, register the fleet, idle, run one long and then short stress jobs; print the figures.
+    Bench {
+        #[command(flatten)]
+        shape: Shape,
+        /// The coordinator binary (default: gpuctl-coordinator next to this binary).
+        #[arg(long)]
+        coordinator_bin: Option<PathBuf>,
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        idle: Duration,
+        /// The long job's duration (the headline use is 15m).
+        #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+        long: Duration,
+        /// Short jobs after the long one.
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(0..=1000))]
+        short_jobs: u32,
+        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+        short: Duration,
+        /// Pause between rounds of CLI calls (nodes, jobs, status).
+        #[arg(long, default_value = "200ms", value_parser = humantime::parse_duration)]
+        cli_every: Duration,
+        /// Also write the figures as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// Run the simulated fleet against a coordinator until Ctrl-C.
+    Fleet {
+        #[command(flatten)]
+        shape: Shape,
+        #[arg(
+            long,
+            env = "GPUCTL_COORDINATOR",
+            default_value = "http://127.0.0.1:7070"
+        )]
+        coordinator: String,
+    },
+}
+
+fn next_to_me(name: &str) -> Result<PathBuf> {
+    let me = std::env::current_exe().context("locating gpuctl-sim")?;
+    Ok(me.with_file_name(name))
+}
+
+fn connections(shape: &Shape) -> usize {
+    if shape.connections == 0 {
+        shape.nodes as usize
+    } else {
+        shape.connections
+    }
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    raise_fd_limit();
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async move {
+        match cli.command {
+            Cmd::Bench {
+                shape,
+                coordinator_bin,
+                idle,
+                long,
+                short_jobs,
+                short,
+                cli_every,
+                json,
+            } => {
+                let cfg = BenchConfig {
+                    coordinator_bin: match coordinator_bin {
+                        Some(p) => p,
+                        None => next_to_me("gpuctl-coordinator")?,
+                    },
+                    nodes: shape.nodes as usize,
+                    gpus: shape.gpus,
+                    idle,
+                    long,
+                    short_jobs: short_jobs as usize,
+                    short,
+                    interval: shape.interval,
+                    connections: connections(&shape),
+                    cli_every,
+                };
+                let dir = std::env::temp_dir().join(format!("gpuctl-sim-{}", std::process::id()));
+                std::fs::create_dir_all(&dir)?;
+                let report = bench::run(&cfg, dir.clone()).await;
+                let _ = std::fs::remove_dir_all(&dir);
+                let report = report?;
+                report.print();
+                if let Some(path) = json {
+                    std::fs::write(&path, serde_json::to_string_pretty(&report.to_json())?)
+                        .with_context(|| format!("--json: writing {}", path.display()))?;
+                }
+                Ok(())
+            }
+            Cmd::Fleet { shape, coordinator } => {
+                let stop = gpuctl_proto::shutdown::on_signals()?;
+                let f = fleet::start(
+                    FleetConfig {
+                        url: coordinator,
+                        nodes: shape.nodes as usize,
+                        gpus: shape.gpus,
+                        prefix: "sim-".into(),
+                        heartbeat: Duration::from_secs(1),
+                        interval: shape.interval,
+                        connections: connections(&shape),
+                    },
+                    stop.clone(),
+                )
+                .await?;
+                eprintln!(
+                    "{} simulated nodes registered; Ctrl-C stops them",
+                    f.names.len()
+                );
+                stop.cancelled().await;
+                Ok(())
+            }
+        }
+    })
+}
+
+/// One connection per simulated agent needs more descriptors than the
+/// usual soft limit of 1024.
+fn raise_fd_limit() {
+    // SAFETY: getrlimit/setrlimit on our own process with a valid struct.
+    unsafe {
+        let mut r: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
+            r.rlim_cur = r.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! A fake stress worker: what one rank of `gpuctl-worker` sends for a stress
+//! job, without the GEMMs. Progress each interval (phase, fraction, TFLOP/s,
+//! a growing iteration counter), then one result with a TFLOP/s figure per
+//! interval, the seeded digest every healthy rank agrees on, and the phase
+//! marks a real worker records. Every call carries the rank's secret.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpuctl_proto::client::Channel;
+use gpuctl_proto::now_ms;
+use gpuctl_proto::pb::{
+    rank_result::Detail, worker_service_client::WorkerServiceClient, JobSpec, PhaseMark,
+    RankPlacement, RankProgress, RankProgressReport, RankResult, StressResult,
+};
+use gpuctl_proto::shutdown::Shutdown;
+
+use crate::fleet::Stats;
+
+/// One rank's assignment.
+#[derive(Debug, Clone)]
+pub struct RankJob {
+    pub job_id: String,
+    pub attempt: u32,
+    pub placement: RankPlacement,
+    pub secret: String,
+    pub spec: JobSpec,
+    pub interval: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Done,
+    Cancelled,
+    Failed,
+}
+
+/// An H200's bf16 GEMM rate, give or take a little.
+const TFLOPS: f64 = 720.0;
+/// FLOPs of one 8192³ product.
+const GEMM_FLOP: f64 = 2.0 * 8192.0 * 8192.0 * 8192.0;
+const PHASE: &str = "gemm bf16 8192";
+
+fn request<T>(job: &RankJob, msg: T) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(msg);
+    if let Ok(v) = job.secret.parse() {
+        req.metadata_mut()
+            .insert(gpuctl_proto::auth::RANK_SECRET, v);
+    }
+    req
+}
+
+pub async fn run(
+    job: RankJob,
+    mut client: WorkerServiceClient<Channel>,
+    stats: Arc<Stats>,
+    stop: Shutdown,
+) -> Outcome {
+    let rank = job.placement.rank;
+    let start = now_ms();
+    let duration = Duration::from_millis(job.spec.duration_ms.max(1_000));
+    let intervals = (duration.as_secs_f64() / job.interval.as_secs_f64())
+        .round()
+        .max(1.0) as usize;
+    let mut rng = fastrand::Rng::with_seed(rank as u64 ^ start);
+    let mut tflops = Vec::with_capacity(intervals);
+    let mut iterations = 0u64;
+    let mut marks = vec![
+        PhaseMark {
+            phase: "starting".into(),
+            unix_ms: start,
+            iterations: 0,
+        },
+        PhaseMark {
+            phase: PHASE.into(),
+            unix_ms: start,
+            iterations: 0,
+        },
+    ];
+    let mut tick = tokio::time::interval(job.interval);
+    tick.tick().await;
+    for i in 0..intervals {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.cancelled() => return Outcome::Cancelled,
+        }
+        let t = TFLOPS * (0.98 + rng.f64() * 0.04);
+        tflops.push(t);
+        iterations += (t * 1e12 * job.interval.as_secs_f64() / GEMM_FLOP) as u64;
+        let now = now_ms();
+        if marks.len() < 1000 {
+            marks.push(PhaseMark {
+                phase: PHASE.into(),
+                unix_ms: now,
+                iterations,
+            });
+        }
+        let progress = RankProgressReport {
+            job_id: job.job_id.clone(),
+            attempt: job.attempt,
+            progress: Some(RankProgress {
+                rank,
+                node: job.placement.node.clone(),
+                phase: PHASE.into(),
+                fraction: (i + 1) as f64 / intervals as f64,
+                metrics: [("tflops".to_string(), t)].into(),
+                message: String::new(),
+                unix_ms: now,
+                iterations,
+            }),
+        };
+        match client.report_progress(request(&job, progress)).await {
+            Ok(ack) if !ack.get_ref().ok => return Outcome::Cancelled,
+            Ok(_) => {}
+            Err(_) => {
+                stats
+                    .rpc_errors
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    }
+    let end = now_ms();
+    marks.push(PhaseMark {
+        phase: "done".into(),
+        unix_ms: end,
+        iterations,
+    });
+    let mut sorted = tflops.clone();
+    sorted.sort_by(f64::total_cmp);
+    let result = RankResult {
+        job_id: job.job_id.clone(),
+        attempt: job.attempt,
+        rank,
+        node: job.placement.node.clone(),
+        device: format!("cuda:{}", job.placement.local_rank),
+        device_name: "NVIDIA H200".into(),
+        gpu_uuid: job.placement.gpu_uuid.clone(),
+        ok: true,
+        error: String::new(),
+        peak_memory_bytes: 3 << 30,
+        elapsed_ms: end - start,
+        torch_version: "2.11.0+cu130".into(),
+        nccl_version: "2.28.3".into(),
+        detail: Some(Detail::Stress(StressResult {
+            dtype: "bf16".into(),
+            matrix_size: 8192,
+            iterations,
+            tflops_min: sorted[0],
+            tflops_median: sorted[sorted.len() / 2],
+            tflops_max: sorted[sorted.len() - 1],
+            tflops_per_interval: tflops,
+            // The seeded product's checksum: the same on every healthy rank.
+            digest: "9d3b1f0c5e7a2468".into(),
+            self_mismatches: 0,
+            checks: iterations / 10,
+            device_class: "NVIDIA H200 · torch 2.11.0+cu130 · nccl 2.28.3".into(),
+            interval_s: job.interval.as_secs_f64(),
+        })),
+        more_train: vec![],
+        phases: marks,
+    };
+    // A worker holds its result until it is delivered (coordinator restarts).
+    for attempt in 0..10 {
+        match client.report_result(request(&job, result.clone())).await {
+            Ok(ack) => {
+                if ack.get_ref().ok {
+                    stats.result_sent(&job.job_id);
+                    return Outcome::Done;
+                }
+                stats
+                    .results_refused
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::warn!(rank, "result refused: {}", ack.get_ref().message);
+                return Outcome::Failed;
+            }
+            Err(s) => {
+                stats
+                    .rpc_errors
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::debug!(rank, attempt, "ReportResult: {}", s.message());
+                tokio::time::sleep(Duration::from_millis(200 << attempt.min(4))).await;
+            }
+        }
+    }
+    Outcome::Failed
+}
