@@ -656,7 +656,7 @@ mod tests {
             }
             n += 1;
         }
-        assert_eq!(n, 16, "every example was tried");
+        assert_eq!(n, 17, "every example was tried");
     }
 
     fn spec_of(args: &[&str]) -> Result<JobSpec, UsageError> {

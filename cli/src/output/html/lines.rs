@@ -221,6 +221,8 @@ where
 
 /// Axis numbers without trailing zeros: `0.5`, `12`, `1500`.
 pub fn trim_number(v: f64) -> String {
+    // No `-0` at the origin.
+    let v = if v.abs() < 1e-12 { 0.0 } else { v };
     let s = if v.abs() >= 100.0 || v == v.trunc() {
         format!("{v:.0}")
     } else if v.abs() >= 1.0 {
@@ -232,6 +234,15 @@ pub fn trim_number(v: f64) -> String {
         s.trim_end_matches('0').trim_end_matches('.').to_string()
     } else {
         s
+    }
+}
+
+/// Whole numbers only (ranks): the ticks between them stay unlabelled.
+pub fn whole_number(v: f64) -> String {
+    if (v - v.round()).abs() < 1e-9 {
+        trim_number(v.round())
+    } else {
+        String::new()
     }
 }
 
@@ -344,7 +355,8 @@ impl Heatmap {
                 .margin_right(24)
                 .x_label_area_size(48)
                 .y_label_area_size(140)
-                .build_cartesian_2d((0..n).into_segmented(), (0..n).into_segmented())?;
+                // An i32 range's ends are both in it: 0..n-1 is n cells.
+                .build_cartesian_2d((0..n - 1).into_segmented(), (0..n - 1).into_segmented())?;
             let label = |v: &SegmentValue<i32>| match v {
                 SegmentValue::CenterOf(i) => names.get(*i as usize).cloned().unwrap_or_default(),
                 _ => String::new(),
@@ -377,11 +389,14 @@ impl Heatmap {
             c.draw_series(self.cells.iter().map(|(r, col, v, _)| {
                 Rectangle::new([at(*r, *col, 0, 0), at(*r, *col, 1, 1)], fill(*v).filled())
             }))?;
+            // A path, not a rectangle: plotters' SVG rectangles drop the stroke width.
             c.draw_series(self.cells.iter().filter(|x| x.3).map(|(r, col, _, _)| {
-                Rectangle::new(
-                    [at(*r, *col, 0, 0), at(*r, *col, 1, 1)],
-                    ALERT.stroke_width(4),
-                )
+                let corners = [(0, 0), (0, 1), (1, 1), (1, 0), (0, 0)];
+                let path: Vec<_> = corners
+                    .iter()
+                    .map(|(dr, dc)| at(*r, *col, *dr, *dc))
+                    .collect();
+                PathElement::new(path, ALERT.stroke_width(4))
             }))?;
             let text = chart::font(17).pos(plotters::style::text_anchor::Pos::new(
                 plotters::style::text_anchor::HPos::Center,
@@ -418,5 +433,20 @@ impl Heatmap {
             legend,
             note: self.note,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn axis_numbers_read_plainly() {
+        assert_eq!(trim_number(-0.0), "0");
+        assert_eq!(trim_number(0.25), "0.25");
+        assert_eq!(trim_number(12.0), "12");
+        assert_eq!(trim_number(1500.4), "1500");
+        assert_eq!(whole_number(2.0), "2");
+        assert_eq!(whole_number(0.4), "");
     }
 }

@@ -138,8 +138,10 @@ fn findings(r: &pb::Report) -> String {
 
 /// The header facts: job, workload, duration, nodes, world size, versions.
 fn facts(r: &pb::Report, timeline: &pb::Timeline) -> String {
+    // The banner already says the verdict and its reason.
     let mut pairs: Vec<(String, String)> = report::header_pairs(r)
         .into_iter()
+        .filter(|(k, _)| !matches!(*k, "VERDICT" | "REASON"))
         .map(|(k, v)| (k.to_string(), v))
         .collect();
     pairs.push(("NODES".into(), r.nodes.len().to_string()));
@@ -308,3 +310,4 @@ mod tests {
         assert_eq!(html.matches("<script>").count(), 1);
     }
 }
+

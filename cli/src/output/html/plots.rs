@@ -11,7 +11,7 @@ use gpuctl_proto::pb::{self, rank_result::Detail};
 use gpuctl_proto::units::format_bytes;
 
 use super::chart::{self, Plot};
-use super::lines::{Heatmap, Histogram, Lines, Series};
+use super::lines::{whole_number, Heatmap, Histogram, Lines, Series};
 use crate::commands::report::ranks_in_order;
 
 /// A plot, or a sentence where a plot would be.
@@ -300,6 +300,7 @@ pub fn step_times(r: &pb::Report) -> Result<Vec<Figure>> {
             );
             let last = ranks.iter().map(|(r, _)| *r).max().unwrap_or(0) as f64;
             l.x_range = Some((-0.5, last + 0.5));
+            l.x_fmt = Some(whole_number);
             let of = |f: fn(&pb::TrainResult) -> f64| {
                 ranks
                     .iter()
