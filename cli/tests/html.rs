@@ -173,6 +173,11 @@ fn check(c: &Cluster, id: &str, dir: &Path, plots: impl Fn(&Value) -> usize) {
         let name = n["name"].as_str().unwrap();
         assert!(html.contains(name), "{id}: node {name} in the page");
     }
+    // CPU ranks: no GPU telemetry, and the page says so instead of plotting nothing.
+    assert!(
+        html.contains("No GPU telemetry"),
+        "{id}: the telemetry note"
+    );
 
     let opened = open(&path, dir);
     assert!(
@@ -272,8 +277,13 @@ fn html_reports_open_in_chromium_with_every_plot_drawn() {
     check(&c, &ddp, dir.path(), |_| 1);
 
     // Only `report` makes a page: elsewhere a usage error naming the flag.
-    for args in [["jobs", "-o", "html"], ["nodes", "-o", "html"]] {
-        let out = c.gpuctl(&args);
+    let refused: [&[&str]; 3] = [
+        &["jobs", "-o", "html"],
+        &["nodes", "-o", "html"],
+        &["submit", "stress", "--nodes", "1", "--wait", "-o", "html"],
+    ];
+    for args in refused {
+        let out = c.gpuctl(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
         assert!(stderr(&out).contains("--output html"), "{}", stderr(&out));
     }

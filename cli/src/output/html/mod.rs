@@ -253,7 +253,11 @@ fn plot(p: &Plot) -> String {
         "<figure class=\"plot\" id=\"{}\" data-plot=\"\">\n<h3>{}</h3>\n{}",
         attr(&p.id),
         text(&p.title),
-        p.svg
+        p.svg.replacen(
+            "role=\"img\"",
+            &format!("role=\"img\" aria-label=\"{}\"", attr(&p.title)),
+            1
+        )
     );
     s.push_str("<ul class=\"legend\">");
     for k in &p.legend {
@@ -310,4 +314,3 @@ mod tests {
         assert_eq!(html.matches("<script>").count(), 1);
     }
 }
-
