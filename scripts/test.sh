@@ -1,20 +1,30 @@
 #!/usr/bin/env bash
-# The test command (README.md): installs what the tests need (libtorch, and
-# etcd for coordinator/tests/etcd_store.rs), builds every binary and runs every
-# test. The end-to-end tests start real coordinators, agents and workers on
-# loopback, so all binaries are built first. CI (.ci/run) calls this too.
+# The test command (README.md): installs what the tests need (libtorch, etcd
+# for coordinator/tests/etcd_store.rs, chromium for cli/tests/html.rs), builds
+# every binary and runs every test. The end-to-end tests start real
+# coordinators, agents and workers on loopback, so all binaries are built
+# first. CI (.ci/run) calls this too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-libtorch.sh
+sudo=()
+if [ "$(id -u)" -ne 0 ]; then
+    sudo=(sudo)
+fi
+missing=()
 # The etcd store tests start a real etcd (Debian's etcd-server) and fail without it.
 if ! command -v etcd >/dev/null; then
     echo "etcd not found: installing Debian's etcd-server" >&2
-    sudo=()
-    if [ "$(id -u)" -ne 0 ]; then
-        sudo=(sudo)
-    fi
+    missing+=(etcd-server)
+fi
+# cli/tests/html.rs opens the HTML reports in a real headless Chromium and fails without it.
+if [ ! -x /usr/bin/chromium ]; then
+    echo "/usr/bin/chromium not found: installing Debian's chromium" >&2
+    missing+=(chromium)
+fi
+if [ "${#missing[@]}" -gt 0 ]; then
     "${sudo[@]}" apt-get update
-    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y etcd-server
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}"
 fi
 cargo build --workspace --locked
 cargo test --workspace --locked

@@ -64,6 +64,9 @@ pub enum OutputFormat {
     Md,
     /// JUnit XML of a report: a test case per node and per rank, for CI dashboards.
     Junit,
+    /// One self-contained HTML file of a report (`report` only), with plots:
+    /// redirect it to a file and open it in a browser.
+    Html,
 }
 
 impl OutputFormat {
@@ -86,7 +89,8 @@ Examples:
   gpuctl report job-000042                 # verdict and findings first, then the tables
   gpuctl report job-000042 -o json         # for machines
   gpuctl report job-000042 -o junit > results.xml
-  gpuctl report job-000042 -o md           # to paste into a ticket";
+  gpuctl report job-000042 -o md           # to paste into a ticket
+  gpuctl report job-000042 -o html > report.html   # plots; opens offline in a browser";
 
 const TRACE_EXAMPLES: &str = "\
 Examples:
@@ -669,7 +673,7 @@ mod tests {
             }
             n += 1;
         }
-        assert_eq!(n, 16, "every example was tried");
+        assert_eq!(n, 17, "every example was tried");
     }
 
     fn spec_of(args: &[&str]) -> Result<JobSpec, UsageError> {

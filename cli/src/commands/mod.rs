@@ -30,6 +30,8 @@ use crate::exit::Exit;
 fn check_format(cmd: &Command, out: OutputFormat) -> Result<()> {
     let ok = match out {
         OutputFormat::Table | OutputFormat::Json => true,
+        // The page needs the job's telemetry timeline: `report` fetches it.
+        OutputFormat::Html => matches!(cmd, Command::Report(_)),
         _ if matches!(cmd, Command::Submit(a) if a.wait) => true,
         OutputFormat::Csv | OutputFormat::Md => matches!(
             cmd,
@@ -47,7 +49,7 @@ fn check_format(cmd: &Command, out: OutputFormat) -> Result<()> {
     Err(UsageError(format!(
         "--output {} is for {}; this command prints table or json",
         name.unwrap_or_default(),
-        if out == OutputFormat::Junit {
+        if matches!(out, OutputFormat::Junit | OutputFormat::Html) {
             "`report`"
         } else {
             "`report`, `jobs`, `nodes` and `fleet`"

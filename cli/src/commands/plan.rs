@@ -41,6 +41,11 @@ pub fn rank_table(ranks: &[pb::RankPlacement]) -> String {
 }
 
 pub fn env_table(env: &[pb::EnvVar]) -> String {
+    env_grid(env).render()
+}
+
+/// The environment plan's table before layout (the HTML report's too).
+pub(crate) fn env_grid(env: &[pb::EnvVar]) -> Table {
     let mut t = Table::new(&["NAME", "VALUE", "REASON"]);
     for e in env {
         t.row([
@@ -49,7 +54,7 @@ pub fn env_table(env: &[pb::EnvVar]) -> String {
             output::dash(&e.reason),
         ]);
     }
-    t.render()
+    t
 }
 
 /// Checks that are not a pass, one a row, under one line for those that pass.

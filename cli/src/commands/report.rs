@@ -16,7 +16,14 @@ use crate::output::{self, findings, table::Table};
 
 pub async fn run(c: &mut Coordinator, id: &str, out: OutputFormat) -> Result<Exit> {
     let report = c.report(id).await?;
-    print(&report, out)?;
+    if out == OutputFormat::Html {
+        // The page plots the job's telemetry over time, which the report
+        // itself only summarises.
+        let timeline = c.timeline(id).await?;
+        output::print_text(&output::html::page(&report, &timeline)?);
+    } else {
+        print(&report, out)?;
+    }
     // Like `submit --wait`, the exit code carries the verdict, so a script can
     // gate on `gpuctl report JOB` alone.
     Ok(Exit::of_report(&report))
@@ -29,6 +36,11 @@ pub fn print(report: &pb::Report, out: OutputFormat) -> Result<()> {
         OutputFormat::Csv => output::print_text(&output::report_grid::csv(report)?),
         OutputFormat::Md => output::print_text(&output::report_grid::markdown(report)),
         OutputFormat::Junit => output::print_text(&output::junit::report(report)?),
+        // Only `report` takes html (commands::check_format) and its `run`
+        // passes the telemetry timeline; with no connection here, none.
+        OutputFormat::Html => {
+            output::print_text(&output::html::page(report, &pb::Timeline::default())?)
+        }
     }
     Ok(())
 }
@@ -439,6 +451,11 @@ pub fn health_table(findings: &[pb::HealthFinding]) -> String {
 /// One row per GPU: how busy, hot and hungry it was, how steady, and what its
 /// error counters did during the run.
 pub fn telemetry_table(summaries: &[pb::GpuTelemetrySummary]) -> String {
+    telemetry_grid(summaries).render()
+}
+
+/// The telemetry table before layout (the HTML report's too).
+pub(crate) fn telemetry_grid(summaries: &[pb::GpuTelemetrySummary]) -> Table {
     let mut t = Table::new(&[
         "NODE",
         "GPU",
@@ -488,7 +505,7 @@ pub fn telemetry_table(summaries: &[pb::GpuTelemetrySummary]) -> String {
             ),
         ]);
     }
-    t.render()
+    t
 }
 
 #[cfg(test)]

@@ -1,10 +1,12 @@
 //! How results reach the user: aligned tables for people, JSON for scripts,
-//! CSV, Markdown and JUnit for spreadsheets, tickets and CI, and
+//! CSV, Markdown and JUnit for spreadsheets, tickets and CI, HTML with plots
+//! for people to open and share, and
 //! the small formatting helpers (ages, durations, metrics) both share.
 
 pub mod findings;
 pub mod grid;
 pub mod hang;
+pub mod html;
 pub mod json;
 pub mod junit;
 pub mod links;
