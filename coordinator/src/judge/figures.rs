@@ -173,6 +173,16 @@ fn train_key_of(t: &TrainResult, workload: &str) -> String {
     train_key(mode, &t.model, &t.precision, t.batch_size as u64)
 }
 
+/// Every model's training result of a rank, in the order trained: the first
+/// (`train`), then `more_train` (`--model a,b,c`).
+pub fn train_results(r: &RankResult) -> impl Iterator<Item = &TrainResult> {
+    let first = match &r.detail {
+        Some(Detail::Train(t)) => Some(t),
+        _ => None,
+    };
+    first.into_iter().chain(&r.more_train)
+}
+
 /// How many sampling intervals a stress rank's TFLOP/s figures come from.
 pub fn intervals(r: &RankResult) -> u32 {
     match &r.detail {
@@ -192,11 +202,16 @@ pub fn rank_figures(workload: &str, r: &RankResult) -> Vec<Figure> {
                 fig(Metric::StressTflopsWorst, key, s.tflops_min),
             ]
         }
-        Some(Detail::Train(t)) if t.baseline_samples_per_s > 0.0 => vec![fig(
-            Metric::SoloSamplesPerS,
-            train_key_of(t, workload),
-            t.baseline_samples_per_s,
-        )],
+        Some(Detail::Train(_)) => train_results(r)
+            .filter(|t| t.baseline_samples_per_s > 0.0)
+            .map(|t| {
+                fig(
+                    Metric::SoloSamplesPerS,
+                    train_key_of(t, workload),
+                    t.baseline_samples_per_s,
+                )
+            })
+            .collect(),
         Some(Detail::Maxbatch(m)) if m.max_batch > 0 => vec![fig(
             Metric::MaxBatch,
             maxbatch_key(&m.model, &m.precision),
@@ -273,18 +288,20 @@ pub fn expected(spec: &JobSpec, gpu: bool, world_size: u32) -> Expected {
             }
         }
         TypedParams::Ddp(t) | TypedParams::Fsdp(t) => {
-            let key = train_key(
-                &spec.workload,
-                &t.model.model,
-                &t.model.precision,
-                t.batch_size,
-            );
-            out.insert((Metric::SamplesPerS, key.clone()));
-            out.insert((Metric::StepMsP99, key.clone()));
-            // The no-communication rate is timed only beside other ranks.
-            if world_size > 1 {
-                out.insert((Metric::SoloSamplesPerS, key.clone()));
-                out.insert((Metric::ScalingEfficiency, key));
+            for m in &t.models {
+                let key = train_key(
+                    &spec.workload,
+                    &m.model.model,
+                    &m.model.precision,
+                    m.batch_size,
+                );
+                out.insert((Metric::SamplesPerS, key.clone()));
+                out.insert((Metric::StepMsP99, key.clone()));
+                // The no-communication rate is timed only beside other ranks.
+                if world_size > 1 {
+                    out.insert((Metric::SoloSamplesPerS, key.clone()));
+                    out.insert((Metric::ScalingEfficiency, key));
+                }
             }
         }
         TypedParams::MaxBatch(m) => {
@@ -347,10 +364,8 @@ pub fn job_figures(
         }
     }
     let mut train: BTreeMap<String, Vec<&TrainResult>> = BTreeMap::new();
-    for r in results.values() {
-        if let Some(Detail::Train(t)) = &r.detail {
-            train.entry(train_key_of(t, workload)).or_default().push(t);
-        }
+    for t in results.values().flat_map(train_results) {
+        train.entry(train_key_of(t, workload)).or_default().push(t);
     }
     for (key, ts) in train {
         let rate = median(ts.iter().map(|t| t.samples_per_s).collect());
