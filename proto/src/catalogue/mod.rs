@@ -247,6 +247,20 @@ pub fn default_batch(model: &str, gpu: bool) -> u64 {
     }
 }
 
+/// Trainable parameters of a model with 1000 classes (torchvision's counts),
+/// where they do not hang on the job's parameters (`gpt`'s do; `cnn` is too
+/// small to matter): what the planner's memory check weighs.
+pub fn model_parameters(model: &str) -> Option<u64> {
+    match model {
+        "resnet18" => Some(11_689_512),
+        "resnet50" => Some(25_557_032),
+        "resnet101" => Some(44_549_160),
+        "resnet152" => Some(60_192_808),
+        "mobilenet_v2" => Some(3_504_872),
+        _ => None,
+    }
+}
+
 /// The parameters `workload` takes, in catalogue order.
 pub fn params_of(workload: &str) -> impl Iterator<Item = &'static Param> + '_ {
     PARAMS

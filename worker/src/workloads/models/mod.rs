@@ -353,8 +353,17 @@ mod tests {
 
     #[test]
     fn mobilenet_v2_has_torchvisions_parameter_count() {
+        // The planner's memory check weighs the catalogue's counts.
+        for name in ["mobilenet_v2", "resnet18"] {
+            let m = Model::build(&cfg(name), Device::Cpu, 1).unwrap();
+            let want = gpuctl_proto::catalogue::model_parameters(name).unwrap();
+            assert_eq!(m.parameter_count() as u64, want, "{name}");
+        }
+        assert_eq!(
+            gpuctl_proto::catalogue::model_parameters("mobilenet_v2"),
+            Some(3_504_872)
+        );
         let m = Model::build(&cfg("mobilenet_v2"), Device::Cpu, 1).unwrap();
-        assert_eq!(m.parameter_count(), 3_504_872);
         let l = m.loss(&m.batch(1, 2).unwrap()).unwrap().double_value(&[]);
         assert!(l.is_finite() && l > 0.0, "{l}");
     }
