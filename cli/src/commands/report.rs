@@ -373,6 +373,9 @@ pub fn render(r: &pb::Report) -> String {
             s.push_str(&output::hang::last_progress_table(r));
         }
     }
+    if let Some(models) = output::models::section(r) {
+        s.push_str(&models);
+    }
     if let Some(curve) = output::maxbatch::curve(r) {
         s.push_str("\nMAXBATCH (each trial: batch -> peak memory; OOM = out of memory)\n");
         s.push_str(&curve);

@@ -9,6 +9,7 @@ pub mod json;
 pub mod junit;
 pub mod links;
 pub mod maxbatch;
+pub mod models;
 pub mod report_grid;
 pub mod table;
 
