@@ -444,6 +444,69 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_model_of_a_list_has_its_figures() {
+        let train = |model: &str, per_s: f64| TrainResult {
+            model: model.into(),
+            mode: "ddp".into(),
+            precision: "fp32".into(),
+            batch_size: 2,
+            samples_per_s: per_s,
+            step_ms_p99: 10.0,
+            baseline_samples_per_s: per_s * 1.1,
+            scaling_efficiency: 0.9,
+            ..Default::default()
+        };
+        let results: BTreeMap<u32, RankResult> = (0..2)
+            .map(|rank| {
+                let r = RankResult {
+                    rank,
+                    ok: true,
+                    detail: Some(Detail::Train(train("cnn", 100.0))),
+                    more_train: vec![train("mobilenet_v2", 5.0)],
+                    ..Default::default()
+                };
+                (rank, r)
+            })
+            .collect();
+        let keys = |figs: &[Figure]| -> BTreeSet<(Metric, String)> {
+            figs.iter().map(|f| (f.metric, f.key.clone())).collect()
+        };
+        let solo = keys(&rank_figures("ddp", &results[&0]));
+        assert_eq!(
+            solo,
+            [
+                (Metric::SoloSamplesPerS, "ddp cnn fp32 batch 2".to_string()),
+                (
+                    Metric::SoloSamplesPerS,
+                    "ddp mobilenet_v2 fp32 batch 2".to_string()
+                ),
+            ]
+            .into()
+        );
+        let job = job_figures("ddp", &results, &[], &["a".into()]);
+        let spec = JobSpec {
+            workload: "ddp".into(),
+            params: [
+                ("model".to_string(), "cnn,mobilenet_v2".to_string()),
+                ("batch_size".to_string(), "2".to_string()),
+            ]
+            .into(),
+            ..Default::default()
+        };
+        // What the spec asks for is what the job produced, model by model.
+        let mut made = keys(&job.figures);
+        made.extend(solo);
+        assert_eq!(made, expected(&spec, false, 2));
+        let rate = |model: &str| {
+            job.figures
+                .iter()
+                .find(|f| f.metric == Metric::SamplesPerS && f.key.contains(model))
+                .map(|f| f.value)
+        };
+        assert_eq!((rate("cnn"), rate("mobilenet_v2")), (Some(100.0), Some(5.0)));
+    }
+
+    #[test]
     fn judged_sizes_take_the_large_ones_or_the_largest() {
         assert_eq!(
             judged_sizes(&[1 << 20, 64 << 20, 128 << 20]),
