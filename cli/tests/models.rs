@@ -102,7 +102,10 @@ fn two_models_train_in_turn_and_the_report_compares_them() {
                 "{names:?}"
             );
             let iterations: Vec<u64> = phases.iter().map(|p| u64_at(p, "/iterations")).collect();
-            assert!(iterations.windows(2).all(|w| w[1] >= w[0]), "{iterations:?}");
+            assert!(
+                iterations.windows(2).all(|w| w[1] >= w[0]),
+                "{iterations:?}"
+            );
         }
     }
     assert_eq!(ranks, 2, "{report:#}");
@@ -121,7 +124,10 @@ fn two_models_train_in_turn_and_the_report_compares_them() {
 
     let md = c.gpuctl(&["report", id, "--output", "md"]);
     let md = String::from_utf8_lossy(&md.stdout);
-    assert!(md.contains("### models") && md.contains("| mobilenet_v2 |"), "{md}");
+    assert!(
+        md.contains("### models") && md.contains("| mobilenet_v2 |"),
+        "{md}"
+    );
 
     let bad = c.gpuctl(&["submit", "ddp", "--nodes", "2", "--model", "cnn,nope"]);
     assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));

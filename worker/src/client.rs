@@ -361,8 +361,7 @@ impl Progress {
                 s.phase.push_str(phase);
             }
             let iterations = i.iterations.load(Ordering::Relaxed);
-            s.timeline
-                .record(phase, gpuctl_proto::now_ms(), iterations);
+            s.timeline.record(phase, gpuctl_proto::now_ms(), iterations);
             s.fraction = fraction.clamp(0.0, 1.0);
             for (k, v) in metrics {
                 if v.is_finite() {

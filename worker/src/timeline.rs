@@ -28,7 +28,9 @@ pub fn thin_evenly<T: Clone>(v: &[T], max: usize) -> Vec<T> {
     if max <= 1 {
         return v.last().cloned().into_iter().collect();
     }
-    (0..max).map(|i| v[i * (n - 1) / (max - 1)].clone()).collect()
+    (0..max)
+        .map(|i| v[i * (n - 1) / (max - 1)].clone())
+        .collect()
 }
 
 /// What a phase is on the timeline: the progress text without a trailing step

@@ -503,7 +503,10 @@ mod tests {
                 .find(|f| f.metric == Metric::SamplesPerS && f.key.contains(model))
                 .map(|f| f.value)
         };
-        assert_eq!((rate("cnn"), rate("mobilenet_v2")), (Some(100.0), Some(5.0)));
+        assert_eq!(
+            (rate("cnn"), rate("mobilenet_v2")),
+            (Some(100.0), Some(5.0))
+        );
     }
 
     #[test]

@@ -250,7 +250,11 @@ mod tests {
         let big = spec("ddp", &[("model", "cnn,resnet152,mobilenet_v2")]);
         let c = checks(&big, &[&small], &r);
         assert_eq!(verdicts(&c), [Verdict::Fail]);
-        assert!(c[0].detail.contains("ddp --model resnet152"), "{}", c[0].detail);
+        assert!(
+            c[0].detail.contains("ddp --model resnet152"),
+            "{}",
+            c[0].detail
+        );
         // fsdp keeps less a rank: the same list fits.
         let fsdp = spec("fsdp", &[("model", "cnn,resnet152,mobilenet_v2")]);
         assert_eq!(verdicts(&checks(&fsdp, &[&small], &r)), []);

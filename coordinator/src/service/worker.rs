@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use gpuctl_proto::pb::worker_service_server::WorkerService;
 use gpuctl_proto::pb::{
-    rank_result::Detail, Ack, RankProgressReport, RankResult, RendezvousGetRequest, RendezvousGetResponse,
-    RendezvousPutRequest,
+    rank_result::Detail, Ack, RankProgressReport, RankResult, RendezvousGetRequest,
+    RendezvousGetResponse, RendezvousPutRequest,
 };
 use tonic::{Request, Response, Status};
 
@@ -208,10 +208,7 @@ mod tests {
         };
         r.phases[0].phase = "é".repeat(200);
         let clipped = bound_result(&mut r);
-        assert_eq!(
-            clipped,
-            ["more_train", "step_ms", "phases", "phases.phase"]
-        );
+        assert_eq!(clipped, ["more_train", "step_ms", "phases", "phases.phase"]);
         assert_eq!(r.more_train.len(), MAX_MODELS - 1);
         let Some(Detail::Train(t)) = &r.detail else {
             panic!()

@@ -621,7 +621,17 @@ mod tests {
     #[test]
     fn sequences_are_bounded() {
         const WORDS: &[&str] = &["a", "b", "c", "d", "e", "f", "g", "h", "i"];
-        let p = p("x", Kind::Sequence { words: WORDS, max: 8 }, "", DefaultValue::None, "", &[]);
+        let p = p(
+            "x",
+            Kind::Sequence {
+                words: WORDS,
+                max: 8,
+            },
+            "",
+            DefaultValue::None,
+            "",
+            &[],
+        );
         assert_eq!(
             parse_value(&p, "c,a").unwrap(),
             Value::List(vec!["c".into(), "a".into()])

@@ -401,7 +401,11 @@ mod tests {
         };
         assert_eq!(t.models.len(), 1);
         assert_eq!(
-            (t.models[0].model.model.as_str(), t.models[0].batch_size, t.steps),
+            (
+                t.models[0].model.model.as_str(),
+                t.models[0].batch_size,
+                t.steps
+            ),
             ("resnet50", 256, 30)
         );
         assert!(t.channels_last);
@@ -418,8 +422,8 @@ mod tests {
 
     #[test]
     fn model_lists_keep_their_order_and_batches() {
-        let TypedParams::Ddp(t) = build("ddp", &[("model", "cnn, resnet18,mobilenet_v2")], false)
-            .unwrap()
+        let TypedParams::Ddp(t) =
+            build("ddp", &[("model", "cnn, resnet18,mobilenet_v2")], false).unwrap()
         else {
             panic!()
         };
@@ -446,7 +450,9 @@ mod tests {
             assert_eq!(e.field, "--model", "{e}");
             assert!(e.message.contains(why), "{list}: {e}");
         }
-        let nine = [crate::catalogue::MODELS, &["resnet18", "cnn"]].concat().join(",");
+        let nine = [crate::catalogue::MODELS, &["resnet18", "cnn"]]
+            .concat()
+            .join(",");
         let e = build("ddp", &[("model", &nine)], true).unwrap_err();
         assert!(e.message.contains("given twice"), "{e}");
         // maxbatch keeps one model.
