@@ -34,8 +34,10 @@ pub fn thin_evenly<T: Clone>(v: &[T], max: usize) -> Vec<T> {
 }
 
 /// What a phase is on the timeline: the progress text without a trailing step
-/// counter (`train step 3/30` is phase `train step`), so that a phase is a
-/// stretch of work and the counter shows in the marks' iterations.
+/// counter (`train step 3/30` is phase `train step`, `warmup 1/5` is
+/// `warmup`), so that a phase is a stretch of work and the counter shows in
+/// the marks' iterations. Other counters stay (`pairs round 2/6` is a phase
+/// of its own: rounds are few, and each measures other links).
 pub fn phase_key(phase: &str) -> &str {
     let t = phase.trim_end();
     let Some((head, last)) = t.rsplit_once(' ') else {
@@ -47,7 +49,8 @@ pub fn phase_key(phase: &str) -> &str {
             && a.bytes().all(|c| c.is_ascii_digit())
             && b.bytes().all(|c| c.is_ascii_digit())
     });
-    clip(if counter { head.trim_end() } else { t })
+    let steps = head.ends_with(" step") || head == "step" || head.ends_with("warmup");
+    clip(if counter && steps { head.trim_end() } else { t })
 }
 
 fn clip(s: &str) -> &str {
@@ -155,6 +158,12 @@ mod tests {
         assert_eq!(phase_key("gemm bf16 n=8192"), "gemm bf16 n=8192");
         assert_eq!(phase_key("trial batch 64"), "trial batch 64");
         assert_eq!(phase_key("pairs/3"), "pairs/3");
+        assert_eq!(phase_key("pairs round 2/6"), "pairs round 2/6");
+        assert_eq!(phase_key("baseline step 1/10"), "baseline step");
+        assert_eq!(
+            phase_key("mobilenet_v2: baseline warmup 2/2"),
+            "mobilenet_v2: baseline warmup"
+        );
         assert_eq!(phase_key("x a/3"), "x a/3");
         assert_eq!(phase_key(&"é".repeat(300)).len(), MAX_PHASE_TEXT);
     }
