@@ -29,6 +29,7 @@ use tokio::runtime::Runtime;
 use tonic::{Code, Request, Status};
 
 use crate::rendezvous::Rendezvous;
+use crate::timeline::Timeline;
 
 /// A unary call's answer; the channel fails the call after this.
 const RPC_TIMEOUT: Duration = Duration::from_secs(20);
@@ -263,13 +264,14 @@ impl Rendezvous for CoordinatorClient {
     }
 }
 
-/// What the progress thread sends next.
+/// What the progress thread sends next, and the phases so far.
 #[derive(Default)]
 struct Snapshot {
     phase: String,
     fraction: f64,
     metrics: HashMap<String, f64>,
     message: String,
+    timeline: Timeline,
 }
 
 /// Progress of this rank; cheap to update from the work loop, sent about once a
@@ -324,9 +326,12 @@ impl Progress {
     /// (the job is over) or the deadline passes, the process exits with code 1
     /// at once: there is nothing left to report to.
     pub fn start(target: ProgressTarget) -> Result<Self> {
+        let mut timeline = Timeline::default();
+        timeline.record("starting", gpuctl_proto::now_ms(), 0);
         let inner = Arc::new(ProgressInner {
             snap: Mutex::new(Snapshot {
                 phase: "starting".into(),
+                timeline,
                 ..Default::default()
             }),
             iterations: AtomicU64::new(0),
@@ -346,10 +351,17 @@ impl Progress {
         Ok(Progress { inner: Some(inner) })
     }
 
+    /// Called from hot loops: the phase text is copied only when it changed,
+    /// and the timeline takes a mark only at a change or a second after the last.
     pub fn update(&self, phase: &str, fraction: f64, metrics: &[(&str, f64)]) {
         if let Some(i) = &self.inner {
             let mut s = i.snap.lock().unwrap_or_else(|e| e.into_inner());
-            s.phase = phase.to_string();
+            if s.phase != phase {
+                s.phase.clear();
+                s.phase.push_str(phase);
+            }
+            let iterations = i.iterations.load(Ordering::Relaxed);
+            s.timeline.record(phase, gpuctl_proto::now_ms(), iterations);
             s.fraction = fraction.clamp(0.0, 1.0);
             for (k, v) in metrics {
                 if v.is_finite() {
@@ -365,6 +377,14 @@ impl Progress {
         if let Some(i) = &self.inner {
             i.iterations.fetch_add(n, Ordering::Relaxed);
         }
+    }
+
+    /// The rank's phase marks so far (none when progress is off).
+    pub fn phases(&self) -> Vec<gpuctl_proto::pb::PhaseMark> {
+        self.inner.as_ref().map_or_else(Vec::new, |i| {
+            let s = i.snap.lock().unwrap_or_else(|e| e.into_inner());
+            s.timeline.marks().to_vec()
+        })
     }
 
     /// Units of work counted so far (0 when progress is off).

@@ -11,6 +11,7 @@ pub mod comm;
 pub mod context;
 pub mod device;
 pub mod rendezvous;
+pub mod timeline;
 pub mod workloads;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -19,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Result};
-use gpuctl_proto::pb::RankResult;
+use gpuctl_proto::pb::{rank_result::Detail, RankResult};
 
 use crate::client::{CoordinatorClient, Progress, ProgressTarget};
 use crate::context::{Args, Ctx, RankEnv};
@@ -128,6 +129,21 @@ fn execute(
         res.nccl_version = v;
     }
     res.detail = Some(outcome.detail);
+    res.more_train = outcome.more_train;
+    if !ctx.dev.is_cuda() {
+        // Training resets the resident peak for each model (its own figure):
+        // the rank's peak is the highest of them.
+        let first = match &res.detail {
+            Some(Detail::Train(t)) => Some(t),
+            _ => None,
+        };
+        let highest = first
+            .into_iter()
+            .chain(&res.more_train)
+            .map(|t| t.driver_peak_memory_bytes)
+            .max();
+        res.peak_memory_bytes = res.peak_memory_bytes.max(highest.unwrap_or(0));
+    }
     if let Some(e) = outcome.error {
         return Err(anyhow!(e));
     }
@@ -191,6 +207,7 @@ pub fn run_worker(args: Args) -> i32 {
         progress.message(&res.error);
     }
     progress.update(if res.ok { "done" } else { "failed" }, 1.0, &[]);
+    res.phases = progress.phases();
     progress.finish();
     let ok = res.ok;
     match client.report_result(res) {

@@ -225,9 +225,13 @@ pub(crate) fn ranks_grid(r: &pb::Report) -> Table {
                 _ => row.extend(std::iter::repeat_n("-".to_string(), 2)),
             }
         }
-        // Train results carry the allocator's peak; others the device's (or VmHWM on CPU).
-        let peak = match detail {
-            Some(Detail::Train(t)) if t.peak_memory_bytes > 0 => t.peak_memory_bytes,
+        // Train results carry the allocator's peak (the highest model's with
+        // `--model a,b`); others the device's (or VmHWM on CPU).
+        let peak = match (detail, res) {
+            (Some(Detail::Train(t)), Some(x)) if t.peak_memory_bytes > 0 => {
+                let models = output::models::train_results(x);
+                models.map(|t| t.peak_memory_bytes).max().unwrap_or(0)
+            }
             _ => res.map(|x| x.peak_memory_bytes).unwrap_or(0),
         };
         row.push(if peak > 0 {
@@ -384,6 +388,9 @@ pub fn render(r: &pb::Report) -> String {
             ));
             s.push_str(&output::hang::last_progress_table(r));
         }
+    }
+    if let Some(models) = output::models::section(r) {
+        s.push_str(&models);
     }
     if let Some(curve) = output::maxbatch::curve(r) {
         s.push_str("\nMAXBATCH (each trial: batch -> peak memory; OOM = out of memory)\n");

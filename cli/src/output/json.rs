@@ -211,6 +211,9 @@ fn train(t: &pb::TrainResult) -> Value {
         "comm_ms_per_step": t.comm_ms_per_step,
         "baseline_samples_per_s": t.baseline_samples_per_s,
         "scaling_efficiency": t.scaling_efficiency,
+        "parameters": t.parameters,
+        "driver_peak_memory_bytes": t.driver_peak_memory_bytes,
+        "step_ms": t.step_ms,
     })
 }
 
@@ -279,6 +282,26 @@ pub fn rank_report(node: &str, r: &pb::RankReport) -> Value {
             }
             None => {}
         }
+        // `--model a,b,c`: the models after the first, in order.
+        m.insert(
+            "more_train".into(),
+            Value::Array(res.more_train.iter().map(train).collect()),
+        );
+        m.insert(
+            "phases".into(),
+            Value::Array(
+                res.phases
+                    .iter()
+                    .map(|p| {
+                        json!({
+                            "phase": p.phase,
+                            "unix_ms": p.unix_ms,
+                            "iterations": p.iterations,
+                        })
+                    })
+                    .collect(),
+            ),
+        );
     }
     o
 }

@@ -12,6 +12,7 @@ pub mod junit;
 pub mod links;
 pub mod live;
 pub mod maxbatch;
+pub mod models;
 pub mod report_grid;
 pub mod table;
 pub mod trace;

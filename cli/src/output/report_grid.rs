@@ -1,5 +1,5 @@
 //! A report as CSV or Markdown: the table report's sections (summary,
-//! findings, nodes, ranks, collectives) as separate tables, so each pastes
+//! findings, nodes, ranks, models, collectives) as separate tables, so each pastes
 //! into a spreadsheet or a ticket as it is. Markdown opens with the verdict.
 
 use anyhow::Result;
@@ -65,6 +65,9 @@ pub fn sections(r: &pb::Report) -> Vec<Section> {
     if !r.nodes.is_empty() {
         out.push(Section::new("nodes", report::nodes_grid(r)));
         out.push(Section::new("ranks", report::ranks_grid(r)));
+    }
+    if let Some(models) = super::models::grid(r) {
+        out.push(Section::new("models", models));
     }
     if !r.collectives.is_empty() {
         out.push(Section::new(

@@ -173,6 +173,16 @@ fn train_key_of(t: &TrainResult, workload: &str) -> String {
     train_key(mode, &t.model, &t.precision, t.batch_size as u64)
 }
 
+/// Every model's training result of a rank, in the order trained: the first
+/// (`train`), then `more_train` (`--model a,b,c`).
+pub fn train_results(r: &RankResult) -> impl Iterator<Item = &TrainResult> {
+    let first = match &r.detail {
+        Some(Detail::Train(t)) => Some(t),
+        _ => None,
+    };
+    first.into_iter().chain(&r.more_train)
+}
+
 /// How many sampling intervals a stress rank's TFLOP/s figures come from.
 pub fn intervals(r: &RankResult) -> u32 {
     match &r.detail {
@@ -192,11 +202,16 @@ pub fn rank_figures(workload: &str, r: &RankResult) -> Vec<Figure> {
                 fig(Metric::StressTflopsWorst, key, s.tflops_min),
             ]
         }
-        Some(Detail::Train(t)) if t.baseline_samples_per_s > 0.0 => vec![fig(
-            Metric::SoloSamplesPerS,
-            train_key_of(t, workload),
-            t.baseline_samples_per_s,
-        )],
+        Some(Detail::Train(_)) => train_results(r)
+            .filter(|t| t.baseline_samples_per_s > 0.0)
+            .map(|t| {
+                fig(
+                    Metric::SoloSamplesPerS,
+                    train_key_of(t, workload),
+                    t.baseline_samples_per_s,
+                )
+            })
+            .collect(),
         Some(Detail::Maxbatch(m)) if m.max_batch > 0 => vec![fig(
             Metric::MaxBatch,
             maxbatch_key(&m.model, &m.precision),
@@ -273,18 +288,20 @@ pub fn expected(spec: &JobSpec, gpu: bool, world_size: u32) -> Expected {
             }
         }
         TypedParams::Ddp(t) | TypedParams::Fsdp(t) => {
-            let key = train_key(
-                &spec.workload,
-                &t.model.model,
-                &t.model.precision,
-                t.batch_size,
-            );
-            out.insert((Metric::SamplesPerS, key.clone()));
-            out.insert((Metric::StepMsP99, key.clone()));
-            // The no-communication rate is timed only beside other ranks.
-            if world_size > 1 {
-                out.insert((Metric::SoloSamplesPerS, key.clone()));
-                out.insert((Metric::ScalingEfficiency, key));
+            for m in &t.models {
+                let key = train_key(
+                    &spec.workload,
+                    &m.model.model,
+                    &m.model.precision,
+                    m.batch_size,
+                );
+                out.insert((Metric::SamplesPerS, key.clone()));
+                out.insert((Metric::StepMsP99, key.clone()));
+                // The no-communication rate is timed only beside other ranks.
+                if world_size > 1 {
+                    out.insert((Metric::SoloSamplesPerS, key.clone()));
+                    out.insert((Metric::ScalingEfficiency, key));
+                }
             }
         }
         TypedParams::MaxBatch(m) => {
@@ -347,10 +364,8 @@ pub fn job_figures(
         }
     }
     let mut train: BTreeMap<String, Vec<&TrainResult>> = BTreeMap::new();
-    for r in results.values() {
-        if let Some(Detail::Train(t)) = &r.detail {
-            train.entry(train_key_of(t, workload)).or_default().push(t);
-        }
+    for t in results.values().flat_map(train_results) {
+        train.entry(train_key_of(t, workload)).or_default().push(t);
     }
     for (key, ts) in train {
         let rate = median(ts.iter().map(|t| t.samples_per_s).collect());
@@ -427,6 +442,72 @@ pub fn baseline_figures(ranks: &[RankFigures], job: &JobFigures) -> Vec<Baseline
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_model_of_a_list_has_its_figures() {
+        let train = |model: &str, per_s: f64| TrainResult {
+            model: model.into(),
+            mode: "ddp".into(),
+            precision: "fp32".into(),
+            batch_size: 2,
+            samples_per_s: per_s,
+            step_ms_p99: 10.0,
+            baseline_samples_per_s: per_s * 1.1,
+            scaling_efficiency: 0.9,
+            ..Default::default()
+        };
+        let results: BTreeMap<u32, RankResult> = (0..2)
+            .map(|rank| {
+                let r = RankResult {
+                    rank,
+                    ok: true,
+                    detail: Some(Detail::Train(train("cnn", 100.0))),
+                    more_train: vec![train("mobilenet_v2", 5.0)],
+                    ..Default::default()
+                };
+                (rank, r)
+            })
+            .collect();
+        let keys = |figs: &[Figure]| -> BTreeSet<(Metric, String)> {
+            figs.iter().map(|f| (f.metric, f.key.clone())).collect()
+        };
+        let solo = keys(&rank_figures("ddp", &results[&0]));
+        assert_eq!(
+            solo,
+            [
+                (Metric::SoloSamplesPerS, "ddp cnn fp32 batch 2".to_string()),
+                (
+                    Metric::SoloSamplesPerS,
+                    "ddp mobilenet_v2 fp32 batch 2".to_string()
+                ),
+            ]
+            .into()
+        );
+        let job = job_figures("ddp", &results, &[], &["a".into()]);
+        let spec = JobSpec {
+            workload: "ddp".into(),
+            params: [
+                ("model".to_string(), "cnn,mobilenet_v2".to_string()),
+                ("batch_size".to_string(), "2".to_string()),
+            ]
+            .into(),
+            ..Default::default()
+        };
+        // What the spec asks for is what the job produced, model by model.
+        let mut made = keys(&job.figures);
+        made.extend(solo);
+        assert_eq!(made, expected(&spec, false, 2));
+        let rate = |model: &str| {
+            job.figures
+                .iter()
+                .find(|f| f.metric == Metric::SamplesPerS && f.key.contains(model))
+                .map(|f| f.value)
+        };
+        assert_eq!(
+            (rate("cnn"), rate("mobilenet_v2")),
+            (Some(100.0), Some(5.0))
+        );
+    }
 
     #[test]
     fn judged_sizes_take_the_large_ones_or_the_largest() {

@@ -16,15 +16,17 @@ pub const MEMORY_CHECK: &str = "memory_fit";
 
 /// A rank's memory: on its device (the GPU, or the host for a CPU rank) and on
 /// the host besides (inputs built on the CPU before they are copied).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Need {
     device: u64,
     host: u64,
-    what: &'static str,
+    what: String,
 }
 
 /// What one rank of `spec` allocates; `None` for workloads whose memory is
-/// not a size the user picked (training sizes itself, maxbatch searches).
+/// not a size the user picked (maxbatch searches). Training counts its
+/// parameters' buffers only (activations hang on too much to guess), for the
+/// model of the list that needs most.
 fn need(spec: &JobSpec, gpu: bool) -> Option<Need> {
     let params = TypedParams::build(&spec.workload, &spec.params, gpu).ok()?;
     match params {
@@ -40,7 +42,7 @@ fn need(spec: &JobSpec, gpu: bool) -> Option<Need> {
             Some(Need {
                 device: n2.saturating_mul(4 * elem),
                 host: n2.saturating_mul(8),
-                what: "stress --size",
+                what: "stress --size".into(),
             })
         }
         TypedParams::Nccl(p) => Some(Need {
@@ -48,10 +50,35 @@ fn need(spec: &JobSpec, gpu: bool) -> Option<Need> {
             // values the check builds (index tensors as wide as the data).
             device: p.max_bytes.saturating_mul(3),
             host: 0,
-            what: "nccl --max-bytes",
+            what: "nccl --max-bytes".into(),
         }),
-        _ => None,
+        TypedParams::Ddp(t) => train_need(&t, &spec.workload, false),
+        TypedParams::Fsdp(t) => train_need(&t, &spec.workload, true),
+        TypedParams::MaxBatch(_) => None,
     }
+}
+
+/// The flat buffers of the training loop per parameter, at least: compute
+/// parameters and gradients in the compute type, and in ddp the fp32
+/// momentum (fsdp shards it; its master copy may be the compute one).
+fn train_need(
+    t: &gpuctl_proto::catalogue::TrainParams,
+    workload: &str,
+    sharded: bool,
+) -> Option<Need> {
+    t.models
+        .iter()
+        .filter_map(|m| {
+            let params = gpuctl_proto::catalogue::model_parameters(&m.model.model)?;
+            let elem = if m.model.precision == "fp32" { 4 } else { 2 };
+            let per_param = 2 * elem + if sharded { 0 } else { 4 };
+            Some(Need {
+                device: params.saturating_mul(per_param),
+                host: 0,
+                what: format!("{workload} --model {}", m.model.model),
+            })
+        })
+        .max_by_key(|n| n.device)
 }
 
 /// A failed check for each node whose ranks cannot fit, with the numbers;
@@ -91,7 +118,7 @@ pub fn checks(spec: &JobSpec, nodes: &[&Node], ranks: &[RankPlacement]) -> Vec<P
                 }
             }
         }
-        let mut what = "";
+        let mut what = String::new();
         if cpu_ranks > 0 {
             if let Some(n) = need(spec, false) {
                 let per_rank = n.device.saturating_add(n.host);
@@ -101,7 +128,7 @@ pub fn checks(spec: &JobSpec, nodes: &[&Node], ranks: &[RankPlacement]) -> Vec<P
         }
         if host_total > 0 && host_use > host_total {
             let what = if what.is_empty() {
-                need(spec, true).map_or("the job", |n| n.what)
+                need(spec, true).map_or_else(|| "the job".to_string(), |n| n.what)
             } else {
                 what
             };
@@ -209,7 +236,27 @@ mod tests {
         let c = checks(&spec("nccl", &[("max_bytes", "64G")]), &[&h200], &r);
         assert_eq!(verdicts(&c), [Verdict::Fail]);
         assert!(c[0].detail.contains("on GPU 0"), "{}", c[0].detail);
-        // Training sizes itself: nothing to refuse.
+        // Training's parameters fit any GPU of today.
         assert_eq!(verdicts(&checks(&spec("ddp", &[]), &[&h200], &r)), []);
+    }
+
+    #[test]
+    fn training_is_weighed_by_the_largest_model_of_its_list() {
+        // resnet152 in fp32: 60M parameters × 12 bytes, about 689 MiB a rank.
+        let small = node("cpu-a", 1, &[]);
+        let r = ranks("cpu-a", 2, false);
+        let ok = spec("ddp", &[("model", "cnn,mobilenet_v2")]);
+        assert_eq!(verdicts(&checks(&ok, &[&small], &r)), []);
+        let big = spec("ddp", &[("model", "cnn,resnet152,mobilenet_v2")]);
+        let c = checks(&big, &[&small], &r);
+        assert_eq!(verdicts(&c), [Verdict::Fail]);
+        assert!(
+            c[0].detail.contains("ddp --model resnet152"),
+            "{}",
+            c[0].detail
+        );
+        // fsdp keeps less a rank: the same list fits.
+        let fsdp = spec("fsdp", &[("model", "cnn,resnet152,mobilenet_v2")]);
+        assert_eq!(verdicts(&checks(&fsdp, &[&small], &r)), []);
     }
 }

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use gpuctl_proto::pb::worker_service_server::WorkerService;
 use gpuctl_proto::pb::{
-    Ack, RankProgressReport, RankResult, RendezvousGetRequest, RendezvousGetResponse,
-    RendezvousPutRequest,
+    rank_result::Detail, Ack, RankProgressReport, RankResult, RendezvousGetRequest,
+    RendezvousGetResponse, RendezvousPutRequest,
 };
 use tonic::{Request, Response, Status};
 
@@ -30,6 +30,62 @@ impl WorkerSvc {
             security,
         }
     }
+}
+
+/// Models of one result (`train` and `more_train`), as `--model` allows.
+pub const MAX_MODELS: usize = gpuctl_proto::catalogue::MAX_MODELS;
+/// Phase marks of one rank's timeline.
+pub const MAX_PHASES: usize = 1024;
+/// Step times of one model.
+pub const MAX_STEP_TIMES: usize = 4096;
+/// One phase's text.
+pub const MAX_PHASE_TEXT: usize = 256;
+
+/// Clips what a result carries beyond the bounds our workers keep (a worker
+/// of another build, or a forged one, must not make the store and every
+/// report that reads it grow without end). The rank's verdict does not hang on
+/// these lists, so the result is kept, clipped; the names of the fields that
+/// were clipped come back for the log.
+pub fn bound_result(r: &mut RankResult) -> Vec<&'static str> {
+    let mut clipped = Vec::new();
+    // The first model is `train`; more_train holds the others.
+    if r.more_train.len() > MAX_MODELS - 1 {
+        r.more_train.truncate(MAX_MODELS - 1);
+        clipped.push("more_train");
+    }
+    let first = match &mut r.detail {
+        Some(Detail::Train(t)) => Some(t),
+        _ => None,
+    };
+    for t in first.into_iter().chain(r.more_train.iter_mut()) {
+        if t.step_ms.len() > MAX_STEP_TIMES {
+            t.step_ms.truncate(MAX_STEP_TIMES);
+            clipped.push("step_ms");
+        }
+    }
+    if r.phases.len() > MAX_PHASES {
+        // Keep the start and the end of the timeline.
+        let last = r.phases.pop();
+        r.phases.truncate(MAX_PHASES - 1);
+        r.phases.extend(last);
+        clipped.push("phases");
+    }
+    let mut long = false;
+    for m in &mut r.phases {
+        if m.phase.len() > MAX_PHASE_TEXT {
+            let mut end = MAX_PHASE_TEXT;
+            while !m.phase.is_char_boundary(end) {
+                end -= 1;
+            }
+            m.phase.truncate(end);
+            long = true;
+        }
+    }
+    if long {
+        clipped.push("phases.phase");
+    }
+    clipped.dedup();
+    clipped
 }
 
 fn ack((ok, message): (bool, String)) -> Response<Ack> {
@@ -104,10 +160,72 @@ impl WorkerService for WorkerSvc {
         let m = req.get_ref();
         self.security
             .check_worker(&req, &m.job_id, m.attempt, Some(m.rank))?;
-        let result = req.into_inner();
+        let mut result = req.into_inner();
+        let clipped = bound_result(&mut result);
+        if !clipped.is_empty() {
+            tracing::warn!(
+                job = %result.job_id,
+                rank = result.rank,
+                "the result's {} went past their bounds (more_train {}, phases {}, step_ms {} per model, {} bytes of phase text) and were clipped",
+                clipped.join(", "),
+                MAX_MODELS - 1,
+                MAX_PHASES,
+                MAX_STEP_TIMES,
+                MAX_PHASE_TEXT
+            );
+        }
         Ok(ack(self
             .sched
             .ask(|reply| Event::WorkerResult { result, reply })
             .await?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuctl_proto::pb::{PhaseMark, TrainResult};
+
+    fn mark(phase: &str, unix_ms: u64) -> PhaseMark {
+        PhaseMark {
+            phase: phase.into(),
+            unix_ms,
+            iterations: unix_ms,
+        }
+    }
+
+    #[test]
+    fn results_past_the_bounds_are_clipped_keeping_the_ends() {
+        let train = |n| TrainResult {
+            step_ms: vec![1.0; n],
+            ..Default::default()
+        };
+        let mut r = RankResult {
+            detail: Some(Detail::Train(train(MAX_STEP_TIMES + 1))),
+            more_train: (0..12).map(|_| train(3)).collect(),
+            phases: (0..2000).map(|i| mark("train", i)).collect(),
+            ..Default::default()
+        };
+        r.phases[0].phase = "é".repeat(200);
+        let clipped = bound_result(&mut r);
+        assert_eq!(clipped, ["more_train", "step_ms", "phases", "phases.phase"]);
+        assert_eq!(r.more_train.len(), MAX_MODELS - 1);
+        let Some(Detail::Train(t)) = &r.detail else {
+            panic!()
+        };
+        assert_eq!(t.step_ms.len(), MAX_STEP_TIMES);
+        assert_eq!(r.phases.len(), MAX_PHASES);
+        assert_eq!(r.phases.last().unwrap().unix_ms, 1999);
+        assert_eq!(r.phases[0].phase.len(), MAX_PHASE_TEXT);
+        // What our workers send passes untouched.
+        let mut ok = RankResult {
+            detail: Some(Detail::Train(train(30))),
+            more_train: vec![train(30)],
+            phases: vec![mark("starting", 1), mark("train step", 2)],
+            ..Default::default()
+        };
+        let before = ok.clone();
+        assert!(bound_result(&mut ok).is_empty());
+        assert_eq!(ok, before);
     }
 }

@@ -122,11 +122,19 @@ pub struct ModelParams {
     pub seq_len: u64,
 }
 
+/// One model of a `ddp`/`fsdp` job and its batch per rank.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainModel {
+    pub model: ModelParams,
+    pub batch_size: u64,
+}
+
 /// `ddp` and `fsdp`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrainParams {
-    pub model: ModelParams,
-    pub batch_size: u64,
+    /// The models in the order given (`--model a,b,c`), trained one after
+    /// another in the same workers; at least one.
+    pub models: Vec<TrainModel>,
     pub steps: u64,
     pub warmup_steps: u64,
     pub channels_last: bool,
@@ -297,19 +305,28 @@ impl Reader<'_> {
         })
     }
 
+    /// Every model of the list; without `--batch-size` each gets its own default.
     fn train(&self) -> Result<TrainParams, SpecError> {
-        let model = self.model()?;
-        let batch_size = match self.opt("batch_size")? {
-            Some(b) => b,
-            None => default_batch(&model.model, self.gpu),
-        };
+        let names: Vec<String> = self.get("model")?;
+        let (precision, seq_len): (String, u64) = (self.get("precision")?, self.get("seq_len")?);
+        let batch: Option<u64> = self.opt("batch_size")?;
+        let models = names
+            .into_iter()
+            .map(|name| TrainModel {
+                batch_size: batch.unwrap_or_else(|| default_batch(&name, self.gpu)),
+                model: ModelParams {
+                    model: name,
+                    precision: precision.clone(),
+                    seq_len,
+                },
+            })
+            .collect();
         Ok(TrainParams {
-            batch_size,
+            models,
             steps: self.get("steps")?,
             warmup_steps: self.get("warmup_steps")?,
             channels_last: self.get("channels_last")?,
             bucket_bytes: self.get("bucket_bytes")?,
-            model,
         })
     }
 }
@@ -382,19 +399,70 @@ mod tests {
         let TypedParams::Ddp(t) = build("ddp", &[], true).unwrap() else {
             panic!()
         };
+        assert_eq!(t.models.len(), 1);
         assert_eq!(
-            (t.model.model.as_str(), t.batch_size, t.steps),
+            (
+                t.models[0].model.model.as_str(),
+                t.models[0].batch_size,
+                t.steps
+            ),
             ("resnet50", 256, 30)
         );
         assert!(t.channels_last);
         let TypedParams::Fsdp(t) = build("fsdp", &[("model", "gpt")], false).unwrap() else {
             panic!()
         };
-        assert_eq!((t.batch_size, t.steps, t.model.seq_len), (4, 5, 32));
+        let m = &t.models[0];
+        assert_eq!((m.batch_size, t.steps, m.model.seq_len), (4, 5, 32));
         let TypedParams::MaxBatch(m) = build("maxbatch", &[], false).unwrap() else {
             panic!()
         };
         assert_eq!((m.limit, m.start, m.margin), (64, 8, 0.1));
+    }
+
+    #[test]
+    fn model_lists_keep_their_order_and_batches() {
+        let TypedParams::Ddp(t) =
+            build("ddp", &[("model", "cnn, resnet18,mobilenet_v2")], false).unwrap()
+        else {
+            panic!()
+        };
+        let got: Vec<(&str, u64)> = t
+            .models
+            .iter()
+            .map(|m| (m.model.model.as_str(), m.batch_size))
+            .collect();
+        assert_eq!(got, [("cnn", 8), ("resnet18", 2), ("mobilenet_v2", 2)]);
+        let TypedParams::Fsdp(t) =
+            build("fsdp", &[("model", "cnn,gpt"), ("batch_size", "32")], true).unwrap()
+        else {
+            panic!()
+        };
+        assert!(t.models.iter().all(|m| m.batch_size == 32));
+        assert_eq!(t.models[1].model.model, "gpt");
+        for (list, why) in [
+            ("cnn,nope", "`nope` is not one of"),
+            ("cnn,cnn", "given twice"),
+            ("cnn,", "`` is not one of"),
+            ("all", "`all` is not one of"),
+        ] {
+            let e = build("ddp", &[("model", list)], true).unwrap_err();
+            assert_eq!(e.field, "--model", "{e}");
+            assert!(e.message.contains(why), "{list}: {e}");
+        }
+        let nine = [crate::catalogue::MODELS, &["resnet18", "cnn"]]
+            .concat()
+            .join(",");
+        let e = build("ddp", &[("model", &nine)], true).unwrap_err();
+        assert!(e.message.contains("given twice"), "{e}");
+        // maxbatch keeps one model.
+        assert_eq!(
+            build("maxbatch", &[("model", "cnn,gpt")], true)
+                .unwrap_err()
+                .field,
+            "--model"
+        );
+        assert!(build("maxbatch", &[("model", "mobilenet_v2")], true).is_ok());
     }
 
     #[test]

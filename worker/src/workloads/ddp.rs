@@ -7,9 +7,9 @@
 //! so it goes to the log and to the last progress report (metrics
 //! `baseline_samples_per_s`, `scaling_efficiency`).
 
-use anyhow::Result;
-use gpuctl_proto::catalogue::TrainParams;
-use gpuctl_proto::pb::rank_result::Detail;
+use anyhow::{Context, Result};
+use gpuctl_proto::catalogue::{TrainModel, TrainParams};
+use gpuctl_proto::pb::{rank_result::Detail, TrainResult};
 
 use super::memory::Memory;
 use super::models::{gpt::GptConfig, ModelConfig, Precision};
@@ -29,9 +29,9 @@ pub fn gpt_config(gpu: bool, seq_len: u64) -> GptConfig {
     }
 }
 
-/// The training configuration of a job.
-pub fn config(ctx: &Ctx, p: &TrainParams, mode: Mode) -> Result<TrainConfig> {
-    let m = &p.model;
+/// The training configuration of one model of a job.
+pub fn config(ctx: &Ctx, p: &TrainParams, tm: &TrainModel, mode: Mode) -> Result<TrainConfig> {
+    let m = &tm.model;
     Ok(TrainConfig {
         mode,
         model: ModelConfig {
@@ -40,7 +40,7 @@ pub fn config(ctx: &Ctx, p: &TrainParams, mode: Mode) -> Result<TrainConfig> {
             precision: Precision::parse(&m.precision)?,
             channels_last: p.channels_last,
         },
-        batch_size: p.batch_size as i64,
+        batch_size: tm.batch_size as i64,
         steps: p.steps,
         warmup_steps: p.warmup_steps,
         baseline_steps: p.steps.min(BASELINE_STEPS),
@@ -52,9 +52,10 @@ pub fn config(ctx: &Ctx, p: &TrainParams, mode: Mode) -> Result<TrainConfig> {
     })
 }
 
-/// Runs `ddp` or `fsdp` as this rank of the job.
+/// Runs `ddp` or `fsdp` as this rank of the job: each model of the list in
+/// turn, over the one communicator. A model that fails after others trained
+/// keeps their results; the error names it.
 pub fn run_mode(ctx: &Ctx, params: &TrainParams, mode: Mode) -> Result<Outcome> {
-    let cfg = config(ctx, params, mode)?;
     if ctx.dev.is_cuda() {
         tch::Cuda::cudnn_set_benchmark(true);
     }
@@ -66,32 +67,65 @@ pub fn run_mode(ctx: &Ctx, params: &TrainParams, mode: Mode) -> Result<Outcome> 
         None
     };
     let nccl_version = comm.as_ref().map(|c| c.version());
-    // train() calls this once a step: each call is a unit of progress.
-    let progress = |phase: &str, frac: f64, metrics: &[(&str, f64)]| {
-        ctx.progress.tick(1);
-        ctx.progress.update(phase, frac, metrics);
-    };
-    let mut out = train(
-        &cfg,
-        ctx.dev.device,
-        comm.as_deref_mut()
-            .map(|c| c as &mut dyn crate::comm::Collectives),
-        &mem,
-        &progress,
-    )?;
-    ctx.sample_memory();
-    let mut metrics = vec![("samples_per_s", out.result.samples_per_s)];
-    if let (Some(b), Some(e)) = (out.baseline_per_s, out.scaling_efficiency) {
-        out.result.baseline_samples_per_s = b;
-        out.result.scaling_efficiency = e;
-        metrics.push(("baseline_samples_per_s", b));
-        metrics.push(("scaling_efficiency", e));
+    let n = params.models.len();
+    let mut results: Vec<TrainResult> = Vec::with_capacity(n);
+    let mut error = None;
+    let mut metrics = Vec::new();
+    for (i, tm) in params.models.iter().enumerate() {
+        let cfg = config(ctx, params, tm, mode)?;
+        let name = tm.model.model.as_str();
+        if i > 0 {
+            // Each model's peaks are its own: the last model's tensors are
+            // gone, its cached blocks go back to the driver, peaks restart.
+            mem.empty_cache();
+            mem.reset_all_peaks();
+        }
+        // train() calls this once a step: each call is a unit of progress.
+        let progress = |phase: &str, frac: f64, metrics: &[(&str, f64)]| {
+            ctx.progress.tick(1);
+            let frac = (i as f64 + frac) / n as f64;
+            if n > 1 {
+                ctx.progress
+                    .update(&format!("{name}: {phase}"), frac, metrics);
+            } else {
+                ctx.progress.update(phase, frac, metrics);
+            }
+        };
+        let out = train(
+            &cfg,
+            ctx.dev.device,
+            comm.as_deref_mut()
+                .map(|c| c as &mut dyn crate::comm::Collectives),
+            &mem,
+            &progress,
+        );
+        let mut out = match out {
+            Ok(o) => o,
+            Err(e) if n == 1 => return Err(e),
+            Err(e) if results.is_empty() => return Err(e.context(format!("model {name}"))),
+            Err(e) => {
+                error = Some(format!("model {name}: {e:#}"));
+                break;
+            }
+        };
+        ctx.sample_memory();
+        metrics = vec![("samples_per_s", out.result.samples_per_s)];
+        if let (Some(b), Some(e)) = (out.baseline_per_s, out.scaling_efficiency) {
+            out.result.baseline_samples_per_s = b;
+            out.result.scaling_efficiency = e;
+            metrics.push(("baseline_samples_per_s", b));
+            metrics.push(("scaling_efficiency", e));
+        }
+        results.push(out.result);
     }
     ctx.progress.update("trained", 1.0, &metrics);
+    let mut results = results.into_iter();
+    let first = results.next().context("no model to train")?;
     Ok(Outcome {
-        detail: Detail::Train(out.result),
+        detail: Detail::Train(first),
         nccl_version,
-        error: None,
+        error,
+        more_train: results.collect(),
     })
 }
 

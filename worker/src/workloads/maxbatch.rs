@@ -305,6 +305,7 @@ pub fn run(ctx: &Ctx, p: &MaxBatchParams) -> Result<Outcome> {
         }),
         nccl_version: None,
         error: None,
+        more_train: Vec::new(),
     })
 }
 

@@ -23,6 +23,9 @@
 //! | 10 | `resetAccumulatedStats` |
 //! | 11 | `resetPeakStats(DeviceIndex)` |
 //!
+//! Beside the allocator's figures, the driver's view (`cuMemGetInfo`) is
+//! sampled now and then: [`Memory::driver_peak`].
+//!
 //! Before any call, the object's vtable is checked to be a CUDA caching
 //! allocator's (by its exported `_ZTV…Allocator…` symbol, through `dladdr`) and
 //! the libtorch version to be 2.11; otherwise (or with `GPUCTL_NO_ALLOC_STATS=1`)
@@ -210,6 +213,30 @@ impl<'a> Memory<'a> {
             return self.sampled_peak.load(Ordering::Relaxed);
         }
         crate::device::peak_rss_bytes()
+    }
+
+    /// The device's used memory at its highest as the driver sees it (the
+    /// allocator's cache, the CUDA context and NCCL buffers included), from
+    /// the samples taken since the last reset; peak resident memory on a CPU.
+    pub fn driver_peak(&self) -> u64 {
+        if self.dev.is_some() {
+            self.sample();
+            return self.sampled_peak.load(Ordering::Relaxed);
+        }
+        crate::device::peak_rss_bytes()
+    }
+
+    /// [`Memory::reset_peak`], and on a CPU the process's resident peak
+    /// (VmHWM, through `/proc/self/clear_refs`) too: between the models of
+    /// one job, whose peaks are each their own. The caller keeps the
+    /// process's peak (the highest of the parts).
+    pub fn reset_all_peaks(&self) {
+        if self.dev.is_none() {
+            // "5" resets the peak resident set size (Linux 4.0+); where it
+            // cannot, the figure stays the process's peak, which is still true.
+            let _ = std::fs::write("/proc/self/clear_refs", "5");
+        }
+        self.reset_peak();
     }
 
     /// Starts a new peak (allocator peak, and the sampled fallback).

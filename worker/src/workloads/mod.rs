@@ -12,7 +12,7 @@ pub mod train;
 
 use anyhow::Result;
 use gpuctl_proto::catalogue::TypedParams;
-use gpuctl_proto::pb::rank_result::Detail;
+use gpuctl_proto::pb::{rank_result::Detail, TrainResult};
 
 use crate::context::Ctx;
 
@@ -24,6 +24,8 @@ pub struct Outcome {
     /// Set when the workload ran to the end but found a fault (wrong elements,
     /// silent data corruption): the result carries both the detail and the error.
     pub error: Option<String>,
+    /// ddp/fsdp with `--model a,b,c`: the second and later models' results.
+    pub more_train: Vec<TrainResult>,
 }
 
 /// Runs the workload whose typed parameters the rank was built with.

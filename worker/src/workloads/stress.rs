@@ -303,6 +303,7 @@ pub fn run(ctx: &Ctx, cfg: &StressParams) -> Result<Outcome> {
         detail: Detail::Stress(result),
         nccl_version,
         error,
+        more_train: Vec::new(),
     })
 }
 

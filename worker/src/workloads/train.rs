@@ -35,6 +35,7 @@ use super::memory::Memory;
 use super::models::{Batch, Model, ModelConfig, Precision};
 use crate::comm::Collectives;
 use crate::device::fnv1a64;
+use crate::timeline::{thin_evenly, MAX_STEP_TIMES};
 
 /// Element alignment of every variable inside the flat buffers.
 const ALIGN: i64 = 64;
@@ -685,6 +686,12 @@ pub fn train(
         mode: cfg.mode.name().into(),
         peak_memory_bytes: mem.peak(),
         comm_ms_per_step: comm_s / cfg.steps.max(1) as f64 * 1e3,
+        parameters: nparams.max(0) as u64,
+        driver_peak_memory_bytes: mem.driver_peak(),
+        step_ms: thin_evenly(&times, MAX_STEP_TIMES)
+            .into_iter()
+            .map(|t| t * 1e3)
+            .collect(),
         ..Default::default()
     };
     tracing::info!(

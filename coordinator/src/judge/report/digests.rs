@@ -63,11 +63,18 @@ pub(super) fn ddp(
 ) -> Option<String> {
     let mut groups = Groups::new();
     for (rank, r) in results {
-        if let Some(Detail::Train(t)) = &r.detail {
+        // Each model of `--model a,b` is its own comparison.
+        let several = !r.more_train.is_empty();
+        for t in crate::judge::figures::train_results(r) {
             let ddp = t.mode == "ddp" || (t.mode.is_empty() && spec.workload == "ddp");
             if ddp && !t.param_digest.is_empty() {
+                let group = if several {
+                    format!("{} · {}", r.device_name, t.model)
+                } else {
+                    r.device_name.clone()
+                };
                 groups
-                    .entry(r.device_name.clone())
+                    .entry(group)
                     .or_default()
                     .push((*rank, t.param_digest.clone()));
             }

@@ -1,6 +1,8 @@
 //! Models for the training workloads (ddp, fsdp, maxbatch), on synthetic data.
 //!
 //! * `resnet18|50|101|152`: tch's torchvision ResNets, 1000 classes, 3×224×224.
+//! * `mobilenet_v2`: tch's torchvision MobileNetV2 (3,504,872 parameters),
+//!   1000 classes, 3×224×224.
 //! * `cnn`: a small CNN (3 conv+BN+ReLU layers, 10 classes, 3×32×32) that
 //!   trains in milliseconds on a CPU: the default on CPU ranks.
 //! * `gpt`: a GPT-2 style decoder ([`gpt::Gpt`]), throughput in tokens.
@@ -132,6 +134,11 @@ impl Model {
             ),
             "resnet152" => (
                 Net::Vision(Box::new(tch::vision::resnet::resnet152(&root, 1000))),
+                1000,
+                224,
+            ),
+            "mobilenet_v2" => (
+                Net::Vision(Box::new(tch::vision::mobilenet::v2(&root, 1000))),
                 1000,
                 224,
             ),
@@ -342,6 +349,23 @@ mod tests {
             let l = a.loss(&ba).unwrap().double_value(&[]);
             assert!(l.is_finite() && l > 0.0, "{name}: {l}");
         }
+    }
+
+    #[test]
+    fn mobilenet_v2_has_torchvisions_parameter_count() {
+        // The planner's memory check weighs the catalogue's counts.
+        for name in ["mobilenet_v2", "resnet18"] {
+            let m = Model::build(&cfg(name), Device::Cpu, 1).unwrap();
+            let want = gpuctl_proto::catalogue::model_parameters(name).unwrap();
+            assert_eq!(m.parameter_count() as u64, want, "{name}");
+        }
+        assert_eq!(
+            gpuctl_proto::catalogue::model_parameters("mobilenet_v2"),
+            Some(3_504_872)
+        );
+        let m = Model::build(&cfg("mobilenet_v2"), Device::Cpu, 1).unwrap();
+        let l = m.loss(&m.batch(1, 2).unwrap()).unwrap().double_value(&[]);
+        assert!(l.is_finite() && l > 0.0, "{l}");
     }
 
     #[test]

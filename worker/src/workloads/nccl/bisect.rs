@@ -65,6 +65,7 @@ pub fn run(ctx: &Ctx, params: &NcclParams) -> Result<Outcome> {
         detail: Detail::Collectives(out.result),
         nccl_version: version.take(),
         error,
+        more_train: Vec::new(),
     })
 }
 

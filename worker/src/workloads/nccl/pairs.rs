@@ -135,6 +135,7 @@ pub fn run(ctx: &Ctx, params: &NcclParams) -> Result<Outcome> {
         detail: Detail::Collectives(out),
         nccl_version: version.take(),
         error,
+        more_train: Vec::new(),
     })
 }
 

@@ -153,6 +153,7 @@ pub fn run(ctx: &Ctx, params: &NcclParams) -> Result<Outcome> {
         detail: Detail::Collectives(out),
         nccl_version: Some(version),
         error,
+        more_train: Vec::new(),
     })
 }
 

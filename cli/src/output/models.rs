@@ -1,0 +1,266 @@
+//! The model comparison of a ddp/fsdp report (`--model cnn,resnet18,...`):
+//! one row per model, in the order trained, with what the old suite's
+//! "compare three models' memory" task printed: parameters, batch, peak memory
+//! as the allocator and as the driver saw it, step times, samples/s for the job
+//! and per rank, scaling efficiency. One model gets one row: still the
+//! summary of the run.
+
+use gpuctl_proto::pb;
+use gpuctl_proto::pb::rank_result::Detail;
+use gpuctl_proto::units::format_bytes;
+
+use super::table::Table;
+
+/// Every model's result of one rank, in the order trained.
+pub fn train_results(r: &pb::RankResult) -> impl Iterator<Item = &pb::TrainResult> {
+    let first = match &r.detail {
+        Some(Detail::Train(t)) => Some(t),
+        _ => None,
+    };
+    first.into_iter().chain(&r.more_train)
+}
+
+/// One model's results over the ranks that reported it.
+struct ModelRow<'a> {
+    model: &'a str,
+    ranks: Vec<&'a pb::TrainResult>,
+}
+
+/// The models in the order trained (the first rank's order, then any model
+/// only later ranks reported), each with every rank's result.
+fn rows(r: &pb::Report) -> Vec<ModelRow<'_>> {
+    let mut out: Vec<ModelRow> = Vec::new();
+    let mut ranks: Vec<&pb::RankReport> = r.nodes.iter().flat_map(|n| &n.ranks).collect();
+    ranks.sort_by_key(|x| x.rank);
+    for res in ranks.iter().filter_map(|x| x.result.as_ref()) {
+        for t in train_results(res) {
+            match out.iter_mut().find(|m| m.model == t.model) {
+                Some(m) => m.ranks.push(t),
+                None => out.push(ModelRow {
+                    model: &t.model,
+                    ranks: vec![t],
+                }),
+            }
+        }
+    }
+    out
+}
+
+fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = (p / 100.0 * (sorted.len() - 1) as f64).round() as usize;
+    Some(sorted[rank.min(sorted.len() - 1)])
+}
+
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    v.sort_by(|a, b| a.total_cmp(b));
+    percentile(&v, 50.0)
+}
+
+/// Step time p50 and p99 (ms) over every rank's steps; from the ranks' own
+/// percentiles when the results carry no step times.
+fn step_ms(ts: &[&pb::TrainResult]) -> (Option<f64>, Option<f64>) {
+    let mut all: Vec<f64> = ts.iter().flat_map(|t| t.step_ms.iter().copied()).collect();
+    if all.is_empty() {
+        let p50 = median(ts.iter().map(|t| t.step_ms_p50).collect());
+        let p99 = ts.iter().map(|t| t.step_ms_p99).reduce(f64::max);
+        return (p50, p99);
+    }
+    all.sort_by(|a, b| a.total_cmp(b));
+    (percentile(&all, 50.0), percentile(&all, 99.0))
+}
+
+fn bytes(v: u64) -> String {
+    if v == 0 {
+        "-".into()
+    } else {
+        format_bytes(v)
+    }
+}
+
+fn num(v: Option<f64>, decimals: usize) -> String {
+    match v {
+        Some(x) if x.is_finite() && x > 0.0 => format!("{x:.decimals$}"),
+        _ => "-".into(),
+    }
+}
+
+/// The comparison as a table; `None` when no rank reported a training result.
+pub fn grid(r: &pb::Report) -> Option<Table> {
+    let rows = rows(r);
+    if rows.is_empty() {
+        return None;
+    }
+    let mut t = Table::new(&[
+        "MODEL",
+        "PARAMS",
+        "BATCH",
+        "PEAK MEM ALLOC",
+        "PEAK MEM DRIVER",
+        "STEP MS P50",
+        "P99",
+        "SAMPLES/S JOB",
+        "PER RANK",
+        "UNIT",
+        "SCALING",
+        "RANKS",
+    ])
+    .right(&[1, 2, 3, 4, 5, 6, 7, 8, 10, 11]);
+    for m in rows {
+        let ts = &m.ranks;
+        let (p50, p99) = step_ms(ts);
+        let job: f64 = ts.iter().map(|t| t.samples_per_s).sum();
+        let per_rank = median(ts.iter().map(|t| t.samples_per_s).collect());
+        let scaling = median(
+            ts.iter()
+                .map(|t| t.scaling_efficiency)
+                .filter(|e| *e > 0.0)
+                .collect(),
+        );
+        let params = ts.iter().map(|t| t.parameters).max().unwrap_or(0);
+        let mut batches: Vec<u32> = ts.iter().map(|t| t.batch_size).collect();
+        batches.sort();
+        batches.dedup();
+        t.row([
+            m.model.to_string(),
+            if params == 0 {
+                "-".into()
+            } else {
+                params.to_string()
+            },
+            batches
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join("/"),
+            bytes(ts.iter().map(|t| t.peak_memory_bytes).max().unwrap_or(0)),
+            bytes(
+                ts.iter()
+                    .map(|t| t.driver_peak_memory_bytes)
+                    .max()
+                    .unwrap_or(0),
+            ),
+            num(p50, 1),
+            num(p99, 1),
+            num(Some(job), 1),
+            num(per_rank, 1),
+            super::dash(&ts[0].unit),
+            scaling.map_or("-".into(), |e| format!("{:.1}%", e * 100.0)),
+            ts.len().to_string(),
+        ]);
+    }
+    Some(t)
+}
+
+/// The comparison as the table report prints it, with its title line.
+pub fn section(r: &pb::Report) -> Option<String> {
+    let t = grid(r)?;
+    Some(format!(
+        "\nMODELS (in the order trained; peaks: the highest rank's; step times: every rank's steps)\n{}",
+        t.render()
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn train(model: &str, per_s: f64, steps: &[f64], peak: u64) -> pb::TrainResult {
+        pb::TrainResult {
+            model: model.into(),
+            batch_size: 32,
+            samples_per_s: per_s,
+            unit: "img".into(),
+            parameters: if model == "cnn" { 94_538 } else { 3_504_872 },
+            peak_memory_bytes: peak,
+            driver_peak_memory_bytes: peak * 2,
+            step_ms: steps.to_vec(),
+            scaling_efficiency: 0.9,
+            baseline_samples_per_s: per_s / 0.9,
+            ..Default::default()
+        }
+    }
+
+    fn report(ranks: Vec<pb::RankResult>) -> pb::Report {
+        pb::Report {
+            workload: "ddp".into(),
+            nodes: vec![pb::NodeReport {
+                name: "a".into(),
+                ranks: ranks
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, r)| pb::RankReport {
+                        rank: i as u32,
+                        result: Some(r),
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn rank(first: pb::TrainResult, more: Vec<pb::TrainResult>) -> pb::RankResult {
+        pb::RankResult {
+            ok: true,
+            detail: Some(Detail::Train(first)),
+            more_train: more,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn one_row_per_model_in_order_over_every_rank() {
+        let r = report(vec![
+            rank(
+                train("mobilenet_v2", 10.0, &[100.0, 110.0], 5 << 20),
+                vec![train("cnn", 400.0, &[2.0, 3.0], 1 << 20)],
+            ),
+            rank(
+                train("mobilenet_v2", 12.0, &[90.0, 300.0], 6 << 20),
+                vec![train("cnn", 600.0, &[2.5, 4.0], 2 << 20)],
+            ),
+        ]);
+        let t = grid(&r).unwrap();
+        let rows = t.rows();
+        assert_eq!(rows.len(), 2);
+        let cell = |row: usize, h: &str| {
+            let c = t.headers().iter().position(|x| x == h).unwrap();
+            rows[row][c].clone()
+        };
+        assert_eq!(cell(0, "MODEL"), "mobilenet_v2");
+        assert_eq!(cell(1, "MODEL"), "cnn");
+        assert_eq!(cell(0, "PARAMS"), "3504872");
+        assert_eq!(cell(0, "BATCH"), "32");
+        assert_eq!(cell(0, "PEAK MEM ALLOC"), format_bytes(6 << 20));
+        assert_eq!(cell(0, "PEAK MEM DRIVER"), format_bytes(12 << 20));
+        // Pooled steps 90, 100, 110, 300: p50 is the 2nd of 4 (rounded rank).
+        assert_eq!(cell(0, "STEP MS P50"), "110.0");
+        assert_eq!(cell(0, "P99"), "300.0");
+        assert_eq!(cell(1, "SAMPLES/S JOB"), "1000.0");
+        assert_eq!(cell(1, "PER RANK"), "600.0");
+        assert_eq!(cell(1, "SCALING"), "90.0%");
+        assert_eq!(cell(1, "RANKS"), "2");
+        let text = section(&r).unwrap();
+        assert!(text.contains("MODELS (") && text.contains("cnn"), "{text}");
+    }
+
+    #[test]
+    fn no_training_no_table_and_old_results_use_their_percentiles() {
+        assert!(grid(&report(vec![])).is_none());
+        let mut old = train("cnn", 100.0, &[], 0);
+        old.step_ms_p50 = 5.0;
+        old.step_ms_p99 = 9.0;
+        old.parameters = 0;
+        old.driver_peak_memory_bytes = 0;
+        let t = grid(&report(vec![rank(old, vec![])])).unwrap();
+        let row = &t.rows()[0];
+        assert_eq!(
+            row[1..7],
+            ["-", "32", "-", "-", "5.0", "9.0"].map(String::from)
+        );
+    }
+}
