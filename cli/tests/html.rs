@@ -275,6 +275,11 @@ fn html_reports_open_in_chromium_with_every_plot_drawn() {
     check(&c, &maxbatch, dir.path(), |_| 1);
     // ddp: the step-time distribution (or p50/p99 per rank).
     check(&c, &ddp, dir.path(), |_| 1);
+    let (_, html, _) = render(&c, &ddp, dir.path());
+    let models = html
+        .find("id=\"models\"")
+        .expect("a Models section for ddp");
+    assert!(html[models..].contains("cnn"), "the model by name");
 
     // Only `report` makes a page: elsewhere a usage error naming the flag.
     let refused: [&[&str]; 3] = [

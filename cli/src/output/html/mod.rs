@@ -40,6 +40,11 @@ pub fn page(r: &pb::Report, timeline: &pb::Timeline) -> Result<String> {
         s.push_str(&table(&report::nodes_grid(r)));
         s.push_str(&folded("Ranks", &table(&report::ranks_grid(r))));
     }
+    // ddp/fsdp: the models side by side (`--model a,b,c`).
+    if let Some(models) = crate::output::models::grid(r) {
+        s.push_str("<h2 id=\"models\">Models</h2>\n");
+        s.push_str(&table(&models));
+    }
     s.push_str("<h2 id=\"plots\">Plots</h2>\n");
     let figures = figures(r, timeline)?;
     if figures.is_empty() {
