@@ -5,7 +5,9 @@
 //! bucket width. Samples arrive about once a second per GPU; buckets start one
 //! second wide, and when a series passes [`MAX_BUCKETS`] neighbours are merged
 //! pairwise and the width doubles, so a 15-minute run stays at 225 buckets per
-//! GPU (~30 KB) and any run stays under 300.
+//! GPU (~60 KB) and any run stays under 300. A job's GPUs share one budget of
+//! [`JOB_BUCKETS`]: past 655 GPUs each series keeps fewer, wider buckets, so a
+//! 15-minute job on 4,096 nodes × 8 GPUs stores ~55 MB of telemetry, not 2 GB.
 //!
 //! Plain data: the health rules ([`super::health`]) read these types, and the
 //! store writes them, without this module knowing either.
@@ -16,6 +18,18 @@ use gpuctl_proto::pb::{GpuSample, GpuTimeline, TelemetryPoint};
 
 /// Most buckets per GPU per job.
 pub const MAX_BUCKETS: usize = 300;
+/// Buckets of one job, all its GPUs together: about 55 MB stored (a bucket
+/// encodes to about 280 bytes), however many GPUs the job has.
+pub const JOB_BUCKETS: usize = 196_608;
+/// ...but never fewer than this per GPU (a 15-minute job: 2.5-minute buckets).
+pub const MIN_BUCKETS: usize = 6;
+
+/// The bucket limit of each GPU's series in a job of `gpus` GPUs: 300 up to
+/// 655 GPUs, then shrinking so that the job stays within [`JOB_BUCKETS`].
+pub fn buckets_per_gpu(gpus: usize) -> usize {
+    (JOB_BUCKETS / gpus.max(1)).clamp(MIN_BUCKETS, MAX_BUCKETS)
+}
+
 /// Width of a fresh series' buckets: the agents' default sample interval.
 const BASE_BUCKET_MS: u64 = 1_000;
 /// Utilisation under this counts toward `util_low_share` (the proto's "under 10 %").
@@ -303,6 +317,12 @@ impl GpuSeries {
 
     /// Adds one sample taken at `t` (unix ms).
     pub fn add(&mut self, s: &GpuSample, t: u64) {
+        self.add_within(s, t, MAX_BUCKETS)
+    }
+
+    /// Adds one sample, keeping at most `max_buckets` (a job's GPUs share one
+    /// budget: [`buckets_per_gpu`]).
+    pub fn add_within(&mut self, s: &GpuSample, t: u64, max_buckets: usize) {
         let b = Bucket::of(s, t);
         let origin = self.buckets.first().map_or(t, |f| f.start_ms);
         let slot = |ms: u64, width: u64| ms.saturating_sub(origin) / width.max(1);
@@ -316,7 +336,7 @@ impl GpuSeries {
             }
             _ => self.buckets.push(b),
         }
-        while self.buckets.len() > MAX_BUCKETS {
+        while self.buckets.len() > max_buckets.max(2) {
             self.bucket_ms *= 2;
             let width = self.bucket_ms;
             let mut merged: Vec<Bucket> = Vec::with_capacity(self.buckets.len() / 2 + 1);
@@ -372,5 +392,54 @@ impl GpuSeries {
             uuid: self.uuid.clone(),
             points,
         }
+    }
+}
+
+#[cfg(test)]
+mod budget_tests {
+    use super::*;
+    use prost::Message;
+
+    fn busy(t: u64) -> GpuSample {
+        GpuSample {
+            index: 3,
+            unix_ms: t,
+            util_gpu: 99.0,
+            mem_used_bytes: 80 << 30,
+            mem_total_bytes: 141 << 30,
+            temperature_c: 65.0,
+            power_w: 690.0,
+            power_limit_w: 700.0,
+            sm_clock_mhz: 1_900,
+            sm_clock_max_mhz: 1_980,
+            throttle_reasons: 0x4,
+            pcie_gen: 5,
+            pcie_width: 16,
+            pcie_gen_max: 5,
+            pcie_width_max: 16,
+            nvlinks_active: 18,
+            nvlinks_expected: 18,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_large_job_keeps_few_wide_buckets_and_exact_totals() {
+        assert_eq!(buckets_per_gpu(8), MAX_BUCKETS);
+        assert_eq!(buckets_per_gpu(4096 * 8), MIN_BUCKETS);
+        let max = buckets_per_gpu(1024 * 8);
+        assert_eq!(max, 24);
+        let mut g = GpuSeries::new("n", 3, "GPU-x");
+        // 15 minutes of one sample a second.
+        for i in 0..900u64 {
+            g.add_within(&busy(1_000_000 + i * 1_000), 1_000_000 + i * 1_000, max);
+        }
+        assert!(g.buckets.len() <= max, "{}", g.buckets.len());
+        assert_eq!(g.totals().n, 900, "merging loses no sample");
+        // What the budget assumes a bucket costs in the store.
+        let per_bucket = g.encoded_len() / g.buckets.len();
+        assert!(per_bucket < 400, "{per_bucket} bytes per bucket");
+        let job_bytes = per_bucket * JOB_BUCKETS;
+        assert!(job_bytes < 64 << 20, "{job_bytes} bytes per job");
     }
 }

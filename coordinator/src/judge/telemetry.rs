@@ -33,6 +33,8 @@ impl Telemetry {
 
     /// Adds a batch from `node`; returns how many samples it held.
     pub fn add(&mut self, node: &str, batch: TelemetryBatch, now_ms: u64) -> usize {
+        // The job's GPUs so far share the per-job budget.
+        let max = super::series::buckets_per_gpu(self.series.len().max(batch.samples.len()));
         for s in &batch.samples {
             let key = (node.to_string(), s.index);
             let g = self
@@ -42,7 +44,7 @@ impl Telemetry {
             if g.uuid.is_empty() {
                 g.uuid = s.uuid.clone();
             }
-            g.add(s, if s.unix_ms > 0 { s.unix_ms } else { now_ms });
+            g.add_within(s, if s.unix_ms > 0 { s.unix_ms } else { now_ms }, max);
             self.dirty.insert(key);
         }
         let n = batch.samples.len();

@@ -129,7 +129,7 @@ impl Scheduler {
         entry.refresh_state();
         let batch = Batch::default().node(&entry.node);
         info!(node = %name, slots = entry.node.slots, gpus = entry.node.gpus.len(), ?adopted, ?refused, "agent registered");
-        self.save(batch).await;
+        self.save(batch);
         for id in &adopted {
             info!(node = %name, job = %id, "job adopted: the agent kept its workers running");
         }
@@ -243,7 +243,7 @@ impl Scheduler {
             e.node.state_reason.clear();
             e.refresh_state();
             let batch = Batch::default().node(&e.node);
-            self.save(batch).await;
+            self.save(batch);
         }
         info!(node = %node, session = id, "agent session open");
         Ok(())
@@ -268,7 +268,7 @@ impl Scheduler {
             e.node.state_reason.clear();
             e.refresh_state();
             let batch = Batch::default().node(&e.node);
-            self.save(batch).await;
+            self.save(batch);
         }
         // The workers' process states, for telling a hung rank from those
         // waiting on it; only for ranks planned on this node, so that a
@@ -361,7 +361,7 @@ impl Scheduler {
         }
         for (name, job, node) in lost {
             warn!(node = %name, "node lost: no heartbeat for {}", human(timeout));
-            self.save(Batch::default().node(&node)).await;
+            self.save(Batch::default().node(&node));
             if !job.is_empty() {
                 let msg = format!("node {name} lost: no heartbeat for {}", human(timeout));
                 self.finish(&job, JobState::Failed, msg, Some(&name)).await;

@@ -186,7 +186,7 @@ impl Scheduler {
                 batch = batch.node(&n.node);
             }
         }
-        self.save(batch).await;
+        self.save(batch);
         self.rdv.open(id, attempt);
 
         let env: HashMap<String, String> = plan
@@ -275,6 +275,7 @@ impl Scheduler {
         entry.results.clear();
         let series = entry.telemetry.take_dirty();
         entry.telemetry.forget_series();
+        entry.slim();
         let attempt = entry.job.attempt;
         let kind = entry.cancel_kind();
         let nodes: Vec<String> = entry
@@ -305,7 +306,7 @@ impl Scheduler {
             }
         }
         self.rdv.close(id, attempt);
-        self.save(batch).await;
+        self.save(batch);
         match state {
             JobState::Succeeded => info!(job = %id, "job succeeded"),
             _ => warn!(job = %id, state = state.label(), "job ended: {message}"),

@@ -269,9 +269,22 @@ impl Scheduler {
             Event::WorkerProgress { report, reply } => {
                 let _ = reply.send(self.worker_progress(report));
             }
-            Event::WorkerResult { result, reply } => {
-                let _ = reply.send(self.worker_result(result).await);
-            }
+            Event::WorkerResult { result, reply } => match self.worker_result(result).await {
+                ranks::Answer::Now(a) => {
+                    let _ = reply.send(a);
+                }
+                // The worker hears back once its result is durable; the
+                // scheduler goes on meanwhile.
+                ranks::Answer::WhenStored(durable, message) => {
+                    tokio::spawn(async move {
+                        let a = match durable.wait().await {
+                            Ok(()) => (true, message),
+                            Err(e) => (false, format!("could not store the result: {e}")),
+                        };
+                        let _ = reply.send(a);
+                    });
+                }
+            },
             Event::WorkerExited { node, exited } => self.worker_exited(node, exited).await,
             Event::WorkerLog { node, log } => self.worker_log(node, log),
             Event::Telemetry { node, batch } => self.telemetry(node, batch),
@@ -311,9 +324,11 @@ impl Scheduler {
     }
 
     /// Writes state; a failure is logged, since the in-memory state already moved on.
-    async fn save(&self, batch: Batch) {
-        if let Err(e) = self.store.write(batch).await {
-            warn!("could not store state: {e}");
+    /// Hands the batch to the store's writer (a failed commit is logged
+    /// there): the scheduler never waits on the disk.
+    fn save(&self, batch: Batch) {
+        if !batch.is_empty() {
+            drop(self.store.queue(batch));
         }
     }
 }

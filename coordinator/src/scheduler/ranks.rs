@@ -11,7 +11,14 @@ use super::Scheduler;
 use crate::error::CoordinatorError;
 use crate::judge::report;
 use crate::logs::LogBatch;
-use crate::store::Batch;
+use crate::store::{Batch, Durable};
+
+/// What a worker hears back about its result: now (refused), or once the
+/// result is durable.
+pub(super) enum Answer {
+    Now((bool, String)),
+    WhenStored(Durable, String),
+}
 
 /// How often a running job's telemetry series are written: a coordinator crash
 /// loses at most this much of it.
@@ -54,25 +61,25 @@ impl Scheduler {
         (true, String::new())
     }
 
-    pub(super) async fn worker_result(&mut self, mut result: RankResult) -> (bool, String) {
+    pub(super) async fn worker_result(&mut self, mut result: RankResult) -> Answer {
         let Some(entry) = self.jobs.get_mut(&result.job_id) else {
-            return (false, format!("unknown job `{}`", result.job_id));
+            return Answer::Now((false, format!("unknown job `{}`", result.job_id)));
         };
         if result.attempt != entry.job.attempt {
-            return (
+            return Answer::Now((
                 false,
                 format!("attempt {} of {} is over", result.attempt, result.job_id),
-            );
+            ));
         }
         let world = entry.world_size();
         let Some(p) = entry.placement(result.rank).cloned() else {
-            return (
+            return Answer::Now((
                 false,
                 format!(
                     "rank {} is not part of {} (world size {world})",
                     result.rank, result.job_id
                 ),
-            );
+            ));
         };
         let device = p.device_label();
         for (field, planned) in [
@@ -85,27 +92,26 @@ impl Scheduler {
                 *field = planned;
             }
         }
-        // Durable before the worker hears back: a crash from here on loses nothing.
-        if let Err(e) = self.store.put_result(&result).await {
-            warn!(job = %result.job_id, rank = result.rank, "could not store a result: {e}");
-            return (false, format!("could not store the result: {e}"));
-        }
+        // Durable before the worker hears back (the writer commits it before
+        // anything queued after it): a crash from here on loses nothing.
+        let durable = self.store.put_result(&result);
         let id = result.job_id.clone();
         let rank = result.rank;
         self.counts.results += 1;
         info!(job = %id, rank, ok = result.ok, "result in");
         if entry.state().is_terminal() {
-            // A straggler: fold it into the stored report.
+            // A straggler: fold it into the stored report (the store's reads
+            // see the queued result).
             match self.stored_report(&self.jobs[&id]).await {
-                Ok(report) => self.save(Batch::default().report(&report)).await,
+                Ok(report) => self.save(Batch::default().report(&report)),
                 Err(e) => warn!(job = %id, "could not update the report: {e}"),
             }
-            return (true, format!("stored; job {id} had already ended"));
+            return Answer::WhenStored(durable, format!("stored; job {id} had already ended"));
         }
         entry.results.insert(rank, result);
         entry.job.results_in = entry.results.len() as u32;
         self.finish_if_complete(&id).await;
-        (true, "stored".into())
+        Answer::WhenStored(durable, "stored".into())
     }
 
     pub(super) async fn worker_exited(&mut self, node: String, ex: WorkerExited) {
@@ -181,6 +187,6 @@ impl Scheduler {
                 batch = batch.telemetry(&e.job.id, &series);
             }
         }
-        self.save(batch).await;
+        self.save(batch);
     }
 }

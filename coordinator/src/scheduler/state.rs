@@ -111,6 +111,25 @@ impl JobEntry {
         self.job.state()
     }
 
+    /// Drops what only a running job needs once its report is built: the
+    /// figures and messages of each rank's last progress, the workers'
+    /// stderr tails of workers that exited cleanly (the report keeps both) and the latest telemetry. A
+    /// finished job then costs a few bytes per rank, not kilobytes.
+    pub fn slim(&mut self) {
+        for p in self.progress.values_mut() {
+            p.metrics = Default::default();
+            p.message = String::new();
+        }
+        // A failed worker's tail stays: a straggler's result rebuilds the
+        // report from these.
+        for e in self.exits.values_mut() {
+            if e.exit_code == 0 && e.signal.is_empty() {
+                e.stderr_tail = String::new();
+            }
+        }
+        self.telemetry = Default::default();
+    }
+
     /// The job as clients see it, with live progress.
     pub fn view(&self) -> Job {
         let mut j = self.job.clone();

@@ -5,6 +5,7 @@
 
 pub mod etcd;
 pub mod redb;
+pub mod writer;
 
 use std::sync::Arc;
 
@@ -18,6 +19,8 @@ use prost::Message;
 use crate::judge::series::GpuSeries;
 
 pub use self::redb::RedbStore;
+pub use self::writer::Durable;
+use self::writer::Writer;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -168,13 +171,17 @@ impl Batch {
 #[derive(Clone)]
 pub struct StateStore {
     inner: Arc<dyn Store>,
+    /// Every write goes through it, in order ([`writer`]).
+    writer: Writer,
     /// Read (or made) once: it never changes while the store lives.
     rank_key: Arc<tokio::sync::OnceCell<RankKey>>,
 }
 
 impl StateStore {
+    /// Starts the store's writer task: call inside a tokio runtime.
     pub fn new(inner: Arc<dyn Store>) -> Self {
         StateStore {
+            writer: Writer::start(inner.clone()),
             inner,
             rank_key: Default::default(),
         }
@@ -206,24 +213,42 @@ impl StateStore {
             .cloned()
     }
 
+    /// Commits what is queued, then releases the backend.
     pub async fn close(&self) -> StoreResult<()> {
-        self.inner.close().await
+        let flushed = self.writer.flush().wait().await;
+        self.inner.close().await?;
+        flushed
     }
 
     pub fn raw(&self) -> &dyn Store {
         self.inner.as_ref()
     }
 
-    /// Writes a batch atomically; nothing when it is empty.
+    /// Hands a batch to the writer and returns at once: readers see it now,
+    /// and it is committed atomically, after everything handed over before.
+    /// Wait on the returned [`Durable`] before telling anyone it is stored.
+    pub fn queue(&self, batch: Batch) -> Durable {
+        self.writer.write(batch.0)
+    }
+
+    /// Writes a batch atomically and waits until it is durable.
     pub async fn write(&self, batch: Batch) -> StoreResult<()> {
         if batch.is_empty() {
             return Ok(());
         }
-        self.inner.put_many(batch.0).await
+        self.queue(batch).wait().await
+    }
+
+    /// A value, queued or committed.
+    async fn get_raw(&self, key: String) -> StoreResult<Option<Vec<u8>>> {
+        if let Some(v) = self.writer.get(&key) {
+            return Ok(Some(v.as_ref().clone()));
+        }
+        self.inner.get(key).await
     }
 
     async fn get_msg<M: Message + Default>(&self, key: String) -> StoreResult<Option<M>> {
-        match self.inner.get(key.clone()).await? {
+        match self.get_raw(key.clone()).await? {
             Some(bytes) => M::decode(bytes.as_slice())
                 .map(Some)
                 .map_err(|source| StoreError::Decode { key, source }),
@@ -232,18 +257,32 @@ impl StateStore {
     }
 
     async fn scan_msgs<M: Message + Default>(&self, prefix: String) -> StoreResult<Vec<M>> {
-        self.inner
-            .scan_prefix(prefix)
+        let mut all: std::collections::BTreeMap<String, Vec<u8>> = self
+            .inner
+            .scan_prefix(prefix.clone())
             .await?
             .into_iter()
+            .collect();
+        // Queued writes are newer than what is committed.
+        for (k, v) in self.writer.scan(&prefix) {
+            all.insert(k, v.as_ref().clone());
+        }
+        all.into_iter()
             .map(|(key, bytes)| {
                 M::decode(bytes.as_slice()).map_err(|source| StoreError::Decode { key, source })
             })
             .collect()
     }
 
+    /// Deletes after every queued write is committed, so that a queued
+    /// write of the key cannot bring it back.
+    async fn delete(&self, key: String) -> StoreResult<bool> {
+        self.writer.flush().wait().await?;
+        self.inner.delete(key).await
+    }
+
     pub async fn job_seq(&self) -> StoreResult<u64> {
-        match self.inner.get(keys::JOB_SEQ.to_string()).await? {
+        match self.get_raw(keys::JOB_SEQ.to_string()).await? {
             None => Ok(0),
             Some(bytes) => String::from_utf8_lossy(&bytes).trim().parse().map_err(|_| {
                 StoreError::Backend(format!(
@@ -267,9 +306,10 @@ impl StateStore {
         self.get_msg(keys::job(id)).await
     }
 
-    pub async fn put_result(&self, result: &RankResult) -> StoreResult<()> {
+    /// Queues a result; durable when the returned [`Durable`] resolves.
+    pub fn put_result(&self, result: &RankResult) -> Durable {
         let key = keys::result(&result.job_id, result.attempt, result.rank);
-        self.inner.put(key, result.encode_to_vec()).await
+        self.writer.write(vec![(key, result.encode_to_vec())])
     }
 
     pub async fn results(&self, job: &str, attempt: u32) -> StoreResult<Vec<RankResult>> {
@@ -286,12 +326,12 @@ impl StateStore {
     }
 
     pub async fn delete_node(&self, name: &str) -> StoreResult<bool> {
-        self.inner.delete(keys::node(name)).await
+        self.delete(keys::node(name)).await
     }
 
     pub async fn delete_run(&self, run: &NodeRun) -> StoreResult<bool> {
         let key = keys::history(&run.node, run.finished_unix_ms, &run.job_id);
-        self.inner.delete(key).await
+        self.delete(key).await
     }
 
     pub async fn baseline(&self, name: &str) -> StoreResult<Option<Baseline>> {
@@ -303,14 +343,15 @@ impl StateStore {
     }
 
     pub async fn put_baseline(&self, b: &Baseline) -> StoreResult<()> {
-        self.inner
-            .put(keys::baseline(&b.name), b.encode_to_vec())
+        self.writer
+            .write(vec![(keys::baseline(&b.name), b.encode_to_vec())])
+            .wait()
             .await
     }
 
     /// Whether there was one to delete.
     pub async fn delete_baseline(&self, name: &str) -> StoreResult<bool> {
-        self.inner.delete(keys::baseline(name)).await
+        self.delete(keys::baseline(name)).await
     }
 
     pub async fn report(&self, job: &str) -> StoreResult<Option<Report>> {
@@ -427,6 +468,8 @@ mod tests {
             ])
             .await
             .unwrap();
+            // Releases the file now (the writer task would, once it ends).
+            s.close().await.unwrap();
         }
         // Reopen: everything written before is there.
         let s = open(dir.path());

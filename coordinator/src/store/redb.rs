@@ -13,6 +13,9 @@ use super::{Entries, Store, StoreError, StoreResult};
 
 const KV: TableDefinition<&str, &[u8]> = TableDefinition::new("kv");
 
+/// redb's page cache.
+const CACHE_BYTES: usize = 64 << 20;
+
 pub struct RedbStore {
     /// `None` once closed. Operations hold their own `Arc` while they run.
     db: RwLock<Option<Arc<Database>>>,
@@ -26,15 +29,20 @@ impl RedbStore {
     /// Opens (or creates) the store file. redb locks the file, so a second
     /// coordinator on the same data folder fails here instead of corrupting it.
     pub fn open(path: &Path) -> StoreResult<Self> {
-        let db = Database::create(path).map_err(|e| {
-            let hint = match e {
-                redb::DatabaseError::DatabaseAlreadyOpen => {
-                    " (is another gpuctl-coordinator running on this --data-dir?)"
-                }
-                _ => "",
-            };
-            StoreError::Backend(format!("cannot open {}: {e}{hint}", path.display()))
-        })?;
+        // redb caches up to 1 GiB of pages by default: the coordinator's
+        // resident memory would grow toward it with the store's size.
+        let db = Database::builder()
+            .set_cache_size(CACHE_BYTES)
+            .create(path)
+            .map_err(|e| {
+                let hint = match e {
+                    redb::DatabaseError::DatabaseAlreadyOpen => {
+                        " (is another gpuctl-coordinator running on this --data-dir?)"
+                    }
+                    _ => "",
+                };
+                StoreError::Backend(format!("cannot open {}: {e}{hint}", path.display()))
+            })?;
         // Create the table once, so that readers never meet a missing table.
         let tx = db.begin_write().map_err(backend)?;
         tx.open_table(KV).map_err(backend)?;

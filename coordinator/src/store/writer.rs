@@ -1,0 +1,188 @@
+//! The store's one writer: the scheduler hands it batches and goes on at
+//! once, and it commits them in order, folding everything queued meanwhile
+//! into one transaction (group commit). At a thousand nodes a job's results
+//! arrive by the thousand within a second; one fsync each, awaited on the
+//! scheduler's task, stalled every other request for seconds.
+//!
+//! Until a write is committed its entries stay in an overlay that reads
+//! consult first, so whoever reads the store sees every write handed over
+//! before, committed or not. A caller that must not answer before the data
+//! is durable (a worker's result) waits on [`Durable`]: it resolves after the
+//! commit that holds the write.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::{mpsc, oneshot};
+use tracing::warn;
+
+use super::{Store, StoreError, StoreResult};
+
+/// A transaction takes what is queued up to about this many bytes.
+const GROUP_BYTES: usize = 64 << 20;
+
+/// Resolves when the write it was handed with is committed.
+pub struct Durable(oneshot::Receiver<StoreResult<()>>);
+
+impl Durable {
+    pub async fn wait(self) -> StoreResult<()> {
+        self.0.await.unwrap_or_else(|_| {
+            Err(StoreError::Backend(
+                "the store's writer stopped before the write was committed".into(),
+            ))
+        })
+    }
+}
+
+impl std::future::IntoFuture for Durable {
+    type Output = StoreResult<()>;
+    type IntoFuture = futures::future::BoxFuture<'static, StoreResult<()>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.wait())
+    }
+}
+
+struct Op {
+    entries: Vec<(String, Vec<u8>)>,
+    /// The overlay generation of each entry, to drop it once committed.
+    seqs: Vec<u64>,
+    done: Option<oneshot::Sender<StoreResult<()>>>,
+}
+
+/// Entries handed over and not yet committed, by key, with the generation
+/// that wrote them last.
+#[derive(Default)]
+struct Overlay {
+    seq: u64,
+    map: BTreeMap<String, (u64, Arc<Vec<u8>>)>,
+}
+
+#[derive(Clone)]
+pub struct Writer {
+    tx: mpsc::UnboundedSender<Op>,
+    overlay: Arc<Mutex<Overlay>>,
+}
+
+impl Writer {
+    /// Starts the writer task on the current tokio runtime.
+    pub fn start(store: Arc<dyn Store>) -> Writer {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let overlay: Arc<Mutex<Overlay>> = Arc::default();
+        tokio::spawn(run(store, rx, overlay.clone()));
+        Writer { tx, overlay }
+    }
+
+    /// Queues `entries` as one atomic write; readers see them at once.
+    pub fn write(&self, entries: Vec<(String, Vec<u8>)>) -> Durable {
+        let (done, rx) = oneshot::channel();
+        let mut seqs = Vec::with_capacity(entries.len());
+        {
+            let mut o = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
+            for (k, v) in &entries {
+                o.seq += 1;
+                let seq = o.seq;
+                o.map.insert(k.clone(), (seq, Arc::new(v.clone())));
+                seqs.push(seq);
+            }
+        }
+        let op = Op {
+            entries,
+            seqs,
+            done: Some(done),
+        };
+        if let Err(mpsc::error::SendError(op)) = self.tx.send(op) {
+            self.forget(&op);
+            if let Some(done) = op.done {
+                let _ = done.send(Err(StoreError::Backend(
+                    "the store's writer stopped".into(),
+                )));
+            }
+        }
+        Durable(rx)
+    }
+
+    /// Resolves once everything handed over before is committed.
+    pub fn flush(&self) -> Durable {
+        self.write(Vec::new())
+    }
+
+    /// The uncommitted value of `key`, if one is queued.
+    pub fn get(&self, key: &str) -> Option<Arc<Vec<u8>>> {
+        let o = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
+        o.map.get(key).map(|(_, v)| v.clone())
+    }
+
+    /// Uncommitted entries under `prefix`, in key order.
+    pub fn scan(&self, prefix: &str) -> Vec<(String, Arc<Vec<u8>>)> {
+        let o = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
+        o.map
+            .range(prefix.to_string()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, (_, v))| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    fn forget(&self, op: &Op) {
+        forget(&self.overlay, op);
+    }
+}
+
+fn forget(overlay: &Mutex<Overlay>, op: &Op) {
+    let mut o = overlay.lock().unwrap_or_else(|e| e.into_inner());
+    for ((k, _), seq) in op.entries.iter().zip(&op.seqs) {
+        // A later write of the same key stays until its own commit.
+        if o.map.get(k).is_some_and(|(s, _)| s == seq) {
+            o.map.remove(k);
+        }
+    }
+}
+
+fn size(op: &Op) -> usize {
+    op.entries.iter().map(|(k, v)| k.len() + v.len()).sum()
+}
+
+async fn run(
+    store: Arc<dyn Store>,
+    mut rx: mpsc::UnboundedReceiver<Op>,
+    overlay: Arc<Mutex<Overlay>>,
+) {
+    while let Some(first) = rx.recv().await {
+        let mut bytes = size(&first);
+        let mut ops = vec![first];
+        while bytes < GROUP_BYTES {
+            match rx.try_recv() {
+                Ok(op) => {
+                    bytes += size(&op);
+                    ops.push(op);
+                }
+                Err(_) => break,
+            }
+        }
+        // One value per key, the last handed over: etcd refuses a
+        // transaction naming a key twice.
+        let entries: Vec<(String, Vec<u8>)> = ops
+            .iter()
+            .flat_map(|op| op.entries.iter().cloned())
+            .collect::<BTreeMap<String, Vec<u8>>>()
+            .into_iter()
+            .collect();
+        let result = if entries.is_empty() {
+            Ok(())
+        } else {
+            store.put_many(entries).await
+        };
+        if let Err(e) = &result {
+            warn!("could not store state: {e}");
+        }
+        for op in ops {
+            forget(&overlay, &op);
+            if let Some(done) = op.done {
+                let _ = done.send(match &result {
+                    Ok(()) => Ok(()),
+                    Err(e) => Err(StoreError::Backend(e.to_string())),
+                });
+            }
+        }
+    }
+}
