@@ -49,12 +49,35 @@ fn cuda_ordinal(env: &RankEnv) -> usize {
 }
 
 fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
-    if let Some(s) = p.downcast_ref::<&str>() {
+    let text = if let Some(s) = p.downcast_ref::<&str>() {
         s.to_string()
     } else if let Some(s) = p.downcast_ref::<String>() {
         s.clone()
     } else {
         "panic".into()
+    };
+    without_backtrace(&text)
+}
+
+/// libtorch's errors carry the C++ stack ("Exception raised from ...",
+/// 30 frames, 4 KB): the report wants the sentence; the panic hook already
+/// wrote the whole message to the worker's log (`gpuctl logs`).
+fn without_backtrace(text: &str) -> String {
+    // As a Debug-formatted error (`unwrap`) the newline is the two
+    // characters `\n`; as a plain message it is a newline.
+    let at = text
+        .find("\\nException raised from")
+        .or_else(|| text.find("\nException raised from"));
+    match at {
+        Some(i) => {
+            let mut short = text[..i].to_string();
+            // The tch wrapper's quoting, closed again: Torch("...").
+            if short.contains("Torch(\"") {
+                short.push_str("\")");
+            }
+            short
+        }
+        None => text.to_string(),
     }
 }
 
@@ -224,5 +247,22 @@ pub fn run_worker(args: Args) -> i32 {
         0
     } else {
         1
+    }
+}
+
+#[cfg(test)]
+mod panic_tests {
+    use super::without_backtrace;
+
+    #[test]
+    fn torch_errors_lose_their_cpp_stack() {
+        let debug = "called `Result::unwrap()` on an `Err` value: Torch(\"mat1 and mat2 must have the same dtype\\nException raised from meta at x.cpp:195 (most recent call first):\\nframe #0: c10::Error\")";
+        assert_eq!(
+            without_backtrace(debug),
+            "called `Result::unwrap()` on an `Err` value: Torch(\"mat1 and mat2 must have the same dtype\")"
+        );
+        let plain = "CUDA out of memory\nException raised from malloc\nframe #0";
+        assert_eq!(without_backtrace(plain), "CUDA out of memory");
+        assert_eq!(without_backtrace("no stack here"), "no stack here");
     }
 }

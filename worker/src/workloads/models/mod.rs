@@ -1,8 +1,8 @@
 //! Models for the training workloads (ddp, fsdp, maxbatch), on synthetic data.
 //!
 //! * `resnet18|50|101|152`: tch's torchvision ResNets, 1000 classes, 3×224×224.
-//! * `mobilenet_v2`: tch's torchvision MobileNetV2 (3,504,872 parameters),
-//!   1000 classes, 3×224×224.
+//! * `mobilenet_v2`: torchvision's MobileNetV2 ([`mobilenet::v2`], 3,504,872
+//!   parameters), 1000 classes, 3×224×224.
 //! * `cnn`: a small CNN (3 conv+BN+ReLU layers, 10 classes, 3×32×32) that
 //!   trains in milliseconds on a CPU: the default on CPU ranks.
 //! * `gpt`: a GPT-2 style decoder ([`gpt::Gpt`]), throughput in tokens.
@@ -17,6 +17,7 @@
 
 pub mod cnn;
 pub mod gpt;
+pub mod mobilenet;
 
 use std::sync::Mutex;
 
@@ -137,11 +138,7 @@ impl Model {
                 1000,
                 224,
             ),
-            "mobilenet_v2" => (
-                Net::Vision(Box::new(tch::vision::mobilenet::v2(&root, 1000))),
-                1000,
-                224,
-            ),
+            "mobilenet_v2" => (Net::Vision(Box::new(mobilenet::v2(&root, 1000))), 1000, 224),
             "cnn" => (
                 Net::Vision(Box::new(cnn::cnn(&root, cnn::CLASSES))),
                 cnn::CLASSES,
@@ -366,6 +363,19 @@ mod tests {
         let m = Model::build(&cfg("mobilenet_v2"), Device::Cpu, 1).unwrap();
         let l = m.loss(&m.batch(1, 2).unwrap()).unwrap().double_value(&[]);
         assert!(l.is_finite() && l > 0.0, "{l}");
+    }
+
+    #[test]
+    fn mobilenet_v2_keeps_the_compute_type_to_the_classifier() {
+        // tch's own v2 pooled into fp32 and failed in bf16 on H200s.
+        tch::manual_seed(0);
+        let mut vs = nn::VarStore::new(Device::Cpu);
+        let net = mobilenet::v2(&vs.root(), 1000);
+        vs.bfloat16();
+        let x = Tensor::randn([2, 3, 64, 64], (Kind::BFloat16, Device::Cpu));
+        let y = x.apply_t(&net, true);
+        assert_eq!(y.kind(), Kind::BFloat16);
+        assert_eq!(y.size(), vec![2, 1000]);
     }
 
     #[test]
