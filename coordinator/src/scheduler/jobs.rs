@@ -47,12 +47,19 @@ impl Scheduler {
     }
 
     /// The newest `limit` jobs (all with 0), oldest first.
+    /// The newest `limit` jobs (0: all), oldest first, as summaries: a
+    /// listing of jobs on thousands of GPUs must not carry every rank of
+    /// every job (`GetJob` has them).
     pub(super) fn list_jobs(&self, limit: u32) -> Vec<Job> {
-        let mut all: Vec<Job> = self.jobs.values().map(JobEntry::view).collect();
-        if limit > 0 && all.len() > limit as usize {
-            all.drain(..all.len() - limit as usize);
-        }
-        all
+        let skip = match limit as usize {
+            0 => 0,
+            n => self.jobs.len().saturating_sub(n),
+        };
+        self.jobs
+            .values()
+            .skip(skip)
+            .map(JobEntry::summary)
+            .collect()
     }
 
     fn candidates(&self) -> Vec<planner::Candidate<'_>> {

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use gpuctl_proto::pb::{
-    coordinator_message::Msg, CancelJob, CoordinatorMessage, Job, JobState, Node, NodeState,
+    coordinator_message::Msg, CancelJob, CoordinatorMessage, Job, JobState, Node, NodeState, Plan,
     RankPlacement, RankProgress, RankResult, Report, WorkerExited,
 };
 
@@ -128,6 +128,33 @@ impl JobEntry {
             }
         }
         self.telemetry = Default::default();
+    }
+
+    /// The job without its per-rank parts (plan placements and environment,
+    /// progress, start checks): what `ListJobs` returns.
+    pub fn summary(&self) -> Job {
+        let j = &self.job;
+        Job {
+            id: j.id.clone(),
+            spec: j.spec.clone(),
+            state: j.state,
+            attempt: j.attempt,
+            created_unix_ms: j.created_unix_ms,
+            started_unix_ms: j.started_unix_ms,
+            finished_unix_ms: j.finished_unix_ms,
+            message: j.message.clone(),
+            plan: j.plan.as_ref().map(|p| Plan {
+                nodes: p.nodes.clone(),
+                world_size: p.world_size,
+                master_addr: p.master_addr.clone(),
+                master_port: p.master_port,
+                ..Default::default()
+            }),
+            progress: Vec::new(),
+            results_in: j.results_in,
+            baseline: j.baseline.clone(),
+            start_checks: Vec::new(),
+        }
     }
 
     /// The job as clients see it, with live progress.
