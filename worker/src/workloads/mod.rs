@@ -2,6 +2,7 @@
 //! workload's part of the `RankResult`.
 
 pub mod ddp;
+pub mod flat;
 pub mod fsdp;
 pub mod maxbatch;
 pub mod memory;
