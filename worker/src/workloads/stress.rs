@@ -131,10 +131,18 @@ pub fn run(ctx: &Ctx, cfg: &StressParams) -> Result<Outcome> {
     );
     ctx.progress.update("preparing inputs", 0.0, &[]);
 
-    // Inputs from one seed on the CPU, then copied: the same on every rank.
-    tch::manual_seed(1234);
-    let a_cpu = Tensor::f_randn([n, n], (Kind::Float, Device::Cpu))?;
-    let b_cpu = Tensor::f_randn([n, n], (Kind::Float, Device::Cpu))?;
+    // Inputs from one seed on the CPU, then copied: the same on every rank
+    // (ranks that are threads of one process take turns at the generator).
+    let (a_cpu, b_cpu) = {
+        let _rng = super::models::BUILD_LOCK
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        tch::manual_seed(1234);
+        (
+            Tensor::f_randn([n, n], (Kind::Float, Device::Cpu))?,
+            Tensor::f_randn([n, n], (Kind::Float, Device::Cpu))?,
+        )
+    };
     let a = a_cpu.f_to_device(dev)?.f_to_kind(kind)?;
     let b = b_cpu.f_to_device(dev)?.f_to_kind(kind)?;
     drop((a_cpu, b_cpu));
@@ -331,6 +339,10 @@ mod tests {
 
     #[test]
     fn seeded_cpu_product_is_reproducible() {
+        // Other tests of this binary seed libtorch's global generator too.
+        let _rng = crate::workloads::models::BUILD_LOCK
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         tch::set_num_threads(1);
         let prod = || {
             tch::manual_seed(1234);

@@ -100,8 +100,9 @@ pub struct Batch {
 /// Distinct synthetic images per batch; larger batches repeat them.
 const POOL: i64 = 64;
 
-/// Model building draws from libtorch's global generator: one at a time.
-static BUILD_LOCK: Mutex<()> = Mutex::new(());
+/// Model building draws from libtorch's global generator: one at a time
+/// (and anything else that seeds it, tests included, takes this lock too).
+pub(crate) static BUILD_LOCK: Mutex<()> = Mutex::new(());
 
 /// `t.permute([0,2,3,1]).contiguous().permute([0,3,1,2])`: same shape, NHWC memory.
 pub fn channels_last(t: &Tensor) -> Result<Tensor> {
@@ -368,6 +369,7 @@ mod tests {
     #[test]
     fn mobilenet_v2_keeps_the_compute_type_to_the_classifier() {
         // tch's own v2 pooled into fp32 and failed in bf16 on H200s.
+        let _rng = BUILD_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         tch::manual_seed(0);
         let mut vs = nn::VarStore::new(Device::Cpu);
         let net = mobilenet::v2(&vs.root(), 1000);
