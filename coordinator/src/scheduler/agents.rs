@@ -208,8 +208,41 @@ impl Scheduler {
         {
             return false;
         }
-        let report = entry.report(now_ms(), &self.cfg);
-        let (verdict, why) = report::ranks_verdict(&report);
+        // Built once, as if the job succeeded (what almost every complete job
+        // does): at a thousand nodes a report takes seconds of this task.
+        // A job that fails is built again with its failure.
+        let now = now_ms();
+        let report = {
+            let entry = self.jobs.get_mut(id).expect("looked up above");
+            let (state, finished, results_in) = (
+                entry.job.state,
+                entry.job.finished_unix_ms,
+                entry.job.results_in,
+            );
+            entry.job.set_state(JobState::Succeeded);
+            entry.job.finished_unix_ms = now;
+            entry.job.results_in = entry.results.len() as u32;
+            let report = entry.report(now, &self.cfg);
+            entry.job.state = state;
+            entry.job.finished_unix_ms = finished;
+            entry.job.results_in = results_in;
+            report
+        };
+        if report::ranks_verdict(&report).0 == Verdict::Pass {
+            self.finish_with(
+                id,
+                JobState::Succeeded,
+                String::new(),
+                None,
+                Some((report, now)),
+            )
+            .await;
+            return true;
+        }
+        // Judged as a running job, as always (a succeeded job is also held
+        // to the figures it was expected to produce, a running one not yet).
+        let running = self.jobs[id].report(now, &self.cfg);
+        let (verdict, why) = report::ranks_verdict(&running);
         if verdict == Verdict::Pass {
             self.finish(id, JobState::Succeeded, String::new(), None)
                 .await;

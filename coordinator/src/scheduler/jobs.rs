@@ -265,18 +265,34 @@ impl Scheduler {
         message: String,
         skip: Option<&str>,
     ) {
-        let now = now_ms();
+        self.finish_with(id, state, message, skip, None).await
+    }
+
+    /// [`Scheduler::finish`] with the report already built for exactly this
+    /// ending (`prebuilt`: made with the job in its final state, at `now`).
+    pub(super) async fn finish_with(
+        &mut self,
+        id: &str,
+        state: JobState,
+        message: String,
+        skip: Option<&str>,
+        prebuilt: Option<(Report, u64)>,
+    ) {
         let Some(entry) = self.jobs.get_mut(id) else {
             return;
         };
         if entry.state().is_terminal() {
             return;
         }
+        let now = prebuilt.as_ref().map_or_else(now_ms, |(_, at)| *at);
         entry.job.set_state(state);
         entry.job.message = message.clone();
         entry.job.finished_unix_ms = now;
         entry.job.results_in = entry.results.len() as u32;
-        let report = entry.report(now, &self.cfg);
+        let report = match prebuilt {
+            Some((r, _)) => r,
+            None => entry.report(now, &self.cfg),
+        };
         // Results and telemetry are stored and folded into the stored report;
         // memory keeps only what running jobs need.
         entry.results.clear();
