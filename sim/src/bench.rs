@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use gpuctl_proto::client::Channel;
 use gpuctl_proto::pb::{
-    job_service_client::JobServiceClient, GetJobRequest, GetReportRequest, JobSpec, JobState,
+    job_service_client::JobServiceClient, GetJobRequest, GetReportRequest, JobSpec,
     ListJobsRequest, ListNodesRequest, Report, SubmitRequest,
 };
 use gpuctl_proto::shutdown::Shutdown;
@@ -388,24 +388,13 @@ async fn one_job(
         .count() as u32;
     Ok(JobFigures {
         id: job.id,
-        state: state_name(state).into(),
+        state: state.label().into(),
         ranks: report.world_size,
         results_in_report,
         assign_ms,
         report_ms,
         rss_after: probe::rss_bytes(pid).unwrap_or(0),
     })
-}
-
-fn state_name(s: JobState) -> &'static str {
-    match s {
-        JobState::Succeeded => "succeeded",
-        JobState::Failed => "failed",
-        JobState::Cancelled => "cancelled",
-        JobState::Running => "running",
-        JobState::Pending => "pending",
-        JobState::Unspecified => "unknown",
-    }
 }
 
 const MB: f64 = 1e6;

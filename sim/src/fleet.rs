@@ -211,29 +211,19 @@ impl Agent {
             gpus: self.gpus(),
             ..Default::default()
         };
-        let resp = match client.register(req).await {
-            Ok(r) => r.into_inner(),
-            Err(s) => {
-                let _ = registered.send(Err(anyhow::anyhow!(
-                    "{}: Register: {}",
-                    self.name,
-                    s.message()
-                )));
-                return;
-            }
-        };
+        // The workers' calls go over this agent's connection, to the URL it
+        // registered at: the URL the coordinator advertises is not needed.
+        if let Err(s) = client.register(req).await {
+            let _ = registered.send(Err(anyhow::anyhow!(
+                "{}: Register: {}",
+                self.name,
+                s.message()
+            )));
+            return;
+        }
         self.stats.registered.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel::<AgentMessage>(256);
-        let hb = |running: Vec<RunningJob>| AgentMessage {
-            msg: Some(Msg::Heartbeat(Heartbeat {
-                node: self.name.clone(),
-                protocol_version: PROTOCOL_VERSION,
-                unix_ms: now_ms(),
-                running,
-                preflight: vec![],
-            })),
-        };
-        let _ = tx.send(hb(vec![])).await;
+        let _ = tx.send(self.heartbeat(vec![])).await;
         let inbound = match client.session(ReceiverStream::new(rx)).await {
             Ok(s) => s.into_inner(),
             Err(s) => {
@@ -246,18 +236,26 @@ impl Agent {
             }
         };
         let _ = registered.send(Ok(()));
-        let worker_url = if resp.coordinator_url.is_empty() {
-            self.cfg.url.clone()
-        } else {
-            resp.coordinator_url.clone()
-        };
         let running: Running = Arc::default();
         let me = Arc::new(self);
         let beat = tokio::spawn(me.clone().heartbeats(tx.clone(), running.clone()));
         let tele = tokio::spawn(me.clone().telemetry(tx.clone(), running.clone()));
-        me.clone().listen(inbound, tx, running, worker_url).await;
+        me.clone().listen(inbound, tx, running).await;
         beat.abort();
         tele.abort();
+    }
+
+    /// A heartbeat listing the ranks running here.
+    fn heartbeat(&self, running: Vec<RunningJob>) -> AgentMessage {
+        AgentMessage {
+            msg: Some(Msg::Heartbeat(Heartbeat {
+                node: self.name.clone(),
+                protocol_version: PROTOCOL_VERSION,
+                unix_ms: now_ms(),
+                running,
+                preflight: vec![],
+            })),
+        }
     }
 
     async fn heartbeats(self: Arc<Self>, tx: mpsc::Sender<AgentMessage>, running: Running) {
@@ -268,16 +266,7 @@ impl Agent {
                 _ = self.shutdown.cancelled() => return,
             }
             let jobs: Vec<RunningJob> = running.lock().unwrap().values().cloned().collect();
-            let msg = AgentMessage {
-                msg: Some(Msg::Heartbeat(Heartbeat {
-                    node: self.name.clone(),
-                    protocol_version: PROTOCOL_VERSION,
-                    unix_ms: now_ms(),
-                    running: jobs,
-                    preflight: vec![],
-                })),
-            };
-            if tx.send(msg).await.is_err() {
+            if tx.send(self.heartbeat(jobs)).await.is_err() {
                 return;
             }
         }
@@ -323,7 +312,6 @@ impl Agent {
         mut inbound: tonic::Streaming<gpuctl_proto::pb::CoordinatorMessage>,
         tx: mpsc::Sender<AgentMessage>,
         running: Running,
-        worker_url: String,
     ) {
         let workers = WorkerServiceClient::new(self.channel.clone());
         let mut cancels: HashMap<String, Shutdown> = HashMap::new();
@@ -344,7 +332,7 @@ impl Agent {
                     self.stats.assigned(&a.job_id);
                     let stop = self.shutdown.child_token();
                     cancels.insert(a.job_id.clone(), stop.clone());
-                    self.start_ranks(&a, &tx, &running, workers.clone(), stop, &worker_url)
+                    self.start_ranks(&a, &tx, &running, workers.clone(), stop)
                         .await;
                 }
                 Some(coordinator_message::Msg::Cancel(c)) => {
@@ -364,7 +352,6 @@ impl Agent {
         running: &Running,
         workers: WorkerServiceClient<Channel>,
         stop: Shutdown,
-        _worker_url: &str,
     ) {
         let ranks: Vec<u32> = a.ranks.iter().map(|r| r.rank).collect();
         let ok = a.spec.as_ref().is_some_and(|s| s.workload == "stress");

@@ -49,18 +49,7 @@ pub fn telemetry_columns(job: &pb::Job, latest: &[pb::TelemetryBatch]) -> ExtraC
         .map(|h| h.to_string())
         .collect();
     for r in &plan.ranks {
-        let sample = latest
-            .iter()
-            .filter(|b| b.node == r.node)
-            .flat_map(|b| &b.samples)
-            .find(|s| {
-                if !r.gpu_uuid.is_empty() && !s.uuid.is_empty() {
-                    s.uuid == r.gpu_uuid
-                } else {
-                    r.gpu_index == Some(s.index)
-                }
-            });
-        if let Some(s) = sample {
+        if let Some(s) = output::gpu_sample(r, latest) {
             cols.cells.insert(r.rank, gpu_cells(s));
         }
     }

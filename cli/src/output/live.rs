@@ -116,14 +116,14 @@ fn rank_lines(job: &pb::Job, now: u64, latest: &[pb::TelemetryBatch]) -> Vec<Ran
             let line = format!(
                 "{:>4} {:<14} {:<17} {:>4} {:<15} {:<10} {}",
                 rank,
-                cut(&node, 14),
-                cut(&super::dash(p.map_or("", |p| p.phase.as_str())), 17),
+                super::truncate(&node, 14),
+                super::truncate(&super::dash(p.map_or("", |p| p.phase.as_str())), 17),
                 p.map_or("-".into(), |p| format!(
                     "{:.0}%",
                     p.fraction.clamp(0.0, 1.0) * 100.0
                 )),
-                cut(&p.map_or("-".into(), figure), 15),
-                cut(&gpu_cell(placement, &node, latest), 10),
+                super::truncate(&p.map_or("-".into(), figure), 15),
+                super::truncate(&gpu_cell(placement, latest), 10),
                 seen_cell
             );
             (stale, rank, line)
@@ -154,20 +154,8 @@ fn figure(p: &pb::RankProgress) -> String {
 }
 
 /// Utilisation and temperature of the rank's GPU from the latest samples.
-fn gpu_cell(r: Option<&pb::RankPlacement>, node: &str, latest: &[pb::TelemetryBatch]) -> String {
-    let Some(r) = r else { return "-".into() };
-    let sample = latest
-        .iter()
-        .filter(|b| b.node == node)
-        .flat_map(|b| &b.samples)
-        .find(|s| {
-            if !r.gpu_uuid.is_empty() && !s.uuid.is_empty() {
-                s.uuid == r.gpu_uuid
-            } else {
-                r.gpu_index == Some(s.index)
-            }
-        });
-    match sample {
+fn gpu_cell(r: Option<&pb::RankPlacement>, latest: &[pb::TelemetryBatch]) -> String {
+    match r.and_then(|r| super::gpu_sample(r, latest)) {
         Some(s) => format!("{:.0}% {:.0}°C", s.util_gpu, s.temperature_c),
         None => "-".into(),
     }
@@ -182,18 +170,8 @@ fn secs(ms: u64) -> String {
     }
 }
 
-/// At most `max` characters, an ellipsis marking a cut.
-fn cut(s: &str, max: usize) -> String {
-    if s.chars().count() <= max {
-        return s.to_string();
-    }
-    let mut t: String = s.chars().take(max - 1).collect();
-    t.push('…');
-    t
-}
-
 fn fit(s: &str) -> String {
-    cut(s, WIDTH)
+    super::truncate(s, WIDTH)
 }
 
 /// Redraws the view in place: moves the cursor up over what it drew last

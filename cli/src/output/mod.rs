@@ -41,6 +41,25 @@ pub fn print_text(s: &str) {
     let _ = out.flush();
 }
 
+/// The latest sample of a rank's GPU: matched by UUID, else by NVML index,
+/// on the rank's node.
+pub fn gpu_sample<'a>(
+    r: &pb::RankPlacement,
+    latest: &'a [pb::TelemetryBatch],
+) -> Option<&'a pb::GpuSample> {
+    latest
+        .iter()
+        .filter(|b| b.node == r.node)
+        .flat_map(|b| &b.samples)
+        .find(|s| {
+            if !r.gpu_uuid.is_empty() && !s.uuid.is_empty() {
+                s.uuid == r.gpu_uuid
+            } else {
+                r.gpu_index == Some(s.index)
+            }
+        })
+}
+
 /// `-` for empty cells, so columns never collapse.
 pub fn dash(s: &str) -> String {
     if s.trim().is_empty() {

@@ -54,7 +54,8 @@ fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
     Some(sorted[rank.min(sorted.len() - 1)])
 }
 
-fn median(mut v: Vec<f64>) -> Option<f64> {
+/// The middle value (the upper of the two middle ones); None when empty.
+pub fn median(mut v: Vec<f64>) -> Option<f64> {
     v.sort_by(|a, b| a.total_cmp(b));
     percentile(&v, 50.0)
 }

@@ -141,8 +141,7 @@ fn rank_events(
         return;
     };
     // The rank's end: its last mark, at least; the job's end when later.
-    let last = res.phases.last().map_or(0, |m| m.unix_ms);
-    let rank_end = if end_ms > last { end_ms } else { last };
+    let rank_end = res.phases.last().map_or(end_ms, |m| m.unix_ms.max(end_ms));
     for span in spans(&res.phases, rank_end) {
         let mut args = json!({
             "iterations": span.iterations,

@@ -212,22 +212,7 @@ impl Scheduler {
         // does): at a thousand nodes a report takes seconds of this task.
         // A job that fails is built again with its failure.
         let now = now_ms();
-        let report = {
-            let entry = self.jobs.get_mut(id).expect("looked up above");
-            let (state, finished, results_in) = (
-                entry.job.state,
-                entry.job.finished_unix_ms,
-                entry.job.results_in,
-            );
-            entry.job.set_state(JobState::Succeeded);
-            entry.job.finished_unix_ms = now;
-            entry.job.results_in = entry.results.len() as u32;
-            let report = entry.report(now, &self.cfg);
-            entry.job.state = state;
-            entry.job.finished_unix_ms = finished;
-            entry.job.results_in = results_in;
-            report
-        };
+        let report = entry.report_as_succeeded(now, &self.cfg);
         if report::ranks_verdict(&report).0 == Verdict::Pass {
             self.finish_with(
                 id,

@@ -111,6 +111,16 @@ impl JobEntry {
         self.job.state()
     }
 
+    /// The report this running job would have if it succeeded now, all its
+    /// results in; the job itself is left as it is.
+    pub fn report_as_succeeded(&self, now_ms: u64, cfg: &SchedulerConfig) -> Report {
+        let mut job = self.job.clone();
+        job.set_state(JobState::Succeeded);
+        job.finished_unix_ms = now_ms;
+        job.results_in = self.results.len() as u32;
+        self.report_of(&job, now_ms, cfg)
+    }
+
     /// Drops what only a running job needs once its report is built: the
     /// figures and messages of each rank's last progress, the workers'
     /// stderr tails of workers that exited cleanly (the report keeps both) and the latest telemetry. A
@@ -204,8 +214,13 @@ impl JobEntry {
     }
 
     pub fn report(&self, now_ms: u64, cfg: &SchedulerConfig) -> Report {
+        self.report_of(&self.job, now_ms, cfg)
+    }
+
+    /// The report of this job's ranks as `job` says the job stands.
+    fn report_of(&self, job: &Job, now_ms: u64, cfg: &SchedulerConfig) -> Report {
         report::build(&report::Inputs {
-            job: &self.job,
+            job,
             results: &self.results,
             exits: &self.exits,
             progress: &self.progress,

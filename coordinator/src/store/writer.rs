@@ -92,7 +92,7 @@ impl Writer {
             done: Some(done),
         };
         if let Err(mpsc::error::SendError(op)) = self.tx.send(op) {
-            self.forget(&op);
+            forget(&self.overlay, &op);
             if let Some(done) = op.done {
                 let _ = done.send(Err(StoreError::Backend(
                     "the store's writer stopped".into(),
@@ -121,10 +121,6 @@ impl Writer {
             .take_while(|(k, _)| k.starts_with(prefix))
             .map(|(k, (_, v))| (k.clone(), v.clone()))
             .collect()
-    }
-
-    fn forget(&self, op: &Op) {
-        forget(&self.overlay, op);
     }
 }
 
@@ -184,5 +180,50 @@ async fn run(
                 });
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::RedbStore;
+
+    #[tokio::test]
+    async fn queued_writes_are_read_at_once_and_committed_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(RedbStore::open(&dir.path().join("s.redb")).unwrap());
+        let w = Writer::start(store.clone());
+        let mut last = None;
+        for i in 0..200u32 {
+            let d = w.write(vec![
+                ("k/a".into(), i.to_be_bytes().to_vec()),
+                (format!("k/n{i:03}"), vec![1]),
+            ]);
+            // Visible before any commit: the overlay answers.
+            assert_eq!(w.get("k/a").unwrap().as_slice(), i.to_be_bytes());
+            last = Some(d);
+        }
+        // Every key is readable now, queued or committed.
+        let mut seen: std::collections::BTreeSet<String> =
+            w.scan("k/n").into_iter().map(|(k, _)| k).collect();
+        seen.extend(
+            store
+                .scan_prefix("k/n".into())
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|(k, _)| k),
+        );
+        assert_eq!(seen.len(), 200);
+        last.unwrap().await.unwrap();
+        // Committed: the backend holds the last value of the key written 200
+        // times and every other key, and the overlay let go of them.
+        assert_eq!(
+            store.get("k/a".into()).await.unwrap().unwrap(),
+            199u32.to_be_bytes()
+        );
+        assert_eq!(store.scan_prefix("k/n".into()).await.unwrap().len(), 200);
+        assert!(w.get("k/a").is_none() && w.scan("k/").is_empty());
+        w.flush().await.unwrap();
     }
 }

@@ -13,6 +13,7 @@ use gpuctl_proto::units::format_bytes;
 use super::chart::{self, Plot};
 use super::lines::{whole_number, Heatmap, Histogram, Lines, Series};
 use crate::commands::report::ranks_in_order;
+use crate::output::models::median;
 
 /// A plot, or a sentence where a plot would be.
 pub enum Figure {
@@ -235,10 +236,7 @@ fn models(r: &pb::Report) -> Vec<(String, Vec<(u32, &pb::TrainResult)>)> {
         let Some(res) = rank.result.as_ref() else {
             continue;
         };
-        let Some(Detail::Train(first)) = res.detail.as_ref() else {
-            continue;
-        };
-        for (i, t) in std::iter::once(first).chain(&res.more_train).enumerate() {
+        for (i, t) in crate::output::models::train_results(res).enumerate() {
             if out.len() <= i {
                 out.push((t.model.clone(), Vec::new()));
             }
@@ -246,14 +244,6 @@ fn models(r: &pb::Report) -> Vec<(String, Vec<(u32, &pb::TrainResult)>)> {
         }
     }
     out
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
 }
 
 /// The step-time distribution of every model a ddp/fsdp job trained; per
@@ -271,8 +261,8 @@ pub fn step_times(r: &pb::Report) -> Result<Vec<Figure>> {
             .flat_map(|(_, t)| t.step_ms.iter().copied())
             .filter(|v| v.is_finite())
             .collect();
-        let p50 = median(ranks.iter().map(|(_, t)| t.step_ms_p50).collect());
-        let p99 = median(ranks.iter().map(|(_, t)| t.step_ms_p99).collect());
+        let p50 = median(ranks.iter().map(|(_, t)| t.step_ms_p50).collect()).unwrap_or(0.0);
+        let p99 = median(ranks.iter().map(|(_, t)| t.step_ms_p99).collect()).unwrap_or(0.0);
         let summary = format!("Median over the ranks: p50 {p50:.1} ms, p99 {p99:.1} ms.");
         if !steps.is_empty() {
             let title = format!(
