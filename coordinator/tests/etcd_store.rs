@@ -239,7 +239,7 @@ async fn unreachable_etcd_names_the_endpoint_and_the_fix() {
 async fn node_names(url: &str) -> Vec<String> {
     let mut client = JobServiceClient::connect(url.to_string()).await.unwrap();
     let nodes = client
-        .list_nodes(ListNodesRequest {})
+        .list_nodes(ListNodesRequest::default())
         .await
         .unwrap()
         .into_inner()

@@ -485,7 +485,10 @@ async fn a_thousand_random_and_mutated_messages_break_nothing() {
                     }
                 }
                 4 => jobs
-                    .get_job(GetJobRequest { job_id: g.string() })
+                    .get_job(GetJobRequest {
+                        job_id: g.string(),
+                        max_ranks: g.u32(),
+                    })
                     .await
                     .map(|_| ()),
                 5 => jobs
@@ -518,7 +521,10 @@ async fn a_thousand_random_and_mutated_messages_break_nothing() {
                     })
                     .await
                     .map(|_| ()),
-                9 => jobs.list_nodes(ListNodesRequest {}).await.map(|_| ()),
+                9 => jobs
+                    .list_nodes(ListNodesRequest::default())
+                    .await
+                    .map(|_| ()),
                 10 => {
                     let mut name = g.string();
                     if name == "real" {

@@ -384,6 +384,7 @@ async fn job_life_from_submit_to_report() {
     let err = jobs
         .get_job(GetJobRequest {
             job_id: "job-999".into(),
+            ..Default::default()
         })
         .await
         .unwrap_err();

@@ -94,7 +94,7 @@ async fn standby_answers(url: &str) -> Option<Vec<tonic::Status>> {
         .await
         .ok()?;
     let mut jobs = JobServiceClient::new(ch.clone());
-    let jobs = tokio::time::timeout(within, jobs.list_nodes(ListNodesRequest {})).await;
+    let jobs = tokio::time::timeout(within, jobs.list_nodes(ListNodesRequest::default())).await;
     let mut agents = AgentServiceClient::new(ch.clone());
     let agents = tokio::time::timeout(within, agents.register(RegisterRequest::default())).await;
     let mut workers = WorkerServiceClient::new(ch);

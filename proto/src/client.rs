@@ -393,7 +393,7 @@ mod tests {
         let start = Instant::now();
         let status = tokio::time::timeout(
             Duration::from_secs(5),
-            client.list_nodes(ListNodesRequest {}),
+            client.list_nodes(ListNodesRequest::default()),
         )
         .await
         .expect("the call must not hang")
@@ -403,7 +403,7 @@ mod tests {
         assert_eq!(status.message(), format!("{url}: no answer within 300ms"));
 
         // A call's own limit replaces the default, longer or shorter.
-        let mut req = tonic::Request::new(ListNodesRequest {});
+        let mut req = tonic::Request::new(ListNodesRequest::default());
         req.set_timeout(Duration::from_millis(100));
         let status = client.list_nodes(req).await.unwrap_err();
         assert_eq!(status.message(), format!("{url}: no answer within 100ms"));

@@ -28,6 +28,11 @@ pub mod pb {
 /// iteration counter, WorkerService calls carry a per-rank secret.
 pub const PROTOCOL_VERSION: u32 = 3;
 
+/// How many ranks a person's view of a job shows (`gpuctl status`, the live
+/// view): a job on thousands of GPUs is asked for those furthest behind
+/// (`GetJobRequest.max_ranks`), not for every rank.
+pub const VIEW_RANKS: u32 = 64;
+
 /// Milliseconds since the Unix epoch, the one clock every message uses.
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
@@ -53,6 +58,28 @@ impl pb::RankPlacement {
     /// Whether the rank runs on a GPU.
     pub fn is_gpu(&self) -> bool {
         self.gpu_index.is_some()
+    }
+}
+
+impl pb::Plan {
+    /// Each node's ranks, in plan order: one pass over the ranks instead of
+    /// one per node (a 4,096-node plan has 32,768 ranks).
+    pub fn ranks_by_node(&self) -> std::collections::HashMap<&str, Vec<&pb::RankPlacement>> {
+        let mut out: std::collections::HashMap<&str, Vec<&pb::RankPlacement>> =
+            std::collections::HashMap::with_capacity(self.nodes.len());
+        for p in &self.ranks {
+            out.entry(p.node.as_str()).or_default().push(p);
+        }
+        out
+    }
+
+    /// A rank's placement. The planner lists ranks in order, so this is an
+    /// index; a plan written otherwise is searched.
+    pub fn placement(&self, rank: u32) -> Option<&pb::RankPlacement> {
+        match self.ranks.get(rank as usize) {
+            Some(p) if p.rank == rank => Some(p),
+            _ => self.ranks.iter().find(|p| p.rank == rank),
+        }
     }
 }
 

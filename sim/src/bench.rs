@@ -149,7 +149,7 @@ async fn cli_load(
 ) {
     loop {
         let t = Instant::now();
-        let ok = c.list_nodes(ListNodesRequest {}).await.is_ok();
+        let ok = c.list_nodes(ListNodesRequest { brief: true }).await.is_ok();
         record(&lat, "nodes", t, ok);
         let t = Instant::now();
         let ok = c.list_jobs(ListJobsRequest { limit: 50 }).await.is_ok();
@@ -157,7 +157,11 @@ async fn cli_load(
         let job = lat.lock().unwrap().job.clone();
         if !job.is_empty() {
             let t = Instant::now();
-            let ok = c.get_job(GetJobRequest { job_id: job }).await.is_ok();
+            let req = GetJobRequest {
+                job_id: job,
+                max_ranks: gpuctl_proto::VIEW_RANKS,
+            };
+            let ok = c.get_job(req).await.is_ok();
             record(&lat, "status", t, ok);
         }
         tokio::select! {
@@ -321,6 +325,8 @@ pub async fn run(cfg: &BenchConfig, dir: PathBuf) -> Result<BenchReport> {
         out.phases.push(phase.end(&co, &lat));
     }
     stop.cancel();
+    // The fleet's tasks see the stop before the coordinator goes.
+    tokio::time::sleep(Duration::from_millis(200)).await;
     Ok(out)
 }
 
@@ -352,6 +358,7 @@ async fn one_job(
         let j = jobs
             .get_job(GetJobRequest {
                 job_id: job.id.clone(),
+                max_ranks: gpuctl_proto::VIEW_RANKS,
             })
             .await?
             .into_inner();

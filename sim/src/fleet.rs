@@ -316,9 +316,12 @@ impl Agent {
         let workers = WorkerServiceClient::new(self.channel.clone());
         let mut cancels: HashMap<String, Shutdown> = HashMap::new();
         loop {
+            // Stopping first: the bench ends the coordinator right after
+            // the fleet, and a session cut by that is no news.
             let msg = tokio::select! {
-                m = inbound.message() => m,
+                biased;
                 _ = self.shutdown.cancelled() => return,
+                m = inbound.message() => m,
             };
             let msg = match msg {
                 Ok(Some(m)) => m,

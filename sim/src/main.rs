@@ -63,6 +63,9 @@ enum Cmd {
         /// Also write the figures as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
+        /// Keep the coordinator's folder (store, coordinator.log) afterwards.
+        #[arg(long)]
+        keep_dir: bool,
     },
     /// Run the simulated fleet against a coordinator until Ctrl-C.
     Fleet {
@@ -111,6 +114,7 @@ fn main() -> Result<()> {
                 short,
                 cli_every,
                 json,
+                keep_dir,
             } => {
                 let cfg = BenchConfig {
                     coordinator_bin: match coordinator_bin {
@@ -130,7 +134,11 @@ fn main() -> Result<()> {
                 let dir = std::env::temp_dir().join(format!("gpuctl-sim-{}", std::process::id()));
                 std::fs::create_dir_all(&dir)?;
                 let report = bench::run(&cfg, dir.clone()).await;
-                let _ = std::fs::remove_dir_all(&dir);
+                if keep_dir {
+                    eprintln!("the coordinator's store and log are in {}", dir.display());
+                } else {
+                    let _ = std::fs::remove_dir_all(&dir);
+                }
                 let report = report?;
                 report.print();
                 if let Some(path) = json {

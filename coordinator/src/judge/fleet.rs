@@ -4,7 +4,7 @@
 //! the last verdict, the headline figures and the drift of each figure
 //! against the node's own previous runs.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use gpuctl_proto::pb::{Drift, FigureRecord, FleetRow, Link, NodeRun, Report};
 
@@ -13,13 +13,26 @@ use super::figures::{median, of_report, Metric};
 /// The runs a finished report leaves in the history, one per node.
 pub fn runs_of(report: &Report) -> Vec<NodeRun> {
     let (ranks, job) = of_report(report);
+    // Grouped once: a 4,096-node job has 32,768 ranks.
+    let mut ranks_of: HashMap<&str, Vec<_>> = HashMap::new();
+    for r in ranks.iter().filter(|r| r.reported) {
+        ranks_of.entry(r.node.as_str()).or_default().push(r);
+    }
+    let mut links_of: HashMap<&str, Vec<_>> = HashMap::new();
+    for l in &report.links {
+        links_of.entry(l.a.as_str()).or_default().push(l);
+        if l.b != l.a {
+            links_of.entry(l.b.as_str()).or_default().push(l);
+        }
+    }
     report
         .nodes
         .iter()
         .map(|n| {
-            let mut figures: Vec<FigureRecord> = ranks
-                .iter()
-                .filter(|r| r.node == n.name && r.reported)
+            let mut figures: Vec<FigureRecord> = ranks_of
+                .get(n.name.as_str())
+                .into_iter()
+                .flatten()
                 .flat_map(|r| {
                     r.figures.iter().map(|f| FigureRecord {
                         metric: f.metric.name().to_string(),
@@ -44,11 +57,11 @@ pub fn runs_of(report: &Report) -> Vec<NodeRun> {
                 verdict: n.verdict,
                 reason: n.reason.clone(),
                 figures,
-                links: report
-                    .links
-                    .iter()
-                    .filter(|l| l.a == n.name || l.b == n.name)
-                    .cloned()
+                links: links_of
+                    .get(n.name.as_str())
+                    .into_iter()
+                    .flatten()
+                    .map(|l| (*l).clone())
                     .collect(),
             }
         })

@@ -4,6 +4,7 @@
 //! findings ([`super::health`]).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Bound::{Excluded, Included, Unbounded};
 
 use gpuctl_proto::pb::{GpuTelemetrySummary, HealthFinding, TelemetryBatch, Verdict};
 
@@ -17,6 +18,8 @@ pub struct Telemetry {
     series: BTreeMap<(String, u32), GpuSeries>,
     /// Series changed since they were last stored.
     dirty: BTreeSet<(String, u32)>,
+    /// The last series `take_dirty_some` took.
+    cursor: Option<(String, u32)>,
 }
 
 impl Telemetry {
@@ -59,11 +62,40 @@ impl Telemetry {
 
     /// Series changed since the last call, to be stored; marks them clean.
     pub fn take_dirty(&mut self) -> Vec<GpuSeries> {
-        let dirty = std::mem::take(&mut self.dirty);
-        dirty
-            .iter()
-            .filter_map(|k| self.series.get(k).cloned())
+        self.take_dirty_some(usize::MAX)
+    }
+
+    /// At most `max` of the changed series, taken round the GPUs in key
+    /// order from where the last call stopped, so that writing a job's
+    /// telemetry can be spread over several calls without starving any GPU.
+    pub fn take_dirty_some(&mut self, max: usize) -> Vec<GpuSeries> {
+        let bounds = |c: &Option<(String, u32)>| match c {
+            Some(c) => (
+                (Excluded(c.clone()), Unbounded),
+                (Unbounded, Included(c.clone())),
+            ),
+            None => ((Unbounded, Unbounded), (Unbounded, Unbounded)),
+        };
+        let (after, before) = bounds(&self.cursor);
+        let mut keys: Vec<(String, u32)> = self.dirty.range(after).take(max).cloned().collect();
+        if keys.len() < max && self.cursor.is_some() {
+            let more = max - keys.len();
+            keys.extend(self.dirty.range(before).take(more).cloned());
+        }
+        if let Some(last) = keys.last() {
+            self.cursor = Some(last.clone());
+        }
+        keys.iter()
+            .filter_map(|k| {
+                self.dirty.remove(k);
+                self.series.get(k).cloned()
+            })
             .collect()
+    }
+
+    /// How many GPUs have a series.
+    pub fn gpus(&self) -> usize {
+        self.series.len()
     }
 
     pub fn is_dirty(&self) -> bool {
@@ -301,5 +333,35 @@ mod tests {
         assert_eq!(g3.xids, vec![31]);
         // 899 replays in 15 minutes is ~60/min: over the default 8/min.
         assert!(f.iter().any(|x| x.rule == "pcie_replay" && x.node == "n3"));
+    }
+
+    #[test]
+    fn changed_series_are_taken_round_the_gpus() {
+        let mut t = Telemetry::default();
+        let second = |t: &mut Telemetry, sec: u64| {
+            for node in ["n0", "n1", "n2"] {
+                let samples = (0..4)
+                    .map(|gpu| {
+                        let mut s = sample(1_000_000 + sec * 1_000, 50.0, 0, vec![]);
+                        s.index = gpu;
+                        s
+                    })
+                    .collect();
+                t.add(node, batch(samples), 0);
+            }
+        };
+        second(&mut t, 0);
+        let key = |g: &GpuSeries| (g.node.clone(), g.index);
+        let first: Vec<_> = t.take_dirty_some(5).iter().map(key).collect();
+        assert_eq!(first.len(), 5);
+        // Every GPU changes again; the next call goes on after the last one
+        // taken instead of starting over.
+        second(&mut t, 1);
+        let next: Vec<_> = t.take_dirty_some(5).iter().map(key).collect();
+        assert_eq!(next[0], ("n1".to_string(), 1), "{next:?}");
+        let rest: Vec<_> = t.take_dirty_some(100).iter().map(key).collect();
+        assert_eq!(rest.len(), 12 - 5, "wrapped round to the start: {rest:?}");
+        assert!(rest.contains(&("n0".to_string(), 0)));
+        assert!(!t.is_dirty());
     }
 }

@@ -6,6 +6,8 @@
 //! The figures are what the worker allocates, rounded up: they refuse what
 //! certainly cannot fit, not what might be tight.
 
+use std::collections::HashMap;
+
 use gpuctl_proto::catalogue::typed::TypedParams;
 use gpuctl_proto::pb::{JobSpec, Node, PreflightCheck, RankPlacement, Verdict};
 use gpuctl_proto::units::format_bytes;
@@ -85,18 +87,23 @@ fn train_need(
 /// nothing for nodes that fit (the plan's check count stays the agents').
 pub fn checks(spec: &JobSpec, nodes: &[&Node], ranks: &[RankPlacement]) -> Vec<PreflightCheck> {
     let mut out = Vec::new();
+    let mut by_node: HashMap<&str, Vec<&RankPlacement>> = HashMap::new();
+    for r in ranks {
+        by_node.entry(r.node.as_str()).or_default().push(r);
+    }
+    // The spec's needs are the same on every node.
+    let (gpu_need, cpu_need) = (need(spec, true), need(spec, false));
     for node in nodes {
-        let mine: Vec<&RankPlacement> = ranks.iter().filter(|r| r.node == node.name).collect();
-        if mine.is_empty() {
+        let Some(mine) = by_node.get(node.name.as_str()) else {
             continue;
-        }
+        };
         let host_total = node.facts.as_ref().map_or(0, |f| f.memory_total_bytes);
         let gpu_ranks = mine.iter().filter(|r| r.gpu_index.is_some()).count() as u64;
         let cpu_ranks = mine.len() as u64 - gpu_ranks;
         let mut problems = Vec::new();
         let mut host_use = 0u64;
         if gpu_ranks > 0 {
-            if let Some(n) = need(spec, true) {
+            if let Some(n) = &gpu_need {
                 host_use = host_use.saturating_add(n.host.saturating_mul(gpu_ranks));
                 for r in mine.iter().filter(|r| r.gpu_index.is_some()) {
                     let total = node
@@ -120,15 +127,17 @@ pub fn checks(spec: &JobSpec, nodes: &[&Node], ranks: &[RankPlacement]) -> Vec<P
         }
         let mut what = String::new();
         if cpu_ranks > 0 {
-            if let Some(n) = need(spec, false) {
+            if let Some(n) = &cpu_need {
                 let per_rank = n.device.saturating_add(n.host);
                 host_use = host_use.saturating_add(per_rank.saturating_mul(cpu_ranks));
-                what = n.what;
+                what = n.what.clone();
             }
         }
         if host_total > 0 && host_use > host_total {
             let what = if what.is_empty() {
-                need(spec, true).map_or_else(|| "the job".to_string(), |n| n.what)
+                gpu_need
+                    .as_ref()
+                    .map_or_else(|| "the job".to_string(), |n| n.what.clone())
             } else {
                 what
             };

@@ -5,14 +5,13 @@
 
 use gpuctl_proto::now_ms;
 use gpuctl_proto::pb::{
-    AssignmentAck, Heartbeat, JobState, Node, NodeState, RegisterRequest, RegisterResponse, Verdict,
+    AssignmentAck, Heartbeat, JobState, Node, NodeState, RegisterRequest, RegisterResponse,
 };
 use tracing::{debug, info, warn};
 
 use super::state::{NodeEntry, Session};
 use super::{human, Scheduler, SessionTx};
 use crate::error::CoordinatorError;
-use crate::judge::report;
 use crate::plan::planner;
 use crate::store::Batch;
 
@@ -161,7 +160,7 @@ impl Scheduler {
         let now = now_ms();
         let ids: Vec<String> = self.adopting.keys().cloned().collect();
         for id in ids {
-            if self.finish_if_complete(&id).await {
+            if self.judge_if_complete(&id) {
                 self.adopting.remove(&id);
                 continue;
             }
@@ -195,46 +194,6 @@ impl Scheduler {
                 self.finish(&id, JobState::Failed, msg, None).await;
             }
         }
-    }
-
-    /// Ends a running job whose every rank has a result, by the ranks'
-    /// verdict; returns whether it did.
-    pub(super) async fn finish_if_complete(&mut self, id: &str) -> bool {
-        let Some(entry) = self.jobs.get(id) else {
-            return false;
-        };
-        let world = entry.world_size();
-        if entry.state() != JobState::Running || world == 0 || (entry.results.len() as u32) < world
-        {
-            return false;
-        }
-        // Built once, as if the job succeeded (what almost every complete job
-        // does): at a thousand nodes a report takes seconds of this task.
-        // A job that fails is built again with its failure.
-        let now = now_ms();
-        let report = entry.report_as_succeeded(now, &self.cfg);
-        if report::ranks_verdict(&report).0 == Verdict::Pass {
-            self.finish_with(
-                id,
-                JobState::Succeeded,
-                String::new(),
-                None,
-                Some((report, now)),
-            )
-            .await;
-            return true;
-        }
-        // Judged as a running job, as always (a succeeded job is also held
-        // to the figures it was expected to produce, a running one not yet).
-        let running = self.jobs[id].report(now, &self.cfg);
-        let (verdict, why) = report::ranks_verdict(&running);
-        if verdict == Verdict::Pass {
-            self.finish(id, JobState::Succeeded, String::new(), None)
-                .await;
-        } else {
-            self.finish(id, JobState::Failed, why, None).await;
-        }
-        true
     }
 
     pub(super) async fn session_opened(

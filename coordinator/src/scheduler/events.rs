@@ -3,11 +3,13 @@
 //! carry a oneshot for it.
 
 use gpuctl_proto::pb::{
-    AssignmentAck, CoordinatorMessage, Heartbeat, Job, JobSpec, Node, Plan, RankProgressReport,
-    RankResult, RegisterRequest, RegisterResponse, Report, TelemetryBatch, WorkerExited, WorkerLog,
+    AssignmentAck, CoordinatorMessage, Heartbeat, Job, JobSpec, JobState, Node, Plan,
+    RankProgressReport, RankResult, RegisterRequest, RegisterResponse, Report, TelemetryBatch,
+    WorkerExited, WorkerLog,
 };
 use tokio::sync::{mpsc, oneshot};
 
+use super::reports::Built;
 use super::snapshot::Snapshot;
 use crate::error::CoordinatorError;
 
@@ -82,6 +84,8 @@ pub enum Event {
     Tick,
     GetJob {
         job_id: String,
+        /// See `GetJobRequest.max_ranks` (0: everything).
+        max_ranks: u32,
         reply: Reply<Result<Job, CoordinatorError>>,
     },
     ListJobs {
@@ -89,6 +93,7 @@ pub enum Event {
         reply: Reply<Vec<Job>>,
     },
     ListNodes {
+        brief: bool,
         reply: Reply<Vec<Node>>,
     },
     RemoveNode {
@@ -107,9 +112,72 @@ pub enum Event {
     Metrics {
         reply: Reply<Snapshot>,
     },
+    /// A complete job's verdict and report, from a blocking thread.
+    Judged {
+        job_id: String,
+        attempt: u32,
+        state: JobState,
+        message: String,
+        built: Box<Built>,
+    },
+    /// An ended job's report is in the store, from a blocking thread.
+    ReportStored {
+        job_id: String,
+        report: Box<Report>,
+    },
 }
 
 impl Event {
+    /// The variant's name, for logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Event::AgentRegistered { .. } => "AgentRegistered",
+            Event::SessionOpened { .. } => "SessionOpened",
+            Event::Heartbeat { .. } => "Heartbeat",
+            Event::SessionClosed { .. } => "SessionClosed",
+            Event::AssignmentAck { .. } => "AssignmentAck",
+            Event::Submit { .. } => "Submit",
+            Event::Plan { .. } => "Plan",
+            Event::Cancel { .. } => "Cancel",
+            Event::WorkerProgress { .. } => "WorkerProgress",
+            Event::WorkerResult { .. } => "WorkerResult",
+            Event::WorkerExited { .. } => "WorkerExited",
+            Event::WorkerLog { .. } => "WorkerLog",
+            Event::Telemetry { .. } => "Telemetry",
+            Event::Tick => "Tick",
+            Event::GetJob { .. } => "GetJob",
+            Event::ListJobs { .. } => "ListJobs",
+            Event::ListNodes { .. } => "ListNodes",
+            Event::RemoveNode { .. } => "RemoveNode",
+            Event::GetTelemetry { .. } => "GetTelemetry",
+            Event::GetReport { .. } => "GetReport",
+            Event::Metrics { .. } => "Metrics",
+            Event::Judged { .. } => "Judged",
+            Event::ReportStored { .. } => "ReportStored",
+        }
+    }
+
+    /// Whether a person (the CLI, a script, `/metrics`) is waiting on this
+    /// rather than an agent or a worker: served on the scheduler's first lane.
+    pub fn from_people(&self) -> bool {
+        matches!(
+            self,
+            Event::Submit { .. }
+                | Event::Plan { .. }
+                | Event::Cancel { .. }
+                | Event::GetJob { .. }
+                | Event::ListJobs { .. }
+                | Event::ListNodes { .. }
+                | Event::RemoveNode { .. }
+                | Event::GetTelemetry { .. }
+                | Event::GetReport { .. }
+                | Event::Metrics { .. }
+                // Someone may be waiting for these.
+                | Event::Judged { .. }
+                | Event::ReportStored { .. }
+        )
+    }
+
     /// Whether handling this event may free nodes or add a job, so that
     /// waiting jobs are looked at afterwards. Reads and the per-second streams
     /// (heartbeats, progress, logs, telemetry) cannot; a node that comes back
@@ -124,6 +192,7 @@ impl Event {
             | Event::Cancel { .. }
             | Event::WorkerResult { .. }
             | Event::WorkerExited { .. }
+            | Event::Judged { .. }
             | Event::Tick => true,
             Event::Heartbeat { .. }
             | Event::WorkerProgress { .. }
@@ -136,6 +205,7 @@ impl Event {
             | Event::RemoveNode { .. }
             | Event::GetTelemetry { .. }
             | Event::GetReport { .. }
+            | Event::ReportStored { .. }
             | Event::Metrics { .. } => false,
         }
     }

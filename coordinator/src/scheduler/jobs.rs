@@ -11,10 +11,10 @@ use gpuctl_proto::pb::{
 };
 use tracing::{debug, info, warn};
 
+use super::reports::Built;
 use super::state::{job_id, JobEntry, NodeEntry};
 use super::{human, Scheduler};
 use crate::error::CoordinatorError;
-use crate::judge::fleet;
 use crate::judge::report;
 use crate::judge::telemetry::Telemetry;
 use crate::plan::{planner, preflight};
@@ -211,15 +211,16 @@ impl Scheduler {
             }
         };
         let mut unreachable = Vec::new();
+        let by_node = plan.ranks_by_node();
         for (node_rank, name) in plan.nodes.iter().enumerate() {
             let Some(n) = self.nodes.get(name) else {
                 continue;
             };
-            let ranks: Vec<_> = plan
-                .ranks
-                .iter()
-                .filter(|r| &r.node == name)
-                .cloned()
+            let ranks: Vec<_> = by_node
+                .get(name.as_str())
+                .into_iter()
+                .flatten()
+                .map(|r| (*r).clone())
                 .collect();
             let a = Assignment {
                 job_id: id.to_string(),
@@ -269,14 +270,16 @@ impl Scheduler {
     }
 
     /// [`Scheduler::finish`] with the report already built for exactly this
-    /// ending (`prebuilt`: made with the job in its final state, at `now`).
+    /// ending (`prebuilt`, by [`Scheduler::judge_if_complete`]); without
+    /// one, the report follows from a blocking thread
+    /// ([`Scheduler::build_report_later`]).
     pub(super) async fn finish_with(
         &mut self,
         id: &str,
         state: JobState,
         message: String,
         skip: Option<&str>,
-        prebuilt: Option<(Report, u64)>,
+        prebuilt: Option<Built>,
     ) {
         let Some(entry) = self.jobs.get_mut(id) else {
             return;
@@ -284,21 +287,18 @@ impl Scheduler {
         if entry.state().is_terminal() {
             return;
         }
-        let now = prebuilt.as_ref().map_or_else(now_ms, |(_, at)| *at);
+        if entry.pending.as_ref().is_some_and(|p| p.judging) && prebuilt.is_none() {
+            // Every rank has reported and the verdict is being made; what
+            // happens now (a node lost, a deadline) changes nothing.
+            return;
+        }
+        let now = prebuilt.as_ref().map_or_else(now_ms, |b| b.at_ms);
         entry.job.set_state(state);
         entry.job.message = message.clone();
         entry.job.finished_unix_ms = now;
-        entry.job.results_in = entry.results.len() as u32;
-        let report = match prebuilt {
-            Some((r, _)) => r,
-            None => entry.report(now, &self.cfg),
-        };
-        // Results and telemetry are stored and folded into the stored report;
-        // memory keeps only what running jobs need.
-        entry.results.clear();
-        let series = entry.telemetry.take_dirty();
-        entry.telemetry.forget_series();
-        entry.slim();
+        if prebuilt.is_none() {
+            entry.job.results_in = entry.results.len() as u32;
+        }
         let attempt = entry.job.attempt;
         let kind = entry.cancel_kind();
         let nodes: Vec<String> = entry
@@ -307,14 +307,20 @@ impl Scheduler {
             .as_ref()
             .map(|p| p.nodes.clone())
             .unwrap_or_default();
-        let mut batch = Batch::default().job(&entry.job).report(&report);
-        // The fleet history: each node's verdict and figures of this job.
-        for run in fleet::runs_of(&report) {
-            batch = batch.run(&run);
-        }
-        for s in &series {
-            batch = batch.telemetry(id, s);
-        }
+        let mut batch = match prebuilt {
+            Some(built) => built.batch,
+            None => {
+                self.build_report_later(id);
+                Batch::default()
+            }
+        };
+        let entry = self.jobs.get_mut(id).expect("the job is there");
+        // Results and telemetry went with the report; memory keeps only
+        // what a finished job shows.
+        entry.results.clear();
+        entry.telemetry.forget_series();
+        entry.slim();
+        batch = batch.job(&entry.job);
         for name in &nodes {
             let Some(n) = self.nodes.get_mut(name) else {
                 continue;
@@ -361,6 +367,7 @@ impl Scheduler {
             .values()
             .filter(|j| {
                 j.state() == JobState::Running
+                    && !j.judging()
                     && j.deadline_unix_ms > 0
                     && now > j.deadline_unix_ms.saturating_add(DEADLINE_GRACE_MS)
             })
@@ -398,7 +405,7 @@ impl Scheduler {
         let now = now_ms();
         let mut hung = Vec::new();
         for e in self.jobs.values_mut() {
-            if e.state() != JobState::Running {
+            if e.state() != JobState::Running || e.judging() {
                 continue;
             }
             if e.watch.since_ms == 0 {

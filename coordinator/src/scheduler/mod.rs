@@ -13,8 +13,10 @@ mod agents;
 pub mod events;
 mod jobs;
 mod ranks;
+mod reports;
 pub mod snapshot;
 pub mod state;
+mod views;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -41,6 +43,9 @@ use crate::logs::LogSink;
 use crate::rendezvous::Rendezvous;
 use crate::store::{Batch, StateStore, StoreError};
 
+/// An event that holds the scheduler this long is logged.
+const SLOW_EVENT: Duration = Duration::from_millis(200);
+
 /// How often lost nodes, deadlines and waiting jobs are looked at.
 pub const TICK: Duration = Duration::from_millis(500);
 
@@ -54,10 +59,14 @@ pub struct SchedulerConfig {
     pub perf_rules: Arc<PerfRules>,
 }
 
-/// How gRPC handlers reach the scheduler task.
+/// How gRPC handlers reach the scheduler task. People's requests (the CLI's)
+/// have a lane of their own that the task serves first: at thousands of
+/// nodes the fleet's own stream (heartbeats, progress, telemetry) keeps the
+/// other lane full, and `gpuctl jobs` must not wait behind a second of it.
 #[derive(Clone)]
 pub struct SchedulerHandle {
     tx: mpsc::Sender<Event>,
+    people: mpsc::Sender<Event>,
 }
 
 impl SchedulerHandle {
@@ -67,8 +76,7 @@ impl SchedulerHandle {
         make: impl FnOnce(Reply<T>) -> Event,
     ) -> Result<T, CoordinatorError> {
         let (tx, rx) = oneshot::channel();
-        self.tx
-            .send(make(tx))
+        self.lane(make(tx))
             .await
             .map_err(|_| CoordinatorError::ShuttingDown)?;
         rx.await.map_err(|_| CoordinatorError::ShuttingDown)
@@ -76,8 +84,16 @@ impl SchedulerHandle {
 
     /// Sends an event that needs no answer.
     pub async fn tell(&self, event: Event) {
-        if self.tx.send(event).await.is_err() {
+        if self.lane(event).await.is_err() {
             debug!("scheduler stopped; event dropped");
+        }
+    }
+
+    async fn lane(&self, ev: Event) -> Result<(), mpsc::error::SendError<Event>> {
+        if ev.from_people() {
+            self.people.send(ev).await
+        } else {
+            self.tx.send(ev).await
         }
     }
 }
@@ -99,6 +115,16 @@ pub struct Scheduler {
     adopting: BTreeMap<String, u64>,
     /// Counters since this coordinator started, for `/metrics`.
     counts: Counts,
+    /// The first lane, for blocking threads that build reports.
+    first_lane: mpsc::WeakSender<Event>,
+    /// Both lanes, made at load (a job judged then needs the first one) and
+    /// handed out by `spawn`.
+    lanes: Option<Lanes>,
+}
+
+struct Lanes {
+    fleet: (mpsc::Sender<Event>, mpsc::Receiver<Event>),
+    people: (mpsc::Sender<Event>, mpsc::Receiver<Event>),
 }
 
 impl Scheduler {
@@ -148,7 +174,6 @@ impl Scheduler {
                     Vec::new()
                 });
                 entry.telemetry = Telemetry::from_stored(series);
-                entry.telemetry_stored_ms = now;
                 // The deadline the agents were given with the assignment.
                 let spec = job.spec.clone().unwrap_or_default();
                 entry.deadline_unix_ms = job.started_unix_ms.saturating_add(job_budget_ms(&spec));
@@ -181,7 +206,13 @@ impl Scheduler {
             job_seq,
             "state loaded"
         );
+        let lanes = Lanes {
+            fleet: mpsc::channel(1024),
+            people: mpsc::channel(256),
+        };
         let mut me = Scheduler {
+            first_lane: lanes.people.0.downgrade(),
+            lanes: Some(lanes),
             cfg,
             store,
             rdv,
@@ -196,31 +227,43 @@ impl Scheduler {
         // to wait for.
         let ids: Vec<String> = me.adopting.keys().cloned().collect();
         for id in ids {
-            me.finish_if_complete(&id).await;
+            me.judge_if_complete(&id);
         }
         Ok(me)
     }
 
     /// Starts the event loop; it ends on `shutdown` or when every handle is gone.
-    pub fn spawn(self, shutdown: Shutdown) -> (SchedulerHandle, JoinHandle<()>) {
-        let (tx, rx) = mpsc::channel(1024);
-        let task = tokio::spawn(self.run(rx, shutdown));
-        (SchedulerHandle { tx }, task)
+    pub fn spawn(mut self, shutdown: Shutdown) -> (SchedulerHandle, JoinHandle<()>) {
+        let Lanes {
+            fleet: (tx, rx),
+            people: (people, people_rx),
+        } = self.lanes.take().expect("a scheduler is spawned once");
+        let task = tokio::spawn(self.run(rx, people_rx, shutdown));
+        (SchedulerHandle { tx, people }, task)
     }
 
-    async fn run(mut self, mut rx: mpsc::Receiver<Event>, shutdown: Shutdown) {
+    async fn run(
+        mut self,
+        mut rx: mpsc::Receiver<Event>,
+        mut people: mpsc::Receiver<Event>,
+        shutdown: Shutdown,
+    ) {
         let stop = shutdown.cancelled_owned();
         tokio::pin!(stop);
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
+            // In this order: people, then the clock (deadlines, lost nodes),
+            // then the fleet's stream.
             tokio::select! {
+                biased;
+                _ = &mut stop => break,
+                Some(ev) = people.recv() => self.handle(ev).await,
+                _ = tick.tick() => self.handle(Event::Tick).await,
                 ev = rx.recv() => match ev {
                     Some(ev) => self.handle(ev).await,
                     None => break,
                 },
-                _ = tick.tick() => self.handle(Event::Tick).await,
-                _ = &mut stop => break,
             }
         }
         self.store_telemetry(true).await;
@@ -231,7 +274,22 @@ impl Scheduler {
         info!("scheduler stopped");
     }
 
+    /// Handles one event; one that holds the task long is logged, since
+    /// everything else waits meanwhile.
     async fn handle(&mut self, ev: Event) {
+        let (name, began) = (ev.name(), std::time::Instant::now());
+        self.handle_event(ev).await;
+        let took = began.elapsed();
+        if took >= SLOW_EVENT {
+            warn!(
+                event = name,
+                ms = took.as_millis() as u64,
+                "the scheduler was held"
+            );
+        }
+    }
+
+    async fn handle_event(&mut self, ev: Event) {
         let may_start = ev.may_start_jobs();
         match ev {
             Event::AgentRegistered {
@@ -295,21 +353,36 @@ impl Scheduler {
             Event::Metrics { reply } => {
                 let _ = reply.send(self.snapshot());
             }
-            Event::GetJob { job_id, reply } => {
-                let _ = reply.send(self.job(&job_id).map(JobEntry::view));
+            Event::GetJob {
+                job_id,
+                max_ranks,
+                reply,
+            } => {
+                let _ = reply.send(self.job(&job_id).map(|j| j.view_of(max_ranks)));
             }
             Event::ListJobs { limit, reply } => {
                 let _ = reply.send(self.list_jobs(limit));
             }
-            Event::ListNodes { reply } => {
-                let _ = reply.send(self.nodes.values().map(|e| e.node.clone()).collect());
+            Event::ListNodes { brief, reply } => {
+                let nodes = self.nodes.values().map(|e| &e.node);
+                let _ = reply.send(if brief {
+                    nodes.map(views::brief).collect()
+                } else {
+                    nodes.cloned().collect()
+                });
             }
             Event::RemoveNode { name, reply } => {
                 let _ = reply.send(self.remove_node(&name).await);
             }
-            Event::GetReport { job_id, reply } => {
-                let _ = reply.send(self.report(&job_id).await);
-            }
+            Event::GetReport { job_id, reply } => self.get_report(&job_id, reply).await,
+            Event::Judged {
+                job_id,
+                attempt,
+                state,
+                message,
+                built,
+            } => self.judged(job_id, attempt, state, message, *built).await,
+            Event::ReportStored { job_id, report } => self.report_stored(job_id, *report).await,
         }
         if may_start {
             self.start_pending().await;

@@ -5,11 +5,12 @@ use gpuctl_proto::now_ms;
 use gpuctl_proto::pb::{
     JobState, RankProgressReport, RankResult, TelemetryBatch, WorkerExited, WorkerLog,
 };
-use tracing::{info, warn};
+use tracing::info;
 
 use super::Scheduler;
 use crate::error::CoordinatorError;
 use crate::judge::report;
+use crate::judge::series::GpuSeries;
 use crate::logs::LogBatch;
 use crate::store::{Batch, Durable};
 
@@ -99,18 +100,18 @@ impl Scheduler {
         let rank = result.rank;
         self.counts.results += 1;
         info!(job = %id, rank, ok = result.ok, "result in");
+        if let Some(p) = entry.pending.as_mut() {
+            // The report is being made without it: folded in once it is there.
+            p.straggled = true;
+            return Answer::WhenStored(durable, format!("stored; job {id} is ending"));
+        }
         if entry.state().is_terminal() {
-            // A straggler: fold it into the stored report (the store's reads
-            // see the queued result).
-            match self.stored_report(&self.jobs[&id]).await {
-                Ok(report) => self.save(Batch::default().report(&report)),
-                Err(e) => warn!(job = %id, "could not update the report: {e}"),
-            }
+            self.fold_straggler(&id).await;
             return Answer::WhenStored(durable, format!("stored; job {id} had already ended"));
         }
         entry.results.insert(rank, result);
         entry.job.results_in = entry.results.len() as u32;
-        self.finish_if_complete(&id).await;
+        self.judge_if_complete(&id);
         Answer::WhenStored(durable, "stored".into())
     }
 
@@ -123,7 +124,7 @@ impl Scheduler {
         }
         let has_result = entry.results.contains_key(&ex.rank);
         entry.exits.insert(ex.rank, ex.clone());
-        if entry.state() != JobState::Running || has_result {
+        if entry.state() != JobState::Running || has_result || entry.judging() {
             return;
         }
         let label = entry
@@ -170,23 +171,42 @@ impl Scheduler {
         Ok(self.job(job_id)?.telemetry.latest())
     }
 
-    /// Writes the telemetry series that changed, of running jobs whose last
-    /// write is older than [`TELEMETRY_STORE_MS`] (all of them with `all`).
+    /// Writes a share of the telemetry series that changed, of every running
+    /// job (all of them with `all`): each tick takes enough that every GPU's
+    /// series is written about every [`TELEMETRY_STORE_MS`], so that a crash
+    /// loses at most that much of it and no tick holds the scheduler with
+    /// tens of thousands of series. They are encoded off the task.
     pub(super) async fn store_telemetry(&mut self, all: bool) {
-        let now = now_ms();
-        let mut batch = Batch::default();
+        let ticks = (TELEMETRY_STORE_MS / super::TICK.as_millis() as u64).max(1) as usize;
+        let mut series: Vec<(String, Vec<GpuSeries>)> = Vec::new();
         for e in self.jobs.values_mut() {
             if e.state() != JobState::Running || !e.telemetry.is_dirty() {
                 continue;
             }
-            if !all && now.saturating_sub(e.telemetry_stored_ms) < TELEMETRY_STORE_MS {
-                continue;
-            }
-            e.telemetry_stored_ms = now;
-            for series in e.telemetry.take_dirty() {
-                batch = batch.telemetry(&e.job.id, &series);
-            }
+            let share = if all {
+                usize::MAX
+            } else {
+                e.telemetry.gpus().div_ceil(ticks).max(64)
+            };
+            series.push((e.job.id.clone(), e.telemetry.take_dirty_some(share)));
         }
-        self.save(batch);
+        if series.is_empty() {
+            return;
+        }
+        let encode = move || {
+            let mut batch = Batch::default();
+            for (job, list) in &series {
+                for s in list {
+                    batch = batch.telemetry(job, s);
+                }
+            }
+            batch
+        };
+        if all {
+            self.save(encode());
+            return;
+        }
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || drop(store.queue(encode())));
     }
 }

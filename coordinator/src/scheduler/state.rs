@@ -9,6 +9,7 @@ use gpuctl_proto::pb::{
 };
 
 use super::events::SessionTx;
+use super::reports::Pending;
 use super::SchedulerConfig;
 use crate::judge::report;
 use crate::judge::report::hang::Watch;
@@ -101,9 +102,12 @@ pub struct JobEntry {
     /// Progress clocks and process states of the ranks, for hang detection.
     pub watch: Watch,
     pub telemetry: Telemetry,
-    /// When the telemetry series were last written to the store.
-    pub telemetry_stored_ms: u64,
+    /// The ended job's report is in the store (known once this coordinator
+    /// stored it): reads go there without the scheduler.
+    pub report_stored: bool,
     pub deadline_unix_ms: u64,
+    /// The report being built off the scheduler's task, if it is.
+    pub pending: Option<Pending>,
 }
 
 impl JobEntry {
@@ -111,14 +115,10 @@ impl JobEntry {
         self.job.state()
     }
 
-    /// The report this running job would have if it succeeded now, all its
-    /// results in; the job itself is left as it is.
-    pub fn report_as_succeeded(&self, now_ms: u64, cfg: &SchedulerConfig) -> Report {
-        let mut job = self.job.clone();
-        job.set_state(JobState::Succeeded);
-        job.finished_unix_ms = now_ms;
-        job.results_in = self.results.len() as u32;
-        self.report_of(&job, now_ms, cfg)
+    /// Every rank reported and the verdict is being made: the job still
+    /// runs, but nothing that happens to it now changes its end.
+    pub fn judging(&self) -> bool {
+        self.pending.as_ref().is_some_and(|p| p.judging)
     }
 
     /// Drops what only a running job needs once its report is built: the
@@ -164,6 +164,9 @@ impl JobEntry {
             results_in: j.results_in,
             baseline: j.baseline.clone(),
             start_checks: Vec::new(),
+            // A summary is not a bounded view: it has no ranks at all.
+            ranks_left_out: 0,
+            checks_left_out: 0,
         }
     }
 
@@ -175,12 +178,7 @@ impl JobEntry {
     }
 
     pub fn placement(&self, rank: u32) -> Option<&RankPlacement> {
-        self.job
-            .plan
-            .as_ref()?
-            .ranks
-            .iter()
-            .find(|p| p.rank == rank)
+        self.job.plan.as_ref()?.placement(rank)
     }
 
     /// The `CancelJob.kind` for this job's workers when it ends now.

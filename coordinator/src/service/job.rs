@@ -71,10 +71,14 @@ impl JobService for JobSvc {
 
     async fn get_job(&self, req: Request<GetJobRequest>) -> Result<Response<Job>, Status> {
         self.security.allow(&req, Role::Read)?;
-        let job_id = req.into_inner().job_id;
+        let GetJobRequest { job_id, max_ranks } = req.into_inner();
         Ok(Response::new(
             self.sched
-                .ask(|reply| Event::GetJob { job_id, reply })
+                .ask(|reply| Event::GetJob {
+                    job_id,
+                    max_ranks,
+                    reply,
+                })
                 .await??,
         ))
     }
@@ -125,7 +129,11 @@ impl JobService for JobSvc {
         let job_id = r.job_id.clone();
         // Unknown jobs get the same not-found as everywhere else.
         self.sched
-            .ask(|reply| Event::GetJob { job_id, reply })
+            .ask(|reply| Event::GetJob {
+                job_id,
+                max_ranks: 1,
+                reply,
+            })
             .await??;
         let rank = r.has_rank.then_some(r.rank);
         let mut lines =
@@ -159,7 +167,11 @@ impl JobService for JobSvc {
         let job_id = req.into_inner().job_id;
         let id = job_id.clone();
         self.sched
-            .ask(|reply| Event::GetJob { job_id: id, reply })
+            .ask(|reply| Event::GetJob {
+                job_id: id,
+                max_ranks: 1,
+                reply,
+            })
             .await??;
         // What the store holds: a running job's latest seconds arrive with
         // the scheduler's next telemetry flush.
@@ -177,7 +189,11 @@ impl JobService for JobSvc {
         req: Request<ListNodesRequest>,
     ) -> Result<Response<ListNodesResponse>, Status> {
         self.security.allow(&req, Role::Read)?;
-        let nodes = self.sched.ask(|reply| Event::ListNodes { reply }).await?;
+        let brief = req.into_inner().brief;
+        let nodes = self
+            .sched
+            .ask(|reply| Event::ListNodes { brief, reply })
+            .await?;
         Ok(Response::new(ListNodesResponse { nodes }))
     }
 

@@ -128,6 +128,12 @@ pub mod keys {
 #[derive(Default)]
 pub struct Batch(Vec<(String, Vec<u8>)>);
 
+impl std::fmt::Debug for Batch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Batch({} keys)", self.0.len())
+    }
+}
+
 impl Batch {
     pub fn node(mut self, node: &Node) -> Self {
         self.0.push((keys::node(&node.name), node.encode_to_vec()));

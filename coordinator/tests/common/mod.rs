@@ -261,7 +261,7 @@ pub fn spec(workload: &str, nodes: u32) -> SubmitRequest {
 
 /// Every node the coordinator knows.
 pub async fn list_nodes(c: &mut JobServiceClient<Channel>) -> Vec<Node> {
-    c.list_nodes(ListNodesRequest {})
+    c.list_nodes(ListNodesRequest::default())
         .await
         .unwrap()
         .into_inner()
@@ -269,10 +269,13 @@ pub async fn list_nodes(c: &mut JobServiceClient<Channel>) -> Vec<Node> {
 }
 
 pub async fn job(c: &mut JobServiceClient<Channel>, id: &str) -> Job {
-    c.get_job(GetJobRequest { job_id: id.into() })
-        .await
-        .unwrap()
-        .into_inner()
+    c.get_job(GetJobRequest {
+        job_id: id.into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+    .into_inner()
 }
 
 /// Polls job `id` every 100 ms until it is in state `want`; fails after `limit`.

@@ -4,7 +4,7 @@
 //! of its own; and passes otherwise, also when its workers were stopped only
 //! because another node failed the job.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use gpuctl_proto::pb::{Finding, NodeReport, Plan, RankReport, RankResult, Verdict};
 
@@ -22,10 +22,15 @@ pub(super) fn verdicts(
 ) -> Vec<NodeReport> {
     let mut nodes = Vec::new();
     let mut stopped_only: Vec<bool> = Vec::new();
+    let by_node = plan.ranks_by_node();
+    let mut findings_of: HashMap<&str, Vec<&Finding>> = HashMap::new();
+    for f in findings {
+        findings_of.entry(f.node.as_str()).or_default().push(f);
+    }
     for name in &plan.nodes {
         let mut ranks = Vec::new();
         let mut stopped = true;
-        for p in plan.ranks.iter().filter(|p| &p.node == name) {
+        for p in by_node.get(name.as_str()).into_iter().flatten() {
             let st = &states[&p.rank];
             if st.verdict == Verdict::Incomplete && !st.stopped {
                 stopped = false;
@@ -43,10 +48,11 @@ pub(super) fn verdicts(
                 ..Default::default()
             });
         }
-        let mine: Vec<Finding> = findings
-            .iter()
-            .filter(|f| &f.node == name)
-            .cloned()
+        let mine: Vec<Finding> = findings_of
+            .get(name.as_str())
+            .into_iter()
+            .flatten()
+            .map(|f| (*f).clone())
             .collect();
         let with = |v: Verdict| -> Vec<String> {
             ranks

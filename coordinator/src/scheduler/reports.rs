@@ -1,0 +1,323 @@
+//! Reports are built off the scheduler's task: at thousands of ranks a report
+//! takes a good part of a second, and the scheduler must go on answering
+//! heartbeats and people meanwhile.
+//!
+//! - A running job whose every rank reported is *judged* on a blocking
+//!   thread: its verdict decides whether it succeeded, so it stays running
+//!   (with its results handed to that thread) until [`Event::Judged`] comes
+//!   back and it ends with the report already built.
+//! - A job that ends for any other reason (failure, cancel, deadline, hang)
+//!   ends at once; its report follows on a blocking thread, which queues it
+//!   to the store and sends [`Event::ReportStored`].
+//!
+//! Meanwhile `GetReport` calls for the job wait ([`Pending`]), and a result
+//! that arrives late is folded in once the report is there.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use gpuctl_proto::now_ms;
+use gpuctl_proto::pb::{Job, JobState, RankProgress, RankResult, Report, Verdict, WorkerExited};
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+use super::events::{Event, Reply};
+use super::state::JobEntry;
+use super::Scheduler;
+use crate::error::CoordinatorError;
+use crate::judge::fleet;
+use crate::judge::health::HealthRules;
+use crate::judge::report::{self, hang::Watch};
+use crate::judge::rules::PerfRules;
+use crate::judge::series::GpuSeries;
+use crate::judge::telemetry::Telemetry;
+use crate::store::Batch;
+
+/// A job's report on its way: who waits for it, and whether a result came
+/// in after its inputs were taken.
+#[derive(Default)]
+pub struct Pending {
+    /// Judging: the job still runs until its verdict is known.
+    pub judging: bool,
+    pub waiting: Vec<Reply<Result<Report, CoordinatorError>>>,
+    pub straggled: bool,
+}
+
+/// A report built off the task, with what the store gets besides it: the
+/// fleet history runs and the job's last telemetry series.
+#[derive(Debug)]
+pub struct Built {
+    pub report: Report,
+    pub at_ms: u64,
+    pub batch: Batch,
+}
+
+/// Everything a report is made of, owned, so that it can go to another thread.
+struct Work {
+    job: Job,
+    results: BTreeMap<u32, RankResult>,
+    exits: BTreeMap<u32, WorkerExited>,
+    progress: BTreeMap<u32, RankProgress>,
+    watch: Watch,
+    telemetry: Telemetry,
+    health: Arc<HealthRules>,
+    perf: Arc<PerfRules>,
+}
+
+impl Work {
+    /// Takes the results and telemetry of `entry` (a job keeps neither once
+    /// its report is made) and copies the rest.
+    fn take(entry: &mut JobEntry, health: &Arc<HealthRules>, perf: &Arc<PerfRules>) -> Work {
+        Work {
+            job: entry.job.clone(),
+            results: std::mem::take(&mut entry.results),
+            exits: entry.exits.clone(),
+            progress: entry.progress.clone(),
+            watch: entry.watch.clone(),
+            telemetry: std::mem::take(&mut entry.telemetry),
+            health: health.clone(),
+            perf: perf.clone(),
+        }
+    }
+
+    fn build(&self, job: &Job, now: u64) -> Report {
+        report::build(&report::Inputs {
+            job,
+            results: &self.results,
+            exits: &self.exits,
+            progress: &self.progress,
+            watch: &self.watch,
+            telemetry: &self.telemetry,
+            rules: &self.health,
+            perf: &self.perf,
+            now_ms: now,
+        })
+    }
+
+    /// The report with what is stored beside it.
+    fn finish(mut self, report: Report, at_ms: u64) -> Built {
+        let mut batch = Batch::default().report(&report);
+        for run in fleet::runs_of(&report) {
+            batch = batch.run(&run);
+        }
+        let series: Vec<GpuSeries> = self.telemetry.take_dirty();
+        for s in &series {
+            batch = batch.telemetry(&self.job.id, s);
+        }
+        Built {
+            report,
+            at_ms,
+            batch,
+        }
+    }
+
+    /// The verdict of a job whose every rank reported: built once as if it
+    /// succeeded (what almost every complete job does); a job that does not
+    /// pass is judged as a running job, as always (a succeeded job is also
+    /// held to the figures it was expected to produce, a running one not
+    /// yet), and built again with its failure.
+    fn judge(self) -> (JobState, String, Built) {
+        let now = now_ms();
+        let mut job = self.job.clone();
+        job.set_state(JobState::Succeeded);
+        job.finished_unix_ms = now;
+        job.results_in = self.results.len() as u32;
+        let report = self.build(&job, now);
+        if report::ranks_verdict(&report).0 == Verdict::Pass {
+            return (JobState::Succeeded, String::new(), self.finish(report, now));
+        }
+        let running = self.build(&self.job, now);
+        let (verdict, why) = report::ranks_verdict(&running);
+        let (state, message) = if verdict == Verdict::Pass {
+            (JobState::Succeeded, String::new())
+        } else {
+            (JobState::Failed, why)
+        };
+        job.set_state(state);
+        job.message = message.clone();
+        let report = self.build(&job, now);
+        (state, message, self.finish(report, now))
+    }
+}
+
+/// Sends an event from a blocking thread to the scheduler's first lane; a
+/// stopped scheduler drops it (the stored results rebuild the report on the
+/// next start).
+fn send(lane: &mpsc::WeakSender<Event>, ev: Event) {
+    match lane.upgrade() {
+        Some(tx) => {
+            if tx.blocking_send(ev).is_err() {
+                debug!("scheduler stopped; report event dropped");
+            }
+        }
+        None => debug!("scheduler stopped; report event dropped"),
+    }
+}
+
+impl Scheduler {
+    /// Hands a complete running job to a blocking thread for its verdict;
+    /// whether the job is being judged (false: it is not complete).
+    pub(super) fn judge_if_complete(&mut self, id: &str) -> bool {
+        let Some(entry) = self.jobs.get_mut(id) else {
+            return false;
+        };
+        if entry.judging() {
+            return true;
+        }
+        let world = entry.world_size();
+        if entry.state() != JobState::Running
+            || entry.pending.is_some()
+            || world == 0
+            || (entry.results.len() as u32) < world
+        {
+            return false;
+        }
+        entry.pending = Some(Pending {
+            judging: true,
+            ..Default::default()
+        });
+        let work = Work::take(entry, &self.cfg.health_rules, &self.cfg.perf_rules);
+        let (id, attempt) = (id.to_string(), entry.job.attempt);
+        let lane = self.first_lane.clone();
+        tokio::task::spawn_blocking(move || {
+            let (state, message, built) = work.judge();
+            send(
+                &lane,
+                Event::Judged {
+                    job_id: id,
+                    attempt,
+                    state,
+                    message,
+                    built: Box::new(built),
+                },
+            );
+        });
+        true
+    }
+
+    /// A verdict came back: the job ends with its report.
+    pub(super) async fn judged(
+        &mut self,
+        id: String,
+        attempt: u32,
+        state: JobState,
+        message: String,
+        built: Built,
+    ) {
+        let Some(entry) = self.jobs.get_mut(&id) else {
+            return;
+        };
+        if entry.job.attempt != attempt || entry.state() != JobState::Running {
+            return;
+        }
+        let pending = entry.pending.take().unwrap_or_default();
+        for w in pending.waiting {
+            let _ = w.send(Ok(built.report.clone()));
+        }
+        self.finish_with(&id, state, message, None, Some(built))
+            .await;
+        if let Some(e) = self.jobs.get_mut(&id) {
+            e.report_stored = true;
+        }
+        if pending.straggled {
+            self.fold_straggler(&id).await;
+        }
+    }
+
+    /// Builds the report of a job that just ended on a blocking thread, which
+    /// stores it and sends [`Event::ReportStored`]. The job's results and
+    /// telemetry go with it.
+    pub(super) fn build_report_later(&mut self, id: &str) {
+        let Some(entry) = self.jobs.get_mut(id) else {
+            return;
+        };
+        entry.pending = Some(Pending::default());
+        let work = Work::take(entry, &self.cfg.health_rules, &self.cfg.perf_rules);
+        let store = self.store.clone();
+        let lane = self.first_lane.clone();
+        let id = id.to_string();
+        tokio::task::spawn_blocking(move || {
+            let now = work.job.finished_unix_ms.max(1);
+            let report = work.build(&work.job, now);
+            let built = work.finish(report, now);
+            // Queued before the scheduler hears of it, so that every read
+            // that the scheduler answers from then on finds it stored.
+            drop(store.queue(built.batch));
+            send(
+                &lane,
+                Event::ReportStored {
+                    job_id: id,
+                    report: Box::new(built.report),
+                },
+            );
+        });
+    }
+
+    /// The report of an ended job is stored: answer whoever waited, and
+    /// fold in a result that arrived meanwhile.
+    pub(super) async fn report_stored(&mut self, id: String, report: Report) {
+        let Some(entry) = self.jobs.get_mut(&id) else {
+            return;
+        };
+        let pending = entry.pending.take().unwrap_or_default();
+        entry.report_stored = true;
+        for w in pending.waiting {
+            let _ = w.send(Ok(report.clone()));
+        }
+        if pending.straggled {
+            self.fold_straggler(&id).await;
+        }
+    }
+
+    /// A result that came after the job's report was made: the report is
+    /// built again from the stored results (the store's reads see the queued
+    /// result).
+    pub(super) async fn fold_straggler(&mut self, id: &str) {
+        let Some(entry) = self.jobs.get(id) else {
+            return;
+        };
+        match self.stored_report(entry).await {
+            Ok(report) => self.save(Batch::default().report(&report)),
+            Err(e) => warn!(job = %id, "could not update the report: {e}"),
+        }
+    }
+
+    /// `GetReport`: a report on its way is waited for; otherwise as
+    /// [`Scheduler::report`].
+    pub(super) async fn get_report(
+        &mut self,
+        id: &str,
+        reply: Reply<Result<Report, CoordinatorError>>,
+    ) {
+        let Some(entry) = self.jobs.get_mut(id) else {
+            let _ = reply.send(Err(CoordinatorError::JobNotFound(id.to_string())));
+            return;
+        };
+        if let Some(p) = entry.pending.as_mut() {
+            p.waiting.push(reply);
+            return;
+        }
+        if entry.report_stored {
+            // Tens of megabytes at thousands of ranks: read and decoded on
+            // a task of its own.
+            let (store, id) = (self.store.clone(), id.to_string());
+            tokio::spawn(async move {
+                let answer = match store.report(&id).await {
+                    Ok(Some(r)) => Ok(r),
+                    // Stored by this coordinator and gone: a failed commit,
+                    // which the coordinator's log names.
+                    Ok(None) => Err(CoordinatorError::Refused(format!(
+                        "the report of {id} is not in the store; the coordinator's log says why"
+                    ))),
+                    Err(e) => Err(CoordinatorError::store(
+                        format!("reading the report of {id}"),
+                        e,
+                    )),
+                };
+                let _ = reply.send(answer);
+            });
+            return;
+        }
+        let _ = reply.send(self.report(id).await);
+    }
+}

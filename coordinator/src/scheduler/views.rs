@@ -1,0 +1,206 @@
+//! What people are shown of a big fleet: a job bounded to the ranks furthest
+//! behind, and nodes as a table shows them. At 4,096 nodes a whole job is
+//! 32,768 placements, progress reports and some 200,000 preflight checks,
+//! tens of megabytes a call; `gpuctl status` and the live view ask each
+//! second, and show a screenful.
+
+use std::cmp::Reverse;
+
+use gpuctl_proto::pb::{GpuInfo, HostFacts, Job, Node, PreflightCheck, RankProgress, Verdict};
+
+use super::state::JobEntry;
+
+impl JobEntry {
+    /// The job with live progress; with `max_ranks` > 0, bounded (see
+    /// `GetJobRequest.max_ranks`).
+    pub fn view_of(&self, max_ranks: u32) -> Job {
+        let world = self.job.plan.as_ref().map_or(0, |p| p.ranks.len());
+        let bounded = max_ranks > 0
+            && (world > max_ranks as usize || self.progress.len() > max_ranks as usize);
+        if !bounded {
+            return self.view();
+        }
+        let mut job = self.summary();
+        // Furthest behind first: no progress yet, then the oldest report,
+        // then the least done; by rank among equals.
+        let behind = |rank: u32| {
+            let p: Option<&RankProgress> = self.progress.get(&rank);
+            (
+                p.is_some(),
+                p.map_or(0, |p| p.unix_ms),
+                p.map_or(0, |p| (p.fraction * 1e6) as i64),
+                rank,
+            )
+        };
+        let full = self.job.plan.as_ref();
+        let mut ranks: Vec<u32> = match full {
+            Some(p) if !p.ranks.is_empty() => p.ranks.iter().map(|r| r.rank).collect(),
+            _ => self.progress.keys().copied().collect(),
+        };
+        let total = ranks.len();
+        let keep = (max_ranks as usize).min(total);
+        if keep < total {
+            ranks.select_nth_unstable_by_key(keep, |r| behind(*r));
+            ranks.truncate(keep);
+        }
+        ranks.sort_by_key(|r| behind(*r));
+        let mut left_out = 0;
+        if let (Some(plan), Some(full)) = (job.plan.as_mut(), full) {
+            plan.ranks = ranks
+                .iter()
+                .filter_map(|r| full.placement(*r).cloned())
+                .collect();
+            plan.env = full.env.clone();
+            plan.spec = full.spec.clone();
+            let (checks, left) = not_passing(&full.checks, max_ranks as usize);
+            plan.checks = checks;
+            left_out += left;
+        }
+        job.progress = ranks
+            .iter()
+            .filter_map(|r| self.progress.get(r).cloned())
+            .collect();
+        job.ranks_left_out = (total - ranks.len()) as u32;
+        let (checks, left) = not_passing(&self.job.start_checks, max_ranks as usize);
+        job.start_checks = checks;
+        job.checks_left_out = left_out + left;
+        job
+    }
+}
+
+/// The checks that did not pass, worst first, at most `max`; and how many
+/// were left out.
+fn not_passing(checks: &[PreflightCheck], max: usize) -> (Vec<PreflightCheck>, u32) {
+    let mut bad: Vec<&PreflightCheck> = checks
+        .iter()
+        .filter(|c| c.verdict() != Verdict::Pass)
+        .collect();
+    bad.sort_by_key(|c| Reverse(severity(c.verdict())));
+    bad.truncate(max);
+    let left = (checks.len() - bad.len()) as u32;
+    (bad.into_iter().cloned().collect(), left)
+}
+
+fn severity(v: Verdict) -> u8 {
+    match v {
+        Verdict::Fail => 3,
+        Verdict::Incomplete => 2,
+        Verdict::Warn => 1,
+        _ => 0,
+    }
+}
+
+/// A node as `gpuctl nodes` shows it (`ListNodesRequest.brief`).
+pub fn brief(n: &Node) -> Node {
+    let facts = n.facts.as_ref().map(|f| HostFacts {
+        hostname: f.hostname.clone(),
+        shm_bytes: f.shm_bytes,
+        cpu_ranks: f.cpu_ranks,
+        ..Default::default()
+    });
+    Node {
+        name: n.name.clone(),
+        facts,
+        // How many and which model: the rest is in the full listing.
+        gpus: n
+            .gpus
+            .iter()
+            .map(|g| GpuInfo {
+                index: g.index,
+                name: g.name.clone(),
+                ..Default::default()
+            })
+            .collect(),
+        state: n.state,
+        last_heartbeat_unix_ms: n.last_heartbeat_unix_ms,
+        current_job: n.current_job.clone(),
+        slots: n.slots,
+        registered_unix_ms: n.registered_unix_ms,
+        state_reason: n.state_reason.clone(),
+        preflight: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuctl_proto::pb::{Plan, RankPlacement};
+
+    fn job(world: u32) -> JobEntry {
+        let ranks = (0..world)
+            .map(|r| RankPlacement {
+                rank: r,
+                node: format!("n{}", r / 8),
+                ..Default::default()
+            })
+            .collect();
+        let mut e = JobEntry::default();
+        e.job.id = "job-000001".into();
+        e.job.plan = Some(Plan {
+            ranks,
+            world_size: world,
+            checks: (0..world)
+                .map(|r| PreflightCheck {
+                    node: format!("n{}", r / 8),
+                    verdict: if r == 77 {
+                        Verdict::Warn
+                    } else {
+                        Verdict::Pass
+                    } as i32,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        });
+        for r in 0..world {
+            e.progress.insert(
+                r,
+                RankProgress {
+                    rank: r,
+                    unix_ms: 10_000 + u64::from(r % 5),
+                    fraction: 0.5,
+                    ..Default::default()
+                },
+            );
+        }
+        e
+    }
+
+    #[test]
+    fn a_big_job_shows_the_ranks_furthest_behind() {
+        let mut e = job(1024);
+        e.progress.remove(&900); // never reported
+        e.progress.get_mut(&33).unwrap().unix_ms = 1_000; // stale
+        e.progress.get_mut(&34).unwrap().fraction = 0.1; // behind among equals
+        let v = e.view_of(8);
+        let shown: Vec<u32> = v
+            .plan
+            .as_ref()
+            .unwrap()
+            .ranks
+            .iter()
+            .map(|r| r.rank)
+            .collect();
+        assert_eq!(shown.len(), 8);
+        assert_eq!(&shown[..2], &[900, 33], "no progress, then the stalest");
+        assert_eq!(v.progress.len(), 7, "rank 900 has no progress to show");
+        assert_eq!(v.progress[0].rank, 33);
+        assert!(shown.contains(&34), "the least done of the oldest reports");
+        assert_eq!(v.ranks_left_out, 1016);
+        let checks = &v.plan.as_ref().unwrap().checks;
+        assert_eq!(checks.len(), 1, "only the check that did not pass");
+        assert_eq!(v.checks_left_out, 1023);
+        assert_eq!(v.plan.as_ref().unwrap().world_size, 1024);
+    }
+
+    #[test]
+    fn a_small_job_and_zero_show_everything() {
+        let e = job(16);
+        assert_eq!(e.view_of(64).plan.unwrap().ranks.len(), 16);
+        let e = job(256);
+        let v = e.view_of(0);
+        assert_eq!(v.plan.unwrap().ranks.len(), 256);
+        assert_eq!(v.progress.len(), 256);
+        assert_eq!(v.ranks_left_out, 0);
+    }
+}
