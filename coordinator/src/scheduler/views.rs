@@ -171,7 +171,7 @@ mod tests {
         let mut e = job(1024);
         e.progress.remove(&900); // never reported
         e.progress.get_mut(&33).unwrap().unix_ms = 1_000; // stale
-        e.progress.get_mut(&34).unwrap().fraction = 0.1; // behind among equals
+        e.progress.get_mut(&35).unwrap().fraction = 0.1; // behind among the oldest
         let v = e.view_of(8);
         let shown: Vec<u32> = v
             .plan
@@ -185,7 +185,8 @@ mod tests {
         assert_eq!(&shown[..2], &[900, 33], "no progress, then the stalest");
         assert_eq!(v.progress.len(), 7, "rank 900 has no progress to show");
         assert_eq!(v.progress[0].rank, 33);
-        assert!(shown.contains(&34), "the least done of the oldest reports");
+        assert_eq!(shown[2], 35, "the least done of the oldest reports");
+        assert_eq!(shown[3], 0, "then by rank");
         assert_eq!(v.ranks_left_out, 1016);
         let checks = &v.plan.as_ref().unwrap().checks;
         assert_eq!(checks.len(), 1, "only the check that did not pass");
