@@ -87,7 +87,7 @@ for prestart in ("false", "true"):
         c, s = status["created_unix_ms"], status["started_unix_ms"]
         sp = max(starts.get(status["id"], [s]))
         rows.append(dict(total=max(first) - c, sched=s - c, spawn=sp - s, run=max(first) - sp,
-                         ok=report["verdict"] == "PASS", ranks=len(ranks)))
+                         ok=report["verdict"] == "pass", ranks=len(ranks)))
     summary[prestart] = rows
     tot = [r["total"] for r in rows]
     print(f"prestart {prestart:5}: {len(rows)} jobs x {rows[0]['ranks'] if rows else 0} ranks, "

@@ -80,7 +80,7 @@ fn jobs_run_on_prestarted_workers_and_nothing_is_left_behind() {
         cluster.logs()
     );
     let report = cluster.json(&["report", &id]);
-    assert_eq!(report["verdict"], "PASS", "{report}");
+    assert_eq!(report["verdict"], "pass", "{report}");
     let ranks: Vec<u64> = report["nodes"][0]["ranks"]
         .as_array()
         .unwrap()
