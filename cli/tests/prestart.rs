@@ -91,7 +91,10 @@ fn jobs_run_on_prestarted_workers_and_nothing_is_left_behind() {
 
     // Each slot got a new standby once its rank ended.
     let after = wait_standbys(agent, 2, Duration::from_secs(20));
-    assert!(after.iter().all(|p| !before.contains(p)), "{before:?} {after:?}");
+    assert!(
+        after.iter().all(|p| !before.contains(p)),
+        "{before:?} {after:?}"
+    );
 
     // A cancelled job: its workers (the standbys) go, new standbys come.
     let id = cluster.submit(&["stress", "--duration", "5m", "--nodes", "1"]);
@@ -102,7 +105,10 @@ fn jobs_run_on_prestarted_workers_and_nothing_is_left_behind() {
     assert!(gone.is_ok(), "workers alive after cancel: {gone:?}");
     assert_eq!(cluster.job_state(&id), "cancelled");
     let idle = wait_standbys(agent, 2, Duration::from_secs(20));
-    assert!(idle.iter().all(|p| !after.contains(p)), "{after:?} {idle:?}");
+    assert!(
+        idle.iter().all(|p| !after.contains(p)),
+        "{after:?} {idle:?}"
+    );
 
     // A standby SIGKILLed while idle is reaped and replaced; the next job runs.
     unsafe { libc::kill(idle[0] as i32, libc::SIGKILL) };
