@@ -62,6 +62,19 @@ struct Idle {
     /// Also its process group.
     pid: u32,
     started: Instant,
+    /// The worker binary it runs (`binary_id`).
+    binary: Option<BinaryId>,
+}
+
+/// Device, inode, size and modification time of a file: a worker binary
+/// replaced (an upgrade) reads different, and its idle standbys, still
+/// running the old one, are replaced rather than given jobs.
+type BinaryId = (u64, u64, u64, i64, i64);
+
+fn binary_id(path: &std::path::Path) -> Option<BinaryId> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
 }
 
 #[derive(Default)]
@@ -111,6 +124,7 @@ impl Pool {
         self.reap(&mut s);
         let want = s.slots.saturating_sub(busy);
         while s.idle.len() < want && s.not_before.is_none_or(|t| Instant::now() >= t) {
+            let binary = binary_id(&self.settings.worker_bin);
             match self.spawn() {
                 Ok(child) => {
                     let pid = child.id().unwrap_or(0);
@@ -119,6 +133,7 @@ impl Pool {
                         child,
                         pid,
                         started: Instant::now(),
+                        binary,
                     });
                 }
                 Err(e) => {
@@ -171,12 +186,24 @@ impl Pool {
 
     /// Forgets standbys that exited (reaping them), counting each as a
     /// failure for the back-off.
+    /// Standbys of a worker binary since replaced are ended (not a failure).
     fn reap(&self, s: &mut State) {
+        let binary = binary_id(&self.settings.worker_bin);
         let mut i = 0;
         while i < s.idle.len() {
             let status = match s.idle[i].child.try_wait() {
-                Ok(None) => {
+                Ok(None) if s.idle[i].binary == binary => {
                     i += 1;
+                    continue;
+                }
+                Ok(None) => {
+                    let old = s.idle.swap_remove(i);
+                    tracing::info!(
+                        pid = old.pid,
+                        "{} changed: replacing a standby worker",
+                        self.settings.worker_bin.display()
+                    );
+                    signal_group(old.pid as i32, libc::SIGKILL);
                     continue;
                 }
                 Ok(Some(st)) => match (st.code(), st.signal()) {
@@ -458,5 +485,37 @@ echo cold"#,
         let (logs, exits) = collect(&mut events, 1).await;
         assert_eq!(exits[0].exit_code, 0);
         assert_eq!(logs[0].lines, vec!["cold".to_string()]);
+    }
+
+    #[tokio::test]
+    async fn standbys_of_a_replaced_worker_binary_are_replaced() {
+        let tmp = tempfile::tempdir().unwrap();
+        let body = |v: &str| {
+            format!(
+                r#"if [ "$1" = --standby ]; then read -r line || exit 0; fi
+echo {v}"#
+            )
+        };
+        let bin = script(tmp.path(), &body("old"));
+        let (w, mut events) = Workers::new(settings(tmp.path(), bin), "u".into());
+        w.prestart(1);
+        let old = wait_standbys(&w, 1).await;
+        // An upgrade: the binary now reads differently (here: longer).
+        script(tmp.path(), &body("newer"));
+        let t0 = Instant::now();
+        while w.standby.pids() == old || w.standby.pids().is_empty() {
+            assert!(t0.elapsed() < TICK * 5, "standby {old:?} never replaced");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Killed and reaped (dropped children are reaped in the background).
+        let t0 = Instant::now();
+        while alive(old[0]) {
+            assert!(t0.elapsed() < TICK * 5, "old standby {old:?} left behind");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(w.start(assignment(&[(0, None)], 0)).ok);
+        let (logs, exits) = collect(&mut events, 1).await;
+        assert_eq!(exits[0].exit_code, 0);
+        assert_eq!(logs[0].lines, vec!["newer".to_string()]);
     }
 }
