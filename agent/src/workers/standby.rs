@@ -18,7 +18,9 @@
 //! running worker: heartbeats, telemetry and `live_workers` do not see it.
 //! One that exits by itself is replaced after a back-off that doubles up to a
 //! minute, so a broken worker binary does not make the agent spawn in a loop
-//! (ranks then start cold, which reports the error as before).
+//! (ranks then start cold, which reports the error as before). Standbys of a
+//! worker binary replaced since they started (an upgrade) are ended and
+//! started again from the new one, so that no job runs the old binary.
 
 use std::io::Write;
 use std::os::unix::process::ExitStatusExt;
