@@ -58,6 +58,8 @@ pub struct Config {
     /// How long workers keep running while the coordinator is away
     /// (`--coordinator-grace`); zero kills them as soon as it is lost.
     pub coordinator_grace: Duration,
+    /// `--prestart-workers`: keep a started, idle worker per free slot.
+    pub prestart_workers: bool,
 }
 
 /// `$XDG_STATE_HOME/gpuctl/agent-NAME`, else `~/.local/state/gpuctl/agent-NAME`,
@@ -196,6 +198,14 @@ pub async fn run(cfg: Config, shutdown: Shutdown) -> anyhow::Result<()> {
         kill_grace: workers::KILL_GRACE,
     };
     let (workers, events) = workers::Workers::new(settings, cfg.coordinator.join(","));
+    if cfg.prestart_workers {
+        let slots = if inventory.gpus.is_empty() {
+            cfg.cpu_ranks as usize
+        } else {
+            inventory.gpus.len()
+        };
+        workers.prestart(slots);
+    }
 
     // Preflight at start: the verdicts go with Register, the facts they
     // read into HostFacts; the same checks run again for every assignment.

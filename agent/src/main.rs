@@ -92,6 +92,11 @@ struct Args {
     /// standby taking over) within it adopts the running jobs.
     #[arg(long, default_value = "60s", value_parser = parse_grace)]
     coordinator_grace: Duration,
+
+    /// Keep one worker started and idle per free GPU (or CPU rank), so that
+    /// a rank starts without waiting for libtorch to load.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    prestart_workers: bool,
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {
@@ -179,6 +184,7 @@ async fn main() -> anyhow::Result<()> {
             l => Some(l.to_string()),
         },
         coordinator_grace: args.coordinator_grace,
+        prestart_workers: args.prestart_workers,
     };
 
     // The one shutdown signal: every loop watches it, and the agent kills

@@ -3,6 +3,9 @@
 use clap::Parser;
 
 fn main() {
+    if gpuctl_worker::standby::requested() {
+        std::process::exit(gpuctl_worker::standby::run());
+    }
     gpuctl_worker::init_logging();
     let args = gpuctl_worker::context::Args::parse();
     let code = gpuctl_worker::run_worker(args);

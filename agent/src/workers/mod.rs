@@ -18,6 +18,7 @@ mod events;
 mod logs;
 mod process;
 mod procstat;
+mod standby;
 
 pub use command::{worker_command, WorkerCommand};
 pub use events::EventReceiver;
@@ -43,6 +44,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::{sleep_until, Instant};
 
 use logs::{batch_logs, read_lines};
+use standby::Launch;
 
 /// Time a worker gets between SIGTERM and SIGKILL.
 pub const KILL_GRACE: Duration = Duration::from_secs(2);
@@ -137,6 +139,8 @@ pub struct Workers {
     events: EventSender,
     /// Supervisors still running; `kill_all_and_wait` waits for zero.
     live: watch::Sender<usize>,
+    /// Idle pre-started workers (off until `prestart`).
+    standby: standby::Pool,
 }
 
 impl Workers {
@@ -146,6 +150,7 @@ impl Workers {
     pub fn new(settings: WorkerSettings, coordinator_url: String) -> (Arc<Workers>, EventReceiver) {
         let (events, receiver) = events::channel();
         let workers = Arc::new(Workers {
+            standby: standby::Pool::new(settings.clone()),
             settings,
             coordinator_grace_ms: AtomicU64::new(0),
             coordinator_url: Mutex::new(
@@ -216,13 +221,14 @@ impl Workers {
         out
     }
 
-    /// Process ids of every live worker (each leads its own process group),
-    /// so that preflight can tell our GPU processes from strangers'.
+    /// Process ids of every live worker and standby (each leads its own
+    /// process group), so that preflight can tell our GPU processes from
+    /// strangers'.
     pub fn worker_pids(&self) -> BTreeSet<u32> {
+        let mut pids: BTreeSet<u32> = self.standby.pids().into_iter().collect();
         let jobs = self.jobs.lock().unwrap();
-        jobs.values()
-            .flat_map(|j| j.pids.values().copied())
-            .collect()
+        pids.extend(jobs.values().flat_map(|j| j.pids.values().copied()));
+        pids
     }
 
     /// Queues a telemetry batch for the coordinator (dropped, with a debug
@@ -307,9 +313,9 @@ impl Workers {
                 continue;
             }
             match self.spawn_rank(&a, p, &coordinator_url) {
-                Ok(child) => {
+                Ok((child, prestarted)) => {
                     tracing::info!(job = %a.job_id, attempt = a.attempt, rank = p.rank, device = %p.device_label(),
-                        pid = child.id().unwrap_or(0), "worker started");
+                        pid = child.id().unwrap_or(0), prestarted, "worker started");
                     self.live.send_modify(|n| *n += 1);
                     if let Some(pid) = child.id() {
                         if let Some(j) = self.jobs.lock().unwrap().get_mut(&key) {
@@ -374,6 +380,9 @@ impl Workers {
         if n > 0 {
             tracing::warn!(jobs = n, reason, "killing all workers");
         }
+        if reason == killed_by::AGENT_SHUTDOWN {
+            self.standby.close().await;
+        }
         let mut live = self.live.subscribe();
         let ok = tokio::time::timeout(timeout, live.wait_for(|n| *n == 0))
             .await
@@ -413,12 +422,35 @@ impl Workers {
         }
     }
 
+    /// Starts the rank's worker, from a standby when one can take it; says
+    /// which.
     fn spawn_rank(
         &self,
         a: &Assignment,
         p: &RankPlacement,
         coordinator_url: &str,
-    ) -> Result<Child, String> {
+    ) -> Result<(Child, bool), String> {
+        let l = self.launch(a, p, coordinator_url)?;
+        if let Some(child) = self.standby.launch(&l) {
+            return Ok((child, true));
+        }
+        let mut cmd = Command::new(&self.settings.worker_bin);
+        cmd.args(&l.args)
+            .envs(l.env.iter().map(|(k, v)| (k, v)))
+            .current_dir(&l.dir)
+            .stdin(Stdio::null());
+        spawn_in_group(cmd)
+            .map(|c| (c, false))
+            .map_err(|e| e.to_string())
+    }
+
+    /// The rank's command line, environment and (created) working folder.
+    fn launch(
+        &self,
+        a: &Assignment,
+        p: &RankPlacement,
+        coordinator_url: &str,
+    ) -> Result<Launch, String> {
         let spec = worker_command(&self.settings, coordinator_url, a, p)?;
         let dir = self.settings.work_dir.join("jobs").join(format!(
             "{}-a{}",
@@ -427,24 +459,24 @@ impl Workers {
         ));
         std::fs::create_dir_all(&dir)
             .map_err(|e| format!("cannot create the working folder {}: {e}", dir.display()))?;
-        let mut cmd = Command::new(&self.settings.worker_bin);
         let urls = if a.coordinator_urls.is_empty() {
             self.coordinator_urls.clone()
         } else {
             a.coordinator_urls.join(",")
         };
-        cmd.args(&spec.args)
-            .env("GPUCTL_COORDINATOR_URLS", urls)
-            .envs(spec.env.iter().map(|(k, v)| (k, v)))
-            .env(
-                COORDINATOR_GRACE_ENV,
-                self.coordinator_grace_ms
-                    .load(Ordering::Relaxed)
-                    .to_string(),
-            )
-            .current_dir(&dir)
-            .stdin(Stdio::null());
-        spawn_in_group(cmd).map_err(|e| e.to_string())
+        let mut env = vec![("GPUCTL_COORDINATOR_URLS".to_string(), urls)];
+        env.extend(spec.env);
+        env.push((
+            COORDINATOR_GRACE_ENV.to_string(),
+            self.coordinator_grace_ms
+                .load(Ordering::Relaxed)
+                .to_string(),
+        ));
+        Ok(Launch {
+            args: spec.args,
+            env,
+            dir,
+        })
     }
 
     /// Watches one worker from spawn to `WorkerExited`.
@@ -528,6 +560,10 @@ impl Workers {
         }));
         self.rank_done(&key, rank);
         self.live.send_modify(|n| *n -= 1);
+        // The slot is free: its standby comes back.
+        if self.standby.enabled() {
+            self.standby.refill(self.busy_slots());
+        }
     }
 }
 
@@ -594,7 +630,7 @@ mod tests {
 
     /// Process ids whose process group is `pgid` and that are not zombies
     /// (a container's PID 1 may never reap reparented children).
-    fn settings(dir: &Path, worker_bin: PathBuf) -> WorkerSettings {
+    pub(super) fn settings(dir: &Path, worker_bin: PathBuf) -> WorkerSettings {
         WorkerSettings {
             node: "n1".into(),
             worker_bin,
@@ -605,7 +641,7 @@ mod tests {
         }
     }
 
-    fn assignment(ranks: &[(u32, Option<u32>)], deadline_unix_ms: u64) -> Assignment {
+    pub(super) fn assignment(ranks: &[(u32, Option<u32>)], deadline_unix_ms: u64) -> Assignment {
         Assignment {
             job_id: "job-7".into(),
             attempt: 2,
@@ -692,7 +728,7 @@ mod tests {
             .contains("GPU 9"));
     }
 
-    fn script(dir: &Path, body: &str) -> PathBuf {
+    pub(super) fn script(dir: &Path, body: &str) -> PathBuf {
         let p = dir.join("fake-worker");
         std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -700,7 +736,7 @@ mod tests {
     }
 
     /// Collects events until every listed rank has exited.
-    async fn collect(
+    pub(super) async fn collect(
         events: &mut EventReceiver,
         ranks: usize,
     ) -> (Vec<WorkerLog>, Vec<WorkerExited>) {
