@@ -167,8 +167,13 @@ impl Coordinator {
         .map_err(|s| self.status("plan", s))
     }
 
-    pub async fn job(&mut self, id: &str) -> Result<pb::Job> {
-        let req = pb::GetJobRequest { job_id: id.into() };
+    /// A job; `max_ranks` > 0 bounds a big one to the ranks furthest behind
+    /// (`GetJobRequest.max_ranks`; views use `gpuctl_proto::VIEW_RANKS`).
+    pub async fn job(&mut self, id: &str, max_ranks: u32) -> Result<pb::Job> {
+        let req = pb::GetJobRequest {
+            job_id: id.into(),
+            max_ranks,
+        };
         self.call(true, move |mut c| {
             let req = req.clone();
             async move { c.get_job(req).await }
@@ -337,8 +342,10 @@ impl Coordinator {
         .map_err(|s| self.status("nodes remove", s))
     }
 
-    pub async fn nodes(&mut self) -> Result<Vec<pb::Node>> {
-        let req = pb::ListNodesRequest {};
+    /// The nodes; `brief`: only what a table of them shows
+    /// (`ListNodesRequest.brief`).
+    pub async fn nodes(&mut self, brief: bool) -> Result<Vec<pb::Node>> {
+        let req = pb::ListNodesRequest { brief };
         self.call(true, move |mut c| async move { c.list_nodes(req).await })
             .await
             .map(|r| r.nodes)

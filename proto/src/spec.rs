@@ -73,6 +73,19 @@ pub fn hang_timeout_ms(spec: &JobSpec) -> u64 {
     }
 }
 
+/// Progress reports a coordinator takes a second from one job's ranks: at
+/// 32,768 ranks a report per rank each second is most of its work.
+pub const PROGRESS_REPORTS_PER_S: u64 = 4_096;
+
+/// How often each rank of a job reports progress: every second up to
+/// [`PROGRESS_REPORTS_PER_S`] ranks, then less often, but always at least
+/// four times per hang timeout, so that a rank that only reports late is
+/// never taken for a hung one.
+pub fn progress_interval_ms(world_size: u32, spec: &JobSpec) -> u64 {
+    let by_size = u64::from(world_size) * 1_000 / PROGRESS_REPORTS_PER_S;
+    by_size.min(hang_timeout_ms(spec) / 4).max(1_000)
+}
+
 /// Checks a spec and fills the defaults the coordinator relies on. Returns the
 /// spec to store; on error nothing should be stored or started.
 pub fn normalize(spec: &JobSpec) -> Result<JobSpec, SpecError> {
@@ -334,5 +347,16 @@ mod tests {
         assert!(parse_selector("rack=a1").unwrap().matches(&node));
         assert!(!parse_selector("rack!=a1").unwrap().matches(&node));
         assert!(!parse_selector("gpu=A100").unwrap().matches(&node));
+    }
+
+    #[test]
+    fn big_jobs_report_progress_less_often_but_within_their_hang_timeout() {
+        let mut spec = JobSpec::default();
+        assert_eq!(progress_interval_ms(8, &spec), 1_000);
+        assert_eq!(progress_interval_ms(4_096, &spec), 1_000);
+        assert_eq!(progress_interval_ms(32_768, &spec), 8_000);
+        assert_eq!(progress_interval_ms(1 << 20, &spec), 30_000, "a quarter of 120 s");
+        spec.hang_timeout_ms = MIN_HANG_TIMEOUT_MS;
+        assert_eq!(progress_interval_ms(32_768, &spec), 1_250);
     }
 }

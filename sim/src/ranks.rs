@@ -79,6 +79,8 @@ pub async fn run(
     ];
     let mut tick = tokio::time::interval(job.interval);
     tick.tick().await;
+    // As a real worker: the next report when the coordinator asks for it.
+    let mut next_report = tokio::time::Instant::now();
     for i in 0..intervals {
         tokio::select! {
             _ = tick.tick() => {}
@@ -94,6 +96,9 @@ pub async fn run(
                 unix_ms: now,
                 iterations,
             });
+        }
+        if tokio::time::Instant::now() < next_report {
+            continue;
         }
         let progress = RankProgressReport {
             job_id: job.job_id.clone(),
@@ -111,7 +116,12 @@ pub async fn run(
         };
         match client.report_progress(request(&job, progress)).await {
             Ok(ack) if !ack.get_ref().ok => return Outcome::Cancelled,
-            Ok(_) => {}
+            Ok(ack) => {
+                let every = u64::from(ack.get_ref().next_report_ms).max(1);
+                // A little early, so that a tick on the boundary counts.
+                next_report = tokio::time::Instant::now()
+                    + Duration::from_millis(every.saturating_sub(100).max(1));
+            }
             Err(_) => {
                 stats
                     .rpc_errors

@@ -418,6 +418,9 @@ fn progress_loop(
     inner: Arc<ProgressInner>,
 ) {
     let mut failures = 0u32;
+    // The coordinator says how often it wants reports (less often in big
+    // jobs); a second until it has.
+    let mut every = Duration::from_secs(1);
     loop {
         let last = inner.stop.load(Ordering::SeqCst);
         if t.deadline_unix_ms > 0 && gpuctl_proto::now_ms() > t.deadline_unix_ms {
@@ -455,6 +458,9 @@ fn progress_loop(
             Ok(ack) => {
                 failures = 0;
                 let ack = ack.into_inner();
+                if ack.next_report_ms > 0 {
+                    every = Duration::from_millis(u64::from(ack.next_report_ms));
+                }
                 if !ack.ok && !last {
                     tracing::error!(
                         "node {} rank {}: the coordinator says the job is over ({}); exiting",
@@ -476,8 +482,9 @@ fn progress_loop(
         if last {
             return;
         }
-        // Sleep a second, waking early to send the last report.
-        for _ in 0..10 {
+        // Sleep until the next report, waking early to send the last one.
+        let until = std::time::Instant::now() + every;
+        while std::time::Instant::now() < until {
             if inner.stop.load(Ordering::SeqCst) {
                 break;
             }

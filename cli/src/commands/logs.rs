@@ -80,7 +80,7 @@ pub async fn follow(
     }
     loop {
         // Asked before the lines, so the lines fetched after it ended are the last.
-        let over = c.job(id).await?.state().is_terminal();
+        let over = c.job(id, 1).await?.state().is_terminal();
         let lines = c.logs(id, rank, 0).await?;
         let mut seen: HashMap<u32, usize> = HashMap::new();
         let fresh: Vec<LogLine> = lines
@@ -106,7 +106,7 @@ pub async fn follow(
 /// A rank the job does not have is bad input, not an empty log: asked only
 /// when no line came back, so a normal call costs one request.
 async fn check_rank(c: &mut Coordinator, id: &str, rank: u32) -> Result<()> {
-    let job = c.job(id).await?;
+    let job = c.job(id, 1).await?;
     let world = job.plan.as_ref().map(|p| p.world_size).unwrap_or(0);
     // Not planned yet: no ranks to name, and the rank may still come.
     if world > 0 && rank >= world {

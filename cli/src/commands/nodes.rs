@@ -24,7 +24,8 @@ pub async fn remove(c: &mut Coordinator, name: &str, out: OutputFormat) -> Resul
 }
 
 pub async fn run(c: &mut Coordinator, out: OutputFormat) -> Result<Exit> {
-    let mut nodes = c.nodes().await?;
+    // JSON carries every fact and check; a table needs far less.
+    let mut nodes = c.nodes(!matches!(out, OutputFormat::Json)).await?;
     nodes.sort_by(|a, b| a.name.cmp(&b.name));
     let now = gpuctl_proto::now_ms();
     match out {

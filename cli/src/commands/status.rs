@@ -12,7 +12,12 @@ use crate::exit::Exit;
 use crate::output::{self, table::Table};
 
 pub async fn run(c: &mut Coordinator, id: &str, out: OutputFormat) -> Result<Exit> {
-    let job = c.job(id).await?;
+    // A person's table shows the ranks furthest behind; JSON has them all.
+    let max_ranks = match out {
+        OutputFormat::Json => 0,
+        _ => gpuctl_proto::VIEW_RANKS,
+    };
+    let job = c.job(id, max_ranks).await?;
     match out {
         OutputFormat::Json => output::print_json(&output::json::job(&job)),
         _ => {
@@ -139,6 +144,17 @@ pub fn header(job: &pb::Job, now: u64) -> String {
     ]);
     if !job.message.is_empty() {
         pairs.push(("MESSAGE", job.message.clone()));
+    }
+    if job.ranks_left_out > 0 || job.checks_left_out > 0 {
+        pairs.push((
+            "SHOWN",
+            format!(
+                "the {} ranks furthest behind and the checks that did not pass; -o json for all",
+                job.progress.len().max(
+                    job.plan.as_ref().map_or(0, |p| p.ranks.len())
+                )
+            ),
+        ));
     }
     output::table::key_values(&pairs)
 }

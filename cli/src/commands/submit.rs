@@ -213,7 +213,7 @@ async fn follow(c: &mut Coordinator, mut job: pb::Job) -> Result<pb::Job> {
             return Ok(job);
         }
         tokio::time::sleep(POLL).await;
-        match c.job(&job.id).await {
+        match c.job(&job.id, gpuctl_proto::VIEW_RANKS).await {
             Ok(j) => {
                 job = j;
                 unreachable_since = None;

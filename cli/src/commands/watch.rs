@@ -59,7 +59,11 @@ pub async fn run(
     let mut last = String::new();
     let mut screen = live::Screen::default();
     loop {
-        let job = c.job(id).await?;
+        let max_ranks = match out {
+            OutputFormat::Table if tty => gpuctl_proto::VIEW_RANKS,
+            _ => 0,
+        };
+        let job = c.job(id, max_ranks).await?;
         let now = gpuctl_proto::now_ms();
         let done = job.state().is_terminal();
         let fp = fingerprint(&job);

@@ -1,7 +1,7 @@
 //! The live view of a running job, shared by `submit --wait` and `watch` on a
 //! terminal: one line for the job, then one line per rank with its phase,
 //! progress, headline figure, GPU and how long ago it last reported (LAST). A rank
-//! silent for [`STALE_MS`] is marked `stale` and listed first, so a stuck
+//! silent for [`stale_ms`] is marked `stale` and listed first, so a stuck
 //! rank is the first thing a person sees. Every line fits [`WIDTH`] columns;
 //! on a short terminal the list is cut with a count of what is not shown.
 
@@ -10,8 +10,13 @@ use std::io::Write;
 
 use gpuctl_proto::pb;
 
-/// Progress is sent about once a second: five missed reports is stale.
-pub const STALE_MS: u64 = 5_000;
+/// Progress is sent about once a second (less often in big jobs, as the
+/// coordinator asks): five missed reports is stale.
+pub fn stale_ms(job: &pb::Job) -> u64 {
+    let world = job.plan.as_ref().map_or(0, |p| p.world_size);
+    let spec = job.spec.clone().unwrap_or_default();
+    5 * gpuctl_proto::spec::progress_interval_ms(world, &spec)
+}
 /// Lines never grow past this, whatever the terminal.
 pub const WIDTH: usize = 80;
 
@@ -47,7 +52,14 @@ pub fn render(
         lines.push(fit(&format!(
             "{stale} of {} ranks silent for {}s or more (marked stale)",
             ranks.len(),
-            STALE_MS / 1000
+            stale_ms(job) / 1000
+        )));
+    }
+    if job.ranks_left_out > 0 {
+        lines.push(fit(&format!(
+            "the {} ranks furthest behind of {}",
+            ranks.len(),
+            ranks.len() as u32 + job.ranks_left_out
         )));
     }
     lines.push(format!(
@@ -80,6 +92,7 @@ struct RankLine {
 
 /// Stale ranks first, then by rank.
 fn rank_lines(job: &pb::Job, now: u64, latest: &[pb::TelemetryBatch]) -> Vec<RankLine> {
+    let stale_after = stale_ms(job);
     let progress: BTreeMap<u32, &pb::RankProgress> =
         job.progress.iter().map(|p| (p.rank, p)).collect();
     let mut placed: BTreeMap<u32, (String, Option<&pb::RankPlacement>)> = BTreeMap::new();
@@ -100,7 +113,7 @@ fn rank_lines(job: &pb::Job, now: u64, latest: &[pb::TelemetryBatch]) -> Vec<Ran
             // Only a running job's ranks can be stale; one that never
             // reported is stale once the job has run that long.
             let since = if seen > 0 { seen } else { job.started_unix_ms };
-            let stale = running && since > 0 && now.saturating_sub(since) >= STALE_MS;
+            let stale = running && since > 0 && now.saturating_sub(since) >= stale_after;
             let seen_cell = match (seen, stale) {
                 (0, true) => "- stale".to_string(),
                 (0, false) => "-".to_string(),

@@ -14,3 +14,4 @@ pub mod report;
 pub mod rules;
 pub mod series;
 pub mod telemetry;
+pub mod thin;

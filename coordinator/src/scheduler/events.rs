@@ -3,7 +3,7 @@
 //! carry a oneshot for it.
 
 use gpuctl_proto::pb::{
-    AssignmentAck, CoordinatorMessage, Heartbeat, Job, JobSpec, JobState, Node, Plan,
+    Ack, AssignmentAck, CoordinatorMessage, Heartbeat, Job, JobSpec, JobState, Node, Plan,
     RankProgressReport, RankResult, RegisterRequest, RegisterResponse, Report, TelemetryBatch,
     WorkerExited, WorkerLog,
 };
@@ -62,7 +62,7 @@ pub enum Event {
     },
     WorkerProgress {
         report: RankProgressReport,
-        reply: Reply<(bool, String)>,
+        reply: Reply<Ack>,
     },
     WorkerResult {
         result: RankResult,

@@ -321,6 +321,7 @@ impl Scheduler {
         entry.telemetry.forget_series();
         entry.slim();
         batch = batch.job(&entry.job);
+        entry.retire();
         for name in &nodes {
             let Some(n) = self.nodes.get_mut(name) else {
                 continue;
@@ -445,10 +446,17 @@ impl Scheduler {
 
     /// An ended job's report built again from its stored results and telemetry.
     pub(super) async fn stored_report(&self, entry: &JobEntry) -> Result<Report, StoreError> {
-        let results = self.stored_results(&entry.job).await?;
+        let stored;
+        let job = if entry.retired {
+            stored = self.store.job(&entry.job.id).await?;
+            stored.as_ref().unwrap_or(&entry.job)
+        } else {
+            &entry.job
+        };
+        let results = self.stored_results(job).await?;
         let series = self.store.telemetry(&entry.job.id).await?;
         Ok(report::build(&report::Inputs {
-            job: &entry.job,
+            job,
             results: &results,
             exits: &entry.exits,
             progress: &entry.progress,

@@ -186,6 +186,7 @@ impl Scheduler {
                 adopting.insert(job.id.clone(), adopt_by);
                 info!(job = %job.id, results = job.results_in, "running at restart: awaiting adoption by its agents for {}", human(cfg.adopt_grace));
             }
+            entry.retire();
             jobs.insert(entry.job.id.clone(), entry);
         }
         let mut batch = Batch::default();
@@ -357,9 +358,7 @@ impl Scheduler {
                 job_id,
                 max_ranks,
                 reply,
-            } => {
-                let _ = reply.send(self.job(&job_id).map(|j| j.view_of(max_ranks)));
-            }
+            } => self.get_job(&job_id, max_ranks, reply),
             Event::ListJobs { limit, reply } => {
                 let _ = reply.send(self.list_jobs(limit));
             }

@@ -3,13 +3,13 @@
 
 use gpuctl_proto::now_ms;
 use gpuctl_proto::pb::{
-    JobState, RankProgressReport, RankResult, TelemetryBatch, WorkerExited, WorkerLog,
+    Ack, JobState, RankProgressReport, RankResult, TelemetryBatch, WorkerExited, WorkerLog,
 };
 use tracing::info;
 
 use super::Scheduler;
 use crate::error::CoordinatorError;
-use crate::judge::report;
+use crate::judge::{report, thin};
 use crate::judge::series::GpuSeries;
 use crate::logs::LogBatch;
 use crate::store::{Batch, Durable};
@@ -26,24 +26,39 @@ pub(super) enum Answer {
 const TELEMETRY_STORE_MS: u64 = 10_000;
 
 impl Scheduler {
-    pub(super) fn worker_progress(&mut self, report: RankProgressReport) -> (bool, String) {
+    /// Takes a rank's progress; the answer says when to send the next one
+    /// (`gpuctl_proto::spec::progress_interval_ms`).
+    pub(super) fn worker_progress(&mut self, report: RankProgressReport) -> Ack {
+        let refuse = |message: String| Ack {
+            ok: false,
+            message,
+            next_report_ms: 0,
+        };
         let Some(entry) = self.jobs.get_mut(&report.job_id) else {
-            return (false, format!("unknown job `{}`", report.job_id));
+            return refuse(format!("unknown job `{}`", report.job_id));
         };
         if report.attempt != entry.job.attempt {
-            return (
-                false,
-                format!("attempt {} of {} is over", report.attempt, report.job_id),
-            );
+            return refuse(format!(
+                "attempt {} of {} is over",
+                report.attempt, report.job_id
+            ));
         }
         if entry.state() != JobState::Running {
-            return (
-                false,
-                format!("job {} is {}", report.job_id, entry.state().label()),
-            );
+            return refuse(format!(
+                "job {} is {}",
+                report.job_id,
+                entry.state().label()
+            ));
         }
+        let next_report_ms = entry.job.spec.as_ref().map_or(0, |spec| {
+            gpuctl_proto::spec::progress_interval_ms(entry.world_size(), spec) as u32
+        });
         let Some(mut p) = report.progress else {
-            return (true, "no progress in the report".into());
+            return Ack {
+                ok: true,
+                message: "no progress in the report".into(),
+                next_report_ms,
+            };
         };
         if p.node.is_empty() {
             p.node = entry
@@ -59,7 +74,11 @@ impl Scheduler {
             entry.watch.progress(p.rank, before, p.iterations, now_ms());
         }
         entry.progress.insert(p.rank, p);
-        (true, String::new())
+        Ack {
+            ok: true,
+            message: String::new(),
+            next_report_ms,
+        }
     }
 
     pub(super) async fn worker_result(&mut self, mut result: RankResult) -> Answer {
@@ -73,7 +92,10 @@ impl Scheduler {
             ));
         }
         let world = entry.world_size();
-        let Some(p) = entry.placement(result.rank).cloned() else {
+        let placement = entry.placement(result.rank).cloned();
+        // A retired job keeps no placements: its ranks are 0..world.
+        let known = placement.is_some() || (entry.retired && result.rank < world);
+        if !known {
             return Answer::Now((
                 false,
                 format!(
@@ -81,18 +103,22 @@ impl Scheduler {
                     result.rank, result.job_id
                 ),
             ));
-        };
-        let device = p.device_label();
-        for (field, planned) in [
-            (&mut result.node, p.node),
-            (&mut result.device, device),
-            (&mut result.device_name, p.device_name),
-            (&mut result.gpu_uuid, p.gpu_uuid),
-        ] {
-            if field.is_empty() {
-                *field = planned;
+        }
+        if let Some(p) = placement {
+            let device = p.device_label();
+            for (field, planned) in [
+                (&mut result.node, p.node),
+                (&mut result.device, device),
+                (&mut result.device_name, p.device_name),
+                (&mut result.gpu_uuid, p.gpu_uuid),
+            ] {
+                if field.is_empty() {
+                    *field = planned;
+                }
             }
         }
+        // A big job's ranks keep coarser timelines (judge::thin).
+        thin::result(&mut result, thin::points_per_rank(world));
         // Durable before the worker hears back (the writer commits it before
         // anything queued after it): a crash from here on loses nothing.
         let durable = self.store.put_result(&result);

@@ -108,7 +108,14 @@ pub struct JobEntry {
     pub deadline_unix_ms: u64,
     /// The report being built off the scheduler's task, if it is.
     pub pending: Option<Pending>,
+    /// An ended big job keeps no per-rank parts in memory ([`Self::retire`]);
+    /// they are read from the store when asked for.
+    pub retired: bool,
 }
+
+/// Ended jobs with more ranks than this keep no per-rank parts in memory: at
+/// 32,768 ranks they are tens of megabytes a job, kept for every job.
+pub const RETIRE_OVER_RANKS: u32 = 1024;
 
 impl JobEntry {
     pub fn state(&self) -> JobState {
@@ -138,6 +145,24 @@ impl JobEntry {
             }
         }
         self.telemetry = Default::default();
+    }
+
+    /// Drops an ended big job's per-rank parts (placements, checks,
+    /// progress, exits, clocks): its stored job and report have them.
+    /// Call once the job is stored in its final state.
+    pub fn retire(&mut self) {
+        if !self.state().is_terminal() || self.world_size() <= RETIRE_OVER_RANKS {
+            return;
+        }
+        if let Some(p) = self.job.plan.as_mut() {
+            p.ranks = Vec::new();
+            p.checks = Vec::new();
+        }
+        self.job.start_checks = Vec::new();
+        self.progress = BTreeMap::new();
+        self.exits = BTreeMap::new();
+        self.watch = Default::default();
+        self.retired = true;
     }
 
     /// The job without its per-rank parts (plan placements and environment,

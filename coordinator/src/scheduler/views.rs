@@ -8,7 +8,51 @@ use std::cmp::Reverse;
 
 use gpuctl_proto::pb::{GpuInfo, HostFacts, Job, Node, PreflightCheck, RankProgress, Verdict};
 
+use super::events::Reply;
 use super::state::JobEntry;
+use super::Scheduler;
+use crate::error::CoordinatorError;
+
+impl Scheduler {
+    /// `GetJob`: from memory, or for a retired job (an ended big one) from
+    /// the store on a task of its own.
+    pub(super) fn get_job(
+        &self,
+        id: &str,
+        max_ranks: u32,
+        reply: Reply<Result<Job, CoordinatorError>>,
+    ) {
+        let entry = match self.job(id) {
+            Ok(e) => e,
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        };
+        if !entry.retired || max_ranks == 1 {
+            // One rank asked for: a check that the job exists.
+            let _ = reply.send(Ok(entry.view_of(max_ranks)));
+            return;
+        }
+        let (store, summary) = (self.store.clone(), entry.job.clone());
+        tokio::spawn(async move {
+            let job = match store.job(&summary.id).await {
+                Ok(Some(stored)) => stored,
+                Ok(None) => summary,
+                Err(e) => {
+                    let doing = format!("reading job {}", summary.id);
+                    let _ = reply.send(Err(CoordinatorError::store(doing, e)));
+                    return;
+                }
+            };
+            let entry = JobEntry {
+                job,
+                ..Default::default()
+            };
+            let _ = reply.send(Ok(entry.view_of(max_ranks)));
+        });
+    }
+}
 
 impl JobEntry {
     /// The job with live progress; with `max_ranks` > 0, bounded (see

@@ -89,7 +89,11 @@ pub fn bound_result(r: &mut RankResult) -> Vec<&'static str> {
 }
 
 fn ack((ok, message): (bool, String)) -> Response<Ack> {
-    Response::new(Ack { ok, message })
+    Response::new(Ack {
+        ok,
+        message,
+        next_report_ms: 0,
+    })
 }
 
 #[tonic::async_trait]
@@ -150,10 +154,11 @@ impl WorkerService for WorkerSvc {
         self.security
             .check_worker(&req, &m.job_id, m.attempt, Some(rank))?;
         let report = req.into_inner();
-        Ok(ack(self
-            .sched
-            .ask(|reply| Event::WorkerProgress { report, reply })
-            .await?))
+        Ok(Response::new(
+            self.sched
+                .ask(|reply| Event::WorkerProgress { report, reply })
+                .await?,
+        ))
     }
 
     async fn report_result(&self, req: Request<RankResult>) -> Result<Response<Ack>, Status> {

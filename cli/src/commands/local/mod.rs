@@ -344,7 +344,7 @@ async fn wait_for_agents(
                 return Err(died(p, "while agents were starting"));
             }
         }
-        let nodes = c.nodes().await.unwrap_or_default();
+        let nodes = c.nodes(true).await.unwrap_or_default();
         let missing: Vec<&String> = names
             .iter()
             .filter(|n| !nodes.iter().any(|x| &x.name == *n && ready(x)))
