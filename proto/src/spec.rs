@@ -86,6 +86,16 @@ pub fn progress_interval_ms(world_size: u32, spec: &JobSpec) -> u64 {
     by_size.min(hang_timeout_ms(spec) / 4).max(1_000)
 }
 
+/// The pause before a rank's next progress report: the interval the
+/// coordinator asked for, spread over ±25 % by rank and report count. Ranks
+/// start together, and 32,768 reports arriving in the same instant every few
+/// seconds would hold up everything else the coordinator answers.
+pub fn progress_pause_ms(every_ms: u64, rank: u32, sent: u64) -> u64 {
+    const GOLDEN: f64 = 0.618_033_988_749_895;
+    let u = ((u64::from(rank) + sent) as f64 * GOLDEN).fract();
+    (every_ms as f64 * (0.75 + 0.5 * u)) as u64
+}
+
 /// Checks a spec and fills the defaults the coordinator relies on. Returns the
 /// spec to store; on error nothing should be stored or started.
 pub fn normalize(spec: &JobSpec) -> Result<JobSpec, SpecError> {
@@ -347,6 +357,19 @@ mod tests {
         assert!(parse_selector("rack=a1").unwrap().matches(&node));
         assert!(!parse_selector("rack!=a1").unwrap().matches(&node));
         assert!(!parse_selector("gpu=A100").unwrap().matches(&node));
+    }
+
+    #[test]
+    fn progress_pauses_are_spread_around_the_interval() {
+        let pauses: Vec<u64> = (0..1000).map(|r| progress_pause_ms(8_000, r, 0)).collect();
+        assert!(pauses.iter().all(|p| (6_000..10_000).contains(p)));
+        // Spread, not bunched: every 400 ms slot of the range gets some.
+        for slot in 0..10 {
+            let lo = 6_000 + slot * 400;
+            assert!(pauses.iter().any(|p| (lo..lo + 400).contains(p)), "{lo}");
+        }
+        let mean = pauses.iter().sum::<u64>() as f64 / 1000.0;
+        assert!((mean - 8_000.0).abs() < 100.0, "{mean}");
     }
 
     #[test]

@@ -61,6 +61,8 @@ pub struct PhaseFigures {
     pub store_bytes: u64,
     /// Per call (`nodes`, `jobs`, `status`): p50 and p99 in ms, and count.
     pub cli: BTreeMap<String, (f64, f64, usize)>,
+    /// The slowest calls: name, seconds into the phase, ms.
+    pub slowest: Vec<(String, f64, f64)>,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -127,6 +129,8 @@ impl Coordinator {
 #[derive(Default)]
 struct Latencies {
     by_call: BTreeMap<String, Vec<f64>>,
+    /// Every call of the phase: (when it began, name, ms), for the slowest.
+    calls: Vec<(Instant, String, f64)>,
     /// The job `status` asks for.
     job: String,
 }
@@ -178,7 +182,9 @@ fn record(lat: &Mutex<Latencies>, call: &str, t: Instant, ok: bool) {
     } else {
         format!("{call} (error)")
     };
-    lat.lock().unwrap().by_call.entry(key).or_default().push(ms);
+    let mut l = lat.lock().unwrap();
+    l.calls.push((t, key.clone(), ms));
+    l.by_call.entry(key).or_default().push(ms);
 }
 
 /// Samples the coordinator's CPU and memory through one phase.
@@ -191,7 +197,11 @@ struct Phase {
 
 impl Phase {
     fn begin(name: &str, pid: u32, lat: &Mutex<Latencies>) -> Phase {
-        lat.lock().unwrap().by_call.clear();
+        {
+            let mut l = lat.lock().unwrap();
+            l.by_call.clear();
+            l.calls.clear();
+        }
         Phase {
             name: name.into(),
             start: Instant::now(),
@@ -217,7 +227,18 @@ impl Phase {
                 (k.clone(), (percentile(v, 0.5), percentile(v, 0.99), n))
             })
             .collect();
+        let mut calls = std::mem::take(&mut l.calls);
+        calls.sort_by(|a, b| b.2.total_cmp(&a.2));
+        let slowest = calls
+            .iter()
+            .take(5)
+            .map(|(t, name, ms)| {
+                let at = t.saturating_duration_since(self.start).as_secs_f64();
+                (name.clone(), at, *ms)
+            })
+            .collect();
         PhaseFigures {
+            slowest,
             name: self.name,
             seconds: secs,
             cpu_per_s: cpu / secs.max(1e-9),
@@ -418,6 +439,7 @@ impl BenchReport {
                 "name": p.name, "seconds": p.seconds, "cpu_s_per_s": p.cpu_per_s,
                 "rss_max_bytes": p.rss_max, "rss_end_bytes": p.rss_end, "store_bytes": p.store_bytes,
                 "cli_ms": p.cli.iter().map(|(k, (p50, p99, n))| (k.clone(), json!({"p50": p50, "p99": p99, "calls": n}))).collect::<serde_json::Map<_, _>>(),
+                "slowest_calls": p.slowest.iter().map(|(k, at, ms)| json!({"call": k, "at_s": at, "ms": ms})).collect::<Vec<_>>(),
             })).collect::<Vec<_>>(),
             "jobs": self.jobs.iter().map(|j| json!({
                 "id": j.id, "state": j.state, "ranks": j.ranks, "results_in_report": j.results_in_report,
@@ -458,6 +480,15 @@ impl BenchReport {
             ]);
         }
         println!("{t}\n");
+        for p in self.phases.iter().filter(|p| !p.slowest.is_empty()) {
+            let calls: Vec<String> = p
+                .slowest
+                .iter()
+                .map(|(k, at, ms)| format!("{k} {ms:.0} ms at {at:.1} s"))
+                .collect();
+            println!("slowest calls, {}: {}", p.name, calls.join("; "));
+        }
+        println!();
         let mut t = comfy_table::Table::new();
         t.load_preset(comfy_table::presets::NOTHING).set_header([
             "JOB",

@@ -81,6 +81,7 @@ pub async fn run(
     tick.tick().await;
     // As a real worker: the next report when the coordinator asks for it.
     let mut next_report = tokio::time::Instant::now();
+    let mut sent = 0u64;
     for i in 0..intervals {
         tokio::select! {
             _ = tick.tick() => {}
@@ -117,10 +118,13 @@ pub async fn run(
         match client.report_progress(request(&job, progress)).await {
             Ok(ack) if !ack.get_ref().ok => return Outcome::Cancelled,
             Ok(ack) => {
-                let every = u64::from(ack.get_ref().next_report_ms).max(1);
-                // A little early, so that a tick on the boundary counts.
-                next_report = tokio::time::Instant::now()
-                    + Duration::from_millis(every.saturating_sub(100).max(1));
+                let every = u64::from(ack.get_ref().next_report_ms);
+                if every > 0 {
+                    // As a real worker spreads its reports.
+                    sent += 1;
+                    let pause = gpuctl_proto::spec::progress_pause_ms(every, rank, sent);
+                    next_report = tokio::time::Instant::now() + Duration::from_millis(pause);
+                }
             }
             Err(_) => {
                 stats

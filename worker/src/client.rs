@@ -421,6 +421,7 @@ fn progress_loop(
     // The coordinator says how often it wants reports (less often in big
     // jobs); a second until it has.
     let mut every = Duration::from_secs(1);
+    let mut sent = 0u64;
     loop {
         let last = inner.stop.load(Ordering::SeqCst);
         if t.deadline_unix_ms > 0 && gpuctl_proto::now_ms() > t.deadline_unix_ms {
@@ -483,7 +484,9 @@ fn progress_loop(
             return;
         }
         // Sleep until the next report, waking early to send the last one.
-        let until = std::time::Instant::now() + every;
+        sent += 1;
+        let pause = gpuctl_proto::spec::progress_pause_ms(every.as_millis() as u64, t.rank, sent);
+        let until = std::time::Instant::now() + Duration::from_millis(pause);
         while std::time::Instant::now() < until {
             if inner.stop.load(Ordering::SeqCst) {
                 break;
