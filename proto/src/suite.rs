@@ -765,6 +765,20 @@ mod tests {
     }
 
     #[test]
+    fn the_examples_in_the_docs_parse() {
+        let doc = include_str!("../../docs/acceptance.md");
+        let blocks: Vec<&str> = doc
+            .split("```toml\n")
+            .skip(1)
+            .map(|b| b.split("```").next().unwrap())
+            .collect();
+        assert_eq!(blocks.len(), 2);
+        for b in blocks {
+            Suite::parse(b).unwrap_or_else(|e| panic!("{e}\n{b}"));
+        }
+    }
+
+    #[test]
     fn unknown_levels_name_the_three() {
         let e = Suite::builtin("thorough").unwrap_err();
         assert_eq!(e.field, "--level");
