@@ -14,6 +14,7 @@ pub mod pairs;
 pub mod server;
 pub mod shutdown;
 pub mod spec;
+pub mod suite;
 pub mod units;
 
 /// Generated from `proto/gpuctl.proto`.
