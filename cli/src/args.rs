@@ -114,6 +114,9 @@ Examples:
 pub enum Command {
     /// List the fleet's nodes; `nodes remove NAME` forgets one.
     Nodes(NodesArgs),
+    /// Accept nodes: run an acceptance suite (quick, standard, burn-in) and judge each node.
+    #[command(after_help = crate::commands::accept::EXAMPLES)]
+    Accept(crate::commands::accept::AcceptArgs),
     /// Submit a workload (stress, nccl, ddp, fsdp, maxbatch).
     #[command(after_help = SUBMIT_EXAMPLES)]
     Submit(SubmitArgs),
@@ -371,7 +374,7 @@ pub struct JobArgs {
 const MAX_RULES_BYTES: u64 = 64 * 1024;
 
 /// The text of a `--rules` file, bounded; the coordinator parses it.
-fn read_rules(path: &std::path::Path) -> Result<String, UsageError> {
+pub(crate) fn read_rules(path: &std::path::Path) -> Result<String, UsageError> {
     let meta = std::fs::metadata(path)
         .map_err(|e| usage(format!("--rules: cannot read {}: {e}", path.display())))?;
     if meta.len() > MAX_RULES_BYTES {
@@ -486,7 +489,7 @@ fn split_kv<'a>(
     }
 }
 
-fn parse_nodes(text: &str) -> Result<(u32, bool), UsageError> {
+pub(crate) fn parse_nodes(text: &str) -> Result<(u32, bool), UsageError> {
     let t = text.trim();
     if t.eq_ignore_ascii_case("all") {
         return Ok((0, true));
@@ -510,7 +513,7 @@ pub fn parse_interval(flag: &str, text: &str) -> Result<std::time::Duration, Usa
     units::parse_duration(text).map_err(|m| usage(format!("{flag}: {m}")))
 }
 
-fn parse_duration_flag(flag: &str, text: &str) -> Result<u64, UsageError> {
+pub(crate) fn parse_duration_flag(flag: &str, text: &str) -> Result<u64, UsageError> {
     units::parse_duration(text)
         .map(|d| d.as_millis() as u64)
         .map_err(|m| usage(format!("{flag}: {m}")))

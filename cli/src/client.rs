@@ -242,6 +242,39 @@ impl Coordinator {
             .map_err(|s| self.status("report", s))
     }
 
+    pub async fn submit_suite(&mut self, req: pb::SubmitSuiteRequest) -> Result<pb::Suite> {
+        self.call(false, move |mut c| {
+            let req = req.clone();
+            async move { c.submit_suite(req).await }
+        })
+        .await
+        .map_err(|s| self.status("accept", s))
+    }
+
+    pub async fn suite(&mut self, id: &str) -> Result<pb::Suite> {
+        let req = pb::GetSuiteRequest {
+            suite_id: id.into(),
+        };
+        self.call(true, move |mut c| {
+            let req = req.clone();
+            async move { c.get_suite(req).await }
+        })
+        .await
+        .map_err(|s| self.status("get suite", s))
+    }
+
+    pub async fn cancel_suite(&mut self, id: &str) -> Result<pb::Suite> {
+        let req = pb::GetSuiteRequest {
+            suite_id: id.into(),
+        };
+        self.call(false, move |mut c| {
+            let req = req.clone();
+            async move { c.cancel_suite(req).await }
+        })
+        .await
+        .map_err(|s| self.status("cancel suite", s))
+    }
+
     pub async fn fleet(&mut self, since_unix_ms: u64, node: &str) -> Result<pb::GetFleetResponse> {
         let req = pb::GetFleetRequest {
             since_unix_ms,

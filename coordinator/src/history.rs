@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use gpuctl_proto::pb::{GetFleetRequest, GetFleetResponse, NodeRun};
+use gpuctl_proto::pb::{FleetRow, GetFleetRequest, GetFleetResponse, NodeRun};
 use gpuctl_proto::shutdown::Shutdown;
 use tracing::{info, warn};
 
@@ -38,7 +38,26 @@ pub async fn fleet(
         .await
         .map_err(|e| CoordinatorError::store("could not read the fleet history", e))?;
     runs.retain(|r| r.finished_unix_ms >= req.since_unix_ms);
-    let rows = fleet::rows(&runs, drift_tolerance);
+    let mut rows = fleet::rows(&runs, drift_tolerance);
+    // Each node's last acceptance suite, whenever it was.
+    let accepted = store
+        .acceptances()
+        .await
+        .map_err(|e| CoordinatorError::store("could not read the acceptance states", e))?;
+    for a in accepted {
+        if !node.is_empty() && a.node != node {
+            continue;
+        }
+        match rows.iter_mut().find(|r| r.node == a.node) {
+            Some(row) => row.acceptance = Some(a),
+            None => rows.push(FleetRow {
+                node: a.node.clone(),
+                acceptance: Some(a),
+                ..Default::default()
+            }),
+        }
+    }
+    rows.sort_by(|a, b| a.node.cmp(&b.node));
     let links = fleet::latest_links(&runs);
     if node.is_empty() {
         return Ok(GetFleetResponse {

@@ -24,6 +24,8 @@ pub const MAX_JOB_NAME: usize = 256;
 pub const MAX_ENV: usize = 256;
 pub const MAX_ENV_KEY: usize = 128;
 pub const MAX_SELECTORS: usize = 64;
+/// Nodes a job may be limited to (a suite's stage on the nodes still in).
+pub const MAX_ONLY_NODES: usize = 65_536;
 /// A timed workload runs at most a week; a job's deadline is at most 30 days.
 pub const MAX_DURATION_MS: u64 = 7 * 86_400_000;
 pub const MAX_TIMEOUT_MS: u64 = 30 * 86_400_000;
@@ -165,6 +167,10 @@ pub fn spec(s: &JobSpec) -> Result<(), SpecError> {
     list("--selector", &s.selectors, MAX_SELECTORS)?;
     for sel in &s.selectors {
         text("--selector", sel, MAX_JOB_NAME)?;
+    }
+    list("only_nodes", &s.only_nodes, MAX_ONLY_NODES)?;
+    for n in &s.only_nodes {
+        text("only_nodes", n, MAX_NODE_NAME)?;
     }
     if s.env.len() > MAX_ENV {
         return Err(err(

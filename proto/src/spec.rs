@@ -378,7 +378,11 @@ mod tests {
         assert_eq!(progress_interval_ms(8, &spec), 1_000);
         assert_eq!(progress_interval_ms(4_096, &spec), 1_000);
         assert_eq!(progress_interval_ms(32_768, &spec), 8_000);
-        assert_eq!(progress_interval_ms(1 << 20, &spec), 30_000, "a quarter of 120 s");
+        assert_eq!(
+            progress_interval_ms(1 << 20, &spec),
+            30_000,
+            "a quarter of 120 s"
+        );
         spec.hang_timeout_ms = MIN_HANG_TIMEOUT_MS;
         assert_eq!(progress_interval_ms(32_768, &spec), 1_250);
     }

@@ -351,6 +351,12 @@ pub async fn run(cfg: &BenchConfig, dir: PathBuf) -> Result<BenchReport> {
     Ok(out)
 }
 
+/// How long a job may take to have its report: its run time and five minutes.
+fn report_limit(job: &gpuctl_proto::pb::Job) -> Duration {
+    let run = job.spec.as_ref().map_or(0, |s| s.duration_ms);
+    Duration::from_millis(run) + Duration::from_secs(300)
+}
+
 /// Submits, waits for the end and for the stored report, and measures.
 async fn one_job(
     jobs: &mut JobServiceClient<Channel>,
@@ -396,6 +402,10 @@ async fn one_job(
             .await
         {
             Ok(r) => break r.into_inner(),
+            // Not stored yet; a report that never comes is an error, named.
+            Err(e) if submitted.elapsed() > report_limit(&job) => {
+                bail!("no report for {} ({}): {}", job.id, e.code(), e.message())
+            }
             Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
         }
     };

@@ -1,4 +1,6 @@
-//! `gpuctl cancel JOB`: asks the coordinator to stop a job; agents kill its workers.
+//! `gpuctl cancel JOB`: asks the coordinator to stop a job; agents kill its
+//! workers. An acceptance suite's id (`acc-…`) cancels the suite: its running
+//! stage stops and no later stage starts.
 
 use anyhow::Result;
 
@@ -8,6 +10,17 @@ use crate::exit::Exit;
 use crate::output;
 
 pub async fn run(c: &mut Coordinator, id: &str, reason: &str, out: OutputFormat) -> Result<Exit> {
+    if id.starts_with("acc-") {
+        let suite = c.cancel_suite(id).await?;
+        match out {
+            OutputFormat::Json => output::print_json(&serde_json::json!({
+                "suite": suite.id,
+                "state": suite.state().label(),
+            })),
+            _ => println!("{} {}", suite.id, suite.state().label()),
+        }
+        return Ok(Exit::Ok);
+    }
     let job = c.cancel(id, reason).await?;
     match out {
         OutputFormat::Json => output::print_json(&output::json::job(&job)),

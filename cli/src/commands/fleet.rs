@@ -84,6 +84,7 @@ fn drift_text(d: &[pb::Drift]) -> String {
 fn rows_grid(rows: &[pb::FleetRow], now: u64) -> Table {
     let mut t = Table::new(&[
         "NODE",
+        "ACCEPTANCE",
         "LAST",
         "WHEN",
         "RUNS",
@@ -94,10 +95,11 @@ fn rows_grid(rows: &[pb::FleetRow], now: u64) -> Table {
         "SAMPLES/S",
         "DRIFT",
     ])
-    .right(&[3, 4, 5, 6, 7, 8]);
+    .right(&[4, 5, 6, 7, 8, 9]);
     for r in rows {
         t.row([
             r.node.clone(),
+            acceptance_text(r.acceptance.as_ref(), now),
             r.last_verdict().label().to_string(),
             output::age(r.last_unix_ms, now),
             r.runs.to_string(),
@@ -157,9 +159,30 @@ fn links_grid(links: &[pb::Link], now: u64) -> Table {
     t
 }
 
+/// "accepted 3d ago at standard", "failed quick at stress 2h ago", or "-".
+pub fn acceptance_text(a: Option<&pb::Acceptance>, now: u64) -> String {
+    let Some(a) = a else {
+        return "-".into();
+    };
+    let age = output::age(a.finished_unix_ms, now);
+    match a.verdict() {
+        pb::Verdict::Pass | pb::Verdict::Warn => format!("accepted {age} at {}", a.level),
+        pb::Verdict::Fail => format!("failed {} at {} {age}", a.level, output::dash(&a.stage)),
+        _ => format!("not accepted at {} {age}", a.level),
+    }
+}
+
 fn row(r: &pb::FleetRow) -> Value {
     json!({
         "node": r.node,
+        "acceptance": r.acceptance.as_ref().map(|a| json!({
+            "suite": a.suite_id,
+            "level": a.level,
+            "verdict": a.verdict().label(),
+            "stage": a.stage,
+            "reason": a.reason,
+            "finished_unix_ms": a.finished_unix_ms,
+        })),
         "last_verdict": r.last_verdict().label(),
         "last_unix_ms": r.last_unix_ms,
         "last_job": r.last_job,

@@ -1,6 +1,7 @@
 //! One module per verb. Each returns its outcome as an [`Exit`]; errors bubble
 //! up as `anyhow` and `main` prints them and picks their code (`Exit::of_error`).
 
+pub mod accept;
 pub mod baseline;
 pub mod cancel;
 pub mod certs;
@@ -65,6 +66,10 @@ pub async fn run(cli: Cli) -> Result<Exit> {
     crate::client::set_tls(&cli);
     match cli.command {
         // Validation comes before connecting: bad input must send nothing.
+        Command::Accept(a) => {
+            let req = a.to_request()?;
+            accept::run(&mut Coordinator::connect(url).await?, req, out).await
+        }
         Command::Submit(a) => {
             let spec = a.job.to_spec()?;
             let mut c = Coordinator::connect(url).await?;

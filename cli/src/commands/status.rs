@@ -150,9 +150,9 @@ pub fn header(job: &pb::Job, now: u64) -> String {
             "SHOWN",
             format!(
                 "the {} ranks furthest behind and the checks that did not pass; -o json for all",
-                job.progress.len().max(
-                    job.plan.as_ref().map_or(0, |p| p.ranks.len())
-                )
+                job.progress
+                    .len()
+                    .max(job.plan.as_ref().map_or(0, |p| p.ranks.len()))
             ),
         ));
     }

@@ -27,8 +27,8 @@ fn write(path: &Path, text: &str) {
 }
 
 impl CpuQuota {
-    /// Limits `pid` (and what it starts later) to `cores` of CPU time, e.g.
-    /// 0.25 for a quarter of one core.
+    /// Limits `pid`, its children and what it starts later to `cores` of CPU
+    /// time, e.g. 0.25 for a quarter of one core.
     pub fn apply(name: &str, pid: u32, cores: f64) -> CpuQuota {
         let quota = ((cores * PERIOD_US as f64) as u64).max(1_000);
         let v1 = Path::new(V1_CPU).join("cpu.cfs_quota_us");
@@ -61,9 +61,42 @@ impl CpuQuota {
                 "this machine has neither cgroup v1's {V1_CPU}/cpu.cfs_quota_us nor cgroup v2's {V2_ROOT}/cgroup.controllers: a CPU quota cannot be set"
             );
         };
-        write(&dir.join("cgroup.procs"), &pid.to_string());
+        // The whole tree: an agent keeps pre-started workers, which must
+        // run under the quota like the workers it starts later.
+        for p in std::iter::once(pid).chain(descendants(pid)) {
+            let _ = std::fs::write(dir.join("cgroup.procs"), p.to_string());
+        }
         CpuQuota { dir, root }
     }
+}
+
+/// Every process whose parent chain leads to `pid`.
+fn descendants(pid: u32) -> Vec<u32> {
+    let parent_of = |p: u32| -> Option<u32> {
+        let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+        // The command name may hold spaces: fields start after its ')'.
+        let rest = &stat[stat.rfind(')')? + 2..];
+        rest.split_whitespace().nth(1)?.parse().ok()
+    };
+    let all: Vec<u32> = std::fs::read_dir("/proc")
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    all.into_iter()
+        .filter(|&p| {
+            let mut cur = p;
+            for _ in 0..64 {
+                match parent_of(cur) {
+                    Some(pp) if pp == pid => return true,
+                    Some(pp) if pp > 1 => cur = pp,
+                    _ => return false,
+                }
+            }
+            false
+        })
+        .collect()
 }
 
 impl Drop for CpuQuota {

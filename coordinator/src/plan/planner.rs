@@ -3,7 +3,7 @@
 //! [`super::preflight`]. The Plan RPC and Submit both come through here, so a
 //! dry run shows exactly what a submit would do.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use gpuctl_proto::pb::{EnvVar, JobSpec, Node, Plan, RankPlacement};
 use gpuctl_proto::spec::{parse_selector, Selector};
@@ -44,6 +44,17 @@ pub fn selectors(spec: &JobSpec) -> Result<Vec<Selector>, CoordinatorError> {
         .collect::<Result<_, _>>()?)
 }
 
+/// `JobSpec.only_nodes` as a set (empty: any node).
+fn only_nodes(spec: &JobSpec) -> HashSet<&str> {
+    spec.only_nodes.iter().map(String::as_str).collect()
+}
+
+/// Whether a node may run the job: it matches every selector and, when the
+/// job names its nodes (a suite's stage), is one of them.
+fn in_scope(sel: &[Selector], only: &HashSet<&str>, node: &Node) -> bool {
+    (only.is_empty() || only.contains(node.name.as_str())) && sel.iter().all(|s| s.matches(node))
+}
+
 fn names(nodes: &[&Node]) -> String {
     const SHOWN: usize = 8;
     let mut s: Vec<&str> = nodes.iter().take(SHOWN).map(|n| n.name.as_str()).collect();
@@ -66,9 +77,10 @@ pub fn choose<'a>(
     candidates: &[Candidate<'a>],
 ) -> Result<Option<Vec<&'a Node>>, CoordinatorError> {
     let sel = selectors(spec)?;
+    let only = only_nodes(spec);
     let mut all: Vec<&Candidate<'a>> = candidates
         .iter()
-        .filter(|c| sel.iter().all(|s| s.matches(c.node)))
+        .filter(|c| in_scope(&sel, &only, c.node))
         .collect();
     all.sort_by(|a, b| a.node.name.cmp(&b.node.name));
     let live: Vec<&Node> = all.iter().filter(|c| c.live).map(|c| c.node).collect();
@@ -118,9 +130,10 @@ pub fn likely<'a>(spec: &JobSpec, candidates: &[Candidate<'a>]) -> Vec<&'a Node>
     let Ok(sel) = selectors(spec) else {
         return Vec::new();
     };
+    let only = only_nodes(spec);
     let mut live: Vec<&Node> = candidates
         .iter()
-        .filter(|c| c.live && sel.iter().all(|s| s.matches(c.node)))
+        .filter(|c| c.live && in_scope(&sel, &only, c.node))
         .map(|c| c.node)
         .collect();
     live.sort_by(|a, b| a.name.cmp(&b.name));

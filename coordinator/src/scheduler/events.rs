@@ -4,8 +4,8 @@
 
 use gpuctl_proto::pb::{
     Ack, AssignmentAck, CoordinatorMessage, Heartbeat, Job, JobSpec, JobState, Node, Plan,
-    RankProgressReport, RankResult, RegisterRequest, RegisterResponse, Report, TelemetryBatch,
-    WorkerExited, WorkerLog,
+    RankProgressReport, RankResult, RegisterRequest, RegisterResponse, Report, SubmitSuiteRequest,
+    Suite, TelemetryBatch, WorkerExited, WorkerLog,
 };
 use tokio::sync::{mpsc, oneshot};
 
@@ -112,6 +112,18 @@ pub enum Event {
     Metrics {
         reply: Reply<Snapshot>,
     },
+    SubmitSuite {
+        req: SubmitSuiteRequest,
+        reply: Reply<Result<Suite, CoordinatorError>>,
+    },
+    GetSuite {
+        id: String,
+        reply: Reply<Result<Suite, CoordinatorError>>,
+    },
+    CancelSuite {
+        id: String,
+        reply: Reply<Result<Suite, CoordinatorError>>,
+    },
     /// A complete job's verdict and report, from a blocking thread.
     Judged {
         job_id: String,
@@ -153,6 +165,9 @@ impl Event {
             Event::GetReport { .. } => "GetReport",
             Event::Metrics { .. } => "Metrics",
             Event::Judged { .. } => "Judged",
+            Event::SubmitSuite { .. } => "SubmitSuite",
+            Event::GetSuite { .. } => "GetSuite",
+            Event::CancelSuite { .. } => "CancelSuite",
             Event::ReportStored { .. } => "ReportStored",
         }
     }
@@ -172,6 +187,9 @@ impl Event {
                 | Event::GetTelemetry { .. }
                 | Event::GetReport { .. }
                 | Event::Metrics { .. }
+                | Event::SubmitSuite { .. }
+                | Event::GetSuite { .. }
+                | Event::CancelSuite { .. }
                 // Someone may be waiting for these.
                 | Event::Judged { .. }
                 | Event::ReportStored { .. }
@@ -193,6 +211,8 @@ impl Event {
             | Event::WorkerResult { .. }
             | Event::WorkerExited { .. }
             | Event::Judged { .. }
+            | Event::SubmitSuite { .. }
+            | Event::CancelSuite { .. }
             | Event::Tick => true,
             Event::Heartbeat { .. }
             | Event::WorkerProgress { .. }
@@ -206,6 +226,7 @@ impl Event {
             | Event::GetTelemetry { .. }
             | Event::GetReport { .. }
             | Event::ReportStored { .. }
+            | Event::GetSuite { .. }
             | Event::Metrics { .. } => false,
         }
     }

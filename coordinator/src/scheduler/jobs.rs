@@ -62,7 +62,7 @@ impl Scheduler {
             .collect()
     }
 
-    fn candidates(&self) -> Vec<planner::Candidate<'_>> {
+    pub(super) fn candidates(&self) -> Vec<planner::Candidate<'_>> {
         self.nodes.values().map(NodeEntry::candidate).collect()
     }
 

@@ -16,6 +16,7 @@ mod ranks;
 mod reports;
 pub mod snapshot;
 pub mod state;
+mod suites;
 mod views;
 
 use std::collections::BTreeMap;
@@ -23,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpuctl_proto::now_ms;
-use gpuctl_proto::pb::{JobState, NodeState};
+use gpuctl_proto::pb::{JobState, NodeState, Suite};
 use gpuctl_proto::shutdown::Shutdown;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -113,6 +114,10 @@ pub struct Scheduler {
     /// Jobs found running at load whose nodes have not all come back yet:
     /// job id → the Unix time (ms) by which they must.
     adopting: BTreeMap<String, u64>,
+    /// Acceptance suites by id, and which suite each running stage job is of.
+    suites: BTreeMap<String, Suite>,
+    suite_seq: u64,
+    jobs_of_suites: BTreeMap<String, String>,
     /// Counters since this coordinator started, for `/metrics`.
     counts: Counts,
     /// The first lane, for blocking threads that build reports.
@@ -207,6 +212,17 @@ impl Scheduler {
             job_seq,
             "state loaded"
         );
+        let suites: BTreeMap<String, Suite> = store
+            .suites()
+            .await?
+            .into_iter()
+            .map(|s| (s.id.clone(), s))
+            .collect();
+        let suite_seq = suites
+            .keys()
+            .filter_map(|id| id.strip_prefix("acc-")?.parse::<u64>().ok())
+            .max()
+            .unwrap_or(0);
         let lanes = Lanes {
             fleet: mpsc::channel(1024),
             people: mpsc::channel(256),
@@ -222,6 +238,9 @@ impl Scheduler {
             jobs,
             job_seq,
             adopting,
+            suites,
+            suite_seq,
+            jobs_of_suites: BTreeMap::new(),
             counts: Counts::default(),
         };
         // A crash between the last result and the job's end leaves nothing
@@ -230,6 +249,7 @@ impl Scheduler {
         for id in ids {
             me.judge_if_complete(&id);
         }
+        me.resume_suites().await;
         Ok(me)
     }
 
@@ -374,6 +394,15 @@ impl Scheduler {
                 let _ = reply.send(self.remove_node(&name).await);
             }
             Event::GetReport { job_id, reply } => self.get_report(&job_id, reply).await,
+            Event::SubmitSuite { req, reply } => {
+                let _ = reply.send(self.submit_suite(req).await);
+            }
+            Event::GetSuite { id, reply } => {
+                let _ = reply.send(self.suite(&id));
+            }
+            Event::CancelSuite { id, reply } => {
+                let _ = reply.send(self.cancel_suite(&id).await);
+            }
             Event::Judged {
                 job_id,
                 attempt,

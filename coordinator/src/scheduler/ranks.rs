@@ -9,8 +9,8 @@ use tracing::info;
 
 use super::Scheduler;
 use crate::error::CoordinatorError;
-use crate::judge::{report, thin};
 use crate::judge::series::GpuSeries;
+use crate::judge::{report, thin};
 use crate::logs::LogBatch;
 use crate::store::{Batch, Durable};
 

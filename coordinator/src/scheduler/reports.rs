@@ -214,8 +214,12 @@ impl Scheduler {
         for w in pending.waiting {
             let _ = w.send(Ok(built.report.clone()));
         }
+        let stage_report = self.is_stage(&id).then(|| built.report.clone());
         self.finish_with(&id, state, message, None, Some(built))
             .await;
+        if let Some(report) = stage_report {
+            self.stage_ended(&id, state, &report).await;
+        }
         if let Some(e) = self.jobs.get_mut(&id) {
             e.report_stored = true;
         }
@@ -266,6 +270,10 @@ impl Scheduler {
         }
         if pending.straggled {
             self.fold_straggler(&id).await;
+        }
+        if self.is_stage(&id) {
+            let state = self.jobs.get(&id).map_or(JobState::Failed, |e| e.state());
+            self.stage_ended(&id, state, &report).await;
         }
     }
 

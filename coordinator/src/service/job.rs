@@ -6,10 +6,11 @@
 use gpuctl_proto::pb::job_service_server::JobService;
 use gpuctl_proto::pb::{
     Baseline, CancelJobRequest, GetBaselineRequest, GetFleetRequest, GetFleetResponse,
-    GetJobRequest, GetLogsRequest, GetLogsResponse, GetReportRequest, GetTelemetryRequest,
-    GetTelemetryResponse, GetTimelineRequest, Job, ListBaselinesRequest, ListBaselinesResponse,
-    ListJobsRequest, ListJobsResponse, ListNodesRequest, ListNodesResponse, Node, Plan,
-    RemoveNodeRequest, Report, SaveBaselineRequest, SubmitRequest, Timeline,
+    GetJobRequest, GetLogsRequest, GetLogsResponse, GetReportRequest, GetSuiteRequest,
+    GetTelemetryRequest, GetTelemetryResponse, GetTimelineRequest, Job, ListBaselinesRequest,
+    ListBaselinesResponse, ListJobsRequest, ListJobsResponse, ListNodesRequest, ListNodesResponse,
+    Node, Plan, RemoveNodeRequest, Report, SaveBaselineRequest, SubmitRequest, SubmitSuiteRequest,
+    Suite, Timeline,
 };
 use tonic::{Request, Response, Status};
 
@@ -113,11 +114,18 @@ impl JobService for JobSvc {
     async fn get_report(&self, req: Request<GetReportRequest>) -> Result<Response<Report>, Status> {
         self.security.allow(&req, Role::Read)?;
         let job_id = req.into_inner().job_id;
-        Ok(Response::new(
-            self.sched
-                .ask(|reply| Event::GetReport { job_id, reply })
-                .await??,
-        ))
+        let mut report = self
+            .sched
+            .ask(|reply| Event::GetReport { job_id, reply })
+            .await??;
+        // Tens of thousands of ranks can outgrow one gRPC message.
+        let report = tokio::task::spawn_blocking(move || {
+            crate::judge::thin::report_to_send(&mut report, gpuctl_proto::server::MAX_MESSAGE_BYTES);
+            report
+        })
+        .await
+        .map_err(|e| Status::internal(format!("cutting the report to size: {e}")))?;
+        Ok(Response::new(report))
     }
 
     async fn get_logs(
@@ -243,6 +251,39 @@ impl JobService for JobSvc {
         self.security.allow(&req, Role::Read)?;
         let r = history::fleet(&self.store, req.into_inner(), self.rules.drift_tolerance).await?;
         Ok(Response::new(r))
+    }
+
+    async fn submit_suite(
+        &self,
+        req: Request<SubmitSuiteRequest>,
+    ) -> Result<Response<Suite>, Status> {
+        self.security.allow(&req, Role::Operate)?;
+        let req = req.into_inner();
+        Ok(Response::new(
+            self.sched
+                .ask(|reply| Event::SubmitSuite { req, reply })
+                .await??,
+        ))
+    }
+
+    async fn get_suite(&self, req: Request<GetSuiteRequest>) -> Result<Response<Suite>, Status> {
+        self.security.allow(&req, Role::Read)?;
+        let id = req.into_inner().suite_id;
+        Ok(Response::new(
+            self.sched
+                .ask(|reply| Event::GetSuite { id, reply })
+                .await??,
+        ))
+    }
+
+    async fn cancel_suite(&self, req: Request<GetSuiteRequest>) -> Result<Response<Suite>, Status> {
+        self.security.allow(&req, Role::Operate)?;
+        let id = req.into_inner().suite_id;
+        Ok(Response::new(
+            self.sched
+                .ask(|reply| Event::CancelSuite { id, reply })
+                .await??,
+        ))
     }
 
     async fn remove_node(&self, req: Request<RemoveNodeRequest>) -> Result<Response<Node>, Status> {

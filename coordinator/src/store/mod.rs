@@ -12,7 +12,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use gpuctl_proto::auth::RankKey;
 use gpuctl_proto::pb::{
-    Baseline, GetLogsResponse, Job, LogLine, Node, NodeRun, RankResult, Report,
+    Acceptance, Baseline, GetLogsResponse, Job, LogLine, Node, NodeRun, RankResult, Report, Suite,
 };
 use prost::Message;
 
@@ -77,6 +77,8 @@ pub mod keys {
     pub const JOBS: &str = "jobs/";
     pub const BASELINES: &str = "baselines/";
     pub const HISTORY: &str = "history/";
+    pub const SUITES: &str = "suites/";
+    pub const ACCEPTANCE: &str = "acceptance/";
 
     /// One node's run of one job; the time first so a node's runs sort by age.
     pub fn history(node: &str, finished_ms: u64, job: &str) -> String {
@@ -88,6 +90,14 @@ pub mod keys {
 
     pub fn baseline(name: &str) -> String {
         format!("baselines/{name}")
+    }
+
+    pub fn suite(id: &str) -> String {
+        format!("suites/{id}")
+    }
+    /// A node's last acceptance suite.
+    pub fn acceptance(node: &str) -> String {
+        format!("acceptance/{node}")
     }
 
     pub fn node(name: &str) -> String {
@@ -149,6 +159,14 @@ impl Batch {
     pub fn report(mut self, report: &Report) -> Self {
         self.0
             .push((keys::report(&report.job_id), report.encode_to_vec()));
+        self
+    }
+    pub fn suite(mut self, suite: &Suite) -> Self {
+        self.0.push((keys::suite(&suite.id), suite.encode_to_vec()));
+        self
+    }
+    pub fn acceptance(mut self, a: &Acceptance) -> Self {
+        self.0.push((keys::acceptance(&a.node), a.encode_to_vec()));
         self
     }
     pub fn run(mut self, run: &NodeRun) -> Self {
@@ -306,6 +324,15 @@ impl StateStore {
 
     pub async fn jobs(&self) -> StoreResult<Vec<Job>> {
         self.scan_msgs(keys::JOBS.to_string()).await
+    }
+
+    pub async fn suites(&self) -> StoreResult<Vec<Suite>> {
+        self.scan_msgs(keys::SUITES.to_string()).await
+    }
+
+    /// Every node's last acceptance suite.
+    pub async fn acceptances(&self) -> StoreResult<Vec<Acceptance>> {
+        self.scan_msgs(keys::ACCEPTANCE.to_string()).await
     }
 
     pub async fn job(&self, id: &str) -> StoreResult<Option<Job>> {
