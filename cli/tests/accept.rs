@@ -82,7 +82,8 @@ fn stage<'a>(suite: &'a Value, name: &str) -> &'a Value {
 
 fn fleet_acceptance(c: &Cluster) -> Vec<(String, Value)> {
     let v = c.json(&["fleet"]);
-    let rows = v["rows"].as_array().cloned().unwrap_or_default();
+    let rows = v["nodes"].as_array().cloned().unwrap_or_default();
+    assert_eq!(rows.len(), 4, "one row per node: {v:#}");
     rows.iter()
         .map(|r| {
             (

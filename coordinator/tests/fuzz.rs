@@ -129,6 +129,28 @@ impl Gen {
             exclusive: self.rng.bool(),
             gpus_per_node: self.u32(),
             hang_timeout_ms: self.u64(),
+            only_nodes: (0..self.rng.usize(0..4)).map(|_| self.string()).collect(),
+        }
+    }
+
+    fn suite_request(&mut self) -> SubmitSuiteRequest {
+        SubmitSuiteRequest {
+            level: if self.rng.bool() {
+                "quick".into()
+            } else {
+                self.string()
+            },
+            suite_toml: if self.rng.u8(0..4) == 0 {
+                self.string()
+            } else {
+                String::new()
+            },
+            duration_ms: self.u64(),
+            all_nodes: self.rng.bool(),
+            node_count: self.u32(),
+            selectors: (0..self.rng.usize(0..4)).map(|_| self.string()).collect(),
+            rules: self.string(),
+            exclusive: self.rng.bool(),
         }
     }
 
@@ -440,7 +462,7 @@ async fn a_thousand_random_and_mutated_messages_break_nothing() {
     let short = Duration::from_secs(3);
     let started = std::time::Instant::now();
     while sent < total {
-        let kind = sent % 22;
+        let kind = sent % 25;
         let mutate = g.rng.u8(0..3) == 0;
         let what = format!("message {sent} (kind {kind}, seed {seed})");
         let call = async {
@@ -587,6 +609,19 @@ async fn a_thousand_random_and_mutated_messages_break_nothing() {
                     }
                 }
                 19 => workers.report_progress(g.progress()).await.map(|_| ()),
+                20 => jobs.submit_suite(g.suite_request()).await.map(|_| ()),
+                21 => jobs
+                    .get_suite(GetSuiteRequest {
+                        suite_id: g.string(),
+                    })
+                    .await
+                    .map(|_| ()),
+                22 => jobs
+                    .cancel_suite(GetSuiteRequest {
+                        suite_id: g.string(),
+                    })
+                    .await
+                    .map(|_| ()),
                 _ => {
                     let m = if mutate {
                         g.mutate(&valid_result)

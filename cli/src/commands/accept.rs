@@ -334,7 +334,11 @@ mod tests {
                     node: n.to_string(),
                     verdict: *v as i32,
                     stage: stage.to_string(),
-                    reason: if stage.is_empty() { String::new() } else { "rank 0 failed".into() },
+                    reason: if stage.is_empty() {
+                        String::new()
+                    } else {
+                        "rank 0 failed".into()
+                    },
                 })
                 .collect(),
             stages: vec![pb::SuiteStage {
@@ -378,7 +382,11 @@ mod tests {
         assert!(render(&ok, &[None]).starts_with("VERDICT: PASS"));
         let cancelled = suite(&[("a", pb::Verdict::Pass, "")], pb::JobState::Cancelled);
         assert_eq!(exit_of(&cancelled), Exit::Failed);
-        assert!(progress(&ok, 0).contains("2 of 2 nodes in"), "{}", progress(&ok, 0));
+        assert!(
+            progress(&ok, 0).contains("2 of 2 nodes in"),
+            "{}",
+            progress(&ok, 0)
+        );
     }
 
     #[test]
@@ -393,13 +401,20 @@ mod tests {
             exclusive: false,
         };
         let e = args("fast", "all").to_request().unwrap_err();
-        assert!(e.0.contains("--level") && e.0.contains("quick, standard, burn-in"), "{}", e.0);
+        assert!(
+            e.0.contains("--level") && e.0.contains("quick, standard, burn-in"),
+            "{}",
+            e.0
+        );
         let e = args("quick", "0").to_request().unwrap_err();
         assert!(e.0.contains("--nodes"), "{}", e.0);
         let mut a = args("quick", "all");
         a.duration = Some("soon".into());
         assert!(a.to_request().unwrap_err().0.contains("--duration"));
         let req = args("standard", "3").to_request().unwrap();
-        assert_eq!((req.node_count, req.all_nodes, req.level.as_str()), (3, false, "standard"));
+        assert_eq!(
+            (req.node_count, req.all_nodes, req.level.as_str()),
+            (3, false, "standard")
+        );
     }
 }

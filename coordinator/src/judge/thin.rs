@@ -88,11 +88,46 @@ fn phases(marks: &mut Vec<PhaseMark>, max: usize) -> bool {
                 return true;
             }
             seen += 1;
-            every != usize::MAX && (seen - 1) % every == 0
+            every != usize::MAX && (seen - 1).is_multiple_of(every)
         })
         .map(|(m, _)| m.clone())
         .collect();
     *marks = kept;
+    true
+}
+
+/// A report small enough to send in one message of `max_bytes`: past it,
+/// the ranks' timelines (phase marks, per-interval series, step times) are
+/// left out, then the whole results of the ranks that passed; each step is
+/// said in the report's notes. Returns whether anything was left out.
+pub fn report_to_send(report: &mut gpuctl_proto::pb::Report, max_bytes: usize) -> bool {
+    use gpuctl_proto::pb::Verdict;
+    use prost::Message;
+    // Headroom for the message framing and the notes added here.
+    let fits = |r: &gpuctl_proto::pb::Report| r.encoded_len() + 4096 <= max_bytes;
+    if fits(report) {
+        return false;
+    }
+    let before = report.encoded_len();
+    let n: usize = report.nodes.iter().map(|n| n.ranks.len()).sum();
+    for rank in report.nodes.iter_mut().flat_map(|n| &mut n.ranks) {
+        if let Some(r) = rank.result.as_mut() {
+            result(r, 2);
+        }
+    }
+    let mut note = format!(
+        "the report of {n} ranks was too big to send whole ({} MB): per-rank timelines cut to their ends",
+        before / 1_000_000
+    );
+    if !fits(report) {
+        for rank in report.nodes.iter_mut().flat_map(|n| &mut n.ranks) {
+            if rank.verdict() == Verdict::Pass {
+                rank.result = None;
+            }
+        }
+        note += "; the results of ranks that passed left out too";
+    }
+    report.notes.push(note);
     true
 }
 
@@ -206,39 +241,4 @@ mod tests {
         assert_eq!(*t.step_ms.last().unwrap(), 4095.0);
         assert_eq!(r.more_train[0].step_ms.len(), 10);
     }
-}
-
-/// A report small enough to send in one message of `max_bytes`: past it,
-/// the ranks' timelines (phase marks, per-interval series, step times) are
-/// left out, then the whole results of the ranks that passed; each step is
-/// said in the report's notes. Returns whether anything was left out.
-pub fn report_to_send(report: &mut gpuctl_proto::pb::Report, max_bytes: usize) -> bool {
-    use gpuctl_proto::pb::Verdict;
-    use prost::Message;
-    // Headroom for the message framing and the notes added here.
-    let fits = |r: &gpuctl_proto::pb::Report| r.encoded_len() + 4096 <= max_bytes;
-    if fits(report) {
-        return false;
-    }
-    let before = report.encoded_len();
-    let n: usize = report.nodes.iter().map(|n| n.ranks.len()).sum();
-    for rank in report.nodes.iter_mut().flat_map(|n| &mut n.ranks) {
-        if let Some(r) = rank.result.as_mut() {
-            result(r, 2);
-        }
-    }
-    let mut note = format!(
-        "the report of {n} ranks was too big to send whole ({} MB): per-rank timelines cut to their ends",
-        before / 1_000_000
-    );
-    if !fits(report) {
-        for rank in report.nodes.iter_mut().flat_map(|n| &mut n.ranks) {
-            if rank.verdict() == Verdict::Pass {
-                rank.result = None;
-            }
-        }
-        note += "; the results of ranks that passed left out too";
-    }
-    report.notes.push(note);
-    true
 }

@@ -236,14 +236,10 @@ impl JobEntry {
         self.job.plan.as_ref().map_or(0, |p| p.world_size)
     }
 
+    /// The report of this job as it stands (a running job's partial one).
     pub fn report(&self, now_ms: u64, cfg: &SchedulerConfig) -> Report {
-        self.report_of(&self.job, now_ms, cfg)
-    }
-
-    /// The report of this job's ranks as `job` says the job stands.
-    fn report_of(&self, job: &Job, now_ms: u64, cfg: &SchedulerConfig) -> Report {
         report::build(&report::Inputs {
-            job,
+            job: &self.job,
             results: &self.results,
             exits: &self.exits,
             progress: &self.progress,

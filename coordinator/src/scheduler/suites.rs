@@ -22,6 +22,9 @@ use crate::store::Batch;
 
 use gpuctl_proto::suite::PREFLIGHT;
 
+/// The note of a stage whose job failed without naming a node.
+const UNNAMED_FAILURE: &str = "failed without naming a node";
+
 /// `acc-000001`.
 fn suite_id(seq: u64) -> String {
     format!("acc-{seq:06}")
@@ -59,12 +62,15 @@ fn mark(suite: &mut Suite, node: &str, verdict: Verdict, stage: &str, reason: St
     }
 }
 
+/// Each stage's name and job spec (none for a preflight stage).
+type StageSpecs = Vec<(String, Option<JobSpec>)>;
+
 /// The definition a request asks for, and the job spec of each stage for
 /// `gpu` nodes or CPU ones.
 fn definition(
     req: &SubmitSuiteRequest,
     gpu: bool,
-) -> Result<(SuiteDef, Vec<(String, Option<JobSpec>)>), CoordinatorError> {
+) -> Result<(SuiteDef, StageSpecs), CoordinatorError> {
     let def = match req.suite_toml.trim() {
         "" => SuiteDef::builtin(&req.level)?,
         text => SuiteDef::parse(text)?,
@@ -417,7 +423,7 @@ impl Scheduler {
         if state == JobState::Failed && !named {
             // Failed as a whole (a job figure under its floor, say) without
             // naming a node: no node is blamed, and the suite cannot pass.
-            stage.note = format!("failed without naming a node: {}", report.reason);
+            stage.note = format!("{UNNAMED_FAILURE}: {}", report.reason);
             let line = format!("stage {name} {}", stage.note);
             suite.message = if suite.message.is_empty() {
                 line
@@ -442,10 +448,12 @@ impl Scheduler {
         };
         let now = now_ms();
         let failed: Vec<&SuiteNode> = suite.verdicts.iter().filter(|n| out(n)).collect();
+        // A stage that failed as a whole, naming no node: the suite cannot
+        // pass, though no node is to blame.
         let stage_failed = suite
             .stages
             .iter()
-            .any(|s| !s.job_id.is_empty() && s.state() == JobState::Failed);
+            .any(|s| s.note.starts_with(UNNAMED_FAILURE));
         let state = if failed.is_empty() && !stage_failed {
             JobState::Succeeded
         } else {

@@ -120,7 +120,10 @@ impl JobService for JobSvc {
             .await??;
         // Tens of thousands of ranks can outgrow one gRPC message.
         let report = tokio::task::spawn_blocking(move || {
-            crate::judge::thin::report_to_send(&mut report, gpuctl_proto::server::MAX_MESSAGE_BYTES);
+            crate::judge::thin::report_to_send(
+                &mut report,
+                gpuctl_proto::server::MAX_MESSAGE_BYTES,
+            );
             report
         })
         .await
