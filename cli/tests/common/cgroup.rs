@@ -63,8 +63,22 @@ impl CpuQuota {
         };
         // The whole tree: an agent keeps pre-started workers, which must
         // run under the quota like the workers it starts later.
+        write(&dir.join("cgroup.procs"), &pid.to_string());
+        // Twice: a child forked while the first sweep ran is caught by the
+        // second (later ones inherit the group).
+        for _ in 0..2 {
+            for p in descendants(pid) {
+                let _ = std::fs::write(dir.join("cgroup.procs"), p.to_string());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        let inside = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
         for p in std::iter::once(pid).chain(descendants(pid)) {
-            let _ = std::fs::write(dir.join("cgroup.procs"), p.to_string());
+            assert!(
+                inside.split_whitespace().any(|x| x == p.to_string()),
+                "process {p} (of {pid}'s tree) is not in cgroup {}: {inside}",
+                dir.display()
+            );
         }
         CpuQuota { dir, root }
     }
