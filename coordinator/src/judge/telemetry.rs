@@ -102,12 +102,6 @@ impl Telemetry {
         !self.dirty.is_empty()
     }
 
-    /// Drops the series (they are stored); keeps the latest samples for `watch`.
-    pub fn forget_series(&mut self) {
-        self.series.clear();
-        self.dirty.clear();
-    }
-
     pub fn series(&self) -> impl Iterator<Item = &GpuSeries> {
         self.series.values()
     }

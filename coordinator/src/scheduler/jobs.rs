@@ -315,10 +315,8 @@ impl Scheduler {
             }
         };
         let entry = self.jobs.get_mut(id).expect("the job is there");
-        // Results and telemetry went with the report; memory keeps only
-        // what a finished job shows.
-        entry.results.clear();
-        entry.telemetry.forget_series();
+        // Results and telemetry went with the report (reports::Work::take);
+        // memory keeps only what a finished job shows.
         entry.slim();
         batch = batch.job(&entry.job);
         entry.retire();
