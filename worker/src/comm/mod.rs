@@ -206,6 +206,19 @@ pub struct LoopStats {
     pub seconds: f64,
 }
 
+/// A point on the side (communication) stream that compute can wait for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ticket(pub u64);
+
+/// Side-stream time since the last [`Collectives::side_times`]: seconds the
+/// side stream spent in collectives, and seconds the compute stream stood
+/// waiting for them (the communication that was not hidden).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SideTimes {
+    pub busy_s: f64,
+    pub stalled_s: f64,
+}
+
 /// Collective operations over all ranks of a job. Every rank must make the same
 /// calls in the same order with the same sizes. Calls may return before the
 /// device finished (NCCL); [`Collectives::synchronize`] waits for that.
@@ -235,6 +248,37 @@ pub trait Collectives: Send {
     fn barrier(&mut self) -> Result<()>;
     /// Waits until the operations issued so far have finished on the device.
     fn synchronize(&mut self) -> Result<()>;
+
+    /// Whether collectives between [`Collectives::side_begin`] and
+    /// [`Collectives::side_end`] really run beside compute (NCCL: on a second
+    /// CUDA stream). Where not, they run when called, as always.
+    fn overlaps(&self) -> bool {
+        false
+    }
+
+    /// Later collectives go to the side stream, after everything queued so
+    /// far on the compute stream.
+    fn side_begin(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Later collectives go to the compute stream again; the ticket stands
+    /// for the side work queued so far.
+    fn side_end(&mut self) -> Result<Ticket> {
+        Ok(Ticket::default())
+    }
+
+    /// The compute stream waits for `ticket` (the host does not block).
+    fn side_wait(&mut self, _ticket: Ticket) -> Result<()> {
+        Ok(())
+    }
+
+    /// Side-stream busy and stall time since the last call, read after
+    /// [`Collectives::synchronize`]; `None` where the backend does not time
+    /// (its calls are synchronous: the caller times them).
+    fn side_times(&mut self) -> Result<Option<SideTimes>> {
+        Ok(None)
+    }
 
     /// Makes the calling thread fit to issue collectives (NCCL: the CUDA context).
     fn bind_thread(&self) -> Result<()> {

@@ -140,10 +140,23 @@ impl Gpt {
         })
     }
 
-    /// Logits `[batch, seq, vocab]` for tokens `[batch, seq]`.
-    pub fn forward(&self, tokens: &Tensor) -> Result<Tensor> {
-        let (b, t) = tokens.size2()?;
-        let (d, h) = (self.cfg.dim, self.cfg.heads);
+    pub fn blocks(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// The unit of a variable by its name: `h.K.…` is block K's (unit K+1),
+    /// the rest (embeddings, final LayerNorm) the root's.
+    pub fn unit_of(&self, name: &str) -> usize {
+        name.strip_prefix("h.")
+            .and_then(|r| r.split('.').next())
+            .and_then(|k| k.parse::<usize>().ok())
+            .map(|k| k + 1)
+            .unwrap_or(0)
+    }
+
+    /// Token and position embeddings of `tokens` `[batch, seq]`.
+    pub fn embed(&self, tokens: &Tensor) -> Result<Tensor> {
+        let (_, t) = tokens.size2()?;
         if t > self.cfg.seq_len {
             bail!(
                 "gpt: {t} tokens but the model has {} positions",
@@ -151,24 +164,42 @@ impl Gpt {
             );
         }
         let pos = Tensor::f_arange(t, (Kind::Int64, tokens.device()))?;
-        let mut x = Tensor::f_embedding(&self.wte, tokens, -1, false, false)?
-            .f_add(&Tensor::f_embedding(&self.wpe, &pos, -1, false, false)?)?;
-        for blk in &self.blocks {
-            let a = ln(&x, &blk.ln1, d)?;
-            let qkv = lin(&a, &blk.qkv)?
-                .f_view([b, t, 3, h, d / h])?
-                .f_permute([2, 0, 3, 1, 4])?;
-            let (q, k, v) = (qkv.f_get(0)?, qkv.f_get(1)?, qkv.f_get(2)?);
-            let y = Tensor::f_scaled_dot_product_attention::<Tensor>(
-                &q, &k, &v, None, 0.0, true, None, false,
-            )?
-            .f_transpose(1, 2)?
-            .f_reshape([b, t, d])?;
-            x = x.f_add(&lin(&y, &blk.proj)?)?;
-            let m = lin(&ln(&x, &blk.ln2, d)?, &blk.fc)?.f_gelu("tanh")?;
-            x = x.f_add(&lin(&m, &blk.out)?)?;
-        }
-        let x = ln(&x, &self.lnf, d)?;
+        Ok(Tensor::f_embedding(&self.wte, tokens, -1, false, false)?
+            .f_add(&Tensor::f_embedding(&self.wpe, &pos, -1, false, false)?)?)
+    }
+
+    /// Block `k` on `x` `[batch, seq, dim]`.
+    pub fn block(&self, k: usize, x: &Tensor) -> Result<Tensor> {
+        let (b, t, _) = x.size3()?;
+        let (d, h) = (self.cfg.dim, self.cfg.heads);
+        let blk = &self.blocks[k];
+        let a = ln(x, &blk.ln1, d)?;
+        let qkv = lin(&a, &blk.qkv)?
+            .f_view([b, t, 3, h, d / h])?
+            .f_permute([2, 0, 3, 1, 4])?;
+        let (q, k, v) = (qkv.f_get(0)?, qkv.f_get(1)?, qkv.f_get(2)?);
+        let y = Tensor::f_scaled_dot_product_attention::<Tensor>(
+            &q, &k, &v, None, 0.0, true, None, false,
+        )?
+        .f_transpose(1, 2)?
+        .f_reshape([b, t, d])?;
+        let x = x.f_add(&lin(&y, &blk.proj)?)?;
+        let m = lin(&ln(&x, &blk.ln2, d)?, &blk.fc)?.f_gelu("tanh")?;
+        Ok(x.f_add(&lin(&m, &blk.out)?)?)
+    }
+
+    /// Logits `[batch, seq, vocab]` from the last block's output.
+    pub fn head(&self, x: &Tensor) -> Result<Tensor> {
+        let x = ln(x, &self.lnf, self.cfg.dim)?;
         Ok(x.f_linear::<Tensor>(&self.wte, None)?)
+    }
+
+    /// Logits `[batch, seq, vocab]` for tokens `[batch, seq]`.
+    pub fn forward(&self, tokens: &Tensor) -> Result<Tensor> {
+        let mut x = self.embed(tokens)?;
+        for k in 0..self.blocks.len() {
+            x = self.block(k, &x)?;
+        }
+        self.head(&x)
     }
 }

@@ -258,31 +258,86 @@ impl Model {
         Ok(Batch { x, y, size })
     }
 
-    /// Forward pass and mean cross-entropy, as an fp32 scalar. ResNet and CNN
-    /// forwards are tch modules, which panic (not `Err`) on out-of-memory.
+    /// Forward pass and mean cross-entropy, as an fp32 scalar: the stages in
+    /// order. Vision forwards are tch modules, which panic (not `Err`) on
+    /// out-of-memory.
     pub fn loss(&self, b: &Batch) -> Result<Tensor> {
-        match &self.net {
-            Net::Vision(net) => {
-                let logits = net.forward_t(&b.x, true);
-                Ok(logits
-                    .f_to_kind(Kind::Float)?
-                    .f_cross_entropy_loss::<Tensor>(&b.y, None, tch::Reduction::Mean, -100, 0.0)?)
-            }
-            Net::Gpt(g) => {
-                let logits = g.forward(&b.x)?;
-                let v = self.classes;
-                Ok(logits
-                    .f_view([-1, v])?
-                    .f_to_kind(Kind::Float)?
-                    .f_cross_entropy_loss::<Tensor>(
-                        &b.y.f_view([-1])?,
-                        None,
-                        tch::Reduction::Mean,
-                        -100,
-                        0.0,
-                    )?)
-            }
+        let mut x = self.stem(b)?;
+        for k in 0..self.blocks() {
+            x = self.block(k, &x)?;
         }
+        self.head_loss(&x, b)
+    }
+
+    // The model in stages, so that training can run backward block by block
+    // (tch has no autograd hooks): stem → block 0 … block n−1 → head + loss.
+    // The stem and the head use the root unit's variables, block k only unit
+    // k+1's.
+
+    /// Blocks between the stem and the head.
+    pub fn blocks(&self) -> usize {
+        match &self.net {
+            Net::Vision(_) => 0,
+            Net::Gpt(g) => g.blocks(),
+        }
+    }
+
+    /// The first stage: the batch's input to the first block's input.
+    pub fn stem(&self, b: &Batch) -> Result<Tensor> {
+        match &self.net {
+            Net::Vision(net) => Ok(net.forward_t(&b.x, true)),
+            Net::Gpt(g) => g.embed(&b.x),
+        }
+    }
+
+    /// Block `k` (0-based) on `x`, the previous stage's output.
+    pub fn block(&self, k: usize, x: &Tensor) -> Result<Tensor> {
+        match &self.net {
+            Net::Vision(_) => bail!("internal: block {k} of a model without blocks"),
+            Net::Gpt(g) => g.block(k, x),
+        }
+    }
+
+    /// The last stage: the last block's output to the mean cross-entropy
+    /// against the batch's targets, as an fp32 scalar.
+    pub fn head_loss(&self, x: &Tensor, b: &Batch) -> Result<Tensor> {
+        let logits = match &self.net {
+            Net::Vision(_) => x.shallow_clone(),
+            Net::Gpt(g) => g.head(x)?.f_view([-1, self.classes])?,
+        };
+        Ok(logits
+            .f_to_kind(Kind::Float)?
+            .f_cross_entropy_loss::<Tensor>(
+                &b.y.f_view([-1])?,
+                None,
+                tch::Reduction::Mean,
+                -100,
+                0.0,
+            )?)
+    }
+
+    /// The trainable variables by unit, the grain of sharding and of gradient
+    /// buckets: `[0]` the root (every variable not in a block: used by the
+    /// stem and the head), `[k+1]` block k's. Every trainable variable once,
+    /// in an order fixed by the model (by name within a unit).
+    pub fn units(&self) -> Vec<Vec<Tensor>> {
+        let mut named: Vec<(String, Tensor)> = self
+            .vs
+            .variables()
+            .into_iter()
+            .filter(|(_, v)| v.requires_grad())
+            .collect();
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        let n = self.blocks();
+        let mut units: Vec<Vec<Tensor>> = (0..=n).map(|_| Vec::new()).collect();
+        for (name, v) in named {
+            let unit = match &self.net {
+                Net::Vision(_) => 0,
+                Net::Gpt(g) => g.unit_of(&name),
+            };
+            units[unit].push(v);
+        }
+        units
     }
 }
 
