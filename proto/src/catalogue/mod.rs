@@ -150,6 +150,8 @@ pub const MODELS: &[&str] = &[
 /// Models one ddp/fsdp job may train one after another (`--model a,b,c`).
 pub const MAX_MODELS: usize = 8;
 const PRECISIONS_TRAIN: &[&str] = &["fp32", "fp16", "bf16"];
+/// GPT sizes (`toy` is the CPU default; `124m` is GPT-2 small).
+pub const GPT_SIZES: &[&str] = &["toy", "124m", "350m", "1.3b", "2.7b"];
 const PRECISIONS_GEMM: &[&str] = &["bf16", "fp16", "tf32", "fp32", "fp8"];
 const DTYPES: &[&str] = &["float", "bfloat16", "half"];
 /// `--pattern` of nccl: [`NcclPattern`]'s words.
@@ -223,6 +225,8 @@ pub const PARAMS: &[Param] = &[
     p("precision", Kind::Choice(PRECISIONS_TRAIN), "", dev("bf16", "fp32"),
       "fp32, fp16 (loss scaling) or bf16", MODEL_USERS),
     p("seq_len", int(8, 1 << 20), "tokens", dev("1024", "32"), "tokens per sample for gpt", MODEL_USERS),
+    p("gpt_size", Kind::Choice(GPT_SIZES), "", dev("124m", "toy"),
+      "gpt size: toy, 124m, 350m, 1.3b or 2.7b (the model with --model gpt)", MODEL_USERS),
     p("batch_size", int(1, 1 << 20), "samples", DefaultValue::ByModel, "batch per rank", TRAIN),
     p("steps", int(1, 1 << 30), "steps", dev("30", "5"), "timed steps", TRAIN),
     p("warmup_steps", int(0, 1 << 20), "steps", dev("5", "2"), "untimed steps first", TRAIN),

@@ -120,6 +120,8 @@ pub struct ModelParams {
     pub model: String,
     pub precision: String,
     pub seq_len: u64,
+    /// One of `GPT_SIZES` (used by `gpt` only).
+    pub gpt_size: String,
 }
 
 /// One model of a `ddp`/`fsdp` job and its batch per rank.
@@ -302,6 +304,7 @@ impl Reader<'_> {
             model: self.get("model")?,
             precision: self.get("precision")?,
             seq_len: self.get("seq_len")?,
+            gpt_size: self.get("gpt_size")?,
         })
     }
 
@@ -309,6 +312,7 @@ impl Reader<'_> {
     fn train(&self) -> Result<TrainParams, SpecError> {
         let names: Vec<String> = self.get("model")?;
         let (precision, seq_len): (String, u64) = (self.get("precision")?, self.get("seq_len")?);
+        let gpt_size: String = self.get("gpt_size")?;
         let batch: Option<u64> = self.opt("batch_size")?;
         let models = names
             .into_iter()
@@ -318,6 +322,7 @@ impl Reader<'_> {
                     model: name,
                     precision: precision.clone(),
                     seq_len,
+                    gpt_size: gpt_size.clone(),
                 },
             })
             .collect();
