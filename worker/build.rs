@@ -10,6 +10,7 @@
 use std::path::PathBuf;
 
 fn main() {
+    compile_autograd_shim();
     println!("cargo:rerun-if-env-changed=GPUCTL_BUILD_LIBTORCH_SP");
     println!("cargo:rerun-if-env-changed=LIBTORCH");
     println!("cargo:rerun-if-changed=build.rs");
@@ -68,4 +69,25 @@ fn link_libtorch_stub(sp: &std::path::Path) {
         return;
     }
     println!("cargo:rustc-link-search=native={}", out.display());
+}
+
+/// `csrc/autograd.cpp`: backward with a given gradient, against the same
+/// libtorch headers that torch-sys compiles its own C++ against.
+fn compile_autograd_shim() {
+    println!("cargo:rerun-if-changed=csrc/autograd.cpp");
+    let Some(lt) = std::env::var_os("LIBTORCH").map(PathBuf::from) else {
+        panic!("gpuctl-worker: LIBTORCH is not set (scripts/install-libtorch.sh sets it up)");
+    };
+    let inc = lt.join("include");
+    let abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".into());
+    cc::Build::new()
+        .cpp(true)
+        .file("csrc/autograd.cpp")
+        .include(&inc)
+        .include(inc.join("torch/csrc/api/include"))
+        .flag("-std=c++17")
+        .flag_if_supported("-Wno-unused-parameter")
+        .define("_GLIBCXX_USE_CXX11_ABI", abi.as_str())
+        .warnings(false)
+        .compile("gpuctl_autograd");
 }

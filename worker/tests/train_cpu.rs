@@ -29,6 +29,9 @@ fn cfg(mode: Mode, model: &str, precision: Precision, baseline: u64) -> TrainCon
         lr: TrainConfig::default_lr(model),
         momentum: 0.9,
         seed: 99,
+        data_ranks: 0,
+        keep_params: true,
+        variant: String::new(),
     }
 }
 
@@ -118,6 +121,74 @@ fn bf16_with_fp32_masters_trains_and_agrees() {
     let fsdp = run(2, cfg(Mode::Fsdp, "gpt", Precision::Bf16, 0));
     check_trained(&fsdp, "fsdp gpt bf16");
     assert!(outs[0].params.equal(&fsdp[0].params));
+}
+
+/// The mean loss over ranks at every step.
+fn mean_losses(outs: &[TrainOutput]) -> Vec<f64> {
+    let n = outs[0].losses.len();
+    (0..n)
+        .map(|i| outs.iter().map(|o| o.losses[i]).sum::<f64>() / outs.len() as f64)
+        .collect()
+}
+
+#[test]
+fn ddp_and_fsdp_train_as_one_rank_on_the_whole_batch() {
+    // Block-wise backward, buckets per unit, gathers and reduce-scatters
+    // change nothing numerically: W ranks of batch b train as one rank on
+    // the W batches end to end (gpt: no batch statistics).
+    for world in [2, 3] {
+        let mut single = cfg(Mode::Ddp, "gpt", Precision::Fp32, 0);
+        single.data_ranks = world;
+        single.steps = 6;
+        let one = with_ranks(1, move |_| {
+            train(&single, Device::Cpu, None, &Memory::cpu(), &|_, _, _| {}).unwrap()
+        });
+        let want = &one[0].losses;
+        assert!(
+            want.last().unwrap() < &want[0],
+            "the reference did not learn: {want:?}"
+        );
+        for mode in [Mode::Ddp, Mode::Fsdp] {
+            let mut c = cfg(mode, "gpt", Precision::Fp32, 0);
+            c.steps = 6;
+            let outs = run(world, c);
+            check_trained(&outs, &format!("{} on {world}", mode.name()));
+            let got = mean_losses(&outs);
+            assert_eq!(got.len(), want.len());
+            for (i, (g, w)) in got.iter().zip(want).enumerate() {
+                assert!(
+                    (g - w).abs() <= 1e-5 * w.abs(),
+                    "{} on {world} ranks, step {i}: loss {g} against one rank's {w}",
+                    mode.name()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn communication_time_and_shard_digests_are_reported() {
+    let ddp = run(2, cfg(Mode::Ddp, "gpt", Precision::Fp32, 0));
+    let fsdp = run(3, cfg(Mode::Fsdp, "gpt", Precision::Fp32, 0));
+    for o in ddp.iter().chain(&fsdp) {
+        let r = &o.result;
+        assert!(r.comm_ms_per_step > 0.0, "{r:?}");
+        // The TCP backend runs collectives when called: nothing is hidden.
+        assert!(r.comm_exposed_ms_per_step > 0.0);
+        assert!(r.comm_exposed_ms_per_step <= r.comm_ms_per_step);
+        assert!((0.0..=1.0).contains(&r.overlap_share));
+    }
+    assert!(ddp[0].result.shard_digest.is_empty());
+    let g0 = &fsdp[0].result.gathered_shard_digests;
+    assert_eq!(g0.len(), 3);
+    for (r, o) in fsdp.iter().enumerate() {
+        assert_eq!(
+            &o.result.gathered_shard_digests, g0,
+            "rank {r} gathered other shards"
+        );
+        assert_eq!(o.result.shard_digest, g0[r], "rank {r}'s own shard");
+    }
+    assert_ne!(g0[0], g0[1]);
 }
 
 #[test]

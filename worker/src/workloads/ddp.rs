@@ -20,22 +20,18 @@ use crate::context::Ctx;
 /// Timed steps of the no-communication baseline at most.
 pub const BASELINE_STEPS: u64 = 10;
 
-/// The GPT shape for a device (the CPU one is a toy).
-pub fn gpt_config(gpu: bool, seq_len: u64) -> GptConfig {
-    if gpu {
-        GptConfig::gpu(seq_len as i64)
-    } else {
-        GptConfig::cpu(seq_len as i64)
-    }
+/// The GPT shape of a job: its `gpt_size` (`toy` on a CPU by default).
+pub fn gpt_config(size: &str, seq_len: u64) -> Result<GptConfig> {
+    GptConfig::sized(size, seq_len as i64)
 }
 
 /// The training configuration of one model of a job.
-pub fn config(ctx: &Ctx, p: &TrainParams, tm: &TrainModel, mode: Mode) -> Result<TrainConfig> {
+pub fn config(_ctx: &Ctx, p: &TrainParams, tm: &TrainModel, mode: Mode) -> Result<TrainConfig> {
     let m = &tm.model;
     Ok(TrainConfig {
         mode,
         model: ModelConfig {
-            gpt: gpt_config(ctx.dev.is_cuda(), m.seq_len),
+            gpt: gpt_config(&m.gpt_size, m.seq_len)?,
             name: m.model.clone(),
             precision: Precision::parse(&m.precision)?,
             channels_last: p.channels_last,
@@ -49,6 +45,9 @@ pub fn config(ctx: &Ctx, p: &TrainParams, tm: &TrainModel, mode: Mode) -> Result
         lr: TrainConfig::default_lr(&m.model),
         momentum: 0.9,
         seed: 1234,
+        data_ranks: 0,
+        keep_params: false,
+        variant: m.gpt_size.clone(),
     })
 }
 

@@ -1,12 +1,8 @@
-//! `fsdp`: sharded data parallelism on flat parameters (`train.rs`, mode
-//! [`Mode::Fsdp`]): each rank keeps 1/world of the fp32 master parameters and
-//! of the momentum; gradients are reduce-scattered into the shard and the
-//! compute parameters all-gathered from the shards after each update.
-//!
-//! tch has no per-module hooks, so the gathered parameters stay whole for the
-//! forward and backward (the memory of ZeRO stage 2, not of per-layer
-//! re-gathering): the saving against ddp is the master weights and the
-//! optimizer state, which the peak memory in the result shows beside ddp's.
+//! `fsdp`: sharded data parallelism (`train/sharded.rs`, mode
+//! [`Mode::Fsdp`]): each rank keeps 1/world of every unit's fp32 master
+//! parameters and momentum; a block's parameters are all-gathered before its
+//! forward and again for its backward, and its gradients reduce-scattered as
+//! soon as its backward is queued, overlapping the rest of backward.
 
 use anyhow::Result;
 use gpuctl_proto::catalogue::TrainParams;

@@ -239,7 +239,7 @@ pub fn run(ctx: &Ctx, p: &MaxBatchParams) -> Result<Outcome> {
     let cfg = TrainConfig {
         mode: Mode::Ddp,
         model: ModelConfig {
-            gpt: super::ddp::gpt_config(gpu, p.model.seq_len),
+            gpt: super::ddp::gpt_config(&p.model.gpt_size, p.model.seq_len)?,
             name: name.clone(),
             precision,
             channels_last: gpu,
@@ -252,6 +252,9 @@ pub fn run(ctx: &Ctx, p: &MaxBatchParams) -> Result<Outcome> {
         lr: TrainConfig::default_lr(&name),
         momentum: 0.9,
         seed: 1234,
+        data_ranks: 0,
+        keep_params: false,
+        variant: p.model.gpt_size.clone(),
     };
     let mem = Memory::new(&ctx.dev);
     // The search calls this as each trial starts and ends: units of progress.

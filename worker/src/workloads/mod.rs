@@ -2,7 +2,6 @@
 //! workload's part of the `RankResult`.
 
 pub mod ddp;
-pub mod flat;
 pub mod fsdp;
 pub mod maxbatch;
 pub mod memory;

@@ -29,6 +29,28 @@ impl GptConfig {
         }
     }
 
+    /// The model of a `gpt_size` (`gpuctl_proto::catalogue::GPT_SIZES`).
+    pub fn sized(size: &str, seq_len: i64) -> Result<Self> {
+        let (vocab, dim, layers, heads) = match size {
+            "toy" => return Ok(GptConfig::cpu(seq_len)),
+            "124m" => return Ok(GptConfig::gpu(seq_len)),
+            "350m" => (50304, 1024, 24, 16),
+            "1.3b" => (50304, 2048, 24, 16),
+            "2.7b" => (50304, 2560, 32, 32),
+            s => bail!(
+                "gpt size `{s}` is not one of {}",
+                gpuctl_proto::catalogue::GPT_SIZES.join(", ")
+            ),
+        };
+        Ok(GptConfig {
+            vocab,
+            dim,
+            layers,
+            heads,
+            seq_len,
+        })
+    }
+
     /// A toy: 2 layers, 64 wide, 4 heads, 256 tokens (default seq_len 32).
     pub fn cpu(seq_len: i64) -> Self {
         GptConfig {

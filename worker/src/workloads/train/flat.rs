@@ -1,0 +1,269 @@
+//! Flat parameter buffers, unit by unit: a model's trainable variables become
+//! views (same shape and strides, so channels_last stays channels_last) into a
+//! flat buffer of the compute precision, and their gradients views into a
+//! second one, so that a unit's gradients are one contiguous slice for a
+//! collective and autograd accumulates straight into it (its in-place
+//! `grad += new` path). Each variable starts at a multiple of [`ALIGN`]
+//! elements; each unit is padded to a multiple of the world size so that it
+//! shards evenly. The flat parameters of a model are its units' padded
+//! buffers end to end, root first ([`Layout`]).
+
+use anyhow::{bail, Result};
+use tch::{Device, Kind, Tensor};
+
+/// Element alignment of every variable inside the flat buffers.
+pub const ALIGN: i64 = 64;
+
+/// Where each variable of one unit sits in the unit's flat buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnitLayout {
+    /// (offset, elements) per variable, in the unit's variable order.
+    pub entries: Vec<(i64, i64)>,
+    /// End of the last variable.
+    pub len: i64,
+    /// `len` rounded up to a multiple of the world size (at least the world size).
+    pub padded: i64,
+}
+
+impl UnitLayout {
+    pub fn new(numels: &[i64], world: usize) -> UnitLayout {
+        let mut off = 0;
+        let mut entries = Vec::with_capacity(numels.len());
+        for &n in numels {
+            entries.push((off, n));
+            off += (n + ALIGN - 1) / ALIGN * ALIGN;
+        }
+        let len = entries.last().map(|(o, n)| o + n).unwrap_or(0);
+        let w = world.max(1) as i64;
+        let padded = (len.max(1) + w - 1) / w * w;
+        UnitLayout {
+            entries,
+            len,
+            padded,
+        }
+    }
+
+    /// Elements of one rank's shard of this unit.
+    pub fn shard(&self, world: usize) -> i64 {
+        self.padded / world.max(1) as i64
+    }
+}
+
+/// Every unit's layout and where it starts, whole and in one rank's shard.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub units: Vec<UnitLayout>,
+    /// Start of each unit in the whole flat buffer.
+    pub offsets: Vec<i64>,
+    /// Start of each unit's shard in one rank's flat shard.
+    pub shard_offsets: Vec<i64>,
+    /// Elements of the whole flat buffer (every unit padded).
+    pub total: i64,
+    /// Elements of one rank's flat shard.
+    pub shard_total: i64,
+    pub world: usize,
+}
+
+impl Layout {
+    pub fn new(units: &[Vec<Tensor>], world: usize) -> Layout {
+        let units: Vec<UnitLayout> = units
+            .iter()
+            .map(|vars| {
+                let numels: Vec<i64> = vars.iter().map(|v| v.numel() as i64).collect();
+                UnitLayout::new(&numels, world)
+            })
+            .collect();
+        let (mut offsets, mut shard_offsets) = (Vec::new(), Vec::new());
+        let (mut total, mut shard_total) = (0, 0);
+        for u in &units {
+            offsets.push(total);
+            shard_offsets.push(shard_total);
+            total += u.padded;
+            shard_total += u.shard(world);
+        }
+        Layout {
+            units,
+            offsets,
+            shard_offsets,
+            total,
+            shard_total,
+            world,
+        }
+    }
+
+    /// The largest unit other than the root (0 when there is none).
+    pub fn largest_block(&self) -> i64 {
+        self.units
+            .iter()
+            .skip(1)
+            .map(|u| u.padded)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// A view of `flat[off .. off + t.numel()]` with `t`'s shape and strides
+/// (`t` dense: a permutation of a contiguous tensor, e.g. channels_last).
+pub fn view_like(flat: &Tensor, off: i64, t: &Tensor) -> Result<Tensor> {
+    let sizes = t.size();
+    let strides = t.stride();
+    let n = sizes.len();
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by(|&a, &b| strides[b].cmp(&strides[a]).then(a.cmp(&b)));
+    let shape: Vec<i64> = order.iter().map(|&d| sizes[d]).collect();
+    let mut inv = vec![0i64; n];
+    for (pos, &d) in order.iter().enumerate() {
+        inv[d] = pos as i64;
+    }
+    let numel = sizes.iter().product::<i64>();
+    Ok(flat
+        .f_narrow(0, off, numel)?
+        .f_view(shape.as_slice())?
+        .f_permute(inv.as_slice())?)
+}
+
+/// The fp32 values of a unit's variables laid out flat (`padded` elements,
+/// zeros between), each in its own memory order (as its view will read them).
+pub fn gather_values(vars: &[Tensor], lay: &UnitLayout, dev: Device) -> Result<Tensor> {
+    let flat = Tensor::f_zeros([lay.padded], (Kind::Float, dev))?;
+    tch::no_grad(|| -> Result<()> {
+        for (v, &(off, _)) in vars.iter().zip(&lay.entries) {
+            view_like(&flat, off, v)?.f_copy_(v)?;
+        }
+        Ok(())
+    })?;
+    Ok(flat)
+}
+
+/// Makes each variable a view into `params` and its gradient a view into
+/// `grads` (both flat, the unit's layout from `base`), the values copied
+/// over (cast to the buffer's kind).
+pub fn install(
+    vars: &mut [Tensor],
+    lay: &UnitLayout,
+    params: &Tensor,
+    grads: &Tensor,
+    copy_values: bool,
+) -> Result<()> {
+    tch::no_grad(|| -> Result<()> {
+        for (v, &(off, _)) in vars.iter_mut().zip(&lay.entries) {
+            let view = view_like(params, off, v)?;
+            if copy_values {
+                view.shallow_clone().f_copy_(v)?;
+            }
+            v.set_data(&view);
+        }
+        Ok(())
+    })?;
+    // Define every variable's gradient (one backward of Σ 0·v), then make
+    // each gradient a view of the flat gradient buffer.
+    let mut zero: Option<Tensor> = None;
+    for v in vars.iter() {
+        let s = v.f_sum(Kind::Float)?.f_mul_scalar(0.0)?;
+        zero = Some(match zero {
+            None => s,
+            Some(z) => z.f_add(&s)?,
+        });
+    }
+    if let Some(z) = zero {
+        z.f_backward()?;
+    }
+    tch::no_grad(|| -> Result<()> {
+        for (v, &(off, _)) in vars.iter().zip(&lay.entries) {
+            let mut g = v.f_grad()?;
+            if !g.defined() {
+                bail!("internal: a trainable variable got no gradient");
+            }
+            let view = view_like(grads, off, v)?;
+            g.set_data(&view);
+        }
+        Ok(())
+    })?;
+    Ok(())
+}
+
+/// FNV-1a 64, fed in pieces.
+#[derive(Clone, Copy, Debug)]
+pub struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv {
+    pub fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 ^= *b as u64;
+            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    /// Feeds a tensor's bytes (copied to the host).
+    pub fn tensor(&mut self, t: &Tensor) -> Result<()> {
+        let c = t.f_to_device(Device::Cpu)?.f_contiguous()?;
+        let n = c.numel() * c.kind().elt_size_in_bytes();
+        let mut bytes = vec![0u8; n];
+        c.f_copy_data_u8(&mut bytes, c.numel())?;
+        self.write(&bytes);
+        Ok(())
+    }
+
+    pub fn hex(&self) -> String {
+        format!("{:016x}", self.0)
+    }
+}
+
+/// FNV-1a 64 of a float tensor's bytes, as 16 hex digits.
+pub fn digest(t: &Tensor) -> Result<String> {
+    let mut h = Fnv::default();
+    h.tensor(t)?;
+    Ok(h.hex())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_aligns_and_pads_each_unit() {
+        let l = UnitLayout::new(&[3, 64, 65, 1], 3);
+        assert_eq!(l.entries, vec![(0, 3), (64, 64), (128, 65), (256, 1)]);
+        assert_eq!(l.len, 257);
+        assert_eq!(l.padded, 258);
+        assert_eq!(l.shard(3), 86);
+        let units = vec![
+            vec![Tensor::zeros([3], (Kind::Float, Device::Cpu))],
+            vec![Tensor::zeros([130], (Kind::Float, Device::Cpu))],
+        ];
+        let l = Layout::new(&units, 2);
+        assert_eq!(l.offsets, vec![0, 4]);
+        assert_eq!(l.shard_offsets, vec![0, 2]);
+        assert_eq!((l.total, l.shard_total, l.largest_block()), (134, 67, 130));
+    }
+
+    #[test]
+    fn fnv_in_pieces_is_fnv_of_the_whole() {
+        let mut h = Fnv::default();
+        h.write(b"a");
+        assert_eq!(h.0, 0xaf63dc4c8601ec8c);
+        let t = Tensor::from_slice(&[1.0f32, 2.0, 3.0]);
+        let mut p = Fnv::default();
+        p.tensor(&t.narrow(0, 0, 1)).unwrap();
+        p.tensor(&t.narrow(0, 1, 2)).unwrap();
+        assert_eq!(p.hex(), digest(&t).unwrap());
+        assert_eq!(
+            digest(&t).unwrap(),
+            format!(
+                "{:016x}",
+                crate::device::fnv1a64(
+                    &[1.0f32, 2.0, 3.0]
+                        .iter()
+                        .flat_map(|x| x.to_le_bytes())
+                        .collect::<Vec<u8>>()
+                )
+            )
+        );
+    }
+}

@@ -1,0 +1,238 @@
+//! ddp: every rank keeps the whole model. The flat gradient is cut into
+//! buckets of whole units (about `bucket_bytes` each, from the end, the way
+//! PyTorch DDP orders them), and each bucket's all_reduce starts on the side
+//! stream as soon as the backward of the blocks it covers was queued, so it
+//! runs under the rest of backward; the update waits for the last one. Every
+//! rank applies the same update to its fp32 master copy, then refreshes its
+//! compute copy.
+
+use anyhow::{Context, Result};
+use tch::{Device, Kind, Tensor};
+
+use super::flat::{gather_values, install, Layout};
+use super::optim::{found_inf, CommClock, LossScaler, Sgd};
+use super::staged::{forward_backward, Hooks, Stage};
+use crate::comm::{Collectives, Ticket};
+use crate::workloads::models::{Batch, Model};
+
+struct Bucket {
+    grad: Tensor,
+    after: Stage,
+}
+
+pub(crate) struct Replicated {
+    #[allow(dead_code)] // where each unit sits: the unit tests read it
+    pub layout: Layout,
+    /// Flat parameters in the compute kind; the variables are views of it.
+    pub compute: Tensor,
+    /// Flat gradients in the compute kind; the variables' grads are views of it.
+    pub grad: Tensor,
+    /// fp32 master parameters (the compute buffer itself in fp32).
+    pub master: Tensor,
+    pub momentum: Tensor,
+    pub scaler: Option<LossScaler>,
+    pub skipped: u64,
+    kind: Kind,
+    world: usize,
+    buckets: Vec<Bucket>,
+}
+
+/// Units grouped from the last, each group at least `bytes` (the last group
+/// what is left): (first unit, end unit) pairs, last group first.
+pub(crate) fn bucket_units(unit_bytes: &[u64], bytes: u64) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut end = unit_bytes.len();
+    let mut acc = 0;
+    for u in (0..unit_bytes.len()).rev() {
+        acc += unit_bytes[u];
+        if acc >= bytes || u == 0 {
+            out.push((u, end));
+            end = u;
+            acc = 0;
+        }
+    }
+    out
+}
+
+impl Replicated {
+    /// Moves the model into flat buffers, starting from rank 0's parameters
+    /// when there is a communicator.
+    pub fn new(
+        model: &Model,
+        kind: Kind,
+        world: usize,
+        bucket_bytes: u64,
+        scaler: Option<LossScaler>,
+        mut comm: Option<&mut (dyn Collectives + '_)>,
+    ) -> Result<Replicated> {
+        let dev = model.device;
+        let mut units = model.units();
+        let layout = Layout::new(&units, world);
+        let compute = Tensor::f_zeros([layout.total], (kind, dev))?;
+        let grad = Tensor::f_zeros([layout.total], (kind, dev))?;
+        let mut master = Tensor::f_zeros([layout.total], (Kind::Float, dev))?;
+        for (u, vars) in units.iter_mut().enumerate() {
+            let lay = &layout.units[u];
+            let (off, len) = (layout.offsets[u], lay.padded);
+            let values = gather_values(vars, lay, dev)?;
+            if let Some(c) = comm.as_deref_mut() {
+                c.broadcast(&values, &values, 0)
+                    .context("broadcast of rank 0's initial parameters")?;
+            }
+            master.f_narrow(0, off, len)?.f_copy_(&values)?;
+            install(
+                vars,
+                lay,
+                &compute.f_narrow(0, off, len)?,
+                &grad.f_narrow(0, off, len)?,
+                false,
+            )?;
+        }
+        tch::no_grad(|| compute.shallow_clone().f_copy_(&master))?;
+        // Everything else floating (BatchNorm running statistics) to `kind`.
+        tch::no_grad(|| -> Result<()> {
+            for (_, mut v) in model.vs.variables() {
+                if v.kind() != kind && v.is_floating_point() && !v.requires_grad() {
+                    let c = v.f_to_kind(kind)?;
+                    v.set_data(&c);
+                }
+            }
+            Ok(())
+        })?;
+        if kind == Kind::Float {
+            master = compute.shallow_clone();
+        }
+        let es = kind.elt_size_in_bytes() as u64;
+        let unit_bytes: Vec<u64> = layout.units.iter().map(|u| u.padded as u64 * es).collect();
+        let mut buckets = Vec::new();
+        for (first, end) in bucket_units(&unit_bytes, bucket_bytes) {
+            let start = layout.offsets[first];
+            let stop = if end == layout.units.len() {
+                layout.total
+            } else {
+                layout.offsets[end]
+            };
+            buckets.push(Bucket {
+                grad: grad.f_narrow(0, start, stop - start)?,
+                after: Stage::completing(first),
+            });
+        }
+        Ok(Replicated {
+            momentum: master.f_zeros_like()?,
+            layout,
+            compute,
+            grad,
+            master,
+            scaler,
+            skipped: 0,
+            kind,
+            world,
+            buckets,
+        })
+    }
+
+    /// One step; `comm: None` is the no-communication baseline (each rank
+    /// updates from its own gradients). Returns the loss.
+    pub fn step(
+        &mut self,
+        model: &Model,
+        batch: &Batch,
+        sgd: Sgd,
+        mut comm: Option<&mut (dyn Collectives + '_)>,
+        clock: &mut CommClock,
+    ) -> Result<Tensor> {
+        let _ = self.grad.shallow_clone().f_zero_()?;
+        let scale = self.scaler.as_ref().map(|s| s.scale).unwrap_or(1.0);
+        let mut hooks = BucketHooks {
+            buckets: &self.buckets,
+            comm: comm.as_deref_mut(),
+            clock,
+            last: None,
+        };
+        let loss = forward_backward(model, batch, scale, &mut hooks)?;
+        let last = hooks.last;
+        if let (Some(c), Some(t)) = (comm.as_deref_mut(), last) {
+            c.side_wait(t)?;
+        }
+        let ranks = if comm.is_some() { self.world } else { 1 };
+        tch::no_grad(|| -> Result<()> {
+            let g32 = Sgd::mean_grad(&self.grad, ranks, scale)?;
+            let mut take = true;
+            if let Some(scaler) = self.scaler.as_mut() {
+                // Every rank holds the same summed gradient: no vote needed.
+                take = scaler.update(found_inf(&g32, None)?);
+                if !take {
+                    self.skipped += 1;
+                    tracing::debug!(scale, "inf/NaN gradients: step skipped, loss scale halved");
+                }
+            }
+            if take {
+                sgd.apply(&mut self.master, &mut self.momentum, &g32)?;
+                if self.kind != Kind::Float {
+                    self.compute.shallow_clone().f_copy_(&self.master)?;
+                }
+            }
+            Ok(())
+        })?;
+        Ok(loss)
+    }
+
+    /// Host copies of the master and compute parameters (the baseline phase
+    /// puts them back afterwards).
+    pub fn save(&self) -> Result<(Tensor, Tensor)> {
+        let host = |t: &Tensor| -> Result<Tensor> {
+            let mut h = Tensor::f_empty(t.size(), (t.kind(), Device::Cpu))?;
+            h.f_copy_(t)?;
+            Ok(h)
+        };
+        Ok((host(&self.master)?, host(&self.compute)?))
+    }
+
+    pub fn restore(&mut self, saved: &(Tensor, Tensor)) -> Result<()> {
+        tch::no_grad(|| -> Result<()> {
+            self.master.shallow_clone().f_copy_(&saved.0)?;
+            self.compute.shallow_clone().f_copy_(&saved.1)?;
+            let _ = self.momentum.f_zero_()?;
+            Ok(())
+        })
+    }
+}
+
+/// Starts each bucket's all_reduce once the backward of its units is queued.
+struct BucketHooks<'b, 'c> {
+    buckets: &'b [Bucket],
+    comm: Option<&'b mut (dyn Collectives + 'c)>,
+    clock: &'b mut CommClock,
+    last: Option<Ticket>,
+}
+
+impl Hooks for BucketHooks<'_, '_> {
+    fn after_backward(&mut self, s: Stage) -> Result<()> {
+        let Some(c) = self.comm.as_deref_mut() else {
+            return Ok(());
+        };
+        for b in self.buckets.iter().filter(|b| b.after == s) {
+            c.side_begin()?;
+            self.clock
+                .time(|| c.all_reduce(&b.grad, &b.grad))
+                .context("all_reduce of a gradient bucket")?;
+            self.last = Some(c.side_end()?);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_hold_whole_units_from_the_end() {
+        assert_eq!(
+            bucket_units(&[10, 4, 4, 4, 30], 8),
+            vec![(4, 5), (2, 4), (0, 2)]
+        );
+        assert_eq!(bucket_units(&[1, 1, 1], 100), vec![(0, 3)]);
+        assert_eq!(bucket_units(&[5], 1), vec![(0, 1)]);
+    }
+}
