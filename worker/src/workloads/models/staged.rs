@@ -68,7 +68,14 @@ pub fn conv(p: nn::Path, c_in: i64, c_out: i64, g: Geom, bias: bool) -> Conv {
 impl Conv {
     pub fn f(&self, x: &Tensor) -> Result<Tensor> {
         let (s, p) = (self.stride, self.padding);
-        Ok(x.f_conv2d(&self.ws, self.bs.as_ref(), [s, s], [p, p], [1, 1], self.groups)?)
+        Ok(x.f_conv2d(
+            &self.ws,
+            self.bs.as_ref(),
+            [s, s],
+            [p, p],
+            [1, 1],
+            self.groups,
+        )?)
     }
 }
 
