@@ -326,7 +326,7 @@ impl Model {
         let mut units: Vec<Vec<Tensor>> = (0..=n).map(|_| Vec::new()).collect();
         for (name, v) in named {
             let unit = match &self.net {
-                Net::Vision(v) => v.unit_of(&name),
+                Net::Vision(s) => s.unit_of(&name),
                 Net::Gpt(g) => g.unit_of(&name),
             };
             units[unit].push(v);
