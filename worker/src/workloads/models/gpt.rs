@@ -2,8 +2,9 @@
 //! pre-LayerNorm blocks of causal self-attention
 //! (`scaled_dot_product_attention`, flash/memory-efficient kernels on a GPU)
 //! and a 4× GELU MLP, a final LayerNorm and an output layer tied to the token
-//! embedding. [`GptConfig::gpu`] is GPT-2 small (~124M parameters, vocabulary
-//! padded to 50304); [`GptConfig::cpu`] is a toy that runs on a CPU.
+//! embedding. Sizes by name ([`GptConfig::sized`]): `124m` is GPT-2 small
+//! (vocabulary padded to 50304), `350m`, `1.3b` and `2.7b` GPT-2/3 shapes
+//! where parameters matter (fsdp), `toy` one that runs on a CPU.
 
 use anyhow::{bail, Result};
 use tch::{nn, Kind, Tensor};
@@ -17,30 +18,25 @@ pub struct GptConfig {
     pub seq_len: i64,
 }
 
-impl GptConfig {
-    /// GPT-2 small: 12 layers, 768 wide, 12 heads (default seq_len 1024).
-    pub fn gpu(seq_len: i64) -> Self {
-        GptConfig {
-            vocab: 50304,
-            dim: 768,
-            layers: 12,
-            heads: 12,
-            seq_len,
-        }
-    }
+/// The sizes (`gpuctl_proto::catalogue::GPT_SIZES`): name, vocabulary,
+/// width, layers, heads.
+const SIZES: [(&str, i64, i64, i64, i64); 5] = [
+    ("toy", 256, 64, 2, 4),
+    ("124m", 50304, 768, 12, 12),
+    ("350m", 50304, 1024, 24, 16),
+    ("1.3b", 50304, 2048, 24, 16),
+    ("2.7b", 50304, 2560, 32, 32),
+];
 
-    /// The model of a `gpt_size` (`gpuctl_proto::catalogue::GPT_SIZES`).
+impl GptConfig {
+    /// The model of size `size` (one of `GPT_SIZES`: toy, 124m, 350m, 1.3b,
+    /// 2.7b) with `seq_len` learned positions.
     pub fn sized(size: &str, seq_len: i64) -> Result<Self> {
-        let (vocab, dim, layers, heads) = match size {
-            "toy" => return Ok(GptConfig::cpu(seq_len)),
-            "124m" => return Ok(GptConfig::gpu(seq_len)),
-            "350m" => (50304, 1024, 24, 16),
-            "1.3b" => (50304, 2048, 24, 16),
-            "2.7b" => (50304, 2560, 32, 32),
-            s => bail!(
-                "gpt size `{s}` is not one of {}",
-                gpuctl_proto::catalogue::GPT_SIZES.join(", ")
-            ),
+        let Some(&(_, vocab, dim, layers, heads)) = SIZES.iter().find(|s| s.0 == size) else {
+            bail!(
+                "gpt size `{size}` is not one of {}",
+                SIZES.map(|s| s.0).join(", ")
+            );
         };
         Ok(GptConfig {
             vocab,
@@ -51,15 +47,25 @@ impl GptConfig {
         })
     }
 
-    /// A toy: 2 layers, 64 wide, 4 heads, 256 tokens (default seq_len 32).
+    /// GPT-2 small, size `124m`: 12 layers, 768 wide, 12 heads (default
+    /// seq_len 1024).
+    pub fn gpu(seq_len: i64) -> Self {
+        Self::sized("124m", seq_len).expect("124m is a size")
+    }
+
+    /// The `toy` size: 2 layers, 64 wide, 4 heads, 256 tokens (default
+    /// seq_len 32).
     pub fn cpu(seq_len: i64) -> Self {
-        GptConfig {
-            vocab: 256,
-            dim: 64,
-            layers: 2,
-            heads: 4,
-            seq_len,
-        }
+        Self::sized("toy", seq_len).expect("toy is a size")
+    }
+
+    /// Trainable parameters: per layer 12d² + 13d (attention 4d² + 4d, MLP
+    /// 8d² + 5d, two LayerNorms 4d), the token and position embeddings
+    /// (V + T)·d (the output layer is tied to the token embedding) and the
+    /// final LayerNorm 2d.
+    pub fn parameters(&self) -> u64 {
+        let (v, d, l, t) = (self.vocab, self.dim, self.layers, self.seq_len);
+        (l * (12 * d * d + 13 * d) + (v + t) * d + 2 * d) as u64
     }
 }
 

@@ -1,11 +1,17 @@
 //! Models for the training workloads (ddp, fsdp, maxbatch), on synthetic data.
 //!
-//! * `resnet18|50|101|152`: tch's torchvision ResNets, 1000 classes, 3×224×224.
+//! * `resnet18|50|101|152`: torchvision's ResNets ([`resnet::resnet`], as
+//!   tch's), 1000 classes, 3×224×224.
 //! * `mobilenet_v2`: torchvision's MobileNetV2 ([`mobilenet::v2`], 3,504,872
 //!   parameters), 1000 classes, 3×224×224.
 //! * `cnn`: a small CNN (3 conv+BN+ReLU layers, 10 classes, 3×32×32) that
 //!   trains in milliseconds on a CPU: the default on CPU ranks.
-//! * `gpt`: a GPT-2 style decoder ([`gpt::Gpt`]), throughput in tokens.
+//! * `gpt`: a GPT-2 style decoder ([`gpt::Gpt`]) of a size of
+//!   `GPT_SIZES`, throughput in tokens.
+//!
+//! Every model is in stages (stem → blocks → head + loss; the vision models
+//! through [`staged::Staged`]), so that training can run backward block by
+//! block and shard or bucket the variables by block (`Model::units`).
 //!
 //! A model is built in fp32 from one seed (under a process-wide lock, so ranks
 //! that are threads of one process get the same initial values), optionally
@@ -18,11 +24,15 @@
 pub mod cnn;
 pub mod gpt;
 pub mod mobilenet;
+pub mod resnet;
+pub mod staged;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Mutex;
 
 use anyhow::{bail, Result};
-use tch::{nn, nn::ModuleT, Device, Kind, Tensor};
+use tch::{nn, Device, Kind, Tensor};
 
 /// Training precision. bf16 and fp16 compute in that type with fp32 master
 /// weights kept by the training loop; fp16 uses dynamic loss scaling.
@@ -74,7 +84,7 @@ pub struct ModelConfig {
 }
 
 enum Net {
-    Vision(Box<dyn ModuleT>),
+    Vision(staged::Staged),
     Gpt(gpt::Gpt),
 }
 
@@ -119,29 +129,13 @@ impl Model {
         let vs = nn::VarStore::new(device);
         let root = vs.root();
         let (net, classes, side) = match cfg.name.as_str() {
-            "resnet18" => (
-                Net::Vision(Box::new(tch::vision::resnet::resnet18(&root, 1000))),
-                1000,
-                224,
-            ),
-            "resnet50" => (
-                Net::Vision(Box::new(tch::vision::resnet::resnet50(&root, 1000))),
-                1000,
-                224,
-            ),
-            "resnet101" => (
-                Net::Vision(Box::new(tch::vision::resnet::resnet101(&root, 1000))),
-                1000,
-                224,
-            ),
-            "resnet152" => (
-                Net::Vision(Box::new(tch::vision::resnet::resnet152(&root, 1000))),
-                1000,
-                224,
-            ),
-            "mobilenet_v2" => (Net::Vision(Box::new(mobilenet::v2(&root, 1000))), 1000, 224),
+            "resnet18" => (Net::Vision(resnet::resnet(&root, 18, 1000)?), 1000, 224),
+            "resnet50" => (Net::Vision(resnet::resnet(&root, 50, 1000)?), 1000, 224),
+            "resnet101" => (Net::Vision(resnet::resnet(&root, 101, 1000)?), 1000, 224),
+            "resnet152" => (Net::Vision(resnet::resnet(&root, 152, 1000)?), 1000, 224),
+            "mobilenet_v2" => (Net::Vision(mobilenet::v2(&root, 1000)), 1000, 224),
             "cnn" => (
-                Net::Vision(Box::new(cnn::cnn(&root, cnn::CLASSES))),
+                Net::Vision(cnn::cnn(&root, cnn::CLASSES)),
                 cnn::CLASSES,
                 cnn::SIDE,
             ),
@@ -259,8 +253,7 @@ impl Model {
     }
 
     /// Forward pass and mean cross-entropy, as an fp32 scalar: the stages in
-    /// order. Vision forwards are tch modules, which panic (not `Err`) on
-    /// out-of-memory.
+    /// order (an out-of-memory comes back as an `Err`).
     pub fn loss(&self, b: &Batch) -> Result<Tensor> {
         let mut x = self.stem(b)?;
         for k in 0..self.blocks() {
@@ -272,12 +265,13 @@ impl Model {
     // The model in stages, so that training can run backward block by block
     // (tch has no autograd hooks): stem → block 0 … block n−1 → head + loss.
     // The stem and the head use the root unit's variables, block k only unit
-    // k+1's.
+    // k+1's. The stem may be the identity (cnn): its output is then the
+    // batch's input itself, with no autograd graph behind it.
 
     /// Blocks between the stem and the head.
     pub fn blocks(&self) -> usize {
         match &self.net {
-            Net::Vision(_) => 0,
+            Net::Vision(v) => v.blocks(),
             Net::Gpt(g) => g.blocks(),
         }
     }
@@ -285,7 +279,7 @@ impl Model {
     /// The first stage: the batch's input to the first block's input.
     pub fn stem(&self, b: &Batch) -> Result<Tensor> {
         match &self.net {
-            Net::Vision(net) => Ok(net.forward_t(&b.x, true)),
+            Net::Vision(v) => v.stem(&b.x),
             Net::Gpt(g) => g.embed(&b.x),
         }
     }
@@ -293,7 +287,7 @@ impl Model {
     /// Block `k` (0-based) on `x`, the previous stage's output.
     pub fn block(&self, k: usize, x: &Tensor) -> Result<Tensor> {
         match &self.net {
-            Net::Vision(_) => bail!("internal: block {k} of a model without blocks"),
+            Net::Vision(v) => v.block(k, x),
             Net::Gpt(g) => g.block(k, x),
         }
     }
@@ -302,7 +296,7 @@ impl Model {
     /// against the batch's targets, as an fp32 scalar.
     pub fn head_loss(&self, x: &Tensor, b: &Batch) -> Result<Tensor> {
         let logits = match &self.net {
-            Net::Vision(_) => x.shallow_clone(),
+            Net::Vision(v) => v.head(x)?,
             Net::Gpt(g) => g.head(x)?.f_view([-1, self.classes])?,
         };
         Ok(logits
@@ -332,7 +326,7 @@ impl Model {
         let mut units: Vec<Vec<Tensor>> = (0..=n).map(|_| Vec::new()).collect();
         for (name, v) in named {
             let unit = match &self.net {
-                Net::Vision(_) => 0,
+                Net::Vision(s) => s.unit_of(&name),
                 Net::Gpt(g) => g.unit_of(&name),
             };
             units[unit].push(v);
@@ -368,113 +362,5 @@ impl SplitMix64 {
         let r = (-2.0 * u.ln()).sqrt();
         let th = std::f64::consts::TAU * v;
         ((r * th.cos()) as f32, (r * th.sin()) as f32)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn cfg(name: &str) -> ModelConfig {
-        ModelConfig {
-            name: name.into(),
-            precision: Precision::Fp32,
-            channels_last: false,
-            gpt: gpt::GptConfig::cpu(16),
-        }
-    }
-
-    #[test]
-    fn same_seed_same_model_and_batch() {
-        for name in ["cnn", "gpt"] {
-            let a = Model::build(&cfg(name), Device::Cpu, 7).unwrap();
-            let b = Model::build(&cfg(name), Device::Cpu, 7).unwrap();
-            for (x, y) in
-                a.vs.trainable_variables()
-                    .iter()
-                    .zip(b.vs.trainable_variables())
-            {
-                assert!(x.equal(&y), "{name}");
-            }
-            let (ba, bb) = (a.batch(2, 3).unwrap(), a.batch(2, 3).unwrap());
-            assert!(ba.x.equal(&bb.x) && ba.y.equal(&bb.y));
-            assert!(!ba.x.equal(&a.batch(2, 4).unwrap().x));
-            let l = a.loss(&ba).unwrap().double_value(&[]);
-            assert!(l.is_finite() && l > 0.0, "{name}: {l}");
-        }
-    }
-
-    #[test]
-    fn mobilenet_v2_has_torchvisions_parameter_count() {
-        // The planner's memory check weighs the catalogue's counts.
-        for name in ["mobilenet_v2", "resnet18"] {
-            let m = Model::build(&cfg(name), Device::Cpu, 1).unwrap();
-            let want = gpuctl_proto::catalogue::model_parameters(name).unwrap();
-            assert_eq!(m.parameter_count() as u64, want, "{name}");
-        }
-        assert_eq!(
-            gpuctl_proto::catalogue::model_parameters("mobilenet_v2"),
-            Some(3_504_872)
-        );
-        let m = Model::build(&cfg("mobilenet_v2"), Device::Cpu, 1).unwrap();
-        let l = m.loss(&m.batch(1, 2).unwrap()).unwrap().double_value(&[]);
-        assert!(l.is_finite() && l > 0.0, "{l}");
-    }
-
-    #[test]
-    fn mobilenet_v2_keeps_the_compute_type_to_the_classifier() {
-        // tch's own v2 pooled into fp32 and failed in bf16 on H200s.
-        let _rng = BUILD_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-        tch::manual_seed(0);
-        let mut vs = nn::VarStore::new(Device::Cpu);
-        let net = mobilenet::v2(&vs.root(), 1000);
-        vs.bfloat16();
-        let x = Tensor::randn([2, 3, 64, 64], (Kind::BFloat16, Device::Cpu));
-        let y = x.apply_t(&net, true);
-        assert_eq!(y.kind(), Kind::BFloat16);
-        assert_eq!(y.size(), vec![2, 1000]);
-    }
-
-    #[test]
-    fn channels_last_keeps_values_and_changes_strides() {
-        let mut c = cfg("cnn");
-        c.channels_last = true;
-        let m = Model::build(&c, Device::Cpu, 7).unwrap();
-        let plain = Model::build(&cfg("cnn"), Device::Cpu, 7).unwrap();
-        let w4: Vec<_> =
-            m.vs.trainable_variables()
-                .into_iter()
-                .filter(|t| t.dim() == 4)
-                .collect();
-        assert!(!w4.is_empty());
-        for w in &w4 {
-            assert!(!w.is_contiguous(), "{:?}", w.stride());
-        }
-        let b = m.batch(2, 1).unwrap();
-        let (l1, l2) = (
-            m.loss(&b).unwrap().double_value(&[]),
-            plain
-                .loss(&plain.batch(2, 1).unwrap())
-                .unwrap()
-                .double_value(&[]),
-        );
-        assert!((l1 - l2).abs() < 1e-4, "{l1} vs {l2}");
-    }
-
-    #[test]
-    fn normals_look_normal() {
-        let mut r = SplitMix64::new(1);
-        let v: Vec<f32> = (0..5000)
-            .flat_map(|_| {
-                let (a, b) = r.normal_pair();
-                [a, b]
-            })
-            .collect();
-        let mean = v.iter().sum::<f32>() / v.len() as f32;
-        let var = v.iter().map(|x| (x - mean) * (x - mean)).sum::<f32>() / v.len() as f32;
-        assert!(
-            mean.abs() < 0.05 && (var - 1.0).abs() < 0.05,
-            "{mean} {var}"
-        );
     }
 }
