@@ -311,15 +311,10 @@ impl SideStream {
     }
 
     fn elapsed_ms(events: &[sys::CUevent], a: usize, b: usize) -> Result<f64> {
-        let (ea, eb) = (events[a], events[b]);
-        // SAFETY: recorded events of the pool, complete (synchronised first).
-        unsafe {
-            event::synchronize(ea).map_err(|e| cu("cuEventSynchronize (side-stream times)", e))?;
-            event::synchronize(eb).map_err(|e| cu("cuEventSynchronize (side-stream times)", e))?;
-            event::elapsed(ea, eb)
-        }
-        .map(f64::from)
-        .map_err(|e| cu("cuEventElapsedTime (side-stream times)", e))
+        // SAFETY: recorded events of the pool, complete (`settle` ran first).
+        unsafe { event::elapsed(events[a], events[b]) }
+            .map(f64::from)
+            .map_err(|e| cu("cuEventElapsedTime (side-stream times)", e))
     }
 
     /// Every event in use complete (a no-op after the caller's synchronize).
