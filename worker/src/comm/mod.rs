@@ -14,6 +14,7 @@
 pub mod abort;
 pub mod counted;
 pub mod nccl;
+mod side;
 pub mod tcp;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -257,7 +258,11 @@ pub trait Collectives: Send {
     }
 
     /// Later collectives go to the side stream, after everything queued so
-    /// far on the compute stream.
+    /// far on the compute stream. Their tensors must have been written by
+    /// compute queued before this call, and must stay alive (not be dropped
+    /// or overwritten by compute) until [`Collectives::side_wait`] for the
+    /// ticket of their group: libtorch's allocator knows only the compute
+    /// stream and would hand their memory to new compute at once.
     fn side_begin(&mut self) -> Result<()> {
         Ok(())
     }

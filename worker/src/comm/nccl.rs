@@ -4,7 +4,9 @@
 //! publishes it under the rendezvous key `nccl/id`; every rank calls
 //! `ncclCommInitRank`; collectives run on `tensor.data_ptr()` with the null
 //! (legacy default) stream, the stream libtorch computes on, so they are
-//! ordered with libtorch's kernels without extra synchronisation.
+//! ordered with libtorch's kernels without extra synchronisation. Between
+//! `side_begin` and `side_end` they run on a side stream instead
+//! ([`super::side`]), beside compute.
 //!
 //! cudarc loads NCCL at run time (`dynamic-loading`), looking for `libnccl.so`:
 //! the agent puts a folder with `libnccl.so` → PyTorch's `libnccl.so.2` first on
@@ -19,7 +21,8 @@ use cudarc::driver::CudaContext;
 use cudarc::nccl::{result, sys};
 use tch::{Device, Kind, Tensor};
 
-use super::{check_sizes, Collectives, Op};
+use super::side::SideStream;
+use super::{check_sizes, Collectives, Op, SideTimes, Ticket};
 use crate::rendezvous::Rendezvous;
 
 /// Whether a `libnccl.so` can be loaded at all (cudarc panics on a missing one).
@@ -78,6 +81,14 @@ pub struct NcclComm {
     ordinal: usize,
     version: String,
     ctx: Arc<CudaContext>,
+    /// Made on the first `side_begin`.
+    side: Option<SideStream>,
+    /// Whether collectives go to the side stream now.
+    on_side: bool,
+    /// Temporaries (copies of aliased inputs) that side-stream collectives
+    /// read: libtorch's allocator would hand their memory to null-stream work
+    /// at once, so they live until the next synchronize.
+    keep: Vec<Tensor>,
 }
 
 // SAFETY: an NCCL communicator may be used from any thread, one at a time; the
@@ -134,11 +145,35 @@ impl NcclComm {
             ordinal,
             version,
             ctx,
+            side: None,
+            on_side: false,
+            keep: Vec::new(),
         })
     }
 
+    /// The stream collectives go to now: null, or the side stream in a group.
     fn stream(&self) -> sys::cudaStream_t {
-        std::ptr::null_mut()
+        match &self.side {
+            Some(s) if self.on_side => s.raw() as sys::cudaStream_t,
+            _ => std::ptr::null_mut(),
+        }
+    }
+
+    /// A copy of `send` where it overlaps `recv` (grouped send/recv on one
+    /// buffer would race). On the side stream, the side waits for the copy
+    /// that compute makes, and the copy outlives the collective.
+    fn unaliased(&mut self, send: &Tensor, recv: &Tensor) -> Result<Tensor> {
+        if !overlaps(send, recv) {
+            return Ok(send.shallow_clone());
+        }
+        let input = send.copy();
+        if self.on_side {
+            if let Some(s) = self.side.as_mut() {
+                s.follow_compute()?;
+            }
+            self.keep.push(input.shallow_clone());
+        }
+        Ok(input)
     }
 
     fn check_device(&self, op: Op, ts: &[&Tensor]) -> Result<sys::ncclDataType_t> {
@@ -186,6 +221,8 @@ impl Drop for NcclComm {
         unsafe {
             let _ = result::comm_destroy(self.comm);
         }
+        // The side stream after the communicator that queued work on it.
+        self.side = None;
     }
 }
 
@@ -309,12 +346,7 @@ impl Collectives for NcclComm {
     fn alltoall(&mut self, send: &Tensor, recv: &Tensor) -> Result<()> {
         check_sizes(Op::AllToAll, send, recv, self.world)?;
         let dt = self.check_device(Op::AllToAll, &[send, recv])?;
-        // Grouped send/recv on one buffer would race: copy the input first.
-        let input = if overlaps(send, recv) {
-            send.copy()
-        } else {
-            send.shallow_clone()
-        };
+        let input = self.unaliased(send, recv)?;
         let n = self.world;
         let c = send.numel() / n;
         let es = send.kind().elt_size_in_bytes();
@@ -332,8 +364,8 @@ impl Collectives for NcclComm {
             }
             Ok(())
         })?;
-        // Dropping the copy is safe: libtorch's allocator reuses it only on the
-        // null stream, after NCCL's kernels.
+        // On the null stream, dropping the copy is safe: libtorch's allocator
+        // reuses it only there, after NCCL's kernels (on the side, `keep` holds it).
         drop(input);
         Ok(())
     }
@@ -341,12 +373,7 @@ impl Collectives for NcclComm {
     fn sendrecv(&mut self, send: &Tensor, to: usize, recv: &Tensor, from: usize) -> Result<()> {
         check_sizes(Op::SendRecv, send, recv, self.world)?;
         let dt = self.check_device(Op::SendRecv, &[send, recv])?;
-        let aliased = overlaps(send, recv);
-        let input = if aliased {
-            send.copy()
-        } else {
-            send.shallow_clone()
-        };
+        let input = self.unaliased(send, recv)?;
         let c = send.numel();
         self.grouped(|| {
             // SAFETY: live CUDA tensors of c elements.
@@ -371,12 +398,65 @@ impl Collectives for NcclComm {
 
     fn barrier(&mut self) -> Result<()> {
         let t = Tensor::f_zeros([1], (Kind::Float, Device::Cuda(self.ordinal)))?;
+        if self.on_side {
+            // The zeros are written on the compute stream.
+            if let Some(s) = self.side.as_mut() {
+                s.follow_compute()?;
+            }
+        }
         self.all_reduce(&t, &t)?;
         self.synchronize()
     }
 
     fn synchronize(&mut self) -> Result<()> {
+        // The whole device: the side stream too.
         tch::Cuda::synchronize(self.ordinal as i64);
+        self.keep.clear();
         Ok(())
+    }
+
+    fn overlaps(&self) -> bool {
+        true
+    }
+
+    fn side_begin(&mut self) -> Result<()> {
+        if self.side.is_none() {
+            self.side = Some(SideStream::new(self.ctx.clone())?);
+        }
+        let side = self.side.as_mut().expect("made above");
+        side.begin()?;
+        self.on_side = true;
+        Ok(())
+    }
+
+    fn side_end(&mut self) -> Result<Ticket> {
+        let Some(side) = self.side.as_mut() else {
+            bail!("side_end without side_begin");
+        };
+        let t = side.end()?;
+        self.on_side = false;
+        Ok(t)
+    }
+
+    fn side_wait(&mut self, ticket: Ticket) -> Result<()> {
+        let Some(side) = self.side.as_mut() else {
+            bail!(
+                "side_wait for unknown ticket {}: side_begin was never called",
+                ticket.0
+            );
+        };
+        side.wait(ticket)
+    }
+
+    fn side_times(&mut self) -> Result<Option<SideTimes>> {
+        match self.side.as_mut() {
+            // Nothing went to the side: no communication time.
+            None => Ok(Some(SideTimes::default())),
+            Some(side) => {
+                let t = side.times()?;
+                self.keep.clear();
+                Ok(Some(t))
+            }
+        }
     }
 }
