@@ -287,6 +287,7 @@ pub fn train(
     // The full fp32 model that was built is gone: training's peak is its own.
     sync(device);
     mem.empty_cache();
+    let installed = mem.stats().map(|s| s.allocated);
     mem.reset_all_peaks();
     mem.sample();
     let units = (batch.size * model.units_per_sample()) as f64;
@@ -377,6 +378,15 @@ pub fn train(
     }
     // Read before the digests gather anything.
     let (peak, driver_peak) = (mem.peak(), mem.driver_peak());
+    if let Some(s) = mem.stats() {
+        tracing::info!(
+            installed = installed.unwrap_or(0),
+            allocated = s.allocated,
+            peak,
+            reserved_peak = s.reserved_peak,
+            "device memory: after install, after training, peak"
+        );
+    }
     let total_s: f64 = times.iter().sum();
     let per_s = units * cfg.steps as f64 / total_s.max(1e-12);
     let mut sorted = times.clone();

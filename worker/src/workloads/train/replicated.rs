@@ -21,7 +21,6 @@ struct Bucket {
 }
 
 pub(crate) struct Replicated {
-    #[allow(dead_code)] // where each unit sits: the unit tests read it
     pub layout: Layout,
     /// Flat parameters in the compute kind; the variables are views of it.
     pub compute: Tensor,
@@ -156,20 +155,27 @@ impl Replicated {
         }
         let ranks = if comm.is_some() { self.world } else { 1 };
         tch::no_grad(|| -> Result<()> {
-            let g32 = Sgd::mean_grad(&self.grad, ranks, scale)?;
             let mut take = true;
             if let Some(scaler) = self.scaler.as_mut() {
                 // Every rank holds the same summed gradient: no vote needed.
-                take = scaler.update(found_inf(&g32, None)?);
+                take = scaler.update(found_inf(&self.grad, None)?);
                 if !take {
                     self.skipped += 1;
                     tracing::debug!(scale, "inf/NaN gradients: step skipped, loss scale halved");
                 }
             }
-            if take {
-                sgd.apply(&mut self.master, &mut self.momentum, &g32)?;
+            if !take {
+                return Ok(());
+            }
+            // Unit by unit: the fp32 temporaries stay the size of one unit.
+            for (u, lay) in self.layout.units.iter().enumerate() {
+                let (off, n) = (self.layout.offsets[u], lay.padded);
+                let g32 = Sgd::mean_grad(&self.grad.f_narrow(0, off, n)?, ranks, scale)?;
+                let mut master = self.master.f_narrow(0, off, n)?;
+                let mut momentum = self.momentum.f_narrow(0, off, n)?;
+                sgd.apply(&mut master, &mut momentum, &g32)?;
                 if self.kind != Kind::Float {
-                    self.compute.shallow_clone().f_copy_(&self.master)?;
+                    self.compute.f_narrow(0, off, n)?.f_copy_(&master)?;
                 }
             }
             Ok(())
