@@ -13,7 +13,8 @@ use std::time::Duration;
 use crate::units::{parse_bytes, parse_duration};
 
 pub use sizes::{
-    default_batch, gpt_block_parameters, gpt_parameters, gpt_shape, model_parameters, GptShape,
+    default_batch, gpt_block_parameters, gpt_parameters, gpt_shape, model_label, model_parameters,
+    model_variant, GptShape,
 };
 pub use typed::{
     size_steps, MaxBatchParams, ModelParams, NcclParams, NcclPattern, StressParams, TrainModel,

@@ -60,6 +60,26 @@ pub fn model_parameters(model: &str) -> Option<u64> {
     }
 }
 
+/// A model as reports name it: `gpt 1.3b` for a GPT with its size, the
+/// bare name otherwise (other models, or a result that carries no size).
+pub fn model_label(model: &str, variant: &str) -> String {
+    if variant.is_empty() {
+        model.to_string()
+    } else {
+        format!("{model} {variant}")
+    }
+}
+
+/// The size a model's results carry as their variant: GPT's size, nothing
+/// for the others.
+pub fn model_variant<'a>(model: &str, gpt_size: &'a str) -> &'a str {
+    if model == "gpt" {
+        gpt_size
+    } else {
+        ""
+    }
+}
+
 /// A sensible per-rank batch for the model on this kind of device.
 ///
 /// GPT's hangs on its size and is chosen to fit an 80 GB GPU at seq_len 1024
@@ -122,6 +142,11 @@ mod tests {
         assert_eq!(gpu, [16, 16, 8, 8, 4]);
         assert_eq!(default_batch("gpt", "toy", false), 4);
         assert_eq!(default_batch("gpt", "1.3b", false), 2);
+        assert_eq!(model_label("gpt", model_variant("gpt", "1.3b")), "gpt 1.3b");
+        assert_eq!(
+            model_label("resnet50", model_variant("resnet50", "1.3b")),
+            "resnet50"
+        );
         // Other models ignore the size.
         assert_eq!(default_batch("resnet50", "2.7b", true), 256);
     }
