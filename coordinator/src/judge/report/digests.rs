@@ -103,6 +103,21 @@ pub(super) fn params(
     ))
 }
 
+/// The most common digests (several on a tie) and how many share each.
+pub(super) fn leaders<'a>(digests: impl Iterator<Item = &'a str>) -> (usize, Vec<&'a str>) {
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for d in digests {
+        *counts.entry(d).or_default() += 1;
+    }
+    let best = counts.values().copied().max().unwrap_or(0);
+    let leaders = counts
+        .into_iter()
+        .filter(|(_, c)| *c == best)
+        .map(|(d, _)| d)
+        .collect();
+    (best, leaders)
+}
+
 /// Majority vote of digests within groups. Returns, per group, a sentence for
 /// the report; fails the ranks that disagree.
 fn vote(groups: Groups, states: &mut RankStates, what: &str) -> Vec<String> {
@@ -118,16 +133,7 @@ fn vote(groups: Groups, states: &mut RankStates, what: &str) -> Vec<String> {
             notes.push(format!("`{label}`: 1 rank, nothing to compare against"));
             continue;
         }
-        let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
-        for (_, d) in &members {
-            *counts.entry(d.as_str()).or_default() += 1;
-        }
-        let best = counts.values().copied().max().unwrap_or(0);
-        let leaders: Vec<&str> = counts
-            .iter()
-            .filter(|(_, c)| **c == best)
-            .map(|(d, _)| *d)
-            .collect();
+        let (best, leaders) = leaders(members.iter().map(|(_, d)| d.as_str()));
         if leaders.len() == 1 {
             let winner = leaders[0];
             let odd: Vec<&(u32, String)> = members.iter().filter(|(_, d)| d != winner).collect();

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 
 use gpuctl_proto::pb::{JobSpec, RankResult};
 
-use super::digests::short;
+use super::digests::{leaders, short};
 use super::ranks::RankStates;
 
 /// One model's shard digests, by rank: (own shard, every shard as gathered).
@@ -123,16 +123,7 @@ fn judge_model(views: &Views, states: &mut RankStates) -> usize {
             }
         }
         // Vote on the copies; a tie goes to the owner's digest.
-        let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
-        for (_, d) in &copies {
-            *counts.entry(d).or_default() += 1;
-        }
-        let best = counts.values().copied().max().unwrap_or(0);
-        let leaders: Vec<&str> = counts
-            .iter()
-            .filter(|(_, c)| **c == best)
-            .map(|(d, _)| *d)
-            .collect();
+        let (best, leaders) = leaders(copies.iter().map(|(_, d)| *d));
         let winner = match (leaders.as_slice(), own) {
             ([one], _) => Some(*one),
             (_, Some(own)) if leaders.contains(&own) => Some(own),
