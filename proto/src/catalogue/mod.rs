@@ -75,7 +75,7 @@ pub enum DefaultValue {
         gpu: &'static str,
         cpu: &'static str,
     },
-    /// Depends on the model: [`default_batch`].
+    /// Depends on the model (and a GPT's size): [`default_batch`].
     ByModel,
 }
 
@@ -96,7 +96,7 @@ impl DefaultValue {
             DefaultValue::PerDevice { gpu, cpu } => {
                 Some(format!("default {gpu} on GPU, {cpu} on CPU"))
             }
-            DefaultValue::ByModel => Some("default depends on the model".into()),
+            DefaultValue::ByModel => Some("default depends on the model and --gpt-size".into()),
         }
     }
 }
