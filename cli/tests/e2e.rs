@@ -17,21 +17,6 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A job that passed: `pass`, or `warn` when a CPU rank drew less of the
-/// shared cores than its peers (a performance warning, listed, not a failure),
-/// and no failed finding.
-fn passed(report: &Value) {
-    let v = report["verdict"].as_str().unwrap_or("");
-    assert!(v == "pass" || v == "warn", "verdict {v}: {report}");
-    let fails: Vec<&Value> = report["findings"]
-        .as_array()
-        .expect("findings[]")
-        .iter()
-        .filter(|f| f["level"] == "fail")
-        .collect();
-    assert!(fails.is_empty(), "failed findings: {fails:?}");
-}
-
 /// Ranks of the report, checked to be 0..world each once, in nodes named as the fleet.
 fn check_ranks(report: &Value, nodes: usize, world: usize) {
     let node_list = report["nodes"].as_array().expect("nodes[]");

@@ -164,6 +164,8 @@ pub(crate) fn ranks_grid(r: &pb::Report) -> Table {
     if k.train {
         right.extend(headers.len()..headers.len() + 4);
         headers.extend(["SAMPLES/S", "P50 MS", "P99 MS", "LOSS", "SCALING"]);
+        right.extend(headers.len()..headers.len() + 3);
+        headers.extend(["COMM MS", "EXPOSED MS", "OVERLAP"]);
     }
     if k.maxbatch {
         right.extend(headers.len()..headers.len() + 2);
@@ -215,6 +217,13 @@ pub(crate) fn ranks_grid(r: &pb::Report) -> Table {
                     },
                 ]),
                 _ => row.extend(std::iter::repeat_n("-".to_string(), 5)),
+            }
+            // Per step of the first model; `-` without communication.
+            match detail {
+                Some(Detail::Train(t)) => {
+                    row.extend(output::models::comm_cells(output::models::comm(t)))
+                }
+                _ => row.extend(std::iter::repeat_n("-".to_string(), 3)),
             }
         }
         if k.maxbatch {
@@ -780,6 +789,75 @@ pub(crate) mod tests {
         assert_eq!(v["env"][0]["name"], "NCCL_IB_DISABLE");
         assert_eq!(v["env"][0]["reason"], "no InfiniBand on node-b");
         assert_eq!(v["collectives"].as_array().unwrap().len(), 0);
+    }
+
+    /// Two ranks of an fsdp gpt run: rank 0 with overlap figures and shard
+    /// digests, rank 1 as a worker that measures neither.
+    fn train_report() -> pb::Report {
+        let t = |comm: f64, exposed: f64, share: f64, own: &str, gathered: &[&str]| {
+            Detail::Train(pb::TrainResult {
+                model: "gpt".into(),
+                variant: "1.3b".into(),
+                mode: "fsdp".into(),
+                unit: "tok".into(),
+                samples_per_s: 1000.0,
+                comm_ms_per_step: comm,
+                comm_exposed_ms_per_step: exposed,
+                overlap_share: share,
+                shard_digest: own.into(),
+                gathered_shard_digests: gathered.iter().map(|d| d.to_string()).collect(),
+                ..Default::default()
+            })
+        };
+        pb::Report {
+            workload: "fsdp".into(),
+            nodes: vec![pb::NodeReport {
+                name: "node-a".into(),
+                ranks: vec![
+                    rank(
+                        0,
+                        0,
+                        pb::Verdict::Pass,
+                        Some(t(12.0, 3.0, 0.75, "aa", &["aa", "bb"])),
+                    ),
+                    rank(1, 1, pb::Verdict::Pass, Some(t(9.0, 0.0, 0.0, "", &[]))),
+                ],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn training_shows_communication_overlap_and_shards_per_rank() {
+        let r = train_report();
+        let g = ranks_grid(&r);
+        let col = |h: &str| g.headers().iter().position(|x| x == h).unwrap();
+        let cells = |row: usize| -> Vec<&str> {
+            ["COMM MS", "EXPOSED MS", "OVERLAP"]
+                .iter()
+                .map(|h| g.rows()[row][col(h)].as_str())
+                .collect()
+        };
+        assert_eq!(cells(0), ["12.0", "3.0", "75%"]);
+        // No overlap measured: everything waited.
+        assert_eq!(cells(1), ["9.0", "9.0", "0%"]);
+        assert!(col("OVERLAP") > col("SCALING"));
+        let v = output::json::report(&r);
+        let t0 = &v["nodes"][0]["ranks"][0]["train"];
+        assert_eq!(t0["variant"], "1.3b");
+        assert_eq!(t0["comm_ms_per_step"], 12.0);
+        assert_eq!(t0["comm_exposed_ms_per_step"], 3.0);
+        assert_eq!(t0["overlap_share"], 0.75);
+        assert_eq!(t0["shard_digest"], "aa");
+        assert_eq!(
+            t0["gathered_shard_digests"],
+            serde_json::json!(["aa", "bb"])
+        );
+        let t1 = &v["nodes"][0]["ranks"][1]["train"];
+        assert_eq!(t1["gathered_shard_digests"], serde_json::json!([]));
+        let text = render(&r);
+        assert!(text.contains("gpt 1.3b"), "{text}");
     }
 
     #[test]

@@ -197,6 +197,7 @@ fn stress(s: &pb::StressResult) -> Value {
 fn train(t: &pb::TrainResult) -> Value {
     json!({
         "model": t.model,
+        "variant": t.variant,
         "mode": t.mode,
         "precision": t.precision,
         "batch_size": t.batch_size,
@@ -209,6 +210,10 @@ fn train(t: &pb::TrainResult) -> Value {
         "final_loss": t.final_loss,
         "peak_memory_bytes": t.peak_memory_bytes,
         "comm_ms_per_step": t.comm_ms_per_step,
+        "comm_exposed_ms_per_step": t.comm_exposed_ms_per_step,
+        "overlap_share": t.overlap_share,
+        "shard_digest": t.shard_digest,
+        "gathered_shard_digests": t.gathered_shard_digests,
         "baseline_samples_per_s": t.baseline_samples_per_s,
         "scaling_efficiency": t.scaling_efficiency,
         "parameters": t.parameters,

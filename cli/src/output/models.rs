@@ -2,8 +2,10 @@
 //! one row per model, in the order trained, with what the old suite's
 //! "compare three models' memory" task printed: parameters, batch, peak memory
 //! as the allocator and as the driver saw it, step times, samples/s for the job
-//! and per rank, scaling efficiency. One model gets one row: still the
-//! summary of the run.
+//! and per rank, scaling efficiency, and the communication per step with the
+//! part compute waited for and the share hidden under compute. One model gets
+//! one row: still the summary of the run. A GPT is named with its size
+//! (`gpt 1.3b`).
 
 use gpuctl_proto::pb;
 use gpuctl_proto::pb::rank_result::Detail;
@@ -22,8 +24,65 @@ pub fn train_results(r: &pb::RankResult) -> impl Iterator<Item = &pb::TrainResul
 
 /// One model's results over the ranks that reported it.
 struct ModelRow<'a> {
-    model: &'a str,
+    /// `gpt 1.3b`, `resnet50`.
+    model: String,
     ranks: Vec<&'a pb::TrainResult>,
+}
+
+/// A model as the report names it: with its size where it has one.
+pub fn label(t: &pb::TrainResult) -> String {
+    gpuctl_proto::catalogue::model_label(&t.model, &t.variant)
+}
+
+/// A rank's communication per timed step: all of it, the part compute
+/// stood waiting for, and the share hidden under compute (0..1).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Comm {
+    pub ms: f64,
+    pub exposed_ms: f64,
+    pub overlap: f64,
+}
+
+/// `None` where the rank measured no communication (one rank). A worker
+/// that does not measure overlap reports neither the exposed part nor the
+/// share: it communicates between computations, so all of it is exposed.
+pub fn comm(t: &pb::TrainResult) -> Option<Comm> {
+    if !(t.comm_ms_per_step.is_finite() && t.comm_ms_per_step > 0.0) {
+        return None;
+    }
+    let unmeasured = t.comm_exposed_ms_per_step == 0.0 && t.overlap_share == 0.0;
+    Some(Comm {
+        ms: t.comm_ms_per_step,
+        exposed_ms: if unmeasured {
+            t.comm_ms_per_step
+        } else {
+            t.comm_exposed_ms_per_step
+        },
+        overlap: t.overlap_share.clamp(0.0, 1.0),
+    })
+}
+
+/// The cells COMM MS, EXPOSED MS and OVERLAP; `-` each without communication.
+pub fn comm_cells(c: Option<Comm>) -> [String; 3] {
+    match c {
+        Some(c) => [
+            format!("{:.1}", c.ms),
+            format!("{:.1}", c.exposed_ms),
+            format!("{:.0}%", c.overlap * 100.0),
+        ],
+        None => ["-", "-", "-"].map(String::from),
+    }
+}
+
+/// The ranks' median of each figure, over the ranks that communicated.
+fn median_comm(ts: &[&pb::TrainResult]) -> Option<Comm> {
+    let cs: Vec<Comm> = ts.iter().filter_map(|t| comm(t)).collect();
+    let of = |f: fn(&Comm) -> f64| median(cs.iter().map(f).collect());
+    Some(Comm {
+        ms: of(|c| c.ms)?,
+        exposed_ms: of(|c| c.exposed_ms)?,
+        overlap: of(|c| c.overlap)?,
+    })
 }
 
 /// The models in the order trained (the first rank's order, then any model
@@ -34,10 +93,11 @@ fn rows(r: &pb::Report) -> Vec<ModelRow<'_>> {
     ranks.sort_by_key(|x| x.rank);
     for res in ranks.iter().filter_map(|x| x.result.as_ref()) {
         for t in train_results(res) {
-            match out.iter_mut().find(|m| m.model == t.model) {
+            let model = label(t);
+            match out.iter_mut().find(|m| m.model == model) {
                 Some(m) => m.ranks.push(t),
                 None => out.push(ModelRow {
-                    model: &t.model,
+                    model,
                     ranks: vec![t],
                 }),
             }
@@ -106,9 +166,12 @@ pub fn grid(r: &pb::Report) -> Option<Table> {
         "PER RANK",
         "UNIT",
         "SCALING",
+        "COMM MS",
+        "EXPOSED MS",
+        "OVERLAP",
         "RANKS",
     ])
-    .right(&[1, 2, 3, 4, 5, 6, 7, 8, 10, 11]);
+    .right(&[1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14]);
     for m in rows {
         let ts = &m.ranks;
         let (p50, p99) = step_ms(ts);
@@ -124,8 +187,9 @@ pub fn grid(r: &pb::Report) -> Option<Table> {
         let mut batches: Vec<u32> = ts.iter().map(|t| t.batch_size).collect();
         batches.sort();
         batches.dedup();
+        let [comm_ms, exposed, overlap] = comm_cells(median_comm(ts));
         t.row([
-            m.model.to_string(),
+            m.model,
             if params == 0 {
                 "-".into()
             } else {
@@ -149,6 +213,9 @@ pub fn grid(r: &pb::Report) -> Option<Table> {
             num(per_rank, 1),
             super::dash(&ts[0].unit),
             scaling.map_or("-".into(), |e| format!("{:.1}%", e * 100.0)),
+            comm_ms,
+            exposed,
+            overlap,
             ts.len().to_string(),
         ]);
     }
@@ -159,7 +226,7 @@ pub fn grid(r: &pb::Report) -> Option<Table> {
 pub fn section(r: &pb::Report) -> Option<String> {
     let t = grid(r)?;
     Some(format!(
-        "\nMODELS (in the order trained; peaks: the highest rank's; step times: every rank's steps)\n{}",
+        "\nMODELS (in the order trained; peaks: the highest rank's; step times: every rank's steps; communication per step: the ranks' median)\n{}",
         t.render()
     ))
 }
@@ -263,5 +330,57 @@ mod tests {
             row[1..7],
             ["-", "32", "-", "-", "5.0", "9.0"].map(String::from)
         );
+    }
+
+    #[test]
+    fn a_gpt_is_named_with_its_size_and_communication_is_shown_per_step() {
+        let mut a = train("gpt", 100.0, &[10.0], 1 << 30);
+        a.variant = "1.3b".into();
+        (
+            a.comm_ms_per_step,
+            a.comm_exposed_ms_per_step,
+            a.overlap_share,
+        ) = (8.0, 2.0, 0.75);
+        let mut b = a.clone();
+        (
+            b.comm_ms_per_step,
+            b.comm_exposed_ms_per_step,
+            b.overlap_share,
+        ) = (10.0, 5.0, 0.5);
+        let t = grid(&report(vec![rank(a, vec![]), rank(b, vec![])])).unwrap();
+        let cell = |h: &str| {
+            let c = t.headers().iter().position(|x| x == h).unwrap();
+            t.rows()[0][c].clone()
+        };
+        assert_eq!(cell("MODEL"), "gpt 1.3b");
+        // Medians of two ranks: the upper of the middle ones.
+        assert_eq!(
+            [cell("COMM MS"), cell("EXPOSED MS"), cell("OVERLAP")],
+            ["10.0", "5.0", "75%"].map(String::from)
+        );
+    }
+
+    #[test]
+    fn communication_reads_well_without_overlap_figures_or_without_communication() {
+        // A worker that measures no overlap: all of its communication waited.
+        let mut old = train("cnn", 100.0, &[1.0], 0);
+        old.comm_ms_per_step = 4.0;
+        assert_eq!(
+            comm_cells(comm(&old)),
+            ["4.0", "4.0", "0%"].map(String::from)
+        );
+        // Everything hidden: nothing exposed, 100%.
+        old.overlap_share = 1.0;
+        assert_eq!(
+            comm_cells(comm(&old)),
+            ["4.0", "0.0", "100%"].map(String::from)
+        );
+        // One rank: no communication, dashes.
+        let solo = train("cnn", 100.0, &[1.0], 0);
+        assert_eq!(comm(&solo), None);
+        assert_eq!(comm_cells(None), ["-", "-", "-"].map(String::from));
+        let t = grid(&report(vec![rank(solo, vec![])])).unwrap();
+        let c = t.headers().iter().position(|x| x == "OVERLAP").unwrap();
+        assert_eq!(t.rows()[0][c], "-");
     }
 }

@@ -312,6 +312,21 @@ pub fn parse_json(out: &Output, args: &[&str]) -> Value {
     })
 }
 
+/// A job that passed: `pass`, or `warn` when a CPU rank drew less of the
+/// shared cores than its peers (a performance warning, listed, not a failure),
+/// and no failed finding.
+pub fn passed(report: &Value) {
+    let v = report["verdict"].as_str().unwrap_or("");
+    assert!(v == "pass" || v == "warn", "verdict {v}: {report}");
+    let fails: Vec<&Value> = report["findings"]
+        .as_array()
+        .expect("findings[]")
+        .iter()
+        .filter(|f| f["level"] == "fail")
+        .collect();
+    assert!(fails.is_empty(), "failed findings: {fails:?}");
+}
+
 pub fn nodes_array(v: &Value) -> Vec<Value> {
     v.as_array()
         .or_else(|| v.get("nodes").and_then(Value::as_array))

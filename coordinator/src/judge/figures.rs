@@ -168,9 +168,11 @@ pub fn maxbatch_key(model: &str, precision: &str) -> String {
     format!("{model} {precision}")
 }
 
+/// A GPT's size is part of its key: a 1.3b is not compared with a 124m.
 fn train_key_of(t: &TrainResult, workload: &str) -> String {
     let mode = if t.mode.is_empty() { workload } else { &t.mode };
-    train_key(mode, &t.model, &t.precision, t.batch_size as u64)
+    let model = gpuctl_proto::catalogue::model_label(&t.model, &t.variant);
+    train_key(mode, &model, &t.precision, t.batch_size as u64)
 }
 
 /// Every model's training result of a rank, in the order trained: the first
@@ -289,9 +291,11 @@ pub fn expected(spec: &JobSpec, gpu: bool, world_size: u32) -> Expected {
         }
         TypedParams::Ddp(t) | TypedParams::Fsdp(t) => {
             for m in &t.models {
+                let p = &m.model;
+                let variant = gpuctl_proto::catalogue::model_variant(&p.model, &p.gpt_size);
                 let key = train_key(
                     &spec.workload,
-                    &m.model.model,
+                    &gpuctl_proto::catalogue::model_label(&p.model, variant),
                     &m.model.precision,
                     m.batch_size,
                 );
@@ -506,6 +510,39 @@ mod tests {
         assert_eq!(
             (rate("cnn"), rate("mobilenet_v2")),
             (Some(100.0), Some(5.0))
+        );
+    }
+
+    #[test]
+    fn a_gpt_is_keyed_by_its_size() {
+        let t = TrainResult {
+            model: "gpt".into(),
+            variant: "1.3b".into(),
+            mode: "fsdp".into(),
+            precision: "bf16".into(),
+            batch_size: 8,
+            ..Default::default()
+        };
+        assert_eq!(train_key_of(&t, "fsdp"), "fsdp gpt 1.3b bf16 batch 8");
+        let spec = |size: &str| JobSpec {
+            workload: "fsdp".into(),
+            params: [
+                ("model".to_string(), "gpt".to_string()),
+                ("gpt_size".to_string(), size.to_string()),
+            ]
+            .into(),
+            ..Default::default()
+        };
+        let keys = |size| -> BTreeSet<String> {
+            expected(&spec(size), true, 2)
+                .into_iter()
+                .map(|(_, k)| k)
+                .collect()
+        };
+        assert_eq!(keys("1.3b"), [train_key_of(&t, "fsdp")].into());
+        assert_eq!(
+            keys("2.7b"),
+            ["fsdp gpt 2.7b bf16 batch 4".to_string()].into()
         );
     }
 

@@ -3,6 +3,10 @@
 //! host's memory shared by its ranks) would only fail minutes later with an
 //! out-of-memory on every rank, or swap a CPU host to a halt.
 //!
+//! Training is weighed by its model's parameters (GPT's by `--gpt-size` and
+//! `--seq-len`), sharded across the ranks for fsdp, and for GPT by its
+//! activations at `--batch-size` too ([`train_need`]).
+//!
 //! The figures are what the worker allocates, rounded up: they refuse what
 //! certainly cannot fit, not what might be tight.
 
@@ -22,14 +26,19 @@ pub const MEMORY_CHECK: &str = "memory_fit";
 struct Need {
     device: u64,
     host: u64,
+    /// The flags that chose the size, as the user would type them.
     what: String,
+    /// How to make it fit.
+    fix: &'static str,
 }
 
-/// What one rank of `spec` allocates; `None` for workloads whose memory is
-/// not a size the user picked (maxbatch searches). Training counts its
-/// parameters' buffers only (activations hang on too much to guess), for the
-/// model of the list that needs most.
-fn need(spec: &JobSpec, gpu: bool) -> Option<Need> {
+const FIX_SIZE: &str =
+    "pick a smaller size (gpuctl submit ... --help lists the defaults per device)";
+const FIX_TRAIN: &str = "pick a smaller --batch-size or --gpt-size, or shard with fsdp on more ranks (gpuctl submit ... --help lists the defaults per device)";
+
+/// What one rank of `spec` allocates among `world` ranks; `None` for
+/// workloads whose memory is not a size the user picked (maxbatch searches).
+fn need(spec: &JobSpec, gpu: bool, world: u64) -> Option<Need> {
     let params = TypedParams::build(&spec.workload, &spec.params, gpu).ok()?;
     match params {
         TypedParams::Stress(p) => {
@@ -45,6 +54,7 @@ fn need(spec: &JobSpec, gpu: bool) -> Option<Need> {
                 device: n2.saturating_mul(4 * elem),
                 host: n2.saturating_mul(8),
                 what: "stress --size".into(),
+                fix: FIX_SIZE,
             })
         }
         TypedParams::Nccl(p) => Some(Need {
@@ -53,31 +63,71 @@ fn need(spec: &JobSpec, gpu: bool) -> Option<Need> {
             device: p.max_bytes.saturating_mul(3),
             host: 0,
             what: "nccl --max-bytes".into(),
+            fix: FIX_SIZE,
         }),
-        TypedParams::Ddp(t) => train_need(&t, &spec.workload, false),
-        TypedParams::Fsdp(t) => train_need(&t, &spec.workload, true),
+        TypedParams::Ddp(t) => train_need(&t, &spec.workload, 1),
+        TypedParams::Fsdp(t) => train_need(&t, &spec.workload, world.max(1)),
         TypedParams::MaxBatch(_) => None,
     }
 }
 
-/// The flat buffers of the training loop per parameter, at least: compute
-/// parameters and gradients in the compute type, and in ddp the fp32
-/// momentum (fsdp shards it; its master copy may be the compute one).
+/// A training rank's memory for the model of the list that needs most, among
+/// `shards` ranks (1: ddp, every rank holds everything):
+///
+/// * the training state per parameter: compute parameters and gradients in
+///   the compute type, the fp32 master (none apart from the compute copy in
+///   fp32) and the fp32 momentum, divided by `shards`;
+/// * fsdp: two of the largest unit gathered whole at once, parameters and
+///   gradients in the compute type (the gather slots of one unit and the
+///   next);
+/// * GPT: activations, at least 34·b·T·d bytes a layer in 2-byte types
+///   (Korthikanti et al., flash attention: no T² term), and the logits in the
+///   compute type with their fp32 loss input and gradient (b·T·V each).
+///
+/// Other activations hang on too much to guess: this refuses what certainly
+/// cannot fit, not what might be tight.
 fn train_need(
     t: &gpuctl_proto::catalogue::TrainParams,
     workload: &str,
-    sharded: bool,
+    shards: u64,
 ) -> Option<Need> {
     t.models
         .iter()
         .filter_map(|m| {
-            let params = gpuctl_proto::catalogue::model_parameters(&m.model.model)?;
-            let elem = if m.model.precision == "fp32" { 4 } else { 2 };
-            let per_param = 2 * elem + if sharded { 0 } else { 4 };
+            let p = &m.model;
+            let params = p.parameters()?;
+            let elem: u64 = if p.precision == "fp32" { 4 } else { 2 };
+            let master = if elem == 4 { 0 } else { 4 };
+            let state = params.saturating_mul(2 * elem + master + 4) / shards;
+            let gathered = if shards > 1 {
+                p.largest_unit_parameters()
+                    .unwrap_or(0)
+                    .saturating_mul(2 * 2 * elem)
+            } else {
+                0
+            };
+            let mut what = format!("{workload} --model {}", p.model);
+            let mut activations = 0;
+            if let Some(s) = (p.model == "gpt")
+                .then(|| gpuctl_proto::catalogue::gpt_shape(&p.gpt_size))
+                .flatten()
+            {
+                let tokens = m.batch_size.saturating_mul(p.seq_len);
+                let layers = tokens
+                    .saturating_mul(34 * s.dim * s.layers)
+                    .saturating_mul(elem / 2);
+                let logits = tokens.saturating_mul(s.vocab).saturating_mul(elem + 8);
+                activations = layers.saturating_add(logits);
+                what = format!(
+                    "{what} --gpt-size {} --seq-len {} --batch-size {}",
+                    p.gpt_size, p.seq_len, m.batch_size
+                );
+            }
             Some(Need {
-                device: params.saturating_mul(per_param),
+                device: state.saturating_add(gathered).saturating_add(activations),
                 host: 0,
-                what: format!("{workload} --model {}", m.model.model),
+                what,
+                fix: FIX_TRAIN,
             })
         })
         .max_by_key(|n| n.device)
@@ -92,7 +142,8 @@ pub fn checks(spec: &JobSpec, nodes: &[&Node], ranks: &[RankPlacement]) -> Vec<P
         by_node.entry(r.node.as_str()).or_default().push(r);
     }
     // The spec's needs are the same on every node.
-    let (gpu_need, cpu_need) = (need(spec, true), need(spec, false));
+    let world = ranks.len() as u64;
+    let (gpu_need, cpu_need) = (need(spec, true, world), need(spec, false, world));
     for node in nodes {
         let Some(mine) = by_node.get(node.name.as_str()) else {
             continue;
@@ -149,12 +200,17 @@ pub fn checks(spec: &JobSpec, nodes: &[&Node], ranks: &[RankPlacement]) -> Vec<P
             ));
         }
         if !problems.is_empty() {
+            // The spec's needs differ by device only in size: one fix.
+            let fix = gpu_need
+                .as_ref()
+                .or(cpu_need.as_ref())
+                .map_or(FIX_SIZE, |n| n.fix);
             out.push(check(
                 &node.name,
                 MEMORY_CHECK,
                 Verdict::Fail,
                 problems.join("; "),
-                "pick a smaller size (gpuctl submit ... --help lists the defaults per device)",
+                fix,
             ));
         }
     }
@@ -267,5 +323,94 @@ mod tests {
         // fsdp keeps less a rank: the same list fits.
         let fsdp = spec("fsdp", &[("model", "cnn,resnet152,mobilenet_v2")]);
         assert_eq!(verdicts(&checks(&fsdp, &[&small], &r)), []);
+    }
+
+    #[test]
+    fn gpt_is_weighed_by_its_size_and_fsdp_by_its_shard() {
+        let gpus = |gib| node("gpu-a", 2000, &[gib, gib]);
+        let two = ranks("gpu-a", 2, true);
+        let one = ranks("gpu-a", 1, true);
+        let gpt = |w: &str, size: &str| spec(w, &[("model", "gpt"), ("gpt_size", size)]);
+        // The defaults fit an 80 GB GPU: ddp up to 350m, fsdp of 1.3b and
+        // 2.7b on 2 GPUs (2.7b's ddp too, just).
+        let h100 = gpus(80);
+        for (w, size) in [
+            ("ddp", "124m"),
+            ("ddp", "350m"),
+            ("fsdp", "1.3b"),
+            ("fsdp", "2.7b"),
+        ] {
+            assert_eq!(
+                verdicts(&checks(&gpt(w, size), &[&h100], &two)),
+                [],
+                "{w} {size}"
+            );
+        }
+        // On 40 GB GPUs 2.7b's replicated state (2.65B × 12 bytes) and its
+        // activations do not fit; sharded across two ranks they do.
+        let a100 = gpus(40);
+        let c = checks(&gpt("ddp", "2.7b"), &[&a100], &two);
+        assert_eq!(verdicts(&c), [Verdict::Fail]);
+        assert!(
+            c[0].detail
+                .contains("ddp --model gpt --gpt-size 2.7b --seq-len 1024 --batch-size 4"),
+            "{}",
+            c[0].detail
+        );
+        assert!(c[0].detail.contains("on GPU 0"), "{}", c[0].detail);
+        assert!(
+            c[0].fix.contains("--batch-size") && c[0].fix.contains("fsdp"),
+            "{}",
+            c[0].fix
+        );
+        assert_eq!(verdicts(&checks(&gpt("fsdp", "2.7b"), &[&a100], &two)), []);
+        // One rank shards nothing.
+        assert_eq!(
+            verdicts(&checks(&gpt("fsdp", "2.7b"), &[&a100], &one)),
+            [Verdict::Fail]
+        );
+        // The batch counts: 1.3b fits 80 GB at its default, not at 64 a rank.
+        let big = spec(
+            "fsdp",
+            &[("model", "gpt"), ("gpt_size", "1.3b"), ("batch_size", "64")],
+        );
+        let c = checks(&big, &[&h100], &two);
+        assert_eq!(verdicts(&c), [Verdict::Fail]);
+        assert!(c[0].detail.contains("--batch-size 64"), "{}", c[0].detail);
+        // Other workloads keep their own fix.
+        let c = checks(&spec("nccl", &[("max_bytes", "64G")]), &[&a100], &two);
+        assert!(c[0].fix.starts_with("pick a smaller size"), "{}", c[0].fix);
+    }
+
+    #[test]
+    fn fsdp_counts_its_shard_and_two_gathered_units() {
+        let t = |w: &str, size: &str, world| {
+            need(
+                &spec(
+                    w,
+                    &[
+                        ("model", "gpt"),
+                        ("gpt_size", size),
+                        ("batch_size", "1"),
+                        ("seq_len", "8"),
+                    ],
+                ),
+                true,
+                world,
+            )
+            .unwrap()
+            .device
+        };
+        let n = gpuctl_proto::catalogue::gpt_parameters("1.3b", 8).unwrap();
+        // bf16: parameters and gradients (2 + 2), fp32 master and momentum (4 + 4).
+        let activations = 8 * (34 * 2048 * 24) + 8 * 50304 * 10;
+        assert_eq!(t("ddp", "1.3b", 4), n * 12 + activations);
+        // 1.3b's root (embeddings) is its largest unit: two of them gathered,
+        // parameters and gradients in bf16.
+        let root = (50304 + 8) * 2048 + 2 * 2048;
+        assert_eq!(
+            t("fsdp", "1.3b", 4),
+            n * 12 / 4 + 2 * root * 4 + activations
+        );
     }
 }

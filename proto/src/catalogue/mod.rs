@@ -5,12 +5,17 @@
 //! job's parameters into the typed structs of [`typed`] with it, so a rule or a
 //! default lives in one place only.
 
+pub mod sizes;
 pub mod typed;
 
 use std::time::Duration;
 
 use crate::units::{parse_bytes, parse_duration};
 
+pub use sizes::{
+    default_batch, gpt_block_parameters, gpt_parameters, gpt_shape, model_label, model_parameters,
+    model_variant, GptShape,
+};
 pub use typed::{
     size_steps, MaxBatchParams, ModelParams, NcclParams, NcclPattern, StressParams, TrainModel,
     TrainParams, TypedParams,
@@ -70,7 +75,7 @@ pub enum DefaultValue {
         gpu: &'static str,
         cpu: &'static str,
     },
-    /// Depends on the model: [`default_batch`].
+    /// Depends on the model (and a GPT's size): [`default_batch`].
     ByModel,
 }
 
@@ -91,7 +96,7 @@ impl DefaultValue {
             DefaultValue::PerDevice { gpu, cpu } => {
                 Some(format!("default {gpu} on GPU, {cpu} on CPU"))
             }
-            DefaultValue::ByModel => Some("default depends on the model".into()),
+            DefaultValue::ByModel => Some("default depends on the model and --gpt-size".into()),
         }
     }
 }
@@ -237,33 +242,6 @@ pub const PARAMS: &[Param] = &[
     p("start", int(1, 1 << 20), "samples", DefaultValue::Same("8"), "first batch tried", MAXBATCH),
     p("limit", int(1, 1 << 24), "samples", dev("65536", "64"), "largest batch tried", MAXBATCH),
 ];
-
-/// A sensible per-rank batch for the model on this kind of device.
-pub fn default_batch(model: &str, gpu: bool) -> u64 {
-    match (model, gpu) {
-        ("gpt", true) => 16,
-        ("gpt", false) => 4,
-        ("cnn", true) => 1024,
-        ("cnn", false) => 8,
-        ("resnet18" | "resnet50" | "mobilenet_v2", true) => 256,
-        (_, true) => 128,
-        (_, false) => 2,
-    }
-}
-
-/// Trainable parameters of a model with 1000 classes (torchvision's counts),
-/// where they do not hang on the job's parameters (`gpt`'s do; `cnn` is too
-/// small to matter): what the planner's memory check weighs.
-pub fn model_parameters(model: &str) -> Option<u64> {
-    match model {
-        "resnet18" => Some(11_689_512),
-        "resnet50" => Some(25_557_032),
-        "resnet101" => Some(44_549_160),
-        "resnet152" => Some(60_192_808),
-        "mobilenet_v2" => Some(3_504_872),
-        _ => None,
-    }
-}
 
 /// The parameters `workload` takes, in catalogue order.
 pub fn params_of(workload: &str) -> impl Iterator<Item = &'static Param> + '_ {

@@ -5,9 +5,11 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use super::sizes::{
+    default_batch, gpt_block_parameters, gpt_parameters, gpt_shape, model_parameters,
+};
 use super::{
-    check_sizes, default_batch, err, known, param, parse_flag, workloads, MemoryTarget, SpecError,
-    Value,
+    check_sizes, err, known, param, parse_flag, workloads, MemoryTarget, SpecError, Value,
 };
 
 /// `stress`: the GEMM loop.
@@ -122,6 +124,32 @@ pub struct ModelParams {
     pub seq_len: u64,
     /// One of `GPT_SIZES` (used by `gpt` only).
     pub gpt_size: String,
+}
+
+impl ModelParams {
+    /// Trainable parameters, with GPT's size and sequence length; `None`
+    /// where not known (`cnn`, too small to matter).
+    pub fn parameters(&self) -> Option<u64> {
+        match self.model.as_str() {
+            "gpt" => gpt_parameters(&self.gpt_size, self.seq_len),
+            other => model_parameters(other),
+        }
+    }
+
+    /// The parameters of the largest unit fsdp gathers whole (GPT: a block,
+    /// or the root of embeddings and final norm where that is larger);
+    /// `None` for models whose units are not weighed.
+    pub fn largest_unit_parameters(&self) -> Option<u64> {
+        match self.model.as_str() {
+            "gpt" => {
+                let all = gpt_parameters(&self.gpt_size, self.seq_len)?;
+                let block = gpt_block_parameters(&self.gpt_size)?;
+                let layers = gpt_shape(&self.gpt_size)?.layers;
+                Some(block.max(all - layers * block))
+            }
+            _ => None,
+        }
+    }
 }
 
 /// One model of a `ddp`/`fsdp` job and its batch per rank.
@@ -317,7 +345,7 @@ impl Reader<'_> {
         let models = names
             .into_iter()
             .map(|name| TrainModel {
-                batch_size: batch.unwrap_or_else(|| default_batch(&name, self.gpu)),
+                batch_size: batch.unwrap_or_else(|| default_batch(&name, &gpt_size, self.gpu)),
                 model: ModelParams {
                     model: name,
                     precision: precision.clone(),
@@ -468,6 +496,48 @@ mod tests {
             "--model"
         );
         assert!(build("maxbatch", &[("model", "mobilenet_v2")], true).is_ok());
+    }
+
+    #[test]
+    fn gpt_is_weighed_and_batched_by_its_size() {
+        let TypedParams::Fsdp(t) = build(
+            "fsdp",
+            &[("model", "gpt,resnet50"), ("gpt_size", "1.3b")],
+            true,
+        )
+        .unwrap() else {
+            panic!()
+        };
+        let (gpt, resnet) = (&t.models[0], &t.models[1]);
+        assert_eq!((gpt.batch_size, gpt.model.seq_len), (8, 1024));
+        let n = gpt.model.parameters().unwrap();
+        assert!((1_300_000_000..1_330_000_000).contains(&n), "{n}");
+        // 1.3b's root (embeddings of 51328 tokens and positions) outweighs a block.
+        assert_eq!(
+            gpt.model.largest_unit_parameters(),
+            Some((50304 + 1024) * 2048 + 2 * 2048)
+        );
+        // The size is gpt's alone.
+        assert_eq!(resnet.batch_size, 256);
+        assert_eq!(resnet.model.parameters(), Some(25_557_032));
+        assert_eq!(resnet.model.largest_unit_parameters(), None);
+        let TypedParams::Ddp(t) = build("ddp", &[("model", "cnn,gpt")], false).unwrap() else {
+            panic!()
+        };
+        assert_eq!(t.models[0].model.parameters(), None);
+        assert_eq!(t.models[1].model.gpt_size, "toy");
+        assert_eq!(t.models[1].model.parameters(), gpt_parameters("toy", 32));
+        // The toy's blocks outweigh its root.
+        assert_eq!(
+            t.models[1].model.largest_unit_parameters(),
+            Some(12 * 64 * 64 + 13 * 64)
+        );
+        assert_eq!(
+            build("ddp", &[("model", "gpt"), ("gpt_size", "7b")], true)
+                .unwrap_err()
+                .field,
+            "--gpt-size"
+        );
     }
 
     #[test]

@@ -238,7 +238,7 @@ fn models(r: &pb::Report) -> Vec<(String, Vec<(u32, &pb::TrainResult)>)> {
         };
         for (i, t) in crate::output::models::train_results(res).enumerate() {
             if out.len() <= i {
-                out.push((t.model.clone(), Vec::new()));
+                out.push((crate::output::models::label(t), Vec::new()));
             }
             out[i].1.push((rank.rank, t));
         }

@@ -1,8 +1,10 @@
 //! Silent data corruption: ranks that computed the same thing must end with
 //! the same digest. Stress GEMM digests are compared within a device class,
-//! DDP parameter digests within a device model; the majority wins and every
-//! other rank fails, named. A stress rank whose own digest changed during the
-//! run fails too.
+//! DDP and FSDP parameter digests (FSDP's: the parameters gathered whole)
+//! within a device model; the majority wins and every other rank fails,
+//! named. A stress rank whose own digest changed during the run fails too.
+//! FSDP's shards are checked against what the ranks gathered of them in
+//! [`shards`](super::shards).
 
 use std::collections::BTreeMap;
 
@@ -13,7 +15,7 @@ use super::ranks::RankStates;
 /// Ranks and their digests, by the class they are compared within.
 type Groups = BTreeMap<String, Vec<(u32, String)>>;
 
-fn short(digest: &str) -> &str {
+pub(super) fn short(digest: &str) -> &str {
     &digest[..digest.len().min(16)]
 }
 
@@ -54,20 +56,30 @@ pub(super) fn stress(results: &BTreeMap<u32, RankResult>, states: &mut RankState
     )
 }
 
-/// DDP: every rank applies the same averaged gradients, so parameters must
-/// end identical. Fails outvoted ranks; returns a note when any were compared.
-pub(super) fn ddp(
+/// DDP and FSDP: every rank applies the same averaged gradients (FSDP: to
+/// its shard, then gathers the others'), so parameters must end identical.
+/// Fails outvoted ranks; returns a note when any were compared.
+pub(super) fn params(
     results: &BTreeMap<u32, RankResult>,
     spec: &JobSpec,
     states: &mut RankStates,
 ) -> Option<String> {
     let mut groups = Groups::new();
+    let mut modes = Vec::new();
     for (rank, r) in results {
         // Each model of `--model a,b` is its own comparison.
         let several = !r.more_train.is_empty();
         for t in crate::judge::figures::train_results(r) {
-            let ddp = t.mode == "ddp" || (t.mode.is_empty() && spec.workload == "ddp");
-            if ddp && !t.param_digest.is_empty() {
+            let mode = if t.mode.is_empty() {
+                spec.workload.as_str()
+            } else {
+                t.mode.as_str()
+            };
+            if matches!(mode, "ddp" | "fsdp") && !t.param_digest.is_empty() {
+                let mode = mode.to_ascii_uppercase();
+                if !modes.contains(&mode) {
+                    modes.push(mode);
+                }
                 let group = if several {
                     format!("{} · {}", r.device_name, t.model)
                 } else {
@@ -85,9 +97,25 @@ pub(super) fn ddp(
     }
     let parts = vote(groups, states, "parameter digest");
     Some(format!(
-        "DDP parameters after training compared across ranks: {}",
+        "{} parameters after training compared across ranks: {}",
+        modes.join(" and "),
         parts.join("; ")
     ))
+}
+
+/// The most common digests (several on a tie) and how many share each.
+pub(super) fn leaders<'a>(digests: impl Iterator<Item = &'a str>) -> (usize, Vec<&'a str>) {
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for d in digests {
+        *counts.entry(d).or_default() += 1;
+    }
+    let best = counts.values().copied().max().unwrap_or(0);
+    let leaders = counts
+        .into_iter()
+        .filter(|(_, c)| *c == best)
+        .map(|(d, _)| d)
+        .collect();
+    (best, leaders)
 }
 
 /// Majority vote of digests within groups. Returns, per group, a sentence for
@@ -105,16 +133,7 @@ fn vote(groups: Groups, states: &mut RankStates, what: &str) -> Vec<String> {
             notes.push(format!("`{label}`: 1 rank, nothing to compare against"));
             continue;
         }
-        let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
-        for (_, d) in &members {
-            *counts.entry(d.as_str()).or_default() += 1;
-        }
-        let best = counts.values().copied().max().unwrap_or(0);
-        let leaders: Vec<&str> = counts
-            .iter()
-            .filter(|(_, c)| **c == best)
-            .map(|(d, _)| *d)
-            .collect();
+        let (best, leaders) = leaders(members.iter().map(|(_, d)| d.as_str()));
         if leaders.len() == 1 {
             let winner = leaders[0];
             let odd: Vec<&(u32, String)> = members.iter().filter(|(_, d)| d != winner).collect();

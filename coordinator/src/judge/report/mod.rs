@@ -4,6 +4,7 @@
 //!
 //! - [`ranks`]: each rank's own result (pass, fail, incomplete and why);
 //! - [`digests`]: silent data corruption, by majority vote of digests;
+//! - [`shards`]: fsdp shards against what every rank gathered of them;
 //! - [`gpu_health`]: failing GPUs fail their ranks, or their node;
 //! - [`collectives`]: wrong elements fail ranks; one bandwidth table;
 //! - [`performance`]: figures against the fleet, a baseline and the floors;
@@ -27,6 +28,7 @@ mod nodes;
 mod notes;
 mod performance;
 mod ranks;
+mod shards;
 #[cfg(test)]
 mod tests;
 mod verdict;
@@ -72,8 +74,9 @@ pub fn build(inp: &Inputs) -> Report {
 
     let mut states = ranks::from_results(job, &plan, inp.results, inp.exits, &inp.watch.hung);
     let sdc_note = digests::stress(inp.results, &mut states);
-    let mut notes: Vec<String> = digests::ddp(inp.results, &spec, &mut states)
+    let mut notes: Vec<String> = digests::params(inp.results, &spec, &mut states)
         .into_iter()
+        .chain(shards::check(inp.results, &spec, &mut states))
         .collect();
     let (telemetry, health) = inp.telemetry.summarise(inp.rules);
     let gpu_faults = gpu_health::apply(&health, &plan, &mut states);

@@ -135,6 +135,72 @@ fn all_agree_passes() {
     assert_eq!(ranks_verdict(&r).0, Verdict::Pass);
 }
 
+/// An fsdp rank: its gathered parameters' digest, its own shard's and the
+/// shards as it gathered them.
+fn fsdp(rank: u32, params: &str, own: &str, gathered: &[&str]) -> RankResult {
+    RankResult {
+        rank,
+        ok: true,
+        detail: Some(Detail::Train(gpuctl_proto::pb::TrainResult {
+            model: "gpt".into(),
+            mode: "fsdp".into(),
+            param_digest: params.into(),
+            shard_digest: own.into(),
+            gathered_shard_digests: gathered.iter().map(|d| d.to_string()).collect(),
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn fsdp_parameters_and_shards_name_the_rank_node_and_gpu() {
+    let mut j = job(JobState::Succeeded, 2, 2);
+    j.spec.as_mut().unwrap().workload = "fsdp".into();
+    let all = ["s0", "s1", "s2", "s3"];
+    let good: Vec<RankResult> = (0..4)
+        .map(|r| fsdp(r, "p", all[r as usize], &all))
+        .collect();
+    let r = build_with(&j, good.clone());
+    assert_eq!(ranks_verdict(&r).0, Verdict::Pass);
+    assert!(r.findings.is_empty(), "{:?}", r.findings);
+    assert!(
+        r.notes
+            .iter()
+            .any(|n| n.contains("FSDP parameters after training")),
+        "{:?}",
+        r.notes
+    );
+    // Rank 3 (node-1, GPU 1) gathered rank 0's shard wrong, so its
+    // parameters differ too; both checks name it and only it.
+    let mut bad = good;
+    bad[3] = fsdp(3, "q", "s3", &["x0", "s1", "s2", "s3"]);
+    let r = build_with(&j, bad);
+    assert_eq!(rank(&r, 3).verdict(), Verdict::Fail);
+    for k in 0..3 {
+        assert_eq!(rank(&r, k).verdict(), Verdict::Pass, "rank {k}");
+    }
+    assert!(
+        rank(&r, 3).reason.contains("parameter digest"),
+        "{}",
+        rank(&r, 3).reason
+    );
+    let f = r
+        .findings
+        .iter()
+        .find(|f| f.detail.contains("received something else"))
+        .expect("a shard finding");
+    assert_eq!(
+        (f.node.as_str(), f.rank, f.gpu_index),
+        ("node-1", Some(3), Some(1))
+    );
+    assert!(
+        f.detail.starts_with("rank 3 on node node-1"),
+        "{}",
+        f.detail
+    );
+}
+
 fn coll(rank: u32, world: u32, rows: Vec<(&str, u64, f64, u64)>) -> RankResult {
     RankResult {
         rank,
