@@ -26,9 +26,11 @@
 //! Beside the allocator's figures, the driver's view (`cuMemGetInfo`) is
 //! sampled now and then: [`Memory::driver_peak`].
 //!
-//! Before any call, the object's vtable is checked to be a CUDA caching
-//! allocator's (by its exported `_ZTV…Allocator…` symbol, through `dladdr`) and
-//! the libtorch version to be 2.11; otherwise (or with `GPUCTL_NO_ALLOC_STATS=1`)
+//! Before any figure is used, the object's vtable is checked to live in
+//! `libc10_cuda.so` (through `dladdr`; the wheels export no vtable symbol for
+//! it), the allocator backend to be the native one, the libtorch version to be
+//! 2.11, and a 32 MiB allocation to move the figures by that much; otherwise
+//! (or with `GPUCTL_NO_ALLOC_STATS=1`)
 //! nothing is called and the figures fall back to the driver's used memory
 //! (`cuMemGetInfo`, all processes on the GPU), sampled.
 
@@ -102,26 +104,31 @@ fn cuda_allocator() -> Result<*mut c_void, String> {
     if obj.is_null() {
         return Err("no CUDA allocator registered".into());
     }
-    // SAFETY: a C++ polymorphic object starts with its vtable pointer, which
-    // points 16 bytes into the vtable object (after offset-to-top and RTTI).
-    let name = unsafe {
+    // The caching allocator's vtable is not an exported symbol in the 2.11
+    // wheels (checked: `nm -D libc10_cuda.so` lists none), so the object is
+    // identified by where its vtable lives and by the backend it reports;
+    // `self_test` then checks that the figures move as allocations do.
+    if std::env::var("PYTORCH_CUDA_ALLOC_CONF").is_ok_and(|v| v.contains("cudaMallocAsync")) {
+        return Err("PYTORCH_CUDA_ALLOC_CONF selects cudaMallocAsync".into());
+    }
+    // SAFETY: a C++ polymorphic object starts with its vtable pointer.
+    let lib = unsafe {
         let vptr = *(obj as *const *const c_void);
-        let vtable = (vptr as *const u8).sub(16) as *const c_void;
         let mut info: libc::Dl_info = std::mem::zeroed();
-        if libc::dladdr(vtable, &mut info) == 0 || info.dli_sname.is_null() {
-            return Err("the allocator's vtable has no symbol".into());
+        if libc::dladdr(vptr, &mut info) == 0 || info.dli_fname.is_null() {
+            return Err("the allocator's vtable is in no loaded library".into());
         }
-        if !std::ptr::eq(info.dli_saddr, vtable) {
-            return Err("the allocator's vtable does not start at a symbol".into());
-        }
-        CStr::from_ptr(info.dli_sname)
+        CStr::from_ptr(info.dli_fname)
             .to_string_lossy()
             .into_owned()
     };
-    if !(name.starts_with("_ZTV") && name.contains("CachingAllocator")) {
-        return Err(format!("unexpected allocator class ({name})"));
+    let name = lib.rsplit('/').next().unwrap_or(&lib).to_string();
+    if !name.starts_with("libc10_cuda.so") {
+        return Err(format!(
+            "the allocator's vtable is in {name}, not libc10_cuda.so"
+        ));
     }
-    tracing::debug!(vtable = %name, "CUDA caching allocator found");
+    tracing::debug!(library = %lib, "CUDA caching allocator found");
     Ok(obj)
 }
 
@@ -134,10 +141,39 @@ unsafe fn vslot(obj: *mut c_void, slot: usize) -> *const c_void {
     *vptr.add(slot)
 }
 
+/// Allocates 32 MiB through libtorch and checks that the allocator's
+/// figures grow by that much: a wrong vtable slot or layout shows here
+/// before any figure is reported.
+fn self_test(obj: *mut c_void, dev: &DeviceInfo) -> Result<*mut c_void, String> {
+    let probe = Memory {
+        dev: Some(dev),
+        alloc: Some(obj),
+        sampled_peak: AtomicU64::new(0),
+    };
+    let before = probe.stats().ok_or("no statistics")?;
+    const N: i64 = 8 << 20; // 32 MiB of f32
+    let t = tch::Tensor::f_zeros([N], (tch::Kind::Float, dev.device)).map_err(|e| e.to_string())?;
+    let during = probe.stats().ok_or("no statistics")?;
+    drop(t);
+    let after = probe.stats().ok_or("no statistics")?;
+    let grew = during.allocated.saturating_sub(before.allocated);
+    if !(N as u64 * 4..=N as u64 * 4 + (2 << 20)).contains(&grew)
+        || after.allocated != before.allocated
+        || during.allocated_peak < during.allocated
+        || during.reserved < during.allocated
+    {
+        return Err(format!(
+            "its figures did not follow a 32 MiB allocation (allocated {} → {} → {})",
+            before.allocated, during.allocated, after.allocated
+        ));
+    }
+    Ok(obj)
+}
+
 impl<'a> Memory<'a> {
     pub fn new(dev: &'a DeviceInfo) -> Self {
         let alloc = if dev.is_cuda() {
-            match cuda_allocator() {
+            match cuda_allocator().and_then(|a| self_test(a, dev)) {
                 Ok(a) => Some(a),
                 Err(e) => {
                     tracing::warn!(

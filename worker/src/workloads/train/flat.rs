@@ -91,6 +91,11 @@ impl Layout {
         }
     }
 
+    /// Where the units before `end` stop: the start of unit `end`, or the total.
+    pub fn end_of(&self, end: usize) -> i64 {
+        self.offsets.get(end).copied().unwrap_or(self.total)
+    }
+
     /// The largest unit other than the root (0 when there is none).
     pub fn largest_block(&self) -> i64 {
         self.units

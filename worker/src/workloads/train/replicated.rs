@@ -1,6 +1,6 @@
 //! ddp: every rank keeps the whole model. The flat gradient is cut into
 //! buckets of whole units (about `bucket_bytes` each, from the end, the way
-//! PyTorch DDP orders them), and each bucket's all_reduce starts on the side
+//! PyTorch DDP orders them; the root alone last), and each bucket's all_reduce starts on the side
 //! stream as soon as the backward of the blocks it covers was queued, so it
 //! runs under the rest of backward; the update waits for the last one. Every
 //! rank applies the same update to its fp32 master copy, then refreshes its
@@ -14,6 +14,9 @@ use super::optim::{found_inf, CommClock, LossScaler, Sgd};
 use super::staged::{forward_backward, Hooks, Stage};
 use crate::comm::{Collectives, Ticket};
 use crate::workloads::models::{Batch, Model};
+
+/// Elements of the fp32 update's temporaries at a time (about 128 MiB each).
+const UPDATE_ELEMS: u64 = 32 << 20;
 
 struct Bucket {
     grad: Tensor,
@@ -34,6 +37,8 @@ pub(crate) struct Replicated {
     kind: Kind,
     world: usize,
     buckets: Vec<Bucket>,
+    /// Runs of units (first, end) updated together.
+    update_runs: Vec<(usize, usize)>,
 }
 
 /// Units grouped from the last, each group at least `bytes` (the last group
@@ -103,14 +108,20 @@ impl Replicated {
         }
         let es = kind.elt_size_in_bytes() as u64;
         let unit_bytes: Vec<u64> = layout.units.iter().map(|u| u.padded as u64 * es).collect();
+        let unit_elems: Vec<u64> = layout.units.iter().map(|u| u.padded as u64).collect();
+        let update_runs = bucket_units(&unit_elems, UPDATE_ELEMS);
+        // The root's gradients are complete only after the stem's backward,
+        // when nothing is left to hide communication under: it goes alone,
+        // as small as it is; the blocks go from the last, as PyTorch orders them.
+        let mut runs: Vec<(usize, usize)> = bucket_units(&unit_bytes[1..], bucket_bytes)
+            .into_iter()
+            .map(|(a, b)| (a + 1, b + 1))
+            .collect();
+        runs.push((0, 1));
         let mut buckets = Vec::new();
-        for (first, end) in bucket_units(&unit_bytes, bucket_bytes) {
+        for (first, end) in runs {
             let start = layout.offsets[first];
-            let stop = if end == layout.units.len() {
-                layout.total
-            } else {
-                layout.offsets[end]
-            };
+            let stop = layout.end_of(end);
             buckets.push(Bucket {
                 grad: grad.f_narrow(0, start, stop - start)?,
                 after: Stage::completing(first),
@@ -127,6 +138,7 @@ impl Replicated {
             kind,
             world,
             buckets,
+            update_runs,
         })
     }
 
@@ -167,9 +179,11 @@ impl Replicated {
             if !take {
                 return Ok(());
             }
-            // Unit by unit: the fp32 temporaries stay the size of one unit.
-            for (u, lay) in self.layout.units.iter().enumerate() {
-                let (off, n) = (self.layout.offsets[u], lay.padded);
+            // In runs of whole units of UPDATE_ELEMS or more: the fp32
+            // temporaries stay that small, and a small model is one run.
+            for &(first, end) in &self.update_runs {
+                let off = self.layout.offsets[first];
+                let n = self.layout.end_of(end) - off;
                 let g32 = Sgd::mean_grad(&self.grad.f_narrow(0, off, n)?, ranks, scale)?;
                 let mut master = self.master.f_narrow(0, off, n)?;
                 let mut momentum = self.momentum.f_narrow(0, off, n)?;
