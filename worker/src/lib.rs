@@ -11,6 +11,7 @@ pub mod comm;
 pub mod context;
 pub mod device;
 pub mod rendezvous;
+pub mod shim;
 pub mod standby;
 pub mod timeline;
 pub mod workloads;

@@ -7,46 +7,11 @@
 //! where ddp starts a bucket's all_reduce and fsdp gathers parameters and
 //! reduce-scatters gradients.
 
-use std::ffi::{c_char, c_int, c_void, CStr};
-
 use anyhow::{bail, Result};
 use tch::Tensor;
 
+pub use crate::shim::backward_with;
 use crate::workloads::models::{Batch, Model};
-
-extern "C" {
-    // csrc/autograd.cpp
-    fn gpuctl_backward_with(output: *mut c_void, grad: *mut c_void, err: *mut *mut c_char)
-        -> c_int;
-}
-
-/// `torch.autograd.backward(output, grad)`, which tch does not expose.
-pub fn backward_with(output: &Tensor, grad: &Tensor) -> Result<()> {
-    let mut err: *mut c_char = std::ptr::null_mut();
-    // SAFETY: both pointers are live tch tensors (`torch::Tensor*`) for the
-    // call; on failure the shim hands back a malloc'd C string.
-    let rc = unsafe {
-        gpuctl_backward_with(
-            output.as_ptr() as *mut c_void,
-            grad.as_ptr() as *mut c_void,
-            &mut err,
-        )
-    };
-    if rc != 0 {
-        let msg = if err.is_null() {
-            "unknown error".to_string()
-        } else {
-            // SAFETY: a NUL-terminated string from strdup, freed once here.
-            unsafe {
-                let m = CStr::from_ptr(err).to_string_lossy().into_owned();
-                libc::free(err as *mut c_void);
-                m
-            }
-        };
-        bail!("backward: {msg}");
-    }
-    Ok(())
-}
 
 /// A stage of a model in training order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -190,20 +155,5 @@ mod tests {
         assert!(whole
             .iter()
             .any(|g| g.abs().sum(Kind::Float).double_value(&[]) > 0.0));
-    }
-
-    #[test]
-    fn backward_with_reports_a_shape_mismatch() {
-        let x = Tensor::ones([3], (Kind::Float, Device::Cpu)).set_requires_grad(true);
-        let y = &x * 2.0;
-        let err = backward_with(&y, &Tensor::ones([4], (Kind::Float, Device::Cpu)))
-            .unwrap_err()
-            .to_string();
-        assert!(err.starts_with("backward:"), "{err}");
-        let y = &x * 2.0;
-        backward_with(&y, &Tensor::ones([3], (Kind::Float, Device::Cpu))).unwrap();
-        assert!(x
-            .grad()
-            .equal(&Tensor::full([3], 2.0, (Kind::Float, Device::Cpu))));
     }
 }

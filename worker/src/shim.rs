@@ -1,0 +1,126 @@
+//! The C++ shim (`csrc/`, built by build.rs against libtorch's headers): what
+//! libtorch has only as C++ — backward with a given gradient, the CUDA
+//! caching allocator's figures. Every function catches C++ exceptions and
+//! hands back their message, so none crosses into Rust.
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+
+use anyhow::{bail, Result};
+use tch::Tensor;
+
+extern "C" {
+    fn gpuctl_backward_with(output: *mut c_void, grad: *mut c_void, err: *mut *mut c_char)
+        -> c_int;
+    fn gpuctl_alloc_stats(device: c_int, out: *mut i64, err: *mut *mut c_char) -> c_int;
+    fn gpuctl_alloc_reset_peak(device: c_int, err: *mut *mut c_char) -> c_int;
+    fn gpuctl_alloc_empty_cache(err: *mut *mut c_char) -> c_int;
+}
+
+/// Turns a shim return code and its malloc'd message into a `Result`.
+fn check(what: &str, rc: c_int, err: *mut c_char) -> Result<()> {
+    if rc == 0 {
+        return Ok(());
+    }
+    let msg = if err.is_null() {
+        "unknown error".to_string()
+    } else {
+        // SAFETY: a NUL-terminated string from strdup, freed once here.
+        unsafe {
+            let m = CStr::from_ptr(err).to_string_lossy().into_owned();
+            libc::free(err as *mut c_void);
+            m
+        }
+    };
+    bail!("{what}: {msg}")
+}
+
+/// `torch.autograd.backward(output, grad)`, which tch does not expose.
+pub fn backward_with(output: &Tensor, grad: &Tensor) -> Result<()> {
+    let mut err = std::ptr::null_mut();
+    // SAFETY: both pointers are live tch tensors (`torch::Tensor*`) for the call.
+    let rc = unsafe {
+        gpuctl_backward_with(
+            output.as_ptr() as *mut c_void,
+            grad.as_ptr() as *mut c_void,
+            &mut err,
+        )
+    };
+    check("backward", rc, err)
+}
+
+/// The CUDA caching allocator's bytes for one device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AllocStats {
+    pub allocated: u64,
+    pub allocated_peak: u64,
+    pub reserved: u64,
+    pub reserved_peak: u64,
+}
+
+/// `torch.cuda.memory_stats(device)`'s aggregate byte figures.
+pub fn alloc_stats(device: usize) -> Result<AllocStats> {
+    let mut out = [0i64; 4];
+    let mut err = std::ptr::null_mut();
+    // SAFETY: `out` has the 4 slots the shim writes.
+    let rc = unsafe { gpuctl_alloc_stats(device as c_int, out.as_mut_ptr(), &mut err) };
+    check("CUDA allocator statistics", rc, err)?;
+    let b = |v: i64| v.max(0) as u64;
+    Ok(AllocStats {
+        allocated: b(out[0]),
+        allocated_peak: b(out[1]),
+        reserved: b(out[2]),
+        reserved_peak: b(out[3]),
+    })
+}
+
+/// `torch.cuda.reset_peak_memory_stats(device)`.
+pub fn alloc_reset_peak(device: usize) -> Result<()> {
+    let mut err = std::ptr::null_mut();
+    // SAFETY: plain call; the shim catches everything.
+    let rc = unsafe { gpuctl_alloc_reset_peak(device as c_int, &mut err) };
+    check("resetting the CUDA allocator's peak", rc, err)
+}
+
+/// `torch.cuda.empty_cache()`.
+pub fn alloc_empty_cache() -> Result<()> {
+    let mut err = std::ptr::null_mut();
+    // SAFETY: plain call; the shim catches everything.
+    let rc = unsafe { gpuctl_alloc_empty_cache(&mut err) };
+    check("emptying the CUDA allocator's cache", rc, err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::{Device, Kind};
+
+    #[test]
+    fn backward_with_reports_a_shape_mismatch() {
+        let x = Tensor::ones([3], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+        let y = &x * 2.0;
+        let err = backward_with(&y, &Tensor::ones([4], (Kind::Float, Device::Cpu)))
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("backward:"), "{err}");
+        let y = &x * 2.0;
+        backward_with(&y, &Tensor::ones([3], (Kind::Float, Device::Cpu))).unwrap();
+        assert!(x
+            .grad()
+            .equal(&Tensor::full([3], 2.0, (Kind::Float, Device::Cpu))));
+    }
+
+    #[test]
+    fn allocator_calls_answer_or_fail_with_a_message() {
+        if tch::Cuda::is_available() {
+            let _t = Tensor::zeros([1 << 20], (Kind::Float, Device::Cuda(0)));
+            let s = alloc_stats(0).unwrap();
+            assert!(s.allocated >= 4 << 20 && s.reserved >= s.allocated, "{s:?}");
+            alloc_reset_peak(0).unwrap();
+            return;
+        }
+        // No CUDA allocator in a CPU-only process: an error, not an abort.
+        let e = alloc_stats(0).unwrap_err().to_string();
+        assert!(e.starts_with("CUDA allocator statistics:"), "{e}");
+        assert!(alloc_empty_cache().is_err());
+    }
+}
