@@ -13,7 +13,8 @@
 //!   reduce-scattered (in place, on the side stream) and its shard updated
 //!   once they arrive, before its gradient slot is needed again.
 //!
-//! Gathers send a compute-kind copy of the master shard made just before.
+//! Gathers send a compute-kind copy of the master shard made just before (the
+//! root's in its gradient buffer, which backward needs only later).
 //! fp16 keeps the reduced shard gradients until every unit's are in, since
 //! the loss scaler decides over the whole step.
 
@@ -75,7 +76,9 @@ impl Sharded {
         let zeros = |n: i64| Tensor::f_zeros([n], (kind, dev));
         let slot_params = [zeros(big)?, zeros(big)?];
         let slot_grads = [zeros(big)?, zeros(big)?];
-        let biggest_shard = (0..layout.units.len())
+        // The root's gather stages its shard in the root's gradient buffer
+        // (free until backward): staging is for blocks only.
+        let biggest_shard = (1..layout.units.len())
             .map(|u| layout.units[u].shard(world))
             .max()
             .unwrap_or(1);
@@ -274,6 +277,11 @@ impl ShardHooks<'_, '_> {
         let (dst, _) = st.unit_buffers(u)?;
         let send = if st.kind == Kind::Float {
             master
+        } else if u == 0 {
+            // Zeroed for backward only after compute waited for this gather.
+            let s = st.root_grads.f_narrow(0, 0, master.numel() as i64)?;
+            tch::no_grad(|| s.shallow_clone().f_copy_(&master))?;
+            s
         } else {
             // Two gathers back used the other staging buffer, and compute
             // has waited for that gather since.
@@ -363,12 +371,13 @@ impl Hooks for ShardHooks<'_, '_> {
     fn before_forward(&mut self, s: Stage) -> Result<()> {
         match s {
             Stage::Stem => {
-                let _ = self.st.root_grads.shallow_clone().f_zero_()?;
                 self.gather(0)?;
                 if self.blocks > 0 {
                     self.gather(1)?;
                 }
-                self.wait_gather(0)
+                self.wait_gather(0)?;
+                let _ = self.st.root_grads.shallow_clone().f_zero_()?;
+                Ok(())
             }
             Stage::Block(k) => {
                 if k + 1 < self.blocks {
