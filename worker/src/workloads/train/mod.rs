@@ -438,7 +438,7 @@ pub fn train(
             result.shard_digest = d.own;
             result.gathered_shard_digests = d.gathered;
             if cfg.keep_params {
-                s.full_params(comm.as_deref_mut())?
+                s.full_params(comm)?
             } else {
                 Tensor::f_zeros([0], (Kind::Float, Device::Cpu))?
             }

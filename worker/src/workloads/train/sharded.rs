@@ -186,7 +186,7 @@ impl Sharded {
         if let Some(gs) = self.grad_shard.as_ref() {
             let g32 = Sgd::mean_grad(gs, self.world, scale)?;
             let scaler = self.scaler.as_mut().expect("fp16 has a scaler");
-            let take = scaler.update(found_inf(&g32, comm.as_deref_mut())?);
+            let take = scaler.update(found_inf(&g32, comm)?);
             if take {
                 tch::no_grad(|| sgd.apply(&mut self.master, &mut self.momentum, &g32))?;
             } else {
