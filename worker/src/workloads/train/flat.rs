@@ -8,8 +8,11 @@
 //! shards evenly. The flat parameters of a model are its units' padded
 //! buffers end to end, root first ([`Layout`]).
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use tch::{Device, Kind, Tensor};
+
+use crate::comm::Collectives;
+use crate::workloads::models::Model;
 
 /// Element alignment of every variable inside the flat buffers.
 pub const ALIGN: i64 = 64;
@@ -138,6 +141,36 @@ pub fn gather_values(vars: &[Tensor], lay: &UnitLayout, dev: Device) -> Result<T
         Ok(())
     })?;
     Ok(flat)
+}
+
+/// A unit's initial fp32 values, rank 0's on every rank when there is a
+/// communicator ([`gather_values`], then a broadcast).
+pub fn initial_values(
+    vars: &[Tensor],
+    lay: &UnitLayout,
+    dev: Device,
+    comm: Option<&mut (dyn Collectives + '_)>,
+) -> Result<Tensor> {
+    let values = gather_values(vars, lay, dev)?;
+    if let Some(c) = comm {
+        c.broadcast(&values, &values, 0)
+            .context("broadcast of rank 0's initial parameters")?;
+    }
+    Ok(values)
+}
+
+/// Casts the model's other floating variables (BatchNorm running
+/// statistics: not trained, not in any unit) to `kind`.
+pub fn cast_buffers(model: &Model, kind: Kind) -> Result<()> {
+    tch::no_grad(|| -> Result<()> {
+        for (_, mut v) in model.vs.variables() {
+            if v.kind() != kind && v.is_floating_point() && !v.requires_grad() {
+                let c = v.f_to_kind(kind)?;
+                v.set_data(&c);
+            }
+        }
+        Ok(())
+    })
 }
 
 /// Makes each variable a view into `params` and its gradient a view into

@@ -9,7 +9,7 @@
 use anyhow::{Context, Result};
 use tch::{Device, Kind, Tensor};
 
-use super::flat::{gather_values, install, Layout};
+use super::flat::{cast_buffers, initial_values, install, Layout};
 use super::optim::{found_inf, CommClock, LossScaler, Sgd};
 use super::staged::{forward_backward, Hooks, Stage};
 use crate::comm::{Collectives, Ticket};
@@ -78,11 +78,7 @@ impl Replicated {
         for (u, vars) in units.iter_mut().enumerate() {
             let lay = &layout.units[u];
             let (off, len) = (layout.offsets[u], lay.padded);
-            let values = gather_values(vars, lay, dev)?;
-            if let Some(c) = comm.as_deref_mut() {
-                c.broadcast(&values, &values, 0)
-                    .context("broadcast of rank 0's initial parameters")?;
-            }
+            let values = initial_values(vars, lay, dev, comm.as_deref_mut())?;
             master.f_narrow(0, off, len)?.f_copy_(&values)?;
             install(
                 vars,
@@ -93,16 +89,7 @@ impl Replicated {
             )?;
         }
         tch::no_grad(|| compute.shallow_clone().f_copy_(&master))?;
-        // Everything else floating (BatchNorm running statistics) to `kind`.
-        tch::no_grad(|| -> Result<()> {
-            for (_, mut v) in model.vs.variables() {
-                if v.kind() != kind && v.is_floating_point() && !v.requires_grad() {
-                    let c = v.f_to_kind(kind)?;
-                    v.set_data(&c);
-                }
-            }
-            Ok(())
-        })?;
+        cast_buffers(model, kind)?;
         if kind == Kind::Float {
             master = compute.shallow_clone();
         }

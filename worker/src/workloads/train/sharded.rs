@@ -21,7 +21,7 @@
 use anyhow::{bail, Context, Result};
 use tch::{Device, Kind, Tensor};
 
-use super::flat::{gather_values, install, Fnv, Layout};
+use super::flat::{cast_buffers, initial_values, install, Fnv, Layout};
 use super::optim::{found_inf, CommClock, LossScaler, Sgd};
 use super::staged::{forward_backward, Hooks, Stage};
 use crate::comm::{Collectives, Ticket};
@@ -89,11 +89,7 @@ impl Sharded {
         };
         for (u, vars) in units.iter_mut().enumerate() {
             let lay = &layout.units[u];
-            let values = gather_values(vars, lay, dev)?;
-            if let Some(c) = comm.as_deref_mut() {
-                c.broadcast(&values, &values, 0)
-                    .context("broadcast of rank 0's initial parameters")?;
-            }
+            let values = initial_values(vars, lay, dev, comm.as_deref_mut())?;
             let c = lay.shard(world);
             master
                 .f_narrow(0, layout.shard_offsets[u], c)?
@@ -109,15 +105,7 @@ impl Sharded {
             };
             install(vars, lay, &p, &g, false)?;
         }
-        tch::no_grad(|| -> Result<()> {
-            for (_, mut v) in model.vs.variables() {
-                if v.kind() != kind && v.is_floating_point() && !v.requires_grad() {
-                    let c = v.f_to_kind(kind)?;
-                    v.set_data(&c);
-                }
-            }
-            Ok(())
-        })?;
+        cast_buffers(model, kind)?;
         Ok(Sharded {
             momentum: master.f_zeros_like()?,
             grad_shard: (kind == Kind::Half)
@@ -197,6 +185,25 @@ impl Sharded {
         Ok(loss)
     }
 
+    /// Unit `u`'s fp32 parameters whole, on the host (gathered from every
+    /// rank's shard).
+    fn unit_on_host(&self, u: usize, comm: Option<&mut (dyn Collectives + '_)>) -> Result<Tensor> {
+        let mine = self.shard_of(&self.master, u)?;
+        let whole = match comm {
+            Some(cm) => {
+                let whole = Tensor::f_zeros(
+                    [self.layout.units[u].padded],
+                    (Kind::Float, self.master.device()),
+                )?;
+                cm.all_gather(&mine, &whole)
+                    .context("all_gather of the fp32 parameters")?;
+                whole
+            }
+            None => mine,
+        };
+        Ok(whole.f_to_device(Device::Cpu)?)
+    }
+
     /// Digests of the full fp32 parameters (gathered unit by unit, so the
     /// whole model never sits on one rank), of this rank's own shard, and of
     /// every rank's shard as gathered here.
@@ -204,22 +211,9 @@ impl Sharded {
         let (mut full, mut own) = (Fnv::default(), Fnv::default());
         let mut gathered = vec![Fnv::default(); self.world];
         for u in 0..self.layout.units.len() {
-            let mine = self.shard_of(&self.master, u)?;
-            own.tensor(&mine)?;
+            own.tensor(&self.shard_of(&self.master, u)?)?;
             let c = self.layout.units[u].shard(self.world);
-            let whole = match comm.as_deref_mut() {
-                Some(cm) => {
-                    let whole = Tensor::f_zeros(
-                        [self.layout.units[u].padded],
-                        (Kind::Float, self.master.device()),
-                    )?;
-                    cm.all_gather(&mine, &whole)
-                        .context("all_gather of the fp32 parameters")?;
-                    whole
-                }
-                None => mine.shallow_clone(),
-            };
-            let host = whole.f_to_device(Device::Cpu)?;
+            let host = self.unit_on_host(u, comm.as_deref_mut())?;
             full.tensor(&host)?;
             for (r, h) in gathered.iter_mut().enumerate() {
                 h.tensor(&host.f_narrow(0, r as i64 * c, c)?)?;
@@ -234,22 +228,9 @@ impl Sharded {
 
     /// The full fp32 parameters on the host, units end to end (tests).
     pub fn full_params(&self, mut comm: Option<&mut (dyn Collectives + '_)>) -> Result<Tensor> {
-        let mut parts = Vec::new();
-        for u in 0..self.layout.units.len() {
-            let mine = self.shard_of(&self.master, u)?;
-            let whole = match comm.as_deref_mut() {
-                Some(cm) => {
-                    let w = Tensor::f_zeros(
-                        [self.layout.units[u].padded],
-                        (Kind::Float, self.master.device()),
-                    )?;
-                    cm.all_gather(&mine, &w)?;
-                    w
-                }
-                None => mine.shallow_clone(),
-            };
-            parts.push(whole.f_to_device(Device::Cpu)?);
-        }
+        let parts = (0..self.layout.units.len())
+            .map(|u| self.unit_on_host(u, comm.as_deref_mut()))
+            .collect::<Result<Vec<_>>>()?;
         Ok(Tensor::f_cat(&parts, 0)?)
     }
 }
