@@ -96,6 +96,11 @@ impl Work {
 
     /// The report with what is stored beside it.
     fn finish(mut self, report: Report, at_ms: u64) -> Built {
+        // At tens of thousands of ranks the results are hundreds of MB, and
+        // the report holds what it needs of them: gone before the encoding
+        // is made, so the three are never alive at once.
+        drop(std::mem::take(&mut self.results));
+        drop(std::mem::take(&mut self.progress));
         let mut batch = Batch::default().report(&report);
         for run in fleet::runs_of(&report) {
             batch = batch.run(&run);
