@@ -5,7 +5,7 @@ use gpuctl_proto::now_ms;
 use gpuctl_proto::pb::{
     Ack, JobState, RankProgressReport, RankResult, TelemetryBatch, WorkerExited, WorkerLog,
 };
-use tracing::info;
+use tracing::debug;
 
 use super::Scheduler;
 use crate::error::CoordinatorError;
@@ -125,7 +125,8 @@ impl Scheduler {
         let id = result.job_id.clone();
         let rank = result.rank;
         self.counts.results += 1;
-        info!(job = %id, rank, ok = result.ok, "result in");
+        // One line per rank is 32,768 lines at a big job's end: debug only.
+        debug!(job = %id, rank, ok = result.ok, "result in");
         if let Some(p) = entry.pending.as_mut() {
             // The report is being made without it: folded in once it is there.
             p.straggled = true;

@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use super::events::{Event, Reply};
-use super::state::JobEntry;
+use super::state::{drop_later, JobEntry};
 use super::Scheduler;
 use crate::error::CoordinatorError;
 use crate::judge::fleet;
@@ -159,6 +159,20 @@ fn send(lane: &mpsc::WeakSender<Event>, ev: Event) {
     }
 }
 
+/// Hands a report to whoever waited for it: copies for all but the last,
+/// which gets it (a 4,096-node report is a big structure to copy); with
+/// nobody waiting it is freed off the scheduler's task.
+fn deliver(mut waiting: Vec<Reply<Result<Report, CoordinatorError>>>, report: Report) {
+    let Some(last) = waiting.pop() else {
+        drop_later(report);
+        return;
+    };
+    for w in waiting {
+        let _ = w.send(Ok(report.clone()));
+    }
+    let _ = last.send(Ok(report));
+}
+
 impl Scheduler {
     /// Hands a complete running job to a blocking thread for its verdict;
     /// whether the job is being judged (false: it is not complete).
@@ -216,10 +230,10 @@ impl Scheduler {
             return;
         }
         let pending = entry.pending.take().unwrap_or_default();
-        for w in pending.waiting {
-            let _ = w.send(Ok(built.report.clone()));
-        }
-        let stage_report = self.is_stage(&id).then(|| built.report.clone());
+        let mut built = built;
+        let report = std::mem::take(&mut built.report);
+        let stage_report = self.is_stage(&id).then(|| report.clone());
+        deliver(pending.waiting, report);
         self.finish_with(&id, state, message, None, Some(built))
             .await;
         if let Some(report) = stage_report {
@@ -270,13 +284,12 @@ impl Scheduler {
         };
         let pending = entry.pending.take().unwrap_or_default();
         entry.report_stored = true;
-        for w in pending.waiting {
-            let _ = w.send(Ok(report.clone()));
-        }
+        let stage_report = self.is_stage(&id).then(|| report.clone());
+        deliver(pending.waiting, report);
         if pending.straggled {
             self.fold_straggler(&id).await;
         }
-        if self.is_stage(&id) {
+        if let Some(report) = stage_report {
             let state = self.jobs.get(&id).map_or(JobState::Failed, |e| e.state());
             self.stage_ended(&id, state, &report).await;
         }
