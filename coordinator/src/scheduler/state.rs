@@ -154,15 +154,18 @@ impl JobEntry {
         if !self.state().is_terminal() || self.world_size() <= RETIRE_OVER_RANKS {
             return;
         }
-        let mut parts = Retired::default();
-        if let Some(p) = self.job.plan.as_mut() {
-            parts.ranks = std::mem::take(&mut p.ranks);
-            parts.checks = std::mem::take(&mut p.checks);
-        }
-        parts.start_checks = std::mem::take(&mut self.job.start_checks);
-        parts.progress = std::mem::take(&mut self.progress);
-        parts.exits = std::mem::take(&mut self.exits);
-        parts.watch = std::mem::take(&mut self.watch);
+        let plan = self
+            .job
+            .plan
+            .as_mut()
+            .map(|p| (std::mem::take(&mut p.ranks), std::mem::take(&mut p.checks)));
+        let parts = (
+            plan,
+            std::mem::take(&mut self.job.start_checks),
+            std::mem::take(&mut self.progress),
+            std::mem::take(&mut self.exits),
+            std::mem::take(&mut self.watch),
+        );
         self.retired = true;
         // Tens of thousands of small allocations: freed off the scheduler's task.
         drop_later(parts);
@@ -258,17 +261,6 @@ impl JobEntry {
 /// `job-000001`: sortable and easy to type.
 pub fn job_id(seq: u64) -> String {
     format!("job-{seq:06}")
-}
-
-/// What a retired job gives up, freed in one go.
-#[derive(Default)]
-struct Retired {
-    ranks: Vec<RankPlacement>,
-    checks: Vec<gpuctl_proto::pb::PreflightCheck>,
-    start_checks: Vec<gpuctl_proto::pb::PreflightCheck>,
-    progress: BTreeMap<u32, RankProgress>,
-    exits: BTreeMap<u32, WorkerExited>,
-    watch: Watch,
 }
 
 /// Drops `v` on a blocking thread: freeing a big job's parts (hundreds of

@@ -54,10 +54,6 @@ impl<'a> Memory<'a> {
         }
     }
 
-    pub fn has_allocator_stats(&self) -> bool {
-        self.stats().is_some()
-    }
-
     fn ordinal(&self) -> usize {
         self.dev.map(|d| d.ordinal).unwrap_or(0)
     }
@@ -98,14 +94,10 @@ impl<'a> Memory<'a> {
     /// Peak bytes: allocator peak allocated on a GPU (driver used memory when
     /// the allocator cannot be read), peak resident memory on a CPU.
     pub fn peak(&self) -> u64 {
-        if let Some(s) = self.stats() {
-            return s.allocated_peak;
+        match self.stats() {
+            Some(s) => s.allocated_peak,
+            None => self.driver_peak(),
         }
-        if self.dev.is_some() {
-            self.sample();
-            return self.sampled_peak.load(Ordering::Relaxed);
-        }
-        crate::device::peak_rss_bytes()
     }
 
     /// The device's used memory at its highest as the driver sees it (the

@@ -17,7 +17,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::Outcome;
 use crate::context::Ctx;
-use crate::device::fnv1a64;
+use crate::device::digest;
 
 fn kind_of(precision: &str, gpu: bool) -> Result<Kind> {
     Ok(match (precision, gpu) {
@@ -31,15 +31,6 @@ fn kind_of(precision: &str, gpu: bool) -> Result<Kind> {
         }
         (p, _) => bail!("unknown precision `{p}`"),
     })
-}
-
-/// FNV-1a 64 of a tensor's bytes, as 16 hex digits.
-pub fn digest(t: &Tensor) -> Result<String> {
-    let c = t.f_to_device(Device::Cpu)?.contiguous();
-    let n = c.numel() * c.kind().elt_size_in_bytes();
-    let mut bytes = vec![0u8; n];
-    c.f_copy_data_u8(&mut bytes, c.numel())?;
-    Ok(format!("{:016x}", fnv1a64(&bytes)))
 }
 
 /// The integer kind of the same width, to compare floats as raw bits.

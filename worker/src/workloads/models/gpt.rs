@@ -18,31 +18,21 @@ pub struct GptConfig {
     pub seq_len: i64,
 }
 
-/// The sizes (`gpuctl_proto::catalogue::GPT_SIZES`): name, vocabulary,
-/// width, layers, heads.
-const SIZES: [(&str, i64, i64, i64, i64); 5] = [
-    ("toy", 256, 64, 2, 4),
-    ("124m", 50304, 768, 12, 12),
-    ("350m", 50304, 1024, 24, 16),
-    ("1.3b", 50304, 2048, 24, 16),
-    ("2.7b", 50304, 2560, 32, 32),
-];
-
 impl GptConfig {
     /// The model of size `size` (one of `GPT_SIZES`: toy, 124m, 350m, 1.3b,
     /// 2.7b) with `seq_len` learned positions.
     pub fn sized(size: &str, seq_len: i64) -> Result<Self> {
-        let Some(&(_, vocab, dim, layers, heads)) = SIZES.iter().find(|s| s.0 == size) else {
+        let Some(s) = gpuctl_proto::catalogue::gpt_shape(size) else {
             bail!(
                 "gpt size `{size}` is not one of {}",
-                SIZES.map(|s| s.0).join(", ")
+                gpuctl_proto::catalogue::GPT_SIZES.join(", ")
             );
         };
         Ok(GptConfig {
-            vocab,
-            dim,
-            layers,
-            heads,
+            vocab: s.vocab as i64,
+            dim: s.dim as i64,
+            layers: s.layers as i64,
+            heads: s.heads as i64,
             seq_len,
         })
     }
@@ -57,15 +47,6 @@ impl GptConfig {
     /// seq_len 32).
     pub fn cpu(seq_len: i64) -> Self {
         Self::sized("toy", seq_len).expect("toy is a size")
-    }
-
-    /// Trainable parameters: per layer 12d² + 13d (attention 4d² + 4d, MLP
-    /// 8d² + 5d, two LayerNorms 4d), the token and position embeddings
-    /// (V + T)·d (the output layer is tied to the token embedding) and the
-    /// final LayerNorm 2d.
-    pub fn parameters(&self) -> u64 {
-        let (v, d, l, t) = (self.vocab, self.dim, self.layers, self.seq_len);
-        (l * (12 * d * d + 13 * d) + (v + t) * d + 2 * d) as u64
     }
 }
 
@@ -220,14 +201,5 @@ impl Gpt {
     pub fn head(&self, x: &Tensor) -> Result<Tensor> {
         let x = ln(x, &self.lnf, self.cfg.dim)?;
         Ok(x.f_linear::<Tensor>(&self.wte, None)?)
-    }
-
-    /// Logits `[batch, seq, vocab]` for tokens `[batch, seq]`.
-    pub fn forward(&self, tokens: &Tensor) -> Result<Tensor> {
-        let mut x = self.embed(tokens)?;
-        for k in 0..self.blocks.len() {
-            x = self.block(k, &x)?;
-        }
-        self.head(&x)
     }
 }

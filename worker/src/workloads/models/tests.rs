@@ -224,10 +224,13 @@ fn gpt_sizes_count_their_parameters() {
         let mut c = cfg("gpt");
         c.gpt = GptConfig::sized(size, seq).unwrap();
         let m = Model::build(&c, Device::Cpu, 1).unwrap();
-        assert_eq!(m.parameter_count() as u64, c.gpt.parameters(), "{size}");
+        // The planner weighs gpt by the catalogue's formula: it must count
+        // what the worker builds.
+        let want = gpuctl_proto::catalogue::gpt_parameters(size, seq as u64).unwrap();
+        assert_eq!(m.parameter_count() as u64, want, "{size}");
     }
     // By the formula, at 1024 positions (too large to build here).
-    let p = |s| GptConfig::sized(s, 1024).unwrap().parameters();
+    let p = |s| gpuctl_proto::catalogue::gpt_parameters(s, 1024).unwrap();
     assert_eq!(p("350m"), 354_871_296);
     assert_eq!(p("1.3b"), 1_313_722_368);
     assert_eq!(p("2.7b"), 2_649_052_160);

@@ -220,46 +220,6 @@ pub fn install(
     Ok(())
 }
 
-/// FNV-1a 64, fed in pieces.
-#[derive(Clone, Copy, Debug)]
-pub struct Fnv(u64);
-
-impl Default for Fnv {
-    fn default() -> Self {
-        Fnv(0xcbf2_9ce4_8422_2325)
-    }
-}
-
-impl Fnv {
-    pub fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 ^= *b as u64;
-            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-
-    /// Feeds a tensor's bytes (copied to the host).
-    pub fn tensor(&mut self, t: &Tensor) -> Result<()> {
-        let c = t.f_to_device(Device::Cpu)?.f_contiguous()?;
-        let n = c.numel() * c.kind().elt_size_in_bytes();
-        let mut bytes = vec![0u8; n];
-        c.f_copy_data_u8(&mut bytes, c.numel())?;
-        self.write(&bytes);
-        Ok(())
-    }
-
-    pub fn hex(&self) -> String {
-        format!("{:016x}", self.0)
-    }
-}
-
-/// FNV-1a 64 of a float tensor's bytes, as 16 hex digits.
-pub fn digest(t: &Tensor) -> Result<String> {
-    let mut h = Fnv::default();
-    h.tensor(t)?;
-    Ok(h.hex())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -279,29 +239,5 @@ mod tests {
         assert_eq!(l.offsets, vec![0, 4]);
         assert_eq!(l.shard_offsets, vec![0, 2]);
         assert_eq!((l.total, l.shard_total, l.largest_block()), (134, 67, 130));
-    }
-
-    #[test]
-    fn fnv_in_pieces_is_fnv_of_the_whole() {
-        let mut h = Fnv::default();
-        h.write(b"a");
-        assert_eq!(h.0, 0xaf63dc4c8601ec8c);
-        let t = Tensor::from_slice(&[1.0f32, 2.0, 3.0]);
-        let mut p = Fnv::default();
-        p.tensor(&t.narrow(0, 0, 1)).unwrap();
-        p.tensor(&t.narrow(0, 1, 2)).unwrap();
-        assert_eq!(p.hex(), digest(&t).unwrap());
-        assert_eq!(
-            digest(&t).unwrap(),
-            format!(
-                "{:016x}",
-                crate::device::fnv1a64(
-                    &[1.0f32, 2.0, 3.0]
-                        .iter()
-                        .flat_map(|x| x.to_le_bytes())
-                        .collect::<Vec<u8>>()
-                )
-            )
-        );
     }
 }

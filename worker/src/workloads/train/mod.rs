@@ -36,13 +36,13 @@ use tch::{Device, Kind, Tensor};
 
 pub use optim::LossScaler;
 
-use self::flat::digest;
 use self::optim::{CommClock, Sgd};
 use self::replicated::Replicated;
 use self::sharded::Sharded;
 use super::memory::Memory;
 use super::models::{Batch, Model, ModelConfig, Precision};
 use crate::comm::Collectives;
+use crate::device::digest;
 use crate::timeline::{thin_evenly, MAX_STEP_TIMES};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

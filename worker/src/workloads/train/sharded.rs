@@ -21,10 +21,11 @@
 use anyhow::{bail, Context, Result};
 use tch::{Device, Kind, Tensor};
 
-use super::flat::{cast_buffers, initial_values, install, Fnv, Layout};
+use super::flat::{cast_buffers, initial_values, install, Layout};
 use super::optim::{found_inf, CommClock, LossScaler, Sgd};
 use super::staged::{forward_backward, Hooks, Stage};
 use crate::comm::{Collectives, Ticket};
+use crate::device::Fnv;
 use crate::workloads::models::{Batch, Model};
 
 pub(crate) struct Sharded {
@@ -69,7 +70,6 @@ impl Sharded {
         let dev = model.device;
         let mut units = model.units();
         let layout = Layout::new(&units, world);
-        let master = Tensor::f_zeros([layout.shard_total], (Kind::Float, dev))?;
         let root_params = Tensor::f_zeros([layout.units[0].padded], (kind, dev))?;
         let root_grads = Tensor::f_zeros([layout.units[0].padded], (kind, dev))?;
         let big = layout.largest_block().max(1);
@@ -87,26 +87,8 @@ impl Sharded {
         } else {
             [zeros(biggest_shard)?, zeros(biggest_shard)?]
         };
-        for (u, vars) in units.iter_mut().enumerate() {
-            let lay = &layout.units[u];
-            let values = initial_values(vars, lay, dev, comm.as_deref_mut())?;
-            let c = lay.shard(world);
-            master
-                .f_narrow(0, layout.shard_offsets[u], c)?
-                .f_copy_(&values.f_narrow(0, rank as i64 * c, c)?)?;
-            let (p, g) = if u == 0 {
-                (root_params.shallow_clone(), root_grads.shallow_clone())
-            } else {
-                let s = (u - 1) % 2;
-                (
-                    slot_params[s].f_narrow(0, 0, lay.padded)?,
-                    slot_grads[s].f_narrow(0, 0, lay.padded)?,
-                )
-            };
-            install(vars, lay, &p, &g, false)?;
-        }
-        cast_buffers(model, kind)?;
-        Ok(Sharded {
+        let master = Tensor::f_zeros([layout.shard_total], (Kind::Float, dev))?;
+        let st = Sharded {
             momentum: master.f_zeros_like()?,
             grad_shard: (kind == Kind::Half)
                 .then(|| master.f_zeros_like())
@@ -123,7 +105,18 @@ impl Sharded {
             staging,
             scaler,
             skipped: 0,
-        })
+        };
+        for (u, vars) in units.iter_mut().enumerate() {
+            let lay = &st.layout.units[u];
+            let values = initial_values(vars, lay, dev, comm.as_deref_mut())?;
+            let c = lay.shard(world);
+            st.shard_of(&st.master, u)?
+                .f_copy_(&values.f_narrow(0, rank as i64 * c, c)?)?;
+            let (p, g) = st.unit_buffers(u)?;
+            install(vars, lay, &p, &g, false)?;
+        }
+        cast_buffers(model, kind)?;
+        Ok(st)
     }
 
     fn shard_of(&self, t: &Tensor, u: usize) -> Result<Tensor> {
@@ -144,6 +137,15 @@ impl Sharded {
             self.slot_params[s].f_narrow(0, 0, n)?,
             self.slot_grads[s].f_narrow(0, 0, n)?,
         ))
+    }
+
+    /// Unit `u`'s whole gradients and this rank's part of them (where the
+    /// in-place reduce_scatter leaves the sum).
+    fn unit_grads(&self, u: usize) -> Result<(Tensor, Tensor)> {
+        let (_, grads) = self.unit_buffers(u)?;
+        let c = self.layout.units[u].shard(self.world);
+        let mine = grads.f_narrow(0, self.rank as i64 * c, c)?;
+        Ok((grads, mine))
     }
 
     /// One step. Returns the loss.
@@ -298,9 +300,7 @@ impl ShardHooks<'_, '_> {
 
     /// Starts reducing unit `u`'s gradients into this rank's part of them.
     fn reduce(&mut self, u: usize) -> Result<()> {
-        let (_, grads) = self.st.unit_buffers(u)?;
-        let c = self.st.layout.units[u].shard(self.st.world);
-        let mine = grads.f_narrow(0, self.st.rank as i64 * c, c)?;
+        let (grads, mine) = self.st.unit_grads(u)?;
         let ticket = match self.comm.as_deref_mut() {
             Some(cm) => {
                 cm.side_begin()?;
@@ -325,9 +325,7 @@ impl ShardHooks<'_, '_> {
             c.side_wait(t)?;
         }
         let st = &mut *self.st;
-        let (_, grads) = st.unit_buffers(u)?;
-        let c = st.layout.units[u].shard(st.world);
-        let reduced = grads.f_narrow(0, st.rank as i64 * c, c)?;
+        let (_, reduced) = st.unit_grads(u)?;
         tch::no_grad(|| -> Result<()> {
             if let Some(gs) = st.grad_shard.as_ref() {
                 st.shard_of(gs, u)?.f_copy_(&reduced)?;

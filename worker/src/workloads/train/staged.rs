@@ -46,10 +46,6 @@ pub trait Hooks {
     }
 }
 
-/// Hooks that do nothing: a whole forward and backward.
-pub struct NoHooks;
-impl Hooks for NoHooks {}
-
 fn leaf(x: &Tensor) -> Result<Tensor> {
     if x.requires_grad() {
         Ok(x.f_detach()?.f_set_requires_grad(true)?)
