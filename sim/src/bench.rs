@@ -175,6 +175,39 @@ async fn cli_load(
     }
 }
 
+/// Runs [`cli_load`] on a thread and runtime of its own, as the CLI is a
+/// process of its own: on the simulator's runtime, busy with 32,768 ranks
+/// at a job's end, its calls waited for the simulator and not only for the
+/// coordinator.
+fn cli_thread(
+    url: String,
+    lat: Arc<Mutex<Latencies>>,
+    every: Duration,
+    stop: Shutdown,
+) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("a runtime for the CLI calls")?;
+    std::thread::Builder::new()
+        .name("cli-calls".into())
+        .spawn(move || {
+            rt.block_on(async move {
+                let builder =
+                    gpuctl_proto::client::builder(&url).request_timeout(Duration::from_secs(60));
+                match builder.connect().await {
+                    Ok(ch) => {
+                        let c = JobServiceClient::new(ch).max_decoding_message_size(256 << 20);
+                        cli_load(c, lat, every, stop).await;
+                    }
+                    Err(e) => eprintln!("the CLI calls could not connect: {e}"),
+                }
+            })
+        })
+        .context("starting the CLI calls' thread")?;
+    Ok(())
+}
+
 fn record(lat: &Mutex<Latencies>, call: &str, t: Instant, ok: bool) {
     let ms = t.elapsed().as_secs_f64() * 1e3;
     let key = if ok {
@@ -296,8 +329,7 @@ pub async fn run(cfg: &BenchConfig, dir: PathBuf) -> Result<BenchReport> {
     out.register_ms = t.elapsed().as_secs_f64() * 1e3;
     out.phases.push(phase.end(&co, &lat));
 
-    let cli = JobServiceClient::new(builder.connect().await?).max_decoding_message_size(256 << 20);
-    tokio::spawn(cli_load(cli, lat.clone(), cfg.cli_every, stop.clone()));
+    cli_thread(co.url.clone(), lat.clone(), cfg.cli_every, stop.clone())?;
 
     eprintln!("idle for {}…", humantime::format_duration(cfg.idle));
     let mut phase = Phase::begin("idle", pid, &lat);

@@ -137,6 +137,12 @@ pub enum Event {
         job_id: String,
         report: Box<Report>,
     },
+    /// An ended job's report made again with its late results, stored
+    /// (an error: it could not be made, the stored one stands).
+    Refolded {
+        job_id: String,
+        report: Result<Box<Report>, ()>,
+    },
 }
 
 impl Event {
@@ -169,6 +175,7 @@ impl Event {
             Event::GetSuite { .. } => "GetSuite",
             Event::CancelSuite { .. } => "CancelSuite",
             Event::ReportStored { .. } => "ReportStored",
+            Event::Refolded { .. } => "Refolded",
         }
     }
 
@@ -193,6 +200,7 @@ impl Event {
                 // Someone may be waiting for these.
                 | Event::Judged { .. }
                 | Event::ReportStored { .. }
+                | Event::Refolded { .. }
         )
     }
 
@@ -226,6 +234,7 @@ impl Event {
             | Event::GetTelemetry { .. }
             | Event::GetReport { .. }
             | Event::ReportStored { .. }
+            | Event::Refolded { .. }
             | Event::GetSuite { .. }
             | Event::Metrics { .. } => false,
         }

@@ -411,6 +411,9 @@ impl Scheduler {
                 built,
             } => self.judged(job_id, attempt, state, message, *built).await,
             Event::ReportStored { job_id, report } => self.report_stored(job_id, *report).await,
+            Event::Refolded { job_id, report } => {
+                self.refolded(job_id, report.map(|r| *r)).await
+            }
         }
         if may_start {
             self.start_pending().await;
@@ -422,6 +425,7 @@ impl Scheduler {
         self.fail_overdue_jobs().await;
         self.fail_hung_jobs().await;
         self.store_telemetry(false).await;
+        self.refold_stale();
     }
 
     /// Writes state; a failure is logged, since the in-memory state already moved on.

@@ -117,23 +117,29 @@ impl Scheduler {
                 }
             }
         }
+        let id = result.job_id.clone();
+        let rank = result.rank;
+        let ending = entry.pending.is_some() || entry.state().is_terminal();
+        if ending && entry.mark_stored(rank) {
+            // Sent again (its first call timed out): answered once the first
+            // copy is durable, which everything queued so far will be.
+            return Answer::WhenStored(self.store.flush(), "stored already".into());
+        }
         // A big job's ranks keep coarser timelines (judge::thin).
         thin::result(&mut result, thin::points_per_rank(world));
         // Durable before the worker hears back (the writer commits it before
         // anything queued after it): a crash from here on loses nothing.
         let durable = self.store.put_result(&result);
-        let id = result.job_id.clone();
-        let rank = result.rank;
         self.counts.results += 1;
         // One line per rank is 32,768 lines at a big job's end: debug only.
         debug!(job = %id, rank, ok = result.ok, "result in");
         if let Some(p) = entry.pending.as_mut() {
-            // The report is being made without it: folded in once it is there.
+            // The report is being made without it: folded in after.
             p.straggled = true;
             return Answer::WhenStored(durable, format!("stored; job {id} is ending"));
         }
         if entry.state().is_terminal() {
-            self.fold_straggler(&id).await;
+            entry.mark_stale(now_ms());
             return Answer::WhenStored(durable, format!("stored; job {id} had already ended"));
         }
         entry.results.insert(rank, result);

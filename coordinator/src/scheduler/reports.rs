@@ -10,8 +10,12 @@
 //!   ends at once; its report follows on a blocking thread, which queues it
 //!   to the store and sends [`Event::ReportStored`].
 //!
-//! Meanwhile `GetReport` calls for the job wait ([`Pending`]), and a result
-//! that arrives late is folded in once the report is there.
+//! Meanwhile `GetReport` calls for the job wait ([`Pending`]). Results that
+//! arrive late are stored at once and folded in together: the report is
+//! made again from the store once they stop coming (a tick with none for
+//! [`STALE_QUIET_MS`], or [`STALE_MAX_MS`] after the first), off the task.
+//! At 32,768 ranks one rebuild takes seconds, and a fleet whose calls time
+//! out sends its results again by the thousand.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -31,7 +35,12 @@ use crate::judge::report::{self, hang::Watch};
 use crate::judge::rules::PerfRules;
 use crate::judge::series::GpuSeries;
 use crate::judge::telemetry::Telemetry;
-use crate::store::Batch;
+use crate::store::{Batch, StateStore};
+
+/// Late results are folded in once none came for this long…
+pub const STALE_QUIET_MS: u64 = 2_000;
+/// …or this long after the first, whichever is sooner.
+pub const STALE_MAX_MS: u64 = 10_000;
 
 /// A job's report on its way: who waits for it, and whether a result came
 /// in after its inputs were taken.
@@ -68,6 +77,10 @@ impl Work {
     /// Takes the results and telemetry of `entry` (a job keeps neither once
     /// its report is made) and copies the rest.
     fn take(entry: &mut JobEntry, health: &Arc<HealthRules>, perf: &Arc<PerfRules>) -> Work {
+        let ranks: Vec<u32> = entry.results.keys().copied().collect();
+        for rank in ranks {
+            entry.mark_stored(rank);
+        }
         Work {
             job: entry.job.clone(),
             results: std::mem::take(&mut entry.results),
@@ -241,9 +254,9 @@ impl Scheduler {
         }
         if let Some(e) = self.jobs.get_mut(&id) {
             e.report_stored = true;
-        }
-        if pending.straggled {
-            self.fold_straggler(&id).await;
+            if pending.straggled {
+                e.mark_stale(now_ms());
+            }
         }
     }
 
@@ -276,6 +289,80 @@ impl Scheduler {
         });
     }
 
+    /// Makes the reports of ended jobs whose late results stopped coming
+    /// again, each once for all of them (called every tick).
+    pub(super) fn refold_stale(&mut self) {
+        let now = now_ms();
+        let due: Vec<String> = self
+            .jobs
+            .iter()
+            .filter(|(_, e)| e.pending.is_none())
+            .filter_map(|(id, e)| {
+                let (first, last) = e.stale?;
+                let quiet = now.saturating_sub(last) >= STALE_QUIET_MS;
+                (quiet || now.saturating_sub(first) >= STALE_MAX_MS).then(|| id.clone())
+            })
+            .collect();
+        for id in due {
+            self.rebuild_later(&id);
+        }
+    }
+
+    /// Builds an ended job's report again from its stored results, off the
+    /// task; [`Event::Refolded`] brings it back.
+    fn rebuild_later(&mut self, id: &str) {
+        let Some(entry) = self.jobs.get_mut(id) else {
+            return;
+        };
+        entry.stale = None;
+        entry.pending = Some(Pending::default());
+        let work = Work {
+            job: entry.job.clone(),
+            results: BTreeMap::new(),
+            exits: entry.exits.clone(),
+            progress: entry.progress.clone(),
+            watch: entry.watch.clone(),
+            telemetry: Telemetry::default(),
+            health: self.cfg.health_rules.clone(),
+            perf: self.cfg.perf_rules.clone(),
+        };
+        let (retired, store, lane) = (entry.retired, self.store.clone(), self.first_lane.clone());
+        let id = id.to_string();
+        tokio::spawn(async move {
+            let report = match rebuild(work, retired, &store).await {
+                Ok(report) => Ok(Box::new(report)),
+                Err(e) => {
+                    warn!(job = %id, "could not make the report again with the late results: {e}");
+                    Err(())
+                }
+            };
+            if let Some(tx) = lane.upgrade() {
+                let _ = tx.send(Event::Refolded { job_id: id, report }).await;
+            }
+        });
+    }
+
+    /// A report made again is stored (or could not be made: the stored one
+    /// stands); answer whoever waited meanwhile.
+    pub(super) async fn refolded(&mut self, id: String, report: Result<Report, ()>) {
+        let Some(entry) = self.jobs.get_mut(&id) else {
+            return;
+        };
+        let pending = entry.pending.take().unwrap_or_default();
+        if pending.straggled {
+            entry.mark_stale(now_ms());
+        }
+        match report {
+            Ok(report) => deliver(pending.waiting, report),
+            // Each reads the stored one.
+            Err(()) => {
+                for reply in pending.waiting {
+                    self.get_report(&id, reply).await;
+                }
+            }
+        }
+    }
+
     /// The report of an ended job is stored: answer whoever waited, and
     /// fold in a result that arrived meanwhile.
     pub(super) async fn report_stored(&mut self, id: String, report: Report) {
@@ -284,27 +371,14 @@ impl Scheduler {
         };
         let pending = entry.pending.take().unwrap_or_default();
         entry.report_stored = true;
+        if pending.straggled {
+            entry.mark_stale(now_ms());
+        }
         let stage_report = self.is_stage(&id).then(|| report.clone());
         deliver(pending.waiting, report);
-        if pending.straggled {
-            self.fold_straggler(&id).await;
-        }
         if let Some(report) = stage_report {
             let state = self.jobs.get(&id).map_or(JobState::Failed, |e| e.state());
             self.stage_ended(&id, state, &report).await;
-        }
-    }
-
-    /// A result that came after the job's report was made: the report is
-    /// built again from the stored results (the store's reads see the queued
-    /// result).
-    pub(super) async fn fold_straggler(&mut self, id: &str) {
-        let Some(entry) = self.jobs.get(id) else {
-            return;
-        };
-        match self.stored_report(entry).await {
-            Ok(report) => self.save(Batch::default().report(&report)),
-            Err(e) => warn!(job = %id, "could not update the report: {e}"),
         }
     }
 
@@ -346,4 +420,33 @@ impl Scheduler {
         }
         let _ = reply.send(self.report(id).await);
     }
+}
+
+/// An ended job's report from its stored job, results and telemetry, with
+/// the rest of `work`; stored before it is returned.
+async fn rebuild(mut work: Work, retired: bool, store: &StateStore) -> Result<Report, String> {
+    if retired {
+        // A retired job keeps no plan in memory; the stored one has it.
+        if let Some(job) = store.job(&work.job.id).await.map_err(|e| e.to_string())? {
+            work.job = job;
+        }
+    }
+    let (id, attempt) = (work.job.id.clone(), work.job.attempt);
+    work.results = store
+        .results(&id, attempt)
+        .await
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .map(|r| (r.rank, r))
+        .collect();
+    work.telemetry = Telemetry::from_stored(store.telemetry(&id).await.map_err(|e| e.to_string())?);
+    let store = store.clone();
+    tokio::task::spawn_blocking(move || {
+        let report = work.build(&work.job, now_ms());
+        drop(work);
+        drop(store.queue(Batch::default().report(&report)));
+        report
+    })
+    .await
+    .map_err(|e| format!("building the report failed: {e}"))
 }

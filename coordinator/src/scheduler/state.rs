@@ -3,6 +3,8 @@
 
 use std::collections::BTreeMap;
 
+use fixedbitset::FixedBitSet;
+
 use gpuctl_proto::pb::{
     coordinator_message::Msg, CancelJob, CoordinatorMessage, Job, JobState, Node, NodeState, Plan,
     RankPlacement, RankProgress, RankResult, Report, WorkerExited,
@@ -111,6 +113,14 @@ pub struct JobEntry {
     /// An ended big job keeps no per-rank parts in memory ([`Self::retire`]);
     /// they are read from the store when asked for.
     pub retired: bool,
+    /// Ranks whose result was stored once the report began: a worker that
+    /// sends its result again (its first call timed out) is answered
+    /// without a second write or another report.
+    pub stored: FixedBitSet,
+    /// Results came in after the report was made: when the first and the
+    /// last came (unix ms). The report is made again once they stop
+    /// coming, not once per result ([`super::Scheduler::refold_stale`]).
+    pub stale: Option<(u64, u64)>,
 }
 
 /// Ended jobs with more ranks than this keep no per-rank parts in memory: at
@@ -236,6 +246,21 @@ impl JobEntry {
                 process: self.watch.processes.get(&p.rank),
             })
             .collect()
+    }
+
+    /// Marks `rank`'s result stored; whether it was already.
+    pub fn mark_stored(&mut self, rank: u32) -> bool {
+        let rank = rank as usize;
+        if rank >= self.stored.len() {
+            self.stored.grow(rank + 1);
+        }
+        self.stored.put(rank)
+    }
+
+    /// A result came after the report was made.
+    pub fn mark_stale(&mut self, now_ms: u64) {
+        let first = self.stale.map_or(now_ms, |(first, _)| first);
+        self.stale = Some((first, now_ms));
     }
 
     pub fn world_size(&self) -> u32 {

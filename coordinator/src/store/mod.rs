@@ -191,6 +191,24 @@ impl Batch {
     }
 }
 
+/// Reads bigger than this are decoded on a blocking thread: a 32,768-rank
+/// report or its results take hundreds of milliseconds to decode, and on
+/// the runtime's threads that would hold up every connection, HTTP/2
+/// keepalive pings included.
+const DECODE_OFF_BYTES: usize = 1 << 20;
+
+async fn decode_off<T: Send + 'static>(
+    size: usize,
+    decode: impl FnOnce() -> StoreResult<T> + Send + 'static,
+) -> StoreResult<T> {
+    if size < DECODE_OFF_BYTES {
+        return decode();
+    }
+    tokio::task::spawn_blocking(decode)
+        .await
+        .map_err(|e| StoreError::Backend(format!("decoding failed: {e}")))?
+}
+
 /// Typed access to the coordinator's state.
 #[derive(Clone)]
 pub struct StateStore {
@@ -255,6 +273,11 @@ impl StateStore {
         self.writer.write(batch.0)
     }
 
+    /// Resolves once everything queued before is durable.
+    pub fn flush(&self) -> Durable {
+        self.writer.flush()
+    }
+
     /// Writes a batch atomically and waits until it is durable.
     pub async fn write(&self, batch: Batch) -> StoreResult<()> {
         if batch.is_empty() {
@@ -271,16 +294,20 @@ impl StateStore {
         self.inner.get(key).await
     }
 
-    async fn get_msg<M: Message + Default>(&self, key: String) -> StoreResult<Option<M>> {
-        match self.get_raw(key.clone()).await? {
-            Some(bytes) => M::decode(bytes.as_slice())
+    async fn get_msg<M: Message + Default + 'static>(&self, key: String) -> StoreResult<Option<M>> {
+        let Some(bytes) = self.get_raw(key.clone()).await? else {
+            return Ok(None);
+        };
+        let size = bytes.len();
+        decode_off(size, move || {
+            M::decode(bytes.as_slice())
                 .map(Some)
-                .map_err(|source| StoreError::Decode { key, source }),
-            None => Ok(None),
-        }
+                .map_err(|source| StoreError::Decode { key, source })
+        })
+        .await
     }
 
-    async fn scan_msgs<M: Message + Default>(&self, prefix: String) -> StoreResult<Vec<M>> {
+    async fn scan_msgs<M: Message + Default + 'static>(&self, prefix: String) -> StoreResult<Vec<M>> {
         let mut all: std::collections::BTreeMap<String, Vec<u8>> = self
             .inner
             .scan_prefix(prefix.clone())
@@ -291,11 +318,16 @@ impl StateStore {
         for (k, v) in self.writer.scan(&prefix) {
             all.insert(k, v.as_ref().clone());
         }
-        all.into_iter()
-            .map(|(key, bytes)| {
-                M::decode(bytes.as_slice()).map_err(|source| StoreError::Decode { key, source })
-            })
-            .collect()
+        let size = all.values().map(Vec::len).sum();
+        decode_off(size, move || {
+            all.into_iter()
+                .map(|(key, bytes)| {
+                    M::decode(bytes.as_slice())
+                        .map_err(|source| StoreError::Decode { key, source })
+                })
+                .collect()
+        })
+        .await
     }
 
     /// Deletes after every queued write is committed, so that a queued

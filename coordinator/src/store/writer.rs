@@ -44,7 +44,9 @@ impl std::future::IntoFuture for Durable {
 }
 
 struct Op {
-    entries: Vec<(String, Vec<u8>)>,
+    /// Shared with the overlay: a job's end hands over hundreds of MB, and
+    /// a copy each would double them.
+    entries: Vec<(String, Arc<Vec<u8>>)>,
     /// The overlay generation of each entry, to drop it once committed.
     seqs: Vec<u64>,
     done: Option<oneshot::Sender<StoreResult<()>>>,
@@ -76,13 +78,15 @@ impl Writer {
     /// Queues `entries` as one atomic write; readers see them at once.
     pub fn write(&self, entries: Vec<(String, Vec<u8>)>) -> Durable {
         let (done, rx) = oneshot::channel();
+        let entries: Vec<(String, Arc<Vec<u8>>)> =
+            entries.into_iter().map(|(k, v)| (k, Arc::new(v))).collect();
         let mut seqs = Vec::with_capacity(entries.len());
         {
             let mut o = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
             for (k, v) in &entries {
                 o.seq += 1;
                 let seq = o.seq;
-                o.map.insert(k.clone(), (seq, Arc::new(v.clone())));
+                o.map.insert(k.clone(), (seq, v.clone()));
                 seqs.push(seq);
             }
         }
@@ -156,17 +160,23 @@ async fn run(
             }
         }
         // One value per key, the last handed over: etcd refuses a
-        // transaction naming a key twice.
-        let entries: Vec<(String, Vec<u8>)> = ops
+        // transaction naming a key twice. The copy the store takes is made
+        // on a blocking thread: tens of MB would hold a runtime thread.
+        let shared: BTreeMap<String, Arc<Vec<u8>>> = ops
             .iter()
             .flat_map(|op| op.entries.iter().cloned())
-            .collect::<BTreeMap<String, Vec<u8>>>()
-            .into_iter()
             .collect();
-        let result = if entries.is_empty() {
-            Ok(())
-        } else {
-            store.put_many(entries).await
+        let entries = tokio::task::spawn_blocking(move || {
+            shared
+                .into_iter()
+                .map(|(k, v)| (k, v.as_ref().clone()))
+                .collect::<Vec<(String, Vec<u8>)>>()
+        })
+        .await;
+        let result = match entries {
+            Ok(entries) if entries.is_empty() => Ok(()),
+            Ok(entries) => store.put_many(entries).await,
+            Err(e) => Err(StoreError::Backend(format!("preparing a write failed: {e}"))),
         };
         if let Err(e) = &result {
             warn!("could not store state: {e}");
