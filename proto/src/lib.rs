@@ -15,6 +15,7 @@ pub mod server;
 pub mod shutdown;
 pub mod spec;
 pub mod suite;
+pub mod timeline;
 pub mod units;
 
 /// Generated from `proto/gpuctl.proto`.

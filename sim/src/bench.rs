@@ -56,8 +56,14 @@ pub struct PhaseFigures {
     pub name: String,
     pub seconds: f64,
     pub cpu_per_s: f64,
+    /// The simulator's own CPU (fleet, workers and CLI calls), apart.
+    pub sim_cpu_per_s: f64,
     pub rss_max: u64,
+    /// Seconds into the phase of the highest reading.
+    pub rss_max_at: f64,
     pub rss_end: u64,
+    /// Resident memory about each second: seconds into the phase, bytes.
+    pub rss_series: Vec<(f64, u64)>,
     pub store_bytes: u64,
     /// Per call (`nodes`, `jobs`, `status`): p50 and p99 in ms, and count.
     pub cli: BTreeMap<String, (f64, f64, usize)>,
@@ -75,6 +81,8 @@ pub struct JobFigures {
     pub assign_ms: f64,
     pub report_ms: f64,
     pub rss_after: u64,
+    /// The job's telemetry series as stored (`Report.telemetry_bytes`).
+    pub telemetry_bytes: u64,
 }
 
 /// The coordinator process; killed when dropped.
@@ -225,7 +233,10 @@ struct Phase {
     name: String,
     start: Instant,
     cpu0: f64,
+    sim_cpu0: f64,
     rss_max: u64,
+    rss_max_at: f64,
+    series: Vec<(f64, u64)>,
 }
 
 impl Phase {
@@ -239,18 +250,29 @@ impl Phase {
             name: name.into(),
             start: Instant::now(),
             cpu0: probe::cpu_seconds(pid).unwrap_or(0.0),
+            sim_cpu0: probe::cpu_seconds(std::process::id()).unwrap_or(0.0),
             rss_max: probe::rss_bytes(pid).unwrap_or(0),
+            rss_max_at: 0.0,
+            series: Vec::new(),
         }
     }
 
     fn sample(&mut self, pid: u32) {
-        self.rss_max = self.rss_max.max(probe::rss_bytes(pid).unwrap_or(0));
+        let rss = probe::rss_bytes(pid).unwrap_or(0);
+        let at = self.start.elapsed().as_secs_f64();
+        if rss > self.rss_max {
+            (self.rss_max, self.rss_max_at) = (rss, at);
+        }
+        if self.series.last().is_none_or(|(t, _)| at - t >= 1.0) {
+            self.series.push((at, rss));
+        }
     }
 
     fn end(mut self, co: &Coordinator, lat: &Mutex<Latencies>) -> PhaseFigures {
         self.sample(co.pid());
         let secs = self.start.elapsed().as_secs_f64();
         let cpu = probe::cpu_seconds(co.pid()).unwrap_or(0.0) - self.cpu0;
+        let sim_cpu = probe::cpu_seconds(std::process::id()).unwrap_or(0.0) - self.sim_cpu0;
         let mut l = lat.lock().unwrap();
         let cli = l
             .by_call
@@ -275,7 +297,10 @@ impl Phase {
             name: self.name,
             seconds: secs,
             cpu_per_s: cpu / secs.max(1e-9),
+            sim_cpu_per_s: sim_cpu / secs.max(1e-9),
             rss_max: self.rss_max,
+            rss_max_at: self.rss_max_at,
+            rss_series: std::mem::take(&mut self.series),
             rss_end: probe::rss_bytes(co.pid()).unwrap_or(0),
             store_bytes: probe::dir_bytes(&co.dir.join("store")),
             cli,
@@ -464,6 +489,7 @@ async fn one_job(
         assign_ms,
         report_ms,
         rss_after: probe::rss_bytes(pid).unwrap_or(0),
+        telemetry_bytes: report.telemetry_bytes,
     })
 }
 
@@ -478,14 +504,16 @@ impl BenchReport {
             "plan_all_nodes_ms": self.plan_ms,
             "rss_before_jobs_bytes": self.rss_before_jobs,
             "phases": self.phases.iter().map(|p| json!({
-                "name": p.name, "seconds": p.seconds, "cpu_s_per_s": p.cpu_per_s,
-                "rss_max_bytes": p.rss_max, "rss_end_bytes": p.rss_end, "store_bytes": p.store_bytes,
+                "name": p.name, "seconds": p.seconds, "cpu_s_per_s": p.cpu_per_s, "sim_cpu_s_per_s": p.sim_cpu_per_s,
+                "rss_max_bytes": p.rss_max, "rss_max_at_s": p.rss_max_at, "rss_end_bytes": p.rss_end, "store_bytes": p.store_bytes,
+                "rss_bytes_over_time": p.rss_series.iter().map(|(t, b)| json!([t, b])).collect::<Vec<_>>(),
                 "cli_ms": p.cli.iter().map(|(k, (p50, p99, n))| (k.clone(), json!({"p50": p50, "p99": p99, "calls": n}))).collect::<serde_json::Map<_, _>>(),
                 "slowest_calls": p.slowest.iter().map(|(k, at, ms)| json!({"call": k, "at_s": at, "ms": ms})).collect::<Vec<_>>(),
             })).collect::<Vec<_>>(),
             "jobs": self.jobs.iter().map(|j| json!({
                 "id": j.id, "state": j.state, "ranks": j.ranks, "results_in_report": j.results_in_report,
                 "assign_ms": j.assign_ms, "report_ms": j.report_ms, "rss_after_bytes": j.rss_after,
+                "telemetry_bytes": j.telemetry_bytes,
             })).collect::<Vec<_>>(),
         })
     }
@@ -500,7 +528,8 @@ impl BenchReport {
             "PHASE",
             "SECONDS",
             "CPU S/S",
-            "RSS MAX MB",
+            "SIM CPU S/S",
+            "RSS MAX MB (AT S)",
             "RSS END MB",
             "STORE MB",
             "CLI MS P50/P99",
@@ -515,7 +544,8 @@ impl BenchReport {
                 p.name.clone(),
                 format!("{:.1}", p.seconds),
                 format!("{:.2}", p.cpu_per_s),
-                format!("{:.0}", p.rss_max as f64 / MB),
+                format!("{:.2}", p.sim_cpu_per_s),
+                format!("{:.0} ({:.0})", p.rss_max as f64 / MB, p.rss_max_at),
                 format!("{:.0}", p.rss_end as f64 / MB),
                 format!("{:.1}", p.store_bytes as f64 / MB),
                 cli.join(", "),
@@ -540,6 +570,7 @@ impl BenchReport {
             "ASSIGN MS",
             "REPORT MS",
             "RSS AFTER MB",
+            "TELEMETRY MB",
         ]);
         for j in &self.jobs {
             t.add_row([
@@ -550,6 +581,7 @@ impl BenchReport {
                 format!("{:.0}", j.assign_ms),
                 format!("{:.0}", j.report_ms),
                 format!("{:.0}", j.rss_after as f64 / MB),
+                format!("{:.1}", j.telemetry_bytes as f64 / MB),
             ]);
         }
         println!("{t}");

@@ -326,7 +326,8 @@ impl Agent {
             let msg = match msg {
                 Ok(Some(m)) => m,
                 Ok(None) | Err(_) => {
-                    tracing::warn!(node = %self.name, "session ended");
+                    let why = msg.err().map_or("the coordinator ended it".into(), |s| s.message().to_string());
+                    tracing::warn!(node = %self.name, "session ended: {why}");
                     return;
                 }
             };
@@ -404,6 +405,7 @@ impl Agent {
                 secret: a.rank_secrets.get(&p.rank).cloned().unwrap_or_default(),
                 spec: a.spec.clone().unwrap_or_default(),
                 interval: self.cfg.interval,
+                world_size: a.world_size,
             };
             let (tx, running, left, stats, stop, client) = (
                 tx.clone(),

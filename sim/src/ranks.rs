@@ -26,6 +26,7 @@ pub struct RankJob {
     pub secret: String,
     pub spec: JobSpec,
     pub interval: Duration,
+    pub world_size: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -173,6 +174,12 @@ pub async fn run(
         more_train: vec![],
         phases: marks,
     };
+    // As a real worker: the job's share of timeline points, not all of them.
+    let mut result = result;
+    gpuctl_proto::timeline::thin(
+        &mut result,
+        gpuctl_proto::timeline::points_per_rank(job.world_size),
+    );
     // A worker holds its result until it is delivered (coordinator restarts).
     for attempt in 0..10 {
         match client.report_result(request(&job, result.clone())).await {

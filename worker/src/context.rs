@@ -113,6 +113,15 @@ impl RankEnv {
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(0)
     }
+
+    /// `WORLD_SIZE`, or 1 where it is missing or bad (as for
+    /// [`Self::rank_hint`], [`Self::from_env`] reports that).
+    pub fn world_hint() -> u32 {
+        std::env::var("WORLD_SIZE")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(1)
+    }
 }
 
 /// Everything a workload needs.

@@ -225,14 +225,15 @@ pub fn rank_figures(workload: &str, r: &RankResult) -> Vec<Figure> {
 
 /// The figures a finished report holds: what `gpuctl baseline save` keeps.
 pub fn of_report(report: &Report) -> (Vec<RankFigures>, JobFigures) {
-    let mut results = BTreeMap::new();
+    // Borrowed: at 32,768 ranks a copy of the results is a hundred MB.
+    let mut results: Vec<&RankResult> = Vec::new();
     let mut ranks = Vec::new();
     for node in &report.nodes {
         for r in &node.ranks {
             let Some(res) = &r.result else {
                 continue;
             };
-            results.insert(r.rank, res.clone());
+            results.push(res);
             ranks.push(RankFigures {
                 rank: r.rank,
                 node: node.name.clone(),
@@ -337,14 +338,14 @@ pub fn median(mut v: Vec<f64>) -> Option<f64> {
 /// synchronous training rates.
 pub fn job_figures(
     workload: &str,
-    results: &BTreeMap<u32, RankResult>,
+    results: &[&RankResult],
     collectives: &[CollectiveRow],
     nodes: &[String],
 ) -> JobFigures {
-    let mut classes: Vec<String> = results.values().map(device_class).collect();
+    let mut classes: Vec<String> = results.iter().map(|r| device_class(r)).collect();
     classes.sort();
     classes.dedup();
-    let mut models: Vec<&str> = results.values().map(|r| r.device_name.as_str()).collect();
+    let mut models: Vec<&str> = results.iter().map(|r| r.device_name.as_str()).collect();
     models.sort();
     models.dedup();
     let mut figures = Vec::new();
@@ -368,7 +369,7 @@ pub fn job_figures(
         }
     }
     let mut train: BTreeMap<String, Vec<&TrainResult>> = BTreeMap::new();
-    for t in results.values().flat_map(train_results) {
+    for t in results.iter().flat_map(|r| train_results(r)) {
         train.entry(train_key_of(t, workload)).or_default().push(t);
     }
     for (key, ts) in train {
@@ -487,7 +488,7 @@ mod tests {
             ]
             .into()
         );
-        let job = job_figures("ddp", &results, &[], &["a".into()]);
+        let job = job_figures("ddp", &results.values().collect::<Vec<_>>(), &[], &["a".into()]);
         let spec = JobSpec {
             workload: "ddp".into(),
             params: [

@@ -6,10 +6,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound::{Excluded, Included, Unbounded};
 
+use prost::Message;
+
 use gpuctl_proto::pb::{GpuTelemetrySummary, HealthFinding, TelemetryBatch, Verdict};
 
 use super::health::{HealthRules, Level};
 use super::series::{Bucket, Counters, GpuSeries};
+use crate::store::keys;
 
 /// A job's telemetry while the coordinator holds it.
 #[derive(Debug, Default, Clone)]
@@ -96,6 +99,14 @@ impl Telemetry {
     /// How many GPUs have a series.
     pub fn gpus(&self) -> usize {
         self.series.len()
+    }
+
+    /// What the series take in the store, keys included.
+    pub fn stored_bytes(&self, job: &str) -> u64 {
+        self.series
+            .values()
+            .map(|s| (keys::telemetry(job, &s.node, s.index).len() + s.encoded_len()) as u64)
+            .sum()
     }
 
     pub fn is_dirty(&self) -> bool {

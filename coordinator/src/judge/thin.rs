@@ -1,100 +1,7 @@
-//! A rank's timelines thinned to what a big job can hold. A 15-minute stress
-//! rank sends 900 TFLOP/s intervals and as many phase marks (~40 KB): at
-//! 32,768 ranks that is more than a gigabyte held until the job ends, and
-//! as much again in its report. Past [`POINTS_PER_JOB`] points a job, each
-//! rank keeps fewer (never under [`MIN_POINTS`]): intervals merged into
-//! longer ones by their mean, phase marks kept at every phase change and
-//! evenly within a phase, step times evenly. The figures the verdict is
-//! made from (the worker's median, minimum, percentiles) are untouched.
+//! A report cut to what one message can carry (the ranks' timelines were
+//! thinned on the way in: [`gpuctl_proto::timeline`]).
 
-use gpuctl_proto::pb::{rank_result::Detail, PhaseMark, RankResult};
-
-/// Points of each series a whole job keeps.
-pub const POINTS_PER_JOB: usize = 1 << 18;
-/// Points every rank keeps, whatever the world size.
-pub const MIN_POINTS: usize = 64;
-
-/// The points each rank of a job of `world` ranks keeps per series.
-pub fn points_per_rank(world: u32) -> usize {
-    (POINTS_PER_JOB / world.max(1) as usize).max(MIN_POINTS)
-}
-
-/// Thins `r`'s series to `max` points each; returns whether anything changed.
-pub fn result(r: &mut RankResult, max: usize) -> bool {
-    let mut changed = phases(&mut r.phases, max);
-    match &mut r.detail {
-        Some(Detail::Stress(s)) => {
-            let n = s.tflops_per_interval.len();
-            if n > max {
-                let k = n.div_ceil(max);
-                s.tflops_per_interval = s
-                    .tflops_per_interval
-                    .chunks(k)
-                    .map(|c| c.iter().sum::<f64>() / c.len() as f64)
-                    .collect();
-                s.interval_s *= k as f64;
-                changed = true;
-            }
-        }
-        Some(Detail::Train(t)) => changed |= evenly(&mut t.step_ms, max),
-        _ => {}
-    }
-    for t in &mut r.more_train {
-        changed |= evenly(&mut t.step_ms, max);
-    }
-    changed
-}
-
-/// Every `k`-th value, the last one always kept.
-fn evenly<T: Clone>(v: &mut Vec<T>, max: usize) -> bool {
-    if v.len() <= max || max == 0 {
-        return false;
-    }
-    let k = v.len().div_ceil(max);
-    let last = v.last().cloned();
-    let mut kept: Vec<T> = v.iter().step_by(k).cloned().collect();
-    if v.len() % k != 1 {
-        kept.truncate(max.saturating_sub(1));
-        kept.extend(last);
-    }
-    *v = kept;
-    true
-}
-
-/// Keeps the first and last mark and every phase change; the marks within
-/// a phase share what is left, evenly.
-fn phases(marks: &mut Vec<PhaseMark>, max: usize) -> bool {
-    if marks.len() <= max {
-        return false;
-    }
-    let last = marks.len() - 1;
-    let must: Vec<bool> = (0..marks.len())
-        .map(|i| i == 0 || i == last || marks[i].phase != marks[i - 1].phase)
-        .collect();
-    let required = must.iter().filter(|m| **m).count();
-    let room = max.saturating_sub(required);
-    let optional = marks.len() - required;
-    let every = if room == 0 {
-        usize::MAX
-    } else {
-        optional.div_ceil(room)
-    };
-    let mut seen = 0usize;
-    let kept: Vec<PhaseMark> = marks
-        .iter()
-        .zip(&must)
-        .filter(|(_, must)| {
-            if **must {
-                return true;
-            }
-            seen += 1;
-            every != usize::MAX && (seen - 1).is_multiple_of(every)
-        })
-        .map(|(m, _)| m.clone())
-        .collect();
-    *marks = kept;
-    true
-}
+use gpuctl_proto::timeline::thin;
 
 /// A report small enough to send in one message of `max_bytes`: past it,
 /// the ranks' timelines (phase marks, per-interval series, step times) are
@@ -112,7 +19,7 @@ pub fn report_to_send(report: &mut gpuctl_proto::pb::Report, max_bytes: usize) -
     let n: usize = report.nodes.iter().map(|n| n.ranks.len()).sum();
     for rank in report.nodes.iter_mut().flat_map(|n| &mut n.ranks) {
         if let Some(r) = rank.result.as_mut() {
-            result(r, 2);
+            thin(r, 2);
         }
     }
     let mut note = format!(
@@ -134,7 +41,7 @@ pub fn report_to_send(report: &mut gpuctl_proto::pb::Report, max_bytes: usize) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuctl_proto::pb::{StressResult, TrainResult};
+    use gpuctl_proto::pb::{PhaseMark, RankResult};
 
     fn mark(phase: &str, t: u64) -> PhaseMark {
         PhaseMark {
@@ -142,47 +49,6 @@ mod tests {
             unix_ms: t,
             iterations: t,
         }
-    }
-
-    #[test]
-    fn a_big_jobs_ranks_keep_fewer_points() {
-        assert_eq!(points_per_rank(8), 32_768);
-        assert_eq!(points_per_rank(32_768), MIN_POINTS);
-        assert_eq!(points_per_rank(1_024), 256);
-    }
-
-    #[test]
-    fn a_15_minute_stress_rank_is_thinned_and_keeps_its_figures() {
-        let tflops: Vec<f64> = (0..900).map(|i| 700.0 + (i % 10) as f64).collect();
-        let mut marks = vec![mark("starting", 0)];
-        marks.extend((1..=900).map(|i| mark("gemm", i * 1000)));
-        marks.push(mark("done", 901_000));
-        let mut r = RankResult {
-            phases: marks,
-            detail: Some(Detail::Stress(StressResult {
-                tflops_per_interval: tflops.clone(),
-                tflops_min: 700.0,
-                tflops_median: 704.5,
-                interval_s: 1.0,
-                ..Default::default()
-            })),
-            ..Default::default()
-        };
-        assert!(result(&mut r, 64));
-        assert!(r.phases.len() <= 64, "{}", r.phases.len());
-        assert_eq!(r.phases[0].phase, "starting");
-        assert_eq!(r.phases[1].phase, "gemm", "the phase change is kept");
-        assert_eq!(r.phases.last().unwrap().phase, "done");
-        assert!(r.phases.windows(2).all(|w| w[0].unix_ms < w[1].unix_ms));
-        let Some(Detail::Stress(s)) = &r.detail else {
-            panic!()
-        };
-        assert!(s.tflops_per_interval.len() <= 64);
-        assert_eq!(s.interval_s, 15.0, "900 intervals of 1 s in 60 of 15 s");
-        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
-        assert!((mean(&s.tflops_per_interval) - mean(&tflops)).abs() < 1e-9);
-        assert_eq!((s.tflops_min, s.tflops_median), (700.0, 704.5));
-        assert!(!result(&mut r, 64), "thinning twice changes nothing");
     }
 
     #[test]
@@ -219,26 +85,4 @@ mod tests {
         assert!(ranks[0].result.is_none());
     }
 
-    #[test]
-    fn step_times_are_thinned_evenly_and_short_series_are_left_alone() {
-        let mut r = RankResult {
-            detail: Some(Detail::Train(TrainResult {
-                step_ms: (0..4096).map(f64::from).collect(),
-                ..Default::default()
-            })),
-            more_train: vec![TrainResult {
-                step_ms: vec![1.0; 10],
-                ..Default::default()
-            }],
-            ..Default::default()
-        };
-        assert!(result(&mut r, 64));
-        let Some(Detail::Train(t)) = &r.detail else {
-            panic!()
-        };
-        assert!(t.step_ms.len() <= 64, "{}", t.step_ms.len());
-        assert_eq!(t.step_ms[0], 0.0);
-        assert_eq!(*t.step_ms.last().unwrap(), 4095.0);
-        assert_eq!(r.more_train[0].step_ms.len(), 10);
-    }
 }

@@ -281,11 +281,11 @@ impl Scheduler {
         }
     }
 
-    pub(super) fn session_closed(&mut self, node: String, session: u64) {
+    pub(super) fn session_closed(&mut self, node: String, session: u64, why: &str) {
         if let Some(e) = self.nodes.get_mut(&node) {
             if e.session.as_ref().map(|s| s.id) == Some(session) {
                 e.session = None;
-                warn!(node = %node, "agent session closed; the node is lost unless it reconnects within the node timeout");
+                warn!(node = %node, "agent session closed ({why}); the node is lost unless it reconnects within the node timeout");
             }
         }
     }

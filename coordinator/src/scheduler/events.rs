@@ -42,6 +42,8 @@ pub enum Event {
     SessionClosed {
         node: String,
         session: u64,
+        /// What ended it, for the log.
+        why: String,
     },
     AssignmentAck {
         node: String,

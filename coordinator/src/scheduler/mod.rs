@@ -330,7 +330,9 @@ impl Scheduler {
                 let _ = reply.send(self.session_opened(node, session, tx, first).await);
             }
             Event::Heartbeat { node, session, hb } => self.heartbeat(node, session, hb).await,
-            Event::SessionClosed { node, session } => self.session_closed(node, session),
+            Event::SessionClosed { node, session, why } => {
+                self.session_closed(node, session, &why)
+            }
             Event::AssignmentAck { node, ack } => self.assignment_ack(node, ack).await,
             Event::Submit { spec, reply } => {
                 let _ = reply.send(self.submit(spec).await);

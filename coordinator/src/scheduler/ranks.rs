@@ -1,7 +1,7 @@
 //! What running ranks send: progress, results, exits, log lines and GPU
 //! telemetry, and the telemetry series written while a job runs.
 
-use gpuctl_proto::now_ms;
+use gpuctl_proto::{now_ms, timeline};
 use gpuctl_proto::pb::{
     Ack, JobState, RankProgressReport, RankResult, TelemetryBatch, WorkerExited, WorkerLog,
 };
@@ -10,7 +10,7 @@ use tracing::debug;
 use super::Scheduler;
 use crate::error::CoordinatorError;
 use crate::judge::series::GpuSeries;
-use crate::judge::{report, thin};
+use crate::judge::report;
 use crate::logs::LogBatch;
 use crate::store::{Batch, Durable};
 
@@ -125,8 +125,9 @@ impl Scheduler {
             // copy is durable, which everything queued so far will be.
             return Answer::WhenStored(self.store.flush(), "stored already".into());
         }
-        // A big job's ranks keep coarser timelines (judge::thin).
-        thin::result(&mut result, thin::points_per_rank(world));
+        // A big job's ranks keep coarser timelines; workers thin theirs, an
+        // older one's is thinned here.
+        timeline::thin(&mut result, timeline::points_per_rank(world));
         // Durable before the worker hears back (the writer commits it before
         // anything queued after it): a crash from here on loses nothing.
         let durable = self.store.put_result(&result);

@@ -93,8 +93,9 @@ impl Work {
         }
     }
 
+    /// The report without the ranks' results, which [`Work::finish`] moves in.
     fn build(&self, job: &Job, now: u64) -> Report {
-        report::build(&report::Inputs {
+        report::build_bare(&report::Inputs {
             job,
             results: &self.results,
             exits: &self.exits,
@@ -108,11 +109,11 @@ impl Work {
     }
 
     /// The report with what is stored beside it.
-    fn finish(mut self, report: Report, at_ms: u64) -> Built {
-        // At tens of thousands of ranks the results are hundreds of MB, and
-        // the report holds what it needs of them: gone before the encoding
-        // is made, so the three are never alive at once.
-        drop(std::mem::take(&mut self.results));
+    fn finish(mut self, mut report: Report, at_ms: u64) -> Built {
+        // At tens of thousands of ranks the results are a hundred MB or
+        // more: moved into the report, not copied, and the progress is gone
+        // before the encoding is made.
+        report::attach(&mut report, std::mem::take(&mut self.results));
         drop(std::mem::take(&mut self.progress));
         let mut batch = Batch::default().report(&report);
         for run in fleet::runs_of(&report) {
@@ -442,7 +443,8 @@ async fn rebuild(mut work: Work, retired: bool, store: &StateStore) -> Result<Re
     work.telemetry = Telemetry::from_stored(store.telemetry(&id).await.map_err(|e| e.to_string())?);
     let store = store.clone();
     tokio::task::spawn_blocking(move || {
-        let report = work.build(&work.job, now_ms());
+        let mut report = work.build(&work.job, now_ms());
+        report::attach(&mut report, std::mem::take(&mut work.results));
         drop(work);
         drop(store.queue(Batch::default().report(&report)));
         report

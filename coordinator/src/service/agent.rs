@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
-use tracing::{debug, warn};
+use tracing::warn;
 
 use super::auth::{PeerCerts, Security};
 use crate::scheduler::{Event, SchedulerHandle, SessionTx};
@@ -168,12 +168,15 @@ async fn run_session(
             return;
         }
     };
+    let mut why = "the agent ended it".to_string();
     loop {
         let msg = match inbound.message().await {
             Ok(Some(m)) => m,
             Ok(None) => break,
             Err(e) => {
-                debug!(node = %node, "session stream error: {e}");
+                // "keep-alive timed out", "connection reset", …: what an
+                // operator needs to tell a dead host from a slow one.
+                why = e.message().to_string();
                 break;
             }
         };
@@ -210,5 +213,7 @@ async fn run_session(
         };
         sched.tell(event).await;
     }
-    sched.tell(Event::SessionClosed { node, session }).await;
+    sched
+        .tell(Event::SessionClosed { node, session, why })
+        .await;
 }

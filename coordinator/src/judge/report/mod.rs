@@ -68,6 +68,24 @@ pub struct Inputs<'a> {
 
 /// Builds the report of a job from whatever results exist.
 pub fn build(inp: &Inputs) -> Report {
+    assemble(inp, true)
+}
+
+/// As [`build`], with every rank's `result` left empty for [`attach`] to
+/// move in: a report of 32,768 ranks would otherwise hold a second copy of
+/// a hundred MB of results.
+pub fn build_bare(inp: &Inputs) -> Report {
+    assemble(inp, false)
+}
+
+/// Moves each rank's result into a report made by [`build_bare`].
+pub fn attach(report: &mut Report, mut results: BTreeMap<u32, RankResult>) {
+    for r in report.nodes.iter_mut().flat_map(|n| &mut n.ranks) {
+        r.result = results.remove(&r.rank);
+    }
+}
+
+fn assemble(inp: &Inputs, with_results: bool) -> Report {
     let job = inp.job;
     let spec = job.spec.clone().unwrap_or_default();
     let plan = job.plan.clone().unwrap_or_default();
@@ -94,7 +112,8 @@ pub fn build(inp: &Inputs) -> Report {
     let preflight = start_checks(job);
     found.extend(findings::of_preflight(&preflight));
     findings::sort(&mut found);
-    let mut nodes = nodes::verdicts(&plan, &states, inp.results, gpu_faults, &found);
+    let attached = with_results.then_some(inp.results);
+    let mut nodes = nodes::verdicts(&plan, &states, attached, gpu_faults, &found);
     hang::fill_ranks(&mut nodes, inp.progress, inp.watch);
     notes.extend(notes::mixed_torch(inp.results));
     notes.extend(perf.notes);
@@ -127,6 +146,7 @@ pub fn build(inp: &Inputs) -> Report {
         links: links.links,
         bisect: bisect.rounds,
         hang_timeout_ms,
+        telemetry_bytes: inp.telemetry.stored_bytes(&job.id),
     };
     verdict::judge_job(&mut report, job, inp.results.len());
     report

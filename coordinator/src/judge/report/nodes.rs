@@ -12,11 +12,11 @@ use super::ranks::RankStates;
 
 /// One report per planned node, in plan order. `gpu_faults` are the failures
 /// of GPUs that no rank ran on, by node; `findings` every finding of the job
-/// (those naming a node go to it).
+/// (those naming a node go to it). Ranks carry their `results` when given.
 pub(super) fn verdicts(
     plan: &Plan,
     states: &RankStates,
-    results: &BTreeMap<u32, RankResult>,
+    results: Option<&BTreeMap<u32, RankResult>>,
     mut gpu_faults: BTreeMap<String, Vec<String>>,
     findings: &[Finding],
 ) -> Vec<NodeReport> {
@@ -43,7 +43,7 @@ pub(super) fn verdicts(
                 gpu_uuid: p.gpu_uuid.clone(),
                 verdict: st.verdict as i32,
                 reason: st.reason(),
-                result: results.get(&p.rank).cloned(),
+                result: results.and_then(|r| r.get(&p.rank)).cloned(),
                 gpu_index: p.gpu_index,
                 ..Default::default()
             });

@@ -6,7 +6,7 @@
 
 use std::borrow::Cow;
 
-use gpuctl_proto::pb::{CollectiveRow, Finding, JobSpec, JobState, Plan, Verdict};
+use gpuctl_proto::pb::{CollectiveRow, Finding, JobSpec, JobState, Plan, RankResult, Verdict};
 
 use super::ranks::{RankStates, Source};
 use super::Inputs;
@@ -94,7 +94,8 @@ pub(super) fn judge(
             }
         })
         .collect();
-    let job = job_figures(&spec.workload, inp.results, collectives, &plan.nodes);
+    let results: Vec<&RankResult> = inp.results.values().collect();
+    let job = job_figures(&spec.workload, &results, collectives, &plan.nodes);
     // Only a job that ran to its end was bound to produce every figure.
     let wanted = if inp.job.state() == JobState::Succeeded {
         let gpu = plan.ranks.iter().any(|p| p.gpu_index.is_some());
