@@ -334,7 +334,16 @@ impl GpuSeries {
             {
                 last.merge(&b)
             }
-            _ => self.buckets.push(b),
+            _ => {
+                let len = self.buckets.len();
+                if len == self.buckets.capacity() {
+                    // Doubling, but never past what the series may hold
+                    // (a bucket is ~330 bytes, for every GPU of the job).
+                    let room = (max_buckets.max(2) + 1).saturating_sub(len);
+                    self.buckets.reserve_exact(len.max(4).min(room).max(1));
+                }
+                self.buckets.push(b)
+            }
         }
         while self.buckets.len() > max_buckets.max(2) {
             self.bucket_ms *= 2;

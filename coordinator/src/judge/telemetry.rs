@@ -63,6 +63,12 @@ impl Telemetry {
         self.latest.values().cloned().collect()
     }
 
+    /// The series changed since they were last taken, in place (a job's
+    /// last write encodes them without a copy of every series).
+    pub fn dirty(&self) -> impl Iterator<Item = &GpuSeries> {
+        self.dirty.iter().filter_map(|k| self.series.get(k))
+    }
+
     /// Series changed since the last call, to be stored; marks them clean.
     pub fn take_dirty(&mut self) -> Vec<GpuSeries> {
         self.take_dirty_some(usize::MAX)

@@ -17,7 +17,9 @@ pub type Reply<T> = oneshot::Sender<T>;
 
 /// The downstream half of an agent's session: what the scheduler tells that
 /// agent. The service layer turns it into the gRPC stream.
-pub type SessionTx = mpsc::UnboundedSender<CoordinatorMessage>;
+/// Boxed: a channel allocates a block of 32 slots up front, and at the
+/// size of an assignment that was 17 KB for every connected node.
+pub type SessionTx = mpsc::UnboundedSender<Box<CoordinatorMessage>>;
 
 #[derive(Debug)]
 pub enum Event {

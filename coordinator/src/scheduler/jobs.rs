@@ -308,7 +308,12 @@ impl Scheduler {
             .map(|p| p.nodes.clone())
             .unwrap_or_default();
         let mut batch = match prebuilt {
-            Some(built) => built.batch,
+            Some(built) => {
+                for t in built.telemetry {
+                    self.save(t);
+                }
+                built.batch
+            }
             None => {
                 self.build_report_later(id);
                 Batch::default()

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use gpuctl_proto::now_ms;
 use gpuctl_proto::pb::{Job, JobState, RankProgress, RankResult, Report, Verdict, WorkerExited};
 use tokio::sync::mpsc;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::events::{Event, Reply};
 use super::state::{drop_later, JobEntry};
@@ -33,7 +33,6 @@ use crate::judge::fleet;
 use crate::judge::health::HealthRules;
 use crate::judge::report::{self, hang::Watch};
 use crate::judge::rules::PerfRules;
-use crate::judge::series::GpuSeries;
 use crate::judge::telemetry::Telemetry;
 use crate::store::{Batch, StateStore};
 
@@ -59,7 +58,14 @@ pub struct Built {
     pub report: Report,
     pub at_ms: u64,
     pub batch: Batch,
+    /// The job's last telemetry, in writes of about [`TELEMETRY_WRITE_BYTES`]
+    /// queued before `batch`: the store holds a transaction's pages in
+    /// memory until it commits, and a job's end was one of 100 MB.
+    pub telemetry: Vec<Batch>,
 }
+
+/// See [`Built::telemetry`].
+const TELEMETRY_WRITE_BYTES: usize = 8 << 20;
 
 /// Everything a report is made of, owned, so that it can go to another thread.
 struct Work {
@@ -119,13 +125,19 @@ impl Work {
         for run in fleet::runs_of(&report) {
             batch = batch.run(&run);
         }
-        let series: Vec<GpuSeries> = self.telemetry.take_dirty();
-        for s in &series {
-            batch = batch.telemetry(&self.job.id, s);
+        let mut telemetry = vec![Batch::default()];
+        for s in self.telemetry.dirty() {
+            let mut last = telemetry.pop().unwrap_or_default();
+            if last.bytes() >= TELEMETRY_WRITE_BYTES {
+                telemetry.push(last);
+                last = Batch::default();
+            }
+            telemetry.push(last.telemetry(&self.job.id, s));
         }
         Built {
             report,
             at_ms,
+            telemetry,
             batch,
         }
     }
@@ -213,7 +225,14 @@ impl Scheduler {
         let (id, attempt) = (id.to_string(), entry.job.attempt);
         let lane = self.first_lane.clone();
         tokio::task::spawn_blocking(move || {
+            let (began, ranks) = (std::time::Instant::now(), work.results.len());
             let (state, message, built) = work.judge();
+            info!(
+                job = %id,
+                ranks,
+                ms = began.elapsed().as_millis() as u64,
+                "judged; report made"
+            );
             send(
                 &lane,
                 Event::Judged {
@@ -279,6 +298,9 @@ impl Scheduler {
             let built = work.finish(report, now);
             // Queued before the scheduler hears of it, so that every read
             // that the scheduler answers from then on finds it stored.
+            for t in built.telemetry {
+                drop(store.queue(t));
+            }
             drop(store.queue(built.batch));
             send(
                 &lane,

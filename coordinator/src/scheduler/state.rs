@@ -59,7 +59,7 @@ impl NodeEntry {
     pub fn send(&self, msg: CoordinatorMessage) -> bool {
         self.session
             .as_ref()
-            .is_some_and(|s| s.tx.send(msg).is_ok())
+            .is_some_and(|s| s.tx.send(Box::new(msg)).is_ok())
     }
 
     /// Tells the agent to stop a job's workers; false when it cannot be reached.

@@ -10,7 +10,7 @@ use gpuctl_proto::pb::agent_message::Msg;
 use gpuctl_proto::pb::agent_service_server::AgentService;
 use gpuctl_proto::pb::{AgentMessage, CoordinatorMessage, RegisterRequest, RegisterResponse};
 use gpuctl_proto::PROTOCOL_VERSION;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
@@ -101,7 +101,7 @@ impl AgentService for AgentSvc {
         // was refused or broken off, if it was: an error ends a gRPC stream,
         // so it comes after every message the scheduler queued.
         let (tx, rx) = mpsc::unbounded_channel();
-        let (refuse, refusal) = mpsc::unbounded_channel();
+        let (refuse, refusal) = oneshot::channel();
         tokio::spawn(run_session(
             self.sched.clone(),
             (self.security.clone(), certs),
@@ -110,9 +110,10 @@ impl AgentService for AgentSvc {
             refuse,
             session,
         ));
+        let refusal = futures::stream::once(refusal).filter_map(|r| r.ok().map(Err));
         let stream = UnboundedReceiverStream::new(rx)
-            .map(Ok)
-            .chain(UnboundedReceiverStream::new(refusal).map(Err));
+            .map(|m| Ok(*m))
+            .chain(refusal);
         Ok(Response::new(Box::pin(stream)))
     }
 }
@@ -157,7 +158,7 @@ async fn run_session(
     auth: (Security, Option<PeerCerts>),
     mut inbound: Streaming<AgentMessage>,
     tx: SessionTx,
-    refuse: mpsc::UnboundedSender<Status>,
+    refuse: oneshot::Sender<Status>,
     session: u64,
 ) {
     let node = match open(&sched, &auth, &mut inbound, tx, session).await {

@@ -41,6 +41,9 @@ pub type StoreResult<T> = Result<T, StoreError>;
 /// Key-value pairs in key order.
 pub type Entries = Vec<(String, Vec<u8>)>;
 
+/// Key-value pairs whose values are shared, in key order.
+pub type SharedEntries = Vec<(String, std::sync::Arc<Vec<u8>>)>;
+
 /// A durable, ordered key-value map over string keys. Every write is durable when
 /// its future resolves: callers acknowledge clients only after that.
 ///
@@ -48,6 +51,23 @@ pub type Entries = Vec<(String, Vec<u8>)>;
 pub trait Store: Send + Sync + 'static {
     /// Writes all entries in one atomic transaction.
     fn put_many(&self, entries: Vec<(String, Vec<u8>)>) -> BoxFuture<'_, StoreResult<()>>;
+
+    /// As [`Self::put_many`], with values the caller keeps sharing (the
+    /// writer's overlay): a backend that can write from a borrow copies
+    /// nothing, where a job's end hands over a hundred MB.
+    fn put_shared(&self, entries: SharedEntries) -> BoxFuture<'_, StoreResult<()>> {
+        Box::pin(async move {
+            let owned = tokio::task::spawn_blocking(move || {
+                entries
+                    .into_iter()
+                    .map(|(k, v)| (k, v.as_ref().clone()))
+                    .collect::<Vec<_>>()
+            })
+            .await
+            .map_err(|e| StoreError::Backend(format!("preparing a write failed: {e}")))?;
+            self.put_many(owned).await
+        })
+    }
 
     fn get(&self, key: String) -> BoxFuture<'_, StoreResult<Option<Vec<u8>>>>;
 
@@ -150,10 +170,17 @@ impl Batch {
         self
     }
     pub fn job(mut self, job: &Job) -> Self {
-        // Progress changes every second; it is served from memory, not stored.
-        let mut job = job.clone();
-        job.progress.clear();
-        self.0.push((keys::job(&job.id), job.encode_to_vec()));
+        // Progress changes every second; it is served from memory, not
+        // stored. The scheduler keeps it apart, so a copy of a 32,768-rank
+        // plan is rarely needed to leave it out.
+        let bytes = if job.progress.is_empty() {
+            job.encode_to_vec()
+        } else {
+            let mut job = job.clone();
+            job.progress.clear();
+            job.encode_to_vec()
+        };
+        self.0.push((keys::job(&job.id), bytes));
         self
     }
     pub fn report(mut self, report: &Report) -> Self {
@@ -188,6 +215,10 @@ impl Batch {
     }
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
+    }
+    /// Keys and values, in bytes.
+    pub fn bytes(&self) -> usize {
+        self.0.iter().map(|(k, v)| k.len() + v.len()).sum()
     }
 }
 

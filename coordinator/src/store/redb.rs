@@ -9,7 +9,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use redb::{Database, ReadableDatabase, TableDefinition};
 
-use super::{Entries, Store, StoreError, StoreResult};
+use super::{Entries, SharedEntries, Store, StoreError, StoreResult};
 
 const KV: TableDefinition<&str, &[u8]> = TableDefinition::new("kv");
 
@@ -23,6 +23,22 @@ pub struct RedbStore {
 
 fn backend(e: impl std::fmt::Display) -> StoreError {
     StoreError::Backend(e.to_string())
+}
+
+/// One transaction writing every entry.
+fn insert_all<'a>(
+    db: &Database,
+    entries: impl Iterator<Item = (&'a str, &'a [u8])>,
+) -> Result<(), redb::Error> {
+    let tx = db.begin_write()?;
+    {
+        let mut table = tx.open_table(KV)?;
+        for (k, v) in entries {
+            table.insert(k, v)?;
+        }
+    }
+    tx.commit()?;
+    Ok(())
 }
 
 impl RedbStore {
@@ -94,15 +110,13 @@ impl Store for RedbStore {
 
     fn put_many(&self, entries: Vec<(String, Vec<u8>)>) -> BoxFuture<'_, StoreResult<()>> {
         self.blocking(move |db| {
-            let tx = db.begin_write()?;
-            {
-                let mut table = tx.open_table(KV)?;
-                for (k, v) in &entries {
-                    table.insert(k.as_str(), v.as_slice())?;
-                }
-            }
-            tx.commit()?;
-            Ok(())
+            insert_all(db, entries.iter().map(|(k, v)| (k.as_str(), v.as_slice())))
+        })
+    }
+
+    fn put_shared(&self, entries: SharedEntries) -> BoxFuture<'_, StoreResult<()>> {
+        self.blocking(move |db| {
+            insert_all(db, entries.iter().map(|(k, v)| (k.as_str(), v.as_slice())))
         })
     }
 

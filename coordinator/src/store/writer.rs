@@ -16,10 +16,11 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot};
 use tracing::warn;
 
-use super::{Store, StoreError, StoreResult};
+use super::{SharedEntries, Store, StoreError, StoreResult};
 
-/// A transaction takes what is queued up to about this many bytes.
-const GROUP_BYTES: usize = 64 << 20;
+/// A transaction takes what is queued up to about this many bytes: the
+/// store holds a transaction's pages in memory until it commits.
+const GROUP_BYTES: usize = 16 << 20;
 
 /// Resolves when the write it was handed with is committed.
 pub struct Durable(oneshot::Receiver<StoreResult<()>>);
@@ -160,23 +161,18 @@ async fn run(
             }
         }
         // One value per key, the last handed over: etcd refuses a
-        // transaction naming a key twice. The copy the store takes is made
-        // on a blocking thread: tens of MB would hold a runtime thread.
-        let shared: BTreeMap<String, Arc<Vec<u8>>> = ops
+        // transaction naming a key twice. Values stay shared with the
+        // overlay (redb writes from them without a copy).
+        let entries: SharedEntries = ops
             .iter()
             .flat_map(|op| op.entries.iter().cloned())
+            .collect::<BTreeMap<String, Arc<Vec<u8>>>>()
+            .into_iter()
             .collect();
-        let entries = tokio::task::spawn_blocking(move || {
-            shared
-                .into_iter()
-                .map(|(k, v)| (k, v.as_ref().clone()))
-                .collect::<Vec<(String, Vec<u8>)>>()
-        })
-        .await;
-        let result = match entries {
-            Ok(entries) if entries.is_empty() => Ok(()),
-            Ok(entries) => store.put_many(entries).await,
-            Err(e) => Err(StoreError::Backend(format!("preparing a write failed: {e}"))),
+        let result = if entries.is_empty() {
+            Ok(())
+        } else {
+            store.put_shared(entries).await
         };
         if let Err(e) = &result {
             warn!("could not store state: {e}");
