@@ -106,7 +106,10 @@ impl Coordinator {
             .args(["--listen", "127.0.0.1:0", "--node-timeout", "60s"])
             .arg("--data-dir")
             .arg(dir.join("store"))
-            .env("RUST_LOG", "warn,gpuctl_coordinator::scheduler::reports=info")
+            .env(
+                "RUST_LOG",
+                "warn,gpuctl_coordinator::scheduler::reports=info",
+            )
             .stdout(Stdio::piped())
             .stderr(log)
             .spawn()

@@ -326,7 +326,9 @@ impl Agent {
             let msg = match msg {
                 Ok(Some(m)) => m,
                 Ok(None) | Err(_) => {
-                    let why = msg.err().map_or("the coordinator ended it".into(), |s| s.message().to_string());
+                    let why = msg.err().map_or("the coordinator ended it".into(), |s| {
+                        s.message().to_string()
+                    });
                     tracing::warn!(node = %self.name, "session ended: {why}");
                     return;
                 }

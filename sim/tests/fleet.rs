@@ -47,6 +47,12 @@ async fn two_hundred_nodes_report_every_rank_and_memory_comes_back() {
     assert_eq!(job.state, "succeeded", "{:#}", r.to_json());
     assert_eq!(job.ranks, (nodes as u32) * gpus);
     assert_eq!(job.results_in_report, job.ranks, "{:#}", r.to_json());
+    // Every GPU's telemetry stored, within the per-job budget.
+    assert!(
+        job.telemetry_bytes > 0 && job.telemetry_bytes <= 64 << 20,
+        "telemetry stored: {} bytes",
+        job.telemetry_bytes
+    );
     let before = r.rss_before_jobs as f64;
     let after = job.rss_after as f64;
     assert!(before > 0.0 && after > 0.0);

@@ -488,7 +488,12 @@ mod tests {
             ]
             .into()
         );
-        let job = job_figures("ddp", &results.values().collect::<Vec<_>>(), &[], &["a".into()]);
+        let job = job_figures(
+            "ddp",
+            &results.values().collect::<Vec<_>>(),
+            &[],
+            &["a".into()],
+        );
         let spec = JobSpec {
             workload: "ddp".into(),
             params: [

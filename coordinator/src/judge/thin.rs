@@ -84,5 +84,4 @@ mod tests {
         assert!(ranks[7].result.is_some(), "a failed rank keeps its result");
         assert!(ranks[0].result.is_none());
     }
-
 }

@@ -330,9 +330,7 @@ impl Scheduler {
                 let _ = reply.send(self.session_opened(node, session, tx, first).await);
             }
             Event::Heartbeat { node, session, hb } => self.heartbeat(node, session, hb).await,
-            Event::SessionClosed { node, session, why } => {
-                self.session_closed(node, session, &why)
-            }
+            Event::SessionClosed { node, session, why } => self.session_closed(node, session, &why),
             Event::AssignmentAck { node, ack } => self.assignment_ack(node, ack).await,
             Event::Submit { spec, reply } => {
                 let _ = reply.send(self.submit(spec).await);
@@ -413,9 +411,7 @@ impl Scheduler {
                 built,
             } => self.judged(job_id, attempt, state, message, *built).await,
             Event::ReportStored { job_id, report } => self.report_stored(job_id, *report).await,
-            Event::Refolded { job_id, report } => {
-                self.refolded(job_id, report.map(|r| *r)).await
-            }
+            Event::Refolded { job_id, report } => self.refolded(job_id, report.map(|r| *r)).await,
         }
         if may_start {
             self.start_pending().await;

@@ -1,16 +1,16 @@
 //! What running ranks send: progress, results, exits, log lines and GPU
 //! telemetry, and the telemetry series written while a job runs.
 
-use gpuctl_proto::{now_ms, timeline};
 use gpuctl_proto::pb::{
     Ack, JobState, RankProgressReport, RankResult, TelemetryBatch, WorkerExited, WorkerLog,
 };
+use gpuctl_proto::{now_ms, timeline};
 use tracing::debug;
 
 use super::Scheduler;
 use crate::error::CoordinatorError;
-use crate::judge::series::GpuSeries;
 use crate::judge::report;
+use crate::judge::series::GpuSeries;
 use crate::logs::LogBatch;
 use crate::store::{Batch, Durable};
 

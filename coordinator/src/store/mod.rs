@@ -338,7 +338,10 @@ impl StateStore {
         .await
     }
 
-    async fn scan_msgs<M: Message + Default + 'static>(&self, prefix: String) -> StoreResult<Vec<M>> {
+    async fn scan_msgs<M: Message + Default + 'static>(
+        &self,
+        prefix: String,
+    ) -> StoreResult<Vec<M>> {
         let mut all: std::collections::BTreeMap<String, Vec<u8>> = self
             .inner
             .scan_prefix(prefix.clone())
@@ -353,8 +356,7 @@ impl StateStore {
         decode_off(size, move || {
             all.into_iter()
                 .map(|(key, bytes)| {
-                    M::decode(bytes.as_slice())
-                        .map_err(|source| StoreError::Decode { key, source })
+                    M::decode(bytes.as_slice()).map_err(|source| StoreError::Decode { key, source })
                 })
                 .collect()
         })
