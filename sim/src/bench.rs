@@ -240,10 +240,13 @@ struct Phase {
     rss_max: u64,
     rss_max_at: f64,
     series: Vec<(f64, u64)>,
+    watch: Arc<probe::Watch>,
 }
 
 impl Phase {
-    fn begin(name: &str, pid: u32, lat: &Mutex<Latencies>) -> Phase {
+    fn begin(name: &str, pid: u32, lat: &Mutex<Latencies>, watch: &Arc<probe::Watch>) -> Phase {
+        // What the watch saw before the phase belongs to the one before.
+        watch.take();
         {
             let mut l = lat.lock().unwrap();
             l.by_call.clear();
@@ -257,6 +260,7 @@ impl Phase {
             rss_max: probe::rss_bytes(pid).unwrap_or(0),
             rss_max_at: 0.0,
             series: Vec::new(),
+            watch: watch.clone(),
         }
     }
 
@@ -265,6 +269,12 @@ impl Phase {
         let at = self.start.elapsed().as_secs_f64();
         if rss > self.rss_max {
             (self.rss_max, self.rss_max_at) = (rss, at);
+        }
+        if let Some((peak, when)) = self.watch.take() {
+            if peak > self.rss_max {
+                let at = when.saturating_duration_since(self.start).as_secs_f64();
+                (self.rss_max, self.rss_max_at) = (peak, at);
+            }
         }
         if self.series.last().is_none_or(|(t, _)| at - t >= 1.0) {
             self.series.push((at, rss));
@@ -323,6 +333,7 @@ async fn hold(phase: &mut Phase, pid: u32, d: Duration) {
 pub async fn run(cfg: &BenchConfig, dir: PathBuf) -> Result<BenchReport> {
     let co = Coordinator::start(&cfg.coordinator_bin, dir)?;
     let pid = co.pid();
+    let watch = probe::Watch::start(pid);
     let stop = Shutdown::new();
     let _guard = stop.clone().drop_guard();
     let builder = gpuctl_proto::client::builder(&co.url).request_timeout(Duration::from_secs(60));
@@ -339,7 +350,7 @@ pub async fn run(cfg: &BenchConfig, dir: PathBuf) -> Result<BenchReport> {
         "registering {} simulated nodes × {} GPUs…",
         cfg.nodes, cfg.gpus
     );
-    let phase = Phase::begin("register", pid, &lat);
+    let phase = Phase::begin("register", pid, &lat, &watch);
     let t = Instant::now();
     let fleet = fleet::start(
         FleetConfig {
@@ -360,7 +371,7 @@ pub async fn run(cfg: &BenchConfig, dir: PathBuf) -> Result<BenchReport> {
     cli_thread(co.url.clone(), lat.clone(), cfg.cli_every, stop.clone())?;
 
     eprintln!("idle for {}…", humantime::format_duration(cfg.idle));
-    let mut phase = Phase::begin("idle", pid, &lat);
+    let mut phase = Phase::begin("idle", pid, &lat, &watch);
     hold(&mut phase, pid, cfg.idle).await;
     out.phases.push(phase.end(&co, &lat));
     out.rss_before_jobs = probe::rss_bytes(pid).unwrap_or(0);
@@ -383,14 +394,14 @@ pub async fn run(cfg: &BenchConfig, dir: PathBuf) -> Result<BenchReport> {
         "a {} stress job on every node…",
         humantime::format_duration(cfg.long)
     );
-    let mut phase = Phase::begin("long job", pid, &lat);
+    let mut phase = Phase::begin("long job", pid, &lat, &watch);
     let job = one_job(&mut jobs, &fleet, spec(cfg.long), &lat, &mut phase, pid).await?;
     out.jobs.push(job);
     out.phases.push(phase.end(&co, &lat));
 
     if cfg.short_jobs > 0 {
         eprintln!("{} short jobs in a row…", cfg.short_jobs);
-        let mut phase = Phase::begin("short jobs", pid, &lat);
+        let mut phase = Phase::begin("short jobs", pid, &lat, &watch);
         for i in 0..cfg.short_jobs {
             let job = one_job(&mut jobs, &fleet, spec(cfg.short), &lat, &mut phase, pid).await?;
             eprintln!(

@@ -24,6 +24,40 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// A process's resident memory read every 100 ms on a thread of its own:
+/// at a job's end the simulator's runtime is too busy to sample on time,
+/// and a peak between its samples would go unseen.
+pub struct Watch {
+    /// The highest reading since the last [`Watch::take`], and when.
+    peak: std::sync::Mutex<Option<(u64, std::time::Instant)>>,
+}
+
+impl Watch {
+    /// Watches `pid` until the process is gone.
+    pub fn start(pid: u32) -> std::sync::Arc<Watch> {
+        let w = std::sync::Arc::new(Watch {
+            peak: std::sync::Mutex::new(None),
+        });
+        let me = w.clone();
+        std::thread::spawn(move || {
+            while let Some(rss) = rss_bytes(pid) {
+                let mut p = me.peak.lock().unwrap();
+                if p.is_none_or(|(b, _)| rss > b) {
+                    *p = Some((rss, std::time::Instant::now()));
+                }
+                drop(p);
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        });
+        w
+    }
+
+    /// The highest reading since the last call, and when it was taken.
+    pub fn take(&self) -> Option<(u64, std::time::Instant)> {
+        self.peak.lock().unwrap().take()
+    }
+}
+
 /// Bytes of every file under `dir`.
 pub fn dir_bytes(dir: &Path) -> u64 {
     let Ok(entries) = std::fs::read_dir(dir) else {

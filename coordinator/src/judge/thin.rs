@@ -43,14 +43,6 @@ mod tests {
     use super::*;
     use gpuctl_proto::pb::{PhaseMark, RankResult};
 
-    fn mark(phase: &str, t: u64) -> PhaseMark {
-        PhaseMark {
-            phase: phase.into(),
-            unix_ms: t,
-            iterations: t,
-        }
-    }
-
     #[test]
     fn a_report_too_big_to_send_is_cut_and_says_so() {
         use gpuctl_proto::pb::{NodeReport, RankReport, Report, Verdict};
@@ -58,7 +50,13 @@ mod tests {
             rank: i,
             verdict: v as i32,
             result: Some(RankResult {
-                phases: (0..500).map(|t| mark("gemm", t)).collect(),
+                phases: (0..500)
+                    .map(|t| PhaseMark {
+                        phase: "gemm".into(),
+                        unix_ms: t,
+                        iterations: t,
+                    })
+                    .collect(),
                 ..Default::default()
             }),
             ..Default::default()
