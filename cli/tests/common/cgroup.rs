@@ -72,11 +72,21 @@ impl CpuQuota {
             }
             std::thread::sleep(std::time::Duration::from_millis(200));
         }
-        let inside = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+        // Each process's own view, read after the listing: a child forked
+        // since is in the group by inheritance (the group's list, read
+        // once before, would miss it), and one that exited meanwhile or is
+        // a zombie waiting to be reaped can no longer be moved or count.
+        let name = format!("/{}", dir.file_name().unwrap_or_default().to_string_lossy());
         for p in std::iter::once(pid).chain(descendants(pid)) {
+            let Ok(groups) = std::fs::read_to_string(format!("/proc/{p}/cgroup")) else {
+                continue;
+            };
+            if zombie(p) {
+                continue;
+            }
             assert!(
-                inside.split_whitespace().any(|x| x == p.to_string()),
-                "process {p} (of {pid}'s tree) is not in cgroup {}: {inside}",
+                groups.lines().any(|l| l.ends_with(&name)),
+                "process {p} (of {pid}'s tree) is not in cgroup {}: {groups}",
                 dir.display()
             );
         }
@@ -85,6 +95,16 @@ impl CpuQuota {
 }
 
 /// Every process whose parent chain leads to `pid`.
+/// Whether `pid` has exited and waits to be reaped (or is gone).
+fn zombie(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return true;
+    };
+    stat.rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().next())
+        .is_some_and(|state| state == "Z" || state == "X")
+}
+
 fn descendants(pid: u32) -> Vec<u32> {
     let parent_of = |p: u32| -> Option<u32> {
         let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
