@@ -1,13 +1,13 @@
 //! A job's life: submit (or only plan), start on free nodes, finish with a
 //! stored report, cancel, deadlines; and the reads of jobs and reports.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use gpuctl_proto::now_ms;
 use gpuctl_proto::pb::{
     coordinator_message::Msg, Assignment, CoordinatorMessage, Job, JobSpec, JobState, Node, Plan,
-    RankResult, Report,
+    Report,
 };
 use tracing::{debug, info, warn};
 
@@ -16,9 +16,8 @@ use super::state::{job_id, JobEntry, NodeEntry};
 use super::{human, Scheduler};
 use crate::error::CoordinatorError;
 use crate::judge::report;
-use crate::judge::telemetry::Telemetry;
 use crate::plan::{planner, preflight};
-use crate::store::{Batch, StoreError};
+use crate::store::Batch;
 
 /// Grace after a job's deadline before the coordinator fails it itself; the
 /// agent kills the workers at the deadline and should report first.
@@ -445,43 +444,6 @@ impl Scheduler {
             return Ok(r);
         }
         self.stored_report(entry).await.map_err(unavailable)
-    }
-
-    /// An ended job's report built again from its stored results and telemetry.
-    pub(super) async fn stored_report(&self, entry: &JobEntry) -> Result<Report, StoreError> {
-        let stored;
-        let job = if entry.retired {
-            stored = self.store.job(&entry.job.id).await?;
-            stored.as_ref().unwrap_or(&entry.job)
-        } else {
-            &entry.job
-        };
-        let results = self.stored_results(job).await?;
-        let series = self.store.telemetry(&entry.job.id).await?;
-        Ok(report::build(&report::Inputs {
-            job,
-            results: &results,
-            exits: &entry.exits,
-            progress: &entry.progress,
-            watch: &entry.watch,
-            telemetry: &Telemetry::from_stored(series),
-            rules: &self.cfg.health_rules,
-            perf: &self.cfg.perf_rules,
-            now_ms: now_ms(),
-        }))
-    }
-
-    pub(super) async fn stored_results(
-        &self,
-        job: &Job,
-    ) -> Result<BTreeMap<u32, RankResult>, StoreError> {
-        Ok(self
-            .store
-            .results(&job.id, job.attempt)
-            .await?
-            .into_iter()
-            .map(|r| (r.rank, r))
-            .collect())
     }
 }
 

@@ -34,7 +34,7 @@ use crate::judge::health::HealthRules;
 use crate::judge::report::{self, hang::Watch};
 use crate::judge::rules::PerfRules;
 use crate::judge::telemetry::Telemetry;
-use crate::store::{Batch, StateStore};
+use crate::store::{Batch, StateStore, StoreError, StoreResult};
 
 /// Late results are folded in once none came for this long…
 pub const STALE_QUIET_MS: u64 = 2_000;
@@ -99,6 +99,21 @@ impl Work {
         }
     }
 
+    /// What `entry` has in memory, copied, without its results and
+    /// telemetry: [`from_store`] reads those.
+    fn copy(entry: &JobEntry, health: &Arc<HealthRules>, perf: &Arc<PerfRules>) -> Work {
+        Work {
+            job: entry.job.clone(),
+            results: BTreeMap::new(),
+            exits: entry.exits.clone(),
+            progress: entry.progress.clone(),
+            watch: entry.watch.clone(),
+            telemetry: Telemetry::default(),
+            health: health.clone(),
+            perf: perf.clone(),
+        }
+    }
+
     /// The report without the ranks' results, which [`Work::finish`] moves in.
     fn build(&self, job: &Job, now: u64) -> Report {
         report::build_bare(&report::Inputs {
@@ -125,15 +140,8 @@ impl Work {
         for run in fleet::runs_of(&report) {
             batch = batch.run(&run);
         }
-        let mut telemetry = vec![Batch::default()];
-        for s in self.telemetry.dirty() {
-            let mut last = telemetry.pop().unwrap_or_default();
-            if last.bytes() >= TELEMETRY_WRITE_BYTES {
-                telemetry.push(last);
-                last = Batch::default();
-            }
-            telemetry.push(last.telemetry(&self.job.id, s));
-        }
+        let telemetry =
+            Batch::telemetry_parts(&self.job.id, self.telemetry.dirty(), TELEMETRY_WRITE_BYTES);
         Built {
             report,
             at_ms,
@@ -339,21 +347,15 @@ impl Scheduler {
         };
         entry.stale = None;
         entry.pending = Some(Pending::default());
-        let work = Work {
-            job: entry.job.clone(),
-            results: BTreeMap::new(),
-            exits: entry.exits.clone(),
-            progress: entry.progress.clone(),
-            watch: entry.watch.clone(),
-            telemetry: Telemetry::default(),
-            health: self.cfg.health_rules.clone(),
-            perf: self.cfg.perf_rules.clone(),
-        };
+        let work = Work::copy(entry, &self.cfg.health_rules, &self.cfg.perf_rules);
         let (retired, store, lane) = (entry.retired, self.store.clone(), self.first_lane.clone());
         let id = id.to_string();
         tokio::spawn(async move {
-            let report = match rebuild(work, retired, &store).await {
-                Ok(report) => Ok(Box::new(report)),
+            let report = match from_store(work, retired, &store).await {
+                Ok(report) => {
+                    drop(store.queue(Batch::default().report(&report)));
+                    Ok(Box::new(report))
+                }
                 Err(e) => {
                     warn!(job = %id, "could not make the report again with the late results: {e}");
                     Err(())
@@ -445,32 +447,37 @@ impl Scheduler {
     }
 }
 
+impl Scheduler {
+    /// An ended job's report built again from its stored results and
+    /// telemetry (its stored report is gone).
+    pub(super) async fn stored_report(&self, entry: &JobEntry) -> Result<Report, StoreError> {
+        let work = Work::copy(entry, &self.cfg.health_rules, &self.cfg.perf_rules);
+        from_store(work, entry.retired, &self.store).await
+    }
+}
+
 /// An ended job's report from its stored job, results and telemetry, with
-/// the rest of `work`; stored before it is returned.
-async fn rebuild(mut work: Work, retired: bool, store: &StateStore) -> Result<Report, String> {
+/// the rest of `work`, built on a blocking thread.
+async fn from_store(mut work: Work, retired: bool, store: &StateStore) -> StoreResult<Report> {
     if retired {
         // A retired job keeps no plan in memory; the stored one has it.
-        if let Some(job) = store.job(&work.job.id).await.map_err(|e| e.to_string())? {
+        if let Some(job) = store.job(&work.job.id).await? {
             work.job = job;
         }
     }
     let (id, attempt) = (work.job.id.clone(), work.job.attempt);
     work.results = store
         .results(&id, attempt)
-        .await
-        .map_err(|e| e.to_string())?
+        .await?
         .into_iter()
         .map(|r| (r.rank, r))
         .collect();
-    work.telemetry = Telemetry::from_stored(store.telemetry(&id).await.map_err(|e| e.to_string())?);
-    let store = store.clone();
+    work.telemetry = Telemetry::from_stored(store.telemetry(&id).await?);
     tokio::task::spawn_blocking(move || {
         let mut report = work.build(&work.job, now_ms());
         report::attach(&mut report, std::mem::take(&mut work.results));
-        drop(work);
-        drop(store.queue(Batch::default().report(&report)));
         report
     })
     .await
-    .map_err(|e| format!("building the report failed: {e}"))
+    .map_err(|e| StoreError::Backend(format!("building the report failed: {e}")))
 }

@@ -216,9 +216,23 @@ impl Batch {
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
-    /// Keys and values, in bytes.
-    pub fn bytes(&self) -> usize {
-        self.0.iter().map(|(k, v)| k.len() + v.len()).sum()
+    /// Each of `series` under `job`, in batches of about `max_bytes`.
+    pub fn telemetry_parts<'a>(
+        job: &str,
+        series: impl Iterator<Item = &'a GpuSeries>,
+        max_bytes: usize,
+    ) -> Vec<Batch> {
+        let (mut parts, mut part, mut bytes) = (Vec::new(), Batch::default(), 0);
+        for s in series {
+            if bytes >= max_bytes {
+                parts.push(std::mem::take(&mut part));
+                bytes = 0;
+            }
+            part = part.telemetry(job, s);
+            bytes += part.0.last().map_or(0, |(k, v)| k.len() + v.len());
+        }
+        parts.push(part);
+        parts
     }
 }
 
