@@ -24,6 +24,7 @@ use crate::logs::LogSink;
 use crate::rendezvous::Rendezvous;
 use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::service::auth::Security;
+use crate::service::gate::{ResultGate, RESULTS_IN_FLIGHT};
 use crate::service::{agent::AgentSvc, job::JobSvc, worker::WorkerSvc};
 use crate::standby::{self, Standby};
 use crate::store::{RedbStore, StateStore, Store};
@@ -193,6 +194,7 @@ pub async fn run_with(
     let scheme = if tls.is_some() { "https" } else { "http" };
     let serve = gpuctl_proto::server::builder_with_tls(tls)
         .context("--tls-cert/--tls-key/--client-ca")?
+        .layer(ResultGate::new(RESULTS_IN_FLIGHT))
         .add_service(agents)
         .add_service(jobs)
         .add_service(workers)

@@ -58,7 +58,8 @@ fn slots(n: &pb::Node) -> String {
         };
         format!("{ranks} cpu")
     } else {
-        format!("{} gpu", n.gpus.len())
+        // A brief listing has one entry per model; `slots` counts the GPUs.
+        format!("{} gpu", (n.slots as usize).max(n.gpus.len()))
     }
 }
 
@@ -162,5 +163,25 @@ mod tests {
                 && lines[2].contains("NVIDIA H200")
         );
         assert!(lines[2].contains("job-000007"));
+    }
+
+    #[test]
+    fn a_brief_node_counts_its_gpus_by_slots() {
+        // ListNodesRequest.brief: one entry per model.
+        let n = pb::Node {
+            name: "gpu-2".into(),
+            slots: 8,
+            gpus: vec![pb::GpuInfo {
+                name: "NVIDIA H200".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let s = render(&[n], 10_000);
+        let row = s.lines().nth(1).unwrap();
+        assert!(
+            row.contains("8 gpu") && row.contains("NVIDIA H200"),
+            "{row}"
+        );
     }
 }

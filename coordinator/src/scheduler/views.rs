@@ -145,16 +145,10 @@ pub fn brief(n: &Node) -> Node {
     Node {
         name: n.name.clone(),
         facts,
-        // How many and which model: the rest is in the full listing.
-        gpus: n
-            .gpus
-            .iter()
-            .map(|g| GpuInfo {
-                index: g.index,
-                name: g.name.clone(),
-                ..Default::default()
-            })
-            .collect(),
+        // Which models, one entry each (`slots` counts them): eight GPUs of
+        // one model were most of a 4,096-node listing. The rest is in the
+        // full listing.
+        gpus: models(&n.gpus),
         state: n.state,
         last_heartbeat_unix_ms: n.last_heartbeat_unix_ms,
         current_job: n.current_job.clone(),
@@ -163,6 +157,23 @@ pub fn brief(n: &Node) -> Node {
         state_reason: n.state_reason.clone(),
         preflight: Vec::new(),
     }
+}
+
+/// One entry per run of GPUs of the same model, in index order, with the
+/// first one's index.
+fn models(gpus: &[GpuInfo]) -> Vec<GpuInfo> {
+    let mut out: Vec<GpuInfo> = Vec::new();
+    for g in gpus {
+        if out.last().is_some_and(|m| m.name == g.name) {
+            continue;
+        }
+        out.push(GpuInfo {
+            index: g.index,
+            name: g.name.clone(),
+            ..Default::default()
+        });
+    }
+    out
 }
 
 #[cfg(test)]
@@ -247,5 +258,37 @@ mod tests {
         assert_eq!(v.plan.unwrap().ranks.len(), 256);
         assert_eq!(v.progress.len(), 256);
         assert_eq!(v.ranks_left_out, 0);
+    }
+
+    #[test]
+    fn a_brief_node_names_each_run_of_one_model_once() {
+        let gpu = |index, name: &str| GpuInfo {
+            index,
+            name: name.into(),
+            uuid: format!("GPU-{index}"),
+            ..Default::default()
+        };
+        let mut n = Node {
+            name: "n1".into(),
+            slots: 8,
+            gpus: (0..8).map(|i| gpu(i, "NVIDIA H200")).collect(),
+            ..Default::default()
+        };
+        let b = brief(&n);
+        assert_eq!(b.gpus.len(), 1);
+        assert_eq!(
+            (b.gpus[0].index, b.gpus[0].name.as_str()),
+            (0, "NVIDIA H200")
+        );
+        assert!(b.gpus[0].uuid.is_empty(), "the full listing has the rest");
+        assert_eq!(b.slots, 8);
+        n.gpus[5].name = "NVIDIA H100".into();
+        let b = brief(&n);
+        let runs: Vec<(u32, &str)> = b.gpus.iter().map(|g| (g.index, g.name.as_str())).collect();
+        assert_eq!(
+            runs,
+            [(0, "NVIDIA H200"), (5, "NVIDIA H100"), (6, "NVIDIA H200")],
+            "a node of mixed models still shows it"
+        );
     }
 }

@@ -1,0 +1,99 @@
+//! Admission of rank results: at most [`RESULTS_IN_FLIGHT`] `ReportResult`
+//! calls are decoded and handled at once; the rest wait before their body is
+//! read.
+//!
+//! Every rank of a job ends within the same second, and the scheduler takes
+//! results one at a time. Unbounded, 32,768 results were decoded (several KB
+//! each), each with its handler's state, all waiting on the scheduler: a few
+//! hundred MB at the coordinator's peak. A call that waits here holds only its
+//! undecoded bytes in HTTP/2's buffers, bounded by the flow-control window.
+//! Worker retries see nothing of it but the wait, which the scheduler would
+//! have made them wait anyway.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tokio::sync::Semaphore;
+use tower::{Layer, Service};
+
+/// More than the scheduler can use at once, few enough to be small.
+pub const RESULTS_IN_FLIGHT: usize = 256;
+
+/// The gRPC path of `WorkerService.ReportResult`.
+const GATED_PATH: &str = "/gpuctl.v1.WorkerService/ReportResult";
+
+/// The layer for the coordinator's server; one gate for every connection.
+#[derive(Clone)]
+pub struct ResultGate {
+    permits: Arc<Semaphore>,
+}
+
+impl ResultGate {
+    pub fn new(in_flight: usize) -> ResultGate {
+        ResultGate {
+            permits: Arc::new(Semaphore::new(in_flight)),
+        }
+    }
+}
+
+impl<S> Layer<S> for ResultGate {
+    type Service = Gated<S>;
+
+    fn layer(&self, inner: S) -> Gated<S> {
+        Gated {
+            inner,
+            permits: self.permits.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Gated<S> {
+    inner: S,
+    permits: Arc<Semaphore>,
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S, B> Service<http::Request<B>> for Gated<S>
+where
+    S: Service<http::Request<B>> + Clone + Send + 'static,
+    S::Future: Send,
+    B: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<S::Response, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        if req.uri().path() != GATED_PATH {
+            return Box::pin(self.inner.call(req));
+        }
+        // The service that was made ready goes with the call; a clone stays.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let permits = self.permits.clone();
+        Box::pin(async move {
+            // Never closed: the gate lives as long as the server.
+            let _permit = permits.acquire_owned().await;
+            inner.call(req).await
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuctl_proto::pb::worker_service_server::SERVICE_NAME;
+
+    #[test]
+    fn the_gated_path_is_report_result_of_the_worker_service() {
+        assert_eq!(GATED_PATH, format!("/{SERVICE_NAME}/ReportResult"));
+    }
+}
