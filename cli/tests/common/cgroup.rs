@@ -94,24 +94,22 @@ impl CpuQuota {
     }
 }
 
-/// Every process whose parent chain leads to `pid`.
-/// Whether `pid` has exited and waits to be reaped (or is gone).
-fn zombie(pid: u32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return true;
-    };
-    stat.rfind(')')
-        .and_then(|i| stat[i + 1..].split_whitespace().next())
-        .is_some_and(|state| state == "Z" || state == "X")
+/// The fields of `/proc/PID/stat` after the command name (which may hold
+/// spaces and parentheses): state first, then the parent's pid.
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    Some(rest.split_whitespace().map(str::to_string).collect())
 }
 
+/// Whether `pid` has exited and waits to be reaped (or is gone).
+fn zombie(pid: u32) -> bool {
+    stat_fields(pid).is_none_or(|f| f.first().is_some_and(|s| s == "Z" || s == "X"))
+}
+
+/// Every process whose parent chain leads to `pid`.
 fn descendants(pid: u32) -> Vec<u32> {
-    let parent_of = |p: u32| -> Option<u32> {
-        let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
-        // The command name may hold spaces: fields start after its ')'.
-        let rest = &stat[stat.rfind(')')? + 2..];
-        rest.split_whitespace().nth(1)?.parse().ok()
-    };
+    let parent_of = |p: u32| -> Option<u32> { stat_fields(p)?.get(1)?.parse().ok() };
     let all: Vec<u32> = std::fs::read_dir("/proc")
         .map(|d| {
             d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())

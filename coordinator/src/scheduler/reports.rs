@@ -407,6 +407,13 @@ impl Scheduler {
         }
     }
 
+    /// An ended job's report built again from its stored results and
+    /// telemetry (its stored report is gone).
+    pub(super) async fn stored_report(&self, entry: &JobEntry) -> Result<Report, StoreError> {
+        let work = Work::copy(entry, &self.cfg.health_rules, &self.cfg.perf_rules);
+        from_store(work, entry.retired, &self.store).await
+    }
+
     /// `GetReport`: a report on its way is waited for; otherwise as
     /// [`Scheduler::report`].
     pub(super) async fn get_report(
@@ -444,15 +451,6 @@ impl Scheduler {
             return;
         }
         let _ = reply.send(self.report(id).await);
-    }
-}
-
-impl Scheduler {
-    /// An ended job's report built again from its stored results and
-    /// telemetry (its stored report is gone).
-    pub(super) async fn stored_report(&self, entry: &JobEntry) -> Result<Report, StoreError> {
-        let work = Work::copy(entry, &self.cfg.health_rules, &self.cfg.perf_rules);
-        from_store(work, entry.retired, &self.store).await
     }
 }
 

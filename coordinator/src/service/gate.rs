@@ -91,9 +91,58 @@ where
 mod tests {
     use super::*;
     use gpuctl_proto::pb::worker_service_server::SERVICE_NAME;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     #[test]
     fn the_gated_path_is_report_result_of_the_worker_service() {
         assert_eq!(GATED_PATH, format!("/{SERVICE_NAME}/ReportResult"));
+    }
+
+    /// Counts the calls inside it at once, the most it saw, and holds each
+    /// a little while.
+    #[derive(Clone, Default)]
+    struct Busy {
+        now: Arc<AtomicUsize>,
+        most: Arc<AtomicUsize>,
+    }
+
+    impl Service<http::Request<()>> for Busy {
+        type Response = ();
+        type Error = std::convert::Infallible;
+        type Future = BoxFuture<Result<(), Self::Error>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: http::Request<()>) -> Self::Future {
+            let (now, most) = (self.now.clone(), self.most.clone());
+            Box::pin(async move {
+                let inside = now.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(inside, Ordering::SeqCst);
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                now.fetch_sub(1, Ordering::SeqCst);
+                Ok(())
+            })
+        }
+    }
+
+    async fn most_at_once(path: &str, calls: usize) -> usize {
+        let busy = Busy::default();
+        let mut gated = ResultGate::new(3).layer(busy.clone());
+        let all: Vec<_> = (0..calls)
+            .map(|_| gated.call(http::Request::builder().uri(path).body(()).unwrap()))
+            .collect();
+        for r in futures::future::join_all(all).await {
+            r.unwrap();
+        }
+        busy.most.load(Ordering::SeqCst)
+    }
+
+    #[tokio::test]
+    async fn results_past_the_gate_wait_and_other_calls_do_not() {
+        assert_eq!(most_at_once(GATED_PATH, 12).await, 3);
+        let other = format!("/{SERVICE_NAME}/RendezvousPut");
+        assert_eq!(most_at_once(&other, 12).await, 12);
     }
 }
