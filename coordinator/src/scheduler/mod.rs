@@ -90,6 +90,12 @@ impl SchedulerHandle {
         }
     }
 
+    /// The fleet's lane, for a reader that keeps its place in line while
+    /// it does other work (an agent's session; see `service::inbox`).
+    pub fn fleet_lane(&self) -> tokio_util::sync::PollSender<Event> {
+        tokio_util::sync::PollSender::new(self.tx.clone())
+    }
+
     async fn lane(&self, ev: Event) -> Result<(), mpsc::error::SendError<Event>> {
         if ev.from_people() {
             self.people.send(ev).await

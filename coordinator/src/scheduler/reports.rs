@@ -132,11 +132,11 @@ impl Work {
     /// The report with what is stored beside it.
     fn finish(mut self, mut report: Report, at_ms: u64) -> Built {
         // At tens of thousands of ranks the results are a hundred MB or
-        // more: moved into the report, not copied, and the progress is gone
-        // before the encoding is made.
-        report::attach(&mut report, std::mem::take(&mut self.results));
+        // more: the store gets the report without them (it has each), and
+        // they are moved into it, not copied, for those who wait.
         drop(std::mem::take(&mut self.progress));
-        let mut batch = Batch::default().report(&report);
+        let mut batch = Batch::default().report(&mut report);
+        report::attach(&mut report, std::mem::take(&mut self.results));
         for run in fleet::runs_of(&report) {
             batch = batch.run(&run);
         }
@@ -352,8 +352,8 @@ impl Scheduler {
         let id = id.to_string();
         tokio::spawn(async move {
             let report = match from_store(work, retired, &store).await {
-                Ok(report) => {
-                    drop(store.queue(Batch::default().report(&report)));
+                Ok(mut report) => {
+                    drop(store.queue(Batch::default().report(&mut report)));
                     Ok(Box::new(report))
                 }
                 Err(e) => {

@@ -1,6 +1,7 @@
 //! `AgentService`: registration and the long-lived session. Each session gets
 //! an id so that a replaced session's late close cannot detach the new one.
 
+use std::future::poll_fn;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -17,6 +18,7 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::warn;
 
 use super::auth::{PeerCerts, Security};
+use super::inbox::Inbox;
 use crate::scheduler::{Event, SchedulerHandle, SessionTx};
 
 /// Refuses an agent that speaks another protocol version, naming both.
@@ -152,7 +154,8 @@ async fn open(
 }
 
 /// Reads one agent's session until it ends, turning messages into events.
-/// A refusal goes to `refuse`, which ends the agent's stream with it.
+/// A refusal goes to `refuse`, which ends the agent's stream with it. The
+/// session is read ahead of the scheduler, into an [`Inbox`].
 async fn run_session(
     sched: SchedulerHandle,
     auth: (Security, Option<PeerCerts>),
@@ -169,52 +172,72 @@ async fn run_session(
             return;
         }
     };
+    let mut lane = sched.fleet_lane();
+    let mut inbox = Inbox::default();
     let mut why = "the agent ended it".to_string();
     loop {
-        let msg = match inbound.message().await {
-            Ok(Some(m)) => m,
-            Ok(None) => break,
-            Err(e) => {
-                // "keep-alive timed out", "connection reset", …: what an
-                // operator needs to tell a dead host from a slow one.
-                why = e.message().to_string();
-                break;
+        tokio::select! {
+            // Handing on first: reading is only for what the scheduler
+            // cannot take yet.
+            biased;
+            room = poll_fn(|cx| lane.poll_reserve(cx)), if !inbox.is_empty() => {
+                let Some(ev) = inbox.pop(&node).filter(|_| room.is_ok()) else {
+                    return; // the scheduler stopped
+                };
+                let _ = lane.send_item(ev);
             }
-        };
-        let event = match msg.msg {
-            Some(Msg::Heartbeat(hb)) => {
-                if let Err(status) = check_protocol(&hb.node, hb.protocol_version) {
+            msg = inbound.message(), if inbox.has_room() => {
+                let msg = match msg {
+                    Ok(Some(m)) => m,
+                    Ok(None) => break,
+                    Err(e) => {
+                        // "keep-alive timed out", "connection reset", …: what
+                        // an operator needs to tell a dead host from a slow one.
+                        why = e.message().to_string();
+                        break;
+                    }
+                };
+                if let Err(status) = read(&node, session, msg, &mut inbox) {
                     warn!(node = %node, "{}", status.message());
                     let _ = refuse.send(status);
                     break;
                 }
-                Event::Heartbeat {
-                    node: node.clone(),
-                    session,
-                    hb,
-                }
             }
-            Some(Msg::WorkerExited(exited)) => Event::WorkerExited {
-                node: node.clone(),
-                exited,
-            },
-            Some(Msg::Log(log)) => Event::WorkerLog {
-                node: node.clone(),
-                log,
-            },
-            Some(Msg::Ack(ack)) => Event::AssignmentAck {
-                node: node.clone(),
-                ack,
-            },
-            Some(Msg::Telemetry(batch)) => Event::Telemetry {
-                node: node.clone(),
-                batch,
-            },
-            None => continue,
-        };
-        sched.tell(event).await;
+        }
+    }
+    if inbox.dropped > 0 {
+        warn!(
+            node = %node,
+            samples = inbox.dropped,
+            "telemetry samples dropped while the scheduler was busy"
+        );
+    }
+    while let Some(ev) = inbox.pop(&node) {
+        sched.tell(ev).await;
     }
     sched
         .tell(Event::SessionClosed { node, session, why })
         .await;
+}
+
+/// Puts one message of `node`'s session into `inbox`; a heartbeat of
+/// another protocol version ends the session.
+fn read(node: &str, session: u64, msg: AgentMessage, inbox: &mut Inbox) -> Result<(), Status> {
+    let node = node.to_string();
+    let event = match msg.msg {
+        Some(Msg::Heartbeat(hb)) => {
+            check_protocol(&hb.node, hb.protocol_version)?;
+            Event::Heartbeat { node, session, hb }
+        }
+        Some(Msg::WorkerExited(exited)) => Event::WorkerExited { node, exited },
+        Some(Msg::Log(log)) => Event::WorkerLog { node, log },
+        Some(Msg::Ack(ack)) => Event::AssignmentAck { node, ack },
+        Some(Msg::Telemetry(batch)) => {
+            inbox.push_telemetry(&node, batch);
+            return Ok(());
+        }
+        None => return Ok(()),
+    };
+    inbox.push(event);
+    Ok(())
 }

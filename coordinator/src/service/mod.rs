@@ -7,6 +7,7 @@ pub mod agent;
 pub mod auth;
 pub mod baseline;
 pub mod gate;
+pub mod inbox;
 pub mod job;
 pub mod worker;
 

@@ -12,7 +12,8 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use gpuctl_proto::auth::RankKey;
 use gpuctl_proto::pb::{
-    Acceptance, Baseline, GetLogsResponse, Job, LogLine, Node, NodeRun, RankResult, Report, Suite,
+    Acceptance, Baseline, GetLogsResponse, Job, LogLine, Node, NodeRun, RankReport, RankResult,
+    Report, Suite,
 };
 use prost::Message;
 
@@ -183,9 +184,17 @@ impl Batch {
         self.0.push((keys::job(&job.id), bytes));
         self
     }
-    pub fn report(mut self, report: &Report) -> Self {
+    /// The report without its ranks' results: each is under its own key
+    /// already, and [`StateStore::report`] puts them back. At 32,768 ranks
+    /// they were most of a 40 MB value, encoded and written again at the
+    /// job's end, when memory peaks.
+    pub fn report(mut self, report: &mut Report) -> Self {
+        let results: Vec<_> = ranks_of(report).map(|r| r.result.take()).collect();
         self.0
             .push((keys::report(&report.job_id), report.encode_to_vec()));
+        for (rank, result) in ranks_of(report).zip(results) {
+            rank.result = result;
+        }
         self
     }
     pub fn suite(mut self, suite: &Suite) -> Self {
@@ -234,6 +243,10 @@ impl Batch {
         parts.push(part);
         parts
     }
+}
+
+fn ranks_of(report: &mut Report) -> impl Iterator<Item = &mut RankReport> {
+    report.nodes.iter_mut().flat_map(|n| &mut n.ranks)
 }
 
 /// Reads bigger than this are decoded on a blocking thread: a 32,768-rank
@@ -466,8 +479,25 @@ impl StateStore {
         self.delete(keys::baseline(name)).await
     }
 
+    /// A stored report with its ranks' results put back (see
+    /// [`Batch::report`]).
     pub async fn report(&self, job: &str) -> StoreResult<Option<Report>> {
-        self.get_msg(keys::report(job)).await
+        let Some(mut report) = self.get_msg::<Report>(keys::report(job)).await? else {
+            return Ok(None);
+        };
+        // Reports stored before `attempt` was kept carry their results.
+        if report.attempt > 0 {
+            let mut results: std::collections::BTreeMap<u32, RankResult> = self
+                .results(job, report.attempt)
+                .await?
+                .into_iter()
+                .map(|r| (r.rank, r))
+                .collect();
+            for rank in ranks_of(&mut report) {
+                rank.result = results.remove(&rank.rank);
+            }
+        }
+        Ok(Some(report))
     }
 
     /// A job's stored telemetry, one series per GPU in (node, index) order.
@@ -612,6 +642,64 @@ mod tests {
         assert!(s.raw().delete(keys::job("job-000001")).await.unwrap());
         assert!(!s.raw().delete(keys::job("job-000001")).await.unwrap());
         assert!(s.job("job-000001").await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_report_is_stored_without_its_results_and_read_with_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = open(dir.path());
+        let result = |rank| RankResult {
+            job_id: "job-000007".into(),
+            attempt: 2,
+            rank,
+            node: "node-0".into(),
+            ..Default::default()
+        };
+        for rank in [0, 1] {
+            s.put_result(&result(rank)).await.unwrap();
+        }
+        // Attempt 1's result of rank 1 is not attempt 2's.
+        s.put_result(&RankResult {
+            attempt: 1,
+            device: "old".into(),
+            ..result(1)
+        })
+        .await
+        .unwrap();
+        let rank = |rank| RankReport {
+            rank,
+            result: Some(result(rank)),
+            ..Default::default()
+        };
+        let mut report = Report {
+            job_id: "job-000007".into(),
+            attempt: 2,
+            nodes: vec![gpuctl_proto::pb::NodeReport {
+                name: "node-0".into(),
+                ranks: vec![
+                    rank(0),
+                    rank(1),
+                    RankReport {
+                        rank: 2,
+                        ..Default::default()
+                    },
+                ],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let want = report.clone();
+        s.queue(Batch::default().report(&mut report)).await.unwrap();
+        assert_eq!(report, want, "the caller's report keeps its results");
+        let raw = s
+            .get_raw(keys::report("job-000007"))
+            .await
+            .unwrap()
+            .unwrap();
+        let stored = Report::decode(raw.as_slice()).unwrap();
+        let carried = stored.nodes[0].ranks.iter().filter(|r| r.result.is_some());
+        assert_eq!(carried.count(), 0, "the stored value has no results");
+        assert_eq!(s.report("job-000007").await.unwrap().unwrap(), want);
     }
 
     #[tokio::test]

@@ -147,6 +147,7 @@ fn assemble(inp: &Inputs, with_results: bool) -> Report {
         bisect: bisect.rounds,
         hang_timeout_ms,
         telemetry_bytes: inp.telemetry.stored_bytes(&job.id),
+        attempt: job.attempt,
     };
     verdict::judge_job(&mut report, job, inp.results.len());
     report

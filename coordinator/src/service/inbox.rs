@@ -1,0 +1,215 @@
+//! What one agent's session has read and the scheduler has not taken yet.
+//!
+//! A session is read as its messages come, whether or not the scheduler's
+//! fleet lane has room: at thousands of nodes a job's end fills that lane
+//! for seconds, and a session that stopped reading meanwhile left its
+//! frames in HTTP/2's receive queue, each holding the whole 8 KB read
+//! buffer it arrived in (~350 MB at 4,096 nodes, heaptrack). Read here, a
+//! message is decoded into a few hundred bytes, and what piles up is kept
+//! small: a newer heartbeat replaces one still waiting, telemetry samples
+//! join the batch still waiting (the oldest dropped past a bound), and
+//! other messages wait in order, up to a bound past which the session
+//! stops reading until the scheduler takes some.
+
+use std::collections::VecDeque;
+
+use gpuctl_proto::pb::TelemetryBatch;
+
+use crate::scheduler::Event;
+
+/// Messages other than telemetry waiting for the scheduler; past this the
+/// session is not read until it takes one.
+pub const READ_AHEAD: usize = 64;
+
+/// Telemetry samples waiting for the scheduler: a minute of 8 GPUs at one
+/// sample a second. The oldest go first: the job's series keeps buckets,
+/// and the newest samples are what `gpuctl watch` shows.
+pub const WAITING_SAMPLES: usize = 8 * 60;
+
+#[derive(Default)]
+pub struct Inbox {
+    events: VecDeque<Event>,
+    telemetry: Option<TelemetryBatch>,
+    /// Samples dropped past [`WAITING_SAMPLES`], for the log.
+    pub dropped: u64,
+}
+
+impl Inbox {
+    /// Whether the session may read another message.
+    pub fn has_room(&self) -> bool {
+        self.events.len() < READ_AHEAD
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty() && self.telemetry.is_none()
+    }
+
+    /// Queues `ev` behind what waits, a heartbeat in place of one waiting
+    /// last (keeping its preflight checks when the newer one has none: an
+    /// agent sends them now and then, not every time).
+    pub fn push(&mut self, mut ev: Event) {
+        if let (
+            Event::Heartbeat { session, hb, .. },
+            Some(Event::Heartbeat {
+                session: waiting,
+                hb: old,
+                ..
+            }),
+        ) = (&mut ev, self.events.back_mut())
+        {
+            if session == waiting {
+                if hb.preflight.is_empty() {
+                    hb.preflight = std::mem::take(&mut old.preflight);
+                }
+                *self.events.back_mut().expect("a heartbeat waits") = ev;
+                return;
+            }
+        }
+        self.events.push_back(ev);
+    }
+
+    /// Joins `batch`'s samples to the telemetry waiting, when it is of the
+    /// same job and attempt; a batch of another goes first, as an event.
+    pub fn push_telemetry(&mut self, node: &str, batch: TelemetryBatch) {
+        match self.telemetry.as_mut() {
+            Some(w) if w.job_id == batch.job_id && w.attempt == batch.attempt => {
+                w.samples.extend(batch.samples);
+                let over = w.samples.len().saturating_sub(WAITING_SAMPLES);
+                if over > 0 {
+                    w.samples.drain(..over);
+                    self.dropped += over as u64;
+                }
+            }
+            _ => {
+                if let Some(old) = self.telemetry.replace(batch) {
+                    self.events.push_back(Event::Telemetry {
+                        node: node.to_string(),
+                        batch: old,
+                    });
+                }
+            }
+        }
+    }
+
+    /// The next event for the scheduler: messages in the order they came,
+    /// then the telemetry waiting.
+    pub fn pop(&mut self, node: &str) -> Option<Event> {
+        self.events.pop_front().or_else(|| {
+            self.telemetry.take().map(|batch| Event::Telemetry {
+                node: node.to_string(),
+                batch,
+            })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuctl_proto::pb::{AssignmentAck, GpuSample, Heartbeat};
+
+    fn hb(session: u64, seq: u64) -> Event {
+        Event::Heartbeat {
+            node: "n".into(),
+            session,
+            hb: Heartbeat {
+                unix_ms: seq,
+                ..Default::default()
+            },
+        }
+    }
+
+    fn batch(job: &str, from: u64, n: u64) -> TelemetryBatch {
+        TelemetryBatch {
+            job_id: job.into(),
+            attempt: 1,
+            samples: (from..from + n)
+                .map(|unix_ms| GpuSample {
+                    unix_ms,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn ack() -> Event {
+        Event::AssignmentAck {
+            node: "n".into(),
+            ack: AssignmentAck::default(),
+        }
+    }
+
+    #[test]
+    fn a_newer_heartbeat_replaces_the_last_one_waiting_only() {
+        let mut inbox = Inbox::default();
+        inbox.push(hb(1, 1));
+        inbox.push(hb(1, 2));
+        inbox.push(ack());
+        inbox.push(hb(1, 3));
+        let mut order = Vec::new();
+        while let Some(ev) = inbox.pop("n") {
+            order.push(match ev {
+                Event::Heartbeat { hb, .. } => format!("hb{}", hb.unix_ms),
+                other => other.name().to_string(),
+            });
+        }
+        assert_eq!(order, ["hb2", "AssignmentAck", "hb3"]);
+    }
+
+    #[test]
+    fn a_replaced_heartbeat_hands_on_its_preflight() {
+        let mut inbox = Inbox::default();
+        let Event::Heartbeat {
+            node,
+            session,
+            hb: mut first,
+        } = hb(1, 1)
+        else {
+            unreachable!()
+        };
+        first.preflight.push(Default::default());
+        inbox.push(Event::Heartbeat {
+            node,
+            session,
+            hb: first,
+        });
+        inbox.push(hb(1, 2));
+        let Some(Event::Heartbeat { hb, .. }) = inbox.pop("n") else {
+            panic!("a heartbeat waits");
+        };
+        assert_eq!((hb.unix_ms, hb.preflight.len()), (2, 1));
+    }
+
+    #[test]
+    fn telemetry_joins_up_to_a_bound_and_a_new_job_goes_after_the_old() {
+        let mut inbox = Inbox::default();
+        inbox.push_telemetry("n", batch("a", 0, 300));
+        inbox.push_telemetry("n", batch("a", 300, 300));
+        assert_eq!(inbox.dropped, 600 - WAITING_SAMPLES as u64);
+        inbox.push_telemetry("n", batch("b", 0, 8));
+        let Some(Event::Telemetry { batch: a, .. }) = inbox.pop("n") else {
+            panic!("job a's telemetry first");
+        };
+        assert_eq!(a.samples.len(), WAITING_SAMPLES);
+        assert_eq!(a.samples.last().unwrap().unix_ms, 599, "the newest kept");
+        let Some(Event::Telemetry { batch: b, .. }) = inbox.pop("n") else {
+            panic!("then job b's");
+        };
+        assert_eq!((b.job_id.as_str(), b.samples.len()), ("b", 8));
+        assert!(inbox.pop("n").is_none() && inbox.is_empty());
+    }
+
+    #[test]
+    fn room_runs_out_at_the_read_ahead() {
+        let mut inbox = Inbox::default();
+        for _ in 0..READ_AHEAD {
+            assert!(inbox.has_room());
+            inbox.push(ack());
+        }
+        assert!(!inbox.has_room());
+        // Telemetry never takes room of its own.
+        inbox.push_telemetry("n", batch("a", 0, 8));
+        assert!(!inbox.has_room());
+    }
+}
