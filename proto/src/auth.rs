@@ -49,7 +49,15 @@ impl RankKey {
     /// is in the clear so that a call that names no rank (a rendezvous read)
     /// can still be checked against the rank whose secret it carries.
     pub fn secret(&self, job: &str, attempt: u32, rank: u32) -> String {
-        format!("r{rank}-{}", hex(&self.mac(job, attempt, rank)))
+        self.secrets(job, attempt).of(rank)
+    }
+
+    /// The secrets of one job attempt's ranks, keyed once: a job's start
+    /// hands out every one of them, 32,768 at 4,096 nodes.
+    pub fn secrets(&self, job: &str, attempt: u32) -> JobSecrets {
+        let mut mac = Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes any key length");
+        mac.update(format!("{job}/{attempt}/").as_bytes());
+        JobSecrets(mac)
     }
 
     /// The rank whose secret `presented` is for this job attempt, or `None`
@@ -60,16 +68,26 @@ impl RankKey {
         let want = self.secret(job, attempt, rank);
         bool::from(want.as_bytes().ct_eq(presented.as_bytes())).then_some(rank)
     }
-
-    fn mac(&self, job: &str, attempt: u32, rank: u32) -> Vec<u8> {
-        let mut mac = Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes any key length");
-        mac.update(format!("{job}/{attempt}/{rank}").as_bytes());
-        mac.finalize().into_bytes().to_vec()
-    }
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+/// [`RankKey::secrets`]: the MAC state after the key and `job/attempt/`.
+pub struct JobSecrets(Hmac<Sha256>);
+
+impl JobSecrets {
+    /// `r{rank}-{hex of HMAC-SHA256(key, job/attempt/rank)}`.
+    pub fn of(&self, rank: u32) -> String {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut mac = self.0.clone();
+        mac.update(rank.to_string().as_bytes());
+        let tag = mac.finalize().into_bytes();
+        let mut s = format!("r{rank}-");
+        s.reserve(2 * tag.len());
+        for b in tag {
+            s.push(HEX[usize::from(b >> 4)] as char);
+            s.push(HEX[usize::from(b & 15)] as char);
+        }
+        s
+    }
 }
 
 #[cfg(test)]
@@ -97,5 +115,18 @@ mod tests {
         let same = RankKey::from_bytes(key.as_bytes()).unwrap();
         assert_eq!(same.secret("job-000001", 1, 3), s);
         assert!(RankKey::from_bytes(&[0; 31]).is_none());
+    }
+
+    #[test]
+    fn secrets_are_hmac_sha256_of_job_attempt_rank_in_hex() {
+        // Python: hmac.new(bytes(32), b"job-000001/1/3", hashlib.sha256).hexdigest()
+        let key = RankKey::from_bytes(&[0; KEY_BYTES]).unwrap();
+        assert_eq!(
+            key.secret("job-000001", 1, 3),
+            "r3-263fd1d62add1e542606eb18052a25e88eebca8d793426ff6b7c22b41f9bc0ec"
+        );
+        let all = key.secrets("job-000001", 1);
+        assert_eq!(all.of(3), key.secret("job-000001", 1, 3));
+        assert_ne!(all.of(30), key.secret("job-000001", 1, 3));
     }
 }

@@ -125,10 +125,15 @@ impl Scheduler {
             id.clone(),
             JobEntry {
                 job,
+                planned: Some(plan),
                 ..Default::default()
             },
         );
         self.start_pending().await;
+        if let Some(e) = self.jobs.get_mut(&id) {
+            // It waits for nodes: planned again when they are free.
+            e.planned = None;
+        }
         Ok(self.jobs[&id].view())
     }
 
@@ -159,13 +164,22 @@ impl Scheduler {
     async fn start(&mut self, id: &str, names: Vec<String>) {
         let now = now_ms();
         let spec = self.jobs[id].job.spec.clone().unwrap_or_default();
-        let plan = {
-            let chosen: Vec<&Node> = names
-                .iter()
-                .filter_map(|n| self.nodes.get(n))
-                .map(|e| &e.node)
-                .collect();
-            planner::plan(&spec, &chosen)
+        let planned = self.jobs.get_mut(id).and_then(|e| e.planned.take());
+        let same = |p: &Plan| {
+            let mut sorted: Vec<&String> = names.iter().collect();
+            sorted.sort();
+            p.nodes.iter().eq(sorted)
+        };
+        let plan = match planned.filter(same) {
+            Some(plan) => plan,
+            None => {
+                let chosen: Vec<&Node> = names
+                    .iter()
+                    .filter_map(|n| self.nodes.get(n))
+                    .map(|e| &e.node)
+                    .collect();
+                planner::plan(&spec, &chosen)
+            }
         };
         if let Some(err) = preflight::preflight_error(&plan) {
             if let Some(j) = self.jobs.get_mut(id) {
@@ -176,6 +190,8 @@ impl Scheduler {
             return;
         }
         let deadline = now.saturating_add(job_budget_ms(&spec));
+        // This job's results will want the memory.
+        self.recent.forget();
         let Some(entry) = self.jobs.get_mut(id) else {
             return;
         };
@@ -210,6 +226,7 @@ impl Scheduler {
             }
         };
         let mut unreachable = Vec::new();
+        let secrets = key.secrets(id, attempt);
         let by_node = plan.ranks_by_node();
         for (node_rank, name) in plan.nodes.iter().enumerate() {
             let Some(n) = self.nodes.get(name) else {
@@ -225,10 +242,7 @@ impl Scheduler {
                 job_id: id.to_string(),
                 attempt,
                 spec: Some(spec.clone()),
-                rank_secrets: ranks
-                    .iter()
-                    .map(|r| (r.rank, key.secret(id, attempt, r.rank)))
-                    .collect(),
+                rank_secrets: ranks.iter().map(|r| (r.rank, secrets.of(r.rank))).collect(),
                 ranks,
                 env: env.clone(),
                 world_size: plan.world_size,

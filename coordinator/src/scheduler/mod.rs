@@ -13,6 +13,7 @@ mod agents;
 pub mod events;
 mod jobs;
 mod ranks;
+mod recent;
 mod reports;
 pub mod snapshot;
 pub mod state;
@@ -126,6 +127,8 @@ pub struct Scheduler {
     jobs_of_suites: BTreeMap<String, String>,
     /// Counters since this coordinator started, for `/metrics`.
     counts: Counts,
+    /// The report of the job that ended last, for a little while.
+    recent: recent::Recent,
     /// The first lane, for blocking threads that build reports.
     first_lane: mpsc::WeakSender<Event>,
     /// Both lanes, made at load (a job judged then needs the first one) and
@@ -234,6 +237,7 @@ impl Scheduler {
             people: mpsc::channel(256),
         };
         let mut me = Scheduler {
+            recent: recent::Recent::default(),
             first_lane: lanes.people.0.downgrade(),
             lanes: Some(lanes),
             cfg,
@@ -430,6 +434,7 @@ impl Scheduler {
         self.fail_hung_jobs().await;
         self.store_telemetry(false).await;
         self.refold_stale();
+        self.recent.expire(now_ms());
     }
 
     /// Writes state; a failure is logged, since the in-memory state already moved on.

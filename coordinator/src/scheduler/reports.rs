@@ -26,7 +26,8 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use super::events::{Event, Reply};
-use super::state::{drop_later, JobEntry};
+use super::recent;
+use super::state::JobEntry;
 use super::Scheduler;
 use crate::error::CoordinatorError;
 use crate::judge::fleet;
@@ -193,21 +194,22 @@ fn send(lane: &mpsc::WeakSender<Event>, ev: Event) {
     }
 }
 
-/// Hands a report to whoever waited for it: copies for all but the last,
-/// which gets it (a 4,096-node report is a big structure to copy); with
-/// nobody waiting it is freed off the scheduler's task.
-fn deliver(mut waiting: Vec<Reply<Result<Report, CoordinatorError>>>, report: Report) {
-    let Some(last) = waiting.pop() else {
-        drop_later(report);
-        return;
-    };
-    for w in waiting {
-        let _ = w.send(Ok(report.clone()));
-    }
-    let _ = last.send(Ok(report));
-}
-
 impl Scheduler {
+    /// Hands job `id`'s report to whoever waited for it, and keeps it a
+    /// while for those who ask next.
+    fn deliver(
+        &mut self,
+        id: &str,
+        waiting: Vec<Reply<Result<Report, CoordinatorError>>>,
+        report: Report,
+    ) {
+        let report = Arc::new(report);
+        self.recent.keep(id, report.clone(), now_ms());
+        if !waiting.is_empty() {
+            recent::answer(waiting, report);
+        }
+    }
+
     /// Hands a complete running job to a blocking thread for its verdict;
     /// whether the job is being judged (false: it is not complete).
     pub(super) fn judge_if_complete(&mut self, id: &str) -> bool {
@@ -274,7 +276,7 @@ impl Scheduler {
         let mut built = built;
         let report = std::mem::take(&mut built.report);
         let stage_report = self.is_stage(&id).then(|| report.clone());
-        deliver(pending.waiting, report);
+        self.deliver(&id, pending.waiting, report);
         self.finish_with(&id, state, message, None, Some(built))
             .await;
         if let Some(report) = stage_report {
@@ -378,7 +380,7 @@ impl Scheduler {
             entry.mark_stale(now_ms());
         }
         match report {
-            Ok(report) => deliver(pending.waiting, report),
+            Ok(report) => self.deliver(&id, pending.waiting, report),
             // Each reads the stored one.
             Err(()) => {
                 for reply in pending.waiting {
@@ -400,7 +402,7 @@ impl Scheduler {
             entry.mark_stale(now_ms());
         }
         let stage_report = self.is_stage(&id).then(|| report.clone());
-        deliver(pending.waiting, report);
+        self.deliver(&id, pending.waiting, report);
         if let Some(report) = stage_report {
             let state = self.jobs.get(&id).map_or(JobState::Failed, |e| e.state());
             self.stage_ended(&id, state, &report).await;
@@ -427,6 +429,10 @@ impl Scheduler {
         };
         if let Some(p) = entry.pending.as_mut() {
             p.waiting.push(reply);
+            return;
+        }
+        if let Some(report) = self.recent.get(id) {
+            recent::answer(vec![reply], report);
             return;
         }
         if entry.report_stored {

@@ -96,6 +96,10 @@ impl NodeEntry {
 #[derive(Default)]
 pub struct JobEntry {
     pub job: Job,
+    /// The plan made when the job was submitted, used when it starts at
+    /// once on the same nodes: planning 32,768 ranks twice held the
+    /// scheduler for it twice.
+    pub planned: Option<Plan>,
     pub progress: BTreeMap<u32, RankProgress>,
     /// Results of the current attempt; emptied once the job ends and its report
     /// is stored.
