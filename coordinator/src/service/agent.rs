@@ -212,6 +212,8 @@ async fn run_session(
             "telemetry samples dropped while the scheduler was busy"
         );
     }
+    // A place in line it still waits for would hold a slot of the lane.
+    drop(lane);
     while let Some(ev) = inbox.pop(&node) {
         sched.tell(ev).await;
     }
