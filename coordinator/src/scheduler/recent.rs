@@ -13,7 +13,7 @@ use std::sync::Arc;
 use gpuctl_proto::pb::Report;
 
 use super::events::Reply;
-use super::state::drop_later;
+use super::state::{drop_later, off_task};
 use crate::error::CoordinatorError;
 
 /// How long the last report stays in memory when no job starts.
@@ -58,15 +58,11 @@ impl Recent {
 /// Answers each of `waiting` with a copy of `report`, made off the
 /// scheduler's task (a 4,096-node report is a big structure to copy).
 pub fn answer(waiting: Vec<Reply<Result<Report, CoordinatorError>>>, report: Arc<Report>) {
-    let copy = move || {
+    off_task(move || {
         for w in waiting {
             let _ = w.send(Ok(Report::clone(&report)));
         }
-    };
-    match tokio::runtime::Handle::try_current() {
-        Ok(h) => drop(h.spawn_blocking(copy)),
-        Err(_) => copy(),
-    }
+    });
 }
 
 #[cfg(test)]

@@ -294,12 +294,16 @@ pub fn job_id(seq: u64) -> String {
 
 /// Drops `v` on a blocking thread: freeing a big job's parts (hundreds of
 /// MB in small allocations) would hold the scheduler for a good part of a
-/// second. Outside a runtime (tests) it is dropped here.
+/// second.
 pub fn drop_later<T: Send + 'static>(v: T) {
+    off_task(move || drop(v));
+}
+
+/// Runs `work` on a blocking thread, off the scheduler's task. Outside a
+/// runtime (tests) it runs here.
+pub fn off_task(work: impl FnOnce() + Send + 'static) {
     match tokio::runtime::Handle::try_current() {
-        Ok(h) => {
-            h.spawn_blocking(move || drop(v));
-        }
-        Err(_) => drop(v),
+        Ok(h) => drop(h.spawn_blocking(work)),
+        Err(_) => work(),
     }
 }
