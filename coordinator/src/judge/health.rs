@@ -400,6 +400,10 @@ impl HealthRules {
             t.pcie_gen_low_loaded > 0 && share(t.pcie_gen_low_loaded) >= self.pcie_link_min_share;
         let width_low = t.pcie_width_low_loaded > 0
             && share(t.pcie_width_low_loaded) >= self.pcie_link_min_share;
+        if !width_low && !gen_low {
+            // Formatted only when it fires: every GPU of a job comes here.
+            return;
+        }
         let seen = format!(
             "PCIe link at Gen{} x{} under load at worst; the GPU supports Gen{} x{}",
             t.pcie_gen_loaded_min, t.pcie_width_loaded_min, t.pcie_gen_max, t.pcie_width_max
