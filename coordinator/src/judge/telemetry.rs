@@ -109,9 +109,15 @@ impl Telemetry {
 
     /// What the series take in the store, keys included.
     pub fn stored_bytes(&self, job: &str) -> u64 {
+        self.series.values().map(|s| stored_len(job, s)).sum()
+    }
+
+    /// As [`Telemetry::stored_bytes`], of the series stored as they are.
+    pub fn clean_stored_bytes(&self, job: &str) -> u64 {
         self.series
-            .values()
-            .map(|s| (keys::telemetry(job, &s.node, s.index).len() + s.encoded_len()) as u64)
+            .iter()
+            .filter(|(k, _)| !self.dirty.contains(*k))
+            .map(|(_, s)| stored_len(job, s))
             .sum()
     }
 
@@ -193,6 +199,11 @@ fn summary(
         })
         .collect();
     (s, findings)
+}
+
+/// A series' key and value in the store.
+fn stored_len(job: &str, s: &GpuSeries) -> u64 {
+    (keys::telemetry(job, &s.node, s.index).len() + s.encoded_len()) as u64
 }
 
 fn severity(v: Verdict) -> u8 {

@@ -11,7 +11,7 @@ use gpuctl_proto::pb::{
 };
 use tracing::{debug, info, warn};
 
-use super::reports::Built;
+use super::reports::{self, Built};
 use super::state::{job_id, JobEntry, NodeEntry};
 use super::{human, Scheduler};
 use crate::error::CoordinatorError;
@@ -306,6 +306,7 @@ impl Scheduler {
             return;
         }
         let now = prebuilt.as_ref().map_or_else(now_ms, |b| b.at_ms);
+        let since = prebuilt.as_ref().map(|b| b.since);
         entry.job.set_state(state);
         entry.job.message = message.clone();
         entry.job.finished_unix_ms = now;
@@ -321,12 +322,7 @@ impl Scheduler {
             .map(|p| p.nodes.clone())
             .unwrap_or_default();
         let mut batch = match prebuilt {
-            Some(built) => {
-                for t in built.telemetry {
-                    self.save(t);
-                }
-                built.batch
-            }
+            Some(built) => built.batch,
             None => {
                 self.build_report_later(id);
                 Batch::default()
@@ -352,7 +348,10 @@ impl Scheduler {
             }
         }
         self.rdv.close(id, attempt);
-        self.save(batch);
+        match since {
+            Some(since) => reports::log_when_stored(id, self.store.queue(batch), since),
+            None => self.save(batch),
+        }
         match state {
             JobState::Succeeded => info!(job = %id, "job succeeded"),
             _ => warn!(job = %id, state = state.label(), "job ended: {message}"),

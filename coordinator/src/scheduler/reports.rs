@@ -19,6 +19,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use gpuctl_proto::now_ms;
 use gpuctl_proto::pb::{Job, JobState, RankProgress, RankResult, Report, Verdict, WorkerExited};
@@ -35,7 +36,7 @@ use crate::judge::health::HealthRules;
 use crate::judge::report::{self, hang::Watch};
 use crate::judge::rules::PerfRules;
 use crate::judge::telemetry::Telemetry;
-use crate::store::{Batch, StateStore, StoreError, StoreResult};
+use crate::store::{Batch, Durable, StateStore, StoreError, StoreResult};
 
 /// Late results are folded in once none came for this long…
 pub const STALE_QUIET_MS: u64 = 2_000;
@@ -52,24 +53,28 @@ pub struct Pending {
     pub straggled: bool,
 }
 
-/// A report built off the task, with what the store gets besides it: the
-/// fleet history runs and the job's last telemetry series.
+/// A report built off the task, with what the store gets beside it.
 #[derive(Debug)]
 pub struct Built {
     pub report: Report,
     pub at_ms: u64,
+    /// When the job ended as the scheduler saw it (its last result handled,
+    /// or its end decided): how long storing its report took is told from here.
+    pub since: Instant,
+    /// The report for the store, the history's runs: queued after the
+    /// job's telemetry, which went to the store while the report was made.
     pub batch: Batch,
-    /// The job's last telemetry, in writes of about [`TELEMETRY_WRITE_BYTES`]
-    /// queued before `batch`: the store holds a transaction's pages in
-    /// memory until it commits, and a job's end was one of 100 MB.
-    pub telemetry: Vec<Batch>,
 }
 
-/// See [`Built::telemetry`].
+/// A job's last telemetry is queued to the store in writes of about this
+/// size: the store holds a transaction's pages in memory until it commits,
+/// and a job's end was one of 100 MB.
 const TELEMETRY_WRITE_BYTES: usize = 8 << 20;
 
 /// Everything a report is made of, owned, so that it can go to another thread.
 struct Work {
+    /// See [`Built::since`].
+    since: Instant,
     job: Job,
     results: BTreeMap<u32, RankResult>,
     exits: BTreeMap<u32, WorkerExited>,
@@ -89,6 +94,7 @@ impl Work {
             entry.mark_stored(rank);
         }
         Work {
+            since: Instant::now(),
             job: entry.job.clone(),
             results: std::mem::take(&mut entry.results),
             exits: entry.exits.clone(),
@@ -104,6 +110,7 @@ impl Work {
     /// telemetry: [`from_store`] reads those.
     fn copy(entry: &JobEntry, health: &Arc<HealthRules>, perf: &Arc<PerfRules>) -> Work {
         Work {
+            since: Instant::now(),
             job: entry.job.clone(),
             results: BTreeMap::new(),
             exits: entry.exits.clone(),
@@ -130,8 +137,37 @@ impl Work {
         })
     }
 
+    /// Queues the job's last telemetry to `store`, and measures all of it
+    /// as stored (`Report.telemetry_bytes`).
+    fn store_telemetry(&self, store: &StateStore) -> u64 {
+        let queue = |part| drop(store.queue(part));
+        let id = &self.job.id;
+        Batch::telemetry_parts(id, self.telemetry.dirty(), TELEMETRY_WRITE_BYTES, queue)
+            + self.telemetry.clean_stored_bytes(id)
+    }
+
+    /// `make`'s result, with the job's telemetry encoded and queued to
+    /// `store` on a second thread meanwhile (its bytes returned): at 32,768
+    /// GPUs that is ~0.1 s of encoding and ~35 MB for the store to commit,
+    /// which it does while the report is made instead of after.
+    fn beside_telemetry<T: Send>(
+        &self,
+        store: &StateStore,
+        make: impl FnOnce(&Work) -> T + Send,
+    ) -> (T, u64) {
+        std::thread::scope(|s| {
+            let stored = s.spawn(|| self.store_telemetry(store));
+            let made = make(self);
+            let stored = stored
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            (made, stored)
+        })
+    }
+
     /// The report with what is stored beside it.
-    fn finish(mut self, mut report: Report, at_ms: u64) -> Built {
+    fn finish(mut self, mut report: Report, at_ms: u64, telemetry_bytes: u64) -> Built {
+        report.telemetry_bytes = telemetry_bytes;
         // At tens of thousands of ranks the results are a hundred MB or
         // more: the store gets the report without them (it has each), and
         // they are moved into it, not copied, for those who wait.
@@ -141,30 +177,42 @@ impl Work {
         for run in fleet::runs_of(&report) {
             batch = batch.run(&run);
         }
-        let telemetry =
-            Batch::telemetry_parts(&self.job.id, self.telemetry.dirty(), TELEMETRY_WRITE_BYTES);
         Built {
             report,
             at_ms,
-            telemetry,
+            since: self.since,
             batch,
         }
     }
 
-    /// The verdict of a job whose every rank reported: built once as if it
-    /// succeeded (what almost every complete job does); a job that does not
-    /// pass is judged as a running job, as always (a succeeded job is also
-    /// held to the figures it was expected to produce, a running one not
-    /// yet), and built again with its failure.
-    fn judge(self) -> (JobState, String, Built) {
+    /// The report of a job that ended for any reason but its verdict; its
+    /// telemetry is queued to `store`.
+    fn ended(self, store: &StateStore) -> Built {
+        let now = self.job.finished_unix_ms.max(1);
+        let (report, bytes) = self.beside_telemetry(store, |w| w.build(&w.job, now));
+        self.finish(report, now, bytes)
+    }
+
+    /// The verdict of a job whose every rank reported, and its report; its
+    /// telemetry is queued to `store`.
+    fn judge(self, store: &StateStore) -> (JobState, String, Built) {
         let now = now_ms();
+        let ((state, message, report), bytes) = self.beside_telemetry(store, |w| w.verdict(now));
+        (state, message, self.finish(report, now, bytes))
+    }
+
+    /// Built once as if the job succeeded (what almost every complete job
+    /// does); a job that does not pass is judged as a running job, as always
+    /// (a succeeded job is also held to the figures it was expected to
+    /// produce, a running one not yet), and built again with its failure.
+    fn verdict(&self, now: u64) -> (JobState, String, Report) {
         let mut job = self.job.clone();
         job.set_state(JobState::Succeeded);
         job.finished_unix_ms = now;
         job.results_in = self.results.len() as u32;
         let report = self.build(&job, now);
         if report::ranks_verdict(&report).0 == Verdict::Pass {
-            return (JobState::Succeeded, String::new(), self.finish(report, now));
+            return (JobState::Succeeded, String::new(), report);
         }
         let running = self.build(&self.job, now);
         let (verdict, why) = report::ranks_verdict(&running);
@@ -176,8 +224,28 @@ impl Work {
         job.set_state(state);
         job.message = message.clone();
         let report = self.build(&job, now);
-        (state, message, self.finish(report, now))
+        (state, message, report)
     }
+}
+
+/// Logs once `durable` (a job's report and end) is committed, with how long
+/// after the job ended: the figure an operator waiting on reports watches.
+pub(super) fn log_when_stored(job: &str, durable: Durable, since: Instant) {
+    let job = job.to_string();
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    rt.spawn(async move {
+        match durable.wait().await {
+            Ok(()) => info!(
+                job = %job,
+                ms = since.elapsed().as_millis() as u64,
+                "report stored"
+            ),
+            // The writer logs the failed commit itself.
+            Err(e) => debug!(job = %job, "report not stored: {e}"),
+        }
+    });
 }
 
 /// Sends an event from a blocking thread to the scheduler's first lane; a
@@ -233,10 +301,10 @@ impl Scheduler {
         });
         let work = Work::take(entry, &self.cfg.health_rules, &self.cfg.perf_rules);
         let (id, attempt) = (id.to_string(), entry.job.attempt);
-        let lane = self.first_lane.clone();
+        let (lane, store) = (self.first_lane.clone(), self.store.clone());
         tokio::task::spawn_blocking(move || {
-            let (began, ranks) = (std::time::Instant::now(), work.results.len());
-            let (state, message, built) = work.judge();
+            let (began, ranks) = (work.since, work.results.len());
+            let (state, message, built) = work.judge(&store);
             info!(
                 job = %id,
                 ranks,
@@ -303,15 +371,10 @@ impl Scheduler {
         let lane = self.first_lane.clone();
         let id = id.to_string();
         tokio::task::spawn_blocking(move || {
-            let now = work.job.finished_unix_ms.max(1);
-            let report = work.build(&work.job, now);
-            let built = work.finish(report, now);
             // Queued before the scheduler hears of it, so that every read
             // that the scheduler answers from then on finds it stored.
-            for t in built.telemetry {
-                drop(store.queue(t));
-            }
-            drop(store.queue(built.batch));
+            let built = work.ended(&store);
+            log_when_stored(&id, store.queue(built.batch), built.since);
             send(
                 &lane,
                 Event::ReportStored {
@@ -479,6 +542,7 @@ async fn from_store(mut work: Work, retired: bool, store: &StateStore) -> StoreR
     work.telemetry = Telemetry::from_stored(store.telemetry(&id).await?);
     tokio::task::spawn_blocking(move || {
         let mut report = work.build(&work.job, now_ms());
+        report.telemetry_bytes = work.telemetry.stored_bytes(&id);
         report::attach(&mut report, std::mem::take(&mut work.results));
         report
     })

@@ -273,7 +273,7 @@ impl JobEntry {
 
     /// The report of this job as it stands (a running job's partial one).
     pub fn report(&self, now_ms: u64, cfg: &SchedulerConfig) -> Report {
-        report::build(&report::Inputs {
+        let mut report = report::build(&report::Inputs {
             job: &self.job,
             results: &self.results,
             exits: &self.exits,
@@ -283,7 +283,9 @@ impl JobEntry {
             rules: &cfg.health_rules,
             perf: &cfg.perf_rules,
             now_ms,
-        })
+        });
+        report.telemetry_bytes = self.telemetry.stored_bytes(&self.job.id);
+        report
     }
 }
 

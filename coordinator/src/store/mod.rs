@@ -225,23 +225,29 @@ impl Batch {
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
-    /// Each of `series` under `job`, in batches of about `max_bytes`.
+
+    /// Each of `series` under `job`, handed to `write` in batches of about
+    /// `max_bytes` as each fills; the bytes of them all, keys included.
     pub fn telemetry_parts<'a>(
         job: &str,
         series: impl Iterator<Item = &'a GpuSeries>,
         max_bytes: usize,
-    ) -> Vec<Batch> {
-        let (mut parts, mut part, mut bytes) = (Vec::new(), Batch::default(), 0);
+        mut write: impl FnMut(Batch),
+    ) -> u64 {
+        let (mut part, mut bytes, mut total) = (Batch::default(), 0, 0);
         for s in series {
             if bytes >= max_bytes {
-                parts.push(std::mem::take(&mut part));
+                write(std::mem::take(&mut part));
+                total += bytes;
                 bytes = 0;
             }
             part = part.telemetry(job, s);
             bytes += part.0.last().map_or(0, |(k, v)| k.len() + v.len());
         }
-        parts.push(part);
-        parts
+        if !part.is_empty() {
+            write(part);
+        }
+        (total + bytes) as u64
     }
 }
 
