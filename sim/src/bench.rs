@@ -79,6 +79,14 @@ pub struct JobFigures {
     /// Ranks whose result the stored report holds.
     pub results_in_report: u32,
     pub assign_ms: f64,
+    /// The last result's acknowledgement → the bench saw the job ended
+    /// (judged: its report made and queued to the store).
+    pub ended_ms: f64,
+    /// The job's end as the coordinator saw it → its report committed to
+    /// the store (the coordinator's log).
+    pub stored_ms: f64,
+    /// The last result's acknowledgement → the report read whole by the
+    /// bench (a `GetReport` of every rank's result, decoded).
     pub report_ms: f64,
     pub rss_after: u64,
     /// The job's telemetry series as stored (`Report.telemetry_bytes`).
@@ -419,7 +427,28 @@ pub async fn run(cfg: &BenchConfig, dir: PathBuf) -> Result<BenchReport> {
     stop.cancel();
     // The fleet's tasks see the stop before the coordinator goes.
     tokio::time::sleep(Duration::from_millis(200)).await;
+    let stored = stored_ms(&co.dir.join("coordinator.log"));
+    for j in &mut out.jobs {
+        j.stored_ms = stored.get(&j.id).copied().unwrap_or(f64::NAN);
+    }
     Ok(out)
+}
+
+/// Each job's "report stored" line in the coordinator's log: ms from the
+/// job's end as the coordinator saw it to its report committed.
+fn stored_ms(log: &std::path::Path) -> BTreeMap<String, f64> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.lines()
+        .filter(|l| l.contains("report stored"))
+        .filter_map(|l| {
+            let field = |name: &str| {
+                l.split_whitespace()
+                    .find_map(|w| w.strip_prefix(name))
+                    .map(str::to_string)
+            };
+            Some((field("job=")?, field("ms=")?.parse().ok()?))
+        })
+        .collect()
 }
 
 /// How long a job may take to have its report: its run time and five minutes.
@@ -446,7 +475,7 @@ async fn one_job(
     lat.lock().unwrap().job = job.id.clone();
     let nodes = fleet.names.len() as u64;
     let mut assign_ms = f64::NAN;
-    let state = loop {
+    let (state, ended) = loop {
         phase.sample(pid);
         if assign_ms.is_nan() {
             if let Some(t) = fleet.stats.job(&job.id).filter(|t| t.assignments >= nodes) {
@@ -461,7 +490,7 @@ async fn one_job(
             .await?
             .into_inner();
         if j.state().is_terminal() {
-            break j.state();
+            break (j.state(), Instant::now());
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
@@ -482,9 +511,12 @@ async fn one_job(
     };
     let reported = Instant::now();
     let times = fleet.stats.job(&job.id);
-    let report_ms = times
-        .and_then(|t| t.last_result)
-        .map_or(f64::NAN, |t| (reported - t).as_secs_f64() * 1e3);
+    let since_last = |at: Instant| {
+        times
+            .and_then(|t| t.last_result)
+            .map_or(f64::NAN, |t| (at - t).as_secs_f64() * 1e3)
+    };
+    let (ended_ms, report_ms) = (since_last(ended), since_last(reported));
     fleet.stats.forget(&job.id);
     // Let the job's leftovers go before reading memory.
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -501,6 +533,8 @@ async fn one_job(
         ranks: report.world_size,
         results_in_report,
         assign_ms,
+        ended_ms,
+        stored_ms: f64::NAN,
         report_ms,
         rss_after: probe::rss_bytes(pid).unwrap_or(0),
         telemetry_bytes: report.telemetry_bytes,
@@ -526,7 +560,7 @@ impl BenchReport {
             })).collect::<Vec<_>>(),
             "jobs": self.jobs.iter().map(|j| json!({
                 "id": j.id, "state": j.state, "ranks": j.ranks, "results_in_report": j.results_in_report,
-                "assign_ms": j.assign_ms, "report_ms": j.report_ms, "rss_after_bytes": j.rss_after,
+                "assign_ms": j.assign_ms, "ended_ms": j.ended_ms, "stored_ms": j.stored_ms, "report_ms": j.report_ms, "rss_after_bytes": j.rss_after,
                 "telemetry_bytes": j.telemetry_bytes,
             })).collect::<Vec<_>>(),
         })
@@ -582,6 +616,8 @@ impl BenchReport {
             "RANKS",
             "RESULTS IN REPORT",
             "ASSIGN MS",
+            "ENDED MS",
+            "STORED MS",
             "REPORT MS",
             "RSS AFTER MB",
             "TELEMETRY MB",
@@ -593,6 +629,8 @@ impl BenchReport {
                 j.ranks.to_string(),
                 j.results_in_report.to_string(),
                 format!("{:.0}", j.assign_ms),
+                format!("{:.0}", j.ended_ms),
+                format!("{:.0}", j.stored_ms),
                 format!("{:.0}", j.report_ms),
                 format!("{:.0}", j.rss_after as f64 / MB),
                 format!("{:.1}", j.telemetry_bytes as f64 / MB),
