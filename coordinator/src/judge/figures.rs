@@ -242,6 +242,13 @@ pub fn rank_figures(workload: &str, r: &RankResult) -> Vec<Figure> {
 }
 
 /// The figures a finished report holds: what `gpuctl baseline save` keeps.
+/// Every rank's figures and the job's, as a report was judged with them.
+#[derive(Debug, Clone, Default)]
+pub struct Figures {
+    pub ranks: Vec<RankFigures>,
+    pub job: JobFigures,
+}
+
 pub fn of_report(report: &Report) -> (Vec<RankFigures>, JobFigures) {
     // Borrowed: at 32,768 ranks a copy of the results is a hundred MB.
     let mut results: Vec<&RankResult> = Vec::new();

@@ -31,6 +31,7 @@ use super::recent;
 use super::state::JobEntry;
 use super::Scheduler;
 use crate::error::CoordinatorError;
+use crate::judge::figures::Figures;
 use crate::judge::fleet;
 use crate::judge::health::HealthRules;
 use crate::judge::report::{self, hang::Watch};
@@ -122,8 +123,9 @@ impl Work {
         }
     }
 
-    /// The report without the ranks' results, which [`Work::finish`] moves in.
-    fn build(&self, job: &Job, now: u64) -> Report {
+    /// The report without the ranks' results, which [`Work::finish`] moves
+    /// in, and the figures it was judged with.
+    fn build(&self, job: &Job, now: u64) -> (Report, Figures) {
         report::build_bare(&report::Inputs {
             job,
             results: &self.results,
@@ -166,7 +168,8 @@ impl Work {
     }
 
     /// The report with what is stored beside it.
-    fn finish(mut self, mut report: Report, at_ms: u64, telemetry_bytes: u64) -> Built {
+    fn finish(mut self, judged: (Report, Figures), at_ms: u64, telemetry_bytes: u64) -> Built {
+        let (mut report, figures) = judged;
         report.telemetry_bytes = telemetry_bytes;
         // At tens of thousands of ranks the results are a hundred MB or
         // more: the store gets the report without them (it has each), and
@@ -174,7 +177,7 @@ impl Work {
         drop(std::mem::take(&mut self.progress));
         let mut batch = Batch::default().report(&mut report);
         report::attach(&mut report, std::mem::take(&mut self.results));
-        for run in fleet::runs_of(&report) {
+        for run in fleet::runs(&report, &figures.ranks, &figures.job) {
             batch = batch.run(&run);
         }
         Built {
@@ -189,32 +192,32 @@ impl Work {
     /// telemetry is queued to `store`.
     fn ended(self, store: &StateStore) -> Built {
         let now = self.job.finished_unix_ms.max(1);
-        let (report, bytes) = self.beside_telemetry(store, |w| w.build(&w.job, now));
-        self.finish(report, now, bytes)
+        let (judged, bytes) = self.beside_telemetry(store, |w| w.build(&w.job, now));
+        self.finish(judged, now, bytes)
     }
 
     /// The verdict of a job whose every rank reported, and its report; its
     /// telemetry is queued to `store`.
     fn judge(self, store: &StateStore) -> (JobState, String, Built) {
         let now = now_ms();
-        let ((state, message, report), bytes) = self.beside_telemetry(store, |w| w.verdict(now));
-        (state, message, self.finish(report, now, bytes))
+        let ((state, message, judged), bytes) = self.beside_telemetry(store, |w| w.verdict(now));
+        (state, message, self.finish(judged, now, bytes))
     }
 
     /// Built once as if the job succeeded (what almost every complete job
     /// does); a job that does not pass is judged as a running job, as always
     /// (a succeeded job is also held to the figures it was expected to
     /// produce, a running one not yet), and built again with its failure.
-    fn verdict(&self, now: u64) -> (JobState, String, Report) {
+    fn verdict(&self, now: u64) -> (JobState, String, (Report, Figures)) {
         let mut job = self.job.clone();
         job.set_state(JobState::Succeeded);
         job.finished_unix_ms = now;
         job.results_in = self.results.len() as u32;
-        let report = self.build(&job, now);
-        if report::ranks_verdict(&report).0 == Verdict::Pass {
-            return (JobState::Succeeded, String::new(), report);
+        let judged = self.build(&job, now);
+        if report::ranks_verdict(&judged.0).0 == Verdict::Pass {
+            return (JobState::Succeeded, String::new(), judged);
         }
-        let running = self.build(&self.job, now);
+        let (running, _) = self.build(&self.job, now);
         let (verdict, why) = report::ranks_verdict(&running);
         let (state, message) = if verdict == Verdict::Pass {
             (JobState::Succeeded, String::new())
@@ -223,8 +226,7 @@ impl Work {
         };
         job.set_state(state);
         job.message = message.clone();
-        let report = self.build(&job, now);
-        (state, message, report)
+        (state, message, self.build(&job, now))
     }
 }
 
@@ -541,7 +543,7 @@ async fn from_store(mut work: Work, retired: bool, store: &StateStore) -> StoreR
         .collect();
     work.telemetry = Telemetry::from_stored(store.telemetry(&id).await?);
     tokio::task::spawn_blocking(move || {
-        let mut report = work.build(&work.job, now_ms());
+        let (mut report, _) = work.build(&work.job, now_ms());
         report.telemetry_bytes = work.telemetry.stored_bytes(&id);
         report::attach(&mut report, std::mem::take(&mut work.results));
         report

@@ -39,6 +39,7 @@ use gpuctl_proto::pb::{
     Job, Plan, PreflightCheck, RankProgress, RankResult, Report, Verdict, WorkerExited,
 };
 
+use super::figures::Figures;
 use super::health::HealthRules;
 use super::rules::PerfRules;
 use super::telemetry::Telemetry;
@@ -69,13 +70,13 @@ pub struct Inputs<'a> {
 /// Builds the report of a job from whatever results exist, all but
 /// `telemetry_bytes`, which its caller knows or measures.
 pub fn build(inp: &Inputs) -> Report {
-    assemble(inp, true)
+    assemble(inp, true).0
 }
 
 /// As [`build`], with every rank's `result` left empty for [`attach`] to
-/// move in: a report of 32,768 ranks would otherwise hold a second copy of
-/// a hundred MB of results.
-pub fn build_bare(inp: &Inputs) -> Report {
+/// move in (a report of 32,768 ranks would otherwise hold a second copy of
+/// a hundred MB of results), and the figures it was judged with.
+pub fn build_bare(inp: &Inputs) -> (Report, Figures) {
     assemble(inp, false)
 }
 
@@ -86,7 +87,7 @@ pub fn attach(report: &mut Report, mut results: BTreeMap<u32, RankResult>) {
     }
 }
 
-fn assemble(inp: &Inputs, with_results: bool) -> Report {
+fn assemble(inp: &Inputs, with_results: bool) -> (Report, Figures) {
     let job = inp.job;
     let spec = job.spec.clone().unwrap_or_default();
     // Borrowed: a 4,096-node job's plan has 32,768 placements.
@@ -155,7 +156,7 @@ fn assemble(inp: &Inputs, with_results: bool) -> Report {
         attempt: job.attempt,
     };
     verdict::judge_job(&mut report, job, inp.results.len());
-    report
+    (report, perf.figures)
 }
 
 /// The preflight checks of the job: the plan's, with each node's replaced by

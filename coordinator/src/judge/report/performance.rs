@@ -10,7 +10,9 @@ use gpuctl_proto::pb::{CollectiveRow, Finding, JobSpec, JobState, Plan, RankResu
 
 use super::ranks::{RankStates, Source};
 use super::Inputs;
-use crate::judge::figures::{device_class, expected, intervals, job_figures, rank_figures};
+use crate::judge::figures::{
+    device_class, expected, intervals, job_figures, rank_figures, Figures,
+};
 use crate::judge::perf::{self, fmt_value, Expected, Metric, RankFigures};
 use crate::judge::rules::PerfRules;
 
@@ -18,6 +20,8 @@ use crate::judge::rules::PerfRules;
 pub(super) struct Outcome {
     pub findings: Vec<Finding>,
     pub notes: Vec<String>,
+    /// The figures judged, for the fleet history's runs.
+    pub figures: Figures,
 }
 
 /// The rules of this job: the coordinator's, with the job's `--rules` over them.
@@ -117,5 +121,6 @@ pub(super) fn judge(
     Outcome {
         findings: j.findings,
         notes,
+        figures: Figures { ranks, job },
     }
 }
