@@ -28,7 +28,7 @@ use tracing::{debug, info, warn};
 
 use super::events::{Event, Reply};
 use super::recent;
-use super::state::JobEntry;
+use super::state::{JobEntry, RETIRE_OVER_RANKS};
 use super::Scheduler;
 use crate::error::CoordinatorError;
 use crate::judge::figures::Figures;
@@ -88,19 +88,30 @@ struct Work {
 
 impl Work {
     /// Takes the results and telemetry of `entry` (a job keeps neither once
-    /// its report is made) and copies the rest.
+    /// its report is made) and copies the rest. A big job's exits, progress
+    /// and clocks are taken too: it drops them once it ends
+    /// ([`JobEntry::retire`]), and copying them held the scheduler 35-55 ms
+    /// at 32,768 ranks, every other request waiting.
     fn take(entry: &mut JobEntry, health: &Arc<HealthRules>, perf: &Arc<PerfRules>) -> Work {
         let ranks: Vec<u32> = entry.results.keys().copied().collect();
         for rank in ranks {
             entry.mark_stored(rank);
         }
+        let big = entry.world_size() > RETIRE_OVER_RANKS;
+        fn part<T: Clone + Default>(v: &mut T, take: bool) -> T {
+            if take {
+                std::mem::take(v)
+            } else {
+                v.clone()
+            }
+        }
         Work {
             since: Instant::now(),
             job: entry.job.clone(),
             results: std::mem::take(&mut entry.results),
-            exits: entry.exits.clone(),
-            progress: entry.progress.clone(),
-            watch: entry.watch.clone(),
+            exits: part(&mut entry.exits, big),
+            progress: part(&mut entry.progress, big),
+            watch: part(&mut entry.watch, big),
             telemetry: std::mem::take(&mut entry.telemetry),
             health: health.clone(),
             perf: perf.clone(),
