@@ -10,6 +10,7 @@
 //! logs, telemetry).
 
 mod agents;
+mod background;
 pub mod events;
 mod jobs;
 mod ranks;

@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use gpuctl_proto::pb::Report;
 
+use super::background::{drop_later, off_task};
 use super::events::Reply;
-use super::state::{drop_later, off_task};
 use crate::error::CoordinatorError;
 
 /// How long the last report stays in memory when no job starts.

@@ -26,6 +26,7 @@ use gpuctl_proto::pb::{Job, JobState, RankProgress, RankResult, Report, Verdict,
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
+use super::background;
 use super::events::{Event, Reply};
 use super::recent;
 use super::state::{JobEntry, RETIRE_OVER_RANKS};
@@ -169,7 +170,10 @@ impl Work {
         make: impl FnOnce(&Work) -> T + Send,
     ) -> (T, u64) {
         std::thread::scope(|s| {
-            let stored = s.spawn(|| self.store_telemetry(store));
+            let stored = s.spawn(|| {
+                background::lower_priority();
+                self.store_telemetry(store)
+            });
             let made = make(self);
             let stored = stored
                 .join()
@@ -315,7 +319,7 @@ impl Scheduler {
         let work = Work::take(entry, &self.cfg.health_rules, &self.cfg.perf_rules);
         let (id, attempt) = (id.to_string(), entry.job.attempt);
         let (lane, store) = (self.first_lane.clone(), self.store.clone());
-        tokio::task::spawn_blocking(move || {
+        background::judge("gpuctl-judge", move || {
             let (began, ranks) = (work.since, work.results.len());
             let (state, message, built) = work.judge(&store);
             info!(
@@ -383,7 +387,7 @@ impl Scheduler {
         let store = self.store.clone();
         let lane = self.first_lane.clone();
         let id = id.to_string();
-        tokio::task::spawn_blocking(move || {
+        background::judge("gpuctl-report", move || {
             // Queued before the scheduler hears of it, so that every read
             // that the scheduler answers from then on finds it stored.
             let built = work.ended(&store);

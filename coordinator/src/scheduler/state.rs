@@ -10,6 +10,7 @@ use gpuctl_proto::pb::{
     RankPlacement, RankProgress, RankResult, Report, WorkerExited,
 };
 
+use super::background::drop_later;
 use super::events::SessionTx;
 use super::reports::Pending;
 use super::SchedulerConfig;
@@ -292,20 +293,4 @@ impl JobEntry {
 /// `job-000001`: sortable and easy to type.
 pub fn job_id(seq: u64) -> String {
     format!("job-{seq:06}")
-}
-
-/// Drops `v` on a blocking thread: freeing a big job's parts (hundreds of
-/// MB in small allocations) would hold the scheduler for a good part of a
-/// second.
-pub fn drop_later<T: Send + 'static>(v: T) {
-    off_task(move || drop(v));
-}
-
-/// Runs `work` on a blocking thread, off the scheduler's task. Outside a
-/// runtime (tests) it runs here.
-pub fn off_task(work: impl FnOnce() + Send + 'static) {
-    match tokio::runtime::Handle::try_current() {
-        Ok(h) => drop(h.spawn_blocking(work)),
-        Err(_) => work(),
-    }
 }

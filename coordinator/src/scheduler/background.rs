@@ -1,0 +1,97 @@
+//! Work the scheduler hands off its task: freeing a big job's parts,
+//! copying a report for each reader, judging a job and encoding what the
+//! store gets of it. Judging runs at a lower CPU priority than the runtime,
+//! which answers people and agents: on a small host a 32,768-rank judge,
+//! its telemetry encoding and the store's commit took both cores for most
+//! of a second, and `gpuctl nodes` waited 200-260 ms behind them.
+
+use std::sync::{Arc, Mutex};
+
+use tracing::warn;
+
+/// How much nicer than the coordinator judging threads run (`nice(1)`'s
+/// scale; weight 110 against 1,024 when the CPU is contended).
+const JUDGE_NICE: i32 = 10;
+
+/// Runs `work` on a blocking thread, off the scheduler's task. Outside a
+/// runtime (tests) it runs here.
+pub fn off_task(work: impl FnOnce() + Send + 'static) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) => drop(h.spawn_blocking(work)),
+        Err(_) => work(),
+    }
+}
+
+/// Drops `v` on a blocking thread: freeing a big job's parts (hundreds of
+/// MB in small allocations) would hold the scheduler for a good part of a
+/// second.
+pub fn drop_later<T: Send + 'static>(v: T) {
+    off_task(move || drop(v));
+}
+
+/// Runs `work` on a thread of its own at a lower CPU priority. Not on
+/// tokio's blocking pool: a thread's priority cannot be raised again
+/// without privilege, and the pool's threads also decode what people read.
+pub fn judge<F: FnOnce() + Send + 'static>(name: &str, work: F) {
+    // Kept here too: a thread that cannot start still leaves the work to do
+    // (a job waits for its verdict).
+    let slot = Arc::new(Mutex::new(Some(work)));
+    let theirs = slot.clone();
+    // In the runtime's context, as the blocking pool's threads are: the work
+    // may spawn a task (waiting on the store's commit).
+    let rt = tokio::runtime::Handle::try_current().ok();
+    let spawned = std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(move || {
+            let _rt = rt.as_ref().map(tokio::runtime::Handle::enter);
+            lower_priority();
+            if let Some(work) = take(&theirs) {
+                work();
+            }
+        });
+    if let Err(e) = spawned {
+        warn!("could not start a thread to judge on ({e}); judging on the blocking pool");
+        if let Some(work) = take(&slot) {
+            off_task(work);
+        }
+    }
+}
+
+fn take<F>(slot: &Mutex<Option<F>>) -> Option<F> {
+    slot.lock().unwrap_or_else(|e| e.into_inner()).take()
+}
+
+/// Lowers the calling thread's CPU priority by [`JUDGE_NICE`]; a failure
+/// leaves it as it was.
+pub fn lower_priority() {
+    // SAFETY: on Linux `setpriority(PRIO_PROCESS, 0, _)` sets the calling
+    // thread's nice value; it reads and writes no memory of ours.
+    let now = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+    let _ = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, (now + JUDGE_NICE).min(19)) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nice() -> i32 {
+        // SAFETY: reads the calling thread's nice value.
+        unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) }
+    }
+
+    #[test]
+    fn judging_runs_on_a_named_thread_at_a_lower_priority() {
+        let mine = nice();
+        let (tx, rx) = std::sync::mpsc::channel();
+        judge("gpuctl-judge-test", move || {
+            let name = std::thread::current().name().map(str::to_string);
+            tx.send((name, nice())).unwrap();
+        });
+        let (name, theirs) = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the work ran");
+        assert_eq!(name.as_deref(), Some("gpuctl-judge-test"));
+        assert_eq!(theirs, (mine + JUDGE_NICE).min(19));
+        assert_eq!(nice(), mine, "the caller's priority is left alone");
+    }
+}
