@@ -7,7 +7,10 @@
 
 use std::sync::{Arc, Mutex};
 
-use tracing::warn;
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+use super::events::Event;
 
 /// How much nicer than the coordinator judging threads run (`nice(1)`'s
 /// scale; weight 110 against 1,024 when the CPU is contended).
@@ -59,6 +62,19 @@ pub fn judge<F: FnOnce() + Send + 'static>(name: &str, work: F) {
 
 fn take<F>(slot: &Mutex<Option<F>>) -> Option<F> {
     slot.lock().unwrap_or_else(|e| e.into_inner()).take()
+}
+
+/// Sends an event from a thread off the runtime to the scheduler's first
+/// lane; a stopped scheduler drops it.
+pub fn send(lane: &mpsc::WeakSender<Event>, ev: Event) {
+    match lane.upgrade() {
+        Some(tx) => {
+            if tx.blocking_send(ev).is_err() {
+                debug!("scheduler stopped; event dropped");
+            }
+        }
+        None => debug!("scheduler stopped; event dropped"),
+    }
 }
 
 /// Lowers the calling thread's CPU priority by [`JUDGE_NICE`]; a failure

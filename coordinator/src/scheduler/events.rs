@@ -128,6 +128,12 @@ pub enum Event {
         id: String,
         reply: Reply<Result<Suite, CoordinatorError>>,
     },
+    /// A started job's assignments, built off the task, to send.
+    Assignments {
+        job_id: String,
+        attempt: u32,
+        messages: Vec<(String, CoordinatorMessage)>,
+    },
     /// A complete job's verdict and report, from a blocking thread.
     Judged {
         job_id: String,
@@ -175,6 +181,7 @@ impl Event {
             Event::GetReport { .. } => "GetReport",
             Event::Metrics { .. } => "Metrics",
             Event::Judged { .. } => "Judged",
+            Event::Assignments { .. } => "Assignments",
             Event::SubmitSuite { .. } => "SubmitSuite",
             Event::GetSuite { .. } => "GetSuite",
             Event::CancelSuite { .. } => "CancelSuite",
@@ -202,6 +209,7 @@ impl Event {
                 | Event::GetSuite { .. }
                 | Event::CancelSuite { .. }
                 // Someone may be waiting for these.
+                | Event::Assignments { .. }
                 | Event::Judged { .. }
                 | Event::ReportStored { .. }
                 | Event::Refolded { .. }
@@ -222,6 +230,7 @@ impl Event {
             | Event::Cancel { .. }
             | Event::WorkerResult { .. }
             | Event::WorkerExited { .. }
+            | Event::Assignments { .. }
             | Event::Judged { .. }
             | Event::SubmitSuite { .. }
             | Event::CancelSuite { .. }

@@ -1,18 +1,16 @@
 //! A job's life: submit (or only plan), start on free nodes, finish with a
 //! stored report, cancel, deadlines; and the reads of jobs and reports.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use gpuctl_proto::now_ms;
-use gpuctl_proto::pb::{
-    coordinator_message::Msg, Assignment, CoordinatorMessage, Job, JobSpec, JobState, Node, Plan,
-    Report,
-};
+use gpuctl_proto::pb::{CoordinatorMessage, Job, JobSpec, JobState, Node, Plan, Report};
 use tracing::{debug, info, warn};
 
+use super::events::Event;
 use super::reports::{self, Built};
 use super::state::{job_id, JobEntry, NodeEntry};
+use super::{assign, background};
 use super::{human, Scheduler};
 use crate::error::CoordinatorError;
 use crate::judge::report;
@@ -211,11 +209,6 @@ impl Scheduler {
         self.save(batch);
         self.rdv.open(id, attempt);
 
-        let env: HashMap<String, String> = plan
-            .env
-            .iter()
-            .map(|e| (e.name.clone(), e.value.clone()))
-            .collect();
         // Without the key no worker could report: fail now, saying why.
         let key = match self.store.rank_key().await {
             Ok(k) => k,
@@ -225,48 +218,68 @@ impl Scheduler {
                 return;
             }
         };
+        let nodes: Vec<(String, String)> = plan
+            .nodes
+            .iter()
+            .filter_map(|name| {
+                let n = self.nodes.get(name)?;
+                Some((name.clone(), n.coordinator_url.clone()))
+            })
+            .collect();
+        let work = assign::Work {
+            job_id: id.to_string(),
+            attempt,
+            spec,
+            secrets: key.secrets(id, attempt),
+            plan,
+            deadline_unix_ms: deadline,
+            nodes,
+        };
+        let lane = self.first_lane.clone();
+        background::off_task(move || {
+            let (job_id, attempt) = (work.job_id.clone(), work.attempt);
+            let messages = work.build();
+            background::send(
+                &lane,
+                Event::Assignments {
+                    job_id,
+                    attempt,
+                    messages,
+                },
+            );
+        });
+    }
+
+    /// A started job's assignments, built: each goes on its node's session,
+    /// unless the job ended meanwhile; a node whose session is gone fails
+    /// the job, named.
+    pub(super) async fn send_assignments(
+        &mut self,
+        id: String,
+        attempt: u32,
+        messages: Vec<(String, CoordinatorMessage)>,
+    ) {
+        let Some(entry) = self.jobs.get(&id) else {
+            return;
+        };
+        if entry.job.attempt != attempt || entry.state() != JobState::Running {
+            return;
+        }
         let mut unreachable = Vec::new();
-        let secrets = key.secrets(id, attempt);
-        let by_node = plan.ranks_by_node();
-        for (node_rank, name) in plan.nodes.iter().enumerate() {
-            let Some(n) = self.nodes.get(name) else {
-                continue;
-            };
-            let ranks: Vec<_> = by_node
-                .get(name.as_str())
-                .into_iter()
-                .flatten()
-                .map(|r| (*r).clone())
-                .collect();
-            let a = Assignment {
-                job_id: id.to_string(),
-                attempt,
-                spec: Some(spec.clone()),
-                rank_secrets: ranks.iter().map(|r| (r.rank, secrets.of(r.rank))).collect(),
-                ranks,
-                env: env.clone(),
-                world_size: plan.world_size,
-                node_rank: node_rank as u32,
-                nnodes: plan.nodes.len() as u32,
-                master_addr: plan.master_addr.clone(),
-                master_port: plan.master_port,
-                deadline_unix_ms: deadline,
-                coordinator_url: n.coordinator_url.clone(),
-                coordinator_urls: Vec::new(),
-            };
-            if !n.send(CoordinatorMessage {
-                msg: Some(Msg::Assignment(a)),
-            }) {
-                unreachable.push(name.clone());
+        for (name, msg) in messages {
+            if !self.nodes.get(&name).is_some_and(|n| n.send(msg)) {
+                unreachable.push(name);
             }
         }
-        info!(job = %id, nodes = %plan.nodes.join(","), world_size = plan.world_size, "job started");
+        if let Some(plan) = self.jobs.get(&id).and_then(|e| e.job.plan.as_ref()) {
+            info!(job = %id, nodes = %plan.nodes.join(","), world_size = plan.world_size, "job started");
+        }
         if !unreachable.is_empty() {
             let msg = format!(
                 "could not send the assignment to node {}: its agent session is gone",
                 unreachable.join(", ")
             );
-            self.finish(id, JobState::Failed, msg, None).await;
+            self.finish(&id, JobState::Failed, msg, None).await;
         }
     }
 

@@ -10,6 +10,7 @@
 //! logs, telemetry).
 
 mod agents;
+mod assign;
 mod background;
 pub mod events;
 mod jobs;
@@ -421,6 +422,11 @@ impl Scheduler {
                 message,
                 built,
             } => self.judged(job_id, attempt, state, message, *built).await,
+            Event::Assignments {
+                job_id,
+                attempt,
+                messages,
+            } => self.send_assignments(job_id, attempt, messages).await,
             Event::ReportStored { job_id, report } => self.report_stored(job_id, *report).await,
             Event::Refolded { job_id, report } => self.refolded(job_id, report.map(|r| *r)).await,
         }

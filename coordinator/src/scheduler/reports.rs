@@ -23,7 +23,6 @@ use std::time::Instant;
 
 use gpuctl_proto::now_ms;
 use gpuctl_proto::pb::{Job, JobState, RankProgress, RankResult, Report, Verdict, WorkerExited};
-use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use super::background;
@@ -265,20 +264,6 @@ pub(super) fn log_when_stored(job: &str, durable: Durable, since: Instant) {
     });
 }
 
-/// Sends an event from a blocking thread to the scheduler's first lane; a
-/// stopped scheduler drops it (the stored results rebuild the report on the
-/// next start).
-fn send(lane: &mpsc::WeakSender<Event>, ev: Event) {
-    match lane.upgrade() {
-        Some(tx) => {
-            if tx.blocking_send(ev).is_err() {
-                debug!("scheduler stopped; report event dropped");
-            }
-        }
-        None => debug!("scheduler stopped; report event dropped"),
-    }
-}
-
 impl Scheduler {
     /// Hands job `id`'s report to whoever waited for it, and keeps it a
     /// while for those who ask next.
@@ -328,7 +313,7 @@ impl Scheduler {
                 ms = began.elapsed().as_millis() as u64,
                 "judged; report made"
             );
-            send(
+            background::send(
                 &lane,
                 Event::Judged {
                     job_id: id,
@@ -392,7 +377,7 @@ impl Scheduler {
             // that the scheduler answers from then on finds it stored.
             let built = work.ended(&store);
             log_when_stored(&id, store.queue(built.batch), built.since);
-            send(
+            background::send(
                 &lane,
                 Event::ReportStored {
                     job_id: id,
