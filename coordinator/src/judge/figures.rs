@@ -241,7 +241,6 @@ pub fn rank_figures(workload: &str, r: &RankResult) -> Vec<Figure> {
     }
 }
 
-/// The figures a finished report holds: what `gpuctl baseline save` keeps.
 /// Every rank's figures and the job's, as a report was judged with them.
 #[derive(Debug, Clone, Default)]
 pub struct Figures {
@@ -249,7 +248,8 @@ pub struct Figures {
     pub job: JobFigures,
 }
 
-pub fn of_report(report: &Report) -> (Vec<RankFigures>, JobFigures) {
+/// The figures a finished report holds: what `gpuctl baseline save` keeps.
+pub fn of_report(report: &Report) -> Figures {
     // Borrowed: at 32,768 ranks a copy of the results is a hundred MB.
     let mut results: Vec<&RankResult> = Vec::new();
     let mut ranks = Vec::new();
@@ -274,7 +274,7 @@ pub fn of_report(report: &Report) -> (Vec<RankFigures>, JobFigures) {
     }
     let nodes: Vec<String> = report.nodes.iter().map(|n| n.name.clone()).collect();
     let job = job_figures(&report.workload, &results, &report.collectives, &nodes);
-    (ranks, job)
+    Figures { ranks, job }
 }
 
 /// Which sizes of a sweep bandwidth is judged at: every size from

@@ -8,17 +8,17 @@ use std::collections::{BTreeMap, HashMap};
 
 use gpuctl_proto::pb::{Drift, FigureRecord, FleetRow, Link, NodeRun, Report};
 
-use super::figures::{median, of_report, JobFigures, Metric, RankFigures};
+use super::figures::{median, of_report, Figures, Metric};
 
 /// The runs a finished report leaves in the history, one per node.
 pub fn runs_of(report: &Report) -> Vec<NodeRun> {
-    let (ranks, job) = of_report(report);
-    runs(report, &ranks, &job)
+    runs(report, &of_report(report))
 }
 
 /// As [`runs_of`], from the figures the report was judged with (made again
 /// from its results, they were a tenth of judging 32,768 ranks).
-pub fn runs(report: &Report, ranks: &[RankFigures], job: &JobFigures) -> Vec<NodeRun> {
+pub fn runs(report: &Report, figures: &Figures) -> Vec<NodeRun> {
+    let (ranks, job) = (&figures.ranks, &figures.job);
     // Grouped once: a 4,096-node job has 32,768 ranks.
     let mut ranks_of: HashMap<&str, Vec<_>> = HashMap::new();
     for r in ranks.iter().filter(|r| r.reported) {

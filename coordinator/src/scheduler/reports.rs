@@ -191,7 +191,7 @@ impl Work {
         drop(std::mem::take(&mut self.progress));
         let mut batch = Batch::default().report(&mut report);
         report::attach(&mut report, std::mem::take(&mut self.results));
-        for run in fleet::runs(&report, &figures.ranks, &figures.job) {
+        for run in fleet::runs(&report, &figures) {
             batch = batch.run(&run);
         }
         Built {

@@ -64,8 +64,8 @@ pub async fn save(
             report.reason
         ));
     }
-    let (ranks, job) = figures::of_report(&report);
-    let figures = figures::baseline_figures(&ranks, &job);
+    let judged = figures::of_report(&report);
+    let figures = figures::baseline_figures(&judged.ranks, &judged.job);
     if figures.is_empty() {
         return refuse(format!(
             "job {job_id} ({}) produced no figures to keep",
