@@ -3,6 +3,8 @@
 //! carries assignments down and heartbeats up, acknowledgements of
 //! assignments, and nodes that fall silent.
 
+use std::sync::Arc;
+
 use gpuctl_proto::now_ms;
 use gpuctl_proto::pb::{
     AssignmentAck, Heartbeat, JobState, Node, NodeState, RegisterRequest, RegisterResponse,
@@ -35,7 +37,11 @@ impl Scheduler {
             .delete_node(name)
             .await
             .map_err(|err| CoordinatorError::store("could not remove the node", err))?;
-        let removed = self.nodes.remove(name).map(|e| e.node).unwrap_or_default();
+        let removed = self
+            .nodes
+            .remove(name)
+            .map(|e| Arc::unwrap_or_clone(e.node))
+            .unwrap_or_default();
         info!(node = %name, "node removed");
         Ok(removed)
     }
@@ -60,7 +66,7 @@ impl Scheduler {
             .or_insert_with(|| NodeEntry::detached(Node::default()));
         // The job this node was part of: kept across a lost session and a
         // coordinator restart, so that the agent can hand its workers back.
-        let prior = std::mem::take(&mut entry.node.current_job);
+        let prior = std::mem::take(&mut entry.node_mut().current_job);
         let mut node = Node {
             name: name.clone(),
             facts: req.facts,
@@ -74,7 +80,7 @@ impl Scheduler {
             preflight: req.preflight,
         };
         node.slots = planner::slots(&node);
-        entry.node = node;
+        entry.node = Arc::new(node);
         entry.session = None;
         entry.coordinator_url = url.clone();
 
@@ -123,7 +129,7 @@ impl Scheduler {
                 .is_some_and(|j| j.state() == JobState::Running);
         let entry = self.nodes.get_mut(&name).expect("inserted above");
         if keep {
-            entry.node.current_job = prior.clone();
+            entry.node_mut().current_job = prior.clone();
         }
         entry.refresh_state();
         let batch = Batch::default().node(&entry.node);
@@ -214,10 +220,11 @@ impl Scheduler {
             )));
         }
         e.session = Some(Session { id, tx });
-        e.node.last_heartbeat_unix_ms = first.unix_ms.max(now_ms());
+        e.node_mut().last_heartbeat_unix_ms = first.unix_ms.max(now_ms());
         if e.lost() {
-            e.node.set_state(NodeState::Ready);
-            e.node.state_reason.clear();
+            let n = e.node_mut();
+            n.set_state(NodeState::Ready);
+            n.state_reason.clear();
             e.refresh_state();
             let batch = Batch::default().node(&e.node);
             self.save(batch);
@@ -234,15 +241,16 @@ impl Scheduler {
         if e.session.as_ref().map(|s| s.id) != Some(session) {
             return; // a replaced session still draining
         }
-        e.node.last_heartbeat_unix_ms = now;
+        e.node_mut().last_heartbeat_unix_ms = now;
         if !hb.preflight.is_empty() {
             // Kept in memory: the next registration or state change stores it.
-            e.node.preflight = hb.preflight;
+            e.node_mut().preflight = hb.preflight;
         }
         if e.lost() {
             info!(node = %node, "heartbeats resumed");
-            e.node.set_state(NodeState::Ready);
-            e.node.state_reason.clear();
+            let n = e.node_mut();
+            n.set_state(NodeState::Ready);
+            n.state_reason.clear();
             e.refresh_state();
             let batch = Batch::default().node(&e.node);
             self.save(batch);
@@ -326,14 +334,11 @@ impl Scheduler {
             if !e.lost()
                 && now.saturating_sub(e.node.last_heartbeat_unix_ms) > timeout.as_millis() as u64
             {
-                e.node.set_state(NodeState::Lost);
-                e.node.state_reason = format!("no heartbeat for {}", human(timeout));
                 e.session = None;
-                lost.push((
-                    name.clone(),
-                    std::mem::take(&mut e.node.current_job),
-                    e.node.clone(),
-                ));
+                let n = e.node_mut();
+                n.set_state(NodeState::Lost);
+                n.state_reason = format!("no heartbeat for {}", human(timeout));
+                lost.push((name.clone(), std::mem::take(&mut n.current_job), n.clone()));
             }
         }
         for (name, job, node) in lost {

@@ -55,6 +55,11 @@ pub enum Event {
         spec: JobSpec,
         reply: Reply<Result<Job, CoordinatorError>>,
     },
+    /// A submitted job's plan, made off the task ([`super::planning`]).
+    Planned {
+        plan: Result<Plan, CoordinatorError>,
+        reply: Reply<Result<Job, CoordinatorError>>,
+    },
     Plan {
         spec: JobSpec,
         reply: Reply<Result<Plan, CoordinatorError>>,
@@ -165,6 +170,7 @@ impl Event {
             Event::SessionClosed { .. } => "SessionClosed",
             Event::AssignmentAck { .. } => "AssignmentAck",
             Event::Submit { .. } => "Submit",
+            Event::Planned { .. } => "Planned",
             Event::Plan { .. } => "Plan",
             Event::Cancel { .. } => "Cancel",
             Event::WorkerProgress { .. } => "WorkerProgress",
@@ -196,6 +202,7 @@ impl Event {
         matches!(
             self,
             Event::Submit { .. }
+                | Event::Planned { .. }
                 | Event::Plan { .. }
                 | Event::Cancel { .. }
                 | Event::GetJob { .. }
@@ -226,7 +233,7 @@ impl Event {
             | Event::SessionOpened { .. }
             | Event::SessionClosed { .. }
             | Event::AssignmentAck { .. }
-            | Event::Submit { .. }
+            | Event::Planned { .. }
             | Event::Cancel { .. }
             | Event::WorkerResult { .. }
             | Event::WorkerExited { .. }
@@ -239,6 +246,7 @@ impl Event {
             | Event::WorkerProgress { .. }
             | Event::WorkerLog { .. }
             | Event::Telemetry { .. }
+            | Event::Submit { .. }
             | Event::Plan { .. }
             | Event::GetJob { .. }
             | Event::ListJobs { .. }

@@ -9,7 +9,7 @@ use tracing::{debug, info, warn};
 
 use super::events::Event;
 use super::reports::{self, Built};
-use super::state::{job_id, JobEntry, NodeEntry};
+use super::state::{job_id, JobEntry};
 use super::{assign, background};
 use super::{human, Scheduler};
 use crate::error::CoordinatorError;
@@ -59,32 +59,15 @@ impl Scheduler {
             .collect()
     }
 
-    pub(super) fn candidates(&self) -> Vec<planner::Candidate<'_>> {
-        self.nodes.values().map(NodeEntry::candidate).collect()
-    }
-
-    /// Plans a spec on the nodes it would get now (or, if they are busy, the
-    /// ones it would most likely get).
-    pub(super) fn plan(&self, spec: JobSpec) -> Result<Plan, CoordinatorError> {
-        let spec = gpuctl_proto::spec::normalize(&spec)?;
-        if !spec.rules.trim().is_empty() {
-            self.cfg.perf_rules.overlay(&spec.rules).map_err(|e| {
-                CoordinatorError::InvalidField {
-                    field: "--rules".into(),
-                    message: format!("{e:#}"),
-                }
-            })?;
-        }
-        let cands = self.candidates();
-        let chosen = match planner::choose(&spec, &cands)? {
-            Some(c) => c,
-            None => planner::likely(&spec, &cands),
-        };
-        Ok(planner::plan(&spec, &chosen))
-    }
-
+    /// Plans, stores and starts a job here, on the task (a suite's stage;
+    /// people's `Submit` plans off it, [`super::planning`]).
     pub(super) async fn submit(&mut self, spec: JobSpec) -> Result<Job, CoordinatorError> {
         let plan = self.plan(spec)?;
+        self.submit_planned(plan).await
+    }
+
+    /// Stores and starts a job that `plan` was made for.
+    pub(super) async fn submit_planned(&mut self, plan: Plan) -> Result<Job, CoordinatorError> {
         if let Some(e) = preflight::preflight_error(&plan) {
             return Err(e);
         }
@@ -132,7 +115,9 @@ impl Scheduler {
             // It waits for nodes: planned again when they are free.
             e.planned = None;
         }
-        Ok(self.jobs[&id].view())
+        // Bounded, as `gpuctl status` shows it: a 4,096-node job whole is
+        // tens of megabytes to copy, and the CLI prints its id.
+        Ok(self.jobs[&id].view_of(gpuctl_proto::VIEW_RANKS))
     }
 
     /// Starts waiting jobs, oldest first, on whatever nodes are free.
@@ -168,13 +153,13 @@ impl Scheduler {
             sorted.sort();
             p.nodes.iter().eq(sorted)
         };
-        let plan = match planned.filter(same) {
+        let mut plan = match planned.filter(same) {
             Some(plan) => plan,
             None => {
                 let chosen: Vec<&Node> = names
                     .iter()
                     .filter_map(|n| self.nodes.get(n))
-                    .map(|e| &e.node)
+                    .map(|e| &*e.node)
                     .collect();
                 planner::plan(&spec, &chosen)
             }
@@ -195,15 +180,23 @@ impl Scheduler {
         };
         entry.job.set_state(JobState::Running);
         entry.job.started_unix_ms = now;
-        entry.job.plan = Some(plan.clone());
+        // The assignments need no preflight checks, ~200,000 at 4,096 nodes.
+        let checks = std::mem::take(&mut plan.checks);
+        let to_assign = plan.clone();
+        plan.checks = checks;
+        entry.job.plan = Some(plan);
+        let plan = to_assign;
         entry.deadline_unix_ms = deadline;
         let attempt = entry.job.attempt;
-        let mut batch = Batch::default().job(&entry.job);
+        let batch = Batch::default().job(&entry.job);
+        // The nodes are not stored again: which job a node runs is known from
+        // the running jobs at load. Each of a 4,096-node job's nodes, with its
+        // GPUs and preflight, held the scheduler ~25 ms to encode at the job's
+        // start and again at its end.
         for name in &plan.nodes {
             if let Some(n) = self.nodes.get_mut(name) {
-                n.node.current_job = id.to_string();
+                n.node_mut().current_job = id.to_string();
                 n.refresh_state();
-                batch = batch.node(&n.node);
             }
         }
         self.save(batch);
@@ -351,10 +344,10 @@ impl Scheduler {
             let Some(n) = self.nodes.get_mut(name) else {
                 continue;
             };
+            // Not stored: see `start`.
             if n.node.current_job == id {
-                n.node.current_job.clear();
+                n.node_mut().current_job.clear();
                 n.refresh_state();
-                batch = batch.node(&n.node);
             }
             if state != JobState::Succeeded && skip != Some(name.as_str()) {
                 n.send_cancel_as(id, attempt, &message, kind);
@@ -384,7 +377,9 @@ impl Scheduler {
             };
             self.finish(&id, JobState::Cancelled, msg, None).await;
         }
-        Ok(self.jobs[&id].view())
+        // Bounded, as `gpuctl status` shows it: a 4,096-node job whole is
+        // tens of megabytes to copy, and the CLI prints its id.
+        Ok(self.jobs[&id].view_of(gpuctl_proto::VIEW_RANKS))
     }
 
     /// Running jobs past their deadline (and its grace) fail, naming the ranks
@@ -446,6 +441,9 @@ impl Scheduler {
                 gpuctl_proto::spec::DEFAULT_HANG_TIMEOUT_MS,
                 gpuctl_proto::spec::hang_timeout_ms,
             );
+            if !e.watch.may_have_hung(e.world_size(), now, timeout) {
+                continue;
+            }
             if let Some(h) = report::hang::find(&e.progress_clocks(), now, timeout) {
                 hung.push((e.job.id.clone(), h));
             }

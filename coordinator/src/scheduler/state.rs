@@ -2,6 +2,7 @@
 //! live progress and results. Only the scheduler task touches it.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use fixedbitset::FixedBitSet;
 
@@ -25,8 +26,12 @@ pub struct Session {
 }
 
 pub struct NodeEntry {
-    /// As stored; `state` is kept current (Ready, Busy or Lost).
-    pub node: Node,
+    /// As stored; `state` is kept current (Ready, Busy or Lost). Shared
+    /// with readers: a listing takes the 4,096 nodes of a fleet as they are
+    /// and builds its answer off the scheduler's task (building it on the
+    /// task held it 15-30 ms a call); a change made meanwhile copies the
+    /// node ([`Self::node_mut`]).
+    pub node: Arc<Node>,
     pub session: Option<Session>,
     /// Where this node's workers reach the coordinator.
     pub coordinator_url: String,
@@ -37,10 +42,15 @@ impl NodeEntry {
     /// as loaded from the store, or before its registration is taken.
     pub fn detached(node: Node) -> NodeEntry {
         NodeEntry {
-            node,
+            node: Arc::new(node),
             session: None,
             coordinator_url: String::new(),
         }
+    }
+
+    /// The node, to change; copied first if a reader holds it.
+    pub fn node_mut(&mut self) -> &mut Node {
+        Arc::make_mut(&mut self.node)
     }
 
     pub fn lost(&self) -> bool {
@@ -89,7 +99,9 @@ impl NodeEntry {
             } else {
                 NodeState::Busy
             };
-            self.node.set_state(s);
+            if self.node.state() != s {
+                self.node_mut().set_state(s);
+            }
         }
     }
 }
@@ -126,6 +138,9 @@ pub struct JobEntry {
     /// last came (unix ms). The report is made again once they stop
     /// coming, not once per result ([`super::Scheduler::refold_stale`]).
     pub stale: Option<(u64, u64)>,
+    /// The plan's checks that did not pass, worst first, found once per plan
+    /// ([`super::views`]).
+    pub plan_faults: std::sync::Mutex<Option<super::views::PlanFaults>>,
 }
 
 /// Ended jobs with more ranks than this keep no per-rank parts in memory: at

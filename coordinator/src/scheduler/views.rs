@@ -100,7 +100,7 @@ impl JobEntry {
                 .collect();
             plan.env = full.env.clone();
             plan.spec = full.spec.clone();
-            let (checks, left) = not_passing(&full.checks, max_ranks as usize);
+            let (checks, left) = self.plan_faults(max_ranks as usize);
             plan.checks = checks;
             left_out += left;
         }
@@ -116,17 +116,64 @@ impl JobEntry {
     }
 }
 
+/// The plan's checks that did not pass, worst first, of one plan (its
+/// attempt and number of checks): a plan's checks do not change once it is
+/// made, and a bounded view scanned all ~200,000 of a 4,096-node plan's on
+/// every `gpuctl status`.
+pub struct PlanFaults {
+    of: (u32, usize),
+    /// Indices into the plan's checks.
+    bad: Vec<u32>,
+}
+
+impl JobEntry {
+    /// [`not_passing`] for the plan's checks, found once per plan.
+    fn plan_faults(&self, max: usize) -> (Vec<PreflightCheck>, u32) {
+        let Some(checks) = self.job.plan.as_ref().map(|p| &p.checks[..]) else {
+            return (Vec::new(), 0);
+        };
+        let of = (self.job.attempt, checks.len());
+        let mut cached = self.plan_faults.lock().unwrap_or_else(|e| e.into_inner());
+        let faults = match cached.take() {
+            Some(f) if f.of == of => f,
+            _ => PlanFaults {
+                of,
+                bad: worst_first(checks),
+            },
+        };
+        let shown: Vec<PreflightCheck> = faults
+            .bad
+            .iter()
+            .take(max)
+            .map(|i| checks[*i as usize].clone())
+            .collect();
+        let left = (checks.len() - shown.len()) as u32;
+        *cached = Some(faults);
+        (shown, left)
+    }
+}
+
+/// The indices of the checks that did not pass, worst first.
+fn worst_first(checks: &[PreflightCheck]) -> Vec<u32> {
+    let mut bad: Vec<u32> = (0..checks.len() as u32)
+        .filter(|i| checks[*i as usize].verdict() != Verdict::Pass)
+        .collect();
+    bad.sort_by_key(|i| Reverse(severity(checks[*i as usize].verdict())));
+    bad
+}
+
 /// The checks that did not pass, worst first, at most `max`; and how many
 /// were left out.
 fn not_passing(checks: &[PreflightCheck], max: usize) -> (Vec<PreflightCheck>, u32) {
-    let mut bad: Vec<&PreflightCheck> = checks
-        .iter()
-        .filter(|c| c.verdict() != Verdict::Pass)
-        .collect();
-    bad.sort_by_key(|c| Reverse(severity(c.verdict())));
+    let mut bad = worst_first(checks);
     bad.truncate(max);
     let left = (checks.len() - bad.len()) as u32;
-    (bad.into_iter().cloned().collect(), left)
+    (
+        bad.into_iter()
+            .map(|i| checks[i as usize].clone())
+            .collect(),
+        left,
+    )
 }
 
 fn severity(v: Verdict) -> u8 {
@@ -251,6 +298,28 @@ mod tests {
         assert_eq!(checks.len(), 1, "only the check that did not pass");
         assert_eq!(v.checks_left_out, 1023);
         assert_eq!(v.plan.as_ref().unwrap().world_size, 1024);
+    }
+
+    #[test]
+    fn a_new_plan_s_failed_checks_are_found_again() {
+        let mut e = job(1024);
+        let shown = |e: &JobEntry| -> Vec<String> {
+            let v = e.view_of(8);
+            v.plan
+                .unwrap()
+                .checks
+                .iter()
+                .map(|c| c.node.clone())
+                .collect()
+        };
+        assert_eq!(shown(&e), ["n9"]);
+        // A second attempt planned again: a failure and a warning elsewhere.
+        e.job.attempt = 2;
+        let checks = &mut e.job.plan.as_mut().unwrap().checks;
+        checks[77].verdict = Verdict::Pass as i32;
+        checks[200].verdict = Verdict::Warn as i32;
+        checks[300].verdict = Verdict::Fail as i32;
+        assert_eq!(shown(&e), ["n37", "n25"], "worst first, of the new plan");
     }
 
     #[test]
