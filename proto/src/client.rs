@@ -37,6 +37,16 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How much a server may send on one call, and on the whole connection,
+/// before this client says it has read it. HTTP/2's default of 64 KiB made
+/// a 4,096-node `gpuctl nodes` (270 KB) wait on four window updates, each
+/// a round trip through both busy processes, and a big job's report one
+/// per 64 KiB. A unary answer is buffered whole before it is decoded
+/// either way; a stream's reader (an agent's session) reads each message as
+/// it comes.
+const STREAM_WINDOW_BYTES: u32 = 8 << 20;
+const CONNECTION_WINDOW_BYTES: u32 = 16 << 20;
+
 /// Why no channel came about. The texts name the URL; callers add their fix.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -198,6 +208,8 @@ impl Builder {
         Ok(endpoint
             .connect_timeout(self.connect_timeout)
             .tcp_nodelay(true)
+            .initial_stream_window_size(STREAM_WINDOW_BYTES)
+            .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
             .tcp_keepalive(Some(Duration::from_secs(30)))
             .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
             .keep_alive_timeout(KEEPALIVE_TIMEOUT)
