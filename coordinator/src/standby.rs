@@ -27,7 +27,7 @@ use crate::store::Store;
 /// How long the standby's open connections get to take their answers and go.
 const DRAIN: Duration = Duration::from_secs(3);
 
-/// The accepted connections of a shared listener (TCP_NODELAY set, as
+/// The accepted connections of a shared listener (each made ready as
 /// gpuctl_proto::server::incoming does), until `stop` trips: then the stream
 /// ends and accepts nothing more, so that another server can take the listener.
 pub fn incoming(
@@ -36,7 +36,7 @@ pub fn incoming(
 ) -> impl Stream<Item = std::io::Result<TcpStream>> {
     let accepted = futures::stream::unfold(listener, |l| async move {
         let conn = l.accept().await.and_then(|(c, _)| {
-            c.set_nodelay(true)?;
+            gpuctl_proto::server::ready(&c)?;
             Ok(c)
         });
         Some((conn, l))
