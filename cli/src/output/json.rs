@@ -155,6 +155,10 @@ pub fn job(j: &pb::Job) -> Value {
         "spec": j.spec.as_ref().map(spec),
         "plan": j.plan.as_ref().map(plan),
         "progress": progress.into_iter().map(self::progress).collect::<Vec<_>>(),
+        // What a bounded view or a listing left out of plan and progress.
+        "ranks_left_out": j.ranks_left_out,
+        "checks_left_out": j.checks_left_out,
+        "nodes_left_out": j.nodes_left_out,
     })
 }
 

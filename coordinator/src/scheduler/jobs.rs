@@ -55,7 +55,7 @@ impl Scheduler {
         self.jobs
             .values()
             .skip(skip)
-            .map(JobEntry::summary)
+            .map(JobEntry::listed)
             .collect()
     }
 

@@ -143,6 +143,11 @@ pub struct JobEntry {
     pub plan_faults: std::sync::Mutex<Option<super::views::PlanFaults>>,
 }
 
+/// Nodes a job listing names of each job: `gpuctl jobs` shows a count past
+/// three, and 50 jobs of 4,096 node names each were 200,000 strings to copy
+/// and send on every call.
+pub const LISTED_NODES: usize = 8;
+
 /// Ended jobs with more ranks than this keep no per-rank parts in memory: at
 /// 32,768 ranks they are tens of megabytes a job, kept for every job.
 pub const RETIRE_OVER_RANKS: u32 = 1024;
@@ -202,9 +207,21 @@ impl JobEntry {
     }
 
     /// The job without its per-rank parts (plan placements and environment,
-    /// progress, start checks): what `ListJobs` returns.
+    /// progress, start checks).
     pub fn summary(&self) -> Job {
+        self.summary_naming(usize::MAX)
+    }
+
+    /// [`Self::summary`] naming at most [`LISTED_NODES`] of the plan's
+    /// nodes: what `ListJobs` returns.
+    pub fn listed(&self) -> Job {
+        self.summary_naming(LISTED_NODES)
+    }
+
+    fn summary_naming(&self, max_nodes: usize) -> Job {
         let j = &self.job;
+        let nodes = j.plan.as_ref().map_or(&[][..], |p| &p.nodes[..]);
+        let named = nodes.len().min(max_nodes);
         Job {
             id: j.id.clone(),
             spec: j.spec.clone(),
@@ -215,7 +232,7 @@ impl JobEntry {
             finished_unix_ms: j.finished_unix_ms,
             message: j.message.clone(),
             plan: j.plan.as_ref().map(|p| Plan {
-                nodes: p.nodes.clone(),
+                nodes: nodes[..named].to_vec(),
                 world_size: p.world_size,
                 master_addr: p.master_addr.clone(),
                 master_port: p.master_port,
@@ -228,6 +245,7 @@ impl JobEntry {
             // A summary is not a bounded view: it has no ranks at all.
             ranks_left_out: 0,
             checks_left_out: 0,
+            nodes_left_out: (nodes.len() - named) as u32,
         }
     }
 

@@ -230,6 +230,7 @@ fn models(gpus: &[GpuInfo]) -> Vec<GpuInfo> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scheduler::state::LISTED_NODES;
     use gpuctl_proto::pb::{Plan, RankPlacement};
 
     fn job(world: u32) -> JobEntry {
@@ -320,6 +321,19 @@ mod tests {
         checks[200].verdict = Verdict::Warn as i32;
         checks[300].verdict = Verdict::Fail as i32;
         assert_eq!(shown(&e), ["n37", "n25"], "worst first, of the new plan");
+    }
+
+    #[test]
+    fn a_listing_names_a_few_of_a_big_job_s_nodes_and_counts_the_rest() {
+        let mut e = job(4096);
+        let nodes: Vec<String> = (0..512).map(|n| format!("n{n}")).collect();
+        e.job.plan.as_mut().unwrap().nodes = nodes.clone();
+        let listed = e.listed();
+        assert_eq!(listed.plan.unwrap().nodes, nodes[..LISTED_NODES]);
+        assert_eq!(listed.nodes_left_out, 512 - LISTED_NODES as u32);
+        assert_eq!(e.summary().plan.unwrap().nodes.len(), 512);
+        let small = job(16);
+        assert_eq!(small.listed().nodes_left_out, 0);
     }
 
     #[test]
