@@ -180,7 +180,7 @@ impl Scheduler {
         };
         entry.job.set_state(JobState::Running);
         entry.job.started_unix_ms = now;
-        // The assignments need no preflight checks, ~200,000 at 4,096 nodes.
+        // The assignments need no preflight checks (one or more per node).
         let checks = std::mem::take(&mut plan.checks);
         let to_assign = plan.clone();
         plan.checks = checks;
@@ -377,8 +377,7 @@ impl Scheduler {
             };
             self.finish(&id, JobState::Cancelled, msg, None).await;
         }
-        // Bounded, as `gpuctl status` shows it: a 4,096-node job whole is
-        // tens of megabytes to copy, and the CLI prints its id.
+        // Bounded, as for `Submit`: the CLI prints the id and state.
         Ok(self.jobs[&id].view_of(gpuctl_proto::VIEW_RANKS))
     }
 

@@ -1,5 +1,5 @@
 //! Planning a job off the scheduler's task. A 4,096-node plan (32,768
-//! placements, some 200,000 preflight checks) takes ~20 ms, and `Submit`
+//! placements, its preflight checks) takes ~20 ms, and `Submit`
 //! and `gpuctl plan` held the scheduler for it, every `gpuctl` call
 //! waiting. The spec is checked on the task (a bad field is answered at
 //! once); the nodes are taken as they are then, shared, and planned on a

@@ -118,7 +118,7 @@ impl JobEntry {
 
 /// The plan's checks that did not pass, worst first, of one plan (its
 /// attempt and number of checks): a plan's checks do not change once it is
-/// made, and a bounded view scanned all ~200,000 of a 4,096-node plan's on
+/// made, and a bounded view scanned all of a 4,096-node plan's on
 /// every `gpuctl status`.
 pub struct PlanFaults {
     of: (u32, usize),
