@@ -6,6 +6,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
+        // Written by hand, to send nodes encoded before (listing.rs).
+        .extern_path(
+            ".gpuctl.v1.ListNodesResponse",
+            "crate::listing::ListNodesResponse",
+        )
         .compile_protos(&["proto/gpuctl.proto"], &["proto"])?;
     println!("cargo:rerun-if-changed=proto/gpuctl.proto");
     Ok(())

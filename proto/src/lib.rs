@@ -9,6 +9,7 @@ pub mod catalogue;
 pub mod client;
 pub mod leader;
 pub mod limits;
+pub mod listing;
 pub mod metrics_http;
 pub mod pairs;
 pub mod server;
@@ -21,6 +22,7 @@ pub mod units;
 /// Generated from `proto/gpuctl.proto`.
 pub mod pb {
     tonic::include_proto!("gpuctl.v1");
+    pub use crate::listing::ListNodesResponse;
 }
 
 /// Bumped whenever a message changes meaning. Agents send it on register and on

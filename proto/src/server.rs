@@ -82,38 +82,16 @@ pub fn ready(conn: &tokio::net::TcpStream) -> std::io::Result<()> {
 
 /// Sets the socket's congestion control; a kernel without it keeps its own.
 fn set_congestion(conn: &tokio::net::TcpStream, name: &str) {
-    use std::os::fd::AsRawFd as _;
-    // SAFETY: setsockopt reads `name.len()` bytes from a live buffer, on a
-    // descriptor `conn` owns for the call's duration.
-    let _ = unsafe {
-        libc::setsockopt(
-            conn.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_CONGESTION,
-            name.as_ptr().cast(),
-            name.len() as libc::socklen_t,
-        )
-    };
+    let _ = socket2::SockRef::from(conn).set_tcp_congestion(name.as_bytes());
 }
 
 /// The congestion control a socket uses.
 #[cfg(test)]
 fn congestion(conn: &tokio::net::TcpStream) -> String {
-    use std::os::fd::AsRawFd as _;
-    let mut buf = [0u8; 32];
-    let mut len = buf.len() as libc::socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into `buf`.
-    unsafe {
-        libc::getsockopt(
-            conn.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_CONGESTION,
-            buf.as_mut_ptr().cast(),
-            &mut len,
-        )
-    };
-    let name = &buf[..len as usize];
-    String::from_utf8_lossy(name.split(|b| *b == 0).next().unwrap_or(name)).into_owned()
+    let name = socket2::SockRef::from(conn).tcp_congestion().unwrap();
+    // The kernel pads the name with NULs to its longest.
+    let name = name.split(|b| *b == 0).next().unwrap_or(&name);
+    String::from_utf8_lossy(name).into_owned()
 }
 
 #[cfg(test)]

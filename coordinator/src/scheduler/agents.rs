@@ -80,7 +80,7 @@ impl Scheduler {
             preflight: req.preflight,
         };
         node.slots = planner::slots(&node);
-        entry.node = Arc::new(node);
+        entry.set_node(node);
         entry.session = None;
         entry.coordinator_url = url.clone();
 
@@ -220,7 +220,7 @@ impl Scheduler {
             )));
         }
         e.session = Some(Session { id, tx });
-        e.node_mut().last_heartbeat_unix_ms = first.unix_ms.max(now_ms());
+        e.heard(first.unix_ms.max(now_ms()));
         if e.lost() {
             let n = e.node_mut();
             n.set_state(NodeState::Ready);
@@ -241,7 +241,7 @@ impl Scheduler {
         if e.session.as_ref().map(|s| s.id) != Some(session) {
             return; // a replaced session still draining
         }
-        e.node_mut().last_heartbeat_unix_ms = now;
+        e.heard(now);
         if !hb.preflight.is_empty() {
             // Kept in memory: the next registration or state change stores it.
             e.node_mut().preflight = hb.preflight;

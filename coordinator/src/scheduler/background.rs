@@ -7,7 +7,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
 
 use super::events::Event;
@@ -23,6 +23,36 @@ pub fn off_task(work: impl FnOnce() + Send + 'static) {
         Ok(h) => drop(h.spawn_blocking(work)),
         Err(_) => work(),
     }
+}
+
+/// Runs `work` on the calling thread. On a worker of a multi-threaded
+/// runtime the thread first hands its other tasks to another (tokio's
+/// `block_in_place`), so `work` may take milliseconds, and the task goes
+/// on with its result without waiting in a run queue again.
+pub fn in_place<R>(work: impl FnOnce() -> R) -> R {
+    if multi_threaded() {
+        tokio::task::block_in_place(work)
+    } else {
+        // A current-thread runtime (tests) cannot hand its tasks off.
+        work()
+    }
+}
+
+/// Waits for `rx` on the calling thread, out of the runtime's rotation
+/// (see [`in_place`]): the answer wakes this thread itself, where a woken
+/// task would queue behind every task woken before it.
+pub async fn recv_in_place<T>(rx: oneshot::Receiver<T>) -> Result<T, oneshot::error::RecvError> {
+    if multi_threaded() {
+        tokio::task::block_in_place(move || rx.blocking_recv())
+    } else {
+        // On a current-thread runtime the sender's task needs this thread.
+        rx.await
+    }
+}
+
+fn multi_threaded() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
 }
 
 /// Drops `v` on a blocking thread: freeing a big job's parts (hundreds of
@@ -109,5 +139,27 @@ mod tests {
         assert_eq!(name.as_deref(), Some("gpuctl-judge-test"));
         assert_eq!(theirs, (mine + JUDGE_NICE).min(19));
         assert_eq!(nice(), mine, "the caller's priority is left alone");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn in_place_keeps_the_task_on_its_thread() {
+        let (tx, rx) = oneshot::channel();
+        let mine = std::thread::current().id();
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            tx.send(7).unwrap();
+        });
+        assert_eq!(recv_in_place(rx).await.unwrap(), 7);
+        let theirs = in_place(|| std::thread::current().id());
+        assert_eq!(theirs, std::thread::current().id());
+        assert_eq!(theirs, mine, "no hop through a run queue");
+    }
+
+    #[tokio::test]
+    async fn on_one_thread_the_sender_still_gets_to_run() {
+        let (tx, rx) = oneshot::channel();
+        tokio::spawn(async move { tx.send(7).unwrap() });
+        assert_eq!(recv_in_place(rx).await.unwrap(), 7);
+        assert_eq!(in_place(|| 8), 8);
     }
 }

@@ -7,10 +7,12 @@ use gpuctl_proto::pb::{
     RankProgressReport, RankResult, RegisterRequest, RegisterResponse, Report, SubmitSuiteRequest,
     Suite, TelemetryBatch, WorkerExited, WorkerLog,
 };
+use prost::bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 
 use super::reports::Built;
 use super::snapshot::Snapshot;
+use super::state::Listed;
 use crate::error::CoordinatorError;
 
 pub type Reply<T> = oneshot::Sender<T>;
@@ -101,9 +103,15 @@ pub enum Event {
         limit: u32,
         reply: Reply<Vec<Job>>,
     },
+    /// Every node as the scheduler holds it; the caller builds the listing
+    /// (`SchedulerHandle::list_nodes`).
     ListNodes {
-        brief: bool,
-        reply: Reply<Vec<Node>>,
+        reply: Reply<Vec<Listed>>,
+    },
+    /// Nodes a listing encoded, to keep for the next one: (name, version
+    /// listed, encoding).
+    Encoded {
+        nodes: Vec<(String, u64, Bytes)>,
     },
     RemoveNode {
         name: String,
@@ -182,6 +190,7 @@ impl Event {
             Event::GetJob { .. } => "GetJob",
             Event::ListJobs { .. } => "ListJobs",
             Event::ListNodes { .. } => "ListNodes",
+            Event::Encoded { .. } => "Encoded",
             Event::RemoveNode { .. } => "RemoveNode",
             Event::GetTelemetry { .. } => "GetTelemetry",
             Event::GetReport { .. } => "GetReport",
@@ -251,6 +260,7 @@ impl Event {
             | Event::GetJob { .. }
             | Event::ListJobs { .. }
             | Event::ListNodes { .. }
+            | Event::Encoded { .. }
             | Event::RemoveNode { .. }
             | Event::GetTelemetry { .. }
             | Event::GetReport { .. }

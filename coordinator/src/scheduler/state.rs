@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use fixedbitset::FixedBitSet;
+use prost::bytes::Bytes;
 
 use gpuctl_proto::pb::{
     coordinator_message::Msg, CancelJob, CoordinatorMessage, Job, JobState, Node, NodeState, Plan,
@@ -30,11 +31,29 @@ pub struct NodeEntry {
     /// with readers: a listing takes the 4,096 nodes of a fleet as they are
     /// and builds its answer off the scheduler's task (building it on the
     /// task held it 15-30 ms a call); a change made meanwhile copies the
-    /// node ([`Self::node_mut`]).
+    /// node. Changed only through [`Self::node_mut`], [`Self::set_node`]
+    /// and [`Self::heard`], which keep `listed` true.
     pub node: Arc<Node>,
     pub session: Option<Session>,
     /// Where this node's workers reach the coordinator.
     pub coordinator_url: String,
+    /// The node as `gpuctl nodes` shows it, encoded, without its heartbeat
+    /// (which changes every second and goes out apart): kept from one
+    /// listing to the next, since most nodes change only at a job's start
+    /// and end. None until a listing encodes it, and after a change.
+    listed: Option<Bytes>,
+    /// Counts changes, so that an encoding made off the task is kept only
+    /// when the node did not change meanwhile.
+    version: u64,
+}
+
+/// A node as a listing takes it from the scheduler.
+#[derive(Debug)]
+pub struct Listed {
+    pub node: Arc<Node>,
+    pub version: u64,
+    /// [`NodeEntry::listed`], where the node has one.
+    pub encoded: Option<Bytes>,
 }
 
 impl NodeEntry {
@@ -45,12 +64,48 @@ impl NodeEntry {
             node: Arc::new(node),
             session: None,
             coordinator_url: String::new(),
+            listed: None,
+            version: 0,
         }
     }
 
     /// The node, to change; copied first if a reader holds it.
     pub fn node_mut(&mut self) -> &mut Node {
+        self.changed();
         Arc::make_mut(&mut self.node)
+    }
+
+    /// Replaces the node (a registration).
+    pub fn set_node(&mut self, node: Node) {
+        self.changed();
+        self.node = Arc::new(node);
+    }
+
+    /// Notes a heartbeat: the one change that leaves the node's listing as
+    /// it was.
+    pub fn heard(&mut self, unix_ms: u64) {
+        Arc::make_mut(&mut self.node).last_heartbeat_unix_ms = unix_ms;
+    }
+
+    fn changed(&mut self) {
+        self.version += 1;
+        self.listed = None;
+    }
+
+    /// The node for a listing.
+    pub fn listing(&self) -> Listed {
+        Listed {
+            node: self.node.clone(),
+            version: self.version,
+            encoded: self.listed.clone(),
+        }
+    }
+
+    /// Keeps a listing's encoding of this node, unless it changed since.
+    pub fn keep_listed(&mut self, version: u64, encoded: Bytes) {
+        if self.version == version {
+            self.listed = Some(encoded);
+        }
     }
 
     pub fn lost(&self) -> bool {

@@ -6,10 +6,14 @@
 
 use std::cmp::Reverse;
 
-use gpuctl_proto::pb::{GpuInfo, HostFacts, Job, Node, PreflightCheck, RankProgress, Verdict};
+use gpuctl_proto::pb::{
+    GpuInfo, HostFacts, Job, ListNodesResponse, Node, PreflightCheck, RankProgress, Verdict,
+};
+use prost::bytes::Bytes;
+use prost::Message as _;
 
 use super::events::Reply;
-use super::state::JobEntry;
+use super::state::{JobEntry, Listed};
 use super::Scheduler;
 use crate::error::CoordinatorError;
 
@@ -183,6 +187,34 @@ fn severity(v: Verdict) -> u8 {
         Verdict::Warn => 1,
         _ => 0,
     }
+}
+
+/// The brief listing of `nodes`: each node's kept encoding where it has one,
+/// else encoded here, with its heartbeat added; and the encodings made
+/// here (name, version, encoding), for the scheduler to keep.
+pub fn brief_listing(nodes: Vec<Listed>) -> (ListNodesResponse, Vec<(String, u64, Bytes)>) {
+    let mut listing = ListNodesResponse::default();
+    let mut made = Vec::new();
+    // ~70 bytes a node; grown once or twice at most.
+    listing.encoded.reserve(nodes.len() * 80);
+    for l in nodes {
+        let encoded = match l.encoded {
+            Some(e) => e,
+            None => {
+                let mut b = brief(&l.node);
+                b.last_heartbeat_unix_ms = 0;
+                let e = Bytes::from(b.encode_to_vec());
+                made.push((l.node.name.clone(), l.version, e.clone()));
+                e
+            }
+        };
+        let heard = Node {
+            last_heartbeat_unix_ms: l.node.last_heartbeat_unix_ms,
+            ..Default::default()
+        };
+        listing.push_encoded(&encoded, &heard);
+    }
+    (listing, made)
 }
 
 /// A node as `gpuctl nodes` shows it (`ListNodesRequest.brief`).
@@ -377,5 +409,64 @@ mod tests {
             [(0, "NVIDIA H200"), (5, "NVIDIA H100"), (6, "NVIDIA H200")],
             "a node of mixed models still shows it"
         );
+    }
+
+    fn decoded(listing: &ListNodesResponse) -> Vec<Node> {
+        ListNodesResponse::decode(listing.encode_to_vec().as_slice())
+            .unwrap()
+            .nodes
+    }
+
+    #[test]
+    fn a_brief_listing_keeps_encodings_until_a_node_changes_but_not_its_heartbeat() {
+        use crate::scheduler::state::NodeEntry;
+        let node = |name: &str| Node {
+            name: name.into(),
+            slots: 8,
+            last_heartbeat_unix_ms: 1_000,
+            ..Default::default()
+        };
+        let mut nodes = [
+            NodeEntry::detached(node("a")),
+            NodeEntry::detached(node("b")),
+        ];
+        let list =
+            |nodes: &[NodeEntry]| brief_listing(nodes.iter().map(NodeEntry::listing).collect());
+
+        let (first, made) = list(&nodes);
+        assert_eq!(
+            decoded(&first),
+            vec![brief(&nodes[0].node), brief(&nodes[1].node)]
+        );
+        assert_eq!(made.len(), 2, "nothing was kept yet");
+        for ((name, version, encoded), e) in made.into_iter().zip(nodes.iter_mut()) {
+            assert_eq!(name, e.node.name);
+            e.keep_listed(version, encoded);
+        }
+
+        // A heartbeat keeps the encoding and goes out fresh.
+        nodes[0].heard(2_000);
+        // A change drops it, and an encoding of before the change is not kept.
+        let stale = nodes[1].listing().version;
+        nodes[1].node_mut().current_job = "job-000001".into();
+        nodes[1].keep_listed(stale, Bytes::from_static(b"stale"));
+        let (second, made) = list(&nodes);
+        let shown = decoded(&second);
+        assert_eq!(shown[0].last_heartbeat_unix_ms, 2_000);
+        assert_eq!(shown[1].current_job, "job-000001");
+        assert_eq!(shown, vec![brief(&nodes[0].node), brief(&nodes[1].node)]);
+        assert_eq!(
+            made.iter().map(|m| m.0.as_str()).collect::<Vec<_>>(),
+            ["b"],
+            "only the changed node is encoded again"
+        );
+
+        // A registration replaces the node whole.
+        let (name, version, encoded) = made.into_iter().next().unwrap();
+        assert_eq!(name, "b");
+        nodes[1].keep_listed(version, encoded);
+        nodes[1].set_node(node("b"));
+        let (_, made) = list(&nodes);
+        assert_eq!(made.len(), 1);
     }
 }

@@ -201,11 +201,7 @@ impl JobService for JobSvc {
     ) -> Result<Response<ListNodesResponse>, Status> {
         self.security.allow(&req, Role::Read)?;
         let brief = req.into_inner().brief;
-        let nodes = self
-            .sched
-            .ask(|reply| Event::ListNodes { brief, reply })
-            .await?;
-        Ok(Response::new(ListNodesResponse { nodes }))
+        Ok(Response::new(self.sched.list_nodes(brief).await?))
     }
 
     async fn save_baseline(

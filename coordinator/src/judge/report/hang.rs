@@ -47,9 +47,13 @@ impl Watch {
         if now_ms.saturating_sub(self.since_ms) < timeout_ms {
             return false;
         }
-        let every_rank_grew = self.grew_ms.range(..ranks).count() >= ranks as usize;
-        let oldest = self.grew_ms.range(..ranks).map(|(_, ms)| *ms).min();
-        !every_rank_grew || oldest.is_some_and(|ms| now_ms.saturating_sub(ms) >= timeout_ms)
+        let (grew, oldest) = self
+            .grew_ms
+            .range(..ranks)
+            .fold((0usize, u64::MAX), |(n, oldest), (_, ms)| {
+                (n + 1, oldest.min(*ms))
+            });
+        grew < ranks as usize || now_ms.saturating_sub(oldest) >= timeout_ms
     }
 }
 
