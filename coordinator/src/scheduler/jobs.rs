@@ -195,8 +195,7 @@ impl Scheduler {
         // start and again at its end.
         for name in &plan.nodes {
             if let Some(n) = self.nodes.get_mut(name) {
-                n.node_mut().current_job = id.to_string();
-                n.refresh_state();
+                n.set_job(id);
             }
         }
         self.save(batch);
@@ -346,8 +345,7 @@ impl Scheduler {
             };
             // Not stored: see `start`.
             if n.node.current_job == id {
-                n.node_mut().current_job.clear();
-                n.refresh_state();
+                n.set_job("");
             }
             if state != JobState::Succeeded && skip != Some(name.as_str()) {
                 n.send_cancel_as(id, attempt, &message, kind);

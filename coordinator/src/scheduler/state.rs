@@ -31,16 +31,17 @@ pub struct NodeEntry {
     /// with readers: a listing takes the 4,096 nodes of a fleet as they are
     /// and builds its answer off the scheduler's task (building it on the
     /// task held it 15-30 ms a call); a change made meanwhile copies the
-    /// node. Changed only through [`Self::node_mut`], [`Self::set_node`]
-    /// and [`Self::heard`], which keep `listed` true.
+    /// node. Changed only through [`Self::node_mut`], [`Self::set_node`],
+    /// [`Self::heard`] and [`Self::set_job`], which keep `listed` true.
     pub node: Arc<Node>,
     pub session: Option<Session>,
     /// Where this node's workers reach the coordinator.
     pub coordinator_url: String,
-    /// The node as `gpuctl nodes` shows it, encoded, without its heartbeat
-    /// (which changes every second and goes out apart): kept from one
-    /// listing to the next, since most nodes change only at a job's start
-    /// and end. None until a listing encodes it, and after a change.
+    /// The node as `gpuctl nodes` shows it, encoded, without its heartbeat,
+    /// job and state, which go out apart: the heartbeat changes every
+    /// second, and a job's start and end change every node's job and state
+    /// at once. Kept from one listing to the next; None until a listing
+    /// encodes it, and after any other change.
     listed: Option<Bytes>,
     /// Counts changes, so that an encoding made off the task is kept only
     /// when the node did not change meanwhile.
@@ -81,10 +82,24 @@ impl NodeEntry {
         self.node = Arc::new(node);
     }
 
-    /// Notes a heartbeat: the one change that leaves the node's listing as
-    /// it was.
+    /// Notes a heartbeat; the kept listing stays.
     pub fn heard(&mut self, unix_ms: u64) {
-        Arc::make_mut(&mut self.node).last_heartbeat_unix_ms = unix_ms;
+        self.live_mut().last_heartbeat_unix_ms = unix_ms;
+    }
+
+    /// Sets the job this node runs (empty: none) and its state with it; the
+    /// kept listing stays.
+    pub fn set_job(&mut self, job: &str) {
+        if self.node.current_job != job {
+            self.live_mut().current_job = job.to_string();
+        }
+        self.refresh_state();
+    }
+
+    /// The node, to change only what a listing sends apart from the kept
+    /// encoding.
+    fn live_mut(&mut self) -> &mut Node {
+        Arc::make_mut(&mut self.node)
     }
 
     fn changed(&mut self) {
@@ -155,7 +170,7 @@ impl NodeEntry {
                 NodeState::Busy
             };
             if self.node.state() != s {
-                self.node_mut().set_state(s);
+                self.live_mut().set_state(s);
             }
         }
     }

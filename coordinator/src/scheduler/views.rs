@@ -190,8 +190,9 @@ fn severity(v: Verdict) -> u8 {
 }
 
 /// The brief listing of `nodes`: each node's kept encoding where it has one,
-/// else encoded here, with its heartbeat added; and the encodings made
-/// here (name, version, encoding), for the scheduler to keep.
+/// else encoded here, with its heartbeat, job and state added (see
+/// `NodeEntry::listed`); and the encodings made here (name, version,
+/// encoding), for the scheduler to keep.
 pub fn brief_listing(nodes: Vec<Listed>) -> (ListNodesResponse, Vec<(String, u64, Bytes)>) {
     let mut listing = ListNodesResponse::default();
     let mut made = Vec::new();
@@ -202,17 +203,22 @@ pub fn brief_listing(nodes: Vec<Listed>) -> (ListNodesResponse, Vec<(String, u64
             Some(e) => e,
             None => {
                 let mut b = brief(&l.node);
+                // Sent apart, and a field left out here cannot go stale.
                 b.last_heartbeat_unix_ms = 0;
+                b.current_job.clear();
+                b.state = 0;
                 let e = Bytes::from(b.encode_to_vec());
                 made.push((l.node.name.clone(), l.version, e.clone()));
                 e
             }
         };
-        let heard = Node {
+        let live = Node {
             last_heartbeat_unix_ms: l.node.last_heartbeat_unix_ms,
+            current_job: l.node.current_job.clone(),
+            state: l.node.state,
             ..Default::default()
         };
-        listing.push_encoded(&encoded, &heard);
+        listing.push_encoded(&encoded, &live);
     }
     (listing, made)
 }
@@ -418,8 +424,9 @@ mod tests {
     }
 
     #[test]
-    fn a_brief_listing_keeps_encodings_until_a_node_changes_but_not_its_heartbeat() {
+    fn a_brief_listing_keeps_encodings_until_a_node_changes_but_not_its_heartbeat_or_job() {
         use crate::scheduler::state::NodeEntry;
+        use gpuctl_proto::pb::NodeState;
         let node = |name: &str| Node {
             name: name.into(),
             slots: 8,
@@ -444,16 +451,26 @@ mod tests {
             e.keep_listed(version, encoded);
         }
 
-        // A heartbeat keeps the encoding and goes out fresh.
+        // A heartbeat, a job's start and its end keep the encoding, and go
+        // out fresh.
         nodes[0].heard(2_000);
+        nodes[0].set_job("job-000001");
+        let (listing, made) = list(&nodes);
+        assert!(made.is_empty());
+        let shown = decoded(&listing);
+        assert_eq!(shown[0].current_job, "job-000001");
+        assert_eq!(shown[0].state, NodeState::Busy as i32);
+        nodes[0].set_job("");
         // A change drops it, and an encoding of before the change is not kept.
         let stale = nodes[1].listing().version;
-        nodes[1].node_mut().current_job = "job-000001".into();
+        nodes[1].node_mut().state_reason = "drained: bad fan".into();
         nodes[1].keep_listed(stale, Bytes::from_static(b"stale"));
         let (second, made) = list(&nodes);
         let shown = decoded(&second);
         assert_eq!(shown[0].last_heartbeat_unix_ms, 2_000);
-        assert_eq!(shown[1].current_job, "job-000001");
+        assert_eq!(shown[0].state, NodeState::Ready as i32);
+        assert!(shown[0].current_job.is_empty(), "the job ended");
+        assert_eq!(shown[1].state_reason, "drained: bad fan");
         assert_eq!(shown, vec![brief(&nodes[0].node), brief(&nodes[1].node)]);
         assert_eq!(
             made.iter().map(|m| m.0.as_str()).collect::<Vec<_>>(),
