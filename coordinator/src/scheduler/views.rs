@@ -483,7 +483,19 @@ mod tests {
         assert_eq!(name, "b");
         nodes[1].keep_listed(version, encoded);
         nodes[1].set_node(node("b"));
+        // Encoded while it runs a job, the node is later shown without it:
+        // the kept bytes never carry a job or state to go stale.
+        nodes[1].set_job("job-000002");
         let (_, made) = list(&nodes);
         assert_eq!(made.len(), 1);
+        let (_, version, encoded) = made.into_iter().next().unwrap();
+        nodes[1].keep_listed(version, encoded);
+        nodes[1].set_job("");
+        let (listing, made) = list(&nodes);
+        assert!(made.is_empty());
+        let shown = decoded(&listing);
+        assert_eq!(shown[1], brief(&nodes[1].node));
+        assert!(shown[1].current_job.is_empty(), "the job ended");
+        assert_eq!(shown[1].state, NodeState::Ready as i32);
     }
 }
