@@ -138,6 +138,16 @@ async fn telemetry_health_metrics_and_restart() {
     let (head, _) = coord.get("/nope").await;
     assert!(head.starts_with("HTTP/1.1 404"), "{head}");
 
+    // A last batch just before the results: the scheduler's periodic write
+    // (every 500 ms) will almost never have stored it before the job ends,
+    // so only the job's last write can (checked after the restart below).
+    agent.samples("g0", &id, t0 + 5_000, vec![]).await;
+    latest_telemetry(&mut jobs, &id, Duration::from_millis(5), |l| {
+        l.first()
+            .is_some_and(|b| b.samples[0].unix_ms == t0 + 5_000)
+    })
+    .await;
+
     // Both ranks succeed, but GPU 1 had a (site-critical) XID: rank 1, its node
     // and the job fail, and the report says why.
     let mut w = WorkerServiceClient::connect(coord.url.clone())
@@ -171,7 +181,7 @@ async fn telemetry_health_metrics_and_restart() {
         .into_inner();
     assert_eq!(report.telemetry.len(), 2);
     let g1 = report.telemetry.iter().find(|t| t.index == 1).unwrap();
-    assert_eq!((g1.samples, g1.xids.clone()), (5, vec![31]));
+    assert_eq!((g1.samples, g1.xids.clone()), (6, vec![31]));
     assert_eq!(g1.verdict(), Verdict::Fail);
     assert_eq!(g1.temp_max, 62.0);
     assert_eq!(report.health.len(), 1, "{:?}", report.health);
@@ -226,12 +236,23 @@ async fn telemetry_health_metrics_and_restart() {
     assert_eq!(report.telemetry.len(), 2, "{report:?}");
     assert!(report.telemetry.iter().all(|t| t.samples == 3));
     assert!(report.health.is_empty(), "{:?}", report.health);
-    // The first job's report is stored whole.
+    // The first job's report is stored whole, and its telemetry with every
+    // sample: the last ones were written after the report.
     let first = jobs
-        .get_report(GetReportRequest { job_id: id })
+        .get_report(GetReportRequest { job_id: id.clone() })
         .await
         .unwrap()
         .into_inner();
     assert_eq!(first.health.len(), 1);
+    let timeline = jobs
+        .get_timeline(GetTimelineRequest { job_id: id })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(timeline.gpus.len(), 2, "{timeline:?}");
+    for g in &timeline.gpus {
+        let samples: u32 = g.points.iter().map(|p| p.samples).sum();
+        assert_eq!(samples, 6, "GPU {}: {:?}", g.index, g.points);
+    }
     coord.shutdown().await;
 }

@@ -24,6 +24,10 @@ use serde_json::{json, Value};
 use crate::fleet::{self, FleetConfig};
 use crate::probe;
 
+/// The coordinator's log filter unless told otherwise: the bench reads when
+/// each report was stored from `scheduler::reports`' info lines.
+pub const COORDINATOR_LOG: &str = "warn,gpuctl_coordinator::scheduler::reports=info";
+
 #[derive(Debug, Clone)]
 pub struct BenchConfig {
     pub coordinator_bin: PathBuf,
@@ -37,6 +41,8 @@ pub struct BenchConfig {
     pub connections: usize,
     /// The CLI calls' pause between rounds.
     pub cli_every: Duration,
+    /// The coordinator's `RUST_LOG`.
+    pub coordinator_log: String,
 }
 
 /// What one run measured; `to_json` for machines, `print` for people.
@@ -108,18 +114,15 @@ impl Drop for Coordinator {
 }
 
 impl Coordinator {
-    fn start(bin: &PathBuf, dir: PathBuf) -> Result<Coordinator> {
-        let log = std::fs::File::create(dir.join("coordinator.log"))?;
+    fn start(bin: &PathBuf, log: &str, dir: PathBuf) -> Result<Coordinator> {
+        let log_file = std::fs::File::create(dir.join("coordinator.log"))?;
         let mut child = Command::new(bin)
             .args(["--listen", "127.0.0.1:0", "--node-timeout", "60s"])
             .arg("--data-dir")
             .arg(dir.join("store"))
-            .env(
-                "RUST_LOG",
-                "warn,gpuctl_coordinator::scheduler::reports=info",
-            )
+            .env("RUST_LOG", log)
             .stdout(Stdio::piped())
-            .stderr(log)
+            .stderr(log_file)
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
         let mut line = String::new();
@@ -339,7 +342,7 @@ async fn hold(phase: &mut Phase, pid: u32, d: Duration) {
 }
 
 pub async fn run(cfg: &BenchConfig, dir: PathBuf) -> Result<BenchReport> {
-    let co = Coordinator::start(&cfg.coordinator_bin, dir)?;
+    let co = Coordinator::start(&cfg.coordinator_bin, &cfg.coordinator_log, dir)?;
     let pid = co.pid();
     let watch = probe::Watch::start(pid);
     let stop = Shutdown::new();

@@ -66,6 +66,10 @@ enum Cmd {
         /// Keep the coordinator's folder (store, coordinator.log) afterwards.
         #[arg(long)]
         keep_dir: bool,
+        /// The coordinator's log filter (`RUST_LOG` syntax): its log is read
+        /// for when each report was stored, so keep `scheduler::reports` at info.
+        #[arg(long, default_value = bench::COORDINATOR_LOG)]
+        coordinator_log: String,
     },
     /// Run the simulated fleet against a coordinator until Ctrl-C.
     Fleet {
@@ -115,6 +119,7 @@ fn main() -> Result<()> {
                 cli_every,
                 json,
                 keep_dir,
+                coordinator_log,
             } => {
                 let cfg = BenchConfig {
                     coordinator_bin: match coordinator_bin {
@@ -130,6 +135,7 @@ fn main() -> Result<()> {
                     interval: shape.interval,
                     connections: connections(&shape),
                     cli_every,
+                    coordinator_log,
                 };
                 let dir = std::env::temp_dir().join(format!("gpuctl-sim-{}", std::process::id()));
                 std::fs::create_dir_all(&dir)?;

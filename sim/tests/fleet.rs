@@ -38,6 +38,7 @@ async fn two_hundred_nodes_report_every_rank_and_memory_comes_back() {
         interval: Duration::from_secs(1),
         connections: nodes,
         cli_every: Duration::from_millis(200),
+        coordinator_log: bench::COORDINATOR_LOG.into(),
     };
     let dir = tempfile_dir();
     let r = bench::run(&cfg, dir.clone()).await.expect("the bench ran");

@@ -63,10 +63,15 @@ impl Telemetry {
         self.latest.values().cloned().collect()
     }
 
-    /// The series changed since they were last taken, in place (a job's
-    /// last write encodes them without a copy of every series).
-    pub fn dirty(&self) -> impl Iterator<Item = &GpuSeries> {
-        self.dirty.iter().filter_map(|k| self.series.get(k))
+    /// The series changed since they were last taken, by value: a job's
+    /// last write frees each series once it is encoded (32,768 GPUs' are
+    /// ~60 MB), not after all of them are.
+    pub fn into_dirty(self) -> impl Iterator<Item = GpuSeries> {
+        let Telemetry { series, dirty, .. } = self;
+        series
+            .into_iter()
+            .filter(move |(k, _)| dirty.contains(k))
+            .map(|(_, s)| s)
     }
 
     /// Series changed since the last call, to be stored; marks them clean.
@@ -110,15 +115,6 @@ impl Telemetry {
     /// What the series take in the store, keys included.
     pub fn stored_bytes(&self, job: &str) -> u64 {
         self.series.values().map(|s| stored_len(job, s)).sum()
-    }
-
-    /// As [`Telemetry::stored_bytes`], of the series stored as they are.
-    pub fn clean_stored_bytes(&self, job: &str) -> u64 {
-        self.series
-            .iter()
-            .filter(|(k, _)| !self.dirty.contains(*k))
-            .map(|(_, s)| stored_len(job, s))
-            .sum()
     }
 
     pub fn is_dirty(&self) -> bool {

@@ -326,11 +326,11 @@ impl Scheduler {
             .as_ref()
             .map(|p| p.nodes.clone())
             .unwrap_or_default();
-        let mut batch = match prebuilt {
-            Some(built) => built.batch,
+        let (mut batch, telemetry) = match prebuilt {
+            Some(built) => (built.batch, Some(built.telemetry)),
             None => {
                 self.build_report_later(id);
-                Batch::default()
+                (Batch::default(), None)
             }
         };
         let entry = self.jobs.get_mut(id).expect("the job is there");
@@ -355,6 +355,10 @@ impl Scheduler {
         match since {
             Some(since) => reports::log_when_stored(id, self.store.queue(batch), since),
             None => self.save(batch),
+        }
+        if let Some(telemetry) = telemetry {
+            // After the report: see `Built::telemetry`.
+            self.store_telemetry_later(id, telemetry);
         }
         match state {
             JobState::Succeeded => info!(job = %id, "job succeeded"),

@@ -228,9 +228,9 @@ impl Batch {
 
     /// Each of `series` under `job`, handed to `write` in batches of about
     /// `max_bytes` as each fills; the bytes of them all, keys included.
-    pub fn telemetry_parts<'a>(
+    pub fn telemetry_parts(
         job: &str,
-        series: impl Iterator<Item = &'a GpuSeries>,
+        series: impl Iterator<Item = GpuSeries>,
         max_bytes: usize,
         mut write: impl FnMut(Batch),
     ) -> u64 {
@@ -241,7 +241,7 @@ impl Batch {
                 total += bytes;
                 bytes = 0;
             }
-            part = part.telemetry(job, s);
+            part = part.telemetry(job, &s);
             bytes += part.0.last().map_or(0, |(k, v)| k.len() + v.len());
         }
         if !part.is_empty() {

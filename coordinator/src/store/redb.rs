@@ -4,10 +4,11 @@
 
 use std::path::Path;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use redb::{Database, ReadableDatabase, TableDefinition};
+use tracing::debug;
 
 use super::{Entries, SharedEntries, Store, StoreError, StoreResult};
 
@@ -30,11 +31,13 @@ fn backend(e: impl std::fmt::Display) -> StoreError {
     StoreError::Backend(e.to_string())
 }
 
-/// One transaction writing every entry.
+/// One transaction writing every entry. Its inserts and its commit (the
+/// fsync) are timed apart at debug level: a slow write is one or the other.
 fn insert_all<'a>(
     db: &Database,
     entries: impl Iterator<Item = (&'a str, &'a [u8])>,
 ) -> Result<(), redb::Error> {
+    let began = Instant::now();
     let tx = db.begin_write()?;
     {
         let mut table = tx.open_table(KV)?;
@@ -42,7 +45,13 @@ fn insert_all<'a>(
             table.insert(k, v)?;
         }
     }
+    let inserted = began.elapsed();
     tx.commit()?;
+    debug!(
+        insert_ms = inserted.as_millis() as u64,
+        commit_ms = (began.elapsed() - inserted).as_millis() as u64,
+        "redb transaction"
+    );
     Ok(())
 }
 

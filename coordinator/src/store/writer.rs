@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{mpsc, oneshot};
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::{SharedEntries, Store, StoreError, StoreResult};
 
@@ -169,11 +169,19 @@ async fn run(
             .collect::<BTreeMap<String, Arc<Vec<u8>>>>()
             .into_iter()
             .collect();
+        // Each commit at debug level: a job's end is tens of them.
+        let (count, began) = (entries.len(), std::time::Instant::now());
         let result = if entries.is_empty() {
             Ok(())
         } else {
             store.put_shared(entries).await
         };
+        debug!(
+            entries = count,
+            bytes,
+            ms = began.elapsed().as_millis() as u64,
+            "committed"
+        );
         if let Err(e) = &result {
             warn!("could not store state: {e}");
         }
