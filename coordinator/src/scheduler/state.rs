@@ -200,6 +200,11 @@ pub struct JobEntry {
     /// An ended big job keeps no per-rank parts in memory ([`Self::retire`]);
     /// they are read from the store when asked for.
     pub retired: bool,
+    /// A retired job's bounded view (`VIEW_RANKS`, what `gpuctl status`
+    /// asks for), made as it retired, as the store would give it: each call
+    /// read and decoded the whole job (~2 MB at 32,768 ranks) while the
+    /// store was busy with the job's end. A retired job does not change.
+    pub retired_view: Option<Job>,
     /// Ranks whose result was stored once the report began: a worker that
     /// sends its result again (its first call timed out) is answered
     /// without a second write or another report.
@@ -259,6 +264,9 @@ impl JobEntry {
         if !self.state().is_terminal() || self.world_size() <= RETIRE_OVER_RANKS {
             return;
         }
+        // The store keeps no progress: the view read back from it has none.
+        let progress = std::mem::take(&mut self.progress);
+        self.retired_view = Some(self.view_of(gpuctl_proto::VIEW_RANKS));
         let plan = self
             .job
             .plan
@@ -267,7 +275,7 @@ impl JobEntry {
         let parts = (
             plan,
             std::mem::take(&mut self.job.start_checks),
-            std::mem::take(&mut self.progress),
+            progress,
             std::mem::take(&mut self.exits),
             std::mem::take(&mut self.watch),
         );

@@ -38,6 +38,12 @@ impl Scheduler {
             let _ = reply.send(Ok(entry.view_of(max_ranks)));
             return;
         }
+        if let Some(view) = entry.retired_view.as_ref() {
+            if max_ranks == gpuctl_proto::VIEW_RANKS {
+                let _ = reply.send(Ok(view.clone()));
+                return;
+            }
+        }
         let (store, summary) = (self.store.clone(), entry.job.clone());
         tokio::spawn(async move {
             let job = match store.job(&summary.id).await {
@@ -337,6 +343,36 @@ mod tests {
         assert_eq!(checks.len(), 1, "only the check that did not pass");
         assert_eq!(v.checks_left_out, 1023);
         assert_eq!(v.plan.as_ref().unwrap().world_size, 1024);
+    }
+
+    #[test]
+    fn a_retired_job_keeps_the_view_the_store_would_give() {
+        use gpuctl_proto::VIEW_RANKS;
+        let mut e = job(2048);
+        e.job.set_state(gpuctl_proto::pb::JobState::Succeeded);
+        e.job.start_checks = vec![PreflightCheck {
+            node: "n3".into(),
+            verdict: Verdict::Fail as i32,
+            ..Default::default()
+        }];
+        // What `GetJob` read back from the store: the job, no progress.
+        let stored = JobEntry {
+            job: e.job.clone(),
+            ..Default::default()
+        };
+        e.retire();
+        assert!(e.retired);
+        assert!(e.job.plan.as_ref().unwrap().ranks.is_empty(), "let go");
+        let kept = e.retired_view.clone().expect("a view kept");
+        assert_eq!(kept, stored.view_of(VIEW_RANKS));
+        assert_eq!(kept.plan.unwrap().ranks.len(), VIEW_RANKS as usize);
+        assert!(kept.progress.is_empty());
+        assert_eq!(kept.start_checks.len(), 1);
+        // A small job keeps its parts and needs no kept view.
+        let mut small = job(16);
+        small.job.set_state(gpuctl_proto::pb::JobState::Succeeded);
+        small.retire();
+        assert!(!small.retired && small.retired_view.is_none());
     }
 
     #[test]
