@@ -335,13 +335,19 @@ impl Scheduler {
         message: String,
         built: Built,
     ) {
-        let Some(entry) = self.jobs.get_mut(&id) else {
-            return;
-        };
-        if entry.job.attempt != attempt || entry.state() != JobState::Running {
-            self.store_telemetry_later(&id, built.telemetry);
+        let current = self
+            .jobs
+            .get(&id)
+            .is_some_and(|e| e.job.attempt == attempt && e.state() == JobState::Running);
+        if !current {
+            // Its telemetry stored all the same; nothing of it freed on
+            // this task (the results alone are tens of MB).
+            let mut built = built;
+            self.store_telemetry_later(&id, std::mem::take(&mut built.telemetry));
+            background::drop_later(built);
             return;
         }
+        let entry = self.jobs.get_mut(&id).expect("the job is there");
         let pending = entry.pending.take().unwrap_or_default();
         let mut built = built;
         let report = std::mem::take(&mut built.report);
