@@ -227,18 +227,17 @@ impl Batch {
     }
 
     /// Each of `series` under `job`, handed to `write` in batches of about
-    /// `max_bytes` as each fills; the bytes of them all, keys included.
+    /// `max_bytes` as each fills.
     pub fn telemetry_parts(
         job: &str,
         series: impl Iterator<Item = GpuSeries>,
         max_bytes: usize,
         mut write: impl FnMut(Batch),
-    ) -> u64 {
-        let (mut part, mut bytes, mut total) = (Batch::default(), 0, 0);
+    ) {
+        let (mut part, mut bytes) = (Batch::default(), 0);
         for s in series {
             if bytes >= max_bytes {
                 write(std::mem::take(&mut part));
-                total += bytes;
                 bytes = 0;
             }
             part = part.telemetry(job, &s);
@@ -247,7 +246,6 @@ impl Batch {
         if !part.is_empty() {
             write(part);
         }
-        (total + bytes) as u64
     }
 }
 

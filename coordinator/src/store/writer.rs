@@ -169,19 +169,18 @@ async fn run(
             .collect::<BTreeMap<String, Arc<Vec<u8>>>>()
             .into_iter()
             .collect();
-        // Each commit at debug level: a job's end is tens of them.
-        let (count, began) = (entries.len(), std::time::Instant::now());
         let result = if entries.is_empty() {
             Ok(())
         } else {
-            store.put_shared(entries).await
+            // Each commit at debug level: a job's end is tens of them.
+            let (count, began) = (entries.len(), std::time::Instant::now());
+            let result = store.put_shared(entries).await;
+            if result.is_ok() {
+                let ms = began.elapsed().as_millis() as u64;
+                debug!(entries = count, bytes, ms, "committed");
+            }
+            result
         };
-        debug!(
-            entries = count,
-            bytes,
-            ms = began.elapsed().as_millis() as u64,
-            "committed"
-        );
         if let Err(e) = &result {
             warn!("could not store state: {e}");
         }
