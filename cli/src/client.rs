@@ -157,8 +157,13 @@ impl Coordinator {
         .map_err(|s| self.status("submit", s))
     }
 
-    pub async fn plan(&mut self, spec: pb::JobSpec) -> Result<pb::Plan> {
-        let req = pb::SubmitRequest { spec: Some(spec) };
+    /// The dry run of `spec`; `max_ranks` > 0 bounds a big plan's answer
+    /// (`PlanRequest.max_ranks`).
+    pub async fn plan(&mut self, spec: pb::JobSpec, max_ranks: u32) -> Result<pb::Plan> {
+        let req = pb::PlanRequest {
+            spec: Some(spec),
+            max_ranks,
+        };
         self.call(true, move |mut c| {
             let req = req.clone();
             async move { c.plan_job(req).await }

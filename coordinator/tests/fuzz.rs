@@ -499,11 +499,17 @@ async fn a_thousand_random_and_mutated_messages_break_nothing() {
                     } else {
                         g.spec()
                     };
-                    let req = SubmitRequest { spec: Some(spec) };
                     if kind == 2 {
-                        jobs.submit(req).await.map(|_| ())
+                        jobs.submit(SubmitRequest { spec: Some(spec) })
+                            .await
+                            .map(|_| ())
                     } else {
-                        jobs.plan_job(req).await.map(|_| ())
+                        jobs.plan_job(PlanRequest {
+                            spec: Some(spec),
+                            max_ranks: g.u32(),
+                        })
+                        .await
+                        .map(|_| ())
                     }
                 }
                 4 => jobs

@@ -63,9 +63,34 @@ async fn job_life_from_submit_to_report() {
     assert!(listed.is_empty(), "{listed:?}");
 
     // Plan: a dry run with the rank table and the environment.
-    let plan = jobs.plan_job(spec("stress", 2)).await.unwrap().into_inner();
+    let plan_of = |max_ranks| PlanRequest {
+        spec: spec("stress", 2).spec,
+        max_ranks,
+    };
+    let plan = jobs.plan_job(plan_of(0)).await.unwrap().into_inner();
     assert_eq!(plan.nodes, vec!["node-0", "node-1"]);
     assert_eq!(plan.world_size, 4);
+    assert_eq!(plan.ranks.len(), 4);
+    assert_eq!(
+        (
+            plan.ranks_left_out,
+            plan.passes_left_out,
+            plan.faults_left_out
+        ),
+        (0, 0, 0)
+    );
+    // Bounded, as `gpuctl plan` asks for a person: the first rank, and the
+    // rest counted, of the same whole plan.
+    let view = jobs.plan_job(plan_of(1)).await.unwrap().into_inner();
+    assert_eq!(view.world_size, 4);
+    assert_eq!(view.ranks, plan.ranks[..1]);
+    assert_eq!(view.ranks_left_out, 3);
+    assert_eq!(view.env, plan.env);
+    assert!(view.checks.iter().all(|c| c.verdict() != Verdict::Pass));
+    assert_eq!(
+        view.checks.len() as u32 + view.passes_left_out + view.faults_left_out,
+        plan.checks.len() as u32
+    );
     assert!(plan.env.iter().any(|e| e.name == "NCCL_IB_DISABLE"));
     assert!(plan
         .env

@@ -16,9 +16,10 @@ use anyhow::{bail, Context, Result};
 use gpuctl_proto::client::Channel;
 use gpuctl_proto::pb::{
     job_service_client::JobServiceClient, GetJobRequest, GetReportRequest, JobSpec,
-    ListJobsRequest, ListNodesRequest, Report, SubmitRequest,
+    ListJobsRequest, ListNodesRequest, PlanRequest, Report, SubmitRequest,
 };
 use gpuctl_proto::shutdown::Shutdown;
+use prost::Message;
 use serde_json::{json, Value};
 
 use crate::fleet::{self, FleetConfig};
@@ -51,7 +52,12 @@ pub struct BenchReport {
     pub nodes: usize,
     pub gpus: u32,
     pub register_ms: f64,
-    pub plan_ms: f64,
+    /// `PlanJob` on every node, each call's ms: as `gpuctl plan` asks for
+    /// a person's table (bounded, `VIEW_RANKS`) and whole (`-o json`).
+    pub plan_view_ms: Vec<f64>,
+    pub plan_whole_ms: Vec<f64>,
+    /// The whole plan's encoded size.
+    pub plan_whole_bytes: usize,
     pub phases: Vec<PhaseFigures>,
     pub jobs: Vec<JobFigures>,
     pub rss_before_jobs: u64,
@@ -393,13 +399,27 @@ pub async fn run(cfg: &BenchConfig, dir: PathBuf) -> Result<BenchReport> {
         duration_ms: d.as_millis() as u64,
         ..Default::default()
     };
-    let t = Instant::now();
-    jobs.plan_job(SubmitRequest {
-        spec: Some(spec(cfg.long)),
-    })
-    .await
-    .context("planning a job on every node")?;
-    out.plan_ms = t.elapsed().as_secs_f64() * 1e3;
+    // Alternated, so both see the same load.
+    for _ in 0..PLAN_CALLS {
+        for max_ranks in [gpuctl_proto::VIEW_RANKS, 0] {
+            let t = Instant::now();
+            let plan = jobs
+                .plan_job(PlanRequest {
+                    spec: Some(spec(cfg.long)),
+                    max_ranks,
+                })
+                .await
+                .context("planning a job on every node")?
+                .into_inner();
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            if max_ranks == 0 {
+                out.plan_whole_ms.push(ms);
+                out.plan_whole_bytes = plan.encoded_len();
+            } else {
+                out.plan_view_ms.push(ms);
+            }
+        }
+    }
 
     eprintln!(
         "a {} stress job on every node…",
@@ -546,13 +566,26 @@ async fn one_job(
 
 const MB: f64 = 1e6;
 
+/// `PlanJob` calls of each kind: one call alone says little on two shared cores.
+const PLAN_CALLS: usize = 5;
+
+fn median_max(ms: &[f64]) -> (f64, f64) {
+    let mut v = ms.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => (f64::NAN, f64::NAN),
+        n => (v[n / 2], v[n - 1]),
+    }
+}
+
 impl BenchReport {
     pub fn to_json(&self) -> Value {
         json!({
             "nodes": self.nodes,
             "gpus_per_node": self.gpus,
             "register_ms": self.register_ms,
-            "plan_all_nodes_ms": self.plan_ms,
+            "plan_all_nodes_ms": { "view": self.plan_view_ms, "whole": self.plan_whole_ms },
+            "plan_whole_bytes": self.plan_whole_bytes,
             "rss_before_jobs_bytes": self.rss_before_jobs,
             "phases": self.phases.iter().map(|p| json!({
                 "name": p.name, "seconds": p.seconds, "cpu_s_per_s": p.cpu_per_s, "sim_cpu_s_per_s": p.sim_cpu_per_s,
@@ -571,8 +604,14 @@ impl BenchReport {
 
     pub fn print(&self) {
         println!(
-            "gpuctl coordinator at {} simulated nodes × {} GPUs: registered in {:.0} ms; planning a job on every node {:.1} ms",
-            self.nodes, self.gpus, self.register_ms, self.plan_ms
+            "gpuctl coordinator at {} simulated nodes × {} GPUs: registered in {:.0} ms",
+            self.nodes, self.gpus, self.register_ms
+        );
+        let (v50, vmax) = median_max(&self.plan_view_ms);
+        let (w50, wmax) = median_max(&self.plan_whole_ms);
+        println!(
+            "planning a job on every node, p50 / max of {PLAN_CALLS}: gpuctl plan's view {v50:.1} / {vmax:.1} ms; the whole plan ({:.1} MB) {w50:.1} / {wmax:.1} ms",
+            self.plan_whole_bytes as f64 / MB
         );
         let mut t = comfy_table::Table::new();
         t.load_preset(comfy_table::presets::NOTHING).set_header([

@@ -1,6 +1,8 @@
 //! `gpuctl plan WORKLOAD ...`: the dry run. Shows which nodes and devices the job
 //! would get, rank by rank, the planned environment with a reason per variable,
-//! and the preflight checks. Nothing is stored or started.
+//! and the preflight checks. Nothing is stored or started. A person's table
+//! of a big plan shows its first ranks and the checks that did not pass;
+//! JSON has the whole plan.
 
 use anyhow::Result;
 use gpuctl_proto::pb;
@@ -11,12 +13,18 @@ use crate::exit::Exit;
 use crate::output::{self, table::Table};
 
 pub async fn run(c: &mut Coordinator, spec: pb::JobSpec, out: OutputFormat) -> Result<Exit> {
-    let plan = c.plan(spec).await?;
+    let max_ranks = match out {
+        OutputFormat::Json => 0,
+        _ => gpuctl_proto::VIEW_RANKS,
+    };
+    let plan = c.plan(spec, max_ranks).await?;
     match out {
         OutputFormat::Json => output::print_json(&output::json::plan(&plan)),
         _ => output::print_text(&render(&plan)),
     }
-    // A plan whose preflight already fails would fail as a job: say so in the exit code.
+    // A plan whose preflight already fails would fail as a job: say so in the
+    // exit code. A bounded answer keeps the worst checks first, so a failing
+    // one is never the one left out.
     let failing = plan
         .checks
         .iter()
@@ -80,7 +88,7 @@ pub fn checks_table(checks: &[pb::PreflightCheck]) -> String {
 
 pub fn render(p: &pb::Plan) -> String {
     let mut s = output::table::key_values(&[
-        ("NODES", output::dash(&p.nodes.join(", "))),
+        ("NODES", nodes_cell(&p.nodes)),
         ("WORLD SIZE", p.world_size.to_string()),
         (
             "MASTER",
@@ -89,11 +97,52 @@ pub fn render(p: &pb::Plan) -> String {
     ]);
     s.push_str("\nRANKS\n");
     s.push_str(&rank_table(&p.ranks));
+    if p.ranks_left_out > 0 {
+        s.push_str(&format!(
+            "the first {} of {} ranks; -o json for all\n",
+            p.ranks.len(),
+            p.ranks.len() as u32 + p.ranks_left_out
+        ));
+    }
     s.push_str("\nENVIRONMENT\n");
     s.push_str(&env_table(&p.env));
-    if !p.checks.is_empty() {
+    if !p.checks.is_empty() || p.passes_left_out > 0 || p.faults_left_out > 0 {
         s.push_str("\nPREFLIGHT\n");
+        s.push_str(&left_out_checks(p));
         s.push_str(&checks_table(&p.checks));
+    }
+    s
+}
+
+/// Names the nodes of a small plan; a big one's count and its first few.
+fn nodes_cell(nodes: &[String]) -> String {
+    const NAMED: usize = 8;
+    if nodes.len() <= NAMED {
+        return output::dash(&nodes.join(", "));
+    }
+    format!(
+        "{} ({}, … and {} more; -o json for all)",
+        nodes.len(),
+        nodes[..NAMED].join(", "),
+        nodes.len() - NAMED
+    )
+}
+
+/// What a bounded plan counted instead of sending, a line each.
+fn left_out_checks(p: &pb::Plan) -> String {
+    let mut s = String::new();
+    if p.passes_left_out > 0 {
+        s.push_str(&format!(
+            "{} check{} pass (-o json lists them)\n",
+            p.passes_left_out,
+            if p.passes_left_out == 1 { "" } else { "s" }
+        ));
+    }
+    if p.faults_left_out > 0 {
+        s.push_str(&format!(
+            "{} more checks did not pass, not shown (-o json lists them)\n",
+            p.faults_left_out
+        ));
     }
     s
 }
@@ -138,5 +187,45 @@ mod tests {
             "{s}"
         );
         assert!(s.contains("10.0.0.1:29500"));
+        assert!(
+            !s.contains("-o json"),
+            "a whole plan says nothing is left out: {s}"
+        );
+    }
+
+    #[test]
+    fn a_bounded_plan_says_what_it_left_out() {
+        let p = pb::Plan {
+            nodes: (0..4096).map(|k| format!("sim-{k:05}")).collect(),
+            world_size: 32_768,
+            ranks: vec![pb::RankPlacement {
+                node: "sim-00000".into(),
+                ..Default::default()
+            }],
+            ranks_left_out: 32_767,
+            passes_left_out: 4_095,
+            faults_left_out: 3,
+            checks: vec![pb::PreflightCheck {
+                node: "sim-00007".into(),
+                name: "shm".into(),
+                verdict: pb::Verdict::Fail as i32,
+                detail: "/dev/shm is 64 MiB".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let s = render(&p);
+        assert!(
+            s.contains("the first 1 of 32768 ranks; -o json for all"),
+            "{s}"
+        );
+        assert!(s.contains("4095 checks pass (-o json lists them)"), "{s}");
+        assert!(s.contains("3 more checks did not pass"), "{s}");
+        assert!(s.contains("sim-00007"), "{s}");
+        assert!(
+            s.contains("4096 (sim-00000, sim-00001, sim-00002, sim-00003, sim-00004, sim-00005, sim-00006, sim-00007, … and 4088 more; -o json for all)"),
+            "{s}"
+        );
+        assert!(!s.contains("sim-00008"), "{s}");
     }
 }

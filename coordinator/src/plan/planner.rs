@@ -183,25 +183,28 @@ pub fn plan(spec: &JobSpec, chosen: &[&Node]) -> Plan {
         .and_then(|n| n.facts.as_ref())
         .and_then(|f| f.addresses.first().cloned())
         .unwrap_or_else(|| "127.0.0.1".to_string());
+    let (nccl, nccl_checks) = nccl_env::planned(&nodes);
     let mut checks = preflight::checks(&nodes);
-    checks.extend(nccl_env::planned(&nodes).1);
+    checks.extend(nccl_checks);
     checks.extend(nccl_env::check_overrides(&spec.env, &nodes));
     checks.extend(memory::checks(spec, &nodes, &ranks));
     Plan {
         nodes: nodes.iter().map(|n| n.name.clone()).collect(),
         ranks,
-        env: env(spec, &nodes),
+        env: env(nccl, spec, &nodes),
         world_size: next,
         master_addr,
         master_port: MASTER_PORT,
         checks,
         spec: Some(spec.clone()),
+        ..Default::default()
     }
 }
 
 /// The planned environment, one reason per variable; `--env` wins last.
-pub fn env(spec: &JobSpec, nodes: &[&Node]) -> Vec<EnvVar> {
-    let mut out: Vec<EnvVar> = nccl_env::planned(nodes).0;
+/// `nccl` is NCCL's part ([`nccl_env::planned`]), made once for the plan's
+/// checks and its environment.
+pub fn env(mut out: Vec<EnvVar>, spec: &JobSpec, nodes: &[&Node]) -> Vec<EnvVar> {
     // CPU ranks share the host's cores; without a cap every rank's OpenMP pool
     // grabs them all and they thrash. Nodes on one host (a local fleet, agents
     // in containers) share its cores too, so ranks are counted per hostname.
@@ -408,7 +411,7 @@ mod tests {
         for n in [&mut a, &mut b] {
             n.facts.as_mut().unwrap().hostname = "box".into();
         }
-        let omp = env(&s, &[&a, &b]);
+        let omp = env(Vec::new(), &s, &[&a, &b]);
         let omp = omp.iter().find(|e| e.name == "OMP_NUM_THREADS").unwrap();
         assert_eq!(omp.value, "4", "{}", omp.reason);
         assert!(omp.reason.contains("on host box"), "{}", omp.reason);

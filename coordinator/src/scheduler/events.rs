@@ -64,6 +64,8 @@ pub enum Event {
     },
     Plan {
         spec: JobSpec,
+        /// See `PlanRequest.max_ranks` (0: the whole plan).
+        max_ranks: u32,
         reply: Reply<Result<Plan, CoordinatorError>>,
     },
     Cancel {

@@ -397,7 +397,11 @@ impl Scheduler {
                 };
                 let _ = reply.send(job);
             }
-            Event::Plan { spec, reply } => self.plan_later(spec, reply),
+            Event::Plan {
+                spec,
+                max_ranks,
+                reply,
+            } => self.plan_later(spec, max_ranks, reply),
             Event::Cancel {
                 job_id,
                 reason,

@@ -9,11 +9,12 @@
 
 use std::sync::Arc;
 
-use gpuctl_proto::pb::{JobSpec, Node, Plan};
+use gpuctl_proto::pb::{JobSpec, Node, Plan, Verdict};
 
 use super::background::{self, off_task};
 use super::events::{Event, Reply};
 use super::state::NodeEntry;
+use super::views;
 use super::Scheduler;
 use crate::error::CoordinatorError;
 use crate::plan::planner;
@@ -44,6 +45,29 @@ impl Planning {
         };
         Ok(planner::plan(&self.spec, &chosen))
     }
+}
+
+/// `plan` as a bounded `PlanJob` answer (see `PlanRequest.max_ranks`): the
+/// first `max_ranks` ranks, the checks that did not pass, worst first, at
+/// most `max_ranks` of them, and counts of what was left out.
+pub fn bounded(mut plan: Plan, max_ranks: u32) -> Plan {
+    let max = max_ranks as usize;
+    if max == 0 || (plan.ranks.len() <= max && plan.checks.len() <= max) {
+        return plan;
+    }
+    // Placements are made in rank order.
+    plan.ranks.truncate(max);
+    plan.ranks_left_out = plan.world_size.saturating_sub(plan.ranks.len() as u32);
+    let (faults, left) = views::not_passing(&plan.checks, max);
+    let faulty = plan
+        .checks
+        .iter()
+        .filter(|c| c.verdict() != Verdict::Pass)
+        .count();
+    plan.faults_left_out = (faulty - faults.len()) as u32;
+    plan.passes_left_out = left - plan.faults_left_out;
+    plan.checks = faults;
+    plan
 }
 
 impl Scheduler {
@@ -78,10 +102,16 @@ impl Scheduler {
         self.planning(spec)?.run()
     }
 
-    /// `gpuctl plan`: answered from a blocking thread.
-    pub(super) fn plan_later(&self, spec: JobSpec, reply: Reply<Result<Plan, CoordinatorError>>) {
+    /// `gpuctl plan`: planned whole and bounded (`PlanRequest.max_ranks`)
+    /// on a blocking thread, where the whole plan is also dropped.
+    pub(super) fn plan_later(
+        &self,
+        spec: JobSpec,
+        max_ranks: u32,
+        reply: Reply<Result<Plan, CoordinatorError>>,
+    ) {
         match self.planning(spec) {
-            Ok(p) => off_task(move || drop(reply.send(p.run()))),
+            Ok(p) => off_task(move || drop(reply.send(p.run().map(|p| bounded(p, max_ranks))))),
             Err(e) => drop(reply.send(Err(e))),
         }
     }
@@ -102,5 +132,60 @@ impl Scheduler {
             let plan = planning.run();
             background::send(&lane, Event::Planned { plan, reply });
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use gpuctl_proto::pb::{PreflightCheck, RankPlacement};
+
+    use super::*;
+
+    fn check(node: &str, verdict: Verdict) -> PreflightCheck {
+        PreflightCheck {
+            node: node.into(),
+            name: "shm".into(),
+            verdict: verdict as i32,
+            ..Default::default()
+        }
+    }
+
+    fn plan(world: u32, checks: Vec<PreflightCheck>) -> Plan {
+        Plan {
+            ranks: (0..world)
+                .map(|rank| RankPlacement {
+                    rank,
+                    node: format!("n{}", rank / 8),
+                    ..Default::default()
+                })
+                .collect(),
+            world_size: world,
+            checks,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_bounded_plan_keeps_the_first_ranks_and_the_worst_checks_and_counts_the_rest() {
+        let mut checks: Vec<PreflightCheck> = (0..100)
+            .map(|k| check(&format!("n{k}"), Verdict::Pass))
+            .collect();
+        checks.push(check("n7", Verdict::Warn));
+        checks.extend((0..5).map(|k| check(&format!("bad{k}"), Verdict::Fail)));
+        let whole = plan(800, checks);
+        let b = bounded(whole.clone(), 4);
+        let ranks: Vec<u32> = b.ranks.iter().map(|r| r.rank).collect();
+        assert_eq!(ranks, [0, 1, 2, 3]);
+        assert_eq!((b.world_size, b.ranks_left_out), (800, 796));
+        // Four of the five failures, none of the warning or the passes.
+        assert_eq!(b.checks.len(), 4);
+        assert!(
+            b.checks.iter().all(|c| c.verdict() == Verdict::Fail),
+            "{b:?}"
+        );
+        assert_eq!((b.passes_left_out, b.faults_left_out), (100, 2));
+        // 0 and a bound the plan fits in leave it whole.
+        assert_eq!(bounded(whole.clone(), 0), whole);
+        assert_eq!(bounded(whole.clone(), 1_000), whole);
     }
 }

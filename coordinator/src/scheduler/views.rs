@@ -174,7 +174,7 @@ fn worst_first(checks: &[PreflightCheck]) -> Vec<u32> {
 
 /// The checks that did not pass, worst first, at most `max`; and how many
 /// were left out.
-fn not_passing(checks: &[PreflightCheck], max: usize) -> (Vec<PreflightCheck>, u32) {
+pub(super) fn not_passing(checks: &[PreflightCheck], max: usize) -> (Vec<PreflightCheck>, u32) {
     let mut bad = worst_first(checks);
     bad.truncate(max);
     let left = (checks.len() - bad.len()) as u32;

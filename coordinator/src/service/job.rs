@@ -9,8 +9,8 @@ use gpuctl_proto::pb::{
     GetJobRequest, GetLogsRequest, GetLogsResponse, GetReportRequest, GetSuiteRequest,
     GetTelemetryRequest, GetTelemetryResponse, GetTimelineRequest, Job, ListBaselinesRequest,
     ListBaselinesResponse, ListJobsRequest, ListJobsResponse, ListNodesRequest, ListNodesResponse,
-    Node, Plan, RemoveNodeRequest, Report, SaveBaselineRequest, SubmitRequest, SubmitSuiteRequest,
-    Suite, Timeline,
+    Node, Plan, PlanRequest, RemoveNodeRequest, Report, SaveBaselineRequest, SubmitRequest,
+    SubmitSuiteRequest, Suite, Timeline,
 };
 use tonic::{Request, Response, Status};
 
@@ -60,12 +60,17 @@ impl JobService for JobSvc {
         ))
     }
 
-    async fn plan_job(&self, req: Request<SubmitRequest>) -> Result<Response<Plan>, Status> {
+    async fn plan_job(&self, req: Request<PlanRequest>) -> Result<Response<Plan>, Status> {
         self.security.allow(&req, Role::Read)?;
-        let spec = req.into_inner().spec.unwrap_or_default();
+        let PlanRequest { spec, max_ranks } = req.into_inner();
+        let spec = spec.unwrap_or_default();
         Ok(Response::new(
             self.sched
-                .ask(|reply| Event::Plan { spec, reply })
+                .ask(|reply| Event::Plan {
+                    spec,
+                    max_ranks,
+                    reply,
+                })
                 .await??,
         ))
     }
