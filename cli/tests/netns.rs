@@ -416,8 +416,9 @@ fn pairs_name_the_node_behind_a_throttled_link() {
 }
 
 /// `nccl --pattern bisect` on 4 namespaced nodes with one host-side link
-/// throttled: the search isolates that node in at most 3 rounds
-/// (⌈log₂ 4⌉ + 1), fails it with the rounds as evidence, and blames no other.
+/// throttled: the search isolates that node in at most 4 rounds
+/// (⌈log₂ 4⌉ + 1, and the slow pairs measured again), fails it with the
+/// rounds as evidence, and blames no other.
 #[test]
 fn bisect_isolates_the_node_behind_a_throttled_link() {
     let _g = serial();
@@ -456,7 +457,7 @@ fn bisect_isolates_the_node_behind_a_throttled_link() {
     });
     let rounds = r["bisect"].as_array().expect("bisect[]");
     assert!(
-        !rounds.is_empty() && rounds.len() <= 3,
+        !rounds.is_empty() && rounds.len() <= 4,
         "{} rounds: {r:#}",
         rounds.len()
     );

@@ -200,14 +200,15 @@ fn four_healthy_nodes_stop_after_the_halves() {
 #[test]
 fn three_healthy_nodes_of_two_ranks_meet_in_pairs() {
     // No healthy half to pair with: the three pairs one a round, the third node
-    // waiting at the barrier; GPU i meets GPU i (4-rank groups).
+    // waiting at the barrier; GPU i meets GPU i (4-rank groups). A pair that
+    // measured slow on these shared cores is measured again after them.
     let out = run_bisect(3, 2, None);
     check_common(&out, 6);
     let res = &out[0].0.result;
     let g = groups(res);
-    assert_eq!(g.len(), 4, "{g:?}");
+    assert!((4..=6).contains(&g.len()), "{g:?}");
     assert_eq!(g[0], vec![vec![0, 1, 2]]);
-    let mut pairs: Vec<Vec<u32>> = g[1..].iter().map(|r| r[0].clone()).collect();
+    let mut pairs: Vec<Vec<u32>> = g[1..4].iter().map(|r| r[0].clone()).collect();
     pairs.sort();
     assert_eq!(pairs, vec![vec![0, 1], vec![0, 2], vec![1, 2]]);
     assert_eq!(res.bisect_culprit, None);
@@ -216,14 +217,16 @@ fn three_healthy_nodes_of_two_ranks_meet_in_pairs() {
 
 #[test]
 fn a_late_node_is_isolated() {
-    // 4 nodes: the whole set, the halves, each suspect with a healthy node.
+    // 4 nodes: the whole set, the halves, each suspect with a healthy node,
+    // then the late node's pair again.
     let out = run_bisect(4, 1, Some(2));
     check_common(&out, 4);
     let res = &out[0].0.result;
     let g = groups(res);
-    assert_eq!(g.len(), 3, "{:?}", res.bisect);
+    assert_eq!(g.len(), 4, "{:?}", res.bisect);
     assert_eq!(g[1], vec![vec![0, 1], vec![2, 3]]);
     assert_eq!(g[2], vec![vec![0, 2], vec![1, 3]]);
+    assert!(g[3].contains(&vec![0, 2]), "{:?}", res.bisect);
     assert_eq!(res.bisect_culprit, Some(2), "{:?}", res.bisect);
     assert_eq!(res.bisect_note, "node 2 isolated");
     // 3 nodes of 2 ranks: the pairs with the late node are the slow ones.
