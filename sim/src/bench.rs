@@ -77,6 +77,10 @@ pub struct PhaseFigures {
     /// Resident memory about each second: seconds into the phase, bytes.
     pub rss_series: Vec<(f64, u64)>,
     pub store_bytes: u64,
+    /// The coordinator's major page faults, and the host's file refaults
+    /// (see `probe::host_file_refaults`), over the phase.
+    pub major_faults: u64,
+    pub host_refaults: u64,
     /// Per call (`nodes`, `jobs`, `status`): p50 and p99 in ms, and count.
     pub cli: BTreeMap<String, (f64, f64, usize)>,
     /// The slowest calls: name, seconds into the phase, ms.
@@ -254,6 +258,8 @@ struct Phase {
     start: Instant,
     cpu0: f64,
     sim_cpu0: f64,
+    majflt0: u64,
+    refaults0: u64,
     rss_max: u64,
     rss_max_at: f64,
     series: Vec<(f64, u64)>,
@@ -274,6 +280,8 @@ impl Phase {
             start: Instant::now(),
             cpu0: probe::cpu_seconds(pid).unwrap_or(0.0),
             sim_cpu0: probe::cpu_seconds(std::process::id()).unwrap_or(0.0),
+            majflt0: probe::major_faults(pid).unwrap_or(0),
+            refaults0: probe::host_file_refaults().unwrap_or(0),
             rss_max: probe::rss_bytes(pid).unwrap_or(0),
             rss_max_at: 0.0,
             series: Vec::new(),
@@ -333,6 +341,12 @@ impl Phase {
             rss_series: std::mem::take(&mut self.series),
             rss_end: probe::rss_bytes(co.pid()).unwrap_or(0),
             store_bytes: probe::dir_bytes(&co.dir.join("store")),
+            major_faults: probe::major_faults(co.pid())
+                .unwrap_or(0)
+                .saturating_sub(self.majflt0),
+            host_refaults: probe::host_file_refaults()
+                .unwrap_or(0)
+                .saturating_sub(self.refaults0),
             cli,
         }
     }
@@ -590,6 +604,7 @@ impl BenchReport {
             "phases": self.phases.iter().map(|p| json!({
                 "name": p.name, "seconds": p.seconds, "cpu_s_per_s": p.cpu_per_s, "sim_cpu_s_per_s": p.sim_cpu_per_s,
                 "rss_max_bytes": p.rss_max, "rss_max_at_s": p.rss_max_at, "rss_end_bytes": p.rss_end, "store_bytes": p.store_bytes,
+                "major_faults": p.major_faults, "host_file_refaults": p.host_refaults,
                 "rss_bytes_over_time": p.rss_series.iter().map(|(t, b)| json!([t, b])).collect::<Vec<_>>(),
                 "cli_ms": p.cli.iter().map(|(k, (p50, p99, n))| (k.clone(), json!({"p50": p50, "p99": p99, "calls": n}))).collect::<serde_json::Map<_, _>>(),
                 "slowest_calls": p.slowest.iter().map(|(k, at, ms)| json!({"call": k, "at_s": at, "ms": ms})).collect::<Vec<_>>(),
@@ -622,6 +637,7 @@ impl BenchReport {
             "RSS MAX MB (AT S)",
             "RSS END MB",
             "STORE MB",
+            "MAJ FAULTS / HOST REFAULTS",
             "CLI MS P50/P99",
         ]);
         for p in &self.phases {
@@ -638,6 +654,7 @@ impl BenchReport {
                 format!("{:.0} ({:.0})", p.rss_max as f64 / MB, p.rss_max_at),
                 format!("{:.0}", p.rss_end as f64 / MB),
                 format!("{:.1}", p.store_bytes as f64 / MB),
+                format!("{} / {}", p.major_faults, p.host_refaults),
                 cli.join(", "),
             ]);
         }

@@ -1,5 +1,6 @@
 //! What the bench reads of the coordinator process from /proc: CPU seconds
-//! used and resident memory; and the size of its data folder (the store).
+//! used, resident memory and major page faults; the host's file refaults;
+//! and the size of its data folder (the store).
 
 use std::path::Path;
 
@@ -14,6 +15,26 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     Some((utime + stime) / hz.max(1.0))
+}
+
+/// Major page faults so far: pages the process waited on the disk for.
+pub fn major_faults(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.rsplit_once(')')?.1;
+    // majflt is field 12 of stat(5); `rest` starts at field 3.
+    rest.split_whitespace().nth(9)?.parse().ok()
+}
+
+/// File pages the host read back in after evicting them, so far
+/// (`workingset_refault_file`). A host that reclaims page cache behind the
+/// bench's back (a memory monitor's pageout, say) makes the store read
+/// from disk what it had just written.
+pub fn host_file_refaults() -> Option<u64> {
+    let vmstat = std::fs::read_to_string("/proc/vmstat").ok()?;
+    let line = vmstat
+        .lines()
+        .find(|l| l.starts_with("workingset_refault_file "))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Resident set size in bytes.
@@ -94,5 +115,25 @@ mod tests {
         std::fs::write(dir.join("a/f"), vec![0u8; 1000]).unwrap();
         assert_eq!(dir_bytes(&dir), 1000);
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    fn rusage_majflt() -> u64 {
+        // SAFETY: getrusage fills the zeroed struct it is given.
+        let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+        assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) }, 0);
+        u.ru_majflt as u64
+    }
+
+    #[test]
+    fn major_faults_are_the_kernels_count_for_the_process() {
+        let before = rusage_majflt();
+        let read = major_faults(std::process::id()).expect("/proc/self/stat");
+        let after = rusage_majflt();
+        // Minor faults (the field before) would be far above either.
+        assert!(
+            before <= read && read <= after,
+            "{before} <= {read} <= {after}"
+        );
+        assert!(host_file_refaults().is_some(), "/proc/vmstat");
     }
 }
