@@ -585,11 +585,7 @@ const PLAN_CALLS: usize = 5;
 
 fn median_max(ms: &[f64]) -> (f64, f64) {
     let mut v = ms.to_vec();
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => (f64::NAN, f64::NAN),
-        n => (v[n / 2], v[n - 1]),
-    }
+    (percentile(&mut v, 0.5), percentile(&mut v, 1.0))
 }
 
 impl BenchReport {

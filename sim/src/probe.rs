@@ -4,12 +4,17 @@
 
 use std::path::Path;
 
-/// CPU seconds (user + system) a process has used so far.
-pub fn cpu_seconds(pid: u32) -> Option<f64> {
+/// Fields 3 on of a process's stat(5) line: field `n` is at index `n - 3`.
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command (which may hold spaces) start after ')'.
     let rest = stat.rsplit_once(')')?.1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some(rest.split_whitespace().map(str::to_owned).collect())
+}
+
+/// CPU seconds (user + system) a process has used so far.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let f = stat_fields(pid)?;
     let utime: f64 = f.get(11)?.parse().ok()?;
     let stime: f64 = f.get(12)?.parse().ok()?;
     // SAFETY: sysconf has no preconditions.
@@ -19,10 +24,8 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
 
 /// Major page faults so far: pages the process waited on the disk for.
 pub fn major_faults(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = stat.rsplit_once(')')?.1;
-    // majflt is field 12 of stat(5); `rest` starts at field 3.
-    rest.split_whitespace().nth(9)?.parse().ok()
+    // majflt is field 12.
+    stat_fields(pid)?.get(9)?.parse().ok()
 }
 
 /// File pages the host read back in after evicting them, so far
@@ -124,12 +127,51 @@ mod tests {
         u.ru_majflt as u64
     }
 
+    /// Reads a file through a mapping after dropping it from the page
+    /// cache: at least one major fault.
+    fn fault_from_disk() {
+        use std::os::fd::AsRawFd;
+        // Beside the test binary: a disk-backed folder (a tmpfs /tmp would
+        // keep the pages in memory, and fault nothing from disk).
+        let exe = std::env::current_exe().unwrap();
+        let path = exe.with_file_name(format!("probe-majflt-{}", std::process::id()));
+        let len = 4 << 20;
+        std::fs::write(&path, vec![7u8; len]).unwrap();
+        let f = std::fs::File::open(&path).unwrap();
+        f.sync_all().unwrap();
+        let fd = f.as_raw_fd();
+        // SAFETY: a read-only shared mapping of a file of `len` bytes that
+        // stays open and unchanged while it is read, then unmapped.
+        unsafe {
+            assert_eq!(libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED), 0);
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED);
+            let bytes = std::slice::from_raw_parts(p as *const u8, len);
+            let sum: u64 = bytes.iter().step_by(4096).map(|&b| b as u64).sum();
+            assert_eq!(std::hint::black_box(sum), 7 * (len as u64 / 4096));
+            libc::munmap(p, len);
+        }
+        std::fs::remove_file(path).unwrap();
+    }
+
     #[test]
     fn major_faults_are_the_kernels_count_for_the_process() {
+        let me = std::process::id();
+        let first = major_faults(me).expect("/proc/self/stat");
+        fault_from_disk();
         let before = rusage_majflt();
-        let read = major_faults(std::process::id()).expect("/proc/self/stat");
+        let read = major_faults(me).expect("/proc/self/stat");
         let after = rusage_majflt();
-        // Minor faults (the field before) would be far above either.
+        // Fields next to majflt (minor faults, or the children's counts,
+        // which stay 0 here) would fall outside these bounds.
+        assert!(read > first, "no major fault counted: {first} then {read}");
         assert!(
             before <= read && read <= after,
             "{before} <= {read} <= {after}"
