@@ -43,7 +43,7 @@ enum Stage {
     Pairs {
         schedule: Vec<Vec<(usize, usize)>>,
         at: usize,
-        measured: Vec<((usize, usize), f64)>,
+        measured: Vec<Pair>,
         /// Partners are cleared nodes (else the suspects meet each other).
         cleared: bool,
         /// While the slow pairs are measured again: the first pass's
