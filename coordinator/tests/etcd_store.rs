@@ -91,7 +91,13 @@ async fn round_trips_pages_and_persists() {
         ..Default::default()
     };
     state
-        .write(Batch::default().job(&job).job_seq(7).run(&run))
+        .write(
+            Batch::default()
+                .job(&job)
+                .job_seq(7)
+                .run(&run)
+                .history_due("job-000007"),
+        )
         .await
         .unwrap();
     state.close().await.unwrap();
@@ -111,6 +117,10 @@ async fn round_trips_pages_and_persists() {
         vec![run.clone()]
     );
     assert_eq!(again.history(None).await.unwrap(), vec![run]);
+    // A mark of runs due (an empty value) survives and goes.
+    assert_eq!(again.history_due().await.unwrap(), ["job-000007"]);
+    assert!(again.history_done("job-000007").await.unwrap());
+    assert!(again.history_due().await.unwrap().is_empty());
     assert_eq!(
         again.raw().scan_prefix("logs/".into()).await.unwrap().len(),
         1234

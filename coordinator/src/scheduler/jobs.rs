@@ -326,11 +326,11 @@ impl Scheduler {
             .as_ref()
             .map(|p| p.nodes.clone())
             .unwrap_or_default();
-        let (mut batch, telemetry) = match prebuilt {
-            Some(built) => (built.batch, Some(built.telemetry)),
+        let (mut batch, history, telemetry) = match prebuilt {
+            Some(built) => (built.batch, built.history, Some(built.telemetry)),
             None => {
                 self.build_report_later(id);
-                (Batch::default(), None)
+                (Batch::default(), Batch::default(), None)
             }
         };
         let entry = self.jobs.get_mut(id).expect("the job is there");
@@ -356,6 +356,7 @@ impl Scheduler {
             Some(since) => reports::log_when_stored(id, self.store.queue(batch), since),
             None => self.save(batch),
         }
+        crate::history::store_runs(&self.store, id, history);
         if let Some(telemetry) = telemetry {
             // After the report: see `Built::telemetry`.
             self.store_telemetry_later(id, telemetry);

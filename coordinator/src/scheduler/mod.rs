@@ -245,6 +245,11 @@ impl Scheduler {
             entry.retire();
             jobs.insert(entry.job.id.clone(), entry);
         }
+        // A crash between a report's commit and its runs'.
+        let due = crate::history::catch_up(&store).await?;
+        if due > 0 {
+            info!(jobs = due, "fleet history caught up from stored reports");
+        }
         let mut batch = Batch::default();
         let mut nodes = BTreeMap::new();
         for mut node in store.nodes().await? {

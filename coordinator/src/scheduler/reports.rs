@@ -31,6 +31,7 @@ use super::recent;
 use super::state::{JobEntry, RETIRE_OVER_RANKS};
 use super::Scheduler;
 use crate::error::CoordinatorError;
+use crate::history;
 use crate::judge::figures::Figures;
 use crate::judge::fleet;
 use crate::judge::health::HealthRules;
@@ -62,8 +63,11 @@ pub struct Built {
     /// When the job ended as the scheduler saw it (its last result handled,
     /// or its end decided): how long storing its report took is told from here.
     pub since: Instant,
-    /// The report for the store, the history's runs.
+    /// The report for the store.
     pub batch: Batch,
+    /// The history's runs, committed after `batch` and apart from it
+    /// ([`history::store_runs`]).
+    pub history: Batch,
     /// The job's last telemetry, for [`store_telemetry`] once `batch` is
     /// queued: the verdict is what an operator waits for, and at 32,768
     /// GPUs the series are ~35 MB that the store committed ahead of it,
@@ -166,14 +170,19 @@ impl Work {
         // they are moved into it, not copied, for those who wait.
         let mut batch = Batch::default().report(&mut report);
         report::attach(&mut report, std::mem::take(&mut self.results));
+        let mut history = Batch::default();
         for run in fleet::runs(&report, &figures) {
-            batch = batch.run(&run);
+            history = history.run(&run);
+        }
+        if !history.is_empty() {
+            batch = batch.history_due(&report.job_id);
         }
         Built {
             report,
             at_ms,
             since: self.since,
             batch,
+            history,
             telemetry: std::mem::take(&mut self.telemetry),
         }
     }
@@ -396,6 +405,7 @@ impl Scheduler {
             let mut work = work;
             let built = work.ended();
             log_when_stored(&id, store.queue(built.batch), built.since);
+            history::store_runs(&store, &id, built.history);
             background::send(
                 &lane,
                 Event::ReportStored {

@@ -108,6 +108,12 @@ pub mod keys {
     pub fn history_of(node: &str) -> String {
         format!("history/{node}/")
     }
+    /// Jobs whose report is stored and whose runs may not be: see
+    /// [`crate::history::store_runs`].
+    pub const HISTORY_DUE: &str = "history-due/";
+    pub fn history_due(job: &str) -> String {
+        format!("history-due/{job}")
+    }
 
     pub fn baseline(name: &str) -> String {
         format!("baselines/{name}")
@@ -203,6 +209,12 @@ impl Batch {
     }
     pub fn acceptance(mut self, a: &Acceptance) -> Self {
         self.0.push((keys::acceptance(&a.node), a.encode_to_vec()));
+        self
+    }
+    /// Marks `job`'s runs as due: written with its report, deleted once
+    /// they are committed too.
+    pub fn history_due(mut self, job: &str) -> Self {
+        self.0.push((keys::history_due(job), Vec::new()));
         self
     }
     pub fn run(mut self, run: &NodeRun) -> Self {
@@ -335,6 +347,13 @@ impl StateStore {
         self.writer.write(batch.0)
     }
 
+    /// As [`StateStore::queue`], committed in a transaction of its own
+    /// (with what is queued after it, never with what came before): what
+    /// was queued before is durable without waiting for this.
+    pub fn queue_apart(&self, batch: Batch) -> Durable {
+        self.writer.write_apart(batch.0)
+    }
+
     /// Resolves once everything queued before is durable.
     pub fn flush(&self) -> Durable {
         self.writer.flush()
@@ -452,6 +471,34 @@ impl StateStore {
             None => keys::HISTORY.to_string(),
         };
         self.scan_msgs(prefix).await
+    }
+
+    /// Jobs whose runs are due ([`Batch::history_due`]).
+    pub async fn history_due(&self) -> StoreResult<Vec<String>> {
+        let mut jobs: Vec<String> = self
+            .inner
+            .scan_prefix(keys::HISTORY_DUE.to_string())
+            .await?
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        jobs.extend(
+            self.writer
+                .scan(keys::HISTORY_DUE)
+                .into_iter()
+                .map(|(k, _)| k),
+        );
+        jobs.sort();
+        jobs.dedup();
+        Ok(jobs
+            .into_iter()
+            .filter_map(|k| k.strip_prefix(keys::HISTORY_DUE).map(str::to_string))
+            .collect())
+    }
+
+    /// `job`'s runs are committed: no longer due.
+    pub async fn history_done(&self, job: &str) -> StoreResult<bool> {
+        self.delete(keys::history_due(job)).await
     }
 
     pub async fn delete_node(&self, name: &str) -> StoreResult<bool> {
