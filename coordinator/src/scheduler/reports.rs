@@ -168,12 +168,19 @@ impl Work {
         // At tens of thousands of ranks the results are a hundred MB or
         // more: the store gets the report without them (it has each), and
         // they are moved into it, not copied, for those who wait.
-        let mut batch = Batch::default().report(&mut report);
+        // Encoding the report and making the runs each take a tenth of
+        // judging 32,768 ranks, and neither needs the other.
+        let (mut batch, history) = std::thread::scope(|s| {
+            let runs = s.spawn(|| {
+                fleet::runs(&report, &figures)
+                    .iter()
+                    .fold(Batch::default(), Batch::run)
+            });
+            let batch = Batch::default().bare_report(&report);
+            let history = runs.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+            (batch, history)
+        });
         report::attach(&mut report, std::mem::take(&mut self.results));
-        let mut history = Batch::default();
-        for run in fleet::runs(&report, &figures) {
-            history = history.run(&run);
-        }
         if !history.is_empty() {
             batch = batch.history_due(&report.job_id);
         }

@@ -203,6 +203,19 @@ impl Batch {
         }
         self
     }
+    /// As [`Batch::report`], for a report whose ranks carry no results
+    /// yet (the judge attaches them after): encoded from a shared borrow,
+    /// beside other work.
+    pub fn bare_report(mut self, report: &Report) -> Self {
+        debug_assert!(report
+            .nodes
+            .iter()
+            .flat_map(|n| &n.ranks)
+            .all(|r| r.result.is_none()));
+        self.0
+            .push((keys::report(&report.job_id), report.encode_to_vec()));
+        self
+    }
     pub fn suite(mut self, suite: &Suite) -> Self {
         self.0.push((keys::suite(&suite.id), suite.encode_to_vec()));
         self

@@ -49,6 +49,10 @@ pub use collectives::{aggregate_collectives, algbw_gbps, busbw_factor};
 pub use ranks::{exit_text, rank_label};
 pub use verdict::ranks_verdict;
 
+/// From this many GPUs on, their telemetry is summarised on a thread of
+/// its own while the ranks are judged.
+const SUMMARY_BESIDE_GPUS: usize = 1_024;
+
 /// What a report is built from.
 pub struct Inputs<'a> {
     pub job: &'a Job,
@@ -94,13 +98,23 @@ fn assemble(inp: &Inputs, with_results: bool) -> (Report, Figures) {
     let no_plan = Plan::default();
     let plan = job.plan.as_ref().unwrap_or(&no_plan);
 
-    let mut states = ranks::from_results(job, plan, inp.results, inp.exits, &inp.watch.hung);
-    let sdc_note = digests::stress(inp.results, &mut states);
-    let mut notes: Vec<String> = digests::params(inp.results, &spec, &mut states)
-        .into_iter()
-        .chain(shards::check(inp.results, &spec, &mut states))
-        .collect();
-    let (telemetry, health) = inp.telemetry.summarise(inp.rules);
+    let (mut states, sdc_note, mut notes, (telemetry, health)) = std::thread::scope(|s| {
+        // At 32,768 GPUs the telemetry summary is a third of judging, and
+        // needs nothing the ranks' own checks make: it is made beside them.
+        let beside = (inp.telemetry.gpus() >= SUMMARY_BESIDE_GPUS)
+            .then(|| s.spawn(|| inp.telemetry.summarise(inp.rules)));
+        let mut states = ranks::from_results(job, plan, inp.results, inp.exits, &inp.watch.hung);
+        let sdc_note = digests::stress(inp.results, &mut states);
+        let notes: Vec<String> = digests::params(inp.results, &spec, &mut states)
+            .into_iter()
+            .chain(shards::check(inp.results, &spec, &mut states))
+            .collect();
+        let summary = match beside {
+            Some(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+            None => inp.telemetry.summarise(inp.rules),
+        };
+        (states, sdc_note, notes, summary)
+    });
     let gpu_faults = gpu_health::apply(&health, plan, &mut states);
     collectives::fail_wrong_elements(inp.results, &mut states);
     let table = aggregate_collectives(inp.results.values());
