@@ -8,16 +8,11 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{as_rank, cpu_host, register, secrets, spec, start, stress_result, wait_state, Agent};
+use common::{as_rank, cpu_agent as agent, secrets, spec, start, stress_result, wait_state};
 use gpuctl_coordinator::server::STORE_FILE;
 use gpuctl_coordinator::store::{Batch, RedbStore, StateStore};
 use gpuctl_proto::pb::*;
 use tonic::transport::Channel;
-
-async fn agent(url: &str, name: &str) -> Agent {
-    let (client, _) = register(url, name, cpu_host(name, 1), vec![]).await;
-    Agent::session(client, name).await
-}
 
 /// Each node's last job and verdict, as `gpuctl fleet` lists them.
 async fn fleet(

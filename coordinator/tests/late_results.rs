@@ -8,13 +8,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{as_rank, cpu_host, register, secrets, spec, start, stress_result, wait_state, Agent};
+use common::{as_rank, cpu_agent as agent, secrets, spec, start, stress_result, wait_state};
 use gpuctl_proto::pb::*;
-
-async fn agent(url: &str, name: &str) -> Agent {
-    let (client, _) = register(url, name, cpu_host(name, 1), vec![]).await;
-    Agent::session(client, name).await
-}
 
 /// Whether `rank`'s result is in the report.
 fn has_result(report: &Report, rank: u32) -> bool {

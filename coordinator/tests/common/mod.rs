@@ -172,6 +172,11 @@ pub async fn agent(url: &str, name: &str, facts: HostFacts, gpus: Vec<GpuInfo>) 
     Agent::session(client, name).await
 }
 
+/// [`agent`] on a host of one CPU rank and no GPU.
+pub async fn cpu_agent(url: &str, name: &str) -> Agent {
+    agent(url, name, cpu_host(name, 1), vec![]).await
+}
+
 impl Agent {
     /// Opens the session of the registered node `name` and starts heartbeats.
     pub async fn session(mut client: AgentServiceClient<Channel>, name: &str) -> Agent {
