@@ -62,11 +62,10 @@ pub async fn catch_up(store: &StateStore) -> Result<usize, StoreError> {
     for job in &due {
         match store.report(job).await? {
             Some(report) => {
-                let mut batch = Batch::default();
-                for run in fleet::runs_of(&report) {
-                    batch = batch.run(&run);
-                }
-                store.write(batch).await?;
+                let runs = fleet::runs_of(&report);
+                store
+                    .write(runs.iter().fold(Batch::default(), Batch::run))
+                    .await?;
                 info!(job = %job, "fleet history written from the stored report");
             }
             None => warn!(job = %job, "history due without a stored report; nothing to write"),

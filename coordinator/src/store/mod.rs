@@ -196,8 +196,7 @@ impl Batch {
     /// job's end, when memory peaks.
     pub fn report(mut self, report: &mut Report) -> Self {
         let results: Vec<_> = ranks_of(report).map(|r| r.result.take()).collect();
-        self.0
-            .push((keys::report(&report.job_id), report.encode_to_vec()));
+        self = self.bare_report(report);
         for (rank, result) in ranks_of(report).zip(results) {
             rank.result = result;
         }
@@ -405,6 +404,23 @@ impl StateStore {
         &self,
         prefix: String,
     ) -> StoreResult<Vec<M>> {
+        let all = self.scan_raw(prefix).await?;
+        let size = all.values().map(Vec::len).sum();
+        decode_off(size, move || {
+            all.into_iter()
+                .map(|(key, bytes)| {
+                    M::decode(bytes.as_slice()).map_err(|source| StoreError::Decode { key, source })
+                })
+                .collect()
+        })
+        .await
+    }
+
+    /// Every entry under `prefix`, committed or queued, by key.
+    async fn scan_raw(
+        &self,
+        prefix: String,
+    ) -> StoreResult<std::collections::BTreeMap<String, Vec<u8>>> {
         let mut all: std::collections::BTreeMap<String, Vec<u8>> = self
             .inner
             .scan_prefix(prefix.clone())
@@ -415,15 +431,7 @@ impl StateStore {
         for (k, v) in self.writer.scan(&prefix) {
             all.insert(k, v.as_ref().clone());
         }
-        let size = all.values().map(Vec::len).sum();
-        decode_off(size, move || {
-            all.into_iter()
-                .map(|(key, bytes)| {
-                    M::decode(bytes.as_slice()).map_err(|source| StoreError::Decode { key, source })
-                })
-                .collect()
-        })
-        .await
+        Ok(all)
     }
 
     /// Deletes after every queued write is committed, so that a queued
@@ -488,23 +496,9 @@ impl StateStore {
 
     /// Jobs whose runs are due ([`Batch::history_due`]).
     pub async fn history_due(&self) -> StoreResult<Vec<String>> {
-        let mut jobs: Vec<String> = self
-            .inner
-            .scan_prefix(keys::HISTORY_DUE.to_string())
-            .await?
-            .into_iter()
-            .map(|(k, _)| k)
-            .collect();
-        jobs.extend(
-            self.writer
-                .scan(keys::HISTORY_DUE)
-                .into_iter()
-                .map(|(k, _)| k),
-        );
-        jobs.sort();
-        jobs.dedup();
-        Ok(jobs
-            .into_iter()
+        let marks = self.scan_raw(keys::HISTORY_DUE.to_string()).await?;
+        Ok(marks
+            .into_keys()
             .filter_map(|k| k.strip_prefix(keys::HISTORY_DUE).map(str::to_string))
             .collect())
     }
