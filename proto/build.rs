@@ -6,6 +6,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
+        // prost's codec with smaller buffers (codec.rs).
+        .codec_path("crate::codec::SmallCodec")
         // Written by hand, to send nodes encoded before (listing.rs).
         .extern_path(
             ".gpuctl.v1.ListNodesResponse",

@@ -7,6 +7,7 @@
 pub mod auth;
 pub mod catalogue;
 pub mod client;
+pub mod codec;
 pub mod leader;
 pub mod limits;
 pub mod listing;

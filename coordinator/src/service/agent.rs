@@ -164,7 +164,10 @@ async fn run_session(
     refuse: oneshot::Sender<Status>,
     session: u64,
 ) {
-    let node = match open(&sched, &auth, &mut inbound, tx, session).await {
+    // Boxed, as the end below: the task of each of thousands of sessions
+    // lives as long as its agent, and was ~6 KB a session with the first
+    // message's and the last events' futures laid out in it.
+    let node = match Box::pin(open(&sched, &auth, &mut inbound, tx, session)).await {
         Ok(node) => node,
         Err(status) => {
             warn!("session refused: {}", status.message());
@@ -214,6 +217,11 @@ async fn run_session(
     }
     // A place in line it still waits for would hold a slot of the lane.
     drop(lane);
+    Box::pin(close(&sched, inbox, node, session, why)).await;
+}
+
+/// Hands the scheduler what `inbox` still holds, then the session's end.
+async fn close(sched: &SchedulerHandle, mut inbox: Inbox, node: String, session: u64, why: String) {
     while let Some(ev) = inbox.pop(&node) {
         sched.tell(ev).await;
     }

@@ -26,6 +26,9 @@ pub const READ_AHEAD: usize = 64;
 /// and the newest samples are what `gpuctl watch` shows.
 pub const WAITING_SAMPLES: usize = 8 * 60;
 
+/// Slots an emptied queue keeps; past this it gives its memory back.
+const KEPT_SLOTS: usize = 4;
+
 #[derive(Default)]
 pub struct Inbox {
     events: VecDeque<Event>,
@@ -94,7 +97,13 @@ impl Inbox {
     /// The next event for the scheduler: messages in the order they came,
     /// then the telemetry waiting.
     pub fn pop(&mut self, node: &str) -> Option<Event> {
-        self.events.pop_front().or_else(|| {
+        let ev = self.events.pop_front();
+        if self.events.is_empty() && self.events.capacity() > KEPT_SLOTS {
+            // Grown in a burst (a job's end): each of thousands of sessions
+            // kept ~2.4 KB for the next one.
+            self.events = VecDeque::new();
+        }
+        ev.or_else(|| {
             self.telemetry.take().map(|batch| Event::Telemetry {
                 node: node.to_string(),
                 batch,
