@@ -343,7 +343,10 @@ impl StateStore {
 
     /// Commits what is queued, then releases the backend.
     pub async fn close(&self) -> StoreResult<()> {
-        let flushed = self.writer.flush().wait().await;
+        let flushed = match self.writer.flush().wait().await {
+            Ok(()) => self.writer.flush_later().wait().await,
+            Err(e) => Err(e),
+        };
         self.inner.close().await?;
         flushed
     }
@@ -359,11 +362,11 @@ impl StateStore {
         self.writer.write(batch.0)
     }
 
-    /// As [`StateStore::queue`], committed in a transaction of its own
-    /// (with what is queued after it, never with what came before): what
-    /// was queued before is durable without waiting for this.
-    pub fn queue_apart(&self, batch: Batch) -> Durable {
-        self.writer.write_apart(batch.0)
+    /// As [`StateStore::queue`], in the writer's second lane: committed
+    /// after what is queued now, in small transactions while nothing else
+    /// waits (see [`Writer::write_later`]); not atomically.
+    pub fn queue_later(&self, batch: Batch) -> Durable {
+        self.writer.write_later(batch.0)
     }
 
     /// Resolves once everything queued before is durable.
@@ -514,6 +517,9 @@ impl StateStore {
 
     pub async fn delete_run(&self, run: &NodeRun) -> StoreResult<bool> {
         let key = keys::history(&run.node, run.finished_unix_ms, &run.job_id);
+        // Runs are written in the second lane: a run still queued there
+        // would come back after this delete.
+        self.writer.flush_later().wait().await?;
         self.delete(key).await
     }
 
