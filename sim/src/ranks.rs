@@ -78,30 +78,42 @@ pub async fn run(
             iterations: 0,
         },
     ];
-    let mut tick = tokio::time::interval(job.interval);
-    tick.tick().await;
+    // Intervals are played when the rank next wakes (to report, or at the
+    // end), not each on its own timer: 32,768 timers a second, for ranks
+    // that report every 8 s at that size, cost CPU the simulator shares with
+    // the coordinator it measures.
+    let began = tokio::time::Instant::now();
+    let at = |i: usize| began + job.interval * (i as u32 + 1);
     // As a real worker: the next report when the coordinator asks for it.
-    let mut next_report = tokio::time::Instant::now();
+    let mut next_report = at(0);
     let mut sent = 0u64;
-    for i in 0..intervals {
+    let mut played = 0;
+    while played < intervals {
+        let wake = next_report.max(at(played)).min(at(intervals - 1));
         tokio::select! {
-            _ = tick.tick() => {}
+            _ = tokio::time::sleep_until(wake) => {}
             _ = stop.cancelled() => return Outcome::Cancelled,
         }
-        let t = TFLOPS * (0.98 + rng.f64() * 0.04);
-        tflops.push(t);
-        iterations += (t * 1e12 * job.interval.as_secs_f64() / GEMM_FLOP) as u64;
-        let now = now_ms();
-        if marks.len() < 1000 {
-            marks.push(PhaseMark {
-                phase: PHASE.into(),
-                unix_ms: now,
-                iterations,
-            });
+        let now_at = tokio::time::Instant::now();
+        let mut t = 0.0;
+        while played < intervals && at(played) <= now_at {
+            t = TFLOPS * (0.98 + rng.f64() * 0.04);
+            tflops.push(t);
+            iterations += (t * 1e12 * job.interval.as_secs_f64() / GEMM_FLOP) as u64;
+            if marks.len() < 1000 {
+                let behind = now_at.saturating_duration_since(at(played)).as_millis() as u64;
+                marks.push(PhaseMark {
+                    phase: PHASE.into(),
+                    unix_ms: now_ms().saturating_sub(behind),
+                    iterations,
+                });
+            }
+            played += 1;
         }
-        if tokio::time::Instant::now() < next_report {
+        if played >= intervals || now_at < next_report {
             continue;
         }
+        let now = now_ms();
         let progress = RankProgressReport {
             job_id: job.job_id.clone(),
             attempt: job.attempt,
@@ -109,7 +121,7 @@ pub async fn run(
                 rank,
                 node: job.placement.node.clone(),
                 phase: PHASE.into(),
-                fraction: (i + 1) as f64 / intervals as f64,
+                fraction: played as f64 / intervals as f64,
                 metrics: [("tflops".to_string(), t)].into(),
                 message: String::new(),
                 unix_ms: now,
@@ -120,17 +132,20 @@ pub async fn run(
             Ok(ack) if !ack.get_ref().ok => return Outcome::Cancelled,
             Ok(ack) => {
                 let every = u64::from(ack.get_ref().next_report_ms);
-                if every > 0 {
+                sent += 1;
+                next_report = if every > 0 {
                     // As a real worker spreads its reports.
-                    sent += 1;
                     let pause = gpuctl_proto::spec::progress_pause_ms(every, rank, sent);
-                    next_report = tokio::time::Instant::now() + Duration::from_millis(pause);
-                }
+                    tokio::time::Instant::now() + Duration::from_millis(pause)
+                } else {
+                    at(played)
+                };
             }
             Err(_) => {
                 stats
                     .rpc_errors
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                next_report = at(played);
             }
         }
     }
