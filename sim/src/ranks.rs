@@ -44,7 +44,9 @@ const PHASE: &str = "gemm bf16 8192";
 
 fn request<T>(job: &RankJob, msg: T) -> tonic::Request<T> {
     let mut req = tonic::Request::new(msg);
-    if let Ok(v) = job.secret.parse() {
+    if let Ok(mut v) = job.secret.parse::<tonic::metadata::AsciiMetadataValue>() {
+        // As the worker's client sends it: never indexed.
+        v.set_sensitive(true);
         req.metadata_mut()
             .insert(gpuctl_proto::auth::RANK_SECRET, v);
     }
