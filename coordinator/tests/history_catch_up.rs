@@ -8,7 +8,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{as_rank, cpu_agent as agent, secrets, spec, start, stress_result, wait_state};
+use common::{as_rank, running_stress, start, stress_result, wait_state, RunningJob};
 use gpuctl_coordinator::server::STORE_FILE;
 use gpuctl_coordinator::store::{Batch, RedbStore, StateStore};
 use gpuctl_proto::pb::*;
@@ -36,18 +36,14 @@ fn open(dir: &std::path::Path) -> StateStore {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_lost_between_the_two_commits_are_written_at_the_next_start() {
     let dir = tempfile::tempdir().unwrap();
-    let coord = start(dir.path(), Duration::from_secs(5)).await;
-    let mut a0 = agent(&coord.url, "node-0").await;
-    let mut a1 = agent(&coord.url, "node-1").await;
-    let mut jobs = coord.jobs().await;
-    let mut w = coord.workers().await;
-    let id = jobs
-        .submit(spec("stress", 2))
-        .await
-        .unwrap()
-        .into_inner()
-        .id;
-    let sec = secrets(&[&a0.assignment().await, &a1.assignment().await]);
+    let RunningJob {
+        coord,
+        agents,
+        mut jobs,
+        workers: mut w,
+        id,
+        secrets: sec,
+    } = running_stress(dir.path(), Duration::from_secs(5), 2).await;
     for rank in 0..2 {
         let ack = w
             .report_result(as_rank(&sec, rank, stress_result(&id, rank, "d")))
@@ -65,7 +61,7 @@ async fn runs_lost_between_the_two_commits_are_written_at_the_next_start() {
     assert_eq!(fleet(&mut jobs).await, want, "the runs are read at once");
     // The mark goes right after the runs' commit (milliseconds here).
     tokio::time::sleep(Duration::from_secs(1)).await;
-    drop((a0, a1, jobs, w));
+    drop((agents, jobs, w));
     coord.shutdown().await;
 
     let store = open(dir.path());

@@ -8,7 +8,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{as_rank, cpu_agent as agent, secrets, spec, start, stress_result, wait_state};
+use common::{as_rank, running_stress, stress_result, wait_state, RunningJob};
 use gpuctl_proto::pb::*;
 
 /// Whether `rank`'s result is in the report.
@@ -23,26 +23,14 @@ fn has_result(report: &Report, rank: u32) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn late_results_are_stored_once_and_folded_in_together() {
     let dir = tempfile::tempdir().unwrap();
-    let coord = start(dir.path(), Duration::from_secs(1)).await;
-    let mut a0 = agent(&coord.url, "node-0").await;
-    let mut a1 = agent(&coord.url, "node-1").await;
-    let mut a2 = agent(&coord.url, "node-2").await;
-    let mut a3 = agent(&coord.url, "node-3").await;
-    let mut jobs = coord.jobs().await;
-    let mut w = coord.workers().await;
-
-    let id = jobs
-        .submit(spec("stress", 4))
-        .await
-        .unwrap()
-        .into_inner()
-        .id;
-    let sec = secrets(&[
-        &a0.assignment().await,
-        &a1.assignment().await,
-        &a2.assignment().await,
-        &a3.assignment().await,
-    ]);
+    let RunningJob {
+        coord,
+        mut agents,
+        mut jobs,
+        workers: mut w,
+        id,
+        secrets: sec,
+    } = running_stress(dir.path(), Duration::from_secs(1), 4).await;
     let ack = w
         .report_result(as_rank(&sec, 0, stress_result(&id, 0, "d")))
         .await
@@ -50,7 +38,7 @@ async fn late_results_are_stored_once_and_folded_in_together() {
         .into_inner();
     assert_eq!((ack.ok, ack.message.as_str()), (true, "stored"));
     // node-3 goes silent: the job fails with one result of four.
-    a3.stop_heartbeats();
+    agents[3].stop_heartbeats();
     let failed = wait_state(&mut jobs, &id, JobState::Failed, Duration::from_secs(5)).await;
     assert_eq!(failed.message, "node node-3 lost: no heartbeat for 1s");
     let report = jobs

@@ -178,8 +178,8 @@ fn forget(overlay: &Mutex<Overlay>, op: &Op) {
     }
 }
 
-fn size(op: &Op) -> usize {
-    op.entries.iter().map(|(k, v)| k.len() + v.len()).sum()
+fn size(entries: &[(String, Arc<Vec<u8>>)]) -> usize {
+    entries.iter().map(|(k, v)| k.len() + v.len()).sum()
 }
 
 /// A later write being committed, [`LATER_ENTRIES`] at a time.
@@ -203,8 +203,8 @@ async fn run(
             Ok(op) => op,
             Err(e) => {
                 if let Some(l) = later.as_mut() {
-                    if commit_later_part(store.as_ref(), &overlay, l).await {
-                        finish(&overlay, later.take().expect("a later write").op, &Ok(()));
+                    if let Some(result) = commit_later_part(store.as_ref(), &overlay, l).await {
+                        finish(&overlay, later.take().expect("a later write").op, &result);
                     }
                     continue;
                 }
@@ -225,12 +225,12 @@ async fn run(
                 }
             }
         };
-        let mut bytes = size(&first);
+        let mut bytes = size(&first.entries);
         let mut ops = vec![first];
         while bytes < GROUP_BYTES {
             match rx.try_recv() {
                 Ok(op) => {
-                    bytes += size(&op);
+                    bytes += size(&op.entries);
                     ops.push(op);
                 }
                 Err(_) => break,
@@ -252,9 +252,13 @@ async fn run(
     }
 }
 
-/// Commits the next part of `l`; whether the later write is over (its last
-/// part committed, or a part failed, which fails the whole write).
-async fn commit_later_part(store: &dyn Store, overlay: &Mutex<Overlay>, l: &mut Later) -> bool {
+/// Commits the next part of `l`; the later write's result once it is over
+/// (its last part committed, or a part failed, which fails the whole write).
+async fn commit_later_part(
+    store: &dyn Store,
+    overlay: &Mutex<Overlay>,
+    l: &mut Later,
+) -> Option<StoreResult<()>> {
     let end = (l.at + LATER_ENTRIES).min(l.op.entries.len());
     let part = l.at..end;
     l.at = end;
@@ -270,20 +274,12 @@ async fn commit_later_part(store: &dyn Store, overlay: &Mutex<Overlay>, l: &mut 
             .map(|(e, _)| e.clone())
             .collect()
     };
-    let bytes = entries.iter().map(|(k, v)| k.len() + v.len()).sum();
-    if let Err(e) = commit(store, entries, bytes).await {
-        let op = std::mem::replace(
-            &mut l.op,
-            Op {
-                entries: Vec::new(),
-                seqs: Vec::new(),
-                done: None,
-            },
-        );
-        finish(overlay, op, &Err(e));
-        return true;
+    let bytes = size(&entries);
+    match commit(store, entries, bytes).await {
+        Err(e) => Some(Err(e)),
+        Ok(()) if l.at >= l.op.entries.len() => Some(Ok(())),
+        Ok(()) => None,
     }
-    l.at >= l.op.entries.len()
 }
 
 async fn commit(store: &dyn Store, entries: SharedEntries, bytes: usize) -> StoreResult<()> {
@@ -365,6 +361,8 @@ mod tests {
         inner: RedbStore,
         txs: Mutex<Vec<Vec<String>>>,
         trigger: Mutex<Option<(String, Writer)>>,
+        /// A transaction naming this key fails.
+        fail_on: Mutex<Option<String>>,
     }
 
     impl Recording {
@@ -373,6 +371,7 @@ mod tests {
                 inner: RedbStore::open(&dir.join("s.redb")).unwrap(),
                 txs: Mutex::default(),
                 trigger: Mutex::default(),
+                fail_on: Mutex::default(),
             })
         }
     }
@@ -387,6 +386,12 @@ mod tests {
             if trigger.as_ref().is_some_and(|(k, _)| keys.contains(k)) {
                 let (_, w) = trigger.take().unwrap();
                 drop(w.write(vec![("main".into(), vec![1])]));
+            }
+            if let Some(k) = self.fail_on.lock().unwrap().as_ref() {
+                if keys.contains(k) {
+                    let e = StoreError::Backend(format!("refused {k}"));
+                    return Box::pin(async move { Err(e) });
+                }
             }
             self.txs.lock().unwrap().push(keys);
             self.inner.put_many(entries)
@@ -475,5 +480,31 @@ mod tests {
             rec.inner.scan_prefix("later/".into()).await.unwrap().len(),
             3
         );
+    }
+
+    /// A part that fails fails the whole later write: whoever waits is told,
+    /// its entries leave the overlay (readers fall back to the store), the
+    /// parts after it are not committed, and the writer goes on.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_failed_part_fails_the_later_write_and_the_writer_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let rec = Recording::new(dir.path());
+        let w = Writer::start(rec.clone());
+        *rec.fail_on.lock().unwrap() = Some(format!("later/{LATER_ENTRIES:04}"));
+        let later = w.write_later(later_keys(LATER_ENTRIES * 2 + 10));
+        let err = later.await.unwrap_err();
+        assert!(err.to_string().contains("refused later/0256"), "{err}");
+        assert!(w.scan("later/").is_empty(), "the overlay forgets them");
+        assert_eq!(
+            rec.inner.scan_prefix("later/".into()).await.unwrap().len(),
+            LATER_ENTRIES,
+            "the first part stays; none after the failed one"
+        );
+        *rec.fail_on.lock().unwrap() = None;
+        w.write_later(vec![("after".into(), vec![2])])
+            .await
+            .unwrap();
+        w.write(vec![("first".into(), vec![3])]).await.unwrap();
+        assert!(rec.inner.get("after".into()).await.unwrap().is_some());
     }
 }

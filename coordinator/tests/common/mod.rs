@@ -401,3 +401,50 @@ pub fn stress_result(job: &str, rank: u32, digest: &str) -> RankResult {
         ..Default::default()
     }
 }
+
+/// A coordinator with CPU agents `node-0`… and one submitted stress job
+/// across all of them, each agent handed its assignment.
+pub struct RunningJob {
+    pub coord: Coord,
+    pub agents: Vec<Agent>,
+    pub jobs: JobServiceClient<Channel>,
+    pub workers: WorkerServiceClient<Channel>,
+    pub id: String,
+    /// Every rank's secret, for [`as_rank`].
+    pub secrets: std::collections::HashMap<u32, String>,
+}
+
+/// A coordinator on `dir` (node timeout `node_timeout`) with `nodes` CPU
+/// agents of one rank each, running one stress job on all of them.
+pub async fn running_stress(
+    dir: &std::path::Path,
+    node_timeout: Duration,
+    nodes: u32,
+) -> RunningJob {
+    let coord = start(dir, node_timeout).await;
+    let mut agents = Vec::new();
+    for n in 0..nodes {
+        agents.push(cpu_agent(&coord.url, &format!("node-{n}")).await);
+    }
+    let mut jobs = coord.jobs().await;
+    let workers = coord.workers().await;
+    let id = jobs
+        .submit(spec("stress", nodes))
+        .await
+        .unwrap()
+        .into_inner()
+        .id;
+    let mut assignments = Vec::new();
+    for a in &mut agents {
+        assignments.push(a.assignment().await);
+    }
+    let secrets = secrets(&assignments.iter().collect::<Vec<_>>());
+    RunningJob {
+        coord,
+        agents,
+        jobs,
+        workers,
+        id,
+        secrets,
+    }
+}
