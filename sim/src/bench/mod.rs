@@ -20,10 +20,11 @@ use gpuctl_proto::pb::{
 };
 use gpuctl_proto::shutdown::Shutdown;
 use prost::Message;
-use serde_json::{json, Value};
 
 use crate::fleet::{self, FleetConfig};
 use crate::probe;
+
+mod print;
 
 /// The coordinator's log filter unless told otherwise: the bench reads when
 /// each report was stored from `scheduler::reports`' info lines.
@@ -578,119 +579,5 @@ async fn one_job(
     })
 }
 
-const MB: f64 = 1e6;
-
 /// `PlanJob` calls of each kind: one call alone says little on two shared cores.
 const PLAN_CALLS: usize = 5;
-
-fn median_max(ms: &[f64]) -> (f64, f64) {
-    let mut v = ms.to_vec();
-    (percentile(&mut v, 0.5), percentile(&mut v, 1.0))
-}
-
-impl BenchReport {
-    pub fn to_json(&self) -> Value {
-        json!({
-            "nodes": self.nodes,
-            "gpus_per_node": self.gpus,
-            "register_ms": self.register_ms,
-            "plan_all_nodes_ms": { "view": self.plan_view_ms, "whole": self.plan_whole_ms },
-            "plan_whole_bytes": self.plan_whole_bytes,
-            "rss_before_jobs_bytes": self.rss_before_jobs,
-            "phases": self.phases.iter().map(|p| json!({
-                "name": p.name, "seconds": p.seconds, "cpu_s_per_s": p.cpu_per_s, "sim_cpu_s_per_s": p.sim_cpu_per_s,
-                "rss_max_bytes": p.rss_max, "rss_max_at_s": p.rss_max_at, "rss_end_bytes": p.rss_end, "store_bytes": p.store_bytes,
-                "major_faults": p.major_faults, "host_file_refaults": p.host_refaults,
-                "rss_bytes_over_time": p.rss_series.iter().map(|(t, b)| json!([t, b])).collect::<Vec<_>>(),
-                "cli_ms": p.cli.iter().map(|(k, (p50, p99, n))| (k.clone(), json!({"p50": p50, "p99": p99, "calls": n}))).collect::<serde_json::Map<_, _>>(),
-                "slowest_calls": p.slowest.iter().map(|(k, at, ms)| json!({"call": k, "at_s": at, "ms": ms})).collect::<Vec<_>>(),
-            })).collect::<Vec<_>>(),
-            "jobs": self.jobs.iter().map(|j| json!({
-                "id": j.id, "state": j.state, "ranks": j.ranks, "results_in_report": j.results_in_report,
-                "assign_ms": j.assign_ms, "ended_ms": j.ended_ms, "stored_ms": j.stored_ms, "report_ms": j.report_ms, "rss_after_bytes": j.rss_after,
-                "telemetry_bytes": j.telemetry_bytes,
-            })).collect::<Vec<_>>(),
-        })
-    }
-
-    pub fn print(&self) {
-        println!(
-            "gpuctl coordinator at {} simulated nodes × {} GPUs: registered in {:.0} ms",
-            self.nodes, self.gpus, self.register_ms
-        );
-        let (v50, vmax) = median_max(&self.plan_view_ms);
-        let (w50, wmax) = median_max(&self.plan_whole_ms);
-        println!(
-            "planning a job on every node, p50 / max of {PLAN_CALLS}: gpuctl plan's view {v50:.1} / {vmax:.1} ms; the whole plan ({:.1} MB) {w50:.1} / {wmax:.1} ms",
-            self.plan_whole_bytes as f64 / MB
-        );
-        let mut t = comfy_table::Table::new();
-        t.load_preset(comfy_table::presets::NOTHING).set_header([
-            "PHASE",
-            "SECONDS",
-            "CPU S/S",
-            "SIM CPU S/S",
-            "RSS MAX MB (AT S)",
-            "RSS END MB",
-            "STORE MB",
-            "MAJ FAULTS / HOST REFAULTS",
-            "CLI MS P50/P99",
-        ]);
-        for p in &self.phases {
-            let cli: Vec<String> = p
-                .cli
-                .iter()
-                .map(|(k, (p50, p99, _))| format!("{k} {p50:.1}/{p99:.1}"))
-                .collect();
-            t.add_row([
-                p.name.clone(),
-                format!("{:.1}", p.seconds),
-                format!("{:.2}", p.cpu_per_s),
-                format!("{:.2}", p.sim_cpu_per_s),
-                format!("{:.0} ({:.0})", p.rss_max as f64 / MB, p.rss_max_at),
-                format!("{:.0}", p.rss_end as f64 / MB),
-                format!("{:.1}", p.store_bytes as f64 / MB),
-                format!("{} / {}", p.major_faults, p.host_refaults),
-                cli.join(", "),
-            ]);
-        }
-        println!("{t}\n");
-        for p in self.phases.iter().filter(|p| !p.slowest.is_empty()) {
-            let calls: Vec<String> = p
-                .slowest
-                .iter()
-                .map(|(k, at, ms)| format!("{k} {ms:.0} ms at {at:.1} s"))
-                .collect();
-            println!("slowest calls, {}: {}", p.name, calls.join("; "));
-        }
-        println!();
-        let mut t = comfy_table::Table::new();
-        t.load_preset(comfy_table::presets::NOTHING).set_header([
-            "JOB",
-            "STATE",
-            "RANKS",
-            "RESULTS IN REPORT",
-            "ASSIGN MS",
-            "ENDED MS",
-            "STORED MS",
-            "REPORT MS",
-            "RSS AFTER MB",
-            "TELEMETRY MB",
-        ]);
-        for j in &self.jobs {
-            t.add_row([
-                j.id.clone(),
-                j.state.clone(),
-                j.ranks.to_string(),
-                j.results_in_report.to_string(),
-                format!("{:.0}", j.assign_ms),
-                format!("{:.0}", j.ended_ms),
-                format!("{:.0}", j.stored_ms),
-                format!("{:.0}", j.report_ms),
-                format!("{:.0}", j.rss_after as f64 / MB),
-                format!("{:.1}", j.telemetry_bytes as f64 / MB),
-            ]);
-        }
-        println!("{t}");
-    }
-}
