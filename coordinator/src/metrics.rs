@@ -3,6 +3,8 @@
 //! (so Grafana charts fleet health), on `--metrics-listen`, through the shared
 //! endpoint ([`gpuctl_proto::metrics_http`]). Counts come from the scheduler
 //! task at scrape time (one event), so they are one consistent snapshot.
+//! The allocator's own figures say whether a rise in the process's memory is
+//! live objects or memory the allocator holds.
 
 use std::collections::BTreeMap;
 
@@ -177,10 +179,42 @@ fn results(e: &mut DescriptorEncoder, rows: &[FleetRow]) -> std::fmt::Result {
     )
 }
 
+/// jemalloc's figures (the coordinator binary's allocator): bytes in live
+/// allocations against bytes it holds in resident pages. Allocated flat while
+/// the process grows is the allocator keeping pages, not the coordinator
+/// keeping objects. A process on another allocator (the in-process tests)
+/// reads jemalloc's own, near-empty figures.
+#[derive(Debug)]
+struct Heap;
+
+impl Collector for Heap {
+    fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
+        use tikv_jemalloc_ctl::{epoch, stats};
+        // The figures are cached until the epoch moves on.
+        let figures = epoch::advance()
+            .and_then(|_| Ok((stats::allocated::read()?, stats::resident::read()?)));
+        let Ok((allocated, resident)) = figures else {
+            debug!("metrics: the allocator's figures are unreadable");
+            return Ok(());
+        };
+        write_family(
+            &mut e,
+            "gpuctl_coordinator_heap_bytes",
+            "The allocator's bytes: in live allocations (allocated) and in resident pages it holds (resident).",
+            MetricType::Gauge,
+            &[
+                (vec![("kind", "allocated".to_string())], allocated as f64),
+                (vec![("kind", "resident".to_string())], resident as f64),
+            ],
+        )
+    }
+}
+
 impl Snapshot {
     pub fn registry(self) -> Registry {
         let mut r = Registry::default();
         r.register_collector(Box::new(self));
+        r.register_collector(Box::new(Heap));
         r
     }
 }

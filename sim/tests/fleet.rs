@@ -63,6 +63,19 @@ async fn two_hundred_nodes_report_every_rank_and_memory_comes_back() {
         after / 1e6,
         before / 1e6
     );
+    // The allocator's live bytes: objects kept past the job, apart from
+    // pages the allocator holds on to.
+    let (before, after) = (r.heap_before_jobs as f64, job.heap_after as f64);
+    assert!(
+        before > 0.0 && after > 0.0,
+        "the coordinator's /metrics has no gpuctl_coordinator_heap_bytes"
+    );
+    assert!(
+        after <= before * 1.5 + 32e6,
+        "live heap {:.0} MB after the job, {:.0} MB before it",
+        after / 1e6,
+        before / 1e6
+    );
     // Every CLI call answered (an error is counted under its own key).
     for p in &r.phases {
         assert!(

@@ -62,6 +62,9 @@ pub struct BenchReport {
     pub phases: Vec<PhaseFigures>,
     pub jobs: Vec<JobFigures>,
     pub rss_before_jobs: u64,
+    /// The coordinator allocator's live bytes before the first job
+    /// (`gpuctl_coordinator_heap_bytes{kind="allocated"}`; 0 if unread).
+    pub heap_before_jobs: u64,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -106,6 +109,9 @@ pub struct JobFigures {
     /// bench (a `GetReport` of every rank's result, decoded).
     pub report_ms: f64,
     pub rss_after: u64,
+    /// The coordinator allocator's live bytes then: resident memory that
+    /// rises while this stays flat is pages the allocator keeps.
+    pub heap_after: u64,
     /// The job's telemetry series as stored (`Report.telemetry_bytes`).
     pub telemetry_bytes: u64,
 }
@@ -114,6 +120,8 @@ pub struct JobFigures {
 struct Coordinator {
     child: Child,
     url: String,
+    /// Its `/metrics` address.
+    metrics: String,
     dir: PathBuf,
 }
 
@@ -127,8 +135,15 @@ impl Drop for Coordinator {
 impl Coordinator {
     fn start(bin: &PathBuf, log: &str, dir: PathBuf) -> Result<Coordinator> {
         let log_file = std::fs::File::create(dir.join("coordinator.log"))?;
+        // A free port, found by binding it: the coordinator prints only its
+        // gRPC address.
+        let metrics = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .context("finding a free port for the coordinator's /metrics")?
+            .to_string();
         let mut child = Command::new(bin)
             .args(["--listen", "127.0.0.1:0", "--node-timeout", "60s"])
+            .args(["--metrics-listen", &metrics])
             .arg("--data-dir")
             .arg(dir.join("store"))
             .env("RUST_LOG", log)
@@ -148,6 +163,7 @@ impl Coordinator {
         };
         Ok(Coordinator {
             url: url.to_string(),
+            metrics,
             child,
             dir,
         })
@@ -407,6 +423,7 @@ pub async fn run(cfg: &BenchConfig, dir: PathBuf) -> Result<BenchReport> {
     hold(&mut phase, pid, cfg.idle).await;
     out.phases.push(phase.end(&co, &lat));
     out.rss_before_jobs = probe::rss_bytes(pid).unwrap_or(0);
+    out.heap_before_jobs = probe::heap_allocated(&co.metrics).await.unwrap_or(0);
 
     let spec = |d: Duration| JobSpec {
         workload: "stress".into(),
@@ -441,7 +458,7 @@ pub async fn run(cfg: &BenchConfig, dir: PathBuf) -> Result<BenchReport> {
         humantime::format_duration(cfg.long)
     );
     let mut phase = Phase::begin("long job", pid, &lat, &watch);
-    let job = one_job(&mut jobs, &fleet, spec(cfg.long), &lat, &mut phase, pid).await?;
+    let job = one_job(&mut jobs, &fleet, spec(cfg.long), &lat, &mut phase, &co).await?;
     out.jobs.push(job);
     out.phases.push(phase.end(&co, &lat));
 
@@ -449,14 +466,15 @@ pub async fn run(cfg: &BenchConfig, dir: PathBuf) -> Result<BenchReport> {
         eprintln!("{} short jobs in a row…", cfg.short_jobs);
         let mut phase = Phase::begin("short jobs", pid, &lat, &watch);
         for i in 0..cfg.short_jobs {
-            let job = one_job(&mut jobs, &fleet, spec(cfg.short), &lat, &mut phase, pid).await?;
+            let job = one_job(&mut jobs, &fleet, spec(cfg.short), &lat, &mut phase, &co).await?;
             eprintln!(
-                "  {}/{}: {} {}; resident {:.0} MB",
+                "  {}/{}: {} {}; resident {:.0} MB, heap {:.0} MB",
                 i + 1,
                 cfg.short_jobs,
                 job.id,
                 job.state,
-                job.rss_after as f64 / 1e6
+                job.rss_after as f64 / 1e6,
+                job.heap_after as f64 / 1e6
             );
             out.jobs.push(job);
         }
@@ -502,8 +520,9 @@ async fn one_job(
     spec: JobSpec,
     lat: &Mutex<Latencies>,
     phase: &mut Phase,
-    pid: u32,
+    co: &Coordinator,
 ) -> Result<JobFigures> {
+    let pid = co.pid();
     let submitted = Instant::now();
     let job = jobs
         .submit(SubmitRequest { spec: Some(spec) })
@@ -575,6 +594,7 @@ async fn one_job(
         stored_ms: f64::NAN,
         report_ms,
         rss_after: probe::rss_bytes(pid).unwrap_or(0),
+        heap_after: probe::heap_allocated(&co.metrics).await.unwrap_or(0),
         telemetry_bytes: report.telemetry_bytes,
     })
 }

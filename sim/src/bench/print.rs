@@ -20,6 +20,7 @@ impl BenchReport {
             "plan_all_nodes_ms": { "view": self.plan_view_ms, "whole": self.plan_whole_ms },
             "plan_whole_bytes": self.plan_whole_bytes,
             "rss_before_jobs_bytes": self.rss_before_jobs,
+            "heap_allocated_before_jobs_bytes": self.heap_before_jobs,
             "phases": self.phases.iter().map(|p| json!({
                 "name": p.name, "seconds": p.seconds, "cpu_s_per_s": p.cpu_per_s, "sim_cpu_s_per_s": p.sim_cpu_per_s,
                 "rss_max_bytes": p.rss_max, "rss_max_at_s": p.rss_max_at, "rss_end_bytes": p.rss_end, "store_bytes": p.store_bytes,
@@ -31,6 +32,7 @@ impl BenchReport {
             "jobs": self.jobs.iter().map(|j| json!({
                 "id": j.id, "state": j.state, "ranks": j.ranks, "results_in_report": j.results_in_report,
                 "assign_ms": j.assign_ms, "ended_ms": j.ended_ms, "stored_ms": j.stored_ms, "report_ms": j.report_ms, "rss_after_bytes": j.rss_after,
+                "heap_allocated_after_bytes": j.heap_after,
                 "telemetry_bytes": j.telemetry_bytes,
             })).collect::<Vec<_>>(),
         })
@@ -46,6 +48,11 @@ impl BenchReport {
         println!(
             "planning a job on every node, p50 / max of {PLAN_CALLS}: gpuctl plan's view {v50:.1} / {vmax:.1} ms; the whole plan ({:.1} MB) {w50:.1} / {wmax:.1} ms",
             self.plan_whole_bytes as f64 / MB
+        );
+        println!(
+            "before the first job: resident {:.0} MB, allocator's live bytes {:.0} MB",
+            self.rss_before_jobs as f64 / MB,
+            self.heap_before_jobs as f64 / MB
         );
         let mut t = comfy_table::Table::new();
         t.load_preset(comfy_table::presets::NOTHING).set_header([
@@ -98,6 +105,7 @@ impl BenchReport {
             "STORED MS",
             "REPORT MS",
             "RSS AFTER MB",
+            "HEAP AFTER MB",
             "TELEMETRY MB",
         ]);
         for j in &self.jobs {
@@ -111,6 +119,7 @@ impl BenchReport {
                 format!("{:.0}", j.stored_ms),
                 format!("{:.0}", j.report_ms),
                 format!("{:.0}", j.rss_after as f64 / MB),
+                format!("{:.0}", j.heap_after as f64 / MB),
                 format!("{:.1}", j.telemetry_bytes as f64 / MB),
             ]);
         }
