@@ -570,6 +570,54 @@ async fn lost_node_fails_its_job_and_unadopted_jobs_fail_after_a_restart() {
 }
 
 /// A progress report of one rank of attempt 1.
+/// Ended jobs past the newest few keep nothing per rank in the
+/// coordinator's memory (`JobEntry::let_go`); `GetJob` and `GetReport`
+/// answer them as before, from the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn old_jobs_are_answered_alike_from_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let coord = start(dir.path(), Duration::from_secs(5)).await;
+    let mut a = agent(&coord.url, "node-0", 2).await;
+    let mut jobs = coord.jobs().await;
+    let mut w = coord.workers().await;
+    let mut first = None;
+    for i in 0..=gpuctl_coordinator::scheduler::state::KEEP_ENDED {
+        let id = jobs
+            .submit(spec("stress", 1))
+            .await
+            .unwrap()
+            .into_inner()
+            .id;
+        let sec = secrets(&[&a.assignment_after_cancels().await]);
+        for rank in 0..2 {
+            let result = stress_result(&id, rank, "d");
+            let ack = w.report_result(as_rank(&sec, rank, result)).await.unwrap();
+            assert!(ack.into_inner().ok);
+        }
+        wait_state(&mut jobs, &id, JobState::Succeeded, Duration::from_secs(10)).await;
+        if i == 0 {
+            let report = report_of(&mut jobs, &id).await;
+            first = Some((id.clone(), job(&mut jobs, &id).await, report));
+        }
+    }
+    let (id, then, report) = first.unwrap();
+    let now = job(&mut jobs, &id).await;
+    assert_eq!(now.plan.as_ref().unwrap().ranks.len(), 2, "{now:?}");
+    assert_eq!(now, then);
+    assert_eq!(report_of(&mut jobs, &id).await, report);
+    coord.shutdown().await;
+}
+
+async fn report_of(
+    c: &mut job_service_client::JobServiceClient<tonic::transport::Channel>,
+    id: &str,
+) -> Report {
+    c.get_report(GetReportRequest { job_id: id.into() })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
 fn progress(id: &str, rank: u32, phase: &str, fraction: f64) -> RankProgressReport {
     RankProgressReport {
         job_id: id.to_string(),

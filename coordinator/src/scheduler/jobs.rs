@@ -9,7 +9,7 @@ use tracing::{debug, info, warn};
 
 use super::events::Event;
 use super::reports::{self, Built};
-use super::state::{job_id, JobEntry};
+use super::state::{self, job_id, JobEntry};
 use super::{assign, background};
 use super::{human, Scheduler};
 use crate::error::CoordinatorError;
@@ -339,6 +339,7 @@ impl Scheduler {
         entry.slim();
         batch = batch.job(&entry.job);
         entry.retire();
+        state::let_go_old(&mut self.jobs);
         for name in &nodes {
             let Some(n) = self.nodes.get_mut(name) else {
                 continue;

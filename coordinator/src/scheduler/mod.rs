@@ -245,6 +245,7 @@ impl Scheduler {
             entry.retire();
             jobs.insert(entry.job.id.clone(), entry);
         }
+        state::let_go_old(&mut jobs);
         // A crash between a report's commit and its runs'.
         let due = crate::history::catch_up(&store).await?;
         if due > 0 {

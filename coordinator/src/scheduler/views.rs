@@ -376,6 +376,24 @@ mod tests {
     }
 
     #[test]
+    fn a_job_let_go_keeps_nothing_per_rank_whatever_its_size() {
+        let mut small = job(16);
+        small.let_go();
+        assert!(!small.retired, "a running job is kept whole");
+        small.job.set_state(gpuctl_proto::pb::JobState::Failed);
+        small.let_go();
+        assert!(small.retired && small.retired_view.is_none());
+        assert!(small.job.plan.as_ref().unwrap().ranks.is_empty());
+        assert_eq!(small.world_size(), 16, "its size stays known");
+        let mut big = job(2048);
+        big.job.set_state(gpuctl_proto::pb::JobState::Succeeded);
+        big.retire();
+        assert!(big.retired_view.is_some());
+        big.let_go();
+        assert!(big.retired && big.retired_view.is_none());
+    }
+
+    #[test]
     fn a_new_plan_s_failed_checks_are_found_again() {
         let mut e = job(1024);
         let shown = |e: &JobEntry| -> Vec<String> {
