@@ -124,10 +124,16 @@ async fn telemetry_health_metrics_and_restart() {
     assert_eq!(latest[0].samples.len(), 2);
     assert_eq!(latest[0].samples[0].unix_ms, t0 + 4_000);
 
-    let (head, body) = coord.get("/metrics").await;
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let scrape = coord.get("/metrics").await;
+    assert_eq!(scrape.status, 200, "{scrape:?}");
     // prometheus-client writes OpenMetrics text.
-    assert!(head.contains("application/openmetrics-text"), "{head}");
+    assert!(
+        scrape
+            .content_type
+            .starts_with("application/openmetrics-text"),
+        "{scrape:?}"
+    );
+    let body = scrape.body;
     assert_eq!(
         metric(&body, "gpuctl_telemetry_samples_ingested_total"),
         10.0
@@ -135,8 +141,7 @@ async fn telemetry_health_metrics_and_restart() {
     assert_eq!(metric(&body, "gpuctl_jobs_submitted_total"), 1.0);
     assert_eq!(metric(&body, "gpuctl_jobs{state=\"running\"}"), 1.0);
     assert_eq!(metric(&body, "gpuctl_nodes{state=\"busy\"}"), 1.0);
-    let (head, _) = coord.get("/nope").await;
-    assert!(head.starts_with("HTTP/1.1 404"), "{head}");
+    assert_eq!(coord.get("/nope").await.status, 404);
 
     // A last batch just before the results: the scheduler's periodic write
     // (every 500 ms) will almost never have stored it before the job ends,
@@ -197,7 +202,7 @@ async fn telemetry_health_metrics_and_restart() {
         "{:?}",
         node.ranks[1]
     );
-    let (_, body) = coord.get("/metrics").await;
+    let body = coord.get("/metrics").await.body;
     assert_eq!(metric(&body, "gpuctl_results_ingested_total"), 2.0);
     assert_eq!(metric(&body, "gpuctl_jobs{state=\"failed\"}"), 1.0);
     // The node's last verdict from the fleet history: the job failed on it.

@@ -12,7 +12,7 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing;
 use axum::Router;
 use prometheus_client::encoding::{DescriptorEncoder, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
@@ -84,6 +84,64 @@ fn put(m: &mut MetricEncoder, v: f64, suffixed: bool) -> std::fmt::Result {
     }
 }
 
+/// What a `GET` of an endpoint answered.
+#[derive(Debug, Clone)]
+pub struct Scrape {
+    pub status: u16,
+    /// Empty when the answer named none.
+    pub content_type: String,
+    pub body: String,
+}
+
+/// `GET path` from the HTTP endpoint at `addr` (`host:port`) on a
+/// connection of its own, all within `within`: how the simulator's bench
+/// and the tests read a coordinator's `/metrics`.
+pub async fn get(addr: &str, path: &str, within: Duration) -> std::io::Result<Scrape> {
+    use http_body_util::{BodyExt as _, Empty};
+    use prost::bytes::Bytes;
+    fn other(e: impl std::error::Error + Send + Sync + 'static) -> std::io::Error {
+        std::io::Error::other(e)
+    }
+    let read = async {
+        let stream = tokio::net::TcpStream::connect(addr).await?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .map_err(other)?;
+        let conn = tokio::spawn(conn);
+        let request = axum::http::Request::get(path)
+            .header(header::HOST, addr)
+            .body(Empty::<Bytes>::new())
+            .map_err(other)?;
+        let answer = sender.send_request(request).await.map_err(other)?;
+        let status = answer.status().as_u16();
+        let content_type = answer
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        let body = answer
+            .into_body()
+            .collect()
+            .await
+            .map_err(other)?
+            .to_bytes();
+        conn.abort();
+        Ok(Scrape {
+            status,
+            content_type,
+            body: String::from_utf8_lossy(&body).into_owned(),
+        })
+    };
+    tokio::time::timeout(within, read).await.map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no answer from http://{addr}{path} within {within:?}"),
+        )
+    })?
+}
+
 /// Serves `/metrics` on `listener` until `shutdown`. `scrape` runs once per
 /// request and returns the registry to show, or why there is none (503).
 pub async fn serve<F, Fut>(
@@ -96,7 +154,7 @@ where
     Fut: Future<Output = Result<Registry, String>> + Send + 'static,
 {
     let app = Router::new()
-        .route("/metrics", get(answer::<F, Fut>))
+        .route("/metrics", routing::get(answer::<F, Fut>))
         .fallback(|| async {
             (
                 StatusCode::NOT_FOUND,
@@ -185,7 +243,7 @@ mod tests {
         );
     }
 
-    async fn get(addr: std::net::SocketAddr, request: &str) -> String {
+    async fn raw_get(addr: std::net::SocketAddr, request: &str) -> String {
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
         s.write_all(request.as_bytes()).await.unwrap();
         let mut out = String::new();
@@ -194,6 +252,27 @@ mod tests {
             .expect("an answer within 5 s")
             .unwrap();
         out
+    }
+
+    #[tokio::test]
+    async fn get_reads_the_status_type_and_body() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let stop = Shutdown::new();
+        let server = tokio::spawn(serve(listener, || async { Ok(registry(3)) }, stop.clone()));
+        let within = Duration::from_secs(5);
+        let scrape = super::get(&addr, "/metrics", within).await.unwrap();
+        assert_eq!(scrape.status, 200);
+        assert_eq!(scrape.content_type, CONTENT_TYPE);
+        assert!(scrape.body.contains("\njobs_total 3\n"), "{}", scrape.body);
+        assert_eq!(
+            super::get(&addr, "/nope", within).await.unwrap().status,
+            404
+        );
+        stop.cancel();
+        server.await.unwrap().unwrap();
+        let gone = super::get(&addr, "/metrics", within).await;
+        assert!(gone.is_err(), "{gone:?}");
     }
 
     #[tokio::test]
@@ -216,7 +295,7 @@ mod tests {
         let server = tokio::spawn(serve(listener, scrape, stop.clone()));
 
         let close = "Connection: close\r\n\r\n";
-        let resp = get(
+        let resp = raw_get(
             addr,
             &format!("GET /metrics HTTP/1.1\r\nHost: x\r\n{close}"),
         )
@@ -228,18 +307,18 @@ mod tests {
         );
         assert!(resp.contains("\njobs_total 1\n"), "{resp}");
         jobs.store(2, Ordering::Relaxed);
-        let resp = get(addr, &format!("GET /metrics?x=1 HTTP/1.1\r\n{close}")).await;
+        let resp = raw_get(addr, &format!("GET /metrics?x=1 HTTP/1.1\r\n{close}")).await;
         assert!(resp.contains("\njobs_total 2\n"), "{resp}");
-        let resp = get(addr, &format!("GET /nope HTTP/1.1\r\n{close}")).await;
+        let resp = raw_get(addr, &format!("GET /nope HTTP/1.1\r\n{close}")).await;
         assert!(resp.starts_with("HTTP/1.1 404"), "{resp}");
-        let resp = get(
+        let resp = raw_get(
             addr,
             &format!("POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n{close}"),
         )
         .await;
         assert!(resp.starts_with("HTTP/1.1 405"), "{resp}");
         jobs.store(9, Ordering::Relaxed);
-        let resp = get(addr, &format!("GET /metrics HTTP/1.1\r\n{close}")).await;
+        let resp = raw_get(addr, &format!("GET /metrics HTTP/1.1\r\n{close}")).await;
         assert!(resp.starts_with("HTTP/1.1 503"), "{resp}");
         assert!(resp.ends_with("stopping\n"), "{resp}");
 

@@ -101,19 +101,12 @@ pub fn dir_bytes(dir: &Path) -> u64 {
 /// The coordinator allocator's live bytes, from its `/metrics` at `addr`
 /// (`gpuctl_coordinator_heap_bytes{kind="allocated"}`).
 pub async fn heap_allocated(addr: &str) -> Option<u64> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let read = async {
-        let mut conn = tokio::net::TcpStream::connect(addr).await.ok()?;
-        let request = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-        conn.write_all(request.as_bytes()).await.ok()?;
-        let mut text = String::new();
-        conn.read_to_string(&mut text).await.ok()?;
-        Some(text)
-    };
-    let text = tokio::time::timeout(std::time::Duration::from_secs(10), read)
+    let within = std::time::Duration::from_secs(10);
+    let scrape = gpuctl_proto::metrics_http::get(addr, "/metrics", within)
         .await
-        .ok()??;
-    let line = text
+        .ok()?;
+    let line = scrape
+        .body
         .lines()
         .find(|l| l.starts_with("gpuctl_coordinator_heap_bytes{kind=\"allocated\"} "))?;
     let value: f64 = line.rsplit_once(' ')?.1.parse().ok()?;

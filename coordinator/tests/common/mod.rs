@@ -19,7 +19,6 @@ use gpuctl_proto::pb::worker_service_client::WorkerServiceClient;
 use gpuctl_proto::pb::*;
 use gpuctl_proto::shutdown::Shutdown;
 use gpuctl_proto::{now_ms, PROTOCOL_VERSION};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -97,16 +96,12 @@ impl Coord {
     }
 
     /// A plain HTTP/1.1 GET on the metrics listener, as Prometheus does it.
-    pub async fn get(&self, path: &str) -> (String, String) {
+    pub async fn get(&self, path: &str) -> gpuctl_proto::metrics_http::Scrape {
         let at = self.metrics.as_deref().expect("a metrics listener");
-        let mut conn = tokio::net::TcpStream::connect(at).await.unwrap();
-        // `Connection: close`: the server keeps HTTP/1.1 connections open otherwise.
-        let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-        conn.write_all(request.as_bytes()).await.unwrap();
-        let mut text = String::new();
-        conn.read_to_string(&mut text).await.unwrap();
-        let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP response");
-        (head.to_string(), body.to_string())
+        let within = Duration::from_secs(10);
+        gpuctl_proto::metrics_http::get(at, path, within)
+            .await
+            .unwrap_or_else(|e| panic!("GET {path} from {at}: {e}"))
     }
 }
 
