@@ -63,6 +63,13 @@ pub struct Config {
     #[arg(long, default_value = "180d", value_parser = parse_duration)]
     pub history_max_age: Duration,
 
+    /// Ended jobs kept in the store, newest first: each keeps its record,
+    /// results, report, logs and telemetry (at 4,096 nodes × 8 GPUs ~160 MB
+    /// a job). Older ones are deleted whole; their nodes' fleet history
+    /// (`--history-keep`) and baselines saved from them stay.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub keep_jobs: u32,
+
     /// URL that workers use to reach this coordinator (default: the address
     /// each agent connected to).
     #[arg(long, env = "GPUCTL_ADVERTISE_URL")]
@@ -145,6 +152,7 @@ impl Config {
             adopt_grace: Duration::from_secs(70),
             history_keep: 200,
             history_max_age: Duration::from_secs(180 * 86_400),
+            keep_jobs: 200,
             advertise_url: None,
             log: None,
             health_rules: None,

@@ -73,6 +73,11 @@ impl Collector for Snapshot {
                 self.samples,
             ),
             (
+                "gpuctl_jobs_deleted_total",
+                "Ended jobs deleted from the store past --keep-jobs since the coordinator started.",
+                self.jobs_deleted,
+            ),
+            (
                 "gpuctl_worker_logs_lines_total",
                 "Worker log lines received since the coordinator started.",
                 self.log_lines,

@@ -150,6 +150,7 @@ pub async fn run_with(
         heartbeat_interval: cfg.heartbeat_interval(),
         health_rules: Arc::new(health_rules),
         perf_rules: perf_rules.clone(),
+        keep_jobs: cfg.keep_jobs as usize,
     };
     let scheduler = Scheduler::load(sched_cfg, store.clone(), rdv.clone(), logs)
         .await

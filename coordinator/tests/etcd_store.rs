@@ -132,6 +132,30 @@ async fn round_trips_pages_and_persists() {
         .await
         .unwrap()
         .is_some());
+
+    // A job deleted whole (`--keep-jobs`): one prefix at a time, more keys
+    // than a transaction holds, and its neighbour `job-10` stays.
+    assert_eq!(
+        again
+            .raw()
+            .delete_prefix("logs/job-9/".into())
+            .await
+            .unwrap(),
+        1234
+    );
+    assert_eq!(again.delete_job("job-1").await.unwrap(), 2);
+    assert_eq!(
+        again.raw().scan_prefix("results/".into()).await.unwrap(),
+        vec![("results/job-10/1/000000".to_string(), b"x".to_vec())]
+    );
+    assert_eq!(again.delete_job("job-000007").await.unwrap(), 1);
+    assert!(again.jobs().await.unwrap().is_empty());
+    assert!(again
+        .raw()
+        .scan_prefix("logs/".into())
+        .await
+        .unwrap()
+        .is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

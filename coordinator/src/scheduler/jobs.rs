@@ -117,7 +117,7 @@ impl Scheduler {
         }
         // Bounded, as `gpuctl status` shows it: a 4,096-node job whole is
         // tens of megabytes to copy, and the CLI prints its id.
-        Ok(self.jobs[&id].view_of(gpuctl_proto::VIEW_RANKS))
+        Ok(self.job(&id)?.view_of(gpuctl_proto::VIEW_RANKS))
     }
 
     /// Starts waiting jobs, oldest first, on whatever nodes are free.
@@ -340,6 +340,7 @@ impl Scheduler {
         batch = batch.job(&entry.job);
         entry.retire();
         state::let_go_old(&mut self.jobs);
+        drop(self.delete_old_jobs());
         for name in &nodes {
             let Some(n) = self.nodes.get_mut(name) else {
                 continue;
@@ -382,7 +383,7 @@ impl Scheduler {
             self.finish(&id, JobState::Cancelled, msg, None).await;
         }
         // Bounded, as for `Submit`: the CLI prints the id and state.
-        Ok(self.jobs[&id].view_of(gpuctl_proto::VIEW_RANKS))
+        Ok(self.job(&id)?.view_of(gpuctl_proto::VIEW_RANKS))
     }
 
     /// Running jobs past their deadline (and its grace) fail, naming the ranks

@@ -18,6 +18,7 @@ mod planning;
 mod ranks;
 mod recent;
 mod reports;
+mod retention;
 pub mod snapshot;
 pub mod state;
 mod suites;
@@ -62,6 +63,8 @@ pub struct SchedulerConfig {
     pub heartbeat_interval: Duration,
     pub health_rules: Arc<HealthRules>,
     pub perf_rules: Arc<PerfRules>,
+    /// Ended jobs kept in the store and here, newest first (`--keep-jobs`).
+    pub keep_jobs: usize,
 }
 
 /// How gRPC handlers reach the scheduler task. People's requests (the CLI's)
@@ -308,6 +311,11 @@ impl Scheduler {
             me.judge_if_complete(&id);
         }
         me.resume_suites().await;
+        // Waited for: a crash or a store error left them listed, or
+        // `--keep-jobs` was lowered.
+        if let Some(deleting) = me.delete_old_jobs() {
+            let _ = deleting.await;
+        }
         Ok(me)
     }
 

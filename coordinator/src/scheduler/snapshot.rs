@@ -15,6 +15,8 @@ pub struct Snapshot {
     pub results: u64,
     pub samples: u64,
     pub log_lines: u64,
+    /// Ended jobs deleted from the store past `--keep-jobs`.
+    pub jobs_deleted: u64,
     pub rendezvous_keys: u64,
     /// Each node's last verdict and figures from the fleet history (filled
     /// by the metrics server, not the scheduler, which holds no history).
@@ -22,12 +24,14 @@ pub struct Snapshot {
 }
 
 /// Counters since this coordinator started.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 pub(super) struct Counts {
     pub submitted: u64,
     pub results: u64,
     pub samples: u64,
     pub log_lines: u64,
+    /// Counted by the tasks that delete them, off the scheduler's task.
+    pub jobs_deleted: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Scheduler {
@@ -37,6 +41,10 @@ impl Scheduler {
             results: self.counts.results,
             samples: self.counts.samples,
             log_lines: self.counts.log_lines,
+            jobs_deleted: self
+                .counts
+                .jobs_deleted
+                .load(std::sync::atomic::Ordering::Relaxed),
             rendezvous_keys: self.rdv.key_count() as u64,
             ..Default::default()
         };

@@ -506,6 +506,29 @@ impl Store for EtcdStore {
         })
     }
 
+    fn delete_prefix(&self, prefix: String) -> BoxFuture<'_, StoreResult<usize>> {
+        Box::pin(async move {
+            let full = self.full(&prefix);
+            let resp = self
+                .fenced_txn(
+                    &format!("deleting {full}*"),
+                    vec![TxnOp::delete(
+                        full.clone(),
+                        Some(DeleteOptions::new().with_prefix()),
+                    )],
+                )
+                .await?;
+            Ok(resp
+                .op_responses()
+                .into_iter()
+                .map(|r| match r {
+                    TxnOpResponse::Delete(d) => d.deleted() as usize,
+                    _ => 0,
+                })
+                .sum())
+        })
+    }
+
     fn scan_prefix(&self, prefix: String) -> BoxFuture<'_, StoreResult<Entries>> {
         Box::pin(async move {
             let full = self.full(&prefix);

@@ -78,6 +78,18 @@ pub trait Store: Send + Sync + 'static {
     /// Every entry whose key starts with `prefix`, in key order.
     fn scan_prefix(&self, prefix: String) -> BoxFuture<'_, StoreResult<Entries>>;
 
+    /// Deletes every key that starts with `prefix`; returns how many went.
+    /// Backends do it in one transaction; this default, one key at a time.
+    fn delete_prefix(&self, prefix: String) -> BoxFuture<'_, StoreResult<usize>> {
+        Box::pin(async move {
+            let mut gone = 0;
+            for (key, _) in self.scan_prefix(prefix).await? {
+                gone += usize::from(self.delete(key).await?);
+            }
+            Ok(gone)
+        })
+    }
+
     fn put(&self, key: String, value: Vec<u8>) -> BoxFuture<'_, StoreResult<()>> {
         self.put_many(vec![(key, value)])
     }
@@ -139,6 +151,10 @@ pub mod keys {
     /// The trailing slash keeps `job-1` from matching `job-10`.
     pub fn results(job: &str, attempt: u32) -> String {
         format!("results/{job}/{attempt}/")
+    }
+    /// Every attempt's results of a job.
+    pub fn results_of(job: &str) -> String {
+        format!("results/{job}/")
     }
     pub fn report(job: &str) -> String {
         format!("reports/{job}")
@@ -442,6 +458,28 @@ impl StateStore {
     async fn delete(&self, key: String) -> StoreResult<bool> {
         self.writer.flush().wait().await?;
         self.inner.delete(key).await
+    }
+
+    /// Deletes job `id` whole: its results, logs, telemetry, report, the
+    /// mark that its fleet history is due, and last its record, so that a
+    /// crash halfway leaves a job that is deleted again at the next start.
+    /// Waits first for both of the writer's lanes, so that no queued write
+    /// of the job brings a key back. Returns how many keys went.
+    pub async fn delete_job(&self, id: &str) -> StoreResult<usize> {
+        self.writer.flush().wait().await?;
+        self.writer.flush_later().wait().await?;
+        let mut gone = 0;
+        for prefix in [
+            keys::results_of(id),
+            keys::logs(id, None),
+            keys::telemetry_of(id),
+        ] {
+            gone += self.inner.delete_prefix(prefix).await?;
+        }
+        for key in [keys::report(id), keys::history_due(id), keys::job(id)] {
+            gone += usize::from(self.inner.delete(key).await?);
+        }
+        Ok(gone)
     }
 
     pub async fn job_seq(&self) -> StoreResult<u64> {

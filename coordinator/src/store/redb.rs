@@ -7,7 +7,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
-use redb::{Database, ReadableDatabase, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tracing::debug;
 
 use super::{Entries, SharedEntries, Store, StoreError, StoreResult};
@@ -152,6 +152,30 @@ impl Store for RedbStore {
             };
             tx.commit()?;
             Ok(existed)
+        })
+    }
+
+    fn delete_prefix(&self, prefix: String) -> BoxFuture<'_, StoreResult<usize>> {
+        self.blocking(move |db| {
+            let tx = db.begin_write()?;
+            let gone = {
+                let mut table = tx.open_table(KV)?;
+                let mut doomed = Vec::new();
+                for item in table.range(prefix.as_str()..)? {
+                    let (k, _) = item?;
+                    let k = k.value();
+                    if !k.starts_with(prefix.as_str()) {
+                        break;
+                    }
+                    doomed.push(k.to_string());
+                }
+                for k in &doomed {
+                    table.remove(k.as_str())?;
+                }
+                doomed.len()
+            };
+            tx.commit()?;
+            Ok(gone)
         })
     }
 

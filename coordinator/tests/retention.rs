@@ -1,0 +1,145 @@
+//! `--keep-jobs`: ended jobs past the newest N are deleted whole, from the
+//! coordinator's answers at once and from the store on disk; a restart
+//! deletes what a lowered `--keep-jobs` leaves over.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{as_rank, cpu_host, register, secrets, spec, stress_result, wait_state, Agent};
+use gpuctl_coordinator::config::MetricsListen;
+use gpuctl_coordinator::store::{RedbStore, Store};
+use gpuctl_coordinator::Config;
+use gpuctl_proto::pb::job_service_client::JobServiceClient;
+use gpuctl_proto::pb::*;
+use tonic::transport::Channel;
+use tonic::Code;
+
+fn config(dir: &std::path::Path, keep: u32) -> Config {
+    let mut cfg = Config::for_dir(dir);
+    cfg.keep_jobs = keep;
+    cfg.metrics_listen = Some(MetricsListen::At("127.0.0.1:0".parse().unwrap()));
+    cfg
+}
+
+/// Runs one 2-rank stress job on `agent` to its end; returns its id.
+async fn run_job(jobs: &mut JobServiceClient<Channel>, url: &str, agent: &mut Agent) -> String {
+    let id = jobs
+        .submit(spec("stress", 1))
+        .await
+        .unwrap()
+        .into_inner()
+        .id;
+    let sec = secrets(&[&agent.assignment_after_cancels().await]);
+    let mut w =
+        gpuctl_proto::pb::worker_service_client::WorkerServiceClient::connect(url.to_string())
+            .await
+            .unwrap();
+    for rank in 0..2 {
+        let result = stress_result(&id, rank, "d");
+        let ack = w.report_result(as_rank(&sec, rank, result)).await.unwrap();
+        assert!(ack.into_inner().ok);
+    }
+    wait_state(jobs, &id, JobState::Succeeded, Duration::from_secs(10)).await;
+    // The report is stored before the job counts as ended for deletion.
+    jobs.get_report(GetReportRequest { job_id: id.clone() })
+        .await
+        .unwrap();
+    id
+}
+
+async fn get_job(jobs: &mut JobServiceClient<Channel>, id: &str) -> Result<Job, tonic::Status> {
+    jobs.get_job(GetJobRequest {
+        job_id: id.into(),
+        max_ranks: 0,
+    })
+    .await
+    .map(|r| r.into_inner())
+}
+
+/// How many keys of job `id` the store on disk holds, by kind.
+async fn stored_keys(dir: &std::path::Path, id: &str) -> Vec<(String, usize)> {
+    let store = RedbStore::open(&dir.join(gpuctl_coordinator::server::STORE_FILE)).unwrap();
+    let mut out = Vec::new();
+    for prefix in ["jobs/", "results/", "reports/"] {
+        let n = store
+            .scan_prefix(format!("{prefix}{id}"))
+            .await
+            .unwrap()
+            .len();
+        out.push((prefix.to_string(), n));
+    }
+    store.close().await.unwrap();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_past_keep_jobs_are_deleted_from_answers_and_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let coord = common::start_with_metrics(config(dir.path(), 2)).await;
+    let (client, _) = register(&coord.url, "node-0", cpu_host("node-0", 2), vec![]).await;
+    let mut agent = Agent::session(client, "node-0").await;
+    let mut jobs = coord.jobs().await;
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        ids.push(run_job(&mut jobs, &coord.url, &mut agent).await);
+    }
+    // The two that ended first are gone from every answer.
+    for id in &ids[..2] {
+        let e = get_job(&mut jobs, id).await.unwrap_err();
+        assert_eq!(e.code(), Code::NotFound, "{id}: {e:?}");
+        let e = jobs
+            .get_report(GetReportRequest { job_id: id.clone() })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::NotFound, "{id}: {e:?}");
+    }
+    for id in &ids[2..] {
+        get_job(&mut jobs, id).await.unwrap();
+    }
+    let listed: Vec<String> = jobs
+        .list_jobs(ListJobsRequest { limit: 0 })
+        .await
+        .unwrap()
+        .into_inner()
+        .jobs
+        .into_iter()
+        .map(|j| j.id)
+        .collect();
+    assert_eq!(listed, ids[2..]);
+    // The store's deletions are counted once done.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let body = coord.get("/metrics").await.body;
+        if body.contains("\ngpuctl_jobs_deleted_total 2\n") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no 2 jobs deleted in 10 s:\n{body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    coord.shutdown().await;
+
+    for id in &ids[..2] {
+        let keys = stored_keys(dir.path(), id).await;
+        assert!(keys.iter().all(|(_, n)| *n == 0), "{id}: {keys:?}");
+    }
+    for id in &ids[2..] {
+        let keys = stored_keys(dir.path(), id).await;
+        assert!(keys.iter().all(|(_, n)| *n > 0), "{id}: {keys:?}");
+    }
+
+    // Restarted with --keep-jobs 1: the older of the two goes at load.
+    let coord = common::start_with_metrics(config(dir.path(), 1)).await;
+    let mut jobs = coord.jobs().await;
+    let e = get_job(&mut jobs, &ids[2]).await.unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    assert_eq!(get_job(&mut jobs, &ids[3]).await.unwrap().id, ids[3]);
+    coord.shutdown().await;
+    let keys = stored_keys(dir.path(), &ids[2]).await;
+    assert!(keys.iter().all(|(_, n)| *n == 0), "{keys:?}");
+    let keys = stored_keys(dir.path(), &ids[3]).await;
+    assert!(keys.iter().all(|(_, n)| *n > 0), "{keys:?}");
+}
