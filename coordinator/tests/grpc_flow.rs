@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::{
     as_rank, cpu_host, heartbeat, job, latest_telemetry, list_nodes, register, secrets, spec,
-    start, start_cfg, stress_result, wait_state, Agent,
+    start, start_cfg, stress_result, stress_to_end, wait_state, Agent,
 };
 use gpuctl_proto::pb::agent_message::Msg as Up;
 use gpuctl_proto::pb::agent_service_client::AgentServiceClient;
@@ -250,6 +250,8 @@ async fn job_life_from_submit_to_report() {
         .unwrap()
         .into_inner();
     assert!(ack.ok);
+    // The verdict is made off the scheduler's task, just after the ack.
+    wait_state(&mut jobs, &id, JobState::Succeeded, Duration::from_secs(10)).await;
     let done = job(&mut jobs, &id).await;
     assert_eq!(done.state(), JobState::Succeeded, "{done:?}");
     let report = jobs
@@ -582,19 +584,7 @@ async fn old_jobs_are_answered_alike_from_the_store() {
     let mut w = coord.workers().await;
     let mut first = None;
     for i in 0..=gpuctl_coordinator::scheduler::state::KEEP_ENDED {
-        let id = jobs
-            .submit(spec("stress", 1))
-            .await
-            .unwrap()
-            .into_inner()
-            .id;
-        let sec = secrets(&[&a.assignment_after_cancels().await]);
-        for rank in 0..2 {
-            let result = stress_result(&id, rank, "d");
-            let ack = w.report_result(as_rank(&sec, rank, result)).await.unwrap();
-            assert!(ack.into_inner().ok);
-        }
-        wait_state(&mut jobs, &id, JobState::Succeeded, Duration::from_secs(10)).await;
+        let id = stress_to_end(&mut jobs, &mut w, &mut a, 2).await;
         if i == 0 {
             let report = report_of(&mut jobs, &id).await;
             first = Some((id.clone(), job(&mut jobs, &id).await, report));

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{as_rank, cpu_host, register, secrets, spec, stress_result, wait_state, Agent};
+use common::{agent, cpu_host, stress_to_end};
 use gpuctl_coordinator::config::MetricsListen;
 use gpuctl_coordinator::store::{RedbStore, Store};
 use gpuctl_coordinator::Config;
@@ -20,32 +20,6 @@ fn config(dir: &std::path::Path, keep: u32) -> Config {
     cfg.keep_jobs = keep;
     cfg.metrics_listen = Some(MetricsListen::At("127.0.0.1:0".parse().unwrap()));
     cfg
-}
-
-/// Runs one 2-rank stress job on `agent` to its end; returns its id.
-async fn run_job(jobs: &mut JobServiceClient<Channel>, url: &str, agent: &mut Agent) -> String {
-    let id = jobs
-        .submit(spec("stress", 1))
-        .await
-        .unwrap()
-        .into_inner()
-        .id;
-    let sec = secrets(&[&agent.assignment_after_cancels().await]);
-    let mut w =
-        gpuctl_proto::pb::worker_service_client::WorkerServiceClient::connect(url.to_string())
-            .await
-            .unwrap();
-    for rank in 0..2 {
-        let result = stress_result(&id, rank, "d");
-        let ack = w.report_result(as_rank(&sec, rank, result)).await.unwrap();
-        assert!(ack.into_inner().ok);
-    }
-    wait_state(jobs, &id, JobState::Succeeded, Duration::from_secs(10)).await;
-    // The report is stored before the job counts as ended for deletion.
-    jobs.get_report(GetReportRequest { job_id: id.clone() })
-        .await
-        .unwrap();
-    id
 }
 
 async fn get_job(jobs: &mut JobServiceClient<Channel>, id: &str) -> Result<Job, tonic::Status> {
@@ -77,12 +51,16 @@ async fn stored_keys(dir: &std::path::Path, id: &str) -> Vec<(String, usize)> {
 async fn jobs_past_keep_jobs_are_deleted_from_answers_and_disk() {
     let dir = tempfile::tempdir().unwrap();
     let coord = common::start_with_metrics(config(dir.path(), 2)).await;
-    let (client, _) = register(&coord.url, "node-0", cpu_host("node-0", 2), vec![]).await;
-    let mut agent = Agent::session(client, "node-0").await;
+    let mut agent = agent(&coord.url, "node-0", cpu_host("node-0", 2), vec![]).await;
     let mut jobs = coord.jobs().await;
+    let mut workers = coord.workers().await;
     let mut ids = Vec::new();
     for _ in 0..4 {
-        ids.push(run_job(&mut jobs, &coord.url, &mut agent).await);
+        let id = stress_to_end(&mut jobs, &mut workers, &mut agent, 2).await;
+        // Its report is stored before the next job ends.
+        let report = GetReportRequest { job_id: id.clone() };
+        jobs.get_report(report).await.unwrap();
+        ids.push(id);
     }
     // The two that ended first are gone from every answer.
     for id in &ids[..2] {

@@ -411,6 +411,30 @@ pub struct RunningJob {
 
 /// A coordinator on `dir` (node timeout `node_timeout`) with `nodes` CPU
 /// agents of one rank each, running one stress job on all of them.
+/// Submits a one-node stress job, reports its `ranks` results as the
+/// workers `agent` was assigned, and waits until it succeeded; its id.
+pub async fn stress_to_end(
+    jobs: &mut JobServiceClient<Channel>,
+    workers: &mut WorkerServiceClient<Channel>,
+    agent: &mut Agent,
+    ranks: u32,
+) -> String {
+    let id = jobs
+        .submit(spec("stress", 1))
+        .await
+        .unwrap()
+        .into_inner()
+        .id;
+    let sec = secrets(&[&agent.assignment_after_cancels().await]);
+    for rank in 0..ranks {
+        let result = stress_result(&id, rank, "d");
+        let ack = workers.report_result(as_rank(&sec, rank, result)).await;
+        assert!(ack.unwrap().into_inner().ok);
+    }
+    wait_state(jobs, &id, JobState::Succeeded, Duration::from_secs(10)).await;
+    id
+}
+
 pub async fn running_stress(
     dir: &std::path::Path,
     node_timeout: Duration,
