@@ -42,8 +42,8 @@ impl Scheduler {
     }
 }
 
-/// The ended jobs past the `keep` that ended last, oldest end first left
-/// out; none with work under way (its report being made, or made again
+/// The ended jobs other than the `keep` that ended last, latest end
+/// first; none with work under way (its report being made, or made again
 /// for results that came late).
 pub fn past_keeping(jobs: &BTreeMap<String, JobEntry>, keep: usize) -> Vec<String> {
     let mut ended: Vec<(u64, &String)> = jobs
