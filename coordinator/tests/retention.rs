@@ -89,7 +89,7 @@ async fn jobs_past_keep_jobs_are_deleted_from_answers_and_disk() {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let body = coord.get("/metrics").await.body;
-        if body.contains("\ngpuctl_jobs_deleted_total 2\n") {
+        if gpuctl_proto::metrics_http::value(&body, "gpuctl_jobs_deleted_total") == Some(2.0) {
             break;
         }
         assert!(

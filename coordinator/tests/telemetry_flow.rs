@@ -93,8 +93,7 @@ fn stress() -> SubmitRequest {
 }
 
 fn metric(body: &str, series: &str) -> f64 {
-    body.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    gpuctl_proto::metrics_http::value(body, series)
         .unwrap_or_else(|| panic!("no `{series}` in\n{body}"))
 }
 

@@ -93,6 +93,13 @@ pub struct Scrape {
     pub body: String,
 }
 
+/// The value of the sample line `series` (a name with its labels, as
+/// written, e.g. `gpuctl_jobs{state="running"}`) in exposition `text`.
+pub fn value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
 /// `GET path` from the HTTP endpoint at `addr` (`host:port`) on a
 /// connection of its own, all within `within`: how the simulator's bench
 /// and the tests read a coordinator's `/metrics`.
@@ -265,6 +272,10 @@ mod tests {
         assert_eq!(scrape.status, 200);
         assert_eq!(scrape.content_type, CONTENT_TYPE);
         assert!(scrape.body.contains("\njobs_total 3\n"), "{}", scrape.body);
+        assert_eq!(value(&scrape.body, "jobs_total"), Some(3.0));
+        assert_eq!(value(&scrape.body, "up{node=\"d\"}"), Some(0.5));
+        // A name that only starts another's is not it.
+        assert_eq!(value(&scrape.body, "jobs"), None);
         assert_eq!(
             super::get(&addr, "/nope", within).await.unwrap().status,
             404

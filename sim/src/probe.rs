@@ -105,11 +105,8 @@ pub async fn heap_allocated(addr: &str) -> Option<u64> {
     let scrape = gpuctl_proto::metrics_http::get(addr, "/metrics", within)
         .await
         .ok()?;
-    let line = scrape
-        .body
-        .lines()
-        .find(|l| l.starts_with("gpuctl_coordinator_heap_bytes{kind=\"allocated\"} "))?;
-    let value: f64 = line.rsplit_once(' ')?.1.parse().ok()?;
+    let series = "gpuctl_coordinator_heap_bytes{kind=\"allocated\"}";
+    let value = gpuctl_proto::metrics_http::value(&scrape.body, series)?;
     Some(value as u64)
 }
 

@@ -56,10 +56,7 @@ pub fn past_keeping(jobs: &BTreeMap<String, JobEntry>, keep: usize) -> Vec<Strin
     ended
         .into_iter()
         .skip(keep)
-        .filter(|(_, id)| {
-            let e = &jobs[*id];
-            e.pending.is_none() && e.stale.is_none()
-        })
+        .filter(|(_, id)| jobs[*id].settled())
         .map(|(_, id)| id.clone())
         .collect()
 }

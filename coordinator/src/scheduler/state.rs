@@ -246,6 +246,13 @@ impl JobEntry {
         self.job.state()
     }
 
+    /// Ended, with no work on it under way: its report is not being made,
+    /// nor made again for results that came late. Only such a job may be
+    /// let go ([`Self::let_go`]) or deleted (`retention`).
+    pub fn settled(&self) -> bool {
+        self.state().is_terminal() && self.pending.is_none() && self.stale.is_none()
+    }
+
     /// Every rank reported and the verdict is being made: the job still
     /// runs, but nothing that happens to it now changes its end.
     pub fn judging(&self) -> bool {
@@ -293,7 +300,7 @@ impl JobEntry {
     /// `GetJob` and `GetReport` read it from the store, as for a retired job.
     /// Not while its report is being made or made again.
     pub fn let_go(&mut self) {
-        if !self.state().is_terminal() || self.pending.is_some() || self.stale.is_some() {
+        if !self.settled() {
             return;
         }
         if !self.retired {

@@ -409,8 +409,6 @@ pub struct RunningJob {
     pub secrets: std::collections::HashMap<u32, String>,
 }
 
-/// A coordinator on `dir` (node timeout `node_timeout`) with `nodes` CPU
-/// agents of one rank each, running one stress job on all of them.
 /// Submits a one-node stress job, reports its `ranks` results as the
 /// workers `agent` was assigned, and waits until it succeeded; its id.
 pub async fn stress_to_end(
@@ -435,6 +433,8 @@ pub async fn stress_to_end(
     id
 }
 
+/// A coordinator on `dir` (node timeout `node_timeout`) with `nodes` CPU
+/// agents of one rank each, running one stress job on all of them.
 pub async fn running_stress(
     dir: &std::path::Path,
     node_timeout: Duration,
