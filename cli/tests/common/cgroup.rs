@@ -62,33 +62,47 @@ impl CpuQuota {
             );
         };
         // The whole tree: an agent keeps pre-started workers, which must
-        // run under the quota like the workers it starts later.
+        // run under the quota like the workers it starts later. Sweeps
+        // repeat until every live process of the tree is in the group by
+        // its own /proc/PID/cgroup: a move can fail for a process in the
+        // middle of exiting or being started (a CI run saw one left in the
+        // root group after two blind sweeps), and a child forked since the
+        // last listing is in the group by inheritance or caught next time.
         write(&dir.join("cgroup.procs"), &pid.to_string());
-        // Twice: a child forked while the first sweep ran is caught by the
-        // second (later ones inherit the group).
-        for _ in 0..2 {
-            for p in descendants(pid) {
+        let name = format!("/{}", dir.file_name().unwrap_or_default().to_string_lossy());
+        let outside = || -> Vec<(u32, String)> {
+            std::iter::once(pid)
+                .chain(descendants(pid))
+                .filter_map(|p| {
+                    let groups = std::fs::read_to_string(format!("/proc/{p}/cgroup")).ok()?;
+                    let inside = groups.lines().any(|l| l.ends_with(&name));
+                    (!inside && !zombie(p)).then_some((p, groups))
+                })
+                .collect()
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let left = outside();
+            if left.is_empty() {
+                // Once more after a pause, for a child forked by a process
+                // the listing had not reached yet.
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                if outside().is_empty() {
+                    break;
+                }
+                continue;
+            }
+            if std::time::Instant::now() > deadline {
+                let (p, groups) = &left[0];
+                panic!(
+                    "process {p} (of {pid}'s tree) is not in cgroup {} after 10 s of moving it: {groups}",
+                    dir.display()
+                );
+            }
+            for (p, _) in &left {
                 let _ = std::fs::write(dir.join("cgroup.procs"), p.to_string());
             }
-            std::thread::sleep(std::time::Duration::from_millis(200));
-        }
-        // Each process's own view, read after the listing: a child forked
-        // since is in the group by inheritance (the group's list, read
-        // once before, would miss it), and one that exited meanwhile or is
-        // a zombie waiting to be reaped can no longer be moved or count.
-        let name = format!("/{}", dir.file_name().unwrap_or_default().to_string_lossy());
-        for p in std::iter::once(pid).chain(descendants(pid)) {
-            let Ok(groups) = std::fs::read_to_string(format!("/proc/{p}/cgroup")) else {
-                continue;
-            };
-            if zombie(p) {
-                continue;
-            }
-            assert!(
-                groups.lines().any(|l| l.ends_with(&name)),
-                "process {p} (of {pid}'s tree) is not in cgroup {}: {groups}",
-                dir.display()
-            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
         }
         CpuQuota { dir, root }
     }
