@@ -27,8 +27,13 @@ impl Scheduler {
             }
         }
         let (store, deleted) = (self.store.clone(), self.counts.jobs_deleted.clone());
+        // Out of the map, so no more of their lines go to the log writer;
+        // those on their way are stored before the logs are deleted, or a
+        // late one would be left behind as an orphan key.
+        let flushed: Vec<_> = doomed.iter().map(|id| self.logs.forget(id)).collect();
         Some(tokio::spawn(async move {
-            for id in doomed {
+            for (id, flushed) in doomed.into_iter().zip(flushed) {
+                let _ = flushed.await;
                 match store.delete_job(&id).await {
                     Ok(keys) => {
                         deleted.fetch_add(1, Ordering::Relaxed);
