@@ -71,7 +71,15 @@ async fn jobs_past_keep_jobs_are_deleted_from_answers_and_disk() {
             .await
             .unwrap_err();
         assert_eq!(e.code(), Code::NotFound, "{id}: {e:?}");
+        // Said as deleted, with the setting that did it.
+        assert!(
+            e.message().contains("was deleted") && e.message().contains("--keep-jobs"),
+            "{id}: {e:?}"
+        );
     }
+    // An id never given out is only unknown.
+    let e = get_job(&mut jobs, "job-000099").await.unwrap_err();
+    assert!(e.message().starts_with("no job"), "{e:?}");
     for id in &ids[2..] {
         get_job(&mut jobs, id).await.unwrap();
     }

@@ -38,9 +38,25 @@ pub fn job_budget_ms(spec: &JobSpec) -> u64 {
 
 impl Scheduler {
     pub(super) fn job(&self, id: &str) -> Result<&JobEntry, CoordinatorError> {
-        self.jobs
-            .get(id)
-            .ok_or_else(|| CoordinatorError::JobNotFound(id.to_string()))
+        self.jobs.get(id).ok_or_else(|| self.no_job(id))
+    }
+
+    /// Why there is no job `id`: an id this coordinator gave out and no
+    /// longer holds was deleted past `--keep-jobs` (ids are given out only
+    /// to stored jobs, and only deletion takes one from the map).
+    pub(super) fn no_job(&self, id: &str) -> CoordinatorError {
+        let given = id
+            .strip_prefix("job-")
+            .and_then(|n| n.parse::<u64>().ok())
+            .is_some_and(|n| n >= 1 && n <= self.job_seq && job_id(n) == id);
+        if given {
+            CoordinatorError::JobDeleted {
+                id: id.to_string(),
+                keep: self.cfg.keep_jobs,
+            }
+        } else {
+            CoordinatorError::JobNotFound(id.to_string())
+        }
     }
 
     /// The newest `limit` jobs (all with 0), oldest first.

@@ -526,8 +526,11 @@ impl Scheduler {
         id: &str,
         reply: Reply<Result<Report, CoordinatorError>>,
     ) {
+        if !self.jobs.contains_key(id) {
+            let _ = reply.send(Err(self.no_job(id)));
+            return;
+        }
         let Some(entry) = self.jobs.get_mut(id) else {
-            let _ = reply.send(Err(CoordinatorError::JobNotFound(id.to_string())));
             return;
         };
         if let Some(p) = entry.pending.as_mut() {

@@ -36,6 +36,7 @@ impl From<CoordinatorError> for Status {
         let message = clip(e.to_string());
         match e {
             CoordinatorError::JobNotFound(_)
+            | CoordinatorError::JobDeleted { .. }
             | CoordinatorError::NodeNotFound(_)
             | CoordinatorError::BaselineNotFound(_) => Status::not_found(message),
             CoordinatorError::InvalidField { .. } => Status::invalid_argument(message),
@@ -62,6 +63,14 @@ mod tests {
                 CoordinatorError::JobNotFound("job-000009".into()),
                 Code::NotFound,
                 "no job `job-000009`; `gpuctl jobs` lists the jobs",
+            ),
+            (
+                CoordinatorError::JobDeleted {
+                    id: "job-000002".into(),
+                    keep: 200,
+                },
+                Code::NotFound,
+                "job `job-000002` was deleted: the coordinator keeps the 200 jobs that ended last (--keep-jobs); what it found per node stays in `gpuctl fleet`",
             ),
             (
                 gpuctl_proto::spec::parse_selector("gpu")
