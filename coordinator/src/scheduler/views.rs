@@ -247,8 +247,9 @@ pub fn brief_listing(nodes: Vec<Listed>) -> (ListNodesResponse, Vec<(String, u64
 
 /// A node as `gpuctl nodes` shows it (`ListNodesRequest.brief`).
 pub fn brief(n: &Node) -> Node {
+    // Neither the hostname nor the registration time: the table shows
+    // neither, and they were a quarter of a 4,096-node listing's bytes.
     let facts = n.facts.as_ref().map(|f| HostFacts {
-        hostname: f.hostname.clone(),
         shm_bytes: f.shm_bytes,
         cpu_ranks: f.cpu_ranks,
         ..Default::default()
@@ -264,7 +265,7 @@ pub fn brief(n: &Node) -> Node {
         last_heartbeat_unix_ms: n.last_heartbeat_unix_ms,
         current_job: n.current_job.clone(),
         slots: n.slots,
-        registered_unix_ms: n.registered_unix_ms,
+        registered_unix_ms: 0,
         state_reason: n.state_reason.clone(),
         preflight: Vec::new(),
     }
@@ -497,9 +498,19 @@ mod tests {
             name: "n1".into(),
             slots: 8,
             gpus: (0..8).map(|i| gpu(i, "NVIDIA H200")).collect(),
+            registered_unix_ms: 1_700_000_000_000,
+            facts: Some(HostFacts {
+                hostname: "n1.example.com".into(),
+                shm_bytes: 1 << 30,
+                ..Default::default()
+            }),
             ..Default::default()
         };
         let b = brief(&n);
+        // What the table shows, and only that.
+        let facts = b.facts.as_ref().unwrap();
+        assert_eq!(facts.shm_bytes, 1 << 30);
+        assert!(facts.hostname.is_empty() && b.registered_unix_ms == 0);
         assert_eq!(b.gpus.len(), 1);
         assert_eq!(
             (b.gpus[0].index, b.gpus[0].name.as_str()),
