@@ -49,6 +49,9 @@ pub struct Stats {
     pub results_sent: AtomicU64,
     pub results_refused: AtomicU64,
     pub rpc_errors: AtomicU64,
+    /// Sessions that ended while the fleet ran, and sessions opened again.
+    pub sessions_lost: AtomicU64,
+    pub reconnects: AtomicU64,
     jobs: Mutex<HashMap<String, JobTimes>>,
 }
 
@@ -202,47 +205,113 @@ impl Agent {
         }
     }
 
+    /// Registers and keeps a session open for the fleet's life: a session
+    /// that ends (the coordinator restarted, or a starved simulator missed
+    /// its keepalives) is opened again, as `gpuctl-agent` does, with the
+    /// jobs still running here offered for adoption. `registered` hears of
+    /// the first registration only.
     async fn run(self, registered: tokio::sync::oneshot::Sender<Result<()>>) {
+        // Every message goes through one outbox for the agent's life; each
+        // session forwards from it, so ranks and timers outlive a session.
+        let (outbox, mut outbox_rx) = mpsc::channel::<AgentMessage>(256);
+        let running: Running = Arc::default();
+        let me = Arc::new(self);
+        let beat = tokio::spawn(me.clone().heartbeats(outbox.clone(), running.clone()));
+        let tele = tokio::spawn(me.clone().telemetry(outbox.clone(), running.clone()));
+        let mut cancels: HashMap<String, Shutdown> = HashMap::new();
+        let mut registered = Some(registered);
+        let mut backoff = Duration::from_millis(500);
+        while !me.shutdown.is_cancelled() {
+            match me.open(&running, &mut cancels).await {
+                Ok((inbound, session)) => {
+                    if let Some(r) = registered.take() {
+                        let _ = r.send(Ok(()));
+                    } else {
+                        me.stats.reconnects.fetch_add(1, Ordering::Relaxed);
+                    }
+                    backoff = Duration::from_millis(500);
+                    let ended = me.shutdown.child_token();
+                    let fwd = tokio::spawn(forward(outbox_rx, session, ended.clone()));
+                    me.clone()
+                        .listen(inbound, &outbox, &running, &mut cancels)
+                        .await;
+                    ended.cancel();
+                    outbox_rx = match fwd.await {
+                        Ok(rx) => rx,
+                        Err(_) => break,
+                    };
+                    if me.shutdown.is_cancelled() {
+                        break;
+                    }
+                    me.stats.sessions_lost.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    if let Some(r) = registered.take() {
+                        let _ = r.send(Err(e));
+                        break;
+                    }
+                    tracing::debug!(node = %me.name, "reconnecting: {e:#}");
+                }
+            }
+            // Spread out, so that a fleet that lost its sessions together
+            // does not come back in one burst.
+            let wait = backoff.mul_f64(0.5 + fastrand::f64());
+            backoff = (backoff * 2).min(Duration::from_secs(8));
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = me.shutdown.cancelled() => break,
+            }
+        }
+        beat.abort();
+        tele.abort();
+    }
+
+    /// Registers (offering the jobs running here; those the coordinator
+    /// refuses are stopped) and opens a session, its first message a
+    /// heartbeat: the inbound stream and the session's sender.
+    async fn open(
+        &self,
+        running: &Running,
+        cancels: &mut HashMap<String, Shutdown>,
+    ) -> Result<(
+        tonic::Streaming<gpuctl_proto::pb::CoordinatorMessage>,
+        mpsc::Sender<AgentMessage>,
+    )> {
         let mut client = AgentServiceClient::new(self.channel.clone());
+        let jobs: Vec<RunningJob> = running.lock().unwrap().values().cloned().collect();
         let req = RegisterRequest {
             protocol_version: PROTOCOL_VERSION,
             name: self.name.clone(),
             facts: Some(self.facts()),
             gpus: self.gpus(),
+            running: jobs.clone(),
             ..Default::default()
         };
         // The workers' calls go over this agent's connection, to the URL it
         // registered at: the URL the coordinator advertises is not needed.
-        if let Err(s) = client.register(req).await {
-            let _ = registered.send(Err(anyhow::anyhow!(
-                "{}: Register: {}",
-                self.name,
-                s.message()
-            )));
-            return;
+        let answer = client
+            .register(req)
+            .await
+            .map_err(|s| anyhow::anyhow!("{}: Register: {}", self.name, s.message()))?
+            .into_inner();
+        for id in &answer.refused {
+            if let Some(stop) = cancels.remove(id) {
+                stop.cancel();
+            }
         }
         self.stats.registered.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel::<AgentMessage>(256);
-        let _ = tx.send(self.heartbeat(vec![])).await;
-        let inbound = match client.session(ReceiverStream::new(rx)).await {
-            Ok(s) => s.into_inner(),
-            Err(s) => {
-                let _ = registered.send(Err(anyhow::anyhow!(
-                    "{}: Session: {}",
-                    self.name,
-                    s.message()
-                )));
-                return;
-            }
-        };
-        let _ = registered.send(Ok(()));
-        let running: Running = Arc::default();
-        let me = Arc::new(self);
-        let beat = tokio::spawn(me.clone().heartbeats(tx.clone(), running.clone()));
-        let tele = tokio::spawn(me.clone().telemetry(tx.clone(), running.clone()));
-        me.clone().listen(inbound, tx, running).await;
-        beat.abort();
-        tele.abort();
+        let jobs = jobs
+            .into_iter()
+            .filter(|j| !answer.refused.contains(&j.job_id))
+            .collect();
+        let _ = tx.send(self.heartbeat(jobs)).await;
+        let inbound = client
+            .session(ReceiverStream::new(rx))
+            .await
+            .map_err(|s| anyhow::anyhow!("{}: Session: {}", self.name, s.message()))?
+            .into_inner();
+        Ok((inbound, tx))
     }
 
     /// A heartbeat listing the ranks running here.
@@ -266,7 +335,8 @@ impl Agent {
                 _ = self.shutdown.cancelled() => return,
             }
             let jobs: Vec<RunningJob> = running.lock().unwrap().values().cloned().collect();
-            if tx.send(self.heartbeat(jobs)).await.is_err() {
+            // Dropped while no session takes them: the next one is newer.
+            if let Err(mpsc::error::TrySendError::Closed(_)) = tx.try_send(self.heartbeat(jobs)) {
                 return;
             }
         }
@@ -300,21 +370,22 @@ impl Agent {
                         samples,
                     })),
                 };
-                if tx.send(msg).await.is_err() {
+                if let Err(mpsc::error::TrySendError::Closed(_)) = tx.try_send(msg) {
                     return;
                 }
             }
         }
     }
 
+    /// Answers what the coordinator sends until the session ends.
     async fn listen(
         self: Arc<Self>,
         mut inbound: tonic::Streaming<gpuctl_proto::pb::CoordinatorMessage>,
-        tx: mpsc::Sender<AgentMessage>,
-        running: Running,
+        tx: &mpsc::Sender<AgentMessage>,
+        running: &Running,
+        cancels: &mut HashMap<String, Shutdown>,
     ) {
         let workers = WorkerServiceClient::new(self.channel.clone());
-        let mut cancels: HashMap<String, Shutdown> = HashMap::new();
         loop {
             // Stopping first: the bench ends the coordinator right after
             // the fleet, and a session cut by that is no news.
@@ -329,7 +400,7 @@ impl Agent {
                     let why = msg.err().map_or("the coordinator ended it".into(), |s| {
                         s.message().to_string()
                     });
-                    tracing::warn!(node = %self.name, "session ended: {why}");
+                    tracing::info!(node = %self.name, "session ended, opening another: {why}");
                     return;
                 }
             };
@@ -338,7 +409,7 @@ impl Agent {
                     self.stats.assigned(&a.job_id);
                     let stop = self.shutdown.child_token();
                     cancels.insert(a.job_id.clone(), stop.clone());
-                    self.start_ranks(&a, &tx, &running, workers.clone(), stop)
+                    self.start_ranks(&a, tx, running, workers.clone(), stop)
                         .await;
                 }
                 Some(coordinator_message::Msg::Cancel(c)) => {
@@ -450,6 +521,29 @@ impl Agent {
                     r.remove(&job.job_id);
                 }
             });
+        }
+    }
+}
+
+/// Forwards the agent's outbox into one session until `ended`, then hands
+/// the outbox back for the next one. A message taken as the session ended
+/// is lost, as it would be by a real agent's broken stream.
+async fn forward(
+    mut outbox: mpsc::Receiver<AgentMessage>,
+    session: mpsc::Sender<AgentMessage>,
+    ended: Shutdown,
+) -> mpsc::Receiver<AgentMessage> {
+    loop {
+        let m = tokio::select! {
+            biased;
+            _ = ended.cancelled() => return outbox,
+            m = outbox.recv() => m,
+        };
+        let Some(m) = m else { return outbox };
+        tokio::select! {
+            biased;
+            _ = ended.cancelled() => return outbox,
+            r = session.send(m) => if r.is_err() { return outbox },
         }
     }
 }

@@ -76,6 +76,12 @@ async fn two_hundred_nodes_report_every_rank_and_memory_comes_back() {
         after / 1e6,
         before / 1e6
     );
+    // Nothing went wrong on the fleet's side.
+    assert_eq!(
+        (r.sessions_lost, r.rpc_errors, r.results_refused),
+        (0, 0, 0),
+        "sessions lost, rank calls failed, results refused"
+    );
     // Every CLI call answered (an error is counted under its own key).
     for p in &r.phases {
         assert!(
@@ -85,6 +91,154 @@ async fn two_hundred_nodes_report_every_rank_and_memory_comes_back() {
             p.cli
         );
     }
+}
+
+/// A coordinator process on `port` over the store in `dir`; its URL.
+fn start_coordinator(port: u16, dir: &std::path::Path) -> (std::process::Child, String) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(coordinator_bin())
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--node-timeout", "30s"])
+        .arg("--data-dir")
+        .arg(dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(dir.with_extension("log")).unwrap())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let url = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("the coordinator printed `{line}`, not `listening on URL`"));
+    (child, url.to_string())
+}
+
+/// The simulated agents do what `gpuctl-agent` does when their coordinator
+/// is killed and started again: they open their sessions again, offer
+/// their running ranks, and the job they run ends with every result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_comes_back_after_a_coordinator_restart_and_its_job_ends() {
+    use gpuctl_proto::pb::{
+        job_service_client::JobServiceClient, GetJobRequest, GetReportRequest, JobSpec, JobState,
+        ListNodesRequest, SubmitRequest,
+    };
+    use gpuctl_sim::fleet::{self, FleetConfig};
+    use std::sync::atomic::Ordering;
+
+    let dir = std::env::temp_dir().join(format!("gpuctl-sim-restart-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let (mut coord, url) = start_coordinator(port, &dir.join("store"));
+    let stop = gpuctl_proto::shutdown::Shutdown::new();
+    let nodes = 4;
+    let fleet = fleet::start(
+        FleetConfig {
+            url: url.clone(),
+            nodes,
+            gpus: 2,
+            prefix: "sim-".into(),
+            heartbeat: Duration::from_secs(1),
+            interval: Duration::from_secs(1),
+            connections: nodes,
+        },
+        stop.clone(),
+    )
+    .await
+    .expect("the fleet registered");
+    let connect = || async {
+        let ch = gpuctl_proto::client::builder(&url).connect().await.unwrap();
+        JobServiceClient::new(ch).max_decoding_message_size(64 << 20)
+    };
+    let mut jobs = connect().await;
+    let spec = JobSpec {
+        workload: "stress".into(),
+        all_nodes: true,
+        duration_ms: 8_000,
+        ..Default::default()
+    };
+    let id = jobs
+        .submit(SubmitRequest { spec: Some(spec) })
+        .await
+        .unwrap()
+        .into_inner()
+        .id;
+    let state = |jobs: &mut JobServiceClient<_>| {
+        let req = GetJobRequest {
+            job_id: id.clone(),
+            max_ranks: 0,
+        };
+        let mut jobs: JobServiceClient<_> = jobs.clone();
+        async move { jobs.get_job(req).await.map(|j| j.into_inner().state()) }
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while state(&mut jobs).await.unwrap() != JobState::Running {
+        assert!(std::time::Instant::now() < deadline, "the job never ran");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    coord.kill().unwrap();
+    coord.wait().unwrap();
+    let restarted_ms = gpuctl_proto::now_ms();
+    let (mut coord, _) = start_coordinator(port, &dir.join("store"));
+    let mut jobs = connect().await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        match state(&mut jobs).await {
+            Ok(JobState::Succeeded) => break,
+            Ok(s) if s.is_terminal() => panic!("the job ended {s:?} after the restart"),
+            _ => {}
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the job did not end within 60 s of the restart"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let report = jobs
+        .get_report(GetReportRequest { job_id: id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    let results = report
+        .nodes
+        .iter()
+        .flat_map(|n| &n.ranks)
+        .filter(|r| r.result.is_some())
+        .count();
+    assert_eq!(results, nodes * 2, "every rank's result in the report");
+    // Every node heard from since the restart, each session opened again.
+    let listed = jobs
+        .list_nodes(ListNodesRequest { brief: true })
+        .await
+        .unwrap()
+        .into_inner()
+        .nodes;
+    assert_eq!(listed.len(), nodes);
+    for n in &listed {
+        assert!(
+            n.last_heartbeat_unix_ms > restarted_ms,
+            "{} not heard from since the restart",
+            n.name
+        );
+    }
+    let lost = fleet.stats.sessions_lost.load(Ordering::Relaxed);
+    let back = fleet.stats.reconnects.load(Ordering::Relaxed);
+    assert!(
+        lost >= nodes as u64 && back >= nodes as u64,
+        "{lost} sessions lost, {back} opened again"
+    );
+    stop.cancel();
+    coord.kill().unwrap();
+    let _ = coord.wait();
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 fn tempfile_dir() -> PathBuf {

@@ -65,6 +65,11 @@ pub struct BenchReport {
     /// The coordinator allocator's live bytes before the first job
     /// (`gpuctl_coordinator_heap_bytes{kind="allocated"}`; 0 if unread).
     pub heap_before_jobs: u64,
+    /// What went wrong on the fleet's side: sessions that ended while it
+    /// ran (each opened again), rank calls that failed, results refused.
+    pub sessions_lost: u64,
+    pub rpc_errors: u64,
+    pub results_refused: u64,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -480,6 +485,10 @@ pub async fn run(cfg: &BenchConfig, dir: PathBuf) -> Result<BenchReport> {
         }
         out.phases.push(phase.end(&co, &lat));
     }
+    let count = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    out.sessions_lost = count(&fleet.stats.sessions_lost);
+    out.rpc_errors = count(&fleet.stats.rpc_errors);
+    out.results_refused = count(&fleet.stats.results_refused);
     stop.cancel();
     // The fleet's tasks see the stop before the coordinator goes.
     tokio::time::sleep(Duration::from_millis(200)).await;
