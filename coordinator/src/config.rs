@@ -70,6 +70,13 @@ pub struct Config {
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub keep_jobs: u32,
 
+    /// Threads that read the agents' sessions and run the scheduler, apart
+    /// from those that serve connections and people's calls (one per CPU,
+    /// or TOKIO_WORKER_THREADS). The scheduler is one task, so more help
+    /// only in reading sessions; one carried 4,096 nodes × 8 GPUs.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub fleet_threads: u32,
+
     /// URL that workers use to reach this coordinator (default: the address
     /// each agent connected to).
     #[arg(long, env = "GPUCTL_ADVERTISE_URL")]
@@ -153,6 +160,7 @@ impl Config {
             history_keep: 200,
             history_max_age: Duration::from_secs(180 * 86_400),
             keep_jobs: 200,
+            fleet_threads: 1,
             advertise_url: None,
             log: None,
             health_rules: None,

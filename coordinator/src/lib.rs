@@ -10,6 +10,7 @@ pub mod logs;
 pub mod metrics;
 pub mod plan;
 pub mod rendezvous;
+pub mod runtime;
 pub mod scheduler;
 pub mod server;
 pub mod service;

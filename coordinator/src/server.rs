@@ -22,6 +22,7 @@ use crate::judge::health::HealthRules;
 use crate::judge::rules::PerfRules;
 use crate::logs::LogSink;
 use crate::rendezvous::Rendezvous;
+use crate::runtime::FleetRuntime;
 use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::service::auth::Security;
 use crate::service::gate::{ResultGate, RESULTS_IN_FLIGHT};
@@ -156,10 +157,16 @@ pub async fn run_with(
         .await
         .context("loading the stored state")?;
 
-    let (sched, sched_task) = scheduler.spawn(shutdown.clone());
-    let agents = AgentServiceServer::new(AgentSvc::new(sched.clone(), advertise, security.clone()))
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let fleet = FleetRuntime::start(cfg.fleet_threads as usize).context("--fleet-threads")?;
+    let (sched, sched_task) = scheduler.spawn(shutdown.clone(), &fleet.handle());
+    let agents = AgentServiceServer::new(AgentSvc::new(
+        sched.clone(),
+        advertise,
+        security.clone(),
+        fleet.handle(),
+    ))
+    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+    .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let history_task = tokio::spawn(crate::history::keep_bounded(
         store.clone(),
         cfg.retention(),
@@ -240,6 +247,7 @@ pub async fn run_with(
     let _ = log_task.await;
     // Connection tasks may still hold the store; release the file regardless.
     store.close().await?;
+    drop(fleet);
     info!("stopped");
     Ok(())
 }

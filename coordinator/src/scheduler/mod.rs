@@ -31,6 +31,7 @@ use std::time::Duration;
 use gpuctl_proto::now_ms;
 use gpuctl_proto::pb::{JobState, ListNodesResponse, NodeState, Suite};
 use gpuctl_proto::shutdown::Shutdown;
+use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
@@ -320,7 +321,9 @@ impl Scheduler {
     }
 
     /// Starts the event loop; it ends on `shutdown` or when every handle is gone.
-    pub fn spawn(mut self, shutdown: Shutdown) -> (SchedulerHandle, JoinHandle<()>) {
+    /// Runs the scheduler on `on` (the fleet's runtime, beside the sessions
+    /// that feed it most of its events).
+    pub fn spawn(mut self, shutdown: Shutdown, on: &Handle) -> (SchedulerHandle, JoinHandle<()>) {
         let Lanes {
             fleet: (tx, rx),
             people: (people, people_rx),
@@ -330,7 +333,7 @@ impl Scheduler {
         // scheduler yields or wakes another, and unconstrained it never
         // yielded while a big job's fleet calls kept its lanes full. Tried
         // at 4,096 nodes: no gain told apart from run-to-run spread.
-        let task = tokio::spawn(self.run(rx, people_rx, shutdown));
+        let task = on.spawn(self.run(rx, people_rx, shutdown));
         (SchedulerHandle { tx, people }, task)
     }
 

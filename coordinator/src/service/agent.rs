@@ -11,6 +11,7 @@ use gpuctl_proto::pb::agent_message::Msg;
 use gpuctl_proto::pb::agent_service_server::AgentService;
 use gpuctl_proto::pb::{AgentMessage, CoordinatorMessage, RegisterRequest, RegisterResponse};
 use gpuctl_proto::PROTOCOL_VERSION;
+use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::StreamExt;
@@ -37,15 +38,23 @@ pub struct AgentSvc {
     advertise_url: Option<String>,
     next_session: Arc<AtomicU64>,
     security: Security,
+    /// Where sessions are read (`runtime::FleetRuntime`).
+    fleet: Handle,
 }
 
 impl AgentSvc {
-    pub fn new(sched: SchedulerHandle, advertise_url: Option<String>, security: Security) -> Self {
+    pub fn new(
+        sched: SchedulerHandle,
+        advertise_url: Option<String>,
+        security: Security,
+        fleet: Handle,
+    ) -> Self {
         AgentSvc {
             sched,
             advertise_url,
             next_session: Arc::new(AtomicU64::new(1)),
             security,
+            fleet,
         }
     }
 }
@@ -104,7 +113,7 @@ impl AgentService for AgentSvc {
         // so it comes after every message the scheduler queued.
         let (tx, rx) = mpsc::unbounded_channel();
         let (refuse, refusal) = oneshot::channel();
-        tokio::spawn(run_session(
+        self.fleet.spawn(run_session(
             self.sched.clone(),
             (self.security.clone(), certs),
             inbound,
