@@ -8,11 +8,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(true)
         // prost's codec with smaller buffers (codec.rs).
         .codec_path("crate::codec::SmallCodec")
-        // Written by hand, to send nodes encoded before (listing.rs).
-        .extern_path(
-            ".gpuctl.v1.ListNodesResponse",
-            "crate::listing::ListNodesResponse",
-        )
         .compile_protos(&["proto/gpuctl.proto"], &["proto"])?;
     println!("cargo:rerun-if-changed=proto/gpuctl.proto");
     Ok(())

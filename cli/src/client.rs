@@ -380,13 +380,22 @@ impl Coordinator {
         .map_err(|s| self.status("nodes remove", s))
     }
 
-    /// The nodes; `brief`: only what a table of them shows
-    /// (`ListNodesRequest.brief`).
-    pub async fn nodes(&mut self, brief: bool) -> Result<Vec<pb::Node>> {
+    /// Every node with all it reported.
+    pub async fn nodes(&mut self) -> Result<Vec<pb::Node>> {
+        self.list_nodes(false).await.map(|r| r.nodes)
+    }
+
+    /// Only what a table of nodes shows (`ListNodesRequest.brief`).
+    pub async fn node_table(&mut self) -> Result<pb::NodeTable> {
+        self.list_nodes(true)
+            .await
+            .map(|r| r.table.unwrap_or_default())
+    }
+
+    async fn list_nodes(&mut self, brief: bool) -> Result<pb::ListNodesResponse> {
         let req = pb::ListNodesRequest { brief };
         self.call(true, move |mut c| async move { c.list_nodes(req).await })
             .await
-            .map(|r| r.nodes)
             .map_err(|s| self.status("list nodes", s))
     }
 }

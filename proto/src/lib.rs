@@ -23,7 +23,6 @@ pub mod units;
 /// Generated from `proto/gpuctl.proto`.
 pub mod pb {
     tonic::include_proto!("gpuctl.v1");
-    pub use crate::listing::ListNodesResponse;
 }
 
 /// Bumped whenever a message changes meaning. Agents send it on register and on

@@ -1,129 +1,183 @@
-//! `ListNodesResponse`, written by hand rather than generated, so that a
-//! server can send nodes it encoded before: at 4,096 nodes, building and
-//! encoding every node's brief view took 4-8 ms of each `gpuctl nodes`, and
-//! up to 50 ms while a big job's ranks kept both cores busy. On the wire it
-//! is the message `gpuctl.proto` declares; a client decodes it as usual.
+//! `NodeTable`, the brief listing of nodes (`ListNodesRequest.brief`): a
+//! builder that fills its columns and dictionaries, and rows read back out
+//! of it without copying a string.
 
-use prost::bytes::{Buf, BufMut, BytesMut};
-use prost::encoding::{self, DecodeContext, WireType};
-use prost::{DecodeError, Message};
+use std::collections::HashMap;
 
-use crate::pb::Node;
+use crate::pb::{NodeState, NodeTable};
 
-/// `repeated Node nodes = 1`.
-const NODES: u32 = 1;
-
-#[derive(Clone, PartialEq, Default, Debug)]
-pub struct ListNodesResponse {
-    pub nodes: Vec<Node>,
-    /// More nodes, already framed as `nodes` entries ([`Self::push_encoded`]),
-    /// sent after `nodes`. Always empty in a decoded message.
-    pub encoded: BytesMut,
+/// One node as a table of nodes shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NodeRow<'a> {
+    pub name: &'a str,
+    pub state: NodeState,
+    /// GPUs, else CPU ranks.
+    pub slots: u32,
+    pub last_heartbeat_unix_ms: u64,
+    /// 0: unknown.
+    pub shm_bytes: u64,
+    /// The GPU model(s), ", " between models; empty for a CPU node.
+    pub model: &'a str,
+    /// The job it runs; empty for none.
+    pub job: &'a str,
+    pub reason: &'a str,
 }
 
-impl ListNodesResponse {
-    /// Adds a node from its encoding, `node`, merged with `patch`: the
-    /// fields of `patch` that are set replace those of `node` (protobuf's
-    /// rule for a message encoded twice), so a cached encoding can go out
-    /// with a fresher heartbeat.
-    pub fn push_encoded(&mut self, node: &[u8], patch: &Node) {
-        let len = node.len() + patch.encoded_len();
-        encoding::encode_key(NODES, WireType::LengthDelimited, &mut self.encoded);
-        encoding::encode_varint(len as u64, &mut self.encoded);
-        self.encoded.put_slice(node);
-        patch.encode_raw(&mut self.encoded);
-    }
-}
-
-impl Message for ListNodesResponse {
-    fn encode_raw(&self, buf: &mut impl BufMut) {
-        for n in &self.nodes {
-            encoding::message::encode(NODES, n, buf);
-        }
-        buf.put_slice(&self.encoded);
+impl NodeTable {
+    pub fn len(&self) -> usize {
+        self.name.len()
     }
 
-    fn merge_field(
-        &mut self,
-        tag: u32,
-        wire_type: WireType,
-        buf: &mut impl Buf,
-        ctx: DecodeContext,
-    ) -> Result<(), DecodeError> {
-        match tag {
-            NODES => encoding::message::merge_repeated(wire_type, &mut self.nodes, buf, ctx),
-            _ => encoding::skip_field(wire_type, tag, buf, ctx),
+    pub fn is_empty(&self) -> bool {
+        self.name.is_empty()
+    }
+
+    /// Row `i`. A column shorter than `name` (a malformed answer) reads as
+    /// its default, never out of bounds.
+    pub fn row(&self, i: usize) -> NodeRow<'_> {
+        NodeRow {
+            name: self.name.get(i).map_or("", String::as_str),
+            state: self
+                .state
+                .get(i)
+                .and_then(|&s| NodeState::try_from(s).ok())
+                .unwrap_or_default(),
+            slots: self.slots.get(i).copied().unwrap_or(0),
+            last_heartbeat_unix_ms: self.last_heartbeat_unix_ms.get(i).copied().unwrap_or(0),
+            shm_bytes: self.shm_bytes.get(i).copied().unwrap_or(0),
+            model: word(&self.models, self.model.get(i)),
+            job: word(&self.jobs, self.job.get(i)),
+            reason: self.reason.get(&(i as u32)).map_or("", String::as_str),
         }
     }
 
-    fn encoded_len(&self) -> usize {
-        encoding::message::encoded_len_repeated(NODES, &self.nodes) + self.encoded.len()
+    pub fn rows(&self) -> impl Iterator<Item = NodeRow<'_>> {
+        (0..self.len()).map(|i| self.row(i))
+    }
+}
+
+/// The dictionary's word at `at`; "" where there is none.
+fn word<'a>(dict: &'a [String], at: Option<&u32>) -> &'a str {
+    at.and_then(|&k| dict.get(k as usize))
+        .map_or("", String::as_str)
+}
+
+/// Fills a [`NodeTable`] row by row, each model and job string sent once.
+#[derive(Default)]
+pub struct TableBuilder {
+    table: NodeTable,
+    models: HashMap<String, u32>,
+    jobs: HashMap<String, u32>,
+}
+
+impl TableBuilder {
+    pub fn with_capacity(rows: usize) -> TableBuilder {
+        let mut table = NodeTable {
+            name: Vec::with_capacity(rows),
+            state: Vec::with_capacity(rows),
+            slots: Vec::with_capacity(rows),
+            last_heartbeat_unix_ms: Vec::with_capacity(rows),
+            shm_bytes: Vec::with_capacity(rows),
+            model: Vec::with_capacity(rows),
+            job: Vec::with_capacity(rows),
+            ..Default::default()
+        };
+        table.models.push(String::new());
+        table.jobs.push(String::new());
+        TableBuilder {
+            table,
+            models: HashMap::from([(String::new(), 0)]),
+            jobs: HashMap::from([(String::new(), 0)]),
+        }
     }
 
-    fn clear(&mut self) {
-        self.nodes.clear();
-        self.encoded.clear();
+    pub fn push(&mut self, row: NodeRow<'_>) {
+        let t = &mut self.table;
+        let i = t.name.len() as u32;
+        t.name.push(row.name.to_string());
+        t.state.push(row.state as i32);
+        t.slots.push(row.slots);
+        t.last_heartbeat_unix_ms.push(row.last_heartbeat_unix_ms);
+        t.shm_bytes.push(row.shm_bytes);
+        t.model
+            .push(intern(&mut self.models, &mut t.models, row.model));
+        t.job.push(intern(&mut self.jobs, &mut t.jobs, row.job));
+        if !row.reason.is_empty() {
+            t.reason.insert(i, row.reason.to_string());
+        }
     }
+
+    pub fn finish(self) -> NodeTable {
+        self.table
+    }
+}
+
+fn intern(index: &mut HashMap<String, u32>, dict: &mut Vec<String>, word: &str) -> u32 {
+    if let Some(&k) = index.get(word) {
+        return k;
+    }
+    let k = dict.len() as u32;
+    dict.push(word.to_string());
+    index.insert(word.to_string(), k);
+    k
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pb::{GpuInfo, NodeState};
+    use prost::Message;
 
-    fn node(name: &str, heard: u64) -> Node {
-        Node {
-            name: name.into(),
-            gpus: vec![GpuInfo {
-                index: 0,
-                name: "NVIDIA H200".into(),
-                ..Default::default()
-            }],
-            state: NodeState::Ready as i32,
-            last_heartbeat_unix_ms: heard,
-            current_job: "job-000001".into(),
+    fn row<'a>(name: &'a str, model: &'a str, job: &'a str, reason: &'a str) -> NodeRow<'a> {
+        NodeRow {
+            name,
+            state: NodeState::Busy,
             slots: 8,
-            ..Default::default()
+            last_heartbeat_unix_ms: 1_700_000_000_000,
+            shm_bytes: 1 << 30,
+            model,
+            job,
+            reason,
         }
     }
 
     #[test]
-    fn encoded_nodes_decode_as_nodes_with_the_patch_applied() {
-        let mut resp = ListNodesResponse {
-            nodes: vec![node("a", 5)],
-            ..Default::default()
-        };
-        // Cached without a heartbeat, sent with a fresh one.
-        let cached = node("b", 0).encode_to_vec();
-        resp.push_encoded(
-            &cached,
-            &Node {
-                last_heartbeat_unix_ms: 99,
-                ..Default::default()
-            },
+    fn rows_come_back_as_they_went_in_each_word_sent_once() {
+        let rows = [
+            row("a", "NVIDIA H200", "job-000001", ""),
+            row(
+                "b",
+                "NVIDIA H200",
+                "job-000001",
+                "lost: no heartbeat for 30s",
+            ),
+            row("c", "", "", ""),
+            row("d", "NVIDIA H100, NVIDIA H200", "job-000002", ""),
+        ];
+        let mut b = TableBuilder::with_capacity(rows.len());
+        for r in rows {
+            b.push(r);
+        }
+        let sent = b.finish().encode_to_vec();
+        let table = NodeTable::decode(sent.as_slice()).unwrap();
+        assert_eq!(table.rows().collect::<Vec<_>>(), rows);
+        assert_eq!(
+            table.models,
+            ["", "NVIDIA H200", "NVIDIA H100, NVIDIA H200"]
         );
-        resp.push_encoded(&node("c", 7).encode_to_vec(), &Node::default());
-        let bytes = resp.encode_to_vec();
-        assert_eq!(bytes.len(), resp.encoded_len());
-        let back = ListNodesResponse::decode(bytes.as_slice()).unwrap();
-        assert_eq!(back.nodes, vec![node("a", 5), node("b", 99), node("c", 7)]);
-        assert!(back.encoded.is_empty());
+        assert_eq!(table.jobs, ["", "job-000001", "job-000002"]);
     }
 
     #[test]
-    fn it_is_the_declared_message_on_the_wire() {
-        // A client built from the .proto alone (any other language) reads
-        // the same bytes: a repeated field 1 of `Node`s and nothing else.
-        let resp = ListNodesResponse {
-            nodes: vec![node("a", 1), node("b", 2)],
+    fn a_short_column_reads_as_its_default() {
+        let table = NodeTable {
+            name: vec!["a".into(), "b".into()],
+            slots: vec![8],
+            model: vec![0, 7],
+            models: vec![String::new()],
             ..Default::default()
         };
-        let mut expected = Vec::new();
-        for n in &resp.nodes {
-            expected.push(0x0a); // field 1, length-delimited
-            expected.push(n.encoded_len() as u8);
-            n.encode_raw(&mut expected);
-        }
-        assert_eq!(resp.encode_to_vec(), expected);
+        let b = table.row(1);
+        assert_eq!((b.name, b.slots, b.model, b.job), ("b", 0, "", ""));
+        assert_eq!(b.state, NodeState::default());
     }
 }

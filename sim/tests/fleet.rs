@@ -220,9 +220,10 @@ async fn the_fleet_comes_back_after_a_coordinator_restart_and_its_job_ends() {
         .await
         .unwrap()
         .into_inner()
-        .nodes;
+        .table
+        .unwrap_or_default();
     assert_eq!(listed.len(), nodes);
-    for n in &listed {
+    for n in listed.rows() {
         assert!(
             n.last_heartbeat_unix_ms > restarted_ms,
             "{} not heard from since the restart",

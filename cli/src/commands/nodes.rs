@@ -2,7 +2,7 @@
 //! each node offers (GPUs or CPU ranks), and what it is busy with.
 
 use anyhow::Result;
-use gpuctl_proto::pb;
+use gpuctl_proto::listing::NodeRow;
 use gpuctl_proto::units::format_bytes;
 
 use crate::args::OutputFormat;
@@ -24,62 +24,45 @@ pub async fn remove(c: &mut Coordinator, name: &str, out: OutputFormat) -> Resul
 }
 
 pub async fn run(c: &mut Coordinator, out: OutputFormat) -> Result<Exit> {
-    // JSON carries every fact and check; a table needs far less.
-    let mut nodes = c.nodes(!matches!(out, OutputFormat::Json)).await?;
-    nodes.sort_by(|a, b| a.name.cmp(&b.name));
     let now = gpuctl_proto::now_ms();
-    match out {
-        OutputFormat::Json => output::print_json(&serde_json::Value::Array(
+    // JSON carries every fact and check; a table needs far less.
+    if matches!(out, OutputFormat::Json) {
+        let mut nodes = c.nodes().await?;
+        nodes.sort_by(|a, b| a.name.cmp(&b.name));
+        output::print_json(&serde_json::Value::Array(
             nodes.iter().map(|n| output::json::node(n, now)).collect(),
-        )),
-        out if out.is_grid() => output::grid::print(&grid(&nodes, now), out)?,
-        _ => {
-            if nodes.is_empty() {
-                eprintln!(
-                    "no nodes registered at {}; start agents with `gpuctl-agent --coordinator {}`",
-                    c.url(),
-                    c.url()
-                );
-            } else {
-                output::print_text(&render(&nodes, now));
-            }
-        }
+        ));
+        return Ok(Exit::Ok);
+    }
+    let table = c.node_table().await?;
+    let mut rows: Vec<NodeRow> = table.rows().collect();
+    rows.sort_by(|a, b| a.name.cmp(b.name));
+    if out.is_grid() {
+        output::grid::print(&grid(&rows, now), out)?;
+    } else if rows.is_empty() {
+        eprintln!(
+            "no nodes registered at {}; start agents with `gpuctl-agent --coordinator {}`",
+            c.url(),
+            c.url()
+        );
+    } else {
+        output::print_text(&render(&rows, now));
     }
     Ok(Exit::Ok)
 }
 
 /// "8 gpu" or "2 cpu": what the node runs ranks on.
-fn slots(n: &pb::Node) -> String {
-    if n.gpus.is_empty() {
-        let ranks = if n.slots > 0 {
-            n.slots
-        } else {
-            n.facts.as_ref().map(|f| f.cpu_ranks).unwrap_or(0)
-        };
-        format!("{ranks} cpu")
-    } else {
-        // A brief listing has one entry per model; `slots` counts the GPUs.
-        format!("{} gpu", (n.slots as usize).max(n.gpus.len()))
-    }
+fn slots(n: &NodeRow) -> String {
+    let kind = if n.model.is_empty() { "cpu" } else { "gpu" };
+    format!("{} {kind}", n.slots)
 }
 
-/// GPU model(s); mixed models are listed so a heterogeneous node stands out.
-fn model(n: &pb::Node) -> String {
-    let mut names: Vec<&str> = n.gpus.iter().map(|g| g.name.as_str()).collect();
-    names.dedup();
-    if names.is_empty() {
-        "-".into()
-    } else {
-        names.join(", ")
-    }
-}
-
-pub fn render(nodes: &[pb::Node], now: u64) -> String {
-    grid(nodes, now).render()
+pub fn render(rows: &[NodeRow], now: u64) -> String {
+    grid(rows, now).render()
 }
 
 /// The nodes' table before layout (also `-o csv|md`).
-pub fn grid(nodes: &[pb::Node], now: u64) -> Table {
+pub fn grid(rows: &[NodeRow], now: u64) -> Table {
     let mut t = Table::new(&[
         "NAME",
         "STATE",
@@ -91,23 +74,20 @@ pub fn grid(nodes: &[pb::Node], now: u64) -> Table {
         "REASON",
     ])
     .right(&[2]);
-    for n in nodes {
-        let shm = n
-            .facts
-            .as_ref()
-            .map(|f| f.shm_bytes)
-            .filter(|b| *b > 0)
-            .map(format_bytes)
-            .unwrap_or_else(|| "-".into());
+    for n in rows {
+        let shm = match n.shm_bytes {
+            0 => "-".into(),
+            b => format_bytes(b),
+        };
         t.row([
-            n.name.clone(),
-            n.state().label().to_string(),
+            n.name.to_string(),
+            n.state.label().to_string(),
             slots(n),
-            model(n),
+            output::dash(n.model),
             shm,
             output::age(n.last_heartbeat_unix_ms, now),
-            output::dash(&n.current_job),
-            output::truncate(&output::dash(&n.state_reason), 50),
+            output::dash(n.job),
+            output::truncate(&output::dash(n.reason), 50),
         ]);
     }
     t
@@ -116,36 +96,24 @@ pub fn grid(nodes: &[pb::Node], now: u64) -> Table {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpuctl_proto::pb;
 
     #[test]
     fn cpu_and_gpu_nodes_render() {
-        let cpu = pb::Node {
-            name: "local-0".into(),
-            state: pb::NodeState::Ready as i32,
+        let cpu = NodeRow {
+            name: "local-0",
+            state: pb::NodeState::Ready,
             slots: 2,
             last_heartbeat_unix_ms: 9_000,
-            facts: Some(pb::HostFacts {
-                shm_bytes: 64 << 20,
-                cpu_ranks: 2,
-                ..Default::default()
-            }),
+            shm_bytes: 64 << 20,
             ..Default::default()
         };
-        let gpu = pb::Node {
-            name: "gpu-1".into(),
-            state: pb::NodeState::Busy as i32,
-            slots: 2,
-            current_job: "job-000007".into(),
-            gpus: vec![
-                pb::GpuInfo {
-                    name: "NVIDIA H200".into(),
-                    ..Default::default()
-                },
-                pb::GpuInfo {
-                    name: "NVIDIA H200".into(),
-                    ..Default::default()
-                },
-            ],
+        let gpu = NodeRow {
+            name: "gpu-1",
+            state: pb::NodeState::Busy,
+            slots: 8,
+            model: "NVIDIA H200",
+            job: "job-000007",
             ..Default::default()
         };
         let s = render(&[cpu, gpu], 10_000);
@@ -159,29 +127,9 @@ mod tests {
         assert!(lines[1].contains("64 MiB") && lines[1].contains("1s ago"));
         assert!(
             lines[2].contains("busy")
-                && lines[2].contains("2 gpu")
+                && lines[2].contains("8 gpu")
                 && lines[2].contains("NVIDIA H200")
         );
         assert!(lines[2].contains("job-000007"));
-    }
-
-    #[test]
-    fn a_brief_node_counts_its_gpus_by_slots() {
-        // ListNodesRequest.brief: one entry per model.
-        let n = pb::Node {
-            name: "gpu-2".into(),
-            slots: 8,
-            gpus: vec![pb::GpuInfo {
-                name: "NVIDIA H200".into(),
-                ..Default::default()
-            }],
-            ..Default::default()
-        };
-        let s = render(&[n], 10_000);
-        let row = s.lines().nth(1).unwrap();
-        assert!(
-            row.contains("8 gpu") && row.contains("NVIDIA H200"),
-            "{row}"
-        );
     }
 }

@@ -2,17 +2,17 @@
 //! events, from gRPC handlers or the tick timer. Requests that need an answer
 //! carry a oneshot for it.
 
+use std::sync::Arc;
+
 use gpuctl_proto::pb::{
     Ack, AssignmentAck, CoordinatorMessage, Heartbeat, Job, JobSpec, JobState, Node, Plan,
     RankProgressReport, RankResult, RegisterRequest, RegisterResponse, Report, SubmitSuiteRequest,
     Suite, TelemetryBatch, WorkerExited, WorkerLog,
 };
-use prost::bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 
 use super::reports::Built;
 use super::snapshot::Snapshot;
-use super::state::Listed;
 use crate::error::CoordinatorError;
 
 pub type Reply<T> = oneshot::Sender<T>;
@@ -108,12 +108,7 @@ pub enum Event {
     /// Every node as the scheduler holds it; the caller builds the listing
     /// (`SchedulerHandle::list_nodes`).
     ListNodes {
-        reply: Reply<Vec<Listed>>,
-    },
-    /// Nodes a listing encoded, to keep for the next one: (name, version
-    /// listed, encoding).
-    Encoded {
-        nodes: Vec<(String, u64, Bytes)>,
+        reply: Reply<Vec<Arc<Node>>>,
     },
     RemoveNode {
         name: String,
@@ -192,7 +187,6 @@ impl Event {
             Event::GetJob { .. } => "GetJob",
             Event::ListJobs { .. } => "ListJobs",
             Event::ListNodes { .. } => "ListNodes",
-            Event::Encoded { .. } => "Encoded",
             Event::RemoveNode { .. } => "RemoveNode",
             Event::GetTelemetry { .. } => "GetTelemetry",
             Event::GetReport { .. } => "GetReport",
@@ -262,7 +256,6 @@ impl Event {
             | Event::GetJob { .. }
             | Event::ListJobs { .. }
             | Event::ListNodes { .. }
-            | Event::Encoded { .. }
             | Event::RemoveNode { .. }
             | Event::GetTelemetry { .. }
             | Event::GetReport { .. }

@@ -97,9 +97,7 @@ impl SchedulerHandle {
     /// listing out of the runtime's rotation (`block_in_place`), not on the
     /// blocking pool: at a 32,768-rank job's start and end thousands of
     /// fleet calls were queued, and a handler woken from another thread
-    /// waited 35-60 ms behind them with its listing already built. A brief
-    /// listing reuses each node's encoding from the one before where the
-    /// node did not change, and hands the new ones back to be kept.
+    /// waited 35-60 ms behind them with its listing already built.
     pub async fn list_nodes(&self, brief: bool) -> Result<ListNodesResponse, CoordinatorError> {
         let (tx, rx) = oneshot::channel();
         self.lane(Event::ListNodes { reply: tx })
@@ -108,24 +106,19 @@ impl SchedulerHandle {
         let nodes = background::recv_in_place(rx)
             .await
             .map_err(|_| CoordinatorError::ShuttingDown)?;
-        if !brief {
-            let nodes = background::in_place(move || {
-                nodes
-                    .into_iter()
-                    .map(|l| Arc::unwrap_or_clone(l.node))
-                    .collect()
-            });
-            return Ok(ListNodesResponse {
-                nodes,
-                ..Default::default()
-            });
-        }
-        let (listing, encoded) = background::in_place(move || views::brief_listing(nodes));
-        if !encoded.is_empty() {
-            // Only worth keeping: a full lane drops them.
-            let _ = self.tx.try_send(Event::Encoded { nodes: encoded });
-        }
-        Ok(listing)
+        Ok(background::in_place(move || {
+            if brief {
+                ListNodesResponse {
+                    table: Some(views::table(&nodes)),
+                    ..Default::default()
+                }
+            } else {
+                ListNodesResponse {
+                    nodes: nodes.into_iter().map(Arc::unwrap_or_clone).collect(),
+                    table: None,
+                }
+            }
+        }))
     }
 
     /// Sends an event that needs no answer.
@@ -465,14 +458,7 @@ impl Scheduler {
             }
             Event::ListNodes { reply } => {
                 // Built by the caller: 4,096 nodes held the task 15-30 ms a call.
-                let _ = reply.send(self.nodes.values().map(NodeEntry::listing).collect());
-            }
-            Event::Encoded { nodes } => {
-                for (name, version, encoded) in nodes {
-                    if let Some(e) = self.nodes.get_mut(&name) {
-                        e.keep_listed(version, encoded);
-                    }
-                }
+                let _ = reply.send(self.nodes.values().map(|e| e.node.clone()).collect());
             }
             Event::RemoveNode { name, reply } => {
                 let _ = reply.send(self.remove_node(&name).await);

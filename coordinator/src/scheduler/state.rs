@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use fixedbitset::FixedBitSet;
-use prost::bytes::Bytes;
 
 use gpuctl_proto::pb::{
     coordinator_message::Msg, CancelJob, CoordinatorMessage, Job, JobState, Node, NodeState, Plan,
@@ -31,30 +30,11 @@ pub struct NodeEntry {
     /// with readers: a listing takes the 4,096 nodes of a fleet as they are
     /// and builds its answer off the scheduler's task (building it on the
     /// task held it 15-30 ms a call); a change made meanwhile copies the
-    /// node. Changed only through [`Self::node_mut`], [`Self::set_node`],
-    /// [`Self::heard`] and [`Self::set_job`], which keep `listed` true.
+    /// node.
     pub node: Arc<Node>,
     pub session: Option<Session>,
     /// Where this node's workers reach the coordinator.
     pub coordinator_url: String,
-    /// The node as `gpuctl nodes` shows it, encoded, without its heartbeat,
-    /// job and state, which go out apart: the heartbeat changes every
-    /// second, and a job's start and end change every node's job and state
-    /// at once. Kept from one listing to the next; None until a listing
-    /// encodes it, and after any other change.
-    listed: Option<Bytes>,
-    /// Counts changes, so that an encoding made off the task is kept only
-    /// when the node did not change meanwhile.
-    version: u64,
-}
-
-/// A node as a listing takes it from the scheduler.
-#[derive(Debug)]
-pub struct Listed {
-    pub node: Arc<Node>,
-    pub version: u64,
-    /// [`NodeEntry::listed`], where the node has one.
-    pub encoded: Option<Bytes>,
 }
 
 impl NodeEntry {
@@ -65,62 +45,30 @@ impl NodeEntry {
             node: Arc::new(node),
             session: None,
             coordinator_url: String::new(),
-            listed: None,
-            version: 0,
         }
     }
 
     /// The node, to change; copied first if a reader holds it.
     pub fn node_mut(&mut self) -> &mut Node {
-        self.changed();
         Arc::make_mut(&mut self.node)
     }
 
     /// Replaces the node (a registration).
     pub fn set_node(&mut self, node: Node) {
-        self.changed();
         self.node = Arc::new(node);
     }
 
-    /// Notes a heartbeat; the kept listing stays.
+    /// Notes a heartbeat.
     pub fn heard(&mut self, unix_ms: u64) {
-        self.live_mut().last_heartbeat_unix_ms = unix_ms;
+        self.node_mut().last_heartbeat_unix_ms = unix_ms;
     }
 
-    /// Sets the job this node runs (empty: none) and its state with it; the
-    /// kept listing stays.
+    /// Sets the job this node runs (empty: none) and its state with it.
     pub fn set_job(&mut self, job: &str) {
         if self.node.current_job != job {
-            self.live_mut().current_job = job.to_string();
+            self.node_mut().current_job = job.to_string();
         }
         self.refresh_state();
-    }
-
-    /// The node, to change only what a listing sends apart from the kept
-    /// encoding.
-    fn live_mut(&mut self) -> &mut Node {
-        Arc::make_mut(&mut self.node)
-    }
-
-    fn changed(&mut self) {
-        self.version += 1;
-        self.listed = None;
-    }
-
-    /// The node for a listing.
-    pub fn listing(&self) -> Listed {
-        Listed {
-            node: self.node.clone(),
-            version: self.version,
-            encoded: self.listed.clone(),
-        }
-    }
-
-    /// Keeps a listing's encoding of this node, unless it changed since.
-    pub fn keep_listed(&mut self, version: u64, encoded: Bytes) {
-        if self.version == version {
-            self.listed = Some(encoded);
-        }
     }
 
     pub fn lost(&self) -> bool {
@@ -170,7 +118,7 @@ impl NodeEntry {
                 NodeState::Busy
             };
             if self.node.state() != s {
-                self.live_mut().set_state(s);
+                self.node_mut().set_state(s);
             }
         }
     }

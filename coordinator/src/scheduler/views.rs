@@ -6,14 +6,13 @@
 
 use std::cmp::Reverse;
 
-use gpuctl_proto::pb::{
-    GpuInfo, HostFacts, Job, ListNodesResponse, Node, PreflightCheck, RankProgress, Verdict,
-};
-use prost::bytes::Bytes;
-use prost::Message as _;
+use std::sync::Arc;
+
+use gpuctl_proto::listing::{NodeRow, TableBuilder};
+use gpuctl_proto::pb::{GpuInfo, Job, Node, NodeTable, PreflightCheck, RankProgress, Verdict};
 
 use super::events::Reply;
-use super::state::{JobEntry, Listed};
+use super::state::JobEntry;
 use super::Scheduler;
 use crate::error::CoordinatorError;
 
@@ -211,88 +210,63 @@ fn severity(v: Verdict) -> u8 {
     }
 }
 
-/// The brief listing of `nodes`: each node's kept encoding where it has one,
-/// else encoded here, with its heartbeat, job and state added (see
-/// `NodeEntry::listed`); and the encodings made here (name, version,
-/// encoding), for the scheduler to keep.
-pub fn brief_listing(nodes: Vec<Listed>) -> (ListNodesResponse, Vec<(String, u64, Bytes)>) {
-    let mut listing = ListNodesResponse::default();
-    let mut made = Vec::new();
-    // ~70 bytes a node; grown once or twice at most.
-    listing.encoded.reserve(nodes.len() * 80);
-    for l in nodes {
-        let encoded = match l.encoded {
-            Some(e) => e,
-            None => {
-                let mut b = brief(&l.node);
-                // Sent apart, and a field left out here cannot go stale.
-                b.last_heartbeat_unix_ms = 0;
-                b.current_job.clear();
-                b.state = 0;
-                let e = Bytes::from(b.encode_to_vec());
-                made.push((l.node.name.clone(), l.version, e.clone()));
-                e
-            }
-        };
-        let live = Node {
-            last_heartbeat_unix_ms: l.node.last_heartbeat_unix_ms,
-            current_job: l.node.current_job.clone(),
-            state: l.node.state,
-            ..Default::default()
-        };
-        listing.push_encoded(&encoded, &live);
-    }
-    (listing, made)
-}
-
-/// A node as `gpuctl nodes` shows it (`ListNodesRequest.brief`).
-pub fn brief(n: &Node) -> Node {
-    // Neither the hostname nor the registration time: the table shows
-    // neither, and they were a quarter of a 4,096-node listing's bytes.
-    let facts = n.facts.as_ref().map(|f| HostFacts {
-        shm_bytes: f.shm_bytes,
-        cpu_ranks: f.cpu_ranks,
-        ..Default::default()
-    });
-    Node {
-        name: n.name.clone(),
-        facts,
-        // Which models, one entry each (`slots` counts them): eight GPUs of
-        // one model were most of a 4,096-node listing. The rest is in the
-        // full listing.
-        gpus: models(&n.gpus),
-        state: n.state,
-        last_heartbeat_unix_ms: n.last_heartbeat_unix_ms,
-        current_job: n.current_job.clone(),
-        slots: n.slots,
-        registered_unix_ms: 0,
-        state_reason: n.state_reason.clone(),
-        preflight: Vec::new(),
-    }
-}
-
-/// One entry per run of GPUs of the same model, in index order, with the
-/// first one's index.
-fn models(gpus: &[GpuInfo]) -> Vec<GpuInfo> {
-    let mut out: Vec<GpuInfo> = Vec::new();
-    for g in gpus {
-        if out.last().is_some_and(|m| m.name == g.name) {
-            continue;
-        }
-        out.push(GpuInfo {
-            index: g.index,
-            name: g.name.clone(),
-            ..Default::default()
+/// The brief listing of `nodes` (`ListNodesRequest.brief`), as the columns
+/// of a table.
+pub fn table(nodes: &[Arc<Node>]) -> NodeTable {
+    let mut b = TableBuilder::with_capacity(nodes.len());
+    let mut model = String::new();
+    for n in nodes {
+        models(&n.gpus, &mut model);
+        b.push(NodeRow {
+            name: &n.name,
+            state: n.state(),
+            slots: slots(n),
+            last_heartbeat_unix_ms: n.last_heartbeat_unix_ms,
+            shm_bytes: n.facts.as_ref().map_or(0, |f| f.shm_bytes),
+            model: &model,
+            job: &n.current_job,
+            reason: &n.state_reason,
         });
     }
-    out
+    b.finish()
+}
+
+/// Ranks the node runs: its GPUs, else its CPU ranks.
+fn slots(n: &Node) -> u32 {
+    if n.gpus.is_empty() {
+        if n.slots > 0 {
+            n.slots
+        } else {
+            n.facts.as_ref().map_or(0, |f| f.cpu_ranks)
+        }
+    } else {
+        n.slots.max(n.gpus.len() as u32)
+    }
+}
+
+/// The GPU models into `out`, one per run of GPUs of the same model in
+/// index order, ", " between them: a node of mixed models shows it.
+fn models(gpus: &[GpuInfo], out: &mut String) {
+    out.clear();
+    let mut last: Option<&str> = None;
+    for g in gpus {
+        if last == Some(g.name.as_str()) {
+            continue;
+        }
+        if last.is_some() {
+            out.push_str(", ");
+        }
+        out.push_str(&g.name);
+        last = Some(&g.name);
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::scheduler::state::LISTED_NODES;
-    use gpuctl_proto::pb::{Plan, RankPlacement};
+    use gpuctl_proto::pb::{HostFacts, NodeState, Plan, RankPlacement};
+    use prost::Message as _;
 
     fn job(world: u32) -> JobEntry {
         let ranks = (0..world)
@@ -487,7 +461,7 @@ mod tests {
     }
 
     #[test]
-    fn a_brief_node_names_each_run_of_one_model_once() {
+    fn a_table_row_shows_each_run_of_one_model_once_and_counts_the_gpus() {
         let gpu = |index, name: &str| GpuInfo {
             index,
             name: name.into(),
@@ -498,7 +472,9 @@ mod tests {
             name: "n1".into(),
             slots: 8,
             gpus: (0..8).map(|i| gpu(i, "NVIDIA H200")).collect(),
-            registered_unix_ms: 1_700_000_000_000,
+            current_job: "job-000003".into(),
+            state: NodeState::Busy as i32,
+            last_heartbeat_unix_ms: 1_700_000_000_000,
             facts: Some(HostFacts {
                 hostname: "n1.example.com".into(),
                 shm_bytes: 1 << 30,
@@ -506,107 +482,66 @@ mod tests {
             }),
             ..Default::default()
         };
-        let b = brief(&n);
-        // What the table shows, and only that.
-        let facts = b.facts.as_ref().unwrap();
-        assert_eq!(facts.shm_bytes, 1 << 30);
-        assert!(facts.hostname.is_empty() && b.registered_unix_ms == 0);
-        assert_eq!(b.gpus.len(), 1);
-        assert_eq!(
-            (b.gpus[0].index, b.gpus[0].name.as_str()),
-            (0, "NVIDIA H200")
-        );
-        assert!(b.gpus[0].uuid.is_empty(), "the full listing has the rest");
-        assert_eq!(b.slots, 8);
-        n.gpus[5].name = "NVIDIA H100".into();
-        let b = brief(&n);
-        let runs: Vec<(u32, &str)> = b.gpus.iter().map(|g| (g.index, g.name.as_str())).collect();
-        assert_eq!(
-            runs,
-            [(0, "NVIDIA H200"), (5, "NVIDIA H100"), (6, "NVIDIA H200")],
-            "a node of mixed models still shows it"
-        );
-    }
-
-    fn decoded(listing: &ListNodesResponse) -> Vec<Node> {
-        ListNodesResponse::decode(listing.encode_to_vec().as_slice())
-            .unwrap()
-            .nodes
-    }
-
-    #[test]
-    fn a_brief_listing_keeps_encodings_until_a_node_changes_but_not_its_heartbeat_or_job() {
-        use crate::scheduler::state::NodeEntry;
-        use gpuctl_proto::pb::NodeState;
-        let node = |name: &str| Node {
-            name: name.into(),
-            slots: 8,
-            last_heartbeat_unix_ms: 1_000,
+        let cpu = Node {
+            name: "c1".into(),
+            state_reason: "drained: bad fan".into(),
+            facts: Some(HostFacts {
+                cpu_ranks: 2,
+                ..Default::default()
+            }),
             ..Default::default()
         };
-        let mut nodes = [
-            NodeEntry::detached(node("a")),
-            NodeEntry::detached(node("b")),
-        ];
-        let list =
-            |nodes: &[NodeEntry]| brief_listing(nodes.iter().map(NodeEntry::listing).collect());
-
-        let (first, made) = list(&nodes);
+        let shown = |n: &Node, cpu: &Node| {
+            let t = NodeTable::decode(
+                table(&[Arc::new(n.clone()), Arc::new(cpu.clone())])
+                    .encode_to_vec()
+                    .as_slice(),
+            )
+            .unwrap();
+            let rows: Vec<(String, u32, String, String, String, u64)> = t
+                .rows()
+                .map(|r| {
+                    (
+                        r.name.to_string(),
+                        r.slots,
+                        r.model.to_string(),
+                        r.job.to_string(),
+                        r.reason.to_string(),
+                        r.shm_bytes,
+                    )
+                })
+                .collect();
+            (t.row(0).state, t.row(0).last_heartbeat_unix_ms, rows)
+        };
+        let (state, heard, rows) = shown(&n, &cpu);
+        assert_eq!((state, heard), (NodeState::Busy, 1_700_000_000_000));
         assert_eq!(
-            decoded(&first),
-            vec![brief(&nodes[0].node), brief(&nodes[1].node)]
+            rows,
+            [
+                (
+                    "n1".into(),
+                    8,
+                    "NVIDIA H200".into(),
+                    "job-000003".into(),
+                    String::new(),
+                    1 << 30
+                ),
+                // No GPUs: its CPU ranks, from its facts.
+                (
+                    "c1".into(),
+                    2,
+                    String::new(),
+                    String::new(),
+                    "drained: bad fan".into(),
+                    0
+                ),
+            ]
         );
-        assert_eq!(made.len(), 2, "nothing was kept yet");
-        for ((name, version, encoded), e) in made.into_iter().zip(nodes.iter_mut()) {
-            assert_eq!(name, e.node.name);
-            e.keep_listed(version, encoded);
-        }
-
-        // A heartbeat, a job's start and its end keep the encoding, and go
-        // out fresh.
-        nodes[0].heard(2_000);
-        nodes[0].set_job("job-000001");
-        let (listing, made) = list(&nodes);
-        assert!(made.is_empty());
-        let shown = decoded(&listing);
-        assert_eq!(shown[0].current_job, "job-000001");
-        assert_eq!(shown[0].state, NodeState::Busy as i32);
-        nodes[0].set_job("");
-        // A change drops it, and an encoding of before the change is not kept.
-        let stale = nodes[1].listing().version;
-        nodes[1].node_mut().state_reason = "drained: bad fan".into();
-        nodes[1].keep_listed(stale, Bytes::from_static(b"stale"));
-        let (second, made) = list(&nodes);
-        let shown = decoded(&second);
-        assert_eq!(shown[0].last_heartbeat_unix_ms, 2_000);
-        assert_eq!(shown[0].state, NodeState::Ready as i32);
-        assert!(shown[0].current_job.is_empty(), "the job ended");
-        assert_eq!(shown[1].state_reason, "drained: bad fan");
-        assert_eq!(shown, vec![brief(&nodes[0].node), brief(&nodes[1].node)]);
+        n.gpus[5].name = "NVIDIA H100".into();
+        let (_, _, rows) = shown(&n, &cpu);
         assert_eq!(
-            made.iter().map(|m| m.0.as_str()).collect::<Vec<_>>(),
-            ["b"],
-            "only the changed node is encoded again"
+            rows[0].2, "NVIDIA H200, NVIDIA H100, NVIDIA H200",
+            "a node of mixed models still shows it"
         );
-
-        // A registration replaces the node whole.
-        let (name, version, encoded) = made.into_iter().next().unwrap();
-        assert_eq!(name, "b");
-        nodes[1].keep_listed(version, encoded);
-        nodes[1].set_node(node("b"));
-        // Encoded while it runs a job, the node is later shown without it:
-        // the kept bytes never carry a job or state to go stale.
-        nodes[1].set_job("job-000002");
-        let (_, made) = list(&nodes);
-        assert_eq!(made.len(), 1);
-        let (_, version, encoded) = made.into_iter().next().unwrap();
-        nodes[1].keep_listed(version, encoded);
-        nodes[1].set_job("");
-        let (listing, made) = list(&nodes);
-        assert!(made.is_empty());
-        let shown = decoded(&listing);
-        assert_eq!(shown[1], brief(&nodes[1].node));
-        assert!(shown[1].current_job.is_empty(), "the job ended");
-        assert_eq!(shown[1].state, NodeState::Ready as i32);
     }
 }

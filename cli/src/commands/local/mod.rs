@@ -318,8 +318,8 @@ fn start_agent(
     })
 }
 
-fn ready(n: &pb::Node) -> bool {
-    matches!(n.state(), pb::NodeState::Ready | pb::NodeState::Busy)
+fn ready(state: pb::NodeState) -> bool {
+    matches!(state, pb::NodeState::Ready | pb::NodeState::Busy)
 }
 
 async fn wait_for_agents(
@@ -344,10 +344,10 @@ async fn wait_for_agents(
                 return Err(died(p, "while agents were starting"));
             }
         }
-        let nodes = c.nodes(true).await.unwrap_or_default();
+        let nodes = c.node_table().await.unwrap_or_default();
         let missing: Vec<&String> = names
             .iter()
-            .filter(|n| !nodes.iter().any(|x| &x.name == *n && ready(x)))
+            .filter(|n| !nodes.rows().any(|x| x.name == n.as_str() && ready(x.state)))
             .collect();
         if missing.is_empty() {
             return Ok(());
