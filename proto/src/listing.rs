@@ -2,6 +2,8 @@
 //! builder that fills its columns and dictionaries, and rows read back out
 //! of it without copying a string.
 
+use std::ops::Range;
+
 use std::collections::HashMap;
 
 use crate::pb::{NodeState, NodeTable};
@@ -25,18 +27,40 @@ pub struct NodeRow<'a> {
 
 impl NodeTable {
     pub fn len(&self) -> usize {
-        self.name.len()
+        self.name_len.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.name.is_empty()
+        self.name_len.is_empty()
     }
 
-    /// Row `i`. A column shorter than `name` (a malformed answer) reads as
-    /// its default, never out of bounds.
+    /// Row `i`. A column shorter than `name_len` (a malformed answer) reads
+    /// as its default, never out of bounds, as does a name past the end of
+    /// `names` or not cut at a character's boundary.
     pub fn row(&self, i: usize) -> NodeRow<'_> {
+        self.row_at(i, self.name_at(i))
+    }
+
+    /// Every row, in order; names are cut in one pass.
+    pub fn rows(&self) -> impl Iterator<Item = NodeRow<'_>> {
+        let mut start = 0usize;
+        self.name_len.iter().enumerate().map(move |(i, &len)| {
+            let end = start.saturating_add(len as usize);
+            let name = start..end;
+            start = end;
+            self.row_at(i, name)
+        })
+    }
+
+    fn name_at(&self, i: usize) -> Range<usize> {
+        let start: usize = self.name_len.iter().take(i).map(|&l| l as usize).sum();
+        let len = self.name_len.get(i).copied().unwrap_or(0) as usize;
+        start..start.saturating_add(len)
+    }
+
+    fn row_at(&self, i: usize, name: Range<usize>) -> NodeRow<'_> {
         NodeRow {
-            name: self.name.get(i).map_or("", String::as_str),
+            name: self.names.get(name).unwrap_or(""),
             state: self
                 .state
                 .get(i)
@@ -50,10 +74,6 @@ impl NodeTable {
             reason: self.reason.get(&(i as u32)).map_or("", String::as_str),
         }
     }
-
-    pub fn rows(&self) -> impl Iterator<Item = NodeRow<'_>> {
-        (0..self.len()).map(|i| self.row(i))
-    }
 }
 
 /// The dictionary's word at `at`; "" where there is none.
@@ -66,14 +86,16 @@ fn word<'a>(dict: &'a [String], at: Option<&u32>) -> &'a str {
 #[derive(Default)]
 pub struct TableBuilder {
     table: NodeTable,
-    models: HashMap<String, u32>,
-    jobs: HashMap<String, u32>,
+    models: Dict,
+    jobs: Dict,
 }
 
 impl TableBuilder {
     pub fn with_capacity(rows: usize) -> TableBuilder {
-        let mut table = NodeTable {
-            name: Vec::with_capacity(rows),
+        let table = NodeTable {
+            // Names of a dozen bytes or so.
+            names: String::with_capacity(rows * 16),
+            name_len: Vec::with_capacity(rows),
             state: Vec::with_capacity(rows),
             slots: Vec::with_capacity(rows),
             last_heartbeat_unix_ms: Vec::with_capacity(rows),
@@ -82,26 +104,28 @@ impl TableBuilder {
             job: Vec::with_capacity(rows),
             ..Default::default()
         };
-        table.models.push(String::new());
-        table.jobs.push(String::new());
-        TableBuilder {
+        let mut b = TableBuilder {
             table,
-            models: HashMap::from([(String::new(), 0)]),
-            jobs: HashMap::from([(String::new(), 0)]),
-        }
+            models: Dict::default(),
+            jobs: Dict::default(),
+        };
+        // "" first in each: no GPU, no job.
+        b.models.intern(&mut b.table.models, "");
+        b.jobs.intern(&mut b.table.jobs, "");
+        b
     }
 
     pub fn push(&mut self, row: NodeRow<'_>) {
         let t = &mut self.table;
-        let i = t.name.len() as u32;
-        t.name.push(row.name.to_string());
+        let i = t.name_len.len() as u32;
+        t.names.push_str(row.name);
+        t.name_len.push(row.name.len() as u32);
         t.state.push(row.state as i32);
         t.slots.push(row.slots);
         t.last_heartbeat_unix_ms.push(row.last_heartbeat_unix_ms);
         t.shm_bytes.push(row.shm_bytes);
-        t.model
-            .push(intern(&mut self.models, &mut t.models, row.model));
-        t.job.push(intern(&mut self.jobs, &mut t.jobs, row.job));
+        t.model.push(self.models.intern(&mut t.models, row.model));
+        t.job.push(self.jobs.intern(&mut t.jobs, row.job));
         if !row.reason.is_empty() {
             t.reason.insert(i, row.reason.to_string());
         }
@@ -112,14 +136,32 @@ impl TableBuilder {
     }
 }
 
-fn intern(index: &mut HashMap<String, u32>, dict: &mut Vec<String>, word: &str) -> u32 {
-    if let Some(&k) = index.get(word) {
-        return k;
+/// A dictionary column: the words so far, where each is, and the last
+/// row's, since neighbours mostly share a model and a job (no hashing for
+/// those).
+#[derive(Default)]
+struct Dict {
+    index: HashMap<String, u32>,
+    last: u32,
+}
+
+impl Dict {
+    fn intern(&mut self, words: &mut Vec<String>, word: &str) -> u32 {
+        if words.get(self.last as usize).is_some_and(|w| w == word) {
+            return self.last;
+        }
+        let k = match self.index.get(word) {
+            Some(&k) => k,
+            None => {
+                let k = words.len() as u32;
+                words.push(word.to_string());
+                self.index.insert(word.to_string(), k);
+                k
+            }
+        };
+        self.last = k;
+        k
     }
-    let k = dict.len() as u32;
-    dict.push(word.to_string());
-    index.insert(word.to_string(), k);
-    k
 }
 
 #[cfg(test)]
@@ -170,7 +212,8 @@ mod tests {
     #[test]
     fn a_short_column_reads_as_its_default() {
         let table = NodeTable {
-            name: vec!["a".into(), "b".into()],
+            names: "ab".into(),
+            name_len: vec![1, 1],
             slots: vec![8],
             model: vec![0, 7],
             models: vec![String::new()],
@@ -179,5 +222,13 @@ mod tests {
         let b = table.row(1);
         assert_eq!((b.name, b.slots, b.model, b.job), ("b", 0, "", ""));
         assert_eq!(b.state, NodeState::default());
+        // Names past the end, or not cut at a character's boundary.
+        let table = NodeTable {
+            names: "aé".into(),
+            name_len: vec![2, 9],
+            ..Default::default()
+        };
+        assert_eq!(table.rows().map(|r| r.name).collect::<Vec<_>>(), ["", ""]);
+        assert_eq!(table.row(1).name, "");
     }
 }

@@ -93,8 +93,19 @@ async fn two_hundred_nodes_report_every_rank_and_memory_comes_back() {
     }
 }
 
+/// A coordinator process, killed when dropped: a failed assertion must
+/// not leave it running.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A coordinator process on `port` over the store in `dir`; its URL.
-fn start_coordinator(port: u16, dir: &std::path::Path) -> (std::process::Child, String) {
+fn start_coordinator(port: u16, dir: &std::path::Path) -> (Killed, String) {
     use std::io::BufRead;
     let mut child = std::process::Command::new(coordinator_bin())
         .args(["--listen", &format!("127.0.0.1:{port}")])
@@ -113,7 +124,7 @@ fn start_coordinator(port: u16, dir: &std::path::Path) -> (std::process::Child, 
         .trim()
         .strip_prefix("listening on ")
         .unwrap_or_else(|| panic!("the coordinator printed `{line}`, not `listening on URL`"));
-    (child, url.to_string())
+    (Killed(child), url.to_string())
 }
 
 /// The simulated agents do what `gpuctl-agent` does when their coordinator
@@ -135,7 +146,7 @@ async fn the_fleet_comes_back_after_a_coordinator_restart_and_its_job_ends() {
         .local_addr()
         .unwrap()
         .port();
-    let (mut coord, url) = start_coordinator(port, &dir.join("store"));
+    let (coord, url) = start_coordinator(port, &dir.join("store"));
     let stop = gpuctl_proto::shutdown::Shutdown::new();
     let nodes = 4;
     let fleet = fleet::start(
@@ -184,10 +195,9 @@ async fn the_fleet_comes_back_after_a_coordinator_restart_and_its_job_ends() {
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
 
-    coord.kill().unwrap();
-    coord.wait().unwrap();
+    drop(coord);
     let restarted_ms = gpuctl_proto::now_ms();
-    let (mut coord, _) = start_coordinator(port, &dir.join("store"));
+    let (coord, _) = start_coordinator(port, &dir.join("store"));
     let mut jobs = connect().await;
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
@@ -237,8 +247,7 @@ async fn the_fleet_comes_back_after_a_coordinator_restart_and_its_job_ends() {
         "{lost} sessions lost, {back} opened again"
     );
     stop.cancel();
-    coord.kill().unwrap();
-    let _ = coord.wait();
+    drop(coord);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -13,6 +13,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::reports::Built;
 use super::snapshot::Snapshot;
+use super::state::Fixed;
 use crate::error::CoordinatorError;
 
 pub type Reply<T> = oneshot::Sender<T>;
@@ -108,7 +109,7 @@ pub enum Event {
     /// Every node as the scheduler holds it; the caller builds the listing
     /// (`SchedulerHandle::list_nodes`).
     ListNodes {
-        reply: Reply<Vec<Arc<Node>>>,
+        reply: Reply<Vec<(Arc<Node>, Arc<Fixed>)>>,
     },
     RemoveNode {
         name: String,

@@ -114,7 +114,10 @@ impl SchedulerHandle {
                 }
             } else {
                 ListNodesResponse {
-                    nodes: nodes.into_iter().map(Arc::unwrap_or_clone).collect(),
+                    nodes: nodes
+                        .into_iter()
+                        .map(|(n, _)| Arc::unwrap_or_clone(n))
+                        .collect(),
                     table: None,
                 }
             }
@@ -458,7 +461,8 @@ impl Scheduler {
             }
             Event::ListNodes { reply } => {
                 // Built by the caller: 4,096 nodes held the task 15-30 ms a call.
-                let _ = reply.send(self.nodes.values().map(|e| e.node.clone()).collect());
+                let nodes = self.nodes.values();
+                let _ = reply.send(nodes.map(|e| (e.node.clone(), e.fixed.clone())).collect());
             }
             Event::RemoveNode { name, reply } => {
                 let _ = reply.send(self.remove_node(&name).await);

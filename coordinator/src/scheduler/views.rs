@@ -9,10 +9,10 @@ use std::cmp::Reverse;
 use std::sync::Arc;
 
 use gpuctl_proto::listing::{NodeRow, TableBuilder};
-use gpuctl_proto::pb::{GpuInfo, Job, Node, NodeTable, PreflightCheck, RankProgress, Verdict};
+use gpuctl_proto::pb::{Job, Node, NodeTable, PreflightCheck, RankProgress, Verdict};
 
 use super::events::Reply;
-use super::state::JobEntry;
+use super::state::{Fixed, JobEntry};
 use super::Scheduler;
 use crate::error::CoordinatorError;
 
@@ -212,18 +212,16 @@ fn severity(v: Verdict) -> u8 {
 
 /// The brief listing of `nodes` (`ListNodesRequest.brief`), as the columns
 /// of a table.
-pub fn table(nodes: &[Arc<Node>]) -> NodeTable {
+pub fn table(nodes: &[(Arc<Node>, Arc<Fixed>)]) -> NodeTable {
     let mut b = TableBuilder::with_capacity(nodes.len());
-    let mut model = String::new();
-    for n in nodes {
-        models(&n.gpus, &mut model);
+    for (n, fixed) in nodes {
         b.push(NodeRow {
             name: &n.name,
             state: n.state(),
-            slots: slots(n),
+            slots: fixed.slots,
             last_heartbeat_unix_ms: n.last_heartbeat_unix_ms,
-            shm_bytes: n.facts.as_ref().map_or(0, |f| f.shm_bytes),
-            model: &model,
+            shm_bytes: fixed.shm_bytes,
+            model: &fixed.model,
             job: &n.current_job,
             reason: &n.state_reason,
         });
@@ -231,41 +229,11 @@ pub fn table(nodes: &[Arc<Node>]) -> NodeTable {
     b.finish()
 }
 
-/// Ranks the node runs: its GPUs, else its CPU ranks.
-fn slots(n: &Node) -> u32 {
-    if n.gpus.is_empty() {
-        if n.slots > 0 {
-            n.slots
-        } else {
-            n.facts.as_ref().map_or(0, |f| f.cpu_ranks)
-        }
-    } else {
-        n.slots.max(n.gpus.len() as u32)
-    }
-}
-
-/// The GPU models into `out`, one per run of GPUs of the same model in
-/// index order, ", " between them: a node of mixed models shows it.
-fn models(gpus: &[GpuInfo], out: &mut String) {
-    out.clear();
-    let mut last: Option<&str> = None;
-    for g in gpus {
-        if last == Some(g.name.as_str()) {
-            continue;
-        }
-        if last.is_some() {
-            out.push_str(", ");
-        }
-        out.push_str(&g.name);
-        last = Some(&g.name);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::scheduler::state::LISTED_NODES;
-    use gpuctl_proto::pb::{HostFacts, NodeState, Plan, RankPlacement};
+    use gpuctl_proto::pb::{GpuInfo, HostFacts, NodeState, Plan, RankPlacement};
     use prost::Message as _;
 
     fn job(world: u32) -> JobEntry {
@@ -493,7 +461,7 @@ mod tests {
         };
         let shown = |n: &Node, cpu: &Node| {
             let t = NodeTable::decode(
-                table(&[Arc::new(n.clone()), Arc::new(cpu.clone())])
+                table(&[n, cpu].map(|n| (Arc::new(n.clone()), Arc::new(Fixed::of(n)))))
                     .encode_to_vec()
                     .as_slice(),
             )
