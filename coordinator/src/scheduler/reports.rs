@@ -526,11 +526,8 @@ impl Scheduler {
         id: &str,
         reply: Reply<Result<Report, CoordinatorError>>,
     ) {
-        if !self.jobs.contains_key(id) {
-            let _ = reply.send(Err(self.no_job(id)));
-            return;
-        }
         let Some(entry) = self.jobs.get_mut(id) else {
+            let _ = reply.send(Err(self.no_job(id)));
             return;
         };
         if let Some(p) = entry.pending.as_mut() {
