@@ -39,6 +39,27 @@ pub struct FleetConfig {
     pub interval: Duration,
     /// HTTP/2 connections the agents share (a real fleet has one per agent).
     pub connections: usize,
+    /// Whose connection the simulated workers' calls take.
+    pub rank_connections: RankConnections,
+}
+
+/// Whose HTTP/2 connection a simulated rank's calls (progress, result) go
+/// over. `gpuctl-worker` opens one of its own for the job, so a real fleet
+/// at 4,096 × 8 brings 32,768 connections to the coordinator for each job
+/// and closes them at its end; what the coordinator keeps per connection
+/// lasts as long as the job, not as long as the fleet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum RankConnections {
+    /// Over its agent's connection: cheapest, and the coordinator's
+    /// per-connection state of every job's calls stays with the agent's.
+    Agent,
+    /// One connection per node for each job, shared by its ranks: as
+    /// `rank` in when connections open and close, with 1/G of them.
+    #[default]
+    Node,
+    /// One per rank for each job, as `gpuctl-worker`: needs two file
+    /// descriptors per rank between the coordinator and the simulator.
+    Rank,
 }
 
 /// Counts the bench reads while the fleet runs.
@@ -377,6 +398,23 @@ impl Agent {
         }
     }
 
+    /// A client for workers' calls; a new connection, opened on its first
+    /// call and closed when its last clone goes, unless they take the agent's.
+    fn worker_client(&self) -> WorkerServiceClient<Channel> {
+        if self.cfg.rank_connections == RankConnections::Agent {
+            return WorkerServiceClient::new(self.channel.clone());
+        }
+        let lazy = gpuctl_proto::client::builder(&self.cfg.url)
+            .connect_timeout(Duration::from_secs(10))
+            .request_timeout(Duration::from_secs(30))
+            .connect_lazy();
+        // The URL connected at the start, so this is not expected to fail.
+        WorkerServiceClient::new(lazy.unwrap_or_else(|e| {
+            tracing::warn!(node = %self.name, "workers' connection: {e}; taking the agent's");
+            self.channel.clone()
+        }))
+    }
+
     /// Answers what the coordinator sends until the session ends.
     async fn listen(
         self: Arc<Self>,
@@ -385,7 +423,6 @@ impl Agent {
         running: &Running,
         cancels: &mut HashMap<String, Shutdown>,
     ) {
-        let workers = WorkerServiceClient::new(self.channel.clone());
         loop {
             // Stopping first: the bench ends the coordinator right after
             // the fleet, and a session cut by that is no news.
@@ -409,8 +446,7 @@ impl Agent {
                     self.stats.assigned(&a.job_id);
                     let stop = self.shutdown.child_token();
                     cancels.insert(a.job_id.clone(), stop.clone());
-                    self.start_ranks(&a, tx, running, workers.clone(), stop)
-                        .await;
+                    self.start_ranks(&a, tx, running, stop).await;
                 }
                 Some(coordinator_message::Msg::Cancel(c)) => {
                     if let Some(stop) = cancels.remove(&c.job_id) {
@@ -427,7 +463,6 @@ impl Agent {
         a: &Assignment,
         tx: &mpsc::Sender<AgentMessage>,
         running: &Running,
-        workers: WorkerServiceClient<Channel>,
         stop: Shutdown,
     ) {
         let ranks: Vec<u32> = a.ranks.iter().map(|r| r.rank).collect();
@@ -469,6 +504,7 @@ impl Agent {
             },
         );
         let left = Arc::new(AtomicU64::new(ranks.len() as u64));
+        let node_client = self.worker_client();
         for p in &a.ranks {
             self.stats.ranks_started.fetch_add(1, Ordering::Relaxed);
             let job = RankJob {
@@ -486,7 +522,10 @@ impl Agent {
                 left.clone(),
                 self.stats.clone(),
                 stop.clone(),
-                workers.clone(),
+                match self.cfg.rank_connections {
+                    RankConnections::Rank => self.worker_client(),
+                    _ => node_client.clone(),
+                },
             );
             tokio::spawn(async move {
                 let outcome = ranks::run(job.clone(), client, stats.clone(), stop).await;

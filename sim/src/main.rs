@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use gpuctl_sim::bench::{self, BenchConfig};
-use gpuctl_sim::fleet::{self, FleetConfig};
+use gpuctl_sim::fleet::{self, FleetConfig, RankConnections};
 
 // The simulator's 4,096 agents and 32,768 ranks spent ~6 % of their CPU in
 // glibc's malloc and free (perf, mid-job).
@@ -41,6 +41,12 @@ struct Shape {
     /// HTTP/2 connections the simulated agents share (0: one per agent, like a real fleet).
     #[arg(long, default_value_t = 0)]
     connections: usize,
+    /// Whose connection the simulated workers' calls take. `gpuctl-worker`
+    /// opens its own for each job (`rank`), which needs two file descriptors
+    /// per rank here; `node` opens and closes connections as `rank` does,
+    /// one per node.
+    #[arg(long, value_enum, default_value_t = RankConnections::Node)]
+    rank_connections: RankConnections,
 }
 
 #[derive(clap::Args)]
@@ -124,7 +130,9 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    raise_fd_limit();
+    // One connection per simulated agent, and more per job, need more
+    // descriptors than the usual soft limit of 1,024.
+    let _ = gpuctl_proto::server::raise_open_files_limit();
     let nice = match &cli.command {
         Cmd::Bench { priority, .. } => priority.fleet_nice.unwrap_or(BENCH_FLEET_NICE),
         Cmd::Fleet { priority, .. } => priority.fleet_nice.unwrap_or(0),
@@ -161,6 +169,7 @@ fn main() -> Result<()> {
                     short,
                     interval: shape.interval,
                     connections: connections(&shape),
+                    rank_connections: shape.rank_connections,
                     cli_every,
                     coordinator_log,
                 };
@@ -195,6 +204,7 @@ fn main() -> Result<()> {
                         heartbeat: Duration::from_secs(1),
                         interval: shape.interval,
                         connections: connections(&shape),
+                        rank_connections: shape.rank_connections,
                     },
                     stop.clone(),
                 )
@@ -228,18 +238,5 @@ fn lower_priority(nice: i32) {
     unsafe {
         let tid = libc::gettid();
         libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice);
-    }
-}
-
-/// One connection per simulated agent needs more descriptors than the
-/// usual soft limit of 1024.
-fn raise_fd_limit() {
-    // SAFETY: getrlimit/setrlimit on our own process with a valid struct.
-    unsafe {
-        let mut r: libc::rlimit = std::mem::zeroed();
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
-            r.rlim_cur = r.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
-        }
     }
 }

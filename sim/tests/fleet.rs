@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use gpuctl_sim::bench::{self, BenchConfig};
+use gpuctl_sim::fleet::RankConnections;
 
 /// gpuctl-coordinator from the same build (`cargo build --workspace` first).
 fn coordinator_bin() -> PathBuf {
@@ -37,6 +38,7 @@ async fn two_hundred_nodes_report_every_rank_and_memory_comes_back() {
         short: Duration::from_secs(5),
         interval: Duration::from_secs(1),
         connections: nodes,
+        rank_connections: RankConnections::Node,
         cli_every: Duration::from_millis(200),
         coordinator_log: bench::COORDINATOR_LOG.into(),
     };
@@ -158,6 +160,9 @@ async fn the_fleet_comes_back_after_a_coordinator_restart_and_its_job_ends() {
             heartbeat: Duration::from_secs(1),
             interval: Duration::from_secs(1),
             connections: nodes,
+            // As gpuctl-worker: the ranks' connections outlive no job, and
+            // must find the restarted coordinator by themselves.
+            rank_connections: RankConnections::Rank,
         },
         stop.clone(),
     )

@@ -21,7 +21,7 @@ use gpuctl_proto::pb::{
 use gpuctl_proto::shutdown::Shutdown;
 use prost::Message;
 
-use crate::fleet::{self, FleetConfig};
+use crate::fleet::{self, FleetConfig, RankConnections};
 use crate::probe;
 
 mod print;
@@ -41,6 +41,7 @@ pub struct BenchConfig {
     pub short: Duration,
     pub interval: Duration,
     pub connections: usize,
+    pub rank_connections: RankConnections,
     /// The CLI calls' pause between rounds.
     pub cli_every: Duration,
     /// The coordinator's `RUST_LOG`.
@@ -52,6 +53,7 @@ pub struct BenchConfig {
 pub struct BenchReport {
     pub nodes: usize,
     pub gpus: u32,
+    pub rank_connections: RankConnections,
     pub register_ms: f64,
     /// `PlanJob` on every node, each call's ms: as `gpuctl plan` asks for
     /// a person's table (bounded, `VIEW_RANKS`) and whole (`-o json`).
@@ -396,6 +398,7 @@ pub async fn run(cfg: &BenchConfig, dir: PathBuf) -> Result<BenchReport> {
     let mut out = BenchReport {
         nodes: cfg.nodes,
         gpus: cfg.gpus,
+        rank_connections: cfg.rank_connections,
         ..Default::default()
     };
 
@@ -414,6 +417,7 @@ pub async fn run(cfg: &BenchConfig, dir: PathBuf) -> Result<BenchReport> {
             heartbeat: Duration::from_secs(1),
             interval: cfg.interval,
             connections: cfg.connections,
+            rank_connections: cfg.rank_connections,
         },
         stop.clone(),
     )

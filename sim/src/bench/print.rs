@@ -2,7 +2,10 @@
 
 use serde_json::{json, Value};
 
+use clap::ValueEnum as _;
+
 use super::{percentile, BenchReport, PLAN_CALLS};
+use crate::fleet::RankConnections;
 
 const MB: f64 = 1e6;
 
@@ -16,6 +19,7 @@ impl BenchReport {
         json!({
             "nodes": self.nodes,
             "gpus_per_node": self.gpus,
+            "rank_connections": self.rank_connections.to_possible_value().map(|v| v.get_name().to_string()),
             "register_ms": self.register_ms,
             "plan_all_nodes_ms": { "view": self.plan_view_ms, "whole": self.plan_whole_ms },
             "plan_whole_bytes": self.plan_whole_bytes,
@@ -41,8 +45,15 @@ impl BenchReport {
 
     pub fn print(&self) {
         println!(
-            "gpuctl coordinator at {} simulated nodes × {} GPUs: registered in {:.0} ms",
-            self.nodes, self.gpus, self.register_ms
+            "gpuctl coordinator at {} simulated nodes × {} GPUs: registered in {:.0} ms; workers' calls over {}",
+            self.nodes,
+            self.gpus,
+            self.register_ms,
+            match self.rank_connections {
+                RankConnections::Agent => "their agent's connection",
+                RankConnections::Node => "a connection per node and job",
+                RankConnections::Rank => "a connection per rank and job",
+            }
         );
         let (v50, vmax) = median_max(&self.plan_view_ms);
         let (w50, wmax) = median_max(&self.plan_whole_ms);
