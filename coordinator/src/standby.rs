@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpuctl_proto::leader::standby_status;
+use gpuctl_proto::server::{accept, AcceptBackoff};
 use gpuctl_proto::shutdown::Shutdown;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -27,19 +28,18 @@ use crate::store::Store;
 /// How long the standby's open connections get to take their answers and go.
 const DRAIN: Duration = Duration::from_secs(3);
 
-/// The accepted connections of a shared listener (each made ready as
-/// gpuctl_proto::server::incoming does), until `stop` trips: then the stream
-/// ends and accepts nothing more, so that another server can take the listener.
+/// The accepted connections of a shared listener (taken as
+/// gpuctl_proto::server::incoming takes them, waiting out a want of
+/// descriptors), until `stop` trips: then the stream ends and accepts
+/// nothing more, so that another server can take the listener.
 pub fn incoming(
     listener: Arc<TcpListener>,
     stop: Shutdown,
 ) -> impl Stream<Item = std::io::Result<TcpStream>> {
-    let accepted = futures::stream::unfold(listener, |l| async move {
-        let conn = l.accept().await.and_then(|(c, _)| {
-            gpuctl_proto::server::ready(&c)?;
-            Ok(c)
-        });
-        Some((conn, l))
+    let state = (listener, AcceptBackoff::default());
+    let accepted = futures::stream::unfold(state, |(l, mut backoff)| async move {
+        let conn = accept(&l, &mut backoff).await;
+        Some((Ok(conn), (l, backoff)))
     });
     futures::StreamExt::take_until(accepted, stop.cancelled_owned())
 }

@@ -54,16 +54,98 @@ pub fn tls_config(
 
 /// The accepted connections of `listener`, each [`ready`]: tonic's
 /// `serve_with_incoming*` takes sockets as they come and ignores the
-/// builder's `tcp_nodelay`.
+/// builder's `tcp_nodelay`. Never yields an error: see [`accept`].
 pub fn incoming(
     listener: tokio::net::TcpListener,
 ) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    use tokio_stream::StreamExt as _;
-    tokio_stream::wrappers::TcpListenerStream::new(listener).map(|conn| {
-        let conn = conn?;
-        ready(&conn)?;
-        Ok(conn)
+    let state = (listener, AcceptBackoff::default());
+    futures::stream::unfold(state, |(listener, mut backoff)| async move {
+        let conn = accept(&listener, &mut backoff).await;
+        Some((Ok(conn), (listener, backoff)))
     })
+}
+
+/// The next connection on `listener`, made [`ready`]. An accept that fails
+/// for want of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) is
+/// tried again after a pause that doubles from 5 ms to 1 s, with a warning
+/// naming the open-files limit: tonic's own loop retried at once, at 100 %
+/// of a CPU, and said so only at `trace`. Other failures (a peer gone before
+/// it was taken) are tried again at once, as before.
+pub async fn accept(
+    listener: &tokio::net::TcpListener,
+    backoff: &mut AcceptBackoff,
+) -> tokio::net::TcpStream {
+    loop {
+        match listener.accept().await {
+            Ok((conn, _)) => {
+                backoff.reset();
+                // A socket that cannot be set up is one peer's problem.
+                if let Err(e) = ready(&conn) {
+                    tracing::debug!("setting up an accepted connection: {e}");
+                }
+                return conn;
+            }
+            Err(e) => match e.raw_os_error() {
+                Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM) => {
+                    tokio::time::sleep(backoff.failed(&e)).await;
+                }
+                _ => tracing::debug!("accepting a connection: {e}"),
+            },
+        }
+    }
+}
+
+/// The pause between accepts that fail for want of resources, and when the
+/// last warning about them was given.
+#[derive(Debug, Default)]
+pub struct AcceptBackoff {
+    pause: Duration,
+    failed: u64,
+    warned: Option<std::time::Instant>,
+}
+
+impl AcceptBackoff {
+    const FIRST: Duration = Duration::from_millis(5);
+    const MOST: Duration = Duration::from_secs(1);
+    /// At most one warning in this long, counting the failures between.
+    const WARN_EVERY: Duration = Duration::from_secs(10);
+
+    fn reset(&mut self) {
+        self.pause = Duration::ZERO;
+    }
+
+    /// Notes a failed accept; the pause before the next.
+    fn failed(&mut self, e: &std::io::Error) -> Duration {
+        self.failed += 1;
+        self.pause = (self.pause * 2).clamp(Self::FIRST, Self::MOST);
+        if self.warned.is_none_or(|t| t.elapsed() >= Self::WARN_EVERY) {
+            self.warned = Some(std::time::Instant::now());
+            let (soft, _) = open_files_limit();
+            tracing::warn!(
+                failed = self.failed,
+                open_files_limit = soft,
+                "cannot accept connections: {e}. Each agent holds a connection, and each worker \
+                 one for its job: a fleet of N nodes × G GPUs needs about N × (G + 1) open \
+                 files. Raise the limit (`ulimit -n`, systemd `LimitNOFILE=`); waiting \
+                 {:?} before trying again",
+                self.pause
+            );
+            self.failed = 0;
+        }
+        self.pause
+    }
+}
+
+/// The process's open-files limit, soft and hard; `(0, 0)` where it cannot be read.
+pub fn open_files_limit() -> (u64, u64) {
+    rlimit::getrlimit(rlimit::Resource::NOFILE).unwrap_or((0, 0))
+}
+
+/// Raises the soft open-files limit to the hard one (a server's connections
+/// outgrow the usual soft 1,024 long before a fleet is large); the soft
+/// limit after.
+pub fn raise_open_files_limit() -> std::io::Result<u64> {
+    rlimit::increase_nofile_limit(u64::MAX)
 }
 
 /// Sets up an accepted connection: TCP_NODELAY, since small unary answers
@@ -97,6 +179,16 @@ fn congestion(conn: &tokio::net::TcpStream) -> String {
 #[cfg(test)]
 mod tests {
     use tokio_stream::StreamExt as _;
+
+    #[test]
+    fn the_backoff_doubles_to_a_second_and_starts_over_after_an_accept() {
+        let mut b = super::AcceptBackoff::default();
+        let e = std::io::Error::from_raw_os_error(libc::EMFILE);
+        let pauses: Vec<u64> = (0..10).map(|_| b.failed(&e).as_millis() as u64).collect();
+        assert_eq!(pauses, [5, 10, 20, 40, 80, 160, 320, 640, 1000, 1000]);
+        b.reset();
+        assert_eq!(b.failed(&e).as_millis(), 5);
+    }
 
     #[tokio::test]
     async fn accepted_sockets_have_nodelay() {
