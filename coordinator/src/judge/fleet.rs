@@ -184,23 +184,31 @@ pub fn rows(runs: &[NodeRun], tolerance: f64) -> Vec<FleetRow> {
         .collect()
 }
 
-/// The latest measurement of every pair of nodes, from the runs' links.
-pub fn latest_links(runs: &[NodeRun]) -> Vec<Link> {
-    let mut latest: BTreeMap<(String, String, String), (u64, Link)> = BTreeMap::new();
-    for r in runs {
-        for l in &r.links {
-            let key = (l.op.clone(), l.a.clone(), l.b.clone());
-            match latest.get(&key) {
-                Some((t, _)) if *t >= r.finished_unix_ms => {}
-                _ => {
-                    let mut l = l.clone();
-                    l.measured_unix_ms = r.finished_unix_ms;
-                    latest.insert(key, (r.finished_unix_ms, l));
+/// The latest measurement of every pair of nodes, from the runs' links,
+/// given a node's runs at a time.
+#[derive(Default)]
+pub struct LatestLinks(BTreeMap<(String, String, String), (u64, Link)>);
+
+impl LatestLinks {
+    pub fn add(&mut self, runs: &[NodeRun]) {
+        for r in runs {
+            for l in &r.links {
+                let key = (l.op.clone(), l.a.clone(), l.b.clone());
+                match self.0.get(&key) {
+                    Some((t, _)) if *t >= r.finished_unix_ms => {}
+                    _ => {
+                        let mut l = l.clone();
+                        l.measured_unix_ms = r.finished_unix_ms;
+                        self.0.insert(key, (r.finished_unix_ms, l));
+                    }
                 }
             }
         }
     }
-    latest.into_values().map(|(_, l)| l).collect()
+
+    pub fn finish(self) -> Vec<Link> {
+        self.0.into_values().map(|(_, l)| l).collect()
+    }
 }
 
 /// Whether a run is still kept: at most `keep` runs per node, none older
