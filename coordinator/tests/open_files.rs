@@ -18,6 +18,16 @@ use gpuctl_proto::pb::ListNodesRequest;
 
 const LIMIT: u64 = 64;
 
+/// Kills the coordinator when the test ends, passed or not.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// CPU seconds the process has used (user + system), from /proc.
 fn cpu_seconds(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
@@ -54,9 +64,9 @@ async fn out_of_descriptors_it_warns_naming_the_limit_waits_and_recovers() {
             Ok(())
         });
     }
-    let mut child = cmd.spawn().expect("start gpuctl-coordinator");
+    let mut child = Killed(cmd.spawn().expect("start gpuctl-coordinator"));
     let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
     let url = loop {
         match lines.next() {
             Some(Ok(l)) => {
@@ -71,7 +81,7 @@ async fn out_of_descriptors_it_warns_naming_the_limit_waits_and_recovers() {
         }
     };
     let addr = url.trim_start_matches("http://").to_string();
-    let pid = child.id();
+    let pid = child.0.id();
 
     // Bare TCP connections: each one the coordinator takes costs it a
     // descriptor, and the kernel completes the rest from its listen backlog
@@ -143,6 +153,4 @@ async fn out_of_descriptors_it_warns_naming_the_limit_waits_and_recovers() {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let _ = child.kill();
-    let _ = child.wait();
 }

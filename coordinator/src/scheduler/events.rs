@@ -2,8 +2,6 @@
 //! events, from gRPC handlers or the tick timer. Requests that need an answer
 //! carry a oneshot for it.
 
-use std::sync::Arc;
-
 use gpuctl_proto::pb::{
     Ack, AssignmentAck, CoordinatorMessage, Heartbeat, Job, JobSpec, JobState, Node, Plan,
     RankProgressReport, RankResult, RegisterRequest, RegisterResponse, Report, SubmitSuiteRequest,
@@ -13,7 +11,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::reports::Built;
 use super::snapshot::Snapshot;
-use super::state::Fixed;
+use super::views::Listing;
 use crate::error::CoordinatorError;
 
 pub type Reply<T> = oneshot::Sender<T>;
@@ -106,10 +104,12 @@ pub enum Event {
         limit: u32,
         reply: Reply<Vec<Job>>,
     },
-    /// Every node as the scheduler holds it; the caller builds the listing
+    /// Every node: a brief listing's table, built on the scheduler's task,
+    /// or the nodes as the scheduler holds them, for the caller to copy
     /// (`SchedulerHandle::list_nodes`).
     ListNodes {
-        reply: Reply<Vec<(Arc<Node>, Arc<Fixed>)>>,
+        brief: bool,
+        reply: Reply<Listing>,
     },
     RemoveNode {
         name: String,

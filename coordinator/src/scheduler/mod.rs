@@ -93,35 +93,30 @@ impl SchedulerHandle {
 
     /// Every node, each whole or as `gpuctl nodes` shows it (`brief`).
     ///
-    /// The caller's worker thread waits for the scheduler and builds the
-    /// listing out of the runtime's rotation (`block_in_place`), not on the
+    /// The caller's worker thread waits for the scheduler and copies whole
+    /// nodes out of the runtime's rotation (`block_in_place`), not on the
     /// blocking pool: at a 32,768-rank job's start and end thousands of
     /// fleet calls were queued, and a handler woken from another thread
-    /// waited 35-60 ms behind them with its listing already built.
+    /// waited 35-60 ms behind them with its listing already built. A brief
+    /// listing's table comes built from the scheduler's task.
     pub async fn list_nodes(&self, brief: bool) -> Result<ListNodesResponse, CoordinatorError> {
         let (tx, rx) = oneshot::channel();
-        self.lane(Event::ListNodes { reply: tx })
+        self.lane(Event::ListNodes { brief, reply: tx })
             .await
             .map_err(|_| CoordinatorError::ShuttingDown)?;
-        let nodes = background::recv_in_place(rx)
+        let listing = background::recv_in_place(rx)
             .await
             .map_err(|_| CoordinatorError::ShuttingDown)?;
-        Ok(background::in_place(move || {
-            if brief {
-                ListNodesResponse {
-                    table: Some(views::table(&nodes)),
-                    ..Default::default()
-                }
-            } else {
-                ListNodesResponse {
-                    nodes: nodes
-                        .into_iter()
-                        .map(|(n, _)| Arc::unwrap_or_clone(n))
-                        .collect(),
-                    table: None,
-                }
-            }
-        }))
+        Ok(match listing {
+            views::Listing::Table(t) => ListNodesResponse {
+                table: Some(*t),
+                ..Default::default()
+            },
+            views::Listing::Nodes(nodes) => background::in_place(move || ListNodesResponse {
+                nodes: nodes.into_iter().map(Arc::unwrap_or_clone).collect(),
+                table: None,
+            }),
+        })
     }
 
     /// Sends an event that needs no answer.
@@ -459,10 +454,22 @@ impl Scheduler {
             Event::ListJobs { limit, reply } => {
                 let _ = reply.send(self.list_jobs(limit));
             }
-            Event::ListNodes { reply } => {
-                // Built by the caller: 4,096 nodes held the task 15-30 ms a call.
+            Event::ListNodes { brief, reply } => {
                 let nodes = self.nodes.values();
-                let _ = reply.send(nodes.map(|e| (e.node.clone(), e.fixed.clone())).collect());
+                // The table is built here, from the nodes in place. Built by
+                // the caller, it held every node's `Arc` meanwhile, and a
+                // job's start or end, which changes all 4,096 nodes, copied
+                // each one held (GPUs, facts, checks) on this task. Whole
+                // nodes (`-o json`) are still copied by the caller: building
+                // them here held the task 15-30 ms a call.
+                let listing = if brief {
+                    views::Listing::Table(Box::new(views::table(
+                        nodes.map(|e| (e.node.as_ref(), e.fixed.as_ref())),
+                    )))
+                } else {
+                    views::Listing::Nodes(nodes.map(|e| e.node.clone()).collect())
+                };
+                let _ = reply.send(listing);
             }
             Event::RemoveNode { name, reply } => {
                 let _ = reply.send(self.remove_node(&name).await);

@@ -210,9 +210,17 @@ fn severity(v: Verdict) -> u8 {
     }
 }
 
+/// What `ListNodes` takes from the scheduler: a brief listing's table, or
+/// every node whole (`-o json`), which the caller copies out of its `Arc`s.
+#[derive(Debug)]
+pub enum Listing {
+    Table(Box<NodeTable>),
+    Nodes(Vec<Arc<Node>>),
+}
+
 /// The brief listing of `nodes` (`ListNodesRequest.brief`), as the columns
 /// of a table.
-pub fn table(nodes: &[(Arc<Node>, Arc<Fixed>)]) -> NodeTable {
+pub fn table<'a>(nodes: impl ExactSizeIterator<Item = (&'a Node, &'a Fixed)>) -> NodeTable {
     let mut b = TableBuilder::with_capacity(nodes.len());
     for (n, fixed) in nodes {
         b.push(NodeRow {
@@ -461,9 +469,14 @@ mod tests {
         };
         let shown = |n: &Node, cpu: &Node| {
             let t = NodeTable::decode(
-                table(&[n, cpu].map(|n| (Arc::new(n.clone()), Arc::new(Fixed::of(n)))))
-                    .encode_to_vec()
-                    .as_slice(),
+                table(
+                    [n, cpu]
+                        .map(|n| (n, Fixed::of(n)))
+                        .iter()
+                        .map(|(n, f)| (*n, f)),
+                )
+                .encode_to_vec()
+                .as_slice(),
             )
             .unwrap();
             let rows: Vec<(String, u32, String, String, String, u64)> = t
