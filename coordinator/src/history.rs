@@ -7,6 +7,8 @@
 
 use std::time::Duration;
 
+use futures::StreamExt as _;
+
 use gpuctl_proto::pb::{FleetRow, GetFleetRequest, GetFleetResponse, NodeRun};
 use gpuctl_proto::shutdown::Shutdown;
 use tracing::{info, warn};
@@ -90,6 +92,10 @@ async fn inventory(store: &StateStore) -> Result<Vec<String>, CoordinatorError> 
     Ok(nodes.into_iter().map(|n| n.name).collect())
 }
 
+/// Nodes whose runs are read at once: bounds what is held to that many
+/// nodes' runs (each at most `--history-keep`).
+const READ_AHEAD: usize = 16;
+
 async fn runs_of(store: &StateStore, node: &str) -> Result<Vec<NodeRun>, CoordinatorError> {
     store
         .history(Some(node))
@@ -122,8 +128,17 @@ pub async fn fleet(
     let mut rows = Vec::new();
     let mut links = fleet::LatestLinks::default();
     let mut last = Vec::new();
-    for name in &names {
-        let mut runs = runs_of(store, name).await?;
+    // Several nodes read at once, in order: one after another, each read's
+    // trip to the store's thread made a scrape of 4,096 nodes take 3-7 s
+    // while jobs ran.
+    let mut reads = futures::stream::iter(names)
+        .map(|name| {
+            let store = store.clone();
+            async move { runs_of(&store, &name).await }
+        })
+        .buffered(READ_AHEAD);
+    while let Some(runs) = reads.next().await {
+        let mut runs = runs?;
         runs.retain(|r| r.finished_unix_ms >= req.since_unix_ms);
         rows.extend(fleet::rows(&runs, drift_tolerance));
         links.add(&runs);
