@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpuctl_proto::leader::standby_status;
-use gpuctl_proto::server::{accept, AcceptBackoff};
 use gpuctl_proto::shutdown::Shutdown;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -36,12 +35,10 @@ pub fn incoming(
     listener: Arc<TcpListener>,
     stop: Shutdown,
 ) -> impl Stream<Item = std::io::Result<TcpStream>> {
-    let state = (listener, AcceptBackoff::default());
-    let accepted = futures::stream::unfold(state, |(l, mut backoff)| async move {
-        let conn = accept(&l, &mut backoff).await;
-        Some((Ok(conn), (l, backoff)))
-    });
-    futures::StreamExt::take_until(accepted, stop.cancelled_owned())
+    futures::StreamExt::take_until(
+        gpuctl_proto::server::incoming(listener),
+        stop.cancelled_owned(),
+    )
 }
 
 /// The leader's URL in the leader key's value: its first word, when that is

@@ -55,12 +55,16 @@ pub fn tls_config(
 /// The accepted connections of `listener`, each [`ready`]: tonic's
 /// `serve_with_incoming*` takes sockets as they come and ignores the
 /// builder's `tcp_nodelay`. Never yields an error: see [`accept`].
-pub fn incoming(
-    listener: tokio::net::TcpListener,
-) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+/// `listener` owned or shared (`Arc`, the coordinator's standby hands it on).
+pub fn incoming<L>(
+    listener: L,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>>
+where
+    L: std::borrow::Borrow<tokio::net::TcpListener>,
+{
     let state = (listener, AcceptBackoff::default());
     futures::stream::unfold(state, |(listener, mut backoff)| async move {
-        let conn = accept(&listener, &mut backoff).await;
+        let conn = accept(listener.borrow(), &mut backoff).await;
         Some((Ok(conn), (listener, backoff)))
     })
 }
