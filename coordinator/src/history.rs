@@ -118,13 +118,12 @@ pub async fn fleet(
         .acceptances()
         .await
         .map_err(|e| CoordinatorError::store("could not read the acceptance states", e))?;
-    let mut names = if node.is_empty() {
+    // The inventory comes in key order, one entry a node.
+    let names = if node.is_empty() {
         inventory(store).await?
     } else {
         vec![node.to_string()]
     };
-    names.sort();
-    names.dedup();
     let mut rows = Vec::new();
     let mut links = fleet::LatestLinks::default();
     let mut last = Vec::new();
