@@ -7,6 +7,7 @@
 //! - `libtorch`: finding libtorch and the workers' `LD_LIBRARY_PATH`
 //! - `workers`: spawning, supervising and killing worker processes
 //! - `session`: register, heartbeats, assignments, reconnecting
+//! - `relay`: the workers' calls to the coordinator, over the agent's connection
 //! - `telemetry`: NVML samples per GPU (and XID events) for jobs and `/metrics`
 //! - `metrics`: the HTTP `/metrics` endpoint (Prometheus text, dcgm-exporter names)
 //! - `preflight`: host checks at start and before every assignment (`gpuctl doctor`)
@@ -16,6 +17,7 @@ pub mod gpus;
 pub mod libtorch;
 pub mod metrics;
 pub mod preflight;
+pub mod relay;
 pub mod session;
 pub mod telemetry;
 pub mod workers;
@@ -60,6 +62,8 @@ pub struct Config {
     pub coordinator_grace: Duration,
     /// `--prestart-workers`: keep a started, idle worker per free slot.
     pub prestart_workers: bool,
+    /// `--worker-connections`: through the agent's relay, or each its own.
+    pub worker_connections: relay::WorkerConnections,
 }
 
 /// `$XDG_STATE_HOME/gpuctl/agent-NAME`, else `~/.local/state/gpuctl/agent-NAME`,
@@ -198,6 +202,21 @@ pub async fn run(cfg: Config, shutdown: Shutdown) -> anyhow::Result<()> {
         kill_grace: workers::KILL_GRACE,
     };
     let (workers, events) = workers::Workers::new(settings, cfg.coordinator.join(","));
+    let relay = match cfg.worker_connections {
+        relay::WorkerConnections::Direct => None,
+        relay::WorkerConnections::Relay => {
+            let relay = relay::Relay::new(&name);
+            let loopback = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+            let url = relay.clone().serve(loopback).await.map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot open the workers' relay on 127.0.0.1: {e}; pass --worker-connections direct to let workers connect themselves"
+                )
+            })?;
+            tracing::info!("workers reach the coordinator through {url}");
+            workers.relay_through(url);
+            Some(relay)
+        }
+    };
     if cfg.prestart_workers {
         let slots = if inventory.gpus.is_empty() {
             cfg.cpu_ranks as usize
@@ -288,6 +307,7 @@ pub async fn run(cfg: Config, shutdown: Shutdown) -> anyhow::Result<()> {
         checker: Some(checker),
         connected,
         coordinator_grace: cfg.coordinator_grace,
+        relay,
     };
     session::run(session_cfg, workers, events, shutdown).await;
     tracing::info!("gpuctl-agent stopped");

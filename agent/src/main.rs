@@ -97,6 +97,12 @@ struct Args {
     /// a rank starts without waiting for libtorch to load.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     prestart_workers: bool,
+
+    /// How workers reach the coordinator: `relay` through this agent (on
+    /// 127.0.0.1, over the agent's own connection: one connection per node),
+    /// or `direct`, each worker its own connection.
+    #[arg(long, value_enum, default_value_t)]
+    worker_connections: gpuctl_agent::relay::WorkerConnections,
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {
@@ -185,6 +191,7 @@ async fn main() -> anyhow::Result<()> {
         },
         coordinator_grace: args.coordinator_grace,
         prestart_workers: args.prestart_workers,
+        worker_connections: args.worker_connections,
     };
 
     // The one shutdown signal: every loop watches it, and the agent kills

@@ -25,6 +25,7 @@ use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::preflight::{self, Preflight};
+use crate::relay::Relay;
 use crate::workers::{killed_by, EventReceiver, Workers};
 
 /// First wait before reconnecting; doubled after each failure...
@@ -58,6 +59,9 @@ pub struct SessionConfig {
     pub connected: Arc<AtomicBool>,
     /// How long workers outlive a lost coordinator (zero: killed at once).
     pub coordinator_grace: Duration,
+    /// The workers' relay, told each coordinator the agent registers with;
+    /// `None` when workers call the coordinator themselves.
+    pub relay: Option<Arc<Relay>>,
 }
 
 /// Clears the connected flag when a session ends, however it ends.
@@ -188,7 +192,7 @@ async fn grace_watchdog(
     }
 }
 
-async fn connect(urls: &str) -> Result<AgentServiceClient<Channel>, String> {
+async fn connect(urls: &str) -> Result<(AgentServiceClient<Channel>, Channel), String> {
     // `urls`: `--coordinator`, one URL or several (a leader and its
     // standbys); the one that leads is used. The builder's HTTP/2 keepalive
     // is how an idle session notices a vanished coordinator host; its
@@ -204,9 +208,10 @@ async fn connect(urls: &str) -> Result<AgentServiceClient<Channel>, String> {
     if list.len() > 1 {
         tracing::info!(leader = %channel.url(), "the leading coordinator");
     }
-    Ok(AgentServiceClient::new(channel)
+    let client = AgentServiceClient::new(channel.clone())
         .max_decoding_message_size(gpuctl_proto::server::MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(gpuctl_proto::server::MAX_MESSAGE_BYTES))
+        .max_encoding_message_size(gpuctl_proto::server::MAX_MESSAGE_BYTES);
+    Ok((client, channel))
 }
 
 /// One connection: register, open the session, serve it until it ends.
@@ -221,7 +226,7 @@ async fn serve_once(
         reason,
         registered: false,
     };
-    let mut client = tokio::select! {
+    let (mut client, channel) = tokio::select! {
         c = connect(&cfg.coordinator) => match c {
             Ok(c) => c,
             Err(e) => return lost(e),
@@ -247,6 +252,11 @@ async fn serve_once(
         },
         _ = shutdown.cancelled() => return Ended::Shutdown,
     };
+    // The workers' calls share this connection from now on; a leader found
+    // after a failover takes them over with the session.
+    if let Some(relay) = &cfg.relay {
+        relay.set_upstream(channel);
+    }
     for id in &resp.refused {
         if workers.cancel(id, 0, killed_by::COORDINATOR_LOST) {
             tracing::warn!(job = %id, "the coordinator does not know the job as running: stopping its workers");

@@ -115,6 +115,7 @@ async fn workers_outlive_the_coordinator_for_the_grace() {
         checker: None,
         connected: Arc::new(AtomicBool::new(false)),
         coordinator_grace: grace,
+        relay: None,
     };
     let shutdown = CancellationToken::new();
     let agent = tokio::spawn(session::run(cfg, workers.clone(), events, shutdown.clone()));

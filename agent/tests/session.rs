@@ -106,6 +106,7 @@ async fn session_contract_loss_and_shutdown() {
         connected: Arc::new(AtomicBool::new(false)),
         // Workers die with the session, as the contract below pins.
         coordinator_grace: Duration::ZERO,
+        relay: None,
     };
     let connected = cfg.connected.clone();
     let shutdown = CancellationToken::new();
@@ -303,6 +304,7 @@ async fn failing_preflight_refuses_the_assignment() {
         connected: Arc::new(AtomicBool::new(false)),
         // Workers die with the session, as the contract below pins.
         coordinator_grace: Duration::ZERO,
+        relay: None,
     };
     let shutdown = CancellationToken::new();
     let agent = tokio::spawn(session::run(cfg, workers.clone(), events, shutdown.clone()));

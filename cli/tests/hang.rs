@@ -37,39 +37,6 @@ impl Drop for Stopped {
     }
 }
 
-/// A field of `status --output json`, at the top or under `job`.
-fn job_field(job: &Value, key: &str) -> Value {
-    job.get(key)
-        .or_else(|| job.pointer(&format!("/job/{key}")))
-        .cloned()
-        .unwrap_or(Value::Null)
-}
-
-/// Waits until every one of `world` ranks reported progress with work done.
-fn wait_all_progress(cluster: &Cluster, id: &str, world: usize) {
-    let start = Instant::now();
-    loop {
-        let job = cluster.job(id);
-        let progress = job_field(&job, "progress")
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        let working = progress
-            .iter()
-            .filter(|p| p["iterations"].as_u64().unwrap_or(0) > 0)
-            .count();
-        if working >= world {
-            return;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "only {working} of {world} ranks made progress after 60 s: {job}\n{}",
-            cluster.logs()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 /// Submits `args` on 2 nodes of 2 CPU ranks with a 10 s hang timeout, stops
 /// one worker once every rank works, and checks what follows. Returns the
 /// job's failure message.
@@ -79,7 +46,7 @@ fn stop_one_worker(args: &[&str]) -> String {
     all.extend(["--nodes", "2", "--hang-timeout", "10s"]);
     let id = cluster.submit(&all);
     cluster.wait_workers(&id, 4, Duration::from_secs(30));
-    wait_all_progress(&cluster, &id, 4);
+    cluster.wait_all_progress(&id, 4);
 
     // The highest rank of node-1, so that neither the first rank nor the first node is blamed by luck.
     let (pid, rank, node) = worker_pids(&id)

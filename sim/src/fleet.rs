@@ -44,21 +44,22 @@ pub struct FleetConfig {
 }
 
 /// Whose HTTP/2 connection a simulated rank's calls (progress, result) go
-/// over. `gpuctl-worker` opens one of its own for the job, so a real fleet
-/// at 4,096 × 8 brings 32,768 connections to the coordinator for each job
-/// and closes them at its end; what the coordinator keeps per connection
-/// lasts as long as the job, not as long as the fleet.
+/// over. `gpuctl-agent` relays its workers' calls over its own connection by
+/// default (`--worker-connections relay`); with `direct`, each
+/// `gpuctl-worker` opens connections of its own for the job, so a fleet at
+/// 4,096 × 8 brings 32,768 workers' connections to the coordinator for each
+/// job and closes them at its end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum RankConnections {
-    /// Over its agent's connection: cheapest, and the coordinator's
-    /// per-connection state of every job's calls stays with the agent's.
+    /// Over its agent's connection, as gpuctl-agent's relay.
+    #[default]
     Agent,
     /// One connection per node for each job, shared by its ranks: as
     /// `rank` in when connections open and close, with 1/G of them.
-    #[default]
     Node,
-    /// One per rank for each job, as `gpuctl-worker`: needs two file
-    /// descriptors per rank between the coordinator and the simulator.
+    /// One per rank for each job, as `gpuctl-worker` with
+    /// `--worker-connections direct`: needs two file descriptors per rank
+    /// between the coordinator and the simulator.
     Rank,
 }
 

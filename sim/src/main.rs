@@ -41,11 +41,12 @@ struct Shape {
     /// HTTP/2 connections the simulated agents share (0: one per agent, like a real fleet).
     #[arg(long, default_value_t = 0)]
     connections: usize,
-    /// Whose connection the simulated workers' calls take. `gpuctl-worker`
-    /// opens its own for each job (`rank`), which needs two file descriptors
-    /// per rank here; `node` opens and closes connections as `rank` does,
-    /// one per node.
-    #[arg(long, value_enum, default_value_t = RankConnections::Node)]
+    /// Whose connection the simulated workers' calls take: the agent's, as
+    /// gpuctl-agent relays them (`agent`); or their own for each job, as
+    /// `gpuctl-agent --worker-connections direct` (`rank`, two file
+    /// descriptors per rank here; `node` opens and closes connections as
+    /// `rank` does, one per node).
+    #[arg(long, value_enum, default_value_t = RankConnections::Agent)]
     rank_connections: RankConnections,
 }
 

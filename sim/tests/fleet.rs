@@ -38,7 +38,8 @@ async fn two_hundred_nodes_report_every_rank_and_memory_comes_back() {
         short: Duration::from_secs(5),
         interval: Duration::from_secs(1),
         connections: nodes,
-        rank_connections: RankConnections::Node,
+        // As gpuctl-agent's relay, the default.
+        rank_connections: RankConnections::Agent,
         cli_every: Duration::from_millis(200),
         coordinator_log: bench::COORDINATOR_LOG.into(),
     };

@@ -70,12 +70,13 @@ pub fn worker_command(
     }
     env.push(("GPUCTL_COORDINATOR".into(), coordinator_url.into()));
     // The worker's credentials: its rank's secret, and the CA to reach a TLS
-    // coordinator with; not the agent's own certificate (empty = unset).
+    // coordinator with (none for the agent's plain loopback relay); not the
+    // agent's own certificate (empty = unset).
     if let Some(secret) = a.rank_secrets.get(&p.rank) {
         env.push((gpuctl_proto::auth::RANK_SECRET_ENV.into(), secret.clone()));
     }
     let tls = gpuctl_proto::client::tls();
-    if let Some(ca) = tls.ca {
+    if let Some(ca) = tls.ca.filter(|_| coordinator_url.starts_with("https://")) {
         env.push((
             gpuctl_proto::client::TLS_CA_ENV.into(),
             ca.to_string_lossy().into_owned(),

@@ -135,6 +135,9 @@ pub struct Workers {
     /// Every `--coordinator` URL, comma-separated, for workers to fail over
     /// to (`GPUCTL_COORDINATOR_URLS`) unless an assignment lists its own.
     coordinator_urls: String,
+    /// The agent's relay (`crate::relay`), when workers call through it:
+    /// then it is the only URL they are given.
+    relay_url: std::sync::OnceLock<String>,
     jobs: Mutex<HashMap<JobKey, JobEntry>>,
     events: EventSender,
     /// Supervisors still running; `kill_all_and_wait` waits for zero.
@@ -160,6 +163,7 @@ impl Workers {
                     .unwrap_or_default(),
             ),
             coordinator_urls: coordinator_url,
+            relay_url: std::sync::OnceLock::new(),
             jobs: Mutex::new(HashMap::new()),
             events,
             live: watch::Sender::new(0),
@@ -169,6 +173,12 @@ impl Workers {
 
     pub fn set_coordinator_url(&self, url: String) {
         *self.coordinator_url.lock().unwrap() = url;
+    }
+
+    /// Workers started from now on call the coordinator through the relay
+    /// at `url` and know no other URL (the first call wins).
+    pub fn relay_through(&self, url: String) {
+        let _ = self.relay_url.set(url);
     }
 
     /// How long workers started from now on hold their results for a
@@ -288,7 +298,9 @@ impl Workers {
             return ack(false, error);
         }
 
-        let coordinator_url = if a.coordinator_url.is_empty() {
+        let coordinator_url = if let Some(relay) = self.relay_url.get() {
+            relay.clone()
+        } else if a.coordinator_url.is_empty() {
             self.coordinator_url.lock().unwrap().clone()
         } else {
             a.coordinator_url.clone()
@@ -459,7 +471,9 @@ impl Workers {
         ));
         std::fs::create_dir_all(&dir)
             .map_err(|e| format!("cannot create the working folder {}: {e}", dir.display()))?;
-        let urls = if a.coordinator_urls.is_empty() {
+        let urls = if let Some(relay) = self.relay_url.get() {
+            relay.clone()
+        } else if a.coordinator_urls.is_empty() {
             self.coordinator_urls.clone()
         } else {
             a.coordinator_urls.join(",")

@@ -39,6 +39,8 @@ pub struct Cluster {
     coordinator: Option<Child>,
     agents: Vec<Option<Child>>,
     node_timeout: String,
+    /// More `gpuctl-agent` flags, for every agent.
+    agent_args: Vec<String>,
 }
 
 impl Cluster {
@@ -47,6 +49,16 @@ impl Cluster {
     }
 
     pub fn start_with(agents: usize, cpu_ranks: u32, node_timeout: &str) -> Cluster {
+        Self::start_with_agent_args(agents, cpu_ranks, node_timeout, &[])
+    }
+
+    /// A fleet whose agents get `agent_args` too.
+    pub fn start_with_agent_args(
+        agents: usize,
+        cpu_ranks: u32,
+        node_timeout: &str,
+        agent_args: &[&str],
+    ) -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let (coordinator, url, port) = spawn_coordinator(dir.path(), "127.0.0.1:0", node_timeout);
         let mut cluster = Cluster {
@@ -56,6 +68,7 @@ impl Cluster {
             coordinator: Some(coordinator),
             agents: Vec::new(),
             node_timeout: node_timeout.to_string(),
+            agent_args: agent_args.iter().map(|a| a.to_string()).collect(),
         };
         for i in 0..agents {
             let child = cluster.spawn_agent(i, cpu_ranks);
@@ -80,6 +93,7 @@ impl Cluster {
             .arg(&work)
             .args(["--heartbeat-interval", "500ms"])
             .args(["--metrics-listen", "127.0.0.1:0"])
+            .args(&self.agent_args)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)
@@ -186,6 +200,31 @@ impl Cluster {
                 );
             }
             std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits until every one of `world` ranks reported progress with work done.
+    pub fn wait_all_progress(&self, id: &str, world: usize) {
+        let start = Instant::now();
+        loop {
+            let job = self.job(id);
+            let progress = job_field(&job, "progress")
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let working = progress
+                .iter()
+                .filter(|p| p["iterations"].as_u64().unwrap_or(0) > 0)
+                .count();
+            if working >= world {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "only {working} of {world} ranks made progress after 60 s: {job}\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(200));
         }
     }
 
@@ -340,6 +379,14 @@ pub fn job_id(v: &Value) -> Option<String> {
         .find_map(|k| v.get(*k).and_then(Value::as_str))
         .or_else(|| v.pointer("/job/id").and_then(Value::as_str))
         .map(str::to_string)
+}
+
+/// A field of `status --output json`, at the top or under `job`.
+pub fn job_field(job: &Value, key: &str) -> Value {
+    job.get(key)
+        .or_else(|| job.pointer(&format!("/job/{key}")))
+        .cloned()
+        .unwrap_or(Value::Null)
 }
 
 /// PIDs of live `gpuctl-worker` processes of one job, read from /proc.
