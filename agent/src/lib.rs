@@ -202,6 +202,11 @@ pub async fn run(cfg: Config, shutdown: Shutdown) -> anyhow::Result<()> {
         kill_grace: workers::KILL_GRACE,
     };
     let (workers, events) = workers::Workers::new(settings, cfg.coordinator.join(","));
+    let slots = if inventory.gpus.is_empty() {
+        cfg.cpu_ranks as usize
+    } else {
+        inventory.gpus.len()
+    };
     let relay = match cfg.worker_connections {
         relay::WorkerConnections::Direct => None,
         relay::WorkerConnections::Relay => {
@@ -213,16 +218,17 @@ pub async fn run(cfg: Config, shutdown: Shutdown) -> anyhow::Result<()> {
                 )
             })?;
             tracing::info!("workers reach the coordinator through {url}");
+            if slots > relay::RANKS_PER_CONNECTION {
+                tracing::warn!(
+                    "{slots} ranks would share this agent's one connection to the coordinator, which takes {} calls at once on a connection; their calls may queue (pass --worker-connections direct for a connection per worker)",
+                    relay::COORDINATOR_STREAMS
+                );
+            }
             workers.relay_through(url);
             Some(relay)
         }
     };
     if cfg.prestart_workers {
-        let slots = if inventory.gpus.is_empty() {
-            cfg.cpu_ranks as usize
-        } else {
-            inventory.gpus.len()
-        };
         workers.prestart(slots);
     }
 

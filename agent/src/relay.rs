@@ -38,6 +38,13 @@ const GRPC_TIMEOUT: &str = "grpc-timeout";
 /// two (its work and its progress thread); more is not one of ours.
 const CALLS_PER_CONNECTION: usize = 16;
 
+/// Calls the coordinator takes at once on one HTTP/2 connection (hyper's
+/// default, which its server keeps).
+pub const COORDINATOR_STREAMS: usize = 200;
+/// Ranks whose calls fit in those streams: each has at most two in flight
+/// (a rendezvous long poll and a progress report), beside the session.
+pub const RANKS_PER_CONNECTION: usize = (COORDINATOR_STREAMS - 8) / 2;
+
 /// How workers reach the coordinator (`--worker-connections`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum WorkerConnections {

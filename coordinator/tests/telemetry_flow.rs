@@ -152,6 +152,11 @@ async fn telemetry_health_metrics_and_restart() {
     })
     .await;
 
+    // No run of the node yet; the scrape's rows are kept until the history
+    // changes, which the job's end below does.
+    let body = coord.get("/metrics").await.body;
+    assert!(!body.contains("gpuctl_node_verdict{node=\"g0\"}"), "{body}");
+
     // Both ranks succeed, but GPU 1 had a (site-critical) XID: rank 1, its node
     // and the job fail, and the report says why.
     let mut w = WorkerServiceClient::connect(coord.url.clone())

@@ -446,6 +446,11 @@ impl Agent {
                 Some(coordinator_message::Msg::Assignment(a)) => {
                     self.stats.assigned(&a.job_id);
                     let stop = self.shutdown.child_token();
+                    // Jobs that ended here need no cancel any more.
+                    {
+                        let live = running.lock().unwrap();
+                        cancels.retain(|id, _| live.contains_key(id));
+                    }
                     cancels.insert(a.job_id.clone(), stop.clone());
                     self.start_ranks(&a, tx, running, stop).await;
                 }

@@ -7,6 +7,7 @@ pub mod etcd;
 pub mod redb;
 pub mod writer;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
@@ -319,7 +320,14 @@ pub struct StateStore {
     writer: Writer,
     /// Read (or made) once: it never changes while the store lives.
     rank_key: Arc<tokio::sync::OnceCell<RankKey>>,
+    /// Counts the writes that change what the fleet history reads (runs,
+    /// acceptances, the inventory): a copy made when it read `v` is current
+    /// while it still reads `v`.
+    history_version: Arc<AtomicU64>,
 }
+
+/// Prefixes of the keys the fleet history reads (see `history_version`).
+const HISTORY_INPUTS: [&str; 3] = [keys::HISTORY, keys::ACCEPTANCE, keys::NODES];
 
 impl StateStore {
     /// Starts the store's writer task: call inside a tokio runtime.
@@ -328,6 +336,24 @@ impl StateStore {
             writer: Writer::start(inner.clone()),
             inner,
             rank_key: Default::default(),
+            history_version: Default::default(),
+        }
+    }
+
+    /// Changes with every write of a run, an acceptance or a node, queued or
+    /// deleted. Bumped once readers see the write: a reader that took the
+    /// old value may have read either side of it, and is told so.
+    pub fn history_version(&self) -> u64 {
+        self.history_version.load(Ordering::Acquire)
+    }
+
+    fn history_input(key: &str) -> bool {
+        HISTORY_INPUTS.iter().any(|p| key.starts_with(p))
+    }
+
+    fn bump_history(&self, changed: bool) {
+        if changed {
+            self.history_version.fetch_add(1, Ordering::AcqRel);
         }
     }
 
@@ -375,14 +401,20 @@ impl StateStore {
     /// and it is committed atomically, after everything handed over before.
     /// Wait on the returned [`Durable`] before telling anyone it is stored.
     pub fn queue(&self, batch: Batch) -> Durable {
-        self.writer.write(batch.0)
+        let history = batch.0.iter().any(|(k, _)| Self::history_input(k));
+        let durable = self.writer.write(batch.0);
+        self.bump_history(history);
+        durable
     }
 
     /// As [`StateStore::queue`], in the writer's second lane: committed
     /// after what is queued now, in small transactions while nothing else
     /// waits (see [`Writer::write_later`]); not atomically.
     pub fn queue_later(&self, batch: Batch) -> Durable {
-        self.writer.write_later(batch.0)
+        let history = batch.0.iter().any(|(k, _)| Self::history_input(k));
+        let durable = self.writer.write_later(batch.0);
+        self.bump_history(history);
+        durable
     }
 
     /// Resolves once everything queued before is durable.
@@ -457,7 +489,10 @@ impl StateStore {
     /// write of the key cannot bring it back.
     async fn delete(&self, key: String) -> StoreResult<bool> {
         self.writer.flush().wait().await?;
-        self.inner.delete(key).await
+        let history = Self::history_input(&key);
+        let gone = self.inner.delete(key).await;
+        self.bump_history(history);
+        gone
     }
 
     /// Deletes job `id` whole: its results, logs, telemetry, report, the
@@ -647,6 +682,48 @@ mod tests {
 
     fn open(dir: &std::path::Path) -> StateStore {
         StateStore::new(Arc::new(RedbStore::open(&dir.join("state.redb")).unwrap()))
+    }
+
+    /// What the fleet history reads changes the version; nothing else does.
+    #[tokio::test]
+    async fn the_history_version_moves_with_runs_acceptances_and_nodes_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = open(dir.path());
+        let v0 = s.history_version();
+        let job = Job {
+            id: "job-000001".into(),
+            ..Default::default()
+        };
+        s.write(Batch::default().job(&job).history_due(&job.id))
+            .await
+            .unwrap();
+        assert_eq!(
+            s.history_version(),
+            v0,
+            "a job and its mark are not history"
+        );
+        let run = NodeRun {
+            node: "a".into(),
+            job_id: job.id.clone(),
+            finished_unix_ms: 5,
+            ..Default::default()
+        };
+        drop(s.queue_later(Batch::default().run(&run)));
+        let v1 = s.history_version();
+        assert!(v1 > v0, "a queued run");
+        s.write(Batch::default().node(&Node {
+            name: "a".into(),
+            ..Default::default()
+        }))
+        .await
+        .unwrap();
+        let v2 = s.history_version();
+        assert!(v2 > v1, "a node");
+        assert!(s.delete_run(&run).await.unwrap());
+        let v3 = s.history_version();
+        assert!(v3 > v2, "a deleted run");
+        s.history_done(&job.id).await.unwrap();
+        assert_eq!(s.history_version(), v3, "the mark's deletion");
     }
 
     #[tokio::test]
