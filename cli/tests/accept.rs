@@ -19,35 +19,11 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Ratios for CPU ranks sharing two cores (cli/tests/verdicts.rs says why):
-/// the slowed node runs far below them, healthy ones never should.
-const CPU_RULES: &str = "\
-[metrics.stress_tflops]
-fail = 0.6
-warn = 0.8
-
-[metrics.stress_tflops_worst]
-fail = 0.2
-warn = 0.4
-
-[links]
-slow = 0.3
-";
-
 /// Runs `gpuctl accept` to its end; the exit code and the JSON report.
 fn accept(c: &Cluster, extra: &[&str]) -> (i32, Value) {
-    let rules = c.dir.path().join("cpu-rules.toml");
-    std::fs::write(&rules, CPU_RULES).unwrap();
+    let rules = c.cpu_rules();
     let mut args = vec![
-        "accept",
-        "--nodes",
-        "all",
-        "--level",
-        "quick",
-        "--rules",
-        rules.to_str().unwrap(),
-        "--output",
-        "json",
+        "accept", "--nodes", "all", "--level", "quick", "--rules", &rules, "--output", "json",
     ];
     args.extend(extra);
     let out = c.gpuctl(&args);

@@ -24,38 +24,6 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 /// the healthy ones share the machine's other cores.
 const SLOW_CORES: f64 = 0.08;
 
-/// Ratios for CPU ranks. Four of them share the machine's two cores with
-/// each other and with whatever else runs, so a healthy one lands at 0.8x of
-/// the others now and then (seen in CI at 0.79x and 0.88x under the
-/// defaults' 0.9x; one 1-s interval at 0.3x when another process took the
-/// core). GPUs do not share their SMs that way; these ratios are for this
-/// test's CPU fleet. The slowed node runs far below them, and healthy nodes
-/// must never fail.
-const CPU_RULES: &str = "\
-[metrics.stress_tflops]
-fail = 0.6
-warn = 0.8
-baseline_fail = 0.6
-baseline_warn = 0.8
-
-[metrics.stress_tflops_worst]
-fail = 0.2
-warn = 0.4
-baseline_fail = 0.2
-baseline_warn = 0.3
-
-[metrics.solo_samples_per_s]
-fail = 0.6
-warn = 0.8
-";
-
-/// [`CPU_RULES`] as a file in the cluster's folder; its path.
-fn cpu_rules(c: &Cluster) -> String {
-    let path = c.dir.path().join("cpu-rules.toml");
-    std::fs::write(&path, CPU_RULES).unwrap();
-    path.to_str().unwrap().to_string()
-}
-
 /// Submits, waits for the job to end and returns its report (`report`
 /// exits 1 for a failed verdict and prints the JSON all the same).
 fn run_job(c: &Cluster, args: &[&str]) -> Value {
@@ -121,7 +89,7 @@ fn a_slow_node_fails_stress_and_ddp_against_the_fleet_and_the_others_pass() {
     let c = Cluster::start(4, 1);
     let slow = Cluster::agent_name(2);
     let _quota = CpuQuota::apply("gpuctl-test-verdicts", c.agent_pid(2), SLOW_CORES);
-    let rules = cpu_rules(&c);
+    let rules = c.cpu_rules();
 
     let r = run_job(
         &c,
@@ -160,7 +128,7 @@ fn a_slow_node_fails_stress_and_ddp_against_the_fleet_and_the_others_pass() {
 fn baselines_judge_later_jobs_and_floors_fail_what_the_cpu_cannot_reach() {
     let _g = serial();
     let c = Cluster::start(4, 1);
-    let rules = cpu_rules(&c);
+    let rules = c.cpu_rules();
     let stress = [
         "stress",
         "--nodes",
@@ -245,7 +213,7 @@ fn baselines_judge_later_jobs_and_floors_fail_what_the_cpu_cannot_reach() {
 fn healthy_runs_are_never_blamed() {
     let _g = serial();
     let c = Cluster::start(4, 1);
-    let rules = cpu_rules(&c);
+    let rules = c.cpu_rules();
     for run in 0..5 {
         let r = run_job(
             &c,
