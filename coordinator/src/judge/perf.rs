@@ -245,7 +245,8 @@ fn fleet(ranks: &[RankFigures], rules: &PerfRules, out: &mut Judgement) {
         let rule: &MetricRule = rules.metric(metric);
         for (r, value) in members {
             let s = score(metric, value, reference);
-            if let Some(level) = level_of(s, rule.fail, rule.warn) {
+            let (fail, warn) = rule.fleet_ratios(r.gpu_index.is_none());
+            if let Some(level) = level_of(s, fail, warn) {
                 let subject = Subject::of(r);
                 out.findings.push(finding(Miss {
                     subject: &subject,
@@ -258,8 +259,8 @@ fn fleet(ranks: &[RankFigures], rules: &PerfRules, out: &mut Judgement) {
                     rule: ratio_rule(
                         "fleet",
                         metric,
-                        rule.fail,
-                        rule.warn,
+                        fail,
+                        warn,
                         &format!("the median of {} ranks of `{class}`", values.len()),
                     ),
                 }));
@@ -598,6 +599,48 @@ mod tests {
         assert_eq!(fails[0].reference_kind, "fleet");
         assert!((fails[0].reference - 649.0).abs() < 1e-9);
         assert!(fails[0].detail.contains("rank 3 on node n1 (GPU 1)"));
+    }
+
+    /// What the README's local fleet saw: 8 CPU ranks on 2 cores, two of
+    /// them at 0.89x of the median. A CPU rank that far under passes, one
+    /// as slow as a CPU quota makes it fails, and a GPU that far under fails.
+    #[test]
+    fn cpu_ranks_have_their_own_fleet_ratios() {
+        let cpu = |mut r: RankFigures| {
+            r.gpu_index = None;
+            r.class = "AMD EPYC · torch 2.11".into();
+            r
+        };
+        let judged = |ranks: &[RankFigures]| {
+            let j = judge(
+                ranks,
+                &JobFigures::default(),
+                &Expected::new(),
+                &PerfRules::default(),
+                None,
+            );
+            j.findings
+                .iter()
+                .filter(|f| f.level() == Verdict::Fail)
+                .map(|f| f.rank)
+                .collect::<Vec<_>>()
+        };
+        let speeds = [0.017, 0.017, 0.017, 0.017, 0.017, 0.017, 0.0151, 0.0149];
+        let ranks: Vec<_> = speeds
+            .iter()
+            .enumerate()
+            .map(|(i, v)| cpu(rank(i as u32, &format!("n{}", i / 2), *v)))
+            .collect();
+        assert!(judged(&ranks).is_empty(), "healthy CPU ranks failed");
+        let mut slowed = ranks.clone();
+        slowed[7].figures[0].value = 0.003;
+        assert_eq!(judged(&slowed), [Some(7)]);
+        let gpus: Vec<_> = speeds
+            .iter()
+            .enumerate()
+            .map(|(i, v)| rank(i as u32, &format!("n{}", i / 2), *v))
+            .collect();
+        assert_eq!(judged(&gpus), [Some(6), Some(7)]);
     }
 
     #[test]

@@ -28,6 +28,12 @@ pub struct MetricRule {
     /// Ratios against a baseline; the fleet ratios when left out.
     pub baseline_fail: Option<f64>,
     pub baseline_warn: Option<f64>,
+    /// Fleet ratios for CPU ranks; the fleet ratios when left out. CPU
+    /// ranks share cores with each other and with whatever else the host
+    /// runs (a local fleet puts 8 ranks on 2 cores), so a healthy one lands
+    /// at ~0.85x of the others now and then, which a GPU does not.
+    pub cpu_fail: Option<f64>,
+    pub cpu_warn: Option<f64>,
 }
 
 impl Default for MetricRule {
@@ -38,6 +44,8 @@ impl Default for MetricRule {
             fleet: true,
             baseline_fail: None,
             baseline_warn: None,
+            cpu_fail: None,
+            cpu_warn: None,
         }
     }
 }
@@ -49,6 +57,18 @@ impl MetricRule {
 
     pub fn baseline_warn(&self) -> f64 {
         self.baseline_warn.unwrap_or(self.warn)
+    }
+
+    /// (fail, warn) against the fleet for a CPU rank (`cpu`) or a GPU one.
+    pub fn fleet_ratios(&self, cpu: bool) -> (f64, f64) {
+        if cpu {
+            (
+                self.cpu_fail.unwrap_or(self.fail),
+                self.cpu_warn.unwrap_or(self.warn),
+            )
+        } else {
+            (self.fail, self.warn)
+        }
     }
 }
 
@@ -80,6 +100,8 @@ struct MetricFile {
     fleet: Option<bool>,
     baseline_fail: Option<f64>,
     baseline_warn: Option<f64>,
+    cpu_fail: Option<f64>,
+    cpu_warn: Option<f64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -210,6 +232,8 @@ impl PerfRules {
             rule.fleet = over.fleet.unwrap_or(rule.fleet);
             rule.baseline_fail = over.baseline_fail.or(rule.baseline_fail);
             rule.baseline_warn = over.baseline_warn.or(rule.baseline_warn);
+            rule.cpu_fail = over.cpu_fail.or(rule.cpu_fail);
+            rule.cpu_warn = over.cpu_warn.or(rule.cpu_warn);
             check_ratios(&name, &rule)?;
             if rule.fleet && !m.per_rank() {
                 bail!("[metrics.{name}] fleet = true: {name} is made by all ranks together, so ranks cannot be compared with each other");
@@ -243,6 +267,7 @@ fn check_ratios(name: &str, r: &MetricRule) -> anyhow::Result<()> {
             r.baseline_fail,
             r.baseline_warn,
         ),
+        ("cpu_fail/cpu_warn", r.cpu_fail, r.cpu_warn),
     ] {
         for v in [fail, warn].into_iter().flatten() {
             if !(v > 0.0 && v <= 1.0) {
