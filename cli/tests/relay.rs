@@ -94,16 +94,7 @@ fn connections(port: u16, job: &str) -> (usize, usize) {
 /// (accepted, of workers) after checking that the job passed.
 fn sample_during_a_job(agent_args: &[&str]) -> Vec<(usize, usize)> {
     let cluster = Cluster::start_with_agent_args(2, 2, "15s", agent_args);
-    let rules = cluster.cpu_rules();
-    let id = cluster.submit(&[
-        "stress",
-        "--duration",
-        "8s",
-        "--nodes",
-        "2",
-        "--rules",
-        &rules,
-    ]);
+    let id = cluster.submit(&["stress", "--duration", "8s", "--nodes", "2"]);
     cluster.wait_workers(&id, 4, Duration::from_secs(60));
     cluster.wait_all_progress(&id, 4);
     let mut samples = Vec::new();

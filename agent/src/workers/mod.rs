@@ -124,6 +124,14 @@ pub struct GpuJob {
     pub gpus: Vec<u32>,
 }
 
+/// The coordinator URLs one assignment's workers are given.
+struct Coordinators {
+    /// `--coordinator` and `GPUCTL_COORDINATOR`.
+    url: String,
+    /// `GPUCTL_COORDINATOR_URLS`, comma-separated.
+    all: String,
+}
+
 /// Starts, watches and kills this agent's workers.
 pub struct Workers {
     settings: WorkerSettings,
@@ -298,13 +306,7 @@ impl Workers {
             return ack(false, error);
         }
 
-        let coordinator_url = if let Some(relay) = self.relay_url.get() {
-            relay.clone()
-        } else if a.coordinator_url.is_empty() {
-            self.coordinator_url.lock().unwrap().clone()
-        } else {
-            a.coordinator_url.clone()
-        };
+        let coordinators = self.coordinators(&a);
         let (kill_tx, kill_rx) = watch::channel(None);
         self.jobs.lock().unwrap().insert(
             key.clone(),
@@ -324,7 +326,7 @@ impl Workers {
                 self.rank_done(&key, p.rank);
                 continue;
             }
-            match self.spawn_rank(&a, p, &coordinator_url) {
+            match self.spawn_rank(&a, p, &coordinators) {
                 Ok((child, prestarted)) => {
                     tracing::info!(job = %a.job_id, attempt = a.attempt, rank = p.rank, device = %p.device_label(),
                         pid = child.id().unwrap_or(0), prestarted, "worker started");
@@ -434,15 +436,38 @@ impl Workers {
         }
     }
 
+    /// Where the assignment's workers call: the relay, when there is one,
+    /// and nothing else; else the assignment's URLs, or the agent's.
+    fn coordinators(&self, a: &Assignment) -> Coordinators {
+        if let Some(relay) = self.relay_url.get() {
+            return Coordinators {
+                url: relay.clone(),
+                all: relay.clone(),
+            };
+        }
+        Coordinators {
+            url: if a.coordinator_url.is_empty() {
+                self.coordinator_url.lock().unwrap().clone()
+            } else {
+                a.coordinator_url.clone()
+            },
+            all: if a.coordinator_urls.is_empty() {
+                self.coordinator_urls.clone()
+            } else {
+                a.coordinator_urls.join(",")
+            },
+        }
+    }
+
     /// Starts the rank's worker, from a standby when one can take it; says
     /// which.
     fn spawn_rank(
         &self,
         a: &Assignment,
         p: &RankPlacement,
-        coordinator_url: &str,
+        coordinators: &Coordinators,
     ) -> Result<(Child, bool), String> {
-        let l = self.launch(a, p, coordinator_url)?;
+        let l = self.launch(a, p, coordinators)?;
         if let Some(child) = self.standby.launch(&l) {
             return Ok((child, true));
         }
@@ -461,9 +486,9 @@ impl Workers {
         &self,
         a: &Assignment,
         p: &RankPlacement,
-        coordinator_url: &str,
+        coordinators: &Coordinators,
     ) -> Result<Launch, String> {
-        let spec = worker_command(&self.settings, coordinator_url, a, p)?;
+        let spec = worker_command(&self.settings, &coordinators.url, a, p)?;
         let dir = self.settings.work_dir.join("jobs").join(format!(
             "{}-a{}",
             sanitize(&a.job_id),
@@ -471,14 +496,10 @@ impl Workers {
         ));
         std::fs::create_dir_all(&dir)
             .map_err(|e| format!("cannot create the working folder {}: {e}", dir.display()))?;
-        let urls = if let Some(relay) = self.relay_url.get() {
-            relay.clone()
-        } else if a.coordinator_urls.is_empty() {
-            self.coordinator_urls.clone()
-        } else {
-            a.coordinator_urls.join(",")
-        };
-        let mut env = vec![("GPUCTL_COORDINATOR_URLS".to_string(), urls)];
+        let mut env = vec![(
+            "GPUCTL_COORDINATOR_URLS".to_string(),
+            coordinators.all.clone(),
+        )];
         env.extend(spec.env);
         env.push((
             COORDINATOR_GRACE_ENV.to_string(),
