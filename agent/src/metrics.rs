@@ -209,20 +209,44 @@ const GPU_METRICS: &[(&str, MetricType, &str, Getter)] = &[
     (
         "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
         Counter,
-        "Total number of NVLink flow-control CRC errors.",
+        "NVLink flow-control CRC errors since the agent started, summed link by link.",
         |r| r.nvlink_crc_flit.map(|v| v as f64),
     ),
     (
         "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
         Counter,
-        "Total number of NVLink data CRC errors.",
+        "NVLink data CRC errors since the agent started, summed link by link.",
         |r| r.nvlink_crc_data.map(|v| v as f64),
+    ),
+    (
+        "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+        Counter,
+        "NVLink replay errors since the agent started, summed link by link.",
+        |r| r.nvlink_replay.map(|v| v as f64),
+    ),
+    (
+        "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+        Counter,
+        "NVLink recovery errors since the agent started, summed link by link.",
+        |r| r.nvlink_recovery.map(|v| v as f64),
     ),
     (
         "gpuctl_gpu_nvlinks_active",
         Gauge,
         "Active NVLinks of the GPU.",
         |r| (r.nvlinks_expected > 0).then_some(r.nvlinks_active as f64),
+    ),
+    (
+        "gpuctl_gpu_nvlinks_down",
+        Gauge,
+        "NVLinks seen active since the agent started that now answer inactive.",
+        |r| (r.nvlinks_expected > 0).then_some(r.nvlinks_down as f64),
+    ),
+    (
+        "gpuctl_gpu_nvlinks_unknown",
+        Gauge,
+        "Known NVLinks whose state NVML did not answer in the last reading.",
+        |r| (r.nvlinks_expected > 0).then_some(r.nvlinks_unknown as f64),
     ),
     (
         "gpuctl_gpu_xid_errors_total",

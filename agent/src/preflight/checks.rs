@@ -199,14 +199,23 @@ pub fn topology(s: &Snapshot) -> PreflightCheck {
         .map(|g| g.nvlinks_active)
         .max()
         .unwrap_or(0);
+    // A GPU some of whose links did not answer is not compared: unknown is
+    // never down.
+    let answered = with_links
+        .iter()
+        .map(|g| g.nvlinks_present)
+        .max()
+        .unwrap_or(0);
     let dead: Vec<u32> = with_links
         .iter()
-        .filter(|g| g.nvlinks_active == 0)
+        .filter(|g| g.nvlinks_active == 0 && g.nvlinks_present == answered)
         .map(|g| g.index)
         .collect();
     let short: Vec<String> = with_links
         .iter()
-        .filter(|g| g.nvlinks_active > 0 && g.nvlinks_active < best)
+        .filter(|g| {
+            g.nvlinks_active > 0 && g.nvlinks_active < best && g.nvlinks_present == answered
+        })
         .map(|g| format!("GPU {} has {}", g.index, g.nvlinks_active))
         .collect();
     let counts: Vec<String> = s

@@ -87,9 +87,17 @@ pub fn read_gpus(
         if let Ok(d) = nvml.device_by_index(g.index) {
             s.persistence = d.is_in_persistent_mode().ok();
             s.ecc = d.is_ecc_enabled().ok().map(|m| m.currently_enabled);
-            let l = nvlinks(&d);
-            s.nvlinks_active = l.active;
-            s.nvlinks_present = l.present;
+            // A failed read is unknown, not down: read again before a
+            // GPU is compared with its peers on links that did not answer.
+            let mut l = nvlinks(&d);
+            for _ in 0..2 {
+                if l.errors.is_empty() {
+                    break;
+                }
+                l = nvlinks(&d);
+            }
+            s.nvlinks_active = l.active();
+            s.nvlinks_present = l.present();
             for p in d.running_compute_processes().unwrap_or_default() {
                 if ours(p.pid) {
                     continue;

@@ -8,6 +8,7 @@
 //!
 //! Without NVML there is nothing to sample: one log line, no errors.
 
+mod links;
 pub mod nvml;
 mod xid;
 
@@ -63,12 +64,24 @@ pub struct GpuReading {
     pub pcie_gen_max: Option<u32>,
     pub pcie_width_max: Option<u32>,
     pub pcie_replays: Option<u64>,
+    /// This reading's links as NVML answered them (`links::LinkHistory`
+    /// turns them into the counts below).
+    pub nvlinks: Option<nvml::NvLinks>,
+    /// Links that answered active in this reading.
     pub nvlinks_active: u32,
-    /// Links the GPU has (active or not).
+    /// Links known on the GPU: every link that has answered since the agent
+    /// started.
     pub nvlinks_expected: u32,
-    /// Summed over active links.
+    /// Links seen active before that now answer inactive.
+    pub nvlinks_down: u32,
+    /// Known links whose state could not be read this time.
+    pub nvlinks_unknown: u32,
+    /// Error counters since the agent started, summed link by link over the
+    /// growth between two successful reads of that link (`None`: never read).
     pub nvlink_crc_flit: Option<u64>,
     pub nvlink_crc_data: Option<u64>,
+    pub nvlink_replay: Option<u64>,
+    pub nvlink_recovery: Option<u64>,
     /// XIDs since the previous reading of this GPU.
     pub xids: Vec<u32>,
     /// The last XID this GPU raised since the agent started, and how many.
@@ -113,10 +126,16 @@ impl GpuReading {
             pcie_replays: self.pcie_replays.unwrap_or(0),
             nvlinks_active: self.nvlinks_active,
             nvlinks_expected: self.nvlinks_expected,
+            nvlinks_down: self.nvlinks_down,
+            nvlinks_unknown: self.nvlinks_unknown,
             nvlink_crc_errors: self
                 .nvlink_crc_flit
                 .unwrap_or(0)
                 .saturating_add(self.nvlink_crc_data.unwrap_or(0)),
+            nvlink_crc_flit: self.nvlink_crc_flit.unwrap_or(0),
+            nvlink_crc_data: self.nvlink_crc_data.unwrap_or(0),
+            nvlink_replay: self.nvlink_replay.unwrap_or(0),
+            nvlink_recovery: self.nvlink_recovery.unwrap_or(0),
             xids: self.xids.clone(),
         }
     }
@@ -129,6 +148,8 @@ pub struct Telemetry {
     gpus: Vec<(u32, String, String)>,
     latest: Mutex<BTreeMap<u32, GpuReading>>,
     xids: Arc<XidLog>,
+    /// Per GPU (NVML index): which links were seen, and their counters.
+    links: Mutex<BTreeMap<u32, links::LinkHistory>>,
 }
 
 impl std::fmt::Debug for Telemetry {
@@ -148,6 +169,7 @@ impl Telemetry {
             gpus,
             latest: Mutex::new(BTreeMap::new()),
             xids: Arc::new(XidLog::default()),
+            links: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -179,6 +201,7 @@ impl Telemetry {
             return Vec::new();
         };
         let now = gpuctl_proto::now_ms();
+        let mut links = self.links.lock().unwrap();
         self.gpus
             .iter()
             .map(|(index, uuid, name)| {
@@ -186,6 +209,7 @@ impl Telemetry {
                 r.uuid = uuid.clone();
                 r.name = name.clone();
                 r.unix_ms = now;
+                links.entry(*index).or_default().apply(&mut r);
                 let (xids, last, count) = self.xids.take(*index);
                 r.xids = xids;
                 r.last_xid = last;

@@ -66,46 +66,59 @@ pub fn read_gpu(nvml: &Nvml, index: u32) -> GpuReading {
     r.pcie_gen_max = d.max_pcie_link_gen().ok();
     r.pcie_width_max = d.max_pcie_link_width().ok();
     r.pcie_replays = d.pcie_replay_counter().ok().map(u64::from);
-    let links = nvlinks(&d);
-    r.nvlinks_active = links.active;
-    r.nvlinks_expected = links.present;
-    r.nvlink_crc_flit = links.crc_flit;
-    r.nvlink_crc_data = links.crc_data;
+    r.nvlinks = Some(nvlinks(&d));
     r
 }
 
-/// NVLink state of one GPU.
+/// One link's answer in one reading: `None` where the call failed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct NvLinks {
-    /// Links NVML knows on this GPU (active or down).
-    pub present: u32,
-    pub active: u32,
-    /// Summed over active links; `None` when no link answers (no NVLink, or
-    /// a driver that dropped these counters).
+pub struct LinkReading {
+    pub active: Option<bool>,
     pub crc_flit: Option<u64>,
     pub crc_data: Option<u64>,
+    pub replay: Option<u64>,
+    pub recovery: Option<u64>,
 }
 
+/// NVLink state of one GPU: every link index NVML may know, as read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NvLinks {
+    pub links: [LinkReading; NVLINK_MAX_LINKS as usize],
+    /// (link, NVML's error) for each state read that failed on a link that
+    /// exists: what the agent logs, so a misread can be told from a fault.
+    pub errors: Vec<(u32, String)>,
+}
+
+impl NvLinks {
+    /// Links that answered (active or not).
+    pub fn present(&self) -> u32 {
+        self.links.iter().filter(|l| l.active.is_some()).count() as u32
+    }
+
+    pub fn active(&self) -> u32 {
+        self.links.iter().filter(|l| l.active == Some(true)).count() as u32
+    }
+}
+
+/// Reads every link of `d`. A link whose state call fails is `None`
+/// (unknown), never down; its counters are still asked for, since later
+/// samples' growth is measured from them.
 pub fn nvlinks(d: &Device) -> NvLinks {
+    use nvml_wrapper::error::NvmlError;
     let mut n = NvLinks::default();
-    for l in 0..NVLINK_MAX_LINKS {
-        let link = d.link_wrapper_for(l);
+    for (l, out) in n.links.iter_mut().enumerate() {
+        let link = d.link_wrapper_for(l as u32);
         match link.is_active() {
-            Ok(active) => {
-                n.present += 1;
-                if !active {
-                    continue;
-                }
-                n.active += 1;
-            }
-            Err(_) => continue,
+            Ok(a) => out.active = Some(a),
+            // No such link on this GPU (or no NVLink at all): its counters
+            // would fail too.
+            Err(NvmlError::NotSupported | NvmlError::InvalidArg) => continue,
+            Err(e) => n.errors.push((l as u32, e.to_string())),
         }
-        if let Ok(c) = link.error_counter(ErrorCounter::DlCrcFlit) {
-            n.crc_flit = Some(n.crc_flit.unwrap_or(0).saturating_add(c));
-        }
-        if let Ok(c) = link.error_counter(ErrorCounter::DlCrcData) {
-            n.crc_data = Some(n.crc_data.unwrap_or(0).saturating_add(c));
-        }
+        out.crc_flit = link.error_counter(ErrorCounter::DlCrcFlit).ok();
+        out.crc_data = link.error_counter(ErrorCounter::DlCrcData).ok();
+        out.replay = link.error_counter(ErrorCounter::DlReplay).ok();
+        out.recovery = link.error_counter(ErrorCounter::DlRecovery).ok();
     }
     n
 }

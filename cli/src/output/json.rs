@@ -391,6 +391,13 @@ pub fn gpu_telemetry(t: &pb::GpuTelemetrySummary) -> Value {
         "ecc_uncorrected_delta": t.ecc_uncorrected_delta,
         "pcie_replays_delta": t.pcie_replays_delta,
         "nvlink_crc_delta": t.nvlink_crc_delta,
+        "nvlink_crc_flit_delta": t.nvlink_crc_flit_delta,
+        "nvlink_crc_data_delta": t.nvlink_crc_data_delta,
+        "nvlink_replay_delta": t.nvlink_replay_delta,
+        "nvlink_recovery_delta": t.nvlink_recovery_delta,
+        "nvlink_down_samples": t.nvlink_down_samples,
+        "measured_samples": t.measured_samples,
+        "measured_util_low_share": t.measured_util_low_share,
         "xids": t.xids,
     })
 }

@@ -164,13 +164,19 @@ fn class_of(model: &str, torch: &str, nccl: &str) -> String {
     class
 }
 
-pub fn stress_key(precision: &str, size: u64) -> String {
+/// `bf16 8192`, or `bf16 8192 with_comm` for GEMMs beside an all_reduce:
+/// floors and baselines of plain stress do not judge those.
+pub fn stress_key(precision: &str, size: u64, with_comm: bool) -> String {
     use std::fmt::Write;
+    const COMM: &str = " with_comm";
     // Made for every rank of a job, twice: `format!` regrows its buffer.
-    let mut key = String::with_capacity(precision.len() + 21);
+    let mut key = String::with_capacity(precision.len() + 21 + COMM.len());
     key.push_str(precision);
     key.push(' ');
     let _ = write!(key, "{size}");
+    if with_comm {
+        key.push_str(COMM);
+    }
     key
 }
 
@@ -211,15 +217,36 @@ pub fn intervals(r: &RankResult) -> u32 {
     }
 }
 
+/// A stress rank's "worst" figure: its slowest tenth of sampling intervals
+/// (nearest rank), so a single interval's dip among ten or more is not the
+/// figure judged; with ten intervals or fewer it is the slowest one.
+pub fn slow_tenth(per_interval: &[f64]) -> f64 {
+    let mut v: Vec<f64> = per_interval
+        .iter()
+        .copied()
+        .filter(|x| x.is_finite())
+        .collect();
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let at = (v.len() as f64 * 0.1).ceil() as usize;
+    v[at.saturating_sub(1).min(v.len() - 1)]
+}
+
 /// The figures that belong to one rank alone.
 pub fn rank_figures(workload: &str, r: &RankResult) -> Vec<Figure> {
     let fig = |metric, key: String, value| Figure { metric, key, value };
     match &r.detail {
         Some(Detail::Stress(s)) if !s.tflops_per_interval.is_empty() => {
-            let key = stress_key(&s.dtype, s.matrix_size as u64);
+            let key = stress_key(&s.dtype, s.matrix_size as u64, s.with_comm);
             vec![
                 fig(Metric::StressTflops, key.clone(), s.tflops_median),
-                fig(Metric::StressTflopsWorst, key, s.tflops_min),
+                fig(
+                    Metric::StressTflopsWorst,
+                    key,
+                    slow_tenth(&s.tflops_per_interval),
+                ),
             ]
         }
         Some(Detail::Train(_)) => train_results(r)
@@ -301,7 +328,7 @@ pub fn expected(spec: &JobSpec, gpu: bool, world_size: u32) -> Expected {
     };
     match params {
         TypedParams::Stress(s) => {
-            let key = stress_key(&s.precision, s.size);
+            let key = stress_key(&s.precision, s.size, s.with_comm);
             out.insert((Metric::StressTflops, key.clone()));
             out.insert((Metric::StressTflopsWorst, key));
         }
@@ -510,7 +537,14 @@ mod tests {
         );
         assert_eq!(device_class(&r("", "")), "NVIDIA H200");
         assert_eq!(device_class(&r("", "2.28.3")), "NVIDIA H200 · 2.28.3");
-        assert_eq!(stress_key("bf16", 8192), "bf16 8192");
+        assert_eq!(slow_tenth(&[5.0, 1.0, 4.0]), 1.0);
+        let mut v: Vec<f64> = (0..20).map(|i| 600.0 + i as f64).collect();
+        v[7] = 300.0; // one interval's dip among 20 is not the figure
+        assert_eq!(slow_tenth(&v), 600.0);
+        v[3] = 310.0; // a tenth of them is
+        assert_eq!(slow_tenth(&v), 310.0);
+        assert_eq!(stress_key("bf16", 8192, false), "bf16 8192");
+        assert_eq!(stress_key("bf16", 8192, true), "bf16 8192 with_comm");
     }
 
     #[test]

@@ -65,10 +65,30 @@ pub struct HealthRules {
     /// PCIe replays per minute (over the run, at least one minute) above this fire `pcie_replays`.
     pub pcie_replays_per_min: f64,
     pub pcie_replays: Level,
+    /// A link seen active that answers inactive in at least this many
+    /// consecutive samples (a second apart by default) fires `nvlink`; fewer
+    /// is one misread, not a link down. A read that fails is never down.
+    pub nvlink_down_min_samples: u32,
+    /// `nvlink` when the job's own bandwidth agrees (a bandwidth finding at
+    /// fail on the node) ...
     pub nvlink_down: Level,
-    /// NVLink CRC errors per minute above this fire `nvlink_crc`.
+    /// ... and when nothing measured confirms it.
+    pub nvlink_down_unconfirmed: Level,
+    /// NVLink CRC errors (flit and data, summed link by link) per minute
+    /// above this fire `nvlink_crc`. DCGM's limit: 100 a second.
     pub nvlink_crc_per_min: f64,
     pub nvlink_crc: Level,
+    /// A GPU whose CRC rate is at least this many times the median of the
+    /// job's other NVLink GPUs (and over `nvlink_crc_peer_min_per_min`)
+    /// fires `nvlink_crc` too: one link going bad among healthy peers.
+    pub nvlink_crc_peer_ratio: f64,
+    pub nvlink_crc_peer_min_per_min: f64,
+    /// Replays (a link retransmitting) and recoveries (a link retrained)
+    /// during the run, above these counts.
+    pub nvlink_replay_limit: u64,
+    pub nvlink_replay: Level,
+    pub nvlink_recovery_limit: u64,
+    pub nvlink_recovery: Level,
     /// Share of loaded samples with a slowdown reason set before it fires.
     pub throttle_min_share: f64,
     pub hw_slowdown: Level,
@@ -106,9 +126,20 @@ impl Default for HealthRules {
             // DCGM's PCIe health watch warns above 8 replays a minute.
             pcie_replays_per_min: 8.0,
             pcie_replays: Level::Warn,
+            nvlink_down_min_samples: 10,
             nvlink_down: Level::Fail,
-            nvlink_crc_per_min: 0.0,
+            nvlink_down_unconfirmed: Level::Warn,
+            // dcgm_gpu_hardware_limits.h, DCGM_LIMIT_MAX_NVLINK_CRC_ERROR:
+            // "CRC errors only matter at rates of 100+ per second".
+            nvlink_crc_per_min: 6000.0,
             nvlink_crc: Level::Warn,
+            nvlink_crc_peer_ratio: 10.0,
+            nvlink_crc_peer_min_per_min: 600.0,
+            // DCGM_LIMIT_MAX_NVLINK_ERROR (1): any replay or recovery.
+            nvlink_replay_limit: 0,
+            nvlink_replay: Level::Warn,
+            nvlink_recovery_limit: 0,
+            nvlink_recovery: Level::Fail,
             throttle_min_share: 0.05,
             hw_slowdown: Level::Fail,
             hw_thermal_slowdown: Level::Fail,
@@ -175,10 +206,23 @@ impl HealthRules {
         for (name, rate) in [
             ("pcie_replays_per_min", self.pcie_replays_per_min),
             ("nvlink_crc_per_min", self.nvlink_crc_per_min),
+            (
+                "nvlink_crc_peer_min_per_min",
+                self.nvlink_crc_peer_min_per_min,
+            ),
         ] {
             if rate.is_nan() || rate < 0.0 {
                 bail!("{name} = {rate}: a rate of 0 or more");
             }
+        }
+        if self.nvlink_crc_peer_ratio.is_nan() || self.nvlink_crc_peer_ratio < 1.0 {
+            bail!(
+                "nvlink_crc_peer_ratio = {}: a ratio of 1 or more (10: ten times the median)",
+                self.nvlink_crc_peer_ratio
+            );
+        }
+        if self.nvlink_down_min_samples == 0 {
+            bail!("nvlink_down_min_samples = 0: at least 1 sample (10: ten seconds at the default interval)");
         }
         if self.temperature_fail_c < self.temperature_warn_c {
             bail!(
@@ -190,8 +234,16 @@ impl HealthRules {
         Ok(self)
     }
 
-    /// The rules that fire on one GPU's totals over the run.
+    /// The rules that fire on one GPU's totals over the run, `idle` judged
+    /// over the same totals.
     pub fn evaluate(&self, t: &Bucket) -> Vec<Fired> {
+        self.evaluate_in(t, Some(t))
+    }
+
+    /// As [`Self::evaluate`], with `idle` judged only over `measured`: the
+    /// samples taken while the GPU's rank ran its measured phase (`None`:
+    /// not known, and `idle` is not judged).
+    pub fn evaluate_in(&self, t: &Bucket, measured: Option<&Bucket>) -> Vec<Fired> {
         let mut out = Vec::new();
         let mut fire = |level: Level, rule: &'static str, detail: String| {
             if level != Level::Off {
@@ -294,26 +346,48 @@ impl HealthRules {
                 ),
             );
         }
-        if t.nvlinks_expected > 0 && t.nvlinks_min < t.nvlinks_expected {
+        if t.nvlink_down_run >= self.nvlink_down_min_samples {
             fire(
-                self.nvlink_down,
+                self.nvlink_down_unconfirmed,
                 "nvlink",
-                format!(
-                    "{} of {} NVLinks active at worst",
-                    t.nvlinks_min, t.nvlinks_expected
-                ),
+                nvlink_down_detail(t),
             );
         }
-        let crc = delta(|c| c.nvlink_crc_errors);
+        let crc = nvlink_crc(&first, &last);
         if crc as f64 / minutes > self.nvlink_crc_per_min {
             fire(
                 self.nvlink_crc,
                 "nvlink_crc",
                 format!(
-                    "{crc} NVLink CRC errors during the run ({:.1}/min)",
-                    crc as f64 / minutes
+                    "{crc} NVLink CRC errors during the run ({:.0}/min, rule: {:.0}/min, DCGM's 100/s): check the links with `nvidia-smi nvlink -e`",
+                    crc as f64 / minutes,
+                    self.nvlink_crc_per_min
                 ),
             );
+        }
+        for (n, limit, level, rule, what) in [
+            (
+                delta(|c| c.nvlink_replay),
+                self.nvlink_replay_limit,
+                self.nvlink_replay,
+                "nvlink_replay",
+                "replays (a link resent data)",
+            ),
+            (
+                delta(|c| c.nvlink_recovery),
+                self.nvlink_recovery_limit,
+                self.nvlink_recovery,
+                "nvlink_recovery",
+                "recoveries (a link retrained)",
+            ),
+        ] {
+            if n > limit {
+                fire(
+                    level,
+                    rule,
+                    format!("{n} NVLink {what} during the run (limit {limit}): check the links with `nvidia-smi nvlink -e`; a GPU that keeps counting them needs service"),
+                );
+            }
         }
         for (bit, level, name) in [
             (HW_SLOWDOWN, self.hw_slowdown, "hardware slowdown"),
@@ -378,15 +452,18 @@ impl HealthRules {
                 ),
             );
         }
-        if t.n >= 5 && t.util_low as f64 / t.n as f64 > self.idle_share {
-            fire(
-                self.idle,
-                "idle",
-                format!(
-                    "under 10 % utilisation in {:.0} % of samples",
-                    t.util_low as f64 * 100.0 / t.n as f64
-                ),
-            );
+        if let Some(m) = measured {
+            if m.n >= 5 && m.util_low as f64 / m.n as f64 > self.idle_share {
+                fire(
+                    self.idle,
+                    "idle",
+                    format!(
+                        "under 10 % utilisation in {:.0} % of the {} samples taken while the workload ran its measured phase (its own set-up not counted)",
+                        m.util_low as f64 * 100.0 / m.n as f64,
+                        m.n
+                    ),
+                );
+            }
         }
         out
     }
@@ -431,6 +508,46 @@ impl HealthRules {
             );
         }
     }
+}
+
+/// NVLink CRC errors between two counter readings: the link-by-link sums
+/// where the agent sent them, else (an older agent) its summed total.
+pub fn nvlink_crc(first: &Counters, last: &Counters) -> u64 {
+    let split = last.nvlink_crc_flit + last.nvlink_crc_data;
+    if split > 0 || first.nvlink_crc_flit + first.nvlink_crc_data > 0 {
+        last.nvlink_crc_flit.saturating_sub(first.nvlink_crc_flit)
+            + last.nvlink_crc_data.saturating_sub(first.nvlink_crc_data)
+    } else {
+        last.nvlink_crc_errors
+            .saturating_sub(first.nvlink_crc_errors)
+    }
+}
+
+/// What a persistent link-down finding says: how many links, for how many
+/// consecutive samples and about how long, and how many samples in all.
+fn nvlink_down_detail(t: &Bucket) -> String {
+    let spacing_s = if t.n > 1 {
+        t.end_ms.saturating_sub(t.start_ms) as f64 / 1000.0 / (t.n - 1) as f64
+    } else {
+        1.0
+    };
+    let unread = if t.nvlink_unknown_n > 0 {
+        format!(
+            "; {} sample(s) with links NVML did not answer were not counted",
+            t.nvlink_unknown_n
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "up to {} of {} NVLinks down (seen active, then answering inactive) for {} consecutive samples (~{:.0} s), {} of {} samples in all{unread}",
+        t.nvlink_down_worst,
+        t.nvlinks_expected,
+        t.nvlink_down_run,
+        t.nvlink_down_run as f64 * spacing_s,
+        t.nvlink_down_n,
+        t.nvlink_n,
+    )
 }
 
 fn join(xs: &[u32]) -> String {
@@ -508,6 +625,69 @@ mod tests {
 
     fn rules_of(r: &HealthRules, t: &Bucket) -> Vec<(Level, &'static str)> {
         r.evaluate(t).iter().map(|f| (f.level, f.rule)).collect()
+    }
+
+    #[test]
+    fn nvlink_rules_need_persistence_and_real_error_counters() {
+        let r = HealthRules::default();
+        let mut t = loaded(300);
+        t.nvlinks_expected = 18;
+        t.nvlink_n = 300;
+        // Down in 9 samples, scattered or in one stretch under the rule's 10:
+        // a misread, not a link down.
+        (t.nvlink_down_n, t.nvlink_down_run, t.nvlink_down_worst) = (9, 9, 15);
+        assert!(rules_of(&r, &t).is_empty(), "{:?}", r.evaluate(&t));
+        t.nvlink_down_run = 10;
+        let f = r.evaluate(&t);
+        assert_eq!(f[0].rule, "nvlink");
+        assert!(
+            f[0].detail.contains("15 of 18") && f[0].detail.contains("10 consecutive samples"),
+            "{}",
+            f[0].detail
+        );
+        // CRC growth as healthy H100s under NVLink load showed it (about
+        // 4,700 a minute on the data counter): under DCGM's 100 a second.
+        let mut t = loaded(300);
+        t.end_ms = 300_000;
+        t.last.as_mut().unwrap().nvlink_crc_data = 5 * 4_700;
+        assert!(rules_of(&r, &t).is_empty());
+        // An older agent's sum is still read.
+        t.last.as_mut().unwrap().nvlink_crc_data = 0;
+        t.last.as_mut().unwrap().nvlink_crc_errors = 5 * 7_000;
+        assert_eq!(rules_of(&r, &t), vec![(Level::Warn, "nvlink_crc")]);
+        let mut t = loaded(60);
+        t.last.as_mut().unwrap().nvlink_replay = 2;
+        t.last.as_mut().unwrap().nvlink_recovery = 1;
+        assert_eq!(
+            rules_of(&r, &t),
+            vec![
+                (Level::Warn, "nvlink_replay"),
+                (Level::Fail, "nvlink_recovery")
+            ]
+        );
+    }
+
+    #[test]
+    fn idle_counts_only_the_measured_phase() {
+        let r = HealthRules::default();
+        // 60 samples, 40 of them set-up at no load.
+        let mut whole = loaded(60);
+        whole.util_low = 40;
+        let measured = loaded(20);
+        assert!(r.evaluate_in(&whole, Some(&measured)).is_empty());
+        assert!(
+            r.evaluate_in(&whole, None).is_empty(),
+            "unknown: not judged"
+        );
+        let mut idle = loaded(20);
+        idle.util_low = 15;
+        let f = r.evaluate_in(&whole, Some(&idle));
+        assert_eq!(f.len(), 1);
+        assert!(
+            f[0].detail.contains("75 % of the 20 samples"),
+            "{}",
+            f[0].detail
+        );
     }
 
     #[test]
@@ -601,13 +781,15 @@ mod tests {
         t.throttle_loaded[SW_THERMAL as usize] = 20;
         t.throttle_loaded[2] = 100; // software power cap: normal at full load
         t.nvlinks_expected = 18;
-        t.nvlinks_min = 17;
-        t.last.as_mut().unwrap().nvlink_crc_errors = 3;
+        t.nvlink_n = 100;
+        (t.nvlink_down_n, t.nvlink_down_run, t.nvlink_down_worst) = (12, 12, 1);
+        // Over DCGM's 100 a second, in one minute.
+        t.last.as_mut().unwrap().nvlink_crc_flit = 7_000;
         t.temp_max = 91.0;
         assert_eq!(
             rules_of(&r, &t),
             vec![
-                (Level::Fail, "nvlink"),
+                (Level::Warn, "nvlink"),
                 (Level::Warn, "nvlink_crc"),
                 (Level::Fail, "throttle"),
                 (Level::Warn, "throttle"),

@@ -61,6 +61,15 @@ pub struct Counters {
     pub pcie_replays: u64,
     #[prost(uint64, tag = "5")]
     pub nvlink_crc_errors: u64,
+    /// NVLink counters as the agent sums them, link by link (GpuSample).
+    #[prost(uint64, tag = "6")]
+    pub nvlink_crc_flit: u64,
+    #[prost(uint64, tag = "7")]
+    pub nvlink_crc_data: u64,
+    #[prost(uint64, tag = "8")]
+    pub nvlink_replay: u64,
+    #[prost(uint64, tag = "9")]
+    pub nvlink_recovery: u64,
 }
 
 /// One time bucket of one GPU. Coordinator-private (stored under
@@ -146,6 +155,27 @@ pub struct Bucket {
     pub sm_clock_max: u32,
     #[prost(uint32, tag = "36")]
     pub clock_low_loaded: u32,
+    /// NVLink samples whose state was decided (a link down, or every known
+    /// link read: a sample with unread links and none down says nothing),
+    /// how many had a link down, the longest unbroken stretch of those, and
+    /// the stretches at the bucket's two edges, so that merging joins a
+    /// stretch across buckets.
+    #[prost(uint32, tag = "37")]
+    pub nvlink_n: u32,
+    #[prost(uint32, tag = "38")]
+    pub nvlink_down_n: u32,
+    #[prost(uint32, tag = "39")]
+    pub nvlink_down_run: u32,
+    #[prost(uint32, tag = "40")]
+    pub nvlink_down_head: u32,
+    #[prost(uint32, tag = "41")]
+    pub nvlink_down_tail: u32,
+    /// Most links down in one sample.
+    #[prost(uint32, tag = "42")]
+    pub nvlink_down_worst: u32,
+    /// Samples in which some known link could not be read.
+    #[prost(uint32, tag = "43")]
+    pub nvlink_unknown_n: u32,
 }
 
 /// One GPU's series over one job, as stored under `telemetry/{job}/{node}/{gpu:03}`.
@@ -170,6 +200,10 @@ fn counters(s: &GpuSample) -> Counters {
         retired_pages: s.retired_pages,
         pcie_replays: s.pcie_replays,
         nvlink_crc_errors: s.nvlink_crc_errors,
+        nvlink_crc_flit: s.nvlink_crc_flit,
+        nvlink_crc_data: s.nvlink_crc_data,
+        nvlink_replay: s.nvlink_replay,
+        nvlink_recovery: s.nvlink_recovery,
     }
 }
 
@@ -190,6 +224,8 @@ impl Bucket {
             }
         }
         let c = counters(s);
+        let decided = s.nvlinks_expected > 0 && (s.nvlinks_down > 0 || s.nvlinks_unknown == 0);
+        let down = (decided && s.nvlinks_down > 0) as u32;
         let mut xids = s.xids.clone();
         xids.sort_unstable();
         xids.dedup();
@@ -224,7 +260,8 @@ impl Bucket {
             pcie_gen_low_loaded: (loaded && s.pcie_gen > 0 && s.pcie_gen < s.pcie_gen_max) as u32,
             pcie_width_low_loaded: (loaded && s.pcie_width > 0 && s.pcie_width < s.pcie_width_max)
                 as u32,
-            nvlinks_min: s.nvlinks_active,
+            // Links not known to be down: an unread link is not a missing one.
+            nvlinks_min: s.nvlinks_expected.saturating_sub(s.nvlinks_down),
             nvlinks_expected: s.nvlinks_expected,
             remap_failed: s.remap_failed,
             first: Some(c.clone()),
@@ -235,6 +272,13 @@ impl Bucket {
                 && s.sm_clock_max_mhz > 0
                 && (s.sm_clock_mhz as f64) < CLOCK_LOW_RATIO * s.sm_clock_max_mhz as f64
                 && s.throttle_reasons & CLOCK_REASONS == 0) as u32,
+            nvlink_n: decided as u32,
+            nvlink_down_n: down,
+            nvlink_down_run: down,
+            nvlink_down_head: down,
+            nvlink_down_tail: down,
+            nvlink_down_worst: if down > 0 { s.nvlinks_down } else { 0 },
+            nvlink_unknown_n: (s.nvlinks_unknown > 0) as u32,
         }
     }
 
@@ -288,6 +332,7 @@ impl Bucket {
             };
             self.nvlinks_expected = self.nvlinks_expected.max(b.nvlinks_expected);
         }
+        self.merge_nvlink_stretches(b);
         self.remap_failed |= b.remap_failed;
         self.sm_clock_max = self.sm_clock_max.max(b.sm_clock_max);
         self.clock_low_loaded += b.clock_low_loaded;
@@ -300,6 +345,33 @@ impl Bucket {
         let mut xids: BTreeSet<u32> = self.xids.iter().copied().collect();
         xids.extend(b.xids.iter().copied());
         self.xids = xids.into_iter().collect();
+    }
+}
+
+impl Bucket {
+    /// Joins the link-down stretches of `b`, which follows this bucket.
+    fn merge_nvlink_stretches(&mut self, b: &Bucket) {
+        let run = self
+            .nvlink_down_run
+            .max(b.nvlink_down_run)
+            .max(self.nvlink_down_tail + b.nvlink_down_head);
+        let head = if self.nvlink_down_head == self.nvlink_n {
+            self.nvlink_n + b.nvlink_down_head
+        } else {
+            self.nvlink_down_head
+        };
+        let tail = if b.nvlink_down_tail == b.nvlink_n {
+            b.nvlink_n + self.nvlink_down_tail
+        } else {
+            b.nvlink_down_tail
+        };
+        self.nvlink_down_run = run;
+        self.nvlink_down_head = head;
+        self.nvlink_down_tail = tail;
+        self.nvlink_n += b.nvlink_n;
+        self.nvlink_down_n += b.nvlink_down_n;
+        self.nvlink_down_worst = self.nvlink_down_worst.max(b.nvlink_down_worst);
+        self.nvlink_unknown_n += b.nvlink_unknown_n;
     }
 }
 
@@ -357,6 +429,19 @@ impl GpuSeries {
             }
             self.buckets = merged;
         }
+    }
+
+    /// The buckets that lie wholly within `from..=to` (unix ms) in one.
+    pub fn totals_within(&self, from: u64, to: u64) -> Bucket {
+        let mut t = Bucket::default();
+        for b in self
+            .buckets
+            .iter()
+            .filter(|b| b.start_ms >= from && b.end_ms <= to)
+        {
+            t.merge(b);
+        }
+        t
     }
 
     /// The whole run in one bucket.

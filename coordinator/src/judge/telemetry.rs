@@ -195,28 +195,105 @@ impl Telemetry {
         self.series.values().map(|slot| &slot.series)
     }
 
-    /// One summary per GPU and the health findings, GPU by GPU.
-    pub fn summarise(&self, rules: &HealthRules) -> (Vec<GpuTelemetrySummary>, Vec<HealthFinding>) {
+    /// One summary per GPU and the health findings, GPU by GPU. `windows`:
+    /// when each GPU's rank ran its measured phase, which `idle` judges.
+    pub fn summarise(
+        &self,
+        rules: &HealthRules,
+        windows: &Windows,
+    ) -> (Vec<GpuTelemetrySummary>, Vec<HealthFinding>) {
         let mut summaries = Vec::new();
-        let mut findings = Vec::new();
+        let mut per_gpu = Vec::new();
+        let mut rates = Vec::new();
         for g in self.series() {
             let t = g.totals();
-            let (mut s, mine) = summary(g, &t, rules);
+            let measured = windows
+                .get(&(g.node.clone(), g.index))
+                .map(|&(from, to)| g.totals_within(from, to));
+            let (s, mine) = summary(g, &t, measured.as_ref(), rules);
+            rates.push((t.nvlinks_expected > 0).then(|| crc_per_min(&t)));
+            summaries.push(s);
+            per_gpu.push(mine);
+        }
+        peer_crc(rules, &summaries, &rates, &mut per_gpu);
+        let mut findings = Vec::new();
+        for (s, mine) in summaries.iter_mut().zip(per_gpu) {
             s.verdict = mine
                 .iter()
                 .map(HealthFinding::verdict)
                 .max_by_key(|v| severity(*v))
                 .unwrap_or(Verdict::Pass) as i32;
-            summaries.push(s);
             findings.extend(mine);
         }
         (summaries, findings)
     }
 }
 
+/// When each GPU's rank ran its measured phase: (node, NVML index) → (from,
+/// to) in unix ms.
+pub type Windows = BTreeMap<(String, u32), (u64, u64)>;
+
+/// NVLink CRC errors a minute over the run (at least a minute, as the rules).
+fn crc_per_min(t: &Bucket) -> f64 {
+    let minutes = (t.end_ms.saturating_sub(t.start_ms) as f64 / 60_000.0).max(1.0);
+    let first = t.first.clone().unwrap_or_default();
+    let last = t.last.clone().unwrap_or_default();
+    super::health::nvlink_crc(&first, &last) as f64 / minutes
+}
+
+/// `nvlink_crc` for a GPU far above its peers: its rate against the median
+/// of the job's other NVLink GPUs. Needs three GPUs to have a median of
+/// peers worth the name; a GPU the absolute rule already named is left alone.
+fn peer_crc(
+    rules: &HealthRules,
+    summaries: &[GpuTelemetrySummary],
+    rates: &[Option<f64>],
+    per_gpu: &mut [Vec<HealthFinding>],
+) {
+    if rules.nvlink_crc == Level::Off || rates.iter().flatten().count() < 3 {
+        return;
+    }
+    for (i, rate) in rates.iter().enumerate() {
+        let Some(rate) = *rate else { continue };
+        if rate <= rules.nvlink_crc_peer_min_per_min
+            || per_gpu[i].iter().any(|f| f.rule == "nvlink_crc")
+        {
+            continue;
+        }
+        let others: Vec<f64> = rates
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != i)
+            .filter_map(|(_, r)| *r)
+            .collect();
+        let Some(median) = super::figures::median(others) else {
+            continue;
+        };
+        if rate >= rules.nvlink_crc_peer_ratio * median {
+            let s = &summaries[i];
+            per_gpu[i].push(HealthFinding {
+                node: s.node.clone(),
+                gpu_index: s.index,
+                uuid: s.uuid.clone(),
+                verdict: match rules.nvlink_crc {
+                    Level::Fail => Verdict::Fail,
+                    _ => Verdict::Warn,
+                } as i32,
+                rule: "nvlink_crc".into(),
+                detail: format!(
+                    "{rate:.0} NVLink CRC errors a minute, {:.1}x the median of the job's other NVLink GPUs ({median:.0}/min; rule: {}x): one GPU's links erring far beyond its peers; check them with `nvidia-smi nvlink -e`",
+                    rate / median.max(f64::MIN_POSITIVE),
+                    rules.nvlink_crc_peer_ratio
+                ),
+            });
+        }
+    }
+}
+
 fn summary(
     g: &GpuSeries,
     t: &Bucket,
+    measured: Option<&Bucket>,
     rules: &HealthRules,
 ) -> (GpuTelemetrySummary, Vec<HealthFinding>) {
     let n = t.n.max(1) as f64;
@@ -245,12 +322,21 @@ fn summary(
         ecc_corrected_delta: delta(|c| c.ecc_corrected),
         ecc_uncorrected_delta: delta(|c| c.ecc_uncorrected),
         pcie_replays_delta: delta(|c| c.pcie_replays),
-        nvlink_crc_delta: delta(|c| c.nvlink_crc_errors),
+        nvlink_crc_delta: super::health::nvlink_crc(&first, &last),
         xids: t.xids.clone(),
         verdict: Verdict::Pass as i32,
+        nvlink_crc_flit_delta: delta(|c| c.nvlink_crc_flit),
+        nvlink_crc_data_delta: delta(|c| c.nvlink_crc_data),
+        nvlink_replay_delta: delta(|c| c.nvlink_replay),
+        nvlink_recovery_delta: delta(|c| c.nvlink_recovery),
+        nvlink_down_samples: t.nvlink_down_n,
+        measured_samples: measured.map_or(0, |m| m.n),
+        measured_util_low_share: measured
+            .filter(|m| m.n > 0)
+            .map_or(0.0, |m| m.util_low as f64 / m.n as f64),
     };
     let findings = rules
-        .evaluate(t)
+        .evaluate_in(t, measured)
         .into_iter()
         .map(|f| HealthFinding {
             node: g.node.clone(),
@@ -317,12 +403,104 @@ mod tests {
         }
     }
 
+    /// The issue-34 misread: 15 of 18 links unread in one sample, then a
+    /// real link down for 12 seconds: the first says nothing, the second is
+    /// named with its stretch.
+    #[test]
+    fn unread_links_are_not_down_and_a_down_link_needs_a_stretch() {
+        let mut t = Telemetry::default();
+        for i in 0..30u64 {
+            let mut s = sample(1_000 + i * 1_000, 100.0, 0, vec![]);
+            if i == 3 {
+                (s.nvlinks_active, s.nvlinks_unknown) = (3, 15);
+            }
+            if i == 20 {
+                (s.nvlinks_active, s.nvlinks_down) = (17, 1);
+            }
+            t.add("n0", batch(vec![s]), 0);
+        }
+        let (s, f) = t.summarise(&HealthRules::default(), &Windows::new());
+        assert!(f.is_empty(), "{f:?}");
+        assert_eq!(s[0].nvlink_down_samples, 1);
+
+        let mut t = Telemetry::default();
+        for i in 0..30u64 {
+            let mut s = sample(1_000 + i * 1_000, 100.0, 0, vec![]);
+            if (10..22).contains(&i) {
+                (s.nvlinks_active, s.nvlinks_down) = (16, 2);
+            }
+            // An unread sample inside the stretch neither breaks nor extends it.
+            if i == 15 {
+                (s.nvlinks_active, s.nvlinks_down, s.nvlinks_unknown) = (10, 0, 8);
+            }
+            t.add("n0", batch(vec![s]), 0);
+        }
+        let (_, f) = t.summarise(&HealthRules::default(), &Windows::new());
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert_eq!(
+            (f[0].rule.as_str(), f[0].verdict()),
+            ("nvlink", Verdict::Warn)
+        );
+        assert!(
+            f[0].detail.contains("2 of 18") && f[0].detail.contains("11 consecutive"),
+            "{}",
+            f[0].detail
+        );
+    }
+
+    #[test]
+    fn a_gpu_erring_far_beyond_its_peers_is_named_alone() {
+        let mut t = Telemetry::default();
+        for i in 0..61u64 {
+            let samples = (0..4u32)
+                .map(|g| {
+                    let mut s = sample(1_000 + i * 1_000, 100.0, 0, vec![]);
+                    s.index = g;
+                    s.uuid = format!("GPU-{g}");
+                    // Under DCGM's 100 a second, but 12 times its peers.
+                    let per_s = if g == 2 { 60 } else { 5 };
+                    s.nvlink_crc_data = i * per_s;
+                    s
+                })
+                .collect();
+            t.add("n0", batch(samples), 0);
+        }
+        let (s, f) = t.summarise(&HealthRules::default(), &Windows::new());
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert_eq!((f[0].gpu_index, f[0].rule.as_str()), (2, "nvlink_crc"));
+        assert!(f[0].detail.contains("12.0x the median"), "{}", f[0].detail);
+        assert_eq!(s[0].nvlink_crc_data_delta, 300);
+    }
+
+    #[test]
+    fn idle_is_judged_over_the_measured_phase_alone() {
+        let mut t = Telemetry::default();
+        // 40 s of set-up at no load, then 20 s of work.
+        for i in 0..60u64 {
+            let util = if i < 40 { 0.0 } else { 100.0 };
+            t.add(
+                "n0",
+                batch(vec![sample(1_000 + i * 1_000, util, 0, vec![])]),
+                0,
+            );
+        }
+        let mut w = Windows::new();
+        w.insert(("n0".into(), 1), (41_000, 60_000));
+        let (s, f) = t.summarise(&HealthRules::default(), &w);
+        assert!(f.is_empty(), "{f:?}");
+        assert_eq!(s[0].measured_samples, 20);
+        assert!(s[0].util_low_share > 0.6);
+        w.insert(("n0".into(), 1), (1_000, 60_000));
+        let (_, f) = t.summarise(&HealthRules::default(), &w);
+        assert_eq!(f[0].rule, "idle", "{f:?}");
+    }
+
     #[test]
     fn healthy_gpu_passes_with_stats() {
         let mut t = Telemetry::default();
         t.add("n0", batch(vec![sample(1_000, 100.0, 0, vec![])]), 0);
         t.add("n0", batch(vec![sample(2_000, 50.0, 0, vec![])]), 0);
-        let (s, f) = t.summarise(&HealthRules::default());
+        let (s, f) = t.summarise(&HealthRules::default(), &Windows::new());
         assert!(f.is_empty(), "{f:?}");
         assert_eq!(s.len(), 1);
         assert_eq!(s[0].samples, 2);
@@ -339,7 +517,7 @@ mod tests {
         let mut t = Telemetry::default();
         t.add("n0", batch(vec![sample(1_000, 100.0, 2, vec![])]), 0);
         t.add("n0", batch(vec![sample(2_000, 100.0, 5, vec![79, 13])]), 0);
-        let (s, f) = t.summarise(&HealthRules::default());
+        let (s, f) = t.summarise(&HealthRules::default(), &Windows::new());
         assert_eq!(s[0].ecc_uncorrected_delta, 3);
         assert_eq!(s[0].xids, vec![13, 79]);
         assert_eq!(s[0].verdict(), Verdict::Fail);
@@ -404,7 +582,7 @@ mod tests {
                 .map(|g| GpuSeries::decode(g.encode_to_vec().as_slice()).unwrap())
                 .collect(),
         );
-        let (s, f) = back.summarise(&HealthRules::default());
+        let (s, f) = back.summarise(&HealthRules::default(), &Windows::new());
         assert_eq!(s.len(), 32);
         let g0 = s.iter().find(|x| x.node == "n2" && x.index == 0).unwrap();
         let mean = raw.iter().sum::<f64>() / raw.len() as f64;
@@ -469,7 +647,7 @@ mod tests {
         assert_eq!(t.add("n0", batch(samples.clone()), 0), 6);
         assert_eq!(t.gpus(), 2);
         t.add("n0", batch(samples[..2].to_vec()), 0);
-        let (s, _) = t.summarise(&HealthRules::default());
+        let (s, _) = t.summarise(&HealthRules::default(), &Windows::new());
         let seen: Vec<(u32, u32)> = s.iter().map(|g| (g.index, g.samples)).collect();
         assert_eq!(seen, [(0, 4), (1, 4)]);
         assert_eq!(t.take_dirty().len(), 2);

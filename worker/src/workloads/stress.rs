@@ -283,6 +283,7 @@ pub fn run(ctx: &Ctx, cfg: &StressParams) -> Result<Outcome> {
         checks,
         device_class: class,
         interval_s: cfg.interval.as_secs_f64(),
+        with_comm: cfg.with_comm,
     };
     tracing::info!(
         iterations,

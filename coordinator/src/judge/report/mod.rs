@@ -98,11 +98,12 @@ fn assemble(inp: &Inputs, with_results: bool) -> (Report, Figures) {
     let no_plan = Plan::default();
     let plan = job.plan.as_ref().unwrap_or(&no_plan);
 
-    let (mut states, sdc_note, mut notes, (telemetry, health)) = std::thread::scope(|s| {
+    let windows = gpu_health::measured_windows(plan, inp.results);
+    let (mut states, sdc_note, mut notes, (telemetry, mut health)) = std::thread::scope(|s| {
         // At 32,768 GPUs the telemetry summary is a third of judging, and
         // needs nothing the ranks' own checks make: it is made beside them.
         let beside = (inp.telemetry.gpus() >= SUMMARY_BESIDE_GPUS)
-            .then(|| s.spawn(|| inp.telemetry.summarise(inp.rules)));
+            .then(|| s.spawn(|| inp.telemetry.summarise(inp.rules, &windows)));
         let mut states = ranks::from_results(job, plan, inp.results, inp.exits, &inp.watch.hung);
         let sdc_note = digests::stress(inp.results, &mut states);
         let notes: Vec<String> = digests::params(inp.results, &spec, &mut states)
@@ -111,18 +112,25 @@ fn assemble(inp: &Inputs, with_results: bool) -> (Report, Figures) {
             .collect();
         let summary = match beside {
             Some(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
-            None => inp.telemetry.summarise(inp.rules),
+            None => inp.telemetry.summarise(inp.rules, &windows),
         };
         (states, sdc_note, notes, summary)
     });
-    let gpu_faults = gpu_health::apply(&health, plan, &mut states);
     collectives::fail_wrong_elements(inp.results, &mut states);
     let table = aggregate_collectives(inp.results.values());
     let mut found = findings::of_ranks(plan, &states);
     let rules = performance::rules(inp.perf, &spec, &mut notes);
     let perf = performance::judge(inp, &spec, plan, &table, &rules, &mut states);
-    found.extend(perf.findings);
     let links = links::judge(inp.results, &plan.nodes, rules.link_slow_ratio);
+    // A link down fails its GPU only where the job's own bandwidth agrees.
+    gpu_health::confirm_nvlink(
+        &mut health,
+        perf.findings.iter().chain(&links.findings),
+        &plan.nodes,
+        inp.rules,
+    );
+    let gpu_faults = gpu_health::apply(&health, plan, &mut states);
+    found.extend(perf.findings);
     found.extend(links.findings);
     let bisect = bisect::judge(inp.results, &plan.nodes);
     found.extend(bisect.findings);

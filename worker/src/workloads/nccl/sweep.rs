@@ -140,6 +140,37 @@ pub(super) fn measure(
     Ok((time_us, wrong))
 }
 
+/// nccl-tests' warm-up before an op's sweep: `warmup` untimed operations at
+/// the largest size. Without it the first sizes measured also paid for
+/// NCCL's lazy connection set-up and clocks still rising: a healthy H100
+/// host's all_reduce at 64 MiB, the first size of its sweep, gave 186 GB/s
+/// in one run and 309 in the next (nccl-tests: 299 and 305).
+#[allow(clippy::too_many_arguments)]
+fn warm_up(
+    comm: &mut dyn Collectives,
+    op: Op,
+    cfg: &SweepConfig,
+    steps: &[u64],
+    es: usize,
+    n: usize,
+    pat: &Pattern,
+    dev: Device,
+) -> Result<()> {
+    let Some(&largest) = steps.last() else {
+        return Ok(());
+    };
+    let s = sizes(op, largest, es, n);
+    if cfg.warmup == 0 || s.count == 0 {
+        return Ok(());
+    }
+    let inp = input(pat, &s, comm.rank(), cfg.kind, dev)?;
+    let recv = Tensor::f_full([s.recv as i64], -1.0, (cfg.kind, dev))?;
+    for _ in 0..cfg.warmup {
+        comm.run(op, &inp, &recv)?;
+    }
+    comm.synchronize()
+}
+
 pub fn run(ctx: &Ctx, params: &NcclParams) -> Result<Outcome> {
     let cfg = config(params)?;
     let mut comm = counted(ctx.make_comm()?, &ctx.progress);
@@ -190,6 +221,8 @@ pub fn sweep(
         );
     }
     for &op in &cfg.ops {
+        warm_up(comm, op, cfg, &steps, es, n, &pat, dev)
+            .with_context(|| format!("{} warm-up at the largest size", op.name()))?;
         for &bytes in &steps {
             let s = sizes(op, bytes, es, n);
             let phase = format!("{} {}", op.name(), format_bytes(bytes));

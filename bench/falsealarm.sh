@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# The false-alarm rate on a GPU host (issue 34, docs/benchmarks.md): healthy
+# jobs counted by the findings they raise, and real faults counted by whether
+# they were named, and only their GPU or node.
+#
+#   bench/falsealarm.sh one OUT     one agent owning every GPU; REPEATS (2) rounds of
+#                                   stress, stress --with-comm, the nccl sweep, ddp,
+#                                   fsdp and maxbatch
+#   bench/falsealarm.sh split OUT   one agent per GPU, each with its own NCCL_HOSTID
+#                                   (NCCL takes its socket path between them, as between
+#                                   hosts): REPEATS rounds of `accept --level quick`
+#                                   and `nccl --pattern pairs`
+#   bench/falsealarm.sh faults OUT  one agent per GPU as in `split`, the last agent
+#                                   started with NVIDIA_TF32_OVERRIDE=1: a co-tenant
+#                                   GEMM, a memory hog, a SIGSTOPped rank, a killed rank,
+#                                   fp32 stress (the TF32 node's numerics differ)
+#
+# Beside every mode, in the same run: NVML read directly every 0.5 s
+# (../shared/tools/nvml_links.py, copied to the carried bin folder), and
+# `nvidia-smi nvlink -s` / `-e` before and after, to hold the agent's NVLink
+# readings against. OUT/summary.txt is the table; OUT/*.json every report.
+# Env: GPUCTL_BIN (.devbin), GPUCTL_SP, GPUCTL_PY, REPEATS.
+set -u
+MODE=${1:?one|split|faults}; OUT=${2:-/tmp/gpuctl-falsealarm}; mkdir -p "$OUT"
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+B=${GPUCTL_BIN:-$ROOT/.devbin}
+[ -x "$B/gpuctl" ] || B=$ROOT/target/release
+SP=${GPUCTL_SP:-/opt/torch/.venv/lib/python3.12/site-packages}
+PY=${GPUCTL_PY:-/opt/torch/.venv/bin/python3}
+REPEATS=${REPEATS:-2}
+PORT=7340
+export GPUCTL_COORDINATOR=http://127.0.0.1:$PORT NCCL_NVLS_ENABLE=0
+export LD_LIBRARY_PATH="$SP/torch/lib:$SP/nvidia/nccl/lib:$SP/nvidia/cu13/lib:${LD_LIBRARY_PATH:-}"
+NGPU=$(nvidia-smi -L | grep -c '^GPU ')
+LAST=$((NGPU - 1))
+nvidia-smi --query-gpu=index,name,uuid,driver_version --format=csv > "$OUT/gpus.csv"
+nvidia-smi nvlink -s > "$OUT/nvlink-s-before.txt" 2>&1
+nvidia-smi nvlink -e > "$OUT/nvlink-e-before.txt" 2>&1
+
+PIDS=""; OTHER=""
+cleanup() {
+  [ -n "$OTHER" ] && kill "$OTHER" 2>/dev/null
+  [ -n "${SAMPLER:-}" ] && kill -TERM "$SAMPLER" 2>/dev/null && wait "$SAMPLER" 2>/dev/null
+  kill $PIDS 2>/dev/null; wait 2>/dev/null
+}
+trap cleanup EXIT
+if [ -f "$B/nvml_links.py" ]; then
+  "$PY" "$B/nvml_links.py" 3600 "$OUT/nvml-links.json" > "$OUT/nvml-links.txt" 2>&1 &
+  SAMPLER=$!
+fi
+
+"$B/gpuctl-coordinator" --listen 127.0.0.1:$PORT --data-dir "$OUT/coordinator" \
+  --metrics-listen off > "$OUT/coordinator.log" 2>&1 &
+PIDS=$!
+agent() { # name env... -- args...
+  local name=$1; shift
+  env "$@" "$B/gpuctl-agent" --coordinator "$GPUCTL_COORDINATOR" --name "$name" \
+    --libtorch "$SP" --work-dir "$OUT/agent-$name" --metrics-listen off ${AGENT_ARGS:-} \
+    > "$OUT/agent-$name.log" 2>&1 &
+  PIDS="$PIDS $!"
+}
+if [ "$MODE" = one ]; then
+  agent host-0 GPUCTL_X=1
+  N=1
+else
+  for i in $(seq 0 $LAST); do
+    envs="NCCL_HOSTID=gpuctl-host-$i"
+    [ "$MODE" = faults ] && [ "$i" = "$LAST" ] && envs="$envs NVIDIA_TF32_OVERRIDE=1"
+    AGENT_ARGS="--gpus $i" agent "gpu-$i" $envs
+  done
+  N=$NGPU
+fi
+for _ in $(seq 1 120); do [ "$("$B/gpuctl" nodes 2>/dev/null | grep -c ready)" = "$N" ] && break; sleep 0.5; done
+"$B/gpuctl" nodes > "$OUT/nodes.txt" 2>&1
+
+job() { # name timeout submit-args...
+  local name=$1 t=$2; shift 2
+  local t0; t0=$(date +%s)
+  timeout "$t" "$B/gpuctl" submit "$@" --wait -o json > "$OUT/$name.json" 2> "$OUT/$name.err"
+  echo "$name rc=$? $(( $(date +%s) - t0 ))s" >> "$OUT/runs.txt"
+}
+accept() { # name
+  local t0; t0=$(date +%s)
+  timeout 240 "$B/gpuctl" accept --nodes all --level quick -o json > "$OUT/$1.suite.json" 2> "$OUT/$1.err"
+  echo "$1 rc=$? $(( $(date +%s) - t0 ))s" >> "$OUT/runs.txt"
+  "$PY" - "$OUT/$1.suite.json" "$OUT/$1" "$B/gpuctl" <<'PY'
+import json, subprocess, sys
+s = json.load(open(sys.argv[1]))
+for st in s["stages"]:
+    if st.get("job_id"):
+        with open(f"{sys.argv[2]}-{st['name']}.json", "w") as f:
+            subprocess.run([sys.argv[3], "report", st["job_id"], "-o", "json"], stdout=f)
+PY
+}
+started() { for _ in $(seq 1 120); do grep -q "$2" "$1" 2>/dev/null && return; sleep 0.5; done; }
+
+case "$MODE" in
+one)
+  for r in $(seq 1 "$REPEATS"); do
+    job "h$r-stress" 120 stress --nodes 1 --duration 15s
+    job "h$r-stress-comm" 120 stress --nodes 1 --duration 15s --with-comm
+    job "h$r-nccl" 180 nccl --nodes 1 --min-bytes 64M --max-bytes 1G
+    job "h$r-ddp" 180 ddp --nodes 1 --steps 30
+    job "h$r-fsdp" 180 fsdp --nodes 1 --steps 20
+    job "h$r-maxbatch" 180 maxbatch --nodes 1 --limit 1024
+  done ;;
+split)
+  for r in $(seq 1 "$REPEATS"); do
+    accept "h$r-quick"
+    job "h$r-pairs" 180 nccl --nodes all --pattern pairs --ops all_reduce,sendrecv --min-bytes 256M --max-bytes 256M
+  done ;;
+faults)
+  # A co-tenant's GEMMs on the last GPU.
+  CUDA_VISIBLE_DEVICES=$LAST "$PY" -c '
+import torch
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16); b = torch.randn_like(a)
+print("busy", flush=True)
+while True:
+    for _ in range(50): a @ b
+    torch.cuda.synchronize()' > "$OUT/cotenant.txt" 2>&1 &
+  OTHER=$!; started "$OUT/cotenant.txt" busy
+  job "f-cotenant" 120 stress --nodes all --duration 15s
+  kill "$OTHER"; wait "$OTHER" 2>/dev/null; OTHER=""
+  # 60 GiB held on GPU 0 by another process.
+  CUDA_VISIBLE_DEVICES=0 "$PY" -c '
+import time, torch
+x = torch.empty(60 * 2**30, dtype=torch.uint8, device="cuda")
+print("holding", flush=True); time.sleep(600)' > "$OUT/hog.txt" 2>&1 &
+  OTHER=$!; started "$OUT/hog.txt" holding
+  job "f-memhog" 120 stress --nodes all --duration 10s --target-memory 0.9
+  kill "$OTHER"; wait "$OTHER" 2>/dev/null; OTHER=""
+  # A stopped rank (the worker on GPU 1), then a killed one (GPU 2).
+  for sig in STOP KILL; do
+    gpu=1; [ "$sig" = KILL ] && gpu=2
+    ( for _ in $(seq 1 120); do
+        p=$(nvidia-smi --query-compute-apps=pid,gpu_uuid --format=csv,noheader \
+            | grep "$(sed -n "$((gpu + 2))p" "$OUT/gpus.csv" | cut -d, -f3 | tr -d ' ')" | cut -d, -f1 | head -1)
+        if [ -n "$p" ]; then sleep 8; kill -$sig "$p"; echo "SIG$sig $p on GPU $gpu" >> "$OUT/runs.txt"; break; fi
+        sleep 0.5
+      done ) &
+    job "f-sig$sig" 180 nccl --nodes all --min-bytes 64M --max-bytes 256M --iters 200 --hang-timeout 20s
+    wait $! 2>/dev/null
+    pkill -CONT -f gpuctl-worker 2>/dev/null
+  done
+  # Numerics that differ on one node: fp32 GEMMs where that agent's
+  # environment lets cuBLAS use TF32.
+  job "f-tf32" 120 stress --nodes all --duration 10s --precision fp32
+  ;;
+esac
+
+kill -TERM "${SAMPLER:-}" 2>/dev/null; wait "${SAMPLER:-}" 2>/dev/null; SAMPLER=""
+nvidia-smi nvlink -s > "$OUT/nvlink-s-after.txt" 2>&1
+nvidia-smi nvlink -e > "$OUT/nvlink-e-after.txt" 2>&1
+grep -h "NVLink state could not be read" "$OUT"/agent-*.log | head -20 > "$OUT/agent-nvlink-read-errors.txt"
+"$PY" "$ROOT/bench/falsealarm_summary.py" "$OUT" "$MODE" | tee "$OUT/summary.txt"

@@ -1,0 +1,70 @@
+"""The table of bench/falsealarm.sh: per job its verdict and every FAIL and WARN finding (rule,
+node, GPU, the detail's start), the findings tallied per rule, the NVLink counters and readings
+the agent reported beside what NVML answered directly. Usage: falsealarm_summary.py OUT MODE"""
+import collections
+import glob
+import json
+import os
+import sys
+
+out, mode = sys.argv[1], sys.argv[2]
+tally = collections.Counter()
+jobs = 0
+verdicts = collections.Counter()
+print(f"== mode {mode}")
+for path in sorted(glob.glob(f"{out}/*.json")):
+    name = os.path.basename(path)[:-5]
+    if name.endswith(".suite") or name.startswith("nvml-links"):
+        continue
+    try:
+        r = json.load(open(path))
+    except Exception as e:  # a job that did not answer is said, not skipped
+        print(f"{name}: no report ({e})")
+        continue
+    if "verdict" not in r:
+        print(f"{name}: no verdict in the answer")
+        continue
+    jobs += 1
+    verdicts[r["verdict"]] += 1
+    print(f"{name}: {r['verdict']} ({r.get('workload', '')}, {r.get('job_id', '')})")
+    for f in r.get("findings", []):
+        if f["level"] not in ("fail", "warn"):
+            continue
+        rule = f["rule"] or f["metric"]
+        tally[(f["level"], f["metric"], rule)] += 1
+        where = f"{f['node']}" + (f" gpu {f['gpu_index']}" if f.get("gpu_index") is not None else "")
+        print(f"   {f['level']:4} {f['metric']}/{rule} {where}: {f['detail'][:230]}")
+    for t in r.get("telemetry", []):
+        print(
+            f"   tele {t['node']} gpu {t['index']}: n={t['samples']} measured={t.get('measured_samples', 0)}"
+            f" idle(all)={t['util_low_share']:.2f} idle(measured)={t.get('measured_util_low_share', 0):.2f}"
+            f" down_samples={t.get('nvlink_down_samples', 0)} crc flit/data={t.get('nvlink_crc_flit_delta', 0)}"
+            f"/{t.get('nvlink_crc_data_delta', 0)} replay={t.get('nvlink_replay_delta', 0)}"
+            f" recovery={t.get('nvlink_recovery_delta', 0)}"
+        )
+print(f"\n{jobs} jobs: " + ", ".join(f"{v} {k}" for k, v in sorted(verdicts.items())))
+for (level, metric, rule), n in sorted(tally.items()):
+    print(f"  {n:3} {level} {metric}/{rule}")
+
+try:
+    rows = json.load(open(f"{out}/nvml-links.json"))
+    gpus = sorted({x["gpu"] for x in rows})
+    for g in gpus:
+        r = [x for x in rows if x["gpu"] == g]
+        worst = min(sum(1 for s in x["state"] if s == 1) for x in r)
+        bad = sum(1 for x in r for c in x["rc"] if c != 0)
+        mins = max((r[-1]["t"] - r[0]["t"]) / 60, 1e-9)
+
+        def delta(k):
+            return sum((b or 0) - (a or 0) for a, b in zip(r[0][k], r[-1][k]))
+
+        print(
+            f"NVML direct GPU {g}: {len(r)} samples, active links at worst {worst}/18, failed calls {bad},"
+            f" per minute crc_flit {delta('flit') / mins:.0f} crc_data {delta('data') / mins:.0f}"
+            f" replay {delta('replay') / mins:.1f} recovery {delta('recovery') / mins:.1f}"
+        )
+except FileNotFoundError:
+    print("NVML direct: not sampled (nvml_links.py not in the bin folder)")
+errs = open(f"{out}/agent-nvlink-read-errors.txt").read().strip() if os.path.exists(
+    f"{out}/agent-nvlink-read-errors.txt") else ""
+print("agent NVLink read errors:", errs[:1500] if errs else "none logged")
