@@ -102,7 +102,7 @@ one)
     job "h$r-nccl" 180 nccl --nodes 1 --min-bytes 64M --max-bytes 1G
     job "h$r-ddp" 180 ddp --nodes 1 --steps 30
     job "h$r-fsdp" 180 fsdp --nodes 1 --steps 20
-    job "h$r-maxbatch" 180 maxbatch --nodes 1 --limit 1024
+    job "h$r-maxbatch" 180 maxbatch --nodes 1 --limit 512
   done ;;
 split)
   for r in $(seq 1 "$REPEATS"); do

@@ -46,7 +46,7 @@ pub fn matrix(links: &[pb::Link]) -> String {
         let bytes = ls.first().map_or(0, |l| l.bytes);
         let reference = median(ls.iter().map(|l| l.busbw_gbps).collect());
         s.push_str(&format!(
-            "{op} busbw GB/s at {} (median link {reference:.2}; ! = slow)\n",
+            "{op} busbw GB/s at {} (median link {reference:.2}; the better of two measurements; ! = slow in both)\n",
             gpuctl_proto::units::format_bytes(bytes)
         ));
         let mut headers = vec!["NODE"];
@@ -62,12 +62,14 @@ pub fn matrix(links: &[pb::Link]) -> String {
                     _ if a == b => "-".to_string(),
                     Some(l) => {
                         mine.push(l.busbw_gbps);
-                        let mark = if l.verdict() == pb::Verdict::Fail {
-                            "!"
+                        if l.verdict() == pb::Verdict::Fail && l.repeat_gbps > 0.0 {
+                            // A blamed link shows both figures: the evidence.
+                            format!("{:.2}/{:.2}!", l.first_gbps, l.repeat_gbps)
+                        } else if l.verdict() == pb::Verdict::Fail {
+                            format!("{:.2}!", l.busbw_gbps)
                         } else {
-                            ""
-                        };
-                        format!("{:.2}{mark}", l.busbw_gbps)
+                            format!("{:.2}", l.busbw_gbps)
+                        }
                     }
                     None => "?".to_string(),
                 });

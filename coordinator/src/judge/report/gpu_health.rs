@@ -6,31 +6,70 @@
 
 use std::collections::BTreeMap;
 
-use gpuctl_proto::pb::{Finding, HealthFinding, Plan, RankResult, Verdict};
+use gpuctl_proto::pb::{
+    Finding, GpuTelemetrySummary, HealthFinding, PhaseMark, Plan, RankResult, Verdict,
+};
 
 use super::ranks::{RankStates, Source};
 use crate::judge::health::{HealthRules, Level};
 use crate::judge::telemetry::Windows;
 
-/// When each GPU's rank ran its measured phase: from its first timeline mark
-/// with work counted (GEMMs, collectives, steps: after libtorch, NCCL and the
-/// model were set up) to its last mark. A rank with no such mark gives none,
-/// and its GPU's `idle` is not judged.
-pub(super) fn measured_windows(plan: &Plan, results: &BTreeMap<u32, RankResult>) -> Windows {
+/// When each GPU's rank ran its measured phase, from its timeline:
+/// - stress and nccl: from the first mark with work counted (a GEMM or a
+///   collective, after libtorch and NCCL were set up) to the last mark;
+/// - ddp and fsdp: the timed steps (`train step`, `baseline step`) alone. A
+///   first step that autotunes cuDNN took 13-15 s at low utilisation on
+///   H100s (docs/benchmarks.md, 2026-11-26): set-up, not an idle GPU;
+/// - maxbatch: none. Its search is trials of new shapes, each mostly
+///   allocation and autotuning: bursty by design, not a load to judge.
+///
+/// A rank with no such stretch gives none, and its GPU's `idle` is not judged.
+pub(super) fn measured_windows(
+    workload: &str,
+    plan: &Plan,
+    results: &BTreeMap<u32, RankResult>,
+) -> Windows {
     let mut out = Windows::new();
     for p in &plan.ranks {
         let (Some(gpu), Some(r)) = (p.gpu_index, results.get(&p.rank)) else {
             continue;
         };
-        let Some(from) = r.phases.iter().find(|m| m.iterations > 0) else {
-            continue;
+        let window = match workload {
+            "maxbatch" => None,
+            "ddp" | "fsdp" => timed_steps(&r.phases),
+            _ => r
+                .phases
+                .iter()
+                .find(|m| m.iterations > 0)
+                .map(|from| (from.unix_ms, r.phases.last().map_or(0, |m| m.unix_ms))),
         };
-        let to = r.phases.last().map_or(from.unix_ms, |m| m.unix_ms);
-        if to > from.unix_ms {
-            out.insert((p.node.clone(), gpu), (from.unix_ms, to));
+        if let Some((from, to)) = window.filter(|(from, to)| to > from) {
+            out.insert((p.node.clone(), gpu), (from, to));
         }
     }
     out
+}
+
+/// From the first timed-step mark to the mark that ends the last stretch of
+/// them (or the last such mark).
+fn timed_steps(marks: &[PhaseMark]) -> Option<(u64, u64)> {
+    let timed = |m: &PhaseMark| m.phase == "step" || m.phase.ends_with(" step");
+    let first = marks.iter().position(timed)?;
+    let last = marks.iter().rposition(timed)?;
+    let end = marks.get(last + 1).unwrap_or(&marks[last]);
+    Some((marks[first].unix_ms, end.unix_ms))
+}
+
+/// A GPU summary's verdict after [`confirm_nvlink`] raised a finding of it.
+pub(super) fn fail_summaries(health: &[HealthFinding], summaries: &mut [GpuTelemetrySummary]) {
+    for h in health.iter().filter(|h| h.verdict() == Verdict::Fail) {
+        for s in summaries
+            .iter_mut()
+            .filter(|s| s.node == h.node && s.index == h.gpu_index)
+        {
+            s.verdict = Verdict::Fail as i32;
+        }
+    }
 }
 
 /// Raises `nvlink` findings to the `nvlink_down` level on nodes whose
@@ -104,4 +143,102 @@ pub(super) fn apply(
         }
     }
     node_faults
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuctl_proto::pb::RankPlacement;
+
+    fn mark(phase: &str, unix_ms: u64, iterations: u64) -> PhaseMark {
+        PhaseMark {
+            phase: phase.into(),
+            unix_ms,
+            iterations,
+        }
+    }
+
+    fn plan() -> Plan {
+        Plan {
+            nodes: vec!["n0".into()],
+            ranks: vec![RankPlacement {
+                rank: 0,
+                node: "n0".into(),
+                gpu_index: Some(2),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_measured_phase_leaves_set_up_out() {
+        // As a DDP rank on an H100 reported it: the first (autotuning)
+        // warm-up step took 13 s.
+        let phases = vec![
+            mark("starting", 1_000, 0),
+            mark("building the model", 3_000, 1),
+            mark("baseline warmup", 4_000, 2),
+            mark("baseline warmup", 17_000, 3),
+            mark("baseline step", 18_000, 7),
+            mark("warmup", 19_000, 17),
+            mark("train step", 20_000, 22),
+            mark("train step", 21_000, 38),
+            mark("trained", 22_000, 51),
+            mark("done", 22_100, 51),
+        ];
+        let results = BTreeMap::from([(
+            0,
+            RankResult {
+                phases,
+                ..Default::default()
+            },
+        )]);
+        let w = measured_windows("ddp", &plan(), &results);
+        assert_eq!(w[&("n0".to_string(), 2)], (18_000, 22_000));
+        let w = measured_windows("stress", &plan(), &results);
+        assert_eq!(w[&("n0".to_string(), 2)], (3_000, 22_100));
+        assert!(measured_windows("maxbatch", &plan(), &results).is_empty());
+    }
+
+    #[test]
+    fn a_link_down_fails_only_where_bandwidth_agrees() {
+        let down = || HealthFinding {
+            node: "n0".into(),
+            gpu_index: 2,
+            verdict: Verdict::Warn as i32,
+            rule: "nvlink".into(),
+            detail: "up to 4 of 18 NVLinks down".into(),
+            ..Default::default()
+        };
+        let slow = Finding {
+            node: String::new(),
+            metric: "busbw".into(),
+            level: Verdict::Fail as i32,
+            detail: "all_reduce 1 GiB busbw 120 GB/s".into(),
+            ..Default::default()
+        };
+        let rules = HealthRules::default();
+        let mut h = vec![down()];
+        confirm_nvlink(&mut h, std::iter::once(&slow), &["n0".into()], &rules);
+        assert_eq!(h[0].verdict(), Verdict::Fail);
+        assert!(
+            h[0].detail.contains("confirmed by this job's bandwidth"),
+            "{}",
+            h[0].detail
+        );
+        // A job-wide figure of several nodes does not say which node is slow.
+        let mut h = vec![down()];
+        confirm_nvlink(
+            &mut h,
+            std::iter::once(&slow),
+            &["n0".into(), "n1".into()],
+            &rules,
+        );
+        assert_eq!(h[0].verdict(), Verdict::Warn);
+        assert!(h[0].detail.contains("not confirmed"), "{}", h[0].detail);
+        let mut h = vec![down()];
+        confirm_nvlink(&mut h, std::iter::empty(), &["n0".into()], &rules);
+        assert_eq!(h[0].verdict(), Verdict::Warn);
+    }
 }

@@ -98,8 +98,8 @@ fn assemble(inp: &Inputs, with_results: bool) -> (Report, Figures) {
     let no_plan = Plan::default();
     let plan = job.plan.as_ref().unwrap_or(&no_plan);
 
-    let windows = gpu_health::measured_windows(plan, inp.results);
-    let (mut states, sdc_note, mut notes, (telemetry, mut health)) = std::thread::scope(|s| {
+    let windows = gpu_health::measured_windows(&spec.workload, plan, inp.results);
+    let (mut states, sdc_note, mut notes, (mut telemetry, mut health)) = std::thread::scope(|s| {
         // At 32,768 GPUs the telemetry summary is a third of judging, and
         // needs nothing the ranks' own checks make: it is made beside them.
         let beside = (inp.telemetry.gpus() >= SUMMARY_BESIDE_GPUS)
@@ -129,6 +129,7 @@ fn assemble(inp: &Inputs, with_results: bool) -> (Report, Figures) {
         &plan.nodes,
         inp.rules,
     );
+    gpu_health::fail_summaries(&health, &mut telemetry);
     let gpu_faults = gpu_health::apply(&health, plan, &mut states);
     found.extend(perf.findings);
     found.extend(links.findings);
