@@ -107,6 +107,11 @@ pub struct HealthRules {
     pub temperature_fail_c: f64,
     /// Share of samples under 10 % utilisation above which `idle` fires.
     pub idle_share: f64,
+    /// Measured-phase samples `idle` needs before it judges: a 5-second
+    /// nccl sweep on healthy H100s had 3 of its 5 samples under 10 % (sizes,
+    /// checks and allocations between the collectives; docs/benchmarks.md,
+    /// 2026-11-26), which says nothing about a GPU left idle.
+    pub idle_min_samples: u32,
     pub idle: Level,
 }
 
@@ -154,6 +159,7 @@ impl Default for HealthRules {
             temperature_warn_c: 90.0,
             temperature_fail_c: 95.0,
             idle_share: 0.5,
+            idle_min_samples: 20,
             idle: Level::Warn,
         }
     }
@@ -457,7 +463,9 @@ impl HealthRules {
             );
         }
         if let Some(m) = measured {
-            if m.n >= 5 && m.util_low as f64 / m.n as f64 > self.idle_share {
+            if m.n >= self.idle_min_samples.max(1)
+                && m.util_low as f64 / m.n as f64 > self.idle_share
+            {
                 fire(
                     self.idle,
                     "idle",
@@ -702,6 +710,10 @@ mod tests {
             r.evaluate_in(&whole, None).is_empty(),
             "unknown: not judged"
         );
+        // A 5-sample sweep with 3 low samples says nothing yet.
+        let mut short = loaded(5);
+        short.util_low = 3;
+        assert!(r.evaluate_in(&whole, Some(&short)).is_empty());
         let mut idle = loaded(20);
         idle.util_low = 15;
         let f = r.evaluate_in(&whole, Some(&idle));
@@ -822,9 +834,9 @@ mod tests {
         t.temp_max = 96.0;
         assert!(rules_of(&r, &t).contains(&(Level::Fail, "temperature")));
 
-        let mut t = loaded(10);
+        let mut t = loaded(20);
         t.loaded = 0;
-        t.util_low = 9;
+        t.util_low = 19;
         t.remap_failed = true;
         assert_eq!(
             rules_of(&r, &t),
