@@ -11,9 +11,10 @@
 #                                   hosts): REPEATS rounds of `accept --level quick`
 #                                   and `nccl --pattern pairs`
 #   bench/falsealarm.sh faults OUT  one agent per GPU as in `split`, the last agent
-#                                   started with NVIDIA_TF32_OVERRIDE=1: a co-tenant
+#                                   started with NVIDIA_TF32_OVERRIDE=0: a co-tenant
 #                                   GEMM, a memory hog, a SIGSTOPped rank, a killed rank,
-#                                   fp32 stress (the TF32 node's numerics differ)
+#                                   tf32 stress (that node's GEMMs run in full fp32: its
+#                                   numerics differ, which the bit-for-bit check exists for)
 #
 # Beside every mode, in the same run: NVML read directly every 0.5 s
 # (../shared/tools/nvml_links.py, copied to the carried bin folder), and
@@ -65,7 +66,7 @@ if [ "$MODE" = one ]; then
 else
   for i in $(seq 0 $LAST); do
     envs="NCCL_HOSTID=gpuctl-host-$i"
-    [ "$MODE" = faults ] && [ "$i" = "$LAST" ] && envs="$envs NVIDIA_TF32_OVERRIDE=1"
+    [ "$MODE" = faults ] && [ "$i" = "$LAST" ] && envs="$envs NVIDIA_TF32_OVERRIDE=0"
     AGENT_ARGS="--gpus $i" agent "gpu-$i" $envs
   done
   N=$NGPU
@@ -142,9 +143,9 @@ print("holding", flush=True); time.sleep(600)' > "$OUT/hog.txt" 2>&1 &
     wait $! 2>/dev/null
     pkill -CONT -f gpuctl-worker 2>/dev/null
   done
-  # Numerics that differ on one node: fp32 GEMMs where that agent's
-  # environment lets cuBLAS use TF32.
-  job "f-tf32" 120 stress --nodes all --duration 10s --precision fp32
+  # Numerics that differ on one node: TF32 GEMMs everywhere but where that
+  # agent's environment turns TF32 off in cuBLAS.
+  job "f-tf32" 120 stress --nodes all --duration 10s --precision tf32
   ;;
 esac
 
