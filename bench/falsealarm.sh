@@ -14,7 +14,8 @@
 #                                   started with NVIDIA_TF32_OVERRIDE=0: a co-tenant
 #                                   GEMM, a memory hog, a SIGSTOPped rank, a killed rank,
 #                                   tf32 stress (that node's GEMMs run in full fp32: its
-#                                   numerics differ, which the bit-for-bit check exists for)
+#                                   numerics differ, which the bit-for-bit check exists for);
+#                                   FAULTS picks some ("cotenant memhog stop kill tf32")
 #
 # Beside every mode, in the same run: NVML read directly every 0.5 s
 # (../shared/tools/nvml_links.py, copied to the carried bin folder), and
@@ -111,7 +112,10 @@ split)
     job "h$r-pairs" 180 nccl --nodes all --pattern pairs --ops all_reduce,sendrecv --min-bytes 256M --max-bytes 256M
   done ;;
 faults)
+  FAULTS=${FAULTS:-cotenant memhog stop kill tf32}
+  want() { case " $FAULTS " in *" $1 "*) return 0;; esac; return 1; }
   # A co-tenant's GEMMs on the last GPU.
+  if want cotenant; then
   CUDA_VISIBLE_DEVICES=$LAST "$PY" -c '
 import torch
 a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16); b = torch.randn_like(a)
@@ -122,6 +126,8 @@ while True:
   OTHER=$!; started "$OUT/cotenant.txt" busy
   job "f-cotenant" 120 stress --nodes all --duration 15s
   kill "$OTHER"; wait "$OTHER" 2>/dev/null; OTHER=""
+  fi
+  if want memhog; then
   # 60 GiB held on GPU 0 by another process.
   CUDA_VISIBLE_DEVICES=0 "$PY" -c '
 import time, torch
@@ -130,22 +136,32 @@ print("holding", flush=True); time.sleep(600)' > "$OUT/hog.txt" 2>&1 &
   OTHER=$!; started "$OUT/hog.txt" holding
   job "f-memhog" 120 stress --nodes all --duration 10s --target-memory 0.9
   kill "$OTHER"; wait "$OTHER" 2>/dev/null; OTHER=""
-  # A stopped rank (the worker on GPU 1), then a killed one (GPU 2).
+  fi
+  # A stopped rank (the worker on GPU 1), then a killed one (GPU 2): the
+  # worker is the one its agent logs as started for the job after those
+  # before it (a worker of the last job may still be exiting).
   for sig in STOP KILL; do
+    want "$(echo $sig | tr A-Z a-z)" || continue
     gpu=1; [ "$sig" = KILL ] && gpu=2
+    log="$OUT/agent-gpu-$gpu.log"; seen=$(grep -c "worker started" "$log")
     ( for _ in $(seq 1 120); do
-        p=$(nvidia-smi --query-compute-apps=pid,gpu_uuid --format=csv,noheader \
-            | grep "$(sed -n "$((gpu + 2))p" "$OUT/gpus.csv" | cut -d, -f3 | tr -d ' ')" | cut -d, -f1 | head -1)
-        if [ -n "$p" ]; then sleep 8; kill -$sig "$p"; echo "SIG$sig $p on GPU $gpu" >> "$OUT/runs.txt"; break; fi
+        if [ "$(grep -c "worker started" "$log")" -gt "$seen" ]; then
+          p=$(grep "worker started" "$log" | tail -1 | grep -o 'pid=[0-9]*' | cut -d= -f2)
+          sleep 8; kill -$sig "$p" && echo "SIG$sig $p on GPU $gpu" >> "$OUT/runs.txt"; break
+        fi
         sleep 0.5
       done ) &
-    job "f-sig$sig" 180 nccl --nodes all --min-bytes 64M --max-bytes 256M --iters 200 --hang-timeout 20s
-    wait $! 2>/dev/null
+    KILLER=$!
+    # Default iterations: a rank's progress counts each collective as it is
+    # queued, and 200 at 256 MiB over sockets outlast a 20 s hang timeout
+    # between two counts on healthy ranks.
+    job "f-sig$sig" 180 nccl --nodes all --min-bytes 64M --max-bytes 256M --hang-timeout 20s
+    wait $KILLER 2>/dev/null
     pkill -CONT -f gpuctl-worker 2>/dev/null
   done
   # Numerics that differ on one node: TF32 GEMMs everywhere but where that
   # agent's environment turns TF32 off in cuBLAS.
-  job "f-tf32" 120 stress --nodes all --duration 10s --precision tf32
+  want tf32 && job "f-tf32" 120 stress --nodes all --duration 10s --precision tf32
   ;;
 esac
 
