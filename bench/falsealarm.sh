@@ -5,7 +5,7 @@
 #
 #   bench/falsealarm.sh one OUT     one agent owning every GPU; REPEATS (2) rounds of
 #                                   stress, stress --with-comm, the nccl sweep, ddp,
-#                                   fsdp and maxbatch
+#                                   fsdp and maxbatch (JOBS picks some)
 #   bench/falsealarm.sh split OUT   one agent per GPU, each with its own NCCL_HOSTID
 #                                   (NCCL takes its socket path between them, as between
 #                                   hosts): REPEATS rounds of `accept --level quick`
@@ -98,13 +98,18 @@ started() { for _ in $(seq 1 120); do grep -q "$2" "$1" 2>/dev/null && return; s
 
 case "$MODE" in
 one)
+  JOBS=${JOBS:-stress stress-comm nccl ddp fsdp maxbatch}
   for r in $(seq 1 "$REPEATS"); do
-    job "h$r-stress" 120 stress --nodes 1 --duration 15s
-    job "h$r-stress-comm" 120 stress --nodes 1 --duration 15s --with-comm
-    job "h$r-nccl" 180 nccl --nodes 1 --min-bytes 64M --max-bytes 1G
-    job "h$r-ddp" 180 ddp --nodes 1 --steps 30
-    job "h$r-fsdp" 180 fsdp --nodes 1 --steps 20
-    job "h$r-maxbatch" 180 maxbatch --nodes 1 --limit 512
+    for j in $JOBS; do
+      case $j in
+        stress) job "h$r-stress" 120 stress --nodes 1 --duration 15s ;;
+        stress-comm) job "h$r-stress-comm" 120 stress --nodes 1 --duration 15s --with-comm ;;
+        nccl) job "h$r-nccl" 180 nccl --nodes 1 --min-bytes 64M --max-bytes 1G ;;
+        ddp) job "h$r-ddp" 180 ddp --nodes 1 --steps 30 ;;
+        fsdp) job "h$r-fsdp" 180 fsdp --nodes 1 --steps 20 ;;
+        maxbatch) job "h$r-maxbatch" 180 maxbatch --nodes 1 --limit 512 ;;
+      esac
+    done
   done ;;
 split)
   for r in $(seq 1 "$REPEATS"); do

@@ -135,9 +135,7 @@ pub struct JobFigures {
 /// produce fail; the others do not apply.
 pub type Expected = BTreeSet<(Metric, String)>;
 
-/// Collective sizes from which bandwidth is judged (nccl-tests' large
-/// messages); a sweep that stops below it is judged at its largest size.
-pub const BUSBW_MIN_BYTES: u64 = 64 << 20;
+pub use gpuctl_proto::catalogue::{judged_sizes, BUSBW_MIN_BYTES};
 
 /// Ranks are compared only within one device class: the same model and the
 /// same libraries.
@@ -302,20 +300,6 @@ pub fn of_report(report: &Report) -> Figures {
     let nodes: Vec<String> = report.nodes.iter().map(|n| n.name.clone()).collect();
     let job = job_figures(&report.workload, &results, &report.collectives, &nodes);
     Figures { ranks, job }
-}
-
-/// Which sizes of a sweep bandwidth is judged at: every size from
-/// [`BUSBW_MIN_BYTES`] up, or the largest when the sweep stops below it.
-pub fn judged_sizes(sizes: &[u64]) -> Vec<u64> {
-    let large: Vec<u64> = sizes
-        .iter()
-        .copied()
-        .filter(|b| *b >= BUSBW_MIN_BYTES)
-        .collect();
-    if !large.is_empty() {
-        return large;
-    }
-    sizes.iter().copied().max().into_iter().collect()
 }
 
 /// The figures a job's spec asks for, with the catalogue's defaults for its

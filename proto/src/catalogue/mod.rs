@@ -17,8 +17,8 @@ pub use sizes::{
     model_variant, GptShape,
 };
 pub use typed::{
-    size_steps, MaxBatchParams, ModelParams, NcclParams, NcclPattern, StressParams, TrainModel,
-    TrainParams, TypedParams,
+    judged_sizes, size_steps, MaxBatchParams, ModelParams, NcclParams, NcclPattern, StressParams,
+    TrainModel, TrainParams, TypedParams, BUSBW_MIN_BYTES, JUDGED_RUNS,
 };
 
 /// A problem with one field of a job spec, said so that the user can fix it.

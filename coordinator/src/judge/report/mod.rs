@@ -118,6 +118,13 @@ fn assemble(inp: &Inputs, with_results: bool) -> (Report, Figures) {
     });
     collectives::fail_wrong_elements(inp.results, &mut states);
     let table = aggregate_collectives(inp.results.values());
+    if !table.is_empty() {
+        notes.push(format!(
+            "busbw at the sizes judged ({} and up, or the largest) is the median of {} timed runs of --iters operations each; other sizes are one run, as nccl-tests",
+            gpuctl_proto::units::format_bytes(gpuctl_proto::catalogue::BUSBW_MIN_BYTES),
+            gpuctl_proto::catalogue::JUDGED_RUNS
+        ));
+    }
     let mut found = findings::of_ranks(plan, &states);
     let rules = performance::rules(inp.perf, &spec, &mut notes);
     let perf = performance::judge(inp, &spec, plan, &table, &rules, &mut states);

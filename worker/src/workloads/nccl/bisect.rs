@@ -137,6 +137,7 @@ pub fn bisect(
                 dev,
                 false,
                 Peer::Ring,
+                1,
             )
             .with_context(|| format!("{what}: all_reduce {}", format_bytes(s.bytes(es))))?;
             let (alg, bus) = bandwidth(Op::AllReduce, &s, es, n, t);

@@ -264,7 +264,7 @@ pub fn pairs(
             for (i, (op, peer)) in ops.iter().chain(ops.iter()).copied().enumerate() {
                 let again = i >= ops.len();
                 let s = sizes(op, cfg.max_bytes, es, n);
-                let (t, wrong) = measure(comm.as_mut(), op, cfg, &s, &pat, dev, false, peer)
+                let (t, wrong) = measure(comm.as_mut(), op, cfg, &s, &pat, dev, false, peer, 1)
                     .with_context(|| {
                         format!("{what}: {} {}", op.name(), format_bytes(s.bytes(es)))
                     })?;

@@ -3,7 +3,9 @@
 //! For every op and every size (min_bytes, ×factor, up to max_bytes) the rank
 //! runs `warmup` untimed and `iters` timed operations out-of-place, then the same
 //! in-place, and after each checks one more operation on fresh inputs against
-//! the exact expected values (`#wrong`).
+//! the exact expected values (`#wrong`). At the sizes the coordinator judges
+//! (`judged_sizes`) the timed run is repeated `JUDGED_RUNS` times and the
+//! median kept: a judged figure is as steady as its reference, not one run's.
 
 use std::time::Instant;
 
@@ -57,6 +59,7 @@ pub fn config(p: &NcclParams) -> Result<SweepConfig> {
 }
 
 pub use gpuctl_proto::catalogue::size_steps;
+use gpuctl_proto::catalogue::{judged_sizes, JUDGED_RUNS};
 
 /// Whom sendrecv exchanges with: nccl-tests' ring (send to rank+1, receive
 /// from rank−1), or one peer in both directions at once.
@@ -66,7 +69,8 @@ pub enum Peer {
     Both(usize),
 }
 
-/// One timed measurement: (µs per op, #wrong).
+/// One measurement: (µs per op, #wrong). The time is the median of `runs`
+/// timed runs of `cfg.iters` operations each (one run: nccl-tests' figure).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn measure(
     comm: &mut dyn Collectives,
@@ -77,6 +81,7 @@ pub(super) fn measure(
     dev: Device,
     in_place: bool,
     peer: Peer,
+    runs: usize,
 ) -> Result<(f64, u64)> {
     let r = comm.rank();
     let kind = cfg.kind;
@@ -117,13 +122,18 @@ pub(super) fn measure(
     for _ in 0..cfg.warmup {
         issue(comm, &send, &recv)?;
     }
-    comm.barrier()?;
-    let t0 = Instant::now();
-    for _ in 0..cfg.iters {
-        issue(comm, &send, &recv)?;
+    let mut times = Vec::with_capacity(runs.max(1));
+    for _ in 0..runs.max(1) {
+        comm.barrier()?;
+        let t0 = Instant::now();
+        for _ in 0..cfg.iters {
+            issue(comm, &send, &recv)?;
+        }
+        comm.synchronize()?;
+        times.push(t0.elapsed().as_secs_f64() * 1e6 / cfg.iters as f64);
     }
-    comm.synchronize()?;
-    let time_us = t0.elapsed().as_secs_f64() * 1e6 / cfg.iters as f64;
+    times.sort_by(f64::total_cmp);
+    let time_us = times[times.len() / 2];
     drop((send, recv));
     // Correctness on fresh inputs.
     let (send, recv) = make(true)?;
@@ -199,6 +209,8 @@ pub fn sweep(
     let es = cfg.kind.elt_size_in_bytes();
     let pat = Pattern::new(cfg.kind, n);
     let steps = size_steps(cfg.min_bytes, cfg.max_bytes, cfg.factor);
+    // The sizes the coordinator judges rest on several timed runs.
+    let judged = judged_sizes(&steps);
     let total = (steps.len() * cfg.ops.len()).max(1) as f64;
     let mut rows = Vec::new();
     let mut done = 0.0;
@@ -232,9 +244,14 @@ pub fn sweep(
                 continue;
             }
             progress(&phase, done / total, None);
-            let (t, w) = measure(comm, op, cfg, &s, &pat, dev, false, Peer::Ring)
+            let runs = if judged.contains(&bytes) {
+                JUDGED_RUNS
+            } else {
+                1
+            };
+            let (t, w) = measure(comm, op, cfg, &s, &pat, dev, false, Peer::Ring, runs)
                 .with_context(|| format!("{phase} out-of-place"))?;
-            let (t_ip, w_ip) = measure(comm, op, cfg, &s, &pat, dev, true, Peer::Ring)
+            let (t_ip, w_ip) = measure(comm, op, cfg, &s, &pat, dev, true, Peer::Ring, runs)
                 .with_context(|| format!("{phase} in-place"))?;
             let (alg, bus) = bandwidth(op, &s, es, n, t);
             let (alg_ip, bus_ip) = bandwidth(op, &s, es, n, t_ip);
