@@ -18,8 +18,10 @@ use tokio::net::TcpListener;
 use crate::telemetry::{GpuReading, Telemetry};
 use crate::workers::Workers;
 
-/// Next to dcgm-exporter's 9400, which operators' scrape configs already know.
-pub const DEFAULT_LISTEN: &str = "0.0.0.0:9401";
+/// Next to dcgm-exporter's 9400, which operators' scrape configs already know;
+/// on loopback, since `/metrics` is not authenticated (`--metrics-listen
+/// 0.0.0.0:9401` opens it to a Prometheus elsewhere).
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:9401";
 
 /// What `/metrics` shows besides the GPUs.
 #[derive(Debug, Clone)]

@@ -70,6 +70,12 @@ pub struct Config {
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub keep_jobs: u32,
 
+    /// Nodes that may be registered at once; a registration under a new
+    /// name past it is refused (RESOURCE_EXHAUSTED) saying so. Lost nodes
+    /// count until `gpuctl nodes remove`.
+    #[arg(long, default_value_t = gpuctl_proto::limits::DEFAULT_MAX_NODES as u32, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_nodes: u32,
+
     /// Threads that read the agents' sessions and run the scheduler, apart
     /// from those that serve connections and people's calls (one per CPU,
     /// or TOKIO_WORKER_THREADS). The scheduler is one task, so more help
@@ -96,7 +102,7 @@ pub struct Config {
     #[arg(long, value_name = "FILE", env = "GPUCTL_RULES")]
     pub rules: Option<PathBuf>,
 
-    /// Address for Prometheus `/metrics`, or `off` [default: 0.0.0.0:7071; if
+    /// Address for Prometheus `/metrics`, or `off` [default: 127.0.0.1:7071; if
     /// that port is taken the coordinator logs it and runs without metrics].
     #[arg(long, value_name = "ADDR|off", value_parser = parse_metrics_listen)]
     pub metrics_listen: Option<MetricsListen>,
@@ -130,8 +136,10 @@ pub enum MetricsListen {
 
 /// The default `/metrics` address: next to the gRPC port (7070), and clear
 /// of the exporters' 9400s (dcgm-exporter has 9400, the agent 9401), which
-/// often run on the same host.
-pub const DEFAULT_METRICS_LISTEN: &str = "0.0.0.0:7071";
+/// often run on the same host. Loopback: `/metrics` is not authenticated,
+/// so reaching it from elsewhere is the operator's choice
+/// (`--metrics-listen 0.0.0.0:7071`).
+pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:7071";
 
 fn parse_metrics_listen(text: &str) -> Result<MetricsListen, String> {
     if text.eq_ignore_ascii_case("off") {
@@ -160,6 +168,7 @@ impl Config {
             history_keep: 200,
             history_max_age: Duration::from_secs(180 * 86_400),
             keep_jobs: 200,
+            max_nodes: gpuctl_proto::limits::DEFAULT_MAX_NODES as u32,
             fleet_threads: 1,
             advertise_url: None,
             log: None,

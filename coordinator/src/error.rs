@@ -42,6 +42,9 @@ pub enum CoordinatorError {
         #[source]
         source: StoreError,
     },
+    /// A new node would pass `--max-nodes`.
+    #[error("the fleet holds {max} nodes, this coordinator's --max-nodes: remove nodes that left (`gpuctl nodes remove NAME`) or start the coordinator with a larger --max-nodes")]
+    FleetFull { max: usize },
     /// The scheduler task has stopped.
     #[error("the coordinator is shutting down")]
     ShuttingDown,

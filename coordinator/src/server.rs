@@ -41,7 +41,13 @@ pub fn open_store(cfg: &Config) -> anyhow::Result<Arc<dyn Store>> {
         StoreKind::Embedded => {
             std::fs::create_dir_all(&cfg.data_dir)
                 .with_context(|| format!("cannot create --data-dir {}", cfg.data_dir.display()))?;
-            let store = RedbStore::open(&cfg.data_dir.join(STORE_FILE))?;
+            // The store holds the key every rank secret derives from: owner
+            // only, whatever the umask (a 0644 store let any local user
+            // forge results).
+            private(&cfg.data_dir, 0o700)?;
+            let file = cfg.data_dir.join(STORE_FILE);
+            let store = RedbStore::open(&file)?;
+            private(&file, 0o600)?;
             Ok(Arc::new(store))
         }
         // It waits for the leader key, so `run_with` opens it (standby::open_leader).
@@ -49,7 +55,24 @@ pub fn open_store(cfg: &Config) -> anyhow::Result<Arc<dyn Store>> {
     }
 }
 
-/// Runs the coordinator on `--listen` until `shutdown`.
+/// Sets `path`'s mode to `mode` (owner only) unless it is that already.
+fn private(path: &std::path::Path, mode: u32) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta =
+        std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
+    if meta.permissions().mode() & 0o777 != mode {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).with_context(
+            || {
+                format!(
+                    "cannot make {} private (mode {mode:o}): the coordinator must own it",
+                    path.display()
+                )
+            },
+        )?;
+    }
+    Ok(())
+}
+
 /// A rules file when one is given, else the built-in rules.
 fn load_rules<T: Default>(
     path: Option<&std::path::Path>,
@@ -64,6 +87,7 @@ fn load_rules<T: Default>(
     Ok(rules)
 }
 
+/// Runs the coordinator on `--listen` until `shutdown`.
 pub async fn run(cfg: Config, shutdown: Shutdown) -> anyhow::Result<()> {
     let listener = TcpListener::bind(cfg.listen)
         .await
@@ -152,6 +176,7 @@ pub async fn run_with(
         health_rules: Arc::new(health_rules),
         perf_rules: perf_rules.clone(),
         keep_jobs: cfg.keep_jobs as usize,
+        max_nodes: cfg.max_nodes as usize,
     };
     let scheduler = Scheduler::load(sched_cfg, store.clone(), rdv.clone(), logs)
         .await

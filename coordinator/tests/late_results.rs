@@ -97,3 +97,42 @@ async fn late_results_are_stored_once_and_folded_in_together() {
     assert_eq!(ranks.len(), 4, "each rank once: {ranks:?}");
     coord.shutdown().await;
 }
+
+/// Issue 35: with a rank's secret, results posted after `gpuctl cancel` were
+/// stored and the cancelled job's ranks showed pass. They are refused, and
+/// the report keeps none of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_after_a_cancel_are_refused_and_not_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let RunningJob {
+        coord,
+        mut jobs,
+        workers: mut w,
+        id,
+        secrets: sec,
+        ..
+    } = running_stress(dir.path(), Duration::from_secs(15), 2).await;
+    jobs.cancel_job(CancelJobRequest {
+        job_id: id.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    wait_state(&mut jobs, &id, JobState::Cancelled, Duration::from_secs(5)).await;
+    let ack = w
+        .report_result(as_rank(&sec, 0, stress_result(&id, 0, "d")))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!ack.ok, "{ack:?}");
+    assert!(ack.message.contains("was cancelled"), "{}", ack.message);
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let report = jobs
+        .get_report(GetReportRequest { job_id: id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!has_result(&report, 0), "a refused result is not kept");
+    assert_eq!(report.state(), JobState::Cancelled);
+    coord.shutdown().await;
+}

@@ -130,6 +130,149 @@ async fn oversized_input_is_refused_naming_the_field_and_nothing_is_stored() {
     coord.shutdown().await;
 }
 
+/// Issue 35: a 60 MiB address was stored, the store grew to a gigabyte and
+/// `gpuctl nodes` failed for everyone. Every string and list of a
+/// registration is bounded, and a whole one past 4 MiB is refused whatever
+/// field makes it so; the fleet view keeps answering.
+#[tokio::test]
+async fn every_registration_field_is_bounded_and_the_fleet_view_keeps_answering() {
+    let dir = tempfile::tempdir().unwrap();
+    let coord = start(dir.path(), Duration::from_secs(15)).await;
+    let mut agents = AgentServiceClient::connect(coord.url.clone())
+        .await
+        .unwrap()
+        .max_encoding_message_size(64 << 20);
+    let reg = |f: &dyn Fn(&mut RegisterRequest)| {
+        let mut r = RegisterRequest {
+            protocol_version: PROTOCOL_VERSION,
+            name: "probe".into(),
+            facts: Some(cpu_host("probe", 1)),
+            ..Default::default()
+        };
+        f(&mut r);
+        r
+    };
+    let big = "x".repeat(1 << 20);
+    type Edit = Box<dyn Fn(&mut RegisterRequest)>;
+    let cases: Vec<(&str, Edit)> = vec![
+        ("facts.addresses:", {
+            let b = big.clone();
+            Box::new(move |r| r.facts.as_mut().unwrap().addresses = vec![b.clone()])
+        }),
+        ("facts.ib_devices:", {
+            let b = big.clone();
+            Box::new(move |r| r.facts.as_mut().unwrap().ib_devices = vec![b.clone()])
+        }),
+        ("facts.interfaces.name:", {
+            let b = big.clone();
+            Box::new(move |r| {
+                r.facts.as_mut().unwrap().interfaces = vec![NetInterface {
+                    name: b.clone(),
+                    ..Default::default()
+                }]
+            })
+        }),
+        ("facts.torch_version:", {
+            let b = big.clone();
+            Box::new(move |r| r.facts.as_mut().unwrap().torch_version = b.clone())
+        }),
+        ("facts.nccl_version:", {
+            let b = big.clone();
+            Box::new(move |r| r.facts.as_mut().unwrap().nccl_version = b.clone())
+        }),
+        ("facts.agent_version:", {
+            let b = big.clone();
+            Box::new(move |r| r.facts.as_mut().unwrap().agent_version = b.clone())
+        }),
+        ("facts.cuda_driver_version:", {
+            let b = big.clone();
+            Box::new(move |r| r.facts.as_mut().unwrap().cuda_driver_version = b.clone())
+        }),
+        ("facts.nvml_status:", {
+            let b = big.clone();
+            Box::new(move |r| r.facts.as_mut().unwrap().nvml_status = b.clone())
+        }),
+        // Every field within its own bound, the whole past 4 MiB.
+        (
+            "register:",
+            Box::new(|r| {
+                let t = "t".repeat(4096);
+                r.preflight = (0..256)
+                    .map(|_| PreflightCheck {
+                        name: t.clone(),
+                        detail: t.clone(),
+                        fix: t.clone(),
+                        ..Default::default()
+                    })
+                    .collect();
+                r.gpus = (0..64)
+                    .map(|_| GpuInfo {
+                        uuid: t.clone(),
+                        name: t.clone(),
+                        pci_bus_id: t.clone(),
+                        compute_capability: t.clone(),
+                        ..Default::default()
+                    })
+                    .collect();
+            }),
+        ),
+    ];
+    for (field, edit) in &cases {
+        let e = agents.register(reg(edit.as_ref())).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{field}: {e}");
+        assert!(
+            e.message().starts_with(field),
+            "{field}: {}",
+            &e.message()[..120.min(e.message().len())]
+        );
+    }
+    let mut jobs = coord.jobs().await;
+    let t0 = std::time::Instant::now();
+    let nodes = list_nodes(&mut jobs).await;
+    assert!(nodes.is_empty(), "nothing refused is kept: {nodes:?}");
+    assert!(t0.elapsed() < Duration::from_secs(1));
+    coord.shutdown().await;
+}
+
+/// A fleet has a size: past `--max-nodes` a new name is refused with
+/// RESOURCE_EXHAUSTED saying what to do; a known node registers again.
+#[tokio::test]
+async fn registrations_past_max_nodes_are_refused_and_known_nodes_come_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = gpuctl_coordinator::Config::for_dir(dir.path());
+    cfg.max_nodes = 2;
+    let coord = common::start_cfg(cfg).await;
+    let (_a, _) = register(&coord.url, "a", cpu_host("a", 1), vec![]).await;
+    let (_b, _) = register(&coord.url, "b", cpu_host("b", 1), vec![]).await;
+    let mut agents = AgentServiceClient::connect(coord.url.clone())
+        .await
+        .unwrap();
+    let e = agents
+        .register(RegisterRequest {
+            protocol_version: PROTOCOL_VERSION,
+            name: "c".into(),
+            facts: Some(cpu_host("c", 1)),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+    assert!(
+        e.message().contains("2 nodes") && e.message().contains("--max-nodes"),
+        "{e}"
+    );
+    let (_a2, resp) = register(&coord.url, "a", cpu_host("a", 1), vec![]).await;
+    assert_eq!(resp.name, "a", "a known node registers again");
+    let mut jobs = coord.jobs().await;
+    let names: Vec<String> = list_nodes(&mut jobs)
+        .await
+        .into_iter()
+        .map(|n| n.name)
+        .collect();
+    assert_eq!(names, vec!["a", "b"]);
+    coord.shutdown().await;
+}
+
 #[tokio::test]
 async fn sizes_a_host_cannot_hold_are_refused_at_plan_time_with_the_numbers() {
     let dir = tempfile::tempdir().unwrap();

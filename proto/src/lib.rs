@@ -54,7 +54,7 @@ pub fn device_label(gpu_index: Option<u32>) -> String {
 }
 
 impl pb::RankPlacement {
-    /// `cuda:N` or `cpu`, for tables, logs and messages; nothing parses it.
+    /// `cuda:N` or `cpu`, for tables, logs and messages (the report's plausibility check tells CPU ranks by it).
     pub fn device_label(&self) -> String {
         device_label(self.gpu_index)
     }

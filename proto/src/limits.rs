@@ -4,7 +4,9 @@
 //! and each refusal names the field, the limit and what to do.
 
 use crate::catalogue::SpecError;
-use crate::pb::{JobSpec, RegisterRequest};
+use prost::Message;
+
+use crate::pb::{Heartbeat, JobSpec, PreflightCheck, RegisterRequest, RunningJob};
 
 /// A node name (a DNS name's length).
 pub const MAX_NODE_NAME: usize = 253;
@@ -26,6 +28,13 @@ pub const MAX_ENV_KEY: usize = 128;
 pub const MAX_SELECTORS: usize = 64;
 /// Nodes a job may be limited to (a suite's stage on the nodes still in).
 pub const MAX_ONLY_NODES: usize = 65_536;
+/// One address, interface name or InfiniBand device of a node.
+pub const MAX_ADDRESS: usize = 256;
+/// A whole registration or heartbeat, whatever fields it carries (later ones
+/// too): the per-field bounds above keep a real one under a megabyte.
+pub const MAX_AGENT_MESSAGE: usize = 4 << 20;
+/// Nodes the coordinator keeps by default (`gpuctl-coordinator --max-nodes`).
+pub const DEFAULT_MAX_NODES: usize = 65_536;
 /// A timed workload runs at most a week; a job's deadline is at most 30 days.
 pub const MAX_DURATION_MS: u64 = 7 * 86_400_000;
 pub const MAX_TIMEOUT_MS: u64 = 30 * 86_400_000;
@@ -89,21 +98,8 @@ pub fn register(req: &RegisterRequest) -> Result<(), SpecError> {
             text(field, v, MAX_TEXT)?;
         }
     }
-    list("preflight", &req.preflight, MAX_CHECKS)?;
-    for c in &req.preflight {
-        for (field, v) in [
-            ("preflight.name", &c.name),
-            ("preflight.detail", &c.detail),
-            ("preflight.fix", &c.fix),
-        ] {
-            text(field, v, MAX_TEXT)?;
-        }
-    }
-    list("running", &req.running, MAX_LIST)?;
-    for r in &req.running {
-        text("running.job_id", &r.job_id, MAX_NODE_NAME)?;
-        list("running.ranks", &r.ranks, MAX_GPUS)?;
-    }
+    checks(&req.preflight)?;
+    running(&req.running)?;
     if let Some(f) = &req.facts {
         // Every offered rank becomes a row of a plan: as bounded as GPUs.
         if f.cpu_ranks as usize > MAX_GPUS {
@@ -119,15 +115,30 @@ pub fn register(req: &RegisterRequest) -> Result<(), SpecError> {
             ("facts.hostname", &f.hostname),
             ("facts.cpu_model", &f.cpu_model),
             ("facts.driver_version", &f.driver_version),
+            ("facts.cuda_driver_version", &f.cuda_driver_version),
+            ("facts.nvml_status", &f.nvml_status),
+            ("facts.agent_version", &f.agent_version),
             ("facts.libtorch", &f.libtorch),
             ("facts.os", &f.os),
             ("facts.kernel", &f.kernel),
+            ("facts.nccl_version", &f.nccl_version),
+            ("facts.torch_version", &f.torch_version),
         ] {
             text(field, v, MAX_TEXT)?;
         }
         list("facts.addresses", &f.addresses, MAX_LIST)?;
+        for a in &f.addresses {
+            text("facts.addresses", a, MAX_ADDRESS)?;
+        }
         list("facts.interfaces", &f.interfaces, MAX_LIST)?;
+        for i in &f.interfaces {
+            text("facts.interfaces.name", &i.name, MAX_ADDRESS)?;
+            text("facts.interfaces.ipv4", &i.ipv4, MAX_ADDRESS)?;
+        }
         list("facts.ib_devices", &f.ib_devices, MAX_LIST)?;
+        for d in &f.ib_devices {
+            text("facts.ib_devices", d, MAX_ADDRESS)?;
+        }
         if f.labels.len() > MAX_LIST {
             return Err(err(
                 "facts.labels",
@@ -138,6 +149,50 @@ pub fn register(req: &RegisterRequest) -> Result<(), SpecError> {
             text("facts.labels", k, MAX_JOB_NAME)?;
             text("facts.labels", v, MAX_TEXT)?;
         }
+    }
+    whole("register", req.encoded_len())
+}
+
+/// A heartbeat: what it may carry besides the node's name.
+pub fn heartbeat(hb: &Heartbeat) -> Result<(), SpecError> {
+    text("heartbeat.node", &hb.node, MAX_NODE_NAME)?;
+    checks(&hb.preflight)?;
+    running(&hb.running)?;
+    whole("heartbeat", hb.encoded_len())
+}
+
+fn checks(preflight: &[PreflightCheck]) -> Result<(), SpecError> {
+    list("preflight", preflight, MAX_CHECKS)?;
+    for c in preflight {
+        for (field, v) in [
+            ("preflight.name", &c.name),
+            ("preflight.detail", &c.detail),
+            ("preflight.fix", &c.fix),
+        ] {
+            text(field, v, MAX_TEXT)?;
+        }
+    }
+    Ok(())
+}
+
+fn running(jobs: &[RunningJob]) -> Result<(), SpecError> {
+    list("running", jobs, MAX_LIST)?;
+    for r in jobs {
+        text("running.job_id", &r.job_id, MAX_NODE_NAME)?;
+        list("running.ranks", &r.ranks, MAX_GPUS)?;
+        list("running.processes", &r.processes, MAX_GPUS)?;
+    }
+    Ok(())
+}
+
+/// The catch-all: a message over [`MAX_AGENT_MESSAGE`] is refused whatever
+/// field makes it so, including fields added after this check was written.
+fn whole(what: &str, len: usize) -> Result<(), SpecError> {
+    if len > MAX_AGENT_MESSAGE {
+        return Err(err(
+            what,
+            format!("{len} bytes in all; at most {MAX_AGENT_MESSAGE} are accepted"),
+        ));
     }
     Ok(())
 }

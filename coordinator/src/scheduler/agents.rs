@@ -59,6 +59,11 @@ impl Scheduler {
             });
         }
         gpuctl_proto::limits::register(&req)?;
+        if !self.nodes.contains_key(&name) && self.nodes.len() >= self.cfg.max_nodes {
+            return Err(CoordinatorError::FleetFull {
+                max: self.cfg.max_nodes,
+            });
+        }
         let now = now_ms();
         let entry = self
             .nodes
@@ -240,6 +245,11 @@ impl Scheduler {
         };
         if e.session.as_ref().map(|s| s.id) != Some(session) {
             return; // a replaced session still draining
+        }
+        if let Err(why) = gpuctl_proto::limits::heartbeat(&hb) {
+            // Not heard: a node that keeps sending these goes lost, named.
+            warn!(node = %node, "heartbeat refused: {why}");
+            return;
         }
         e.heard(now);
         if !hb.preflight.is_empty() {

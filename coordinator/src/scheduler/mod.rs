@@ -66,6 +66,8 @@ pub struct SchedulerConfig {
     pub perf_rules: Arc<PerfRules>,
     /// Ended jobs kept in the store and here, newest first (`--keep-jobs`).
     pub keep_jobs: usize,
+    /// Nodes that may be registered at once (`--max-nodes`).
+    pub max_nodes: usize,
 }
 
 /// How gRPC handlers reach the scheduler task. People's requests (the CLI's)

@@ -21,6 +21,11 @@ pub(super) enum Answer {
     WhenStored(Durable, String),
 }
 
+/// How long after its job ended a rank's result is still taken: one in
+/// flight as the job failed (another rank lost, say) is evidence; one that
+/// comes later is not a worker's.
+const LATE_RESULT_MS: u64 = 60_000;
+
 /// How often a running job's telemetry series are written: a coordinator crash
 /// loses at most this much of it.
 const TELEMETRY_STORE_MS: u64 = 10_000;
@@ -124,6 +129,26 @@ impl Scheduler {
             // Sent again (its first call timed out): answered once the first
             // copy is durable, which everything queued so far will be.
             return Answer::WhenStored(self.store.flush(), "stored already".into());
+        }
+        // After the end a result is evidence only while it can still be in
+        // flight: never for a cancelled job (a rank's secret stays valid,
+        // and results posted after a cancel turned its ranks to pass).
+        if entry.state() == JobState::Cancelled {
+            return Answer::Now((
+                false,
+                format!("job {id} was cancelled: its results are no longer taken"),
+            ));
+        }
+        let ended_ms = now_ms().saturating_sub(entry.job.finished_unix_ms);
+        if entry.state().is_terminal() && ended_ms > LATE_RESULT_MS {
+            return Answer::Now((
+                false,
+                format!(
+                    "job {id} ended {} s ago: results are taken for {} s after a job's end",
+                    ended_ms / 1000,
+                    LATE_RESULT_MS / 1000
+                ),
+            ));
         }
         // A big job's ranks keep coarser timelines; workers thin theirs, an
         // older one's is thinned here.

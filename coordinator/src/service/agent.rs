@@ -121,11 +121,31 @@ impl AgentService for AgentSvc {
             refuse,
             session,
         ));
-        let refusal = futures::stream::once(refusal).filter_map(|r| r.ok().map(Err));
+        let refusal = futures::stream::once(let_go(refusal, session)).filter_map(|r| r.map(Err));
         let stream = UnboundedReceiverStream::new(rx)
             .map(|m| Ok(*m))
             .chain(refusal);
         Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+/// How long a session whose scheduler side ended waits for its reader's
+/// refusal before it ends on its own.
+const LET_GO_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How a session's stream ends once the scheduler no longer sends on it: with
+/// the reader's refusal when there is one; with nothing when the agent ended
+/// it; else, while the agent still talks, with ABORTED. The scheduler lets go
+/// of a session when another process registers under the node's name, or the
+/// node is removed: a session left open then had the real agent heartbeat
+/// into a void, its node `lost` for good (issue 35); told, it registers again.
+async fn let_go(refusal: oneshot::Receiver<Status>, session: u64) -> Option<Status> {
+    match tokio::time::timeout(LET_GO_WAIT, refusal).await {
+        Ok(Ok(status)) => Some(status),
+        Ok(Err(_)) => None,
+        Err(_) => Some(Status::aborted(format!(
+            "session {session} ended by the coordinator: another process registered under this node's name, the node was removed, or the coordinator is stopping; register again"
+        ))),
     }
 }
 

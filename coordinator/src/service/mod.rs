@@ -43,6 +43,7 @@ impl From<CoordinatorError> for Status {
             CoordinatorError::NotEnoughNodes(_)
             | CoordinatorError::PlanRefused(_)
             | CoordinatorError::Refused(_) => Status::failed_precondition(message),
+            CoordinatorError::FleetFull { .. } => Status::resource_exhausted(message),
             CoordinatorError::Store { .. } | CoordinatorError::ShuttingDown => {
                 Status::unavailable(message)
             }

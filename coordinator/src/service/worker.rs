@@ -13,7 +13,7 @@ use gpuctl_proto::pb::{
 use tonic::{Request, Response, Status};
 
 use super::auth::{key_rank, Security};
-use crate::rendezvous::{Lookup, Rendezvous};
+use crate::rendezvous::{Lookup, Put, Rendezvous};
 use crate::scheduler::{Event, SchedulerHandle};
 
 pub struct WorkerSvc {
@@ -105,19 +105,24 @@ impl WorkerService for WorkerSvc {
         let m = req.get_ref();
         gpuctl_proto::limits::rendezvous(&m.key, &m.value)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        self.security
+        let writer = self
+            .security
             .check_worker(&req, &m.job_id, m.attempt, key_rank(&m.key))?;
         let r = req.into_inner();
-        let ok = self.rdv.put(&r.job_id, r.attempt, &r.key, r.value);
-        let message = if ok {
-            String::new()
-        } else {
-            super::clip(format!(
-                "job {} attempt {} is not running",
-                r.job_id, r.attempt
-            ))
-        };
-        Ok(ack((ok, message)))
+        match self.rdv.put(&r.job_id, r.attempt, writer, &r.key, r.value) {
+            Put::Stored => Ok(ack((true, String::new()))),
+            Put::NotRunning => Ok(ack((
+                false,
+                super::clip(format!(
+                    "job {} attempt {} is not running",
+                    r.job_id, r.attempt
+                )),
+            ))),
+            Put::Owned(owner) => Err(Status::permission_denied(super::clip(format!(
+                "refused: rendezvous key `{}` is rank {owner}'s, written first by it; rank {writer} may not change it",
+                r.key
+            )))),
+        }
     }
 
     async fn rendezvous_get(

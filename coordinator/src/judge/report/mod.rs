@@ -27,6 +27,7 @@ pub mod hang;
 mod nodes;
 mod notes;
 mod performance;
+mod plausible;
 mod ranks;
 mod shards;
 #[cfg(test)]
@@ -106,6 +107,7 @@ fn assemble(inp: &Inputs, with_results: bool) -> (Report, Figures) {
             .then(|| s.spawn(|| inp.telemetry.summarise(inp.rules, &windows)));
         let mut states = ranks::from_results(job, plan, inp.results, inp.exits, &inp.watch.hung);
         let sdc_note = digests::stress(inp.results, &mut states);
+        plausible::stress(inp.results, &mut states);
         let notes: Vec<String> = digests::params(inp.results, &spec, &mut states)
             .into_iter()
             .chain(shards::check(inp.results, &spec, &mut states))
