@@ -201,9 +201,16 @@ fn tls_certificates_tokens_and_worker_secrets_guard_the_coordinator() {
         std::thread::sleep(Duration::from_millis(200));
     }
 
-    // No certificate, and another node's certificate: refused, saying why.
+    // No certificate, another node's certificate, and the operator's
+    // certificate (named, but not made for a node): refused, saying why.
     procs.0.push(agent(d, &url, "c", None));
     procs.0.push(agent(d, &url, "b", Some("node-a")));
+    procs.0.push(agent(d, &url, "gpuctl-operator", Some("cli")));
+    wait_log(
+        &d.join("agent-gpuctl-operator.log"),
+        "that is not a node's",
+        Duration::from_secs(30),
+    );
     wait_log(
         &d.join("agent-c.log"),
         "presented no client certificate",

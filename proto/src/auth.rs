@@ -15,6 +15,12 @@ pub const AUTHORIZATION: &str = "authorization";
 pub const RANK_SECRET: &str = "x-gpuctl-rank-secret";
 /// The environment variable the agent hands a worker its secret in.
 pub const RANK_SECRET_ENV: &str = "GPUCTL_RANK_SECRET";
+/// A node certificate's role: a URI subject alternative name
+/// `urn:gpuctl:node:NAME` that `gpuctl certs init` puts in each node's
+/// certificate and in no other. A certificate merely *named* like a node
+/// (the operator's, say) is not a node's identity.
+pub const NODE_URI_PREFIX: &str = "urn:gpuctl:node:";
+
 /// The bytes of a [`RankKey`].
 pub const KEY_BYTES: usize = 32;
 

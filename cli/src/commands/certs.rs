@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose,
+    KeyUsagePurpose, SanType,
 };
 
 use crate::args::{CertsInitArgs, UsageError};
@@ -69,6 +69,7 @@ pub fn init(a: &CertsInitArgs) -> Result<Exit> {
         "gpuctl coordinator",
         &server_names,
         ExtendedKeyUsagePurpose::ServerAuth,
+        None,
     )?;
     for node in &nodes {
         out.leaf(
@@ -77,6 +78,7 @@ pub fn init(a: &CertsInitArgs) -> Result<Exit> {
             node,
             std::slice::from_ref(node),
             ExtendedKeyUsagePurpose::ClientAuth,
+            Some(node),
         )?;
     }
     out.leaf(
@@ -85,6 +87,7 @@ pub fn init(a: &CertsInitArgs) -> Result<Exit> {
         OPERATOR,
         &[OPERATOR.to_string()],
         ExtendedKeyUsagePurpose::ClientAuth,
+        None,
     )?;
 
     let d = a.dir.display();
@@ -166,7 +169,10 @@ impl Out<'_> {
         Ok(())
     }
 
-    /// `{stem}.pem` and `{stem}.key`, unless the certificate exists.
+    /// `{stem}.pem` and `{stem}.key`, unless the certificate exists. A
+    /// node's certificate (`node`) also carries its role,
+    /// `urn:gpuctl:node:NAME`: the coordinator takes no other as a node's
+    /// identity.
     fn leaf(
         &self,
         issuer: &Issuer<'_, KeyPair>,
@@ -174,6 +180,7 @@ impl Out<'_> {
         common_name: &str,
         sans: &[String],
         usage: ExtendedKeyUsagePurpose,
+        node: Option<&str>,
     ) -> Result<()> {
         let (pem, key_file) = (format!("{stem}.pem"), format!("{stem}.key"));
         if self.path(&pem).exists() || self.path(&key_file).exists() {
@@ -186,6 +193,14 @@ impl Out<'_> {
         params
             .distinguished_name
             .push(DnType::CommonName, common_name);
+        if let Some(node) = node {
+            let uri = format!("{}{node}", gpuctl_proto::auth::NODE_URI_PREFIX);
+            params.subject_alt_names.push(SanType::URI(
+                uri.as_str()
+                    .try_into()
+                    .with_context(|| format!("`{uri}` as a certificate URI"))?,
+            ));
+        }
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = vec![usage];
         validity(&mut params, YEARS);

@@ -221,9 +221,16 @@ impl Security {
                 "agent `{node}` presented no client certificate; this coordinator needs one naming the node (gpuctl-agent --tls-cert/--tls-key, made by `gpuctl certs init`)"
             )))
         })?;
-        let names = cert_names(certs[0].as_ref());
-        if names.iter().any(|n| n == node) {
+        let der = certs[0].as_ref();
+        if node_roles(der).iter().any(|n| n == node) {
             return Ok(());
+        }
+        let names = cert_names(der);
+        if names.iter().any(|n| n == node) {
+            return Err(Status::permission_denied(super::clip(format!(
+                "agent `{node}` presented a certificate named `{node}` that is not a node's (no {}{node} in it: an operator's or server's certificate is no node identity); make the node's with `gpuctl certs init --nodes {node}`",
+                gpuctl_proto::auth::NODE_URI_PREFIX
+            ))));
         }
         Err(Status::permission_denied(super::clip(format!(
             "agent `{node}` presented the certificate of `{}`; a node registers only with its own certificate",
@@ -272,6 +279,26 @@ impl Security {
             _ => Ok(owner),
         }
     }
+}
+
+/// The nodes a certificate is made for: its `urn:gpuctl:node:NAME` URIs.
+fn node_roles(der: &[u8]) -> Vec<String> {
+    use x509_parser::prelude::*;
+    let Ok((_, cert)) = X509Certificate::from_der(der) else {
+        return Vec::new();
+    };
+    let Ok(Some(san)) = cert.subject_alternative_name() else {
+        return Vec::new();
+    };
+    san.value
+        .general_names
+        .iter()
+        .filter_map(|n| match n {
+            GeneralName::URI(u) => u.strip_prefix(gpuctl_proto::auth::NODE_URI_PREFIX),
+            _ => None,
+        })
+        .map(str::to_string)
+        .collect()
 }
 
 /// The names a certificate carries: subject common names, then DNS names of
