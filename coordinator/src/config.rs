@@ -70,6 +70,14 @@ pub struct Config {
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub keep_jobs: u32,
 
+    /// With `--store etcd`: the file holding the key that workers' secrets
+    /// derive from (hex, owner-only; made by the first coordinator when
+    /// missing, then copied to every other coordinator of the prefix).
+    /// Without it the key sits in etcd, where any reader of the prefix can
+    /// forge results. The embedded store keeps it in `--data-dir/rank.key`.
+    #[arg(long, value_name = "FILE")]
+    pub rank_key_file: Option<PathBuf>,
+
     /// Nodes that may be registered at once; a registration under a new
     /// name past it is refused (RESOURCE_EXHAUSTED) saying so. Lost nodes
     /// count until `gpuctl nodes remove`.
@@ -169,6 +177,7 @@ impl Config {
             history_max_age: Duration::from_secs(180 * 86_400),
             keep_jobs: 200,
             max_nodes: gpuctl_proto::limits::DEFAULT_MAX_NODES as u32,
+            rank_key_file: None,
             fleet_threads: 1,
             advertise_url: None,
             log: None,

@@ -35,6 +35,8 @@ const DRAIN: Duration = Duration::from_secs(3);
 
 /// The file of the embedded store inside `--data-dir`.
 pub const STORE_FILE: &str = "gpuctl.redb";
+/// The workers' key beside it (owner-only, hex).
+pub const RANK_KEY_FILE: &str = "rank.key";
 
 pub fn open_store(cfg: &Config) -> anyhow::Result<Arc<dyn Store>> {
     match cfg.store {
@@ -163,7 +165,20 @@ pub async fn run_with(
             }
         }
     };
-    let store = StateStore::new(store);
+    // The workers' key lives apart from the state, owner-only: beside the
+    // embedded store, or where --rank-key-file says (etcd: every
+    // coordinator of the prefix is given the same file).
+    let key_file = match cfg.store {
+        StoreKind::Embedded => Some(cfg.data_dir.join(RANK_KEY_FILE)),
+        StoreKind::Etcd => cfg.rank_key_file.clone(),
+    };
+    let store = match key_file {
+        Some(path) => StateStore::new(store).with_key_file(path),
+        None => {
+            warn!("the workers' key is kept in etcd: anyone who reads the prefix can forge results; give every coordinator --rank-key-file");
+            StateStore::new(store)
+        }
+    };
     let security = Security::load(&cfg, &store, addr).await?;
     let rdv = Rendezvous::default();
     let (logs, log_task) = LogSink::spawn(store.clone());

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use gpuctl_proto::leader::standby_status;
 use gpuctl_proto::shutdown::Shutdown;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_stream::Stream;
@@ -34,7 +34,7 @@ const DRAIN: Duration = Duration::from_secs(3);
 pub fn incoming(
     listener: Arc<TcpListener>,
     stop: Shutdown,
-) -> impl Stream<Item = std::io::Result<TcpStream>> {
+) -> impl Stream<Item = std::io::Result<gpuctl_proto::server::Conn>> {
     futures::StreamExt::take_until(
         gpuctl_proto::server::incoming(listener),
         stop.cancelled_owned(),

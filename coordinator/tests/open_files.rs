@@ -153,4 +153,36 @@ async fn out_of_descriptors_it_warns_naming_the_limit_waits_and_recovers() {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+
+    // Issue 35: connections that never say anything, held open by their
+    // peer, are closed by the coordinator (10 s to send a first byte), and
+    // it serves again while their peer still holds them.
+    let silent: Vec<TcpStream> = (0..LIMIT + 32)
+        .filter_map(|_| TcpStream::connect_timeout(&addr, Duration::from_secs(5)).ok())
+        .collect();
+    let t = Instant::now();
+    loop {
+        let answer = async {
+            let ch = gpuctl_proto::client::builder(&url)
+                .request_timeout(Duration::from_secs(2))
+                .connect()
+                .await
+                .map_err(|e| e.to_string())?;
+            JobServiceClient::new(ch)
+                .list_nodes(ListNodesRequest::default())
+                .await
+                .map_err(|s| s.to_string())
+        }
+        .await;
+        match answer {
+            Ok(_) => break,
+            Err(e) => assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "no answer 30 s after {} silent connections were opened, still held: {e}",
+                silent.len()
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    drop(silent);
 }

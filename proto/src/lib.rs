@@ -8,6 +8,7 @@ pub mod auth;
 pub mod catalogue;
 pub mod client;
 pub mod codec;
+pub mod conn;
 pub mod leader;
 pub mod limits;
 pub mod listing;

@@ -6,6 +6,9 @@ use std::time::Duration;
 
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
+pub use crate::conn::Conn;
+use crate::conn::FIRST_BYTES;
+
 /// Largest message accepted or sent; reports of big fleets run to a few MiB.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
@@ -56,16 +59,15 @@ pub fn tls_config(
 /// `serve_with_incoming*` takes sockets as they come and ignores the
 /// builder's `tcp_nodelay`. Never yields an error: see [`accept`].
 /// `listener` owned or shared (`Arc`, the coordinator's standby hands it on).
-pub fn incoming<L>(
-    listener: L,
-) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>>
+/// Each must send its first bytes within [`crate::conn::FIRST_BYTES`].
+pub fn incoming<L>(listener: L) -> impl tokio_stream::Stream<Item = std::io::Result<Conn>>
 where
     L: std::borrow::Borrow<tokio::net::TcpListener>,
 {
     let state = (listener, AcceptBackoff::default());
     futures::stream::unfold(state, |(listener, mut backoff)| async move {
         let conn = accept(listener.borrow(), &mut backoff).await;
-        Some((Ok(conn), (listener, backoff)))
+        Some((Ok(Conn::new(conn, FIRST_BYTES)), (listener, backoff)))
     })
 }
 
@@ -201,7 +203,11 @@ mod tests {
         let mut incoming = std::pin::pin!(super::incoming(listener));
         let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
         let accepted = incoming.next().await.unwrap().unwrap();
-        assert!(accepted.nodelay().unwrap());
-        assert_eq!(super::congestion(&accepted), "cubic", "a loopback peer");
+        assert!(accepted.tcp().nodelay().unwrap());
+        assert_eq!(
+            super::congestion(accepted.tcp()),
+            "cubic",
+            "a loopback peer"
+        );
     }
 }

@@ -4,6 +4,7 @@
 //! protobuf messages, so the rest of the coordinator never builds a key by hand.
 
 pub mod etcd;
+mod key_file;
 pub mod redb;
 pub mod writer;
 
@@ -320,6 +321,9 @@ pub struct StateStore {
     writer: Writer,
     /// Read (or made) once: it never changes while the store lives.
     rank_key: Arc<tokio::sync::OnceCell<RankKey>>,
+    /// Where the key lives when it lives outside the store
+    /// ([`StateStore::with_key_file`]).
+    key_file: Option<std::path::PathBuf>,
     /// Counts the writes that change what the fleet history reads (runs,
     /// acceptances, the inventory): a copy made when it read `v` is current
     /// while it still reads `v`.
@@ -336,8 +340,17 @@ impl StateStore {
             writer: Writer::start(inner.clone()),
             inner,
             rank_key: Default::default(),
+            key_file: None,
             history_version: Default::default(),
         }
+    }
+
+    /// Keeps the workers' key in `path` (owner-only, hex) instead of the
+    /// store: a reader of the store or of etcd then holds nothing that forges
+    /// a result. A key an older coordinator stored is moved there.
+    pub fn with_key_file(mut self, path: std::path::PathBuf) -> Self {
+        self.key_file = Some(path);
+        self
     }
 
     /// Changes with every write of a run, an acceptance or a node, queued or
@@ -364,6 +377,9 @@ impl StateStore {
     pub async fn rank_key(&self) -> StoreResult<RankKey> {
         self.rank_key
             .get_or_try_init(|| async {
+                if let Some(path) = &self.key_file {
+                    return self.file_key(path).await;
+                }
                 let key = keys::RANK_KEY.to_string();
                 if let Some(bytes) = self.inner.get(key.clone()).await? {
                     return RankKey::from_bytes(&bytes).ok_or_else(|| {
@@ -381,6 +397,34 @@ impl StateStore {
             })
             .await
             .cloned()
+    }
+
+    /// The key in `path`: read, or moved there from the store, or made.
+    async fn file_key(&self, path: &std::path::Path) -> StoreResult<RankKey> {
+        let bad = |why: String| StoreError::Backend(format!("{}: {why}", path.display()));
+        match std::fs::read_to_string(path) {
+            Ok(text) => {
+                return key_file::parse(text.trim()).ok_or_else(|| {
+                    bad(format!(
+                        "not a key of {} bytes in hex",
+                        gpuctl_proto::auth::KEY_BYTES
+                    ))
+                })
+            }
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(bad(e.to_string())),
+            Err(_) => {}
+        }
+        let stored = self.inner.get(keys::RANK_KEY.to_string()).await?;
+        let key = match stored.as_deref().and_then(RankKey::from_bytes) {
+            Some(k) => k,
+            None => RankKey::generate()
+                .map_err(|e| StoreError::Backend(format!("no random bytes for a key: {e}")))?,
+        };
+        key_file::write(path, &key).map_err(|e| bad(e.to_string()))?;
+        if stored.is_some() {
+            self.inner.delete(keys::RANK_KEY.to_string()).await?;
+        }
+        Ok(key)
     }
 
     /// Commits what is queued, then releases the backend.
