@@ -7,6 +7,33 @@ use std::path::Path;
 
 use gpuctl_proto::auth::{RankKey, KEY_BYTES};
 
+use super::{keys, Store, StoreError, StoreResult};
+
+/// The key in `path`: read, or moved there from `store` (where an older
+/// coordinator kept it), or made.
+pub async fn load(store: &dyn Store, path: &Path) -> StoreResult<RankKey> {
+    let bad = |why: String| StoreError::Backend(format!("{}: {why}", path.display()));
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            return parse(text.trim())
+                .ok_or_else(|| bad(format!("not a key of {KEY_BYTES} bytes in hex")))
+        }
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(bad(e.to_string())),
+        Err(_) => {}
+    }
+    let stored = store.get(keys::RANK_KEY.to_string()).await?;
+    let key = match stored.as_deref().and_then(RankKey::from_bytes) {
+        Some(k) => k,
+        None => RankKey::generate()
+            .map_err(|e| StoreError::Backend(format!("no random bytes for a key: {e}")))?,
+    };
+    write(path, &key).map_err(|e| bad(e.to_string()))?;
+    if stored.is_some() {
+        store.delete(keys::RANK_KEY.to_string()).await?;
+    }
+    Ok(key)
+}
+
 /// The key written as hex; `None` for anything else.
 pub fn parse(hex: &str) -> Option<RankKey> {
     if hex.len() != KEY_BYTES * 2 || !hex.is_ascii() {

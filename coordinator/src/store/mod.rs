@@ -378,7 +378,7 @@ impl StateStore {
         self.rank_key
             .get_or_try_init(|| async {
                 if let Some(path) = &self.key_file {
-                    return self.file_key(path).await;
+                    return key_file::load(self.inner.as_ref(), path).await;
                 }
                 let key = keys::RANK_KEY.to_string();
                 if let Some(bytes) = self.inner.get(key.clone()).await? {
@@ -397,34 +397,6 @@ impl StateStore {
             })
             .await
             .cloned()
-    }
-
-    /// The key in `path`: read, or moved there from the store, or made.
-    async fn file_key(&self, path: &std::path::Path) -> StoreResult<RankKey> {
-        let bad = |why: String| StoreError::Backend(format!("{}: {why}", path.display()));
-        match std::fs::read_to_string(path) {
-            Ok(text) => {
-                return key_file::parse(text.trim()).ok_or_else(|| {
-                    bad(format!(
-                        "not a key of {} bytes in hex",
-                        gpuctl_proto::auth::KEY_BYTES
-                    ))
-                })
-            }
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(bad(e.to_string())),
-            Err(_) => {}
-        }
-        let stored = self.inner.get(keys::RANK_KEY.to_string()).await?;
-        let key = match stored.as_deref().and_then(RankKey::from_bytes) {
-            Some(k) => k,
-            None => RankKey::generate()
-                .map_err(|e| StoreError::Backend(format!("no random bytes for a key: {e}")))?,
-        };
-        key_file::write(path, &key).map_err(|e| bad(e.to_string()))?;
-        if stored.is_some() {
-            self.inner.delete(keys::RANK_KEY.to_string()).await?;
-        }
-        Ok(key)
     }
 
     /// Commits what is queued, then releases the backend.
