@@ -121,26 +121,26 @@ faults)
   want() { case " $FAULTS " in *" $1 "*) return 0;; esac; return 1; }
   # A co-tenant's GEMMs on the last GPU.
   if want cotenant; then
-  CUDA_VISIBLE_DEVICES=$LAST "$PY" -c '
+    CUDA_VISIBLE_DEVICES=$LAST "$PY" -c '
 import torch
 a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16); b = torch.randn_like(a)
 print("busy", flush=True)
 while True:
     for _ in range(50): a @ b
     torch.cuda.synchronize()' > "$OUT/cotenant.txt" 2>&1 &
-  OTHER=$!; started "$OUT/cotenant.txt" busy
-  job "f-cotenant" 120 stress --nodes all --duration 15s
-  kill "$OTHER"; wait "$OTHER" 2>/dev/null; OTHER=""
+    OTHER=$!; started "$OUT/cotenant.txt" busy
+    job "f-cotenant" 120 stress --nodes all --duration 15s
+    kill "$OTHER"; wait "$OTHER" 2>/dev/null; OTHER=""
   fi
   if want memhog; then
-  # 60 GiB held on GPU 0 by another process.
-  CUDA_VISIBLE_DEVICES=0 "$PY" -c '
+    # 60 GiB held on GPU 0 by another process.
+    CUDA_VISIBLE_DEVICES=0 "$PY" -c '
 import time, torch
 x = torch.empty(60 * 2**30, dtype=torch.uint8, device="cuda")
 print("holding", flush=True); time.sleep(600)' > "$OUT/hog.txt" 2>&1 &
-  OTHER=$!; started "$OUT/hog.txt" holding
-  job "f-memhog" 120 stress --nodes all --duration 10s --target-memory 0.9
-  kill "$OTHER"; wait "$OTHER" 2>/dev/null; OTHER=""
+    OTHER=$!; started "$OUT/hog.txt" holding
+    job "f-memhog" 120 stress --nodes all --duration 10s --target-memory 0.9
+    kill "$OTHER"; wait "$OTHER" 2>/dev/null; OTHER=""
   fi
   # A stopped rank (the worker on GPU 1), then a killed one (GPU 2): the
   # worker is the one its agent logs as started for the job after those
