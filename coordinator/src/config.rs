@@ -70,6 +70,12 @@ pub struct Config {
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub keep_jobs: u32,
 
+    /// Connections one peer address may hold at once (agents hold one each,
+    /// and a host usually runs one agent; the CLI opens one per call). One
+    /// more from an address at the cap is closed at once, with a warning.
+    #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+    pub max_connections_per_peer: u32,
+
     /// With `--store etcd`: the file holding the key that workers' secrets
     /// derive from (hex, owner-only; made by the first coordinator when
     /// missing, then copied to every other coordinator of the prefix).
@@ -178,6 +184,7 @@ impl Config {
             keep_jobs: 200,
             max_nodes: gpuctl_proto::limits::DEFAULT_MAX_NODES as u32,
             rank_key_file: None,
+            max_connections_per_peer: 8192,
             fleet_threads: 1,
             advertise_url: None,
             log: None,

@@ -247,7 +247,11 @@ pub async fn run_with(
         .add_service(jobs)
         .add_service(workers)
         .serve_with_incoming_shutdown(
-            standby::incoming(listener, shutdown.clone()),
+            standby::incoming(
+                listener,
+                shutdown.clone(),
+                cfg.max_connections_per_peer as usize,
+            ),
             shutdown.clone().cancelled_owned(),
         );
     let mut server = tokio::spawn(serve);

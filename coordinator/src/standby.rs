@@ -34,9 +34,10 @@ const DRAIN: Duration = Duration::from_secs(3);
 pub fn incoming(
     listener: Arc<TcpListener>,
     stop: Shutdown,
+    per_peer: usize,
 ) -> impl Stream<Item = std::io::Result<gpuctl_proto::server::Conn>> {
     futures::StreamExt::take_until(
-        gpuctl_proto::server::incoming(listener),
+        gpuctl_proto::server::incoming_capped(listener, per_peer),
         stop.cancelled_owned(),
     )
 }
@@ -88,7 +89,7 @@ impl Standby {
             .layer(tonic::service::InterceptorLayer::new(answer))
             .add_routes(tonic::service::Routes::default())
             .serve_with_incoming_shutdown(
-                incoming(listener, stop.clone()),
+                incoming(listener, stop.clone(), usize::MAX),
                 stop.clone().cancelled_owned(),
             );
         let task = tokio::spawn(async move {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
 pub use crate::conn::Conn;
-use crate::conn::FIRST_BYTES;
+use crate::conn::{PeerSlots, FIRST_BYTES};
 
 /// Largest message accepted or sent; reports of big fleets run to a few MiB.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
@@ -64,11 +64,57 @@ pub fn incoming<L>(listener: L) -> impl tokio_stream::Stream<Item = std::io::Res
 where
     L: std::borrow::Borrow<tokio::net::TcpListener>,
 {
-    let state = (listener, AcceptBackoff::default());
-    futures::stream::unfold(state, |(listener, mut backoff)| async move {
-        let conn = accept(listener.borrow(), &mut backoff).await;
-        Some((Ok(Conn::new(conn, FIRST_BYTES)), (listener, backoff)))
-    })
+    incoming_capped(listener, usize::MAX)
+}
+
+/// [`incoming`], each peer address holding at most `per_peer` connections:
+/// one more from an address at its cap is closed at once (a warning at most
+/// every 10 s says so, naming the address and the cap).
+pub fn incoming_capped<L>(
+    listener: L,
+    per_peer: usize,
+) -> impl tokio_stream::Stream<Item = std::io::Result<Conn>>
+where
+    L: std::borrow::Borrow<tokio::net::TcpListener>,
+{
+    let state = (
+        listener,
+        AcceptBackoff::default(),
+        PeerSlots::new(per_peer),
+        None,
+    );
+    futures::stream::unfold(
+        state,
+        |(listener, mut backoff, slots, mut warned)| async move {
+            loop {
+                let conn = accept(listener.borrow(), &mut backoff).await;
+                let Ok(peer) = conn.peer_addr() else {
+                    continue; // gone already
+                };
+                match slots.take(peer.ip()) {
+                    Some(slot) => {
+                        let conn = Conn::new(conn, FIRST_BYTES).with_slot(slot);
+                        return Some((Ok(conn), (listener, backoff, slots, warned)));
+                    }
+                    None => {
+                        let now = std::time::Instant::now();
+                        if warned
+                            .is_none_or(|t: std::time::Instant| now - t >= Duration::from_secs(10))
+                        {
+                            warned = Some(now);
+                            tracing::warn!(
+                                peer = %peer.ip(),
+                                cap = slots.max(),
+                                "refusing connections from {}: it holds {} already (--max-connections-per-peer)",
+                                peer.ip(),
+                                slots.max()
+                            );
+                        }
+                    }
+                }
+            }
+        },
+    )
 }
 
 /// The next connection on `listener`, made [`ready`]. An accept that fails
@@ -194,6 +240,26 @@ mod tests {
         assert_eq!(pauses, [5, 10, 20, 40, 80, 160, 320, 640, 1000, 1000]);
         b.reset();
         assert_eq!(b.failed(&e).as_millis(), 5);
+    }
+
+    #[tokio::test]
+    async fn a_peer_past_its_cap_is_closed_at_once() {
+        use tokio::io::AsyncReadExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut incoming = std::pin::pin!(super::incoming_capped(listener, 1));
+        let _first = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let held = incoming.next().await.unwrap().unwrap();
+        let mut second = tokio::net::TcpStream::connect(addr).await.unwrap();
+        // The stream takes the second, finds the address at its cap, closes it.
+        let pending = tokio::time::timeout(std::time::Duration::from_millis(300), incoming.next());
+        assert!(pending.await.is_err(), "nothing yielded past the cap");
+        let mut b = [0u8; 1];
+        let n = tokio::time::timeout(std::time::Duration::from_secs(5), second.read(&mut b))
+            .await
+            .expect("closed, not left hanging");
+        assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
+        drop(held);
     }
 
     #[tokio::test]

@@ -151,6 +151,9 @@ impl Coordinator {
         let mut child = Command::new(bin)
             .args(["--listen", "127.0.0.1:0", "--node-timeout", "60s"])
             .args(["--metrics-listen", &metrics])
+            // The simulated fleet shares this host's one address: with
+            // --rank-connections rank, 32,768 connections.
+            .args(["--max-connections-per-peer", "10000000"])
             .arg("--data-dir")
             .arg(dir.join("store"))
             .env("RUST_LOG", log)
