@@ -267,8 +267,7 @@ impl HealthRules {
         let first = t.first.clone().unwrap_or_default();
         let last = t.last.clone().unwrap_or_default();
         let delta = |f: fn(&Counters) -> u64| f(&last).saturating_sub(f(&first));
-        // Rates over at least a minute, so a short run's one replay is not a storm.
-        let minutes = (t.end_ms.saturating_sub(t.start_ms) as f64 / 60_000.0).max(1.0);
+        let minutes = rate_minutes(t);
 
         let (critical, other): (Vec<u32>, Vec<u32>) =
             t.xids.iter().partition(|x| self.critical_xids.contains(x));
@@ -520,6 +519,12 @@ impl HealthRules {
             );
         }
     }
+}
+
+/// The minutes a bucket's rates are taken over: at least one, so a short
+/// run's one replay is not a storm.
+pub fn rate_minutes(t: &Bucket) -> f64 {
+    (t.end_ms.saturating_sub(t.start_ms) as f64 / 60_000.0).max(1.0)
 }
 
 /// NVLink flit CRC errors between two counter readings, link by link; an

@@ -235,10 +235,9 @@ pub type Windows = BTreeMap<(String, u32), (u64, u64)>;
 
 /// NVLink CRC errors a minute over the run (at least a minute, as the rules).
 fn crc_per_min(t: &Bucket) -> f64 {
-    let minutes = (t.end_ms.saturating_sub(t.start_ms) as f64 / 60_000.0).max(1.0);
     let first = t.first.clone().unwrap_or_default();
     let last = t.last.clone().unwrap_or_default();
-    super::health::nvlink_crc(&first, &last) as f64 / minutes
+    super::health::nvlink_crc(&first, &last) as f64 / super::health::rate_minutes(t)
 }
 
 /// `nvlink_crc` for a GPU far above its peers: its rate against the median
