@@ -43,6 +43,11 @@ pub const WORKLOADS: &[WorkloadDef] = &[
         help: "largest batch per GPU before out-of-memory, with a safety margin",
         timed: false,
     },
+    WorkloadDef {
+        name: "p2p",
+        help: "bandwidth inside each node: every GPU pair both ways, and host<->GPU over PCIe",
+        timed: false,
+    },
 ];
 
 pub fn workload(name: &str) -> Option<&'static WorkloadDef> {

@@ -28,7 +28,7 @@ pub struct Args {
     pub job_id: String,
     #[arg(long)]
     pub attempt: u32,
-    /// stress | nccl | ddp | fsdp | maxbatch
+    /// stress | nccl | ddp | fsdp | maxbatch | p2p
     #[arg(long)]
     pub workload: String,
     /// This node's name, as the coordinator knows it.

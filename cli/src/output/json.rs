@@ -252,6 +252,29 @@ fn collectives(c: &pb::CollectiveResult) -> Value {
     })
 }
 
+/// A rank's `p2p` result: its host copies and the pairs it took part in.
+fn p2p(p: &pb::P2pResult) -> Value {
+    json!({
+        "bytes": p.bytes,
+        "iters": p.iters,
+        "method": p.method,
+        "backend": p.backend,
+        "h2d_gbps": p.h2d_gbps,
+        "h2d_repeat_gbps": p.h2d_repeat_gbps,
+        "d2h_gbps": p.d2h_gbps,
+        "d2h_repeat_gbps": p.d2h_repeat_gbps,
+        "peers": p.peers.iter().map(|c| json!({
+            "src_rank": c.src_rank,
+            "dst_rank": c.dst_rank,
+            "src_local": c.src_local,
+            "dst_local": c.dst_local,
+            "gbps": c.gbps,
+            "repeat_gbps": c.repeat_gbps,
+            "wrong": c.wrong,
+        })).collect::<Vec<_>>(),
+    })
+}
+
 pub fn rank_report(node: &str, r: &pb::RankReport) -> Value {
     let mut o = json!({
         "rank": r.rank,
@@ -288,6 +311,9 @@ pub fn rank_report(node: &str, r: &pb::RankReport) -> Value {
             }
             Some(pb::rank_result::Detail::Collectives(c)) => {
                 m.insert("collectives".into(), collectives(c));
+            }
+            Some(pb::rank_result::Detail::P2p(p)) => {
+                m.insert("p2p".into(), p2p(p));
             }
             None => {}
         }
@@ -360,6 +386,22 @@ pub fn report(r: &pb::Report) -> Value {
             "wrong": l.wrong,
             "reference_gbps": l.reference_gbps,
             "verdict": l.verdict().label(),
+        })).collect::<Vec<_>>(),
+        "gpu_pairs": r.gpu_pairs.iter().map(|p| json!({
+            "node": p.node,
+            "src_rank": p.src_rank,
+            "dst_rank": p.dst_rank,
+            "src_local": p.src_local,
+            "dst_local": p.dst_local,
+            "src_gpu": p.src_gpu,
+            "dst_gpu": p.dst_gpu,
+            "bytes": p.bytes,
+            "gbps": p.gbps,
+            "first_gbps": p.first_gbps,
+            "repeat_gbps": p.repeat_gbps,
+            "wrong": p.wrong,
+            "reference_gbps": p.reference_gbps,
+            "verdict": p.verdict().label(),
         })).collect::<Vec<_>>(),
         "env": r.env.iter().map(env_var).collect::<Vec<_>>(),
         "telemetry": r.telemetry.iter().map(gpu_telemetry).collect::<Vec<_>>(),

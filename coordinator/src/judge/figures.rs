@@ -31,10 +31,19 @@ pub enum Metric {
     ScalingEfficiency,
     /// Largest batch that fits in memory.
     MaxBatch,
+    /// `p2p`: copies from pinned host memory to the rank's GPU (a CPU
+    /// rank's: between two host buffers), the better of two passes.
+    H2dGbps,
+    /// `p2p`: copies from the GPU to pinned host memory.
+    D2hGbps,
+    /// `p2p`: the median of the rank's GPU pairs (as sender and receiver),
+    /// each the better of two passes. The pairs themselves are judged
+    /// against each other by `judge::p2p`.
+    P2pGbps,
 }
 
 impl Metric {
-    pub const ALL: [Metric; 8] = [
+    pub const ALL: [Metric; 11] = [
         Metric::StressTflops,
         Metric::StressTflopsWorst,
         Metric::Busbw,
@@ -43,6 +52,9 @@ impl Metric {
         Metric::StepMsP99,
         Metric::ScalingEfficiency,
         Metric::MaxBatch,
+        Metric::H2dGbps,
+        Metric::D2hGbps,
+        Metric::P2pGbps,
     ];
 
     /// The name in rules files, findings and baselines.
@@ -56,6 +68,9 @@ impl Metric {
             Metric::StepMsP99 => "step_ms_p99",
             Metric::ScalingEfficiency => "scaling_efficiency",
             Metric::MaxBatch => "max_batch",
+            Metric::H2dGbps => "h2d_gbps",
+            Metric::D2hGbps => "d2h_gbps",
+            Metric::P2pGbps => "p2p_gbps",
         }
     }
 
@@ -66,7 +81,7 @@ impl Metric {
     pub fn unit(self) -> &'static str {
         match self {
             Metric::StressTflops | Metric::StressTflopsWorst => "TFLOP/s",
-            Metric::Busbw => "GB/s",
+            Metric::Busbw | Metric::H2dGbps | Metric::D2hGbps | Metric::P2pGbps => "GB/s",
             Metric::SamplesPerS | Metric::SoloSamplesPerS => "samples/s",
             Metric::StepMsP99 => "ms",
             Metric::ScalingEfficiency | Metric::MaxBatch => "",
@@ -86,6 +101,9 @@ impl Metric {
                 | Metric::StressTflopsWorst
                 | Metric::SoloSamplesPerS
                 | Metric::MaxBatch
+                | Metric::H2dGbps
+                | Metric::D2hGbps
+                | Metric::P2pGbps
         )
     }
 }
@@ -190,6 +208,32 @@ pub fn maxbatch_key(model: &str, precision: &str) -> String {
     format!("{model} {precision}")
 }
 
+/// `pinned 268435456` (GPU ranks) or `host 16777216` (CPU ranks).
+pub fn copy_key(method: &str, bytes: u64) -> String {
+    format!("{method} {bytes}")
+}
+
+/// `send 268435456`: one GPU sending to another.
+pub fn p2p_key(bytes: u64) -> String {
+    format!("send {bytes}")
+}
+
+/// How a rank copies between host and device: pinned host memory to a GPU,
+/// or one host buffer to another on a CPU rank.
+pub fn copy_method(gpu: bool) -> &'static str {
+    if gpu {
+        "pinned"
+    } else {
+        "host"
+    }
+}
+
+/// The figure of two passes: the better one, so that one slow pass never
+/// blames a link (a second that agrees does).
+pub fn better_pass(first: f64, repeat: f64) -> f64 {
+    first.max(repeat)
+}
+
 /// A GPT's size is part of its key: a 1.3b is not compared with a 124m.
 fn train_key_of(t: &TrainResult, workload: &str) -> String {
     let mode = if t.mode.is_empty() { workload } else { &t.mode };
@@ -262,6 +306,27 @@ pub fn rank_figures(workload: &str, r: &RankResult) -> Vec<Figure> {
             maxbatch_key(&m.model, &m.precision),
             m.max_batch as f64,
         )],
+        Some(Detail::P2p(p)) => {
+            let key = copy_key(&p.method, p.bytes);
+            let mut out = Vec::new();
+            for (metric, a, b) in [
+                (Metric::H2dGbps, p.h2d_gbps, p.h2d_repeat_gbps),
+                (Metric::D2hGbps, p.d2h_gbps, p.d2h_repeat_gbps),
+            ] {
+                if better_pass(a, b) > 0.0 {
+                    out.push(fig(metric, key.clone(), better_pass(a, b)));
+                }
+            }
+            let pairs: Vec<f64> = p
+                .peers
+                .iter()
+                .map(|c| better_pass(c.gbps, c.repeat_gbps))
+                .collect();
+            if let Some(m) = median(pairs) {
+                out.push(fig(Metric::P2pGbps, p2p_key(p.bytes), m));
+            }
+            out
+        }
         _ => Vec::new(),
     }
 }
@@ -350,6 +415,13 @@ pub fn expected(spec: &JobSpec, gpu: bool, world_size: u32) -> Expected {
                 Metric::MaxBatch,
                 maxbatch_key(&m.model.model, &m.model.precision),
             ));
+        }
+        // GPU pairs exist only on nodes of two GPUs or more: a floor on
+        // them applies where they were measured, never by their absence.
+        TypedParams::P2p(p) => {
+            let key = copy_key(copy_method(gpu), p.bytes / 4 * 4);
+            out.insert((Metric::H2dGbps, key.clone()));
+            out.insert((Metric::D2hGbps, key));
         }
     }
     out

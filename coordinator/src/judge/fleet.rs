@@ -172,6 +172,20 @@ pub fn rows(runs: &[NodeRun], tolerance: f64) -> Vec<FleetRow> {
                 row.median_link_gbps =
                     median(r.links.iter().map(|l| l.busbw_gbps).collect()).unwrap_or(0.0);
             }
+            for (metric, into) in [
+                (Metric::P2pGbps, &mut row.p2p_gbps_worst),
+                (Metric::H2dGbps, &mut row.h2d_gbps_worst),
+                (Metric::D2hGbps, &mut row.d2h_gbps_worst),
+            ] {
+                if let Some(r) = last_of(&rs, metric.name()) {
+                    *into = r
+                        .figures
+                        .iter()
+                        .filter(|f| f.metric == metric.name())
+                        .map(|f| f.value)
+                        .fold(f64::INFINITY, f64::min);
+                }
+            }
             if let Some(r) = last_of(&rs, Metric::SamplesPerS.name()) {
                 row.samples_per_s = r
                     .figures

@@ -118,12 +118,20 @@ struct LinksFile {
     slow: Option<f64>,
 }
 
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct P2pFile {
+    slow: Option<f64>,
+    cpu_slow: Option<f64>,
+}
+
 /// One rules file as written: everything optional, laid over what is there.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 struct RulesFile {
     fleet: FleetFile,
     links: LinksFile,
+    p2p: P2pFile,
     metrics: BTreeMap<String, MetricFile>,
     floors: Vec<Floor>,
     builtin_floors: Option<bool>,
@@ -137,6 +145,9 @@ pub struct PerfRules {
     pub fleet_min_intervals: u32,
     /// A link below this share of the job's median link is slow.
     pub link_slow_ratio: f64,
+    /// `p2p`: a GPU pair below this share of the job's upper-quartile pair
+    /// is slow (GPU ranks, and CPU ranks').
+    pub p2p: crate::judge::p2p::Ratios,
     /// `gpuctl fleet`: a node's last figure under this share of the median of
     /// its previous runs is flagged as drift.
     pub drift_tolerance: f64,
@@ -159,6 +170,10 @@ impl PerfRules {
             fleet_min_ranks: 3,
             fleet_min_intervals: 5,
             link_slow_ratio: 0.8,
+            p2p: crate::judge::p2p::Ratios {
+                slow: 0.8,
+                cpu_slow: 0.3,
+            },
             drift_tolerance: 0.9,
             metrics: Metric::ALL
                 .into_iter()
@@ -218,6 +233,17 @@ impl PerfRules {
                 bail!("[links] slow = {s}: a ratio between 0 and 1 (0.8 means 80 % of the median link)");
             }
             out.link_slow_ratio = s;
+        }
+        for (field, v, into) in [
+            ("slow", file.p2p.slow, &mut out.p2p.slow),
+            ("cpu_slow", file.p2p.cpu_slow, &mut out.p2p.cpu_slow),
+        ] {
+            if let Some(s) = v {
+                if !(s > 0.0 && s <= 1.0) {
+                    bail!("[p2p] {field} = {s}: a ratio between 0 and 1 (0.8 means 80 % of the job's upper-quartile pair)");
+                }
+                *into = s;
+            }
         }
         for (name, over) in file.metrics {
             let Some(m) = Metric::from_name(&name) else {

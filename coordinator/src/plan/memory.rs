@@ -68,6 +68,14 @@ fn need(spec: &JobSpec, gpu: bool, world: u64) -> Option<Need> {
         TypedParams::Ddp(t) => train_need(&t, &spec.workload, 1),
         TypedParams::Fsdp(t) => train_need(&t, &spec.workload, world.max(1)),
         TypedParams::MaxBatch(_) => None,
+        TypedParams::P2p(p) => Some(Need {
+            // The device buffer of the host copies, the pair buffer and
+            // the check's mask; the host buffer, pinned from a first copy.
+            device: p.bytes.saturating_mul(3),
+            host: p.bytes.saturating_mul(2),
+            what: "p2p --bytes".into(),
+            fix: FIX_SIZE,
+        }),
     }
 }
 

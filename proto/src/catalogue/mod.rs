@@ -17,7 +17,8 @@ pub use sizes::{
     model_variant, GptShape,
 };
 pub use typed::{
-    judged_sizes, size_steps, MaxBatchParams, ModelParams, NcclParams, NcclPattern, StressParams,
+    judged_sizes, size_steps, MaxBatchParams, ModelParams, NcclParams, NcclPattern, P2pParams,
+    StressParams,
     TrainModel, TrainParams, TypedParams, BUSBW_MIN_BYTES, JUDGED_RUNS,
 };
 
@@ -167,6 +168,7 @@ const NCCL: &[&str] = &["nccl"];
 const TRAIN: &[&str] = &["ddp", "fsdp"];
 const MODEL_USERS: &[&str] = &["ddp", "fsdp", "maxbatch"];
 const MAXBATCH: &[&str] = &["maxbatch"];
+const P2P: &[&str] = &["p2p"];
 
 const fn p(
     name: &'static str,
@@ -241,6 +243,10 @@ pub const PARAMS: &[Param] = &[
     p("margin", Kind::Float { min: 0.0, max: 0.9 }, "", DefaultValue::Same("0.1"), "safety margin (0..0.9)", MAXBATCH),
     p("start", int(1, 1 << 20), "samples", DefaultValue::Same("8"), "first batch tried", MAXBATCH),
     p("limit", int(1, 1 << 24), "samples", dev("65536", "64"), "largest batch tried", MAXBATCH),
+    // p2p
+    p("bytes", Kind::Bytes, "", dev("256M", "16M"), "size of each copy", P2P),
+    p("iters", int(1, 1 << 16), "iterations", DefaultValue::Same("10"), "timed copies per pass (two passes)", P2P),
+    p("warmup", int(0, 1 << 16), "iterations", DefaultValue::Same("3"), "untimed copies first", P2P),
 ];
 
 /// The parameters `workload` takes, in catalogue order.

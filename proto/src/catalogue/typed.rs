@@ -204,6 +204,14 @@ pub struct MaxBatchParams {
     pub limit: u64,
 }
 
+/// `p2p`: copies inside a node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct P2pParams {
+    pub bytes: u64,
+    pub iters: u64,
+    pub warmup: u64,
+}
+
 /// One workload's parameters, typed.
 #[derive(Debug, Clone, PartialEq)]
 pub enum TypedParams {
@@ -212,6 +220,7 @@ pub enum TypedParams {
     Ddp(TrainParams),
     Fsdp(TrainParams),
     MaxBatch(MaxBatchParams),
+    P2p(P2pParams),
 }
 
 impl TypedParams {
@@ -265,6 +274,11 @@ impl TypedParams {
                 margin: r.get("margin")?,
                 start: r.get("start")?,
                 limit: r.get("limit")?,
+            }),
+            "p2p" => TypedParams::P2p(P2pParams {
+                bytes: r.get("bytes")?,
+                iters: r.get("iters")?,
+                warmup: r.get("warmup")?,
             }),
             w => {
                 return Err(err(
@@ -402,7 +416,7 @@ mod tests {
 
     #[test]
     fn every_workload_builds_from_defaults_on_both_devices() {
-        for w in ["stress", "nccl", "ddp", "fsdp", "maxbatch"] {
+        for w in ["stress", "nccl", "ddp", "fsdp", "maxbatch", "p2p"] {
             for gpu in [true, false] {
                 build(w, &[], gpu).unwrap_or_else(|e| panic!("{w} gpu={gpu}: {e}"));
             }

@@ -72,6 +72,14 @@ impl Collectives for Counted {
         let r = self.inner.sendrecv(send, to, recv, from);
         self.count(r)
     }
+    fn send(&mut self, t: &Tensor, to: usize) -> Result<()> {
+        let r = self.inner.send(t, to);
+        self.count(r)
+    }
+    fn recv(&mut self, t: &Tensor, from: usize) -> Result<()> {
+        let r = self.inner.recv(t, from);
+        self.count(r)
+    }
     fn barrier(&mut self) -> Result<()> {
         let r = self.inner.barrier();
         self.count(r)

@@ -245,6 +245,15 @@ pub trait Collectives: Send {
     fn alltoall(&mut self, send: &Tensor, recv: &Tensor) -> Result<()>;
     /// Sends `send` to rank `to` while receiving `recv` from rank `from`.
     fn sendrecv(&mut self, send: &Tensor, to: usize, recv: &Tensor, from: usize) -> Result<()>;
+    /// Sends `t` (1-d, contiguous) to rank `to`, which calls [`Collectives::recv`]
+    /// with as many elements; the other ranks take no part.
+    fn send(&mut self, _t: &Tensor, _to: usize) -> Result<()> {
+        bail!("{}: no one-way send", self.backend())
+    }
+    /// Receives into `t` what rank `from` sends with [`Collectives::send`].
+    fn recv(&mut self, _t: &Tensor, _from: usize) -> Result<()> {
+        bail!("{}: no one-way receive", self.backend())
+    }
     /// Returns when every rank has called it (and, on a GPU, finished its queued work).
     fn barrier(&mut self) -> Result<()>;
     /// Waits until the operations issued so far have finished on the device.

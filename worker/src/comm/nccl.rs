@@ -396,6 +396,36 @@ impl Collectives for NcclComm {
         Ok(())
     }
 
+    fn send(&mut self, t: &Tensor, to: usize) -> Result<()> {
+        check_sizes(Op::SendRecv, t, t, self.world)?;
+        let dt = self.check_device(Op::SendRecv, &[t])?;
+        if to >= self.world || to == self.rank {
+            bail!("send: peer {to} is not another rank of {}", self.world);
+        }
+        let c = t.numel();
+        // SAFETY: a live CUDA tensor of c elements.
+        unsafe {
+            result::send(t.data_ptr(), c, dt, to as i32, self.comm, self.stream())
+                .map_err(|e| nccl_err("ncclSend", e))?;
+        }
+        Ok(())
+    }
+
+    fn recv(&mut self, t: &Tensor, from: usize) -> Result<()> {
+        check_sizes(Op::SendRecv, t, t, self.world)?;
+        let dt = self.check_device(Op::SendRecv, &[t])?;
+        if from >= self.world || from == self.rank {
+            bail!("recv: peer {from} is not another rank of {}", self.world);
+        }
+        let c = t.numel();
+        // SAFETY: a live CUDA tensor of c elements.
+        unsafe {
+            result::recv(t.data_ptr(), c, dt, from as i32, self.comm, self.stream())
+                .map_err(|e| nccl_err("ncclRecv", e))?;
+        }
+        Ok(())
+    }
+
     fn barrier(&mut self) -> Result<()> {
         let t = Tensor::f_zeros([1], (Kind::Float, Device::Cuda(self.ordinal)))?;
         if self.on_side {

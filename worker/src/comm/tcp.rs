@@ -481,6 +481,28 @@ impl Collectives for TcpComm {
         out.finish()
     }
 
+    fn send(&mut self, t: &Tensor, to: usize) -> Result<()> {
+        check_sizes(Op::SendRecv, t, t, self.world)?;
+        if to >= self.world || to == self.rank {
+            bail!("send: peer {to} is not another rank of {}", self.world);
+        }
+        (&*self.peer(to)?)
+            .write_all(&host_bytes(t))
+            .with_context(|| format!("send: writing to rank {to}"))
+    }
+
+    fn recv(&mut self, t: &Tensor, from: usize) -> Result<()> {
+        check_sizes(Op::SendRecv, t, t, self.world)?;
+        if from >= self.world || from == self.rank {
+            bail!("recv: peer {from} is not another rank of {}", self.world);
+        }
+        let mut out = OutBuf::new(t);
+        (&*self.peer(from)?)
+            .read_exact(out.bytes())
+            .with_context(|| format!("recv: reading from rank {from}"))?;
+        out.finish()
+    }
+
     fn barrier(&mut self) -> Result<()> {
         let (r, n) = (self.rank, self.world);
         std::thread::scope(|sc| -> Result<()> {

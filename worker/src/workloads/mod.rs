@@ -7,6 +7,7 @@ pub mod maxbatch;
 pub mod memory;
 pub mod models;
 pub mod nccl;
+pub mod p2p;
 pub mod stress;
 pub mod train;
 
@@ -36,5 +37,6 @@ pub fn run(ctx: &Ctx) -> Result<Outcome> {
         TypedParams::Ddp(p) => ddp::run(ctx, p),
         TypedParams::Fsdp(p) => fsdp::run(ctx, p),
         TypedParams::MaxBatch(p) => maxbatch::run(ctx, p),
+        TypedParams::P2p(p) => p2p::run(ctx, p),
     }
 }

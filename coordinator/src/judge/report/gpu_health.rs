@@ -21,7 +21,10 @@ use crate::judge::telemetry::Windows;
 ///   first step that autotunes cuDNN took 13-15 s at low utilisation on
 ///   H100s (docs/benchmarks.md, 2026-11-26): set-up, not an idle GPU;
 /// - maxbatch: none. Its search is trials of new shapes, each mostly
-///   allocation and autotuning: bursty by design, not a load to judge.
+///   allocation and autotuning: bursty by design, not a load to judge;
+/// - p2p: none. Its copies run on the copy engines and NCCL's small copy
+///   kernels, which NVML's utilisation barely counts: a busy link on an
+///   "idle" GPU.
 ///
 /// A rank with no such stretch gives none, and its GPU's `idle` is not judged.
 pub(super) fn measured_windows(
@@ -35,7 +38,7 @@ pub(super) fn measured_windows(
             continue;
         };
         let window = match workload {
-            "maxbatch" => None,
+            "maxbatch" | "p2p" => None,
             "ddp" | "fsdp" => timed_steps(&r.phases),
             _ => r
                 .phases
@@ -83,7 +86,10 @@ pub(super) fn confirm_nvlink<'a>(
 ) {
     let mut slow: BTreeMap<&str, String> = BTreeMap::new();
     for f in bandwidth.filter(|f| {
-        f.level() == Verdict::Fail && matches!(f.metric.as_str(), "busbw" | "link_busbw")
+        f.level() == Verdict::Fail && matches!(
+                f.metric.as_str(),
+                "busbw" | "link_busbw" | "p2p_gbps" | "p2p_pair"
+            )
     }) {
         let node = match (f.node.as_str(), nodes) {
             ("", [only]) => only.as_str(),

@@ -10,6 +10,7 @@
 //! - [`performance`]: figures against the fleet, a baseline and the floors;
 //! - [`links`](super::links): node pairs' bandwidth against the median link;
 //! - [`bisect`](super::bisect): the node the workers' search isolated;
+//! - [`p2p`](super::p2p): GPU pairs inside nodes against the job's other pairs;
 //! - [`findings`]: everything that failed or warned, in one list;
 //! - [`nodes`]: node verdicts from their ranks, GPUs and findings;
 //! - [`notes`]: library versions the ranks ran with;
@@ -44,7 +45,7 @@ use super::figures::Figures;
 use super::health::HealthRules;
 use super::rules::PerfRules;
 use super::telemetry::Telemetry;
-use super::{bisect, links};
+use super::{bisect, links, p2p};
 
 pub use collectives::{aggregate_collectives, algbw_gbps, busbw_factor};
 pub use ranks::{exit_text, rank_label};
@@ -131,10 +132,14 @@ fn assemble(inp: &Inputs, with_results: bool) -> (Report, Figures) {
     let rules = performance::rules(inp.perf, &spec, &mut notes);
     let perf = performance::judge(inp, &spec, plan, &table, &rules, &mut states);
     let links = links::judge(inp.results, &plan.nodes, rules.link_slow_ratio);
+    let pairs = p2p::judge(inp.results, plan, rules.p2p);
     // A link down fails its GPU only where the job's own bandwidth agrees.
     gpu_health::confirm_nvlink(
         &mut health,
-        perf.findings.iter().chain(&links.findings),
+        perf.findings
+            .iter()
+            .chain(&links.findings)
+            .chain(&pairs.findings),
         &plan.nodes,
         inp.rules,
     );
@@ -142,6 +147,7 @@ fn assemble(inp: &Inputs, with_results: bool) -> (Report, Figures) {
     let gpu_faults = gpu_health::apply(&health, plan, &mut states);
     found.extend(perf.findings);
     found.extend(links.findings);
+    found.extend(pairs.findings);
     let bisect = bisect::judge(inp.results, &plan.nodes);
     found.extend(bisect.findings);
     found.extend(findings::of_health(&health));
@@ -154,6 +160,7 @@ fn assemble(inp: &Inputs, with_results: bool) -> (Report, Figures) {
     notes.extend(notes::mixed_torch(inp.results));
     notes.extend(perf.notes);
     notes.extend(links.notes);
+    notes.extend(pairs.notes);
     notes.extend(bisect.notes);
 
     let hang_timeout_ms = gpuctl_proto::spec::hang_timeout_ms(&spec);
@@ -180,6 +187,7 @@ fn assemble(inp: &Inputs, with_results: bool) -> (Report, Figures) {
         preflight,
         findings: found,
         links: links.links,
+        gpu_pairs: pairs.pairs,
         bisect: bisect.rounds,
         hang_timeout_ms,
         // Measured where the series are encoded for the store (at a job's

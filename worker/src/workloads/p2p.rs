@@ -1,0 +1,282 @@
+//! `p2p`: the links inside one node, as nvbandwidth measures them.
+//!
+//! * Host↔device: `iters` copies of `bytes` between pinned host memory and
+//!   this rank's GPU, each direction (the copy engine over PCIe). On a CPU
+//!   rank, copies between two host buffers, so that the whole path runs
+//!   without a GPU.
+//! * GPU pairs: every ordered pair (s, d) of the node's ranks, one pair at a
+//!   time so that pairs never share a switch or a root port: s sends `bytes`
+//!   to d `iters` times (NCCL send/recv, which takes NVLink or PCIe P2P as
+//!   the hardware offers; the TCP backend on CPU ranks). Each rank times the
+//!   pairs it is in with its own clock; the coordinator keeps the slower.
+//!
+//! Every figure is measured in two passes, so that the coordinator blames a
+//! link only when both are slow (one noisy pass is not a slow link). The
+//! ranks of a node meet in a communicator of their own (rendezvous prefix
+//! `p2p/{node}`), so the nodes of a job measure at the same time, each alone.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use gpuctl_proto::catalogue::P2pParams;
+use gpuctl_proto::pb::{rank_result::Detail, P2pResult, PeerCopy};
+use tch::{Device, Kind, Tensor};
+
+use super::Outcome;
+use crate::comm::{counted::counted, Collectives};
+use crate::context::Ctx;
+use crate::rendezvous::{Rendezvous, Scoped};
+
+/// Passes per figure: the first and the confirming one.
+pub const PASSES: usize = 2;
+
+pub fn run(ctx: &Ctx, p: &P2pParams) -> Result<Outcome> {
+    let n = elements(p.bytes)?;
+    let progress = |phase: &str, frac: f64, gbps: Option<f64>| {
+        ctx.sample_memory();
+        match gbps {
+            Some(g) => ctx.progress.update(phase, frac, &[("gbps", g)]),
+            None => ctx.progress.update(phase, frac, &[]),
+        }
+    };
+    let mut out = P2pResult {
+        bytes: n as u64 * 4,
+        iters: p.iters as u32,
+        method: if ctx.dev.is_cuda() { "pinned" } else { "host" }.into(),
+        ..Default::default()
+    };
+    progress("host copies", 0.0, None);
+    let host = host_copies(ctx, n, p)?;
+    (out.h2d_gbps, out.h2d_repeat_gbps) = (host.h2d[0], host.h2d[1]);
+    (out.d2h_gbps, out.d2h_repeat_gbps) = (host.d2h[0], host.d2h[1]);
+    progress("host copies", 0.2, Some(host.h2d[0].max(host.h2d[1])));
+
+    let (l, me, node) = (
+        ctx.env.local_world_size,
+        ctx.env.local_rank,
+        ctx.env.group_rank,
+    );
+    let mut version = None;
+    let mut wrong = 0;
+    if l >= 2 {
+        let scoped = Scoped::new(ctx.rdzv.as_ref(), &format!("p2p/{node}"));
+        let ranks = job_ranks(&scoped, me, ctx.env.rank, l, ctx.rendezvous_timeout)?;
+        let mut comm = counted(
+            ctx.make_comm_in(me, l, &scoped)
+                .context("opening the node's communicator for the GPU pairs")?,
+            &ctx.progress,
+        );
+        out.backend = comm.backend().to_string();
+        version = Some(comm.version());
+        out.peers = pairs(comm.as_mut(), n, p, ctx.dev.device, &ranks, &|done, g| {
+            progress("gpu pairs", 0.2 + 0.8 * done, g)
+        })?;
+        wrong = out.peers.iter().map(|c| c.wrong).sum::<u64>();
+    }
+    let error = (wrong > 0).then(|| {
+        let bad: Vec<String> = out
+            .peers
+            .iter()
+            .filter(|c| c.wrong > 0)
+            .map(|c| format!("rank {} to rank {}", c.src_rank, c.dst_rank))
+            .collect();
+        format!("{wrong} wrong elements arrived ({})", bad.join(", "))
+    });
+    Ok(Outcome {
+        detail: Detail::P2p(out),
+        nccl_version: version,
+        error,
+        more_train: Vec::new(),
+    })
+}
+
+/// fp32 elements of a `bytes` copy; at least one.
+fn elements(bytes: u64) -> Result<usize> {
+    let n = (bytes / 4) as usize;
+    if n == 0 {
+        bail!("--bytes {bytes} holds no 4-byte element; give 4 bytes or more");
+    }
+    Ok(n)
+}
+
+/// GB/s of `iters` copies of `n` fp32 elements in `secs`.
+fn gbps(n: usize, iters: u64, secs: f64) -> f64 {
+    if secs <= 0.0 {
+        return 0.0;
+    }
+    (n as f64 * 4.0 * iters as f64) / secs / 1e9
+}
+
+/// Two passes each way.
+struct HostCopies {
+    h2d: [f64; PASSES],
+    d2h: [f64; PASSES],
+}
+
+fn host_copies(ctx: &Ctx, n: usize, p: &P2pParams) -> Result<HostCopies> {
+    let dev = ctx.dev.device;
+    let host = Tensor::f_ones([n as i64], (Kind::Float, Device::Cpu))?;
+    // Pinned memory is what a data loader copies from, and what the copy
+    // engine reaches at full PCIe speed (pageable memory goes through a
+    // staging buffer at a fraction of it).
+    let mut host = if ctx.dev.is_cuda() {
+        host.f_pin_memory(dev)?
+    } else {
+        host
+    };
+    let mut device = Tensor::f_zeros([n as i64], (Kind::Float, dev))?;
+    let mut copy = |to_device: bool| -> Result<()> {
+        if to_device {
+            device.f_copy_(&host)
+        } else {
+            host.f_copy_(&device)
+        }
+        .map_err(Into::into)
+    };
+    for _ in 0..p.warmup {
+        copy(true)?;
+        copy(false)?;
+    }
+    ctx.dev.synchronize();
+    let mut out = HostCopies {
+        h2d: [0.0; PASSES],
+        d2h: [0.0; PASSES],
+    };
+    for pass in 0..PASSES {
+        for (to_device, figure) in [(true, &mut out.h2d[pass]), (false, &mut out.d2h[pass])] {
+            let t0 = Instant::now();
+            for _ in 0..p.iters {
+                copy(to_device)?;
+                ctx.progress.tick(1);
+            }
+            ctx.dev.synchronize();
+            *figure = gbps(n, p.iters, t0.elapsed().as_secs_f64());
+        }
+    }
+    Ok(out)
+}
+
+/// The job rank of every local rank of this node, through the node's
+/// rendezvous (ranks need not be numbered node by node).
+fn job_ranks(
+    rdzv: &dyn Rendezvous,
+    local: usize,
+    rank: usize,
+    l: usize,
+    timeout: Duration,
+) -> Result<Vec<u32>> {
+    rdzv.put(&format!("rank/{local}"), rank.to_string().as_bytes())?;
+    (0..l)
+        .map(|k| {
+            let v = rdzv
+                .get(&format!("rank/{k}"), timeout)
+                .with_context(|| format!("waiting for local rank {k}'s job rank"))?;
+            String::from_utf8_lossy(&v)
+                .parse()
+                .with_context(|| format!("local rank {k} published no rank"))
+        })
+        .collect()
+}
+
+/// The value local rank `s` sends to `d`: every pair its own, so that a copy
+/// that lands on the wrong GPU shows as wrong elements.
+fn fill(s: usize, d: usize, l: usize) -> f64 {
+    (s * l + d + 1) as f64
+}
+
+/// Every ordered pair of the node's `l` ranks, one after another; this rank
+/// returns the pairs it took part in. `ranks`: job rank by local rank.
+pub fn pairs(
+    comm: &mut dyn Collectives,
+    n: usize,
+    p: &P2pParams,
+    dev: Device,
+    ranks: &[u32],
+    progress: &dyn Fn(f64, Option<f64>),
+) -> Result<Vec<PeerCopy>> {
+    let (me, l) = (comm.rank(), comm.world_size());
+    let total = (l * (l - 1)) as f64;
+    let mut out = Vec::new();
+    let mut done = 0.0;
+    let mut buf = Tensor::f_full([n as i64], -1.0, (Kind::Float, dev))?;
+    for s in 0..l {
+        for d in (0..l).filter(|d| *d != s) {
+            let role = if me == s {
+                Some(true)
+            } else if me == d {
+                Some(false)
+            } else {
+                None
+            };
+            let value = fill(s, d, l);
+            match role {
+                Some(true) => drop(buf.f_fill_(value)?),
+                // What an earlier pair left would count as wrong anyway
+                // (every pair has its own value); -1 says "nothing came".
+                Some(false) => drop(buf.f_fill_(-1.0)?),
+                None => {}
+            }
+            let issue = |comm: &mut dyn Collectives| match role {
+                Some(true) => comm.send(&buf, d),
+                Some(false) => comm.recv(&buf, s),
+                None => Ok(()),
+            };
+            // The first copies also make NCCL's connection between the two.
+            for _ in 0..p.warmup {
+                issue(comm)?;
+            }
+            let mut figures = [0.0; PASSES];
+            for f in figures.iter_mut() {
+                comm.barrier()?;
+                let t0 = Instant::now();
+                for _ in 0..p.iters {
+                    issue(comm)?;
+                }
+                comm.synchronize()?;
+                *f = gbps(n, p.iters, t0.elapsed().as_secs_f64());
+            }
+            if let Some(sender) = role {
+                let wrong = if sender {
+                    0
+                } else {
+                    buf.f_ne(value)?.f_sum(Kind::Int64)?.int64_value(&[]) as u64
+                };
+                out.push(PeerCopy {
+                    src_rank: ranks[s],
+                    dst_rank: ranks[d],
+                    src_local: s as u32,
+                    dst_local: d as u32,
+                    gbps: figures[0],
+                    repeat_gbps: figures[1],
+                    wrong,
+                });
+            }
+            done += 1.0;
+            let mine = role.map(|_| figures[0].max(figures[1]));
+            progress(done / total, mine);
+        }
+    }
+    comm.barrier()?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn figures_are_bytes_over_time() {
+        assert_eq!(gbps(250_000_000, 2, 1.0), 2.0);
+        assert_eq!(gbps(1, 1, 0.0), 0.0);
+        assert!(elements(3).is_err());
+        assert_eq!(elements(1 << 20).unwrap(), 1 << 18);
+        // Every ordered pair its own value.
+        let l = 4;
+        let mut seen = std::collections::BTreeSet::new();
+        for s in 0..l {
+            for d in (0..l).filter(|d| *d != s) {
+                assert!(seen.insert(fill(s, d, l) as u64));
+            }
+        }
+    }
+}
