@@ -5,7 +5,9 @@
 #
 #   bench/falsealarm.sh one OUT     one agent owning every GPU; REPEATS (2) rounds of
 #                                   stress, stress --with-comm, the nccl sweep, ddp,
-#                                   fsdp and maxbatch (JOBS picks some)
+#                                   fsdp, maxbatch and p2p (JOBS picks some; `p2phog`
+#                                   is a fault: p2p while another process copies
+#                                   GPU 2 -> GPU 3 without pause)
 #   bench/falsealarm.sh split OUT   one agent per GPU, each with its own NCCL_HOSTID
 #                                   (NCCL takes its socket path between them, as between
 #                                   hosts): REPEATS rounds of `accept --level quick`
@@ -14,8 +16,9 @@
 #                                   started with NVIDIA_TF32_OVERRIDE=0: a co-tenant
 #                                   GEMM, a memory hog, a SIGSTOPped rank, a killed rank,
 #                                   tf32 stress (that node's GEMMs run in full fp32: its
-#                                   numerics differ, which the bit-for-bit check exists for);
-#                                   FAULTS picks some ("cotenant memhog stop kill tf32")
+#                                   numerics differ, which the bit-for-bit check exists for),
+#                                   p2p while another process copies host -> GPU 1 without
+#                                   pause; FAULTS picks some ("cotenant memhog stop kill tf32 h2dhog")
 #
 # Beside every mode, in the same run: NVML read directly every 0.5 s
 # (../shared/tools/nvml_links.py, copied to the carried bin folder), and
@@ -98,7 +101,7 @@ started() { for _ in $(seq 1 120); do grep -q "$2" "$1" 2>/dev/null && return; s
 
 case "$MODE" in
 one)
-  JOBS=${JOBS:-stress stress-comm nccl ddp fsdp maxbatch}
+  JOBS=${JOBS:-stress stress-comm nccl ddp fsdp maxbatch p2p}
   for r in $(seq 1 "$REPEATS"); do
     for j in $JOBS; do
       case $j in
@@ -108,6 +111,18 @@ one)
         ddp) job "h$r-ddp" 180 ddp --nodes 1 --steps 30 ;;
         fsdp) job "h$r-fsdp" 180 fsdp --nodes 1 --steps 20 ;;
         maxbatch) job "h$r-maxbatch" 180 maxbatch --nodes 1 --limit 512 ;;
+        p2p) job "h$r-p2p" 120 p2p --nodes 1 ;;
+        p2phog)
+          "$PY" -c '
+import torch
+a = torch.ones(2**28, device="cuda:2"); b = torch.empty_like(a, device="cuda:3")
+print("copying", flush=True)
+while True:
+    for _ in range(20): b.copy_(a)
+    torch.cuda.synchronize(3)' > "$OUT/p2phog.txt" 2>&1 &
+          OTHER=$!; started "$OUT/p2phog.txt" copying
+          job "f$r-p2phog" 120 p2p --nodes 1
+          kill "$OTHER"; wait "$OTHER" 2>/dev/null; OTHER="" ;;
       esac
     done
   done ;;
@@ -117,7 +132,7 @@ split)
     job "h$r-pairs" 180 nccl --nodes all --pattern pairs --ops all_reduce,sendrecv --min-bytes 256M --max-bytes 256M
   done ;;
 faults)
-  FAULTS=${FAULTS:-cotenant memhog stop kill tf32}
+  FAULTS=${FAULTS:-cotenant memhog stop kill tf32 h2dhog}
   want() { case " $FAULTS " in *" $1 "*) return 0;; esac; return 1; }
   # A co-tenant's GEMMs on the last GPU.
   if want cotenant; then
@@ -167,6 +182,20 @@ print("holding", flush=True); time.sleep(600)' > "$OUT/hog.txt" 2>&1 &
   # Numerics that differ on one node: TF32 GEMMs everywhere but where that
   # agent's environment turns TF32 off in cuBLAS.
   want tf32 && job "f-tf32" 120 stress --nodes all --duration 10s --precision tf32
+  # Another process copying from pinned host memory to GPU 1 without pause:
+  # that GPU's PCIe link is shared, its host-to-device figure drops.
+  if want h2dhog; then
+    CUDA_VISIBLE_DEVICES=1 "$PY" -c '
+import torch
+h = torch.ones(2**28).pin_memory(); d = torch.empty_like(h, device="cuda")
+print("copying", flush=True)
+while True:
+    for _ in range(20): d.copy_(h, non_blocking=True)
+    torch.cuda.synchronize()' > "$OUT/h2dhog.txt" 2>&1 &
+    OTHER=$!; started "$OUT/h2dhog.txt" copying
+    job "f-h2dhog" 120 p2p --nodes all
+    kill "$OTHER"; wait "$OTHER" 2>/dev/null; OTHER=""
+  fi
   ;;
 esac
 

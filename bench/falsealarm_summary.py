@@ -34,6 +34,19 @@ for path in sorted(glob.glob(f"{out}/*.json")):
         tally[(f["level"], f["metric"], rule)] += 1
         where = f"{f['node']}" + (f" gpu {f['gpu_index']}" if f.get("gpu_index") is not None else "")
         print(f"   {f['level']:4} {f['metric']}/{rule} {where}: {f['detail'][:230]}")
+    pairs = r.get("gpu_pairs", [])
+    if pairs:
+        v = [p["gbps"] for p in pairs]
+        slow = [f"{p['src_gpu']}->{p['dst_gpu']}" for p in pairs if p["verdict"] != "pass"]
+        print(f"   pairs: {len(v)} {min(v):.1f}-{max(v):.1f} GB/s (ref {pairs[0]['reference_gbps']:.1f}); slow: {slow}")
+        print("   pair passes: " + " ".join(
+            f"{p['src_gpu']}->{p['dst_gpu']}={p['first_gbps']:.0f}/{p['repeat_gbps']:.0f}" for p in pairs))
+    for n in r.get("nodes", []):
+        for k in n.get("ranks", []):
+            x = k.get("p2p")
+            if x:
+                print(f"   copies {n['name']} rank {k['rank']}: h2d {x['h2d_gbps']:.1f}/{x['h2d_repeat_gbps']:.1f}"
+                      f" d2h {x['d2h_gbps']:.1f}/{x['d2h_repeat_gbps']:.1f} GB/s")
     for t in r.get("telemetry", []):
         print(
             f"   tele {t['node']} gpu {t['index']}: n={t['samples']} measured={t.get('measured_samples', 0)}"

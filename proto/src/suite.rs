@@ -583,7 +583,7 @@ mod tests {
         let quick = Suite::builtin("quick").unwrap();
         assert_eq!(quick.duration_ms, 120_000);
         let names: Vec<&str> = quick.stages.iter().map(|s| s.name.as_str()).collect();
-        assert_eq!(names, ["preflight", "stress", "all_reduce", "pairs"]);
+        assert_eq!(names, ["preflight", "stress", "all_reduce", "pairs", "p2p"]);
         let standard = Suite::builtin("standard").unwrap();
         assert_eq!(standard.duration_ms, 15 * 60_000);
         assert_eq!(standard.stages.len(), 6);
