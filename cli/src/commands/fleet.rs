@@ -1,7 +1,8 @@
 //! `gpuctl fleet`: one row per node from the history that finished jobs leave
 //! behind: the last verdict and when, stress TFLOP/s (slowest and median
-//! GPU), all_reduce bandwidth, the median link, training rate, and the figures
-//! that drifted below the node's own history. `--node NAME` lists one node's
+//! GPU), all_reduce bandwidth, the median link, training rate, the last p2p
+//! run's slowest GPU (median pair, host-to-device, device-to-host), and the
+//! figures that drifted below the node's own history. `--node NAME` lists one node's
 //! runs, newest first; `fleet links` the latest bandwidth of every pair.
 
 use anyhow::Result;
@@ -93,9 +94,12 @@ fn rows_grid(rows: &[pb::FleetRow], now: u64) -> Table {
         "ALL_REDUCE GB/S",
         "MEDIAN LINK",
         "SAMPLES/S",
+        "P2P GB/S WORST",
+        "H2D WORST",
+        "D2H WORST",
         "DRIFT",
     ])
-    .right(&[4, 5, 6, 7, 8, 9]);
+    .right(&[4, 5, 6, 7, 8, 9, 10, 11, 12]);
     for r in rows {
         t.row([
             r.node.clone(),
@@ -108,6 +112,9 @@ fn rows_grid(rows: &[pb::FleetRow], now: u64) -> Table {
             num(r.all_reduce_busbw_gbps),
             num(r.median_link_gbps),
             num(r.samples_per_s),
+            num(r.p2p_gbps_worst),
+            num(r.h2d_gbps_worst),
+            num(r.d2h_gbps_worst),
             drift_text(&r.drift),
         ]);
     }
@@ -192,6 +199,9 @@ fn row(r: &pb::FleetRow) -> Value {
         "all_reduce_busbw_gbps": r.all_reduce_busbw_gbps,
         "median_link_gbps": r.median_link_gbps,
         "samples_per_s": r.samples_per_s,
+        "p2p_gbps_worst": r.p2p_gbps_worst,
+        "h2d_gbps_worst": r.h2d_gbps_worst,
+        "d2h_gbps_worst": r.d2h_gbps_worst,
         "drift": r.drift.iter().map(|d| json!({
             "metric": d.metric,
             "key": d.key,
@@ -233,4 +243,45 @@ fn link(l: &pb::Link, now: u64) -> Value {
         "measured_unix_ms": l.measured_unix_ms,
         "age_s": now.saturating_sub(l.measured_unix_ms) / 1000,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fleet_row(node: &str, p2p: f64, h2d: f64, d2h: f64) -> pb::FleetRow {
+        pb::FleetRow {
+            node: node.into(),
+            runs: 3,
+            p2p_gbps_worst: p2p,
+            h2d_gbps_worst: h2d,
+            d2h_gbps_worst: d2h,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn p2p_figures_have_columns_and_a_node_without_them_dashes() {
+        let rows = [
+            fleet_row("gpu-1", 301.4, 53.12, 51.0),
+            fleet_row("gpu-2", 0.0, 0.0, 0.0),
+        ];
+        let t = rows_grid(&rows, 0);
+        let col = |h: &str| t.headers().iter().position(|x| x == h).unwrap();
+        let cells = |row: usize| -> Vec<&str> {
+            ["P2P GB/S WORST", "H2D WORST", "D2H WORST"]
+                .iter()
+                .map(|h| t.rows()[row][col(h)].as_str())
+                .collect()
+        };
+        assert_eq!(cells(0), ["301", "53.12", "51.00"]);
+        assert_eq!(cells(1), ["-", "-", "-"]);
+        assert!(col("D2H WORST") < col("DRIFT"));
+        let v = row(&rows[0]);
+        assert_eq!(v["p2p_gbps_worst"], 301.4);
+        assert_eq!(v["h2d_gbps_worst"], 53.12);
+        assert_eq!(v["d2h_gbps_worst"], 51.0);
+        let csv = crate::output::grid::csv(&rows_grid(&rows, 0)).unwrap();
+        assert!(csv.contains(",301,53.12,51.00,"), "{csv}");
+    }
 }

@@ -405,6 +405,10 @@ pub fn render(r: &pb::Report) -> String {
         s.push_str("\nMAXBATCH (each trial: batch -> peak memory; OOM = out of memory)\n");
         s.push_str(&curve);
     }
+    // p2p: per node the GPU pairs' matrix, then the host<->device copies.
+    if let Some(p2p) = output::p2p::section(r) {
+        s.push_str(&p2p);
+    }
     if !r.links.is_empty() {
         s.push_str("\nLINKS (every pair of nodes; the slowest rank of each pair)\n");
         s.push_str(&output::links::matrix(&r.links));

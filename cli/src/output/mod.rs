@@ -13,6 +13,7 @@ pub mod links;
 pub mod live;
 pub mod maxbatch;
 pub mod models;
+pub mod p2p;
 pub mod report_grid;
 pub mod table;
 pub mod trace;

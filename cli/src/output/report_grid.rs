@@ -1,5 +1,6 @@
 //! A report as CSV or Markdown: the table report's sections (summary,
-//! findings, nodes, ranks, models, collectives) as separate tables, so each pastes
+//! findings, nodes, ranks, models, p2p's GPU pairs per node and host<->device
+//! copies, collectives) as separate tables, so each pastes
 //! into a spreadsheet or a ticket as it is. Markdown opens with the verdict.
 
 use anyhow::Result;
@@ -69,6 +70,7 @@ pub fn sections(r: &pb::Report) -> Vec<Section> {
     if let Some(models) = super::models::grid(r) {
         out.push(Section::new("models", models));
     }
+    out.extend(super::p2p::grid_sections(r));
     if !r.collectives.is_empty() {
         out.push(Section::new(
             "collectives",
@@ -110,5 +112,29 @@ mod tests {
         let md = markdown(&r);
         assert!(md.starts_with("**VERDICT FAIL**"), "{md}");
         assert!(md.contains("### ranks\n\n| RANK | NODE |"), "{md}");
+        assert!(!csv.contains("# gpu pairs"), "{csv}");
+    }
+
+    #[test]
+    fn p2p_report_has_a_matrix_per_node_and_the_host_copies() {
+        let r = super::super::p2p::tests::p2p_report();
+        let csv = csv(&r).unwrap();
+        let pairs = csv.find("# gpu pairs node-a\n").expect(&csv);
+        let host = csv.find("# host device\n").expect(&csv);
+        assert!(pairs < host, "{csv}");
+        assert!(
+            csv.contains("FROM \\ TO,GPU 0,GPU 1,GPU 2,GPU 3,MEDIAN\n"),
+            "{csv}"
+        );
+        assert!(
+            csv.contains("GPU 1,360.0,,360.0,150.0/148.5*,360.0\n"),
+            "{csv}"
+        );
+        let md = markdown(&r);
+        assert!(md.contains("### gpu pairs node-a\n"), "{md}");
+        assert!(
+            md.contains("| node-a | GPU 2 | pinned | 53.1 (52.9/53.1) |"),
+            "{md}"
+        );
     }
 }

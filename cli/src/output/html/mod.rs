@@ -1,12 +1,13 @@
 //! `gpuctl report JOB -o html`: one self-contained HTML file (inline CSS, inline
 //! SVG plots drawn by plotters, one small inline script, no URL) that a person
 //! opens in a browser or attaches to a ticket. Verdict first, then the
-//! findings, the job's facts, the per-node verdicts, the plots that apply to
-//! the job, and the long tables folded away. Every string from the report is
-//! escaped.
+//! findings, the job's facts, the per-node verdicts, p2p's GPU pair heat
+//! maps, the plots that apply to the job, and the long tables folded away.
+//! Every string from the report is escaped.
 
 mod chart;
 mod lines;
+mod p2p;
 mod plots;
 mod style;
 mod telemetry;
@@ -45,6 +46,8 @@ pub fn page(r: &pb::Report, timeline: &pb::Timeline) -> Result<String> {
         s.push_str("<h2 id=\"models\">Models</h2>\n");
         s.push_str(&table(&models));
     }
+    // p2p: the GPU pairs of each node as a heat map, the host copies.
+    s.push_str(&p2p::section(r));
     s.push_str("<h2 id=\"plots\">Plots</h2>\n");
     let figures = figures(r, timeline)?;
     if figures.is_empty() {
@@ -317,5 +320,21 @@ mod tests {
         assert!(html.contains("id=\"plot-tflops\" data-plot"), "{html}");
         assert!(html.contains("No GPU telemetry"));
         assert_eq!(html.matches("<script>").count(), 1);
+    }
+
+    #[test]
+    fn a_p2p_page_has_the_pair_heat_map_between_the_nodes_and_the_plots() {
+        let r = crate::output::p2p::tests::p2p_report();
+        let html = page(&r, &pb::Timeline::default()).unwrap();
+        let nodes = html.find("id=\"nodes\"").expect("the nodes");
+        let pairs = html.find("<table class=\"pairs\">").expect("the matrix");
+        let plots = html.find("id=\"plots\"").expect("the plots");
+        assert!(nodes < pairs && pairs < plots);
+        assert!(html.contains(">150.0/148.5*</td>"), "{html}");
+        assert!(html.contains("Host ↔ device"), "{html}");
+        assert!(!html.contains("http://") && !html.contains("https://"));
+        // A job without p2p has no such section.
+        let other = page(&report::tests::stress_report(), &pb::Timeline::default()).unwrap();
+        assert!(!other.contains("id=\"p2p\""));
     }
 }

@@ -30,6 +30,9 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
 td.c-pass { color: var(--pass); font-weight: 600; } td.c-warn { color: var(--warn); font-weight: 600; }
 td.c-fail { color: var(--fail); font-weight: 600; }
 .scroll { overflow-x: auto; }
+table.pairs { width: auto; } table.pairs tbody th { background: #f6f8fa; }
+table.pairs td { text-align: right; font-variant-numeric: tabular-nums; min-width: 64px; }
+table.pairs td.pair-fail { color: #5c0f0a; font-weight: 600; } table.pairs td.self { color: var(--muted); }
 figure.plot { margin: 20px 0; padding: 12px; border: 1px solid var(--line); border-radius: 8px; }
 figure.plot svg.chart { width: 100%; height: auto; display: block; }
 ul.legend { list-style: none; padding: 0; margin: 6px 0 0; display: flex; flex-wrap: wrap; gap: 4px 18px; font-size: 13px; }
