@@ -37,8 +37,10 @@ impl Matrix<'_> {
         self.cells.get(&(src, dst)).copied()
     }
 
-    /// The median of every pair `rank` is in, as sender and as receiver
-    /// (what the coordinator judges as the GPU's `p2p_gbps`).
+    /// The median of every pair `rank` is in, as sender and as receiver.
+    /// (The GPU's `p2p_gbps` figure is the same median over its own
+    /// timings; a pair here is the slower of its two ranks', so it may read
+    /// a little lower.)
     pub fn median_of(&self, rank: u32) -> Option<f64> {
         median(
             self.cells

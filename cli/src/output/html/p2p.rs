@@ -18,17 +18,17 @@ pub fn section(r: &pb::Report) -> String {
     let mut s = String::from("<h2 id=\"p2p\">GPU pairs</h2>\n");
     for m in &matrices {
         s.push_str(&format!(
-            "<h3>{}</h3>\n",
+            "<h3 class=\"pairs\">{}</h3>\n",
             text(&p2p::title(m.node).replacen("GPU PAIRS ", "", 1))
         ));
         s.push_str(&heat_map(m));
         s.push_str(&format!(
-            "<p class=\"note\">{}; green is at the reference or above, red is slow.</p>\n",
+            "<p class=\"note\">{}; a pass is green, deeper the nearer the reference, a slow pair red, deeper the slower.</p>\n",
             text(&p2p::legend(m))
         ));
     }
     if let Some(t) = host {
-        s.push_str("<h3>Host ↔ device</h3>\n");
+        s.push_str("<h3 class=\"pairs\">Host ↔ device</h3>\n");
         s.push_str(&super::table(&t));
         s.push_str(&format!(
             "<p class=\"note\">{}</p>\n",
@@ -80,12 +80,12 @@ fn tooltip(from: &str, to: &str, p: &pb::GpuPair) -> String {
 /// The matrix as a table whose cells carry their colour.
 fn heat_map(m: &Matrix) -> String {
     let mut s = String::from(
-        "<div class=\"scroll\"><table class=\"pairs\">\n<thead><tr><th>from \\ to</th>",
+        "<div class=\"scroll\"><table class=\"pairs\">\n<thead><tr><th>FROM \\ TO</th>",
     );
     for x in &m.members {
         s.push_str(&format!("<th>{}</th>", text(&x.label)));
     }
-    s.push_str("<th>median</th></tr></thead>\n<tbody>\n");
+    s.push_str("<th>MEDIAN</th></tr></thead>\n<tbody>\n");
     for a in &m.members {
         s.push_str(&format!("<tr><th>{}</th>", text(&a.label)));
         for b in &m.members {

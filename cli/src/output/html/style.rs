@@ -30,7 +30,7 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
 td.c-pass { color: var(--pass); font-weight: 600; } td.c-warn { color: var(--warn); font-weight: 600; }
 td.c-fail { color: var(--fail); font-weight: 600; }
 .scroll { overflow-x: auto; }
-table.pairs { width: auto; } table.pairs tbody th { background: #f6f8fa; }
+h3.pairs { margin-top: 18px; } table.pairs { width: auto; } table.pairs tbody th { background: #f6f8fa; }
 table.pairs td { text-align: right; font-variant-numeric: tabular-nums; min-width: 64px; }
 table.pairs td.pair-fail { color: #5c0f0a; font-weight: 600; } table.pairs td.self { color: var(--muted); }
 figure.plot { margin: 20px 0; padding: 12px; border: 1px solid var(--line); border-radius: 8px; }
