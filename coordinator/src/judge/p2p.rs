@@ -135,8 +135,7 @@ pub fn judge(results: &BTreeMap<u32, RankResult>, plan: &Plan, ratios: Ratios) -
         });
     }
     let slow = |m: &Measured| -> bool {
-        m.wrong > 0
-            || reference[m.model.as_str()].is_some_and(|r| m.judged() < ratio_of(m) * r)
+        m.wrong > 0 || reference[m.model.as_str()].is_some_and(|r| m.judged() < ratio_of(m) * r)
     };
     // Slow pairs per rank, and all of each rank's pairs.
     let mut slow_of: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
@@ -243,8 +242,15 @@ pub fn judge(results: &BTreeMap<u32, RankResult>, plan: &Plan, ratios: Ratios) -
                     m.node, m.wrong
                 )
             } else {
+                let count = |r: u32| (slow_of.get(&r).map_or(0, Vec::len), all_of[&r]);
+                let ((si, sn), (di, dn)) = (count(s), count(d));
+                let why = if si == 1 && di == 1 {
+                    "both GPUs are fast with their other peers, so the path between them (NVLink, PCIe switch) is suspect".to_string()
+                } else {
+                    format!("{ls} is slow in {si} of its {sn} pairs, {ld} in {di} of {dn}")
+                };
                 format!(
-                    "{}: {ls} -> {ld} {:.2} GB/s (measured twice: {:.2} and {:.2}) against the job's upper-quartile pair {:.2} GB/s; both GPUs are fast with their other peers, so the path between them (NVLink, PCIe switch) is suspect",
+                    "{}: {ls} -> {ld} {:.2} GB/s (measured twice: {:.2} and {:.2}) against the job's upper-quartile pair {:.2} GB/s; {why}",
                     m.node,
                     m.judged(),
                     m.first,
@@ -348,7 +354,10 @@ mod tests {
         let (res, plan) = job(4, |a, b, _| if (a, b) == (1, 3) { 150.0 } else { 360.0 });
         let j = judge(&res, &plan, R);
         assert_eq!(j.findings.len(), 1, "{:#?}", j.findings);
-        assert_eq!((j.findings[0].node.as_str(), j.findings[0].rank), ("n0", None));
+        assert_eq!(
+            (j.findings[0].node.as_str(), j.findings[0].rank),
+            ("n0", None)
+        );
         assert!(j.findings[0].detail.contains("GPU 1 -> GPU 3"));
         // Slow in one pass only: not blamed.
         let (res, plan) = job(4, |a, b, pass| {
@@ -360,7 +369,11 @@ mod tests {
         });
         let j = judge(&res, &plan, R);
         assert!(j.findings.is_empty(), "{:#?}", j.findings);
-        let p = j.pairs.iter().find(|p| (p.src_rank, p.dst_rank) == (1, 3)).unwrap();
+        let p = j
+            .pairs
+            .iter()
+            .find(|p| (p.src_rank, p.dst_rank) == (1, 3))
+            .unwrap();
         assert_eq!((p.first_gbps, p.repeat_gbps, p.gbps), (150.0, 360.0, 360.0));
     }
 

@@ -18,8 +18,7 @@ pub use sizes::{
 };
 pub use typed::{
     judged_sizes, size_steps, MaxBatchParams, ModelParams, NcclParams, NcclPattern, P2pParams,
-    StressParams,
-    TrainModel, TrainParams, TypedParams, BUSBW_MIN_BYTES, JUDGED_RUNS,
+    StressParams, TrainModel, TrainParams, TypedParams, BUSBW_MIN_BYTES, JUDGED_RUNS,
 };
 
 /// A problem with one field of a job spec, said so that the user can fix it.

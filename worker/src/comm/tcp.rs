@@ -486,7 +486,7 @@ impl Collectives for TcpComm {
         if to >= self.world || to == self.rank {
             bail!("send: peer {to} is not another rank of {}", self.world);
         }
-        (&*self.peer(to)?)
+        self.peer(to)?
             .write_all(&host_bytes(t))
             .with_context(|| format!("send: writing to rank {to}"))
     }
@@ -497,7 +497,7 @@ impl Collectives for TcpComm {
             bail!("recv: peer {from} is not another rank of {}", self.world);
         }
         let mut out = OutBuf::new(t);
-        (&*self.peer(from)?)
+        self.peer(from)?
             .read_exact(out.bytes())
             .with_context(|| format!("recv: reading from rank {from}"))?;
         out.finish()

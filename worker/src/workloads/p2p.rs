@@ -1,9 +1,9 @@
 //! `p2p`: the links inside one node, as nvbandwidth measures them.
 //!
 //! * Host↔device: `iters` copies of `bytes` between pinned host memory and
-//!   this rank's GPU, each direction (the copy engine over PCIe). On a CPU
-//!   rank, copies between two host buffers, so that the whole path runs
-//!   without a GPU.
+//!   this rank's GPU, each direction (the copy engine over PCIe), one GPU of
+//!   a node at a time, every node starting together. On a CPU rank, copies
+//!   between two host buffers, so that the whole path runs without a GPU.
 //! * GPU pairs: every ordered pair (s, d) of the node's ranks, one pair at a
 //!   time so that pairs never share a switch or a root port: s sends `bytes`
 //!   to d `iters` times (NCCL send/recv, which takes NVLink or PCIe P2P as
@@ -25,7 +25,7 @@ use tch::{Device, Kind, Tensor};
 use super::Outcome;
 use crate::comm::{counted::counted, Collectives};
 use crate::context::Ctx;
-use crate::rendezvous::{Rendezvous, Scoped};
+use crate::rendezvous::{barrier, Rendezvous, Scoped};
 
 /// Passes per figure: the first and the confirming one.
 pub const PASSES: usize = 2;
@@ -45,27 +45,51 @@ pub fn run(ctx: &Ctx, p: &P2pParams) -> Result<Outcome> {
         method: if ctx.dev.is_cuda() { "pinned" } else { "host" }.into(),
         ..Default::default()
     };
-    progress("host copies", 0.0, None);
-    let host = host_copies(ctx, n, p)?;
-    (out.h2d_gbps, out.h2d_repeat_gbps) = (host.h2d[0], host.h2d[1]);
-    (out.d2h_gbps, out.d2h_repeat_gbps) = (host.d2h[0], host.d2h[1]);
-    progress("host copies", 0.2, Some(host.h2d[0].max(host.h2d[1])));
-
     let (l, me, node) = (
         ctx.env.local_world_size,
         ctx.env.local_rank,
         ctx.env.group_rank,
     );
+    let scoped = Scoped::new(ctx.rdzv.as_ref(), &format!("p2p/{node}"));
+    let mut comm = if l >= 2 {
+        let c = ctx
+            .make_comm_in(me, l, &scoped)
+            .context("opening the node's communicator for the GPU pairs")?;
+        Some(counted(c, &ctx.progress))
+    } else {
+        None
+    };
+    progress("host copies", 0.0, None);
+    // Every rank of the job starts its host copies together: GPUs of one
+    // host (and agents that share one) then meet the same contention
+    // each run, not whichever happened to overlap (four H100s copying when
+    // they were ready gave 35-55 GB/s, the same four together a steady 43).
+    barrier(
+        ctx.rdzv.as_ref(),
+        "p2p-host",
+        ctx.env.rank,
+        ctx.env.world_size,
+        ctx.rendezvous_timeout,
+    )?;
+    // Within a node, one GPU at a time: each figure is that GPU's own link.
+    let mut host = None;
+    for turn in 0..l.max(1) {
+        if turn == me {
+            host = Some(host_copies(ctx, n, p)?);
+        }
+        if let Some(c) = comm.as_mut() {
+            c.barrier()?;
+        }
+    }
+    let host = host.context("internal: this rank's turn for host copies never came")?;
+    (out.h2d_gbps, out.h2d_repeat_gbps) = (host.h2d[0], host.h2d[1]);
+    (out.d2h_gbps, out.d2h_repeat_gbps) = (host.d2h[0], host.d2h[1]);
+    progress("host copies", 0.2, Some(host.h2d[0].max(host.h2d[1])));
+
     let mut version = None;
     let mut wrong = 0;
-    if l >= 2 {
-        let scoped = Scoped::new(ctx.rdzv.as_ref(), &format!("p2p/{node}"));
+    if let Some(comm) = comm.as_mut() {
         let ranks = job_ranks(&scoped, me, ctx.env.rank, l, ctx.rendezvous_timeout)?;
-        let mut comm = counted(
-            ctx.make_comm_in(me, l, &scoped)
-                .context("opening the node's communicator for the GPU pairs")?,
-            &ctx.progress,
-        );
         out.backend = comm.backend().to_string();
         version = Some(comm.version());
         out.peers = pairs(comm.as_mut(), n, p, ctx.dev.device, &ranks, &|done, g| {

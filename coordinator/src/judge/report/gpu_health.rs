@@ -86,7 +86,8 @@ pub(super) fn confirm_nvlink<'a>(
 ) {
     let mut slow: BTreeMap<&str, String> = BTreeMap::new();
     for f in bandwidth.filter(|f| {
-        f.level() == Verdict::Fail && matches!(
+        f.level() == Verdict::Fail
+            && matches!(
                 f.metric.as_str(),
                 "busbw" | "link_busbw" | "p2p_gbps" | "p2p_pair"
             )
