@@ -2,7 +2,7 @@
 //!
 //! * Host↔device: `iters` copies of `bytes` between pinned host memory and
 //!   this rank's GPU, each direction (the copy engine over PCIe), one GPU of
-//!   a node at a time, every node starting together. On a CPU rank, copies
+//!   a node at a time, every phase of every node starting together. On a CPU rank, copies
 //!   between two host buffers, so that the whole path runs without a GPU.
 //! * GPU pairs: every ordered pair (s, d) of the node's ranks, one pair at a
 //!   time so that pairs never share a switch or a root port: s sends `bytes`
@@ -60,28 +60,7 @@ pub fn run(ctx: &Ctx, p: &P2pParams) -> Result<Outcome> {
         None
     };
     progress("host copies", 0.0, None);
-    // Every rank of the job starts its host copies together: GPUs of one
-    // host (and agents that share one) then meet the same contention
-    // each run, not whichever happened to overlap (four H100s copying when
-    // they were ready gave 35-55 GB/s, the same four together a steady 43).
-    barrier(
-        ctx.rdzv.as_ref(),
-        "p2p-host",
-        ctx.env.rank,
-        ctx.env.world_size,
-        ctx.rendezvous_timeout,
-    )?;
-    // Within a node, one GPU at a time: each figure is that GPU's own link.
-    let mut host = None;
-    for turn in 0..l.max(1) {
-        if turn == me {
-            host = Some(host_copies(ctx, n, p)?);
-        }
-        if let Some(c) = comm.as_mut() {
-            c.barrier()?;
-        }
-    }
-    let host = host.context("internal: this rank's turn for host copies never came")?;
+    let host = host_copies(ctx, n, p)?;
     (out.h2d_gbps, out.h2d_repeat_gbps) = (host.h2d[0], host.h2d[1]);
     (out.d2h_gbps, out.d2h_repeat_gbps) = (host.d2h[0], host.d2h[1]);
     progress("host copies", 0.2, Some(host.h2d[0].max(host.h2d[1])));
@@ -137,6 +116,13 @@ struct HostCopies {
     d2h: [f64; PASSES],
 }
 
+/// Host copies in turns: in turn k the local rank k of every node copies,
+/// one GPU of a node at a time so that each figure is that GPU's own link.
+/// Every direction and pass of a turn starts at a barrier of the whole job:
+/// agents that share a host (one per GPU) then copy at the same time, each
+/// run alike. Measured on four H100s: copying whenever a rank was ready gave
+/// 30-55 GB/s from run to run and failed a healthy GPU at 0.83x; PyTorch
+/// with the phases aligned, a steady 43.2-43.4 (docs/benchmarks.md).
 fn host_copies(ctx: &Ctx, n: usize, p: &P2pParams) -> Result<HostCopies> {
     let dev = ctx.dev.device;
     let host = Tensor::f_ones([n as i64], (Kind::Float, Device::Cpu))?;
@@ -162,22 +148,76 @@ fn host_copies(ctx: &Ctx, n: usize, p: &P2pParams) -> Result<HostCopies> {
         copy(false)?;
     }
     ctx.dev.synchronize();
+    let (rdzv, rank, world, timeout) = (
+        ctx.rdzv.as_ref(),
+        ctx.env.rank,
+        ctx.env.world_size,
+        ctx.rendezvous_timeout,
+    );
+    let turns = job_max(
+        rdzv,
+        "p2p-turns",
+        rank,
+        world,
+        ctx.env.local_world_size,
+        timeout,
+    )?;
     let mut out = HostCopies {
         h2d: [0.0; PASSES],
         d2h: [0.0; PASSES],
     };
-    for pass in 0..PASSES {
-        for (to_device, figure) in [(true, &mut out.h2d[pass]), (false, &mut out.d2h[pass])] {
-            let t0 = Instant::now();
-            for _ in 0..p.iters {
-                copy(to_device)?;
-                ctx.progress.tick(1);
+    for turn in 0..turns {
+        for pass in 0..PASSES {
+            for (to_device, figure) in [(true, &mut out.h2d[pass]), (false, &mut out.d2h[pass])] {
+                let name = format!("p2p-host/{turn}/{pass}/{}", u8::from(to_device));
+                barrier(rdzv, &name, rank, world, timeout)?;
+                if turn != ctx.env.local_rank {
+                    continue;
+                }
+                let t0 = Instant::now();
+                for _ in 0..p.iters {
+                    copy(to_device)?;
+                    ctx.progress.tick(1);
+                }
+                ctx.dev.synchronize();
+                *figure = gbps(n, p.iters, t0.elapsed().as_secs_f64());
             }
-            ctx.dev.synchronize();
-            *figure = gbps(n, p.iters, t0.elapsed().as_secs_f64());
         }
     }
     Ok(out)
+}
+
+/// The largest `value` any rank of the job gives, through the rendezvous:
+/// each rank puts its own, rank 0 reads them all and puts the answer (a key
+/// per rank, as [`barrier`]).
+fn job_max(
+    rdzv: &dyn Rendezvous,
+    name: &str,
+    rank: usize,
+    world: usize,
+    value: usize,
+    timeout: Duration,
+) -> Result<usize> {
+    let read = |key: &str| -> Result<usize> {
+        let v = rdzv.get(key, timeout)?;
+        String::from_utf8_lossy(&v)
+            .parse()
+            .with_context(|| format!("`{key}` holds no number"))
+    };
+    rdzv.put(&format!("{name}/{rank}"), value.to_string().as_bytes())?;
+    let answer = format!("{name}/max");
+    if rank == 0 {
+        let mut max = value;
+        for r in 1..world {
+            max =
+                max.max(read(&format!("{name}/{r}")).with_context(|| {
+                    format!("waiting for rank {r}'s number of ranks on its node")
+                })?);
+        }
+        rdzv.put(&answer, max.to_string().as_bytes())?;
+        return Ok(max);
+    }
+    read(&answer).context("waiting for rank 0's largest node")
 }
 
 /// The job rank of every local rank of this node, through the node's
