@@ -57,6 +57,8 @@ pub struct Config {
     pub sample_interval: Duration,
     /// Address of the `/metrics` endpoint; `None` disables it.
     pub metrics_listen: Option<String>,
+    /// `/metrics` over TLS (`--metrics-tls`).
+    pub metrics_tls: Option<gpuctl_proto::metrics_tls::TlsConfig>,
     /// How long workers keep running while the coordinator is away
     /// (`--coordinator-grace`); zero kills them as soon as it is lost.
     pub coordinator_grace: Duration,
@@ -293,8 +295,13 @@ pub async fn run(cfg: Config, shutdown: Shutdown) -> anyhow::Result<()> {
             workers: Some(workers.clone()),
             connected: connected.clone(),
         });
-        match metrics::serve(listen, source, shutdown.clone()).await {
-            Ok(addr) => tracing::info!("metrics on http://{addr}/metrics"),
+        let scheme = if cfg.metrics_tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        match metrics::serve(listen, source, shutdown.clone(), cfg.metrics_tls.clone()).await {
+            Ok(addr) => tracing::info!("metrics on {scheme}://{addr}/metrics"),
             // Not fatal: the agent's job is to run workers (and several
             // agents on one host would fight for one port).
             Err(e) => tracing::warn!(

@@ -87,6 +87,12 @@ struct Args {
     #[arg(long, value_name = "FILE", env = gpuctl_proto::client::TLS_KEY_ENV, requires = "tls_cert")]
     tls_key: Option<PathBuf>,
 
+    /// Serve `/metrics` over TLS with --tls-cert/--tls-key (a node
+    /// certificate of `gpuctl certs init`); with --tls-ca a scraper must
+    /// present a certificate that CA signed.
+    #[arg(long, requires = "tls_cert")]
+    metrics_tls: bool,
+
     /// How long workers keep running while the coordinator is unreachable
     /// (e.g. 60s, 5m; 0 stops them at once): a coordinator restarted (or a
     /// standby taking over) within it adopts the running jobs.
@@ -167,11 +173,24 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let labels: BTreeMap<String, String> = args.labels.into_iter().collect();
     let nonempty = |p: Option<PathBuf>| p.filter(|p| !p.as_os_str().is_empty());
-    gpuctl_proto::client::set_tls(gpuctl_proto::client::TlsFiles {
-        ca: nonempty(args.tls_ca),
-        cert: nonempty(args.tls_cert),
-        key: nonempty(args.tls_key),
-    });
+    let (ca, cert, key) = (
+        nonempty(args.tls_ca),
+        nonempty(args.tls_cert),
+        nonempty(args.tls_key),
+    );
+    let metrics_tls = match (&cert, &key) {
+        (Some(cert), Some(key)) if args.metrics_tls => Some(
+            gpuctl_proto::metrics_tls::MetricsTlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: ca.clone(),
+            }
+            .config()
+            .map_err(|e| anyhow::anyhow!("--metrics-tls: {e}"))?,
+        ),
+        _ => None,
+    };
+    gpuctl_proto::client::set_tls(gpuctl_proto::client::TlsFiles { ca, cert, key });
     let cfg = gpuctl_agent::Config {
         coordinator: coordinator_urls(&args.coordinator)?,
         name: args.name.filter(|n| !n.is_empty()),
@@ -189,6 +208,7 @@ async fn main() -> anyhow::Result<()> {
             "" | "off" | "none" => None,
             l => Some(l.to_string()),
         },
+        metrics_tls,
         coordinator_grace: args.coordinator_grace,
         prestart_workers: args.prestart_workers,
         worker_connections: args.worker_connections,

@@ -353,6 +353,7 @@ pub async fn serve(
     listen: &str,
     source: Arc<MetricsSource>,
     shutdown: Shutdown,
+    tls: Option<gpuctl_proto::metrics_tls::TlsConfig>,
 ) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind(listen).await?;
     let addr = listener.local_addr()?;
@@ -361,7 +362,7 @@ pub async fn serve(
         async move { Ok(registry) }
     };
     tokio::spawn(async move {
-        if let Err(e) = metrics_http::serve(listener, scrape, shutdown).await {
+        if let Err(e) = metrics_http::serve(listener, scrape, shutdown, tls).await {
             tracing::warn!("metrics server stopped: {e}");
         }
     });
@@ -527,7 +528,9 @@ mod tests {
             connected: connected.clone(),
         });
         let stop = Shutdown::new();
-        let addr = serve("127.0.0.1:0", source, stop.clone()).await.unwrap();
+        let addr = serve("127.0.0.1:0", source, stop.clone(), None)
+            .await
+            .unwrap();
         assert_ne!(addr.port(), 0);
 
         // `Connection: close`: the server keeps HTTP/1.1 connections open otherwise.

@@ -135,6 +135,12 @@ pub struct Config {
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub client_ca: Option<PathBuf>,
 
+    /// Serve `/metrics` over TLS with --tls-cert/--tls-key; with --client-ca
+    /// a scraper must present a certificate that CA signed (Prometheus'
+    /// `tls_config: {cert_file, key_file}`).
+    #[arg(long, requires = "tls_cert")]
+    pub metrics_tls: bool,
+
     /// CLI tokens, lines `ROLE TOKEN [NAME]` with ROLE `read` or `operate`;
     /// without it the JobService is open to anyone who reaches the port.
     #[arg(long, value_name = "FILE", env = "GPUCTL_TOKENS")]
@@ -195,6 +201,7 @@ impl Config {
             tls_cert: None,
             tls_key: None,
             client_ca: None,
+            metrics_tls: false,
             tokens: None,
         }
     }

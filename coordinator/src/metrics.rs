@@ -266,6 +266,7 @@ pub async fn serve(
     store: StateStore,
     drift: f64,
     shutdown: Shutdown,
+    tls: Option<gpuctl_proto::metrics_tls::TlsConfig>,
 ) {
     let rows = Arc::new(FleetRows::default());
     let scrape = move || {
@@ -279,7 +280,7 @@ pub async fn serve(
             Ok(snap.registry())
         }
     };
-    if let Err(e) = metrics_http::serve(listener, scrape, shutdown).await {
+    if let Err(e) = metrics_http::serve(listener, scrape, shutdown, tls).await {
         debug!("metrics server: {e}");
     }
 }

@@ -223,16 +223,34 @@ pub async fn run_with(
     let workers = WorkerServiceServer::new(WorkerSvc::new(sched.clone(), rdv, security))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let metrics_tls = match (&cfg.tls_cert, &cfg.tls_key) {
+        (Some(cert), Some(key)) if cfg.metrics_tls => Some(
+            gpuctl_proto::metrics_tls::MetricsTlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: cfg.client_ca.clone(),
+            }
+            .config()
+            .map_err(|e| anyhow::anyhow!("--metrics-tls: {e}"))?,
+        ),
+        _ => None,
+    };
     let metrics_task = match metrics {
         Some(l) => {
             let bound = l.local_addr()?;
-            info!(addr = %bound, "serving Prometheus metrics at http://{bound}/metrics");
+            let scheme = if metrics_tls.is_some() {
+                "https"
+            } else {
+                "http"
+            };
+            info!(addr = %bound, "serving Prometheus metrics at {scheme}://{bound}/metrics");
             Some(tokio::spawn(crate::metrics::serve(
                 l,
                 sched.clone(),
                 store.clone(),
                 drift_tolerance,
                 shutdown.clone(),
+                metrics_tls,
             )))
         }
         None => None,

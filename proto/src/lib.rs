@@ -13,6 +13,7 @@ pub mod leader;
 pub mod limits;
 pub mod listing;
 pub mod metrics_http;
+pub mod metrics_tls;
 pub mod pairs;
 pub mod server;
 pub mod shutdown;

@@ -149,12 +149,14 @@ pub async fn get(addr: &str, path: &str, within: Duration) -> std::io::Result<Sc
     })?
 }
 
-/// Serves `/metrics` on `listener` until `shutdown`. `scrape` runs once per
+/// Serves `/metrics` on `listener` until `shutdown`, over TLS when `tls` is
+/// given ([`crate::metrics_tls`]). `scrape` runs once per
 /// request and returns the registry to show, or why there is none (503).
 pub async fn serve<F, Fut>(
     listener: TcpListener,
     scrape: F,
     shutdown: Shutdown,
+    tls: Option<crate::metrics_tls::TlsConfig>,
 ) -> std::io::Result<()>
 where
     F: Fn() -> Fut + Clone + Send + Sync + 'static,
@@ -169,6 +171,9 @@ where
             )
         })
         .with_state(scrape);
+    if let Some(tls) = tls {
+        return crate::metrics_tls::serve(listener, app, tls, shutdown, SHUTDOWN_GRACE).await;
+    }
     let server = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.clone().cancelled_owned())
         .into_future();
@@ -266,7 +271,12 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let stop = Shutdown::new();
-        let server = tokio::spawn(serve(listener, || async { Ok(registry(3)) }, stop.clone()));
+        let server = tokio::spawn(serve(
+            listener,
+            || async { Ok(registry(3)) },
+            stop.clone(),
+            None,
+        ));
         let within = Duration::from_secs(5);
         let scrape = super::get(&addr, "/metrics", within).await.unwrap();
         assert_eq!(scrape.status, 200);
@@ -303,7 +313,7 @@ mod tests {
             }
         };
         let stop = Shutdown::new();
-        let server = tokio::spawn(serve(listener, scrape, stop.clone()));
+        let server = tokio::spawn(serve(listener, scrape, stop.clone(), None));
 
         let close = "Connection: close\r\n\r\n";
         let resp = raw_get(

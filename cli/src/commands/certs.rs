@@ -68,16 +68,20 @@ pub fn init(a: &CertsInitArgs) -> Result<Exit> {
         "coordinator",
         "gpuctl coordinator",
         &server_names,
-        ExtendedKeyUsagePurpose::ServerAuth,
+        &[ExtendedKeyUsagePurpose::ServerAuth],
         None,
     )?;
     for node in &nodes {
+        // Server too: an agent's `--metrics-tls` serves /metrics with it.
         out.leaf(
             &issuer,
             &format!("node-{node}"),
             node,
             std::slice::from_ref(node),
-            ExtendedKeyUsagePurpose::ClientAuth,
+            &[
+                ExtendedKeyUsagePurpose::ClientAuth,
+                ExtendedKeyUsagePurpose::ServerAuth,
+            ],
             Some(node),
         )?;
     }
@@ -86,7 +90,7 @@ pub fn init(a: &CertsInitArgs) -> Result<Exit> {
         "cli",
         OPERATOR,
         &[OPERATOR.to_string()],
-        ExtendedKeyUsagePurpose::ClientAuth,
+        &[ExtendedKeyUsagePurpose::ClientAuth],
         None,
     )?;
 
@@ -179,7 +183,7 @@ impl Out<'_> {
         stem: &str,
         common_name: &str,
         sans: &[String],
-        usage: ExtendedKeyUsagePurpose,
+        usages: &[ExtendedKeyUsagePurpose],
         node: Option<&str>,
     ) -> Result<()> {
         let (pem, key_file) = (format!("{stem}.pem"), format!("{stem}.key"));
@@ -202,7 +206,7 @@ impl Out<'_> {
             ));
         }
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![usage];
+        params.extended_key_usages = usages.to_vec();
         validity(&mut params, YEARS);
         let cert = params.signed_by(&key, issuer)?;
         self.write(&key_file, &key.serialize_pem(), true)?;
