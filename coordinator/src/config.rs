@@ -76,6 +76,29 @@ pub struct Config {
     #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
     pub max_connections_per_peer: u32,
 
+    /// With `--store etcd`: the CA of etcd's server certificate; etcd is
+    /// then spoken to over TLS (give `https://` URLs).
+    #[arg(long, value_name = "FILE")]
+    pub etcd_ca: Option<PathBuf>,
+
+    /// With `--store etcd`: this coordinator's client certificate for an
+    /// etcd started with `--client-cert-auth`; with --etcd-key.
+    #[arg(long, value_name = "FILE", requires = "etcd_key")]
+    pub etcd_cert: Option<PathBuf>,
+
+    /// The key of --etcd-cert (PEM).
+    #[arg(long, value_name = "FILE", requires = "etcd_cert")]
+    pub etcd_key: Option<PathBuf>,
+
+    /// With `--store etcd`: the etcd user (etcd's authentication); the
+    /// password is read from --etcd-password-file.
+    #[arg(long, value_name = "NAME", requires = "etcd_password_file")]
+    pub etcd_user: Option<String>,
+
+    /// The file holding --etcd-user's password (one line, owner-only).
+    #[arg(long, value_name = "FILE", requires = "etcd_user")]
+    pub etcd_password_file: Option<PathBuf>,
+
     /// With `--store etcd`: the file holding the key that workers' secrets
     /// derive from (hex, owner-only; made by the first coordinator when
     /// missing, then copied to every other coordinator of the prefix).
@@ -183,6 +206,11 @@ impl Config {
             store: StoreKind::Embedded,
             etcd: None,
             etcd_prefix: "/gpuctl/".into(),
+            etcd_ca: None,
+            etcd_cert: None,
+            etcd_key: None,
+            etcd_user: None,
+            etcd_password_file: None,
             node_timeout: Duration::from_secs(15),
             adopt_grace: Duration::from_secs(70),
             history_keep: 200,

@@ -150,9 +150,17 @@ pub async fn run_with(
             let standby = Standby::serve(listener.clone());
             info!(%addr, "standby: answering every call with UNAVAILABLE until this coordinator leads");
             let value = standby::leader_value(advertise.as_deref(), addr);
+            let access = crate::store::etcd_access::EtcdAccess {
+                ca: cfg.etcd_ca.clone(),
+                cert: cfg.etcd_cert.clone(),
+                key: cfg.etcd_key.clone(),
+                user: cfg.etcd_user.clone(),
+                password_file: cfg.etcd_password_file.clone(),
+            };
             let opened = standby::open_leader(
                 cfg.etcd.as_deref(),
                 &cfg.etcd_prefix,
+                &access,
                 &value,
                 &standby,
                 shutdown,

@@ -141,6 +141,7 @@ impl Standby {
 pub async fn open_leader(
     endpoints: Option<&str>,
     prefix: &str,
+    access: &crate::store::etcd_access::EtcdAccess,
     value: &str,
     standby: &Standby,
     shutdown: Shutdown,
@@ -150,7 +151,7 @@ pub async fn open_leader(
             "--store etcd needs --etcd URL (e.g. --etcd http://127.0.0.1:2379), or use --store embedded"
         )
     })?;
-    let store = Arc::new(EtcdStore::connect(endpoints, prefix).await?);
+    let store = Arc::new(EtcdStore::connect_with(endpoints, prefix, access).await?);
     info!(etcd = %endpoints, prefix = %store.prefix(), "state in etcd");
     let follower = standby.follow(store.holder());
     let led = store.lead(value, LEADER_TTL, shutdown).await;

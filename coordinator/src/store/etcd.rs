@@ -31,6 +31,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{sleep, timeout, Instant};
 use tracing::{error, info, warn};
 
+use super::etcd_access::EtcdAccess;
 use super::{Entries, Store, StoreError, StoreResult};
 
 /// Keys per transaction: etcd's default `--max-txn-ops`.
@@ -115,14 +116,26 @@ impl EtcdStore {
     /// Connects to `endpoints` (comma-separated URLs) and checks that etcd
     /// answers, so that a wrong address fails at startup with the fix.
     pub async fn connect(endpoints: &str, prefix: &str) -> StoreResult<EtcdStore> {
+        Self::connect_with(endpoints, prefix, &EtcdAccess::default()).await
+    }
+
+    /// As [`EtcdStore::connect`], over TLS and with etcd's authentication
+    /// as `access` says; a read under the prefix checks both at startup.
+    pub async fn connect_with(
+        endpoints: &str,
+        prefix: &str,
+        access: &EtcdAccess,
+    ) -> StoreResult<EtcdStore> {
         let list: Vec<String> = endpoints
             .split(',')
             .map(|s| s.trim().to_string())
             .filter(|s| !s.is_empty())
             .collect();
         let unreachable = |e: &dyn std::fmt::Display| {
+            let e = e.to_string();
             StoreError::Backend(format!(
-                "cannot reach etcd at {endpoints}: {e}; start etcd (or fix --etcd) or use --store embedded"
+                "cannot reach etcd at {endpoints}: {e}; start etcd (or fix --etcd) or use --store embedded; {}",
+                access.hint(&e)
             ))
         };
         if list.is_empty() {
@@ -130,9 +143,18 @@ impl EtcdStore {
                 "--etcd is empty: give the etcd URL, e.g. --etcd http://127.0.0.1:2379".into(),
             ));
         }
-        let options = ConnectOptions::new()
-            .with_connect_timeout(CONNECT_TIMEOUT)
-            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
+        if access.tls() {
+            if let Some(plain) = list.iter().find(|u| u.starts_with("http://")) {
+                return Err(StoreError::Backend(format!(
+                    "--etcd {plain}: with --etcd-ca or --etcd-cert give https:// URLs"
+                )));
+            }
+        }
+        let options = access.apply(
+            ConnectOptions::new()
+                .with_connect_timeout(CONNECT_TIMEOUT)
+                .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5)),
+        )?;
         let mut client = Client::connect(&list, Some(options))
             .await
             .map_err(|e| unreachable(&e))?;
@@ -145,6 +167,28 @@ impl EtcdStore {
                     CONNECT_TIMEOUT.as_secs()
                 )))
             }
+        }
+        // `status` answers without a user; a read under the prefix does not.
+        let probe = GetOptions::new()
+            .with_prefix()
+            .with_keys_only()
+            .with_limit(1);
+        match timeout(
+            CONNECT_TIMEOUT,
+            client.get(normalize_prefix(prefix), Some(probe)),
+        )
+        .await
+        {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                let e = e.to_string();
+                return Err(StoreError::Backend(format!(
+                    "etcd at {endpoints} refused a read under {}: {e}; {}",
+                    normalize_prefix(prefix),
+                    access.hint(&e)
+                )));
+            }
+            Err(_) => return Err(unreachable(&"no answer to a read")),
         }
         let kv = client
             .kv_client()

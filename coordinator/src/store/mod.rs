@@ -4,6 +4,7 @@
 //! protobuf messages, so the rest of the coordinator never builds a key by hand.
 
 pub mod etcd;
+pub mod etcd_access;
 mod key_file;
 pub mod redb;
 pub mod writer;

@@ -10,6 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gpuctl_coordinator::store::etcd::EtcdStore;
+use gpuctl_coordinator::store::etcd_access::EtcdAccess;
 
 const INSTALL: &str = "etcd is not installed (no `etcd` on PATH): these tests need a real etcd. \
      Install it with `apt-get install -y etcd-server` (Debian/Ubuntu; .ci/run does this), \
@@ -28,10 +29,30 @@ pub struct Etcd {
     pub url: String,
     child: Child,
     dir: tempfile::TempDir,
+    /// How a client reaches it (TLS files, a user).
+    pub access: EtcdAccess,
+    /// The coordinator flags that say the same.
+    pub coordinator_args: Vec<String>,
+}
+
+/// Files of an etcd served over TLS: its CA, its server certificate and
+/// key, and a client certificate and key the CA signed.
+pub struct EtcdTls {
+    pub ca: PathBuf,
+    pub server_cert: PathBuf,
+    pub server_key: PathBuf,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
 }
 
 impl Etcd {
     pub async fn start() -> Etcd {
+        Self::start_with(None).await
+    }
+
+    /// Over TLS, with `--client-cert-auth`: only clients with a certificate
+    /// of `tls.ca` are answered.
+    pub async fn start_with(tls: Option<&EtcdTls>) -> Etcd {
         match Command::new("etcd").arg("--version").output() {
             Ok(out) if out.status.success() => {}
             Ok(out) => panic!(
@@ -42,7 +63,8 @@ impl Etcd {
         }
         let dir = tempfile::tempdir().unwrap();
         let (client, peer) = (free_port(), free_port());
-        let url = format!("http://127.0.0.1:{client}");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let url = format!("{scheme}://127.0.0.1:{client}");
         let log = std::fs::File::create(dir.path().join("etcd.log")).unwrap();
         let mut cmd = Command::new("etcd");
         if std::env::consts::ARCH == "aarch64" {
@@ -60,6 +82,17 @@ impl Etcd {
                 "--advertise-client-urls",
                 &url,
             ])
+            .args(tls.map_or_else(Vec::new, |t| {
+                vec![
+                    "--cert-file".into(),
+                    t.server_cert.display().to_string(),
+                    "--key-file".into(),
+                    t.server_key.display().to_string(),
+                    "--trusted-ca-file".into(),
+                    t.ca.display().to_string(),
+                    "--client-cert-auth".into(),
+                ]
+            }))
             .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
             .args([
                 "--initial-advertise-peer-urls",
@@ -71,7 +104,29 @@ impl Etcd {
             .stderr(log)
             .spawn()
             .unwrap_or_else(|e| panic!("{INSTALL}\n({e})"));
-        let mut etcd = Etcd { url, child, dir };
+        let access = tls.map_or_else(EtcdAccess::default, |t| EtcdAccess {
+            ca: Some(t.ca.clone()),
+            cert: Some(t.client_cert.clone()),
+            key: Some(t.client_key.clone()),
+            ..Default::default()
+        });
+        let coordinator_args = tls.map_or_else(Vec::new, |t| {
+            vec![
+                "--etcd-ca".into(),
+                t.ca.display().to_string(),
+                "--etcd-cert".into(),
+                t.client_cert.display().to_string(),
+                "--etcd-key".into(),
+                t.client_key.display().to_string(),
+            ]
+        });
+        let mut etcd = Etcd {
+            url,
+            child,
+            dir,
+            access,
+            coordinator_args,
+        };
         etcd.wait_ready().await;
         etcd
     }
@@ -86,7 +141,10 @@ impl Etcd {
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!("etcd exited ({status}) at start:\n{}", self.log());
             }
-            if EtcdStore::connect(&self.url, "/").await.is_ok() {
+            if EtcdStore::connect_with(&self.url, "/", &self.access)
+                .await
+                .is_ok()
+            {
                 return;
             }
             if started.elapsed() > Duration::from_secs(30) {
@@ -167,6 +225,7 @@ impl Coordinator {
                 "--etcd-prefix",
                 prefix,
             ])
+            .args(&etcd.coordinator_args)
             .arg("--data-dir")
             .arg(dir.join(name))
             .env("RUST_LOG", "info")
