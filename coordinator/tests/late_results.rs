@@ -134,5 +134,7 @@ async fn results_after_a_cancel_are_refused_and_not_kept() {
         .into_inner();
     assert!(!has_result(&report, 0), "a refused result is not kept");
     assert_eq!(report.state(), JobState::Cancelled);
+    // The fleet view still answers, through the real CLI.
+    common::fleet_view_answers(&coord.url, 2);
     coord.shutdown().await;
 }

@@ -260,6 +260,26 @@ pub fn spec(workload: &str, nodes: u32) -> SubmitRequest {
 }
 
 /// Every node the coordinator knows.
+/// The fleet view after an attack: `gpuctl nodes` as a table and as JSON
+/// answers, through the real CLI, and lists `expect` nodes.
+pub fn fleet_view_answers(url: &str, expect: usize) {
+    let table = etcd::gpuctl(url, &["nodes"]);
+    assert!(
+        table.status.success(),
+        "gpuctl nodes: {}",
+        String::from_utf8_lossy(&table.stderr)
+    );
+    let json = etcd::gpuctl(url, &["nodes", "-o", "json"]);
+    assert!(
+        json.status.success(),
+        "gpuctl nodes -o json: {}",
+        String::from_utf8_lossy(&json.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).expect("nodes JSON");
+    let n = v.as_array().map_or(0, Vec::len);
+    assert_eq!(n, expect, "{v:#}");
+}
+
 pub async fn list_nodes(c: &mut JobServiceClient<Channel>) -> Vec<Node> {
     c.list_nodes(ListNodesRequest::default())
         .await
