@@ -15,6 +15,7 @@ pub mod listing;
 pub mod metrics_http;
 pub mod metrics_tls;
 pub mod pairs;
+pub mod search;
 pub mod server;
 pub mod shutdown;
 pub mod spec;

@@ -6,3 +6,4 @@ pub mod bench;
 pub mod fleet;
 pub mod probe;
 pub mod ranks;
+pub mod search;

@@ -1,7 +1,8 @@
 //! `gpuctl-sim`: `bench` runs the coordinator's scale bench (a real
 //! coordinator process against a simulated fleet, docs/benchmarks.md);
 //! `fleet` runs only the simulated fleet against a coordinator you started,
-//! until Ctrl-C, for poking at it with `gpuctl`.
+//! until Ctrl-C, for poking at it with `gpuctl`; `search` runs the search for
+//! slow nodes and links against a modelled fleet and prints its table.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -95,6 +96,18 @@ enum Cmd {
         #[arg(long, default_value = bench::COORDINATOR_LOG)]
         coordinator_log: String,
     },
+    /// The search for slow nodes and links against a modelled fleet: rounds, tests, culprits found, false blames.
+    Search {
+        /// Draws per fleet size and culprit count.
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+        draws: u32,
+        /// Healthy spread of one measurement (0.05: NVLink/InfiniBand; 0.2: sockets).
+        #[arg(long, default_value_t = 0.05)]
+        noise: f64,
+        /// Modelled seconds a round takes (communicators and one all_reduce).
+        #[arg(long, default_value_t = 30.0)]
+        round_s: f64,
+    },
     /// Run the simulated fleet against a coordinator until Ctrl-C.
     Fleet {
         #[command(flatten)]
@@ -131,12 +144,34 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    if let Cmd::Search {
+        draws,
+        noise,
+        round_s,
+    } = &cli.command
+    {
+        if !(0.0..0.5).contains(noise) {
+            anyhow::bail!("--noise {noise}: a spread between 0 and 0.5 (0.05 is ±5 %)");
+        }
+        print!(
+            "{}",
+            gpuctl_sim::search::table(
+                &[64, 256, 1024, 4096],
+                &[0, 1, 2, 4, 8],
+                *noise,
+                *draws as usize,
+                *round_s
+            )
+        );
+        return Ok(());
+    }
     // One connection per simulated agent, and more per job, need more
     // descriptors than the usual soft limit of 1,024.
     let _ = gpuctl_proto::server::raise_open_files_limit();
     let nice = match &cli.command {
         Cmd::Bench { priority, .. } => priority.fleet_nice.unwrap_or(BENCH_FLEET_NICE),
         Cmd::Fleet { priority, .. } => priority.fleet_nice.unwrap_or(0),
+        Cmd::Search { .. } => 0,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -190,6 +225,8 @@ fn main() -> Result<()> {
                 }
                 Ok(())
             }
+            // Answered before the runtime started.
+            Cmd::Search { .. } => Ok(()),
             Cmd::Fleet {
                 shape,
                 coordinator,
