@@ -1,4 +1,4 @@
-//! `--pattern bisect` with real CPU ranks as threads: each group of a round
+//! `--pattern bisect` and `--pattern search` with real CPU ranks as threads: each group of a round
 //! opens TCP communicators of its own through one in-process rendezvous (no
 //! coordinator), as workers of a job do through the coordinator's. On a healthy
 //! set every rank must record the same rounds, the groups the search names,
@@ -15,8 +15,9 @@ use gpuctl_proto::pb::CollectiveResult;
 use gpuctl_worker::comm::tcp::TcpComm;
 use gpuctl_worker::comm::{Collectives, Op};
 use gpuctl_worker::rendezvous::{MemoryRendezvous, Rendezvous};
-use gpuctl_worker::workloads::nccl::bisect::{bisect, plan, Bisected};
+use gpuctl_worker::workloads::nccl::bisect::{bisect, plan, Bisected, RoundsEnv};
 use gpuctl_worker::workloads::nccl::pairs::Place;
+use gpuctl_worker::workloads::nccl::search::search;
 use gpuctl_worker::workloads::nccl::SweepConfig;
 use tch::{Device, Kind, Tensor};
 
@@ -99,17 +100,27 @@ impl Collectives for Late {
 /// any) late to every all_reduce; each rank's outcome and its progress phases,
 /// in rank order.
 fn run_bisect(nnodes: usize, l: usize, slow: Option<usize>) -> Vec<(Bisected, Vec<String>)> {
+    run_pattern(NcclPattern::Bisect, nnodes, l, slow.into_iter().collect())
+}
+
+fn run_pattern(
+    pattern: NcclPattern,
+    nnodes: usize,
+    l: usize,
+    slow: Vec<usize>,
+) -> Vec<(Bisected, Vec<String>)> {
     let world = nnodes * l;
     let rdzv = MemoryRendezvous::new();
     let hs: Vec<_> = (0..world)
         .map(|rank| {
             let rdzv = rdzv.clone();
+            let slow = slow.clone();
             thread::spawn(move || {
                 tch::set_num_threads(1);
-                let place = Place::new(NcclPattern::Bisect, rank, world, rank / l, rank % l, l)?;
+                let place = Place::new(pattern, rank, world, rank / l, rank % l, l)?;
                 let open = |g: usize, n: usize, r: &dyn Rendezvous| {
                     let c = TcpComm::connect(g, n, r, "127.0.0.1", Duration::from_secs(20))?;
-                    if slow == Some(rank / l) {
+                    if slow.contains(&(rank / l)) {
                         // Far above a healthy all_reduce of 1 MiB even on a
                         // loaded 2-core machine (CI saw healthy groups at
                         // 0.22 GB/s, 7 ms a call, against 30 ms late: 0.14x,
@@ -121,16 +132,33 @@ fn run_bisect(nnodes: usize, l: usize, slow: Option<usize>) -> Vec<(Bisected, Ve
                 };
                 let phases = Arc::new(Mutex::new(Vec::new()));
                 let seen = phases.clone();
-                let out = bisect(
-                    &place,
-                    &cfg(),
-                    &rdzv,
-                    &open,
-                    Device::Cpu,
-                    Duration::from_secs(60),
-                    SLOW_RATIO,
-                    &move |phase, _, _| seen.lock().unwrap().push(phase.to_string()),
-                )?;
+                let progress = move |phase: &str, _: f64, _: Option<f64>| {
+                    seen.lock().unwrap().push(phase.to_string())
+                };
+                let out = if pattern == NcclPattern::Search {
+                    let cfg = cfg();
+                    let env = RoundsEnv {
+                        place: &place,
+                        cfg: &cfg,
+                        rdzv: &rdzv,
+                        open: &open,
+                        dev: Device::Cpu,
+                        round_timeout: Duration::from_secs(60),
+                        progress: &progress,
+                    };
+                    search(&env, SLOW_RATIO, 0.2)?
+                } else {
+                    bisect(
+                        &place,
+                        &cfg(),
+                        &rdzv,
+                        &open,
+                        Device::Cpu,
+                        Duration::from_secs(60),
+                        SLOW_RATIO,
+                        &progress,
+                    )?
+                };
                 let phases = phases.lock().unwrap().clone();
                 anyhow::Ok((out, phases))
             })
@@ -242,4 +270,40 @@ fn two_nodes_are_refused_before_any_round() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("3 nodes or more"), "{e}");
+}
+
+#[test]
+fn search_names_two_late_nodes_among_eight_and_nothing_else() {
+    let out = run_pattern(NcclPattern::Search, 8, 1, vec![2, 5]);
+    let first = &out[0].0.result;
+    for (rank, (b, phases)) in out.iter().enumerate() {
+        assert_eq!(b.wrong, 0, "rank {rank}: {:?}", b.wrong_in);
+        // The same numbers, so the same verdict, on every rank.
+        assert_eq!(b.result.bisect, first.bisect, "rank {rank}");
+        assert_eq!(b.result.search_blamed, first.search_blamed, "rank {rank}");
+        assert!(phases.contains(&"search round 0".to_string()), "{phases:?}");
+    }
+    let mut nodes: Vec<u32> = first.search_blamed.iter().filter_map(|b| b.node).collect();
+    nodes.sort();
+    assert_eq!(nodes, vec![2, 5], "{:#?}", first.bisect);
+    assert!(
+        first.search_blamed.iter().all(|b| b.node.is_some()),
+        "no link blamed: {:?}",
+        first.search_blamed
+    );
+    for b in &first.search_blamed {
+        assert!(b.first_gbps > 0.0 && b.confirm_gbps > 0.0, "{b:?}");
+        assert_eq!(b.partners.len(), 2);
+        assert_ne!(
+            b.partners[0], b.partners[1],
+            "confirmed with another partner"
+        );
+    }
+    // A healthy set: one round of groups, nobody blamed.
+    let out = run_pattern(NcclPattern::Search, 8, 1, Vec::new());
+    assert!(
+        out[0].0.result.search_blamed.is_empty(),
+        "{:?}",
+        out[0].0.result
+    );
 }

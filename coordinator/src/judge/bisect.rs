@@ -6,7 +6,9 @@
 
 use std::collections::BTreeMap;
 
-use gpuctl_proto::pb::{rank_result::Detail, BisectRound, Finding, RankResult, Verdict};
+use gpuctl_proto::pb::{
+    rank_result::Detail, BisectRound, CollectiveResult, Finding, RankResult, Verdict,
+};
 
 /// What the search found.
 #[derive(Debug, Default)]
@@ -16,21 +18,23 @@ pub struct Judged {
     pub notes: Vec<String>,
 }
 
-fn name(nodes: &[String], rank: u32) -> String {
+pub(crate) fn name(nodes: &[String], rank: u32) -> String {
     nodes
         .get(rank as usize)
         .cloned()
         .unwrap_or_else(|| format!("node rank {rank}"))
 }
 
-/// The search as the lowest rank that reported it tells it.
-pub fn judge(results: &BTreeMap<u32, RankResult>, nodes: &[String]) -> Judged {
-    let Some(c) = results.values().find_map(|r| match &r.detail {
+/// The rounds as the lowest rank that reported them tells them, with node
+/// names, and each round in words; `None` when no rank reported rounds.
+pub(crate) fn named_rounds(
+    results: &BTreeMap<u32, RankResult>,
+    nodes: &[String],
+) -> Option<(Judged, Vec<String>, CollectiveResult)> {
+    let c = results.values().find_map(|r| match &r.detail {
         Some(Detail::Collectives(c)) if !c.bisect.is_empty() => Some(c),
         _ => None,
-    }) else {
-        return Judged::default();
-    };
+    })?;
     let mut out = Judged {
         rounds: c.bisect.clone(),
         ..Default::default()
@@ -52,6 +56,14 @@ pub fn judge(results: &BTreeMap<u32, RankResult>, nodes: &[String]) -> Judged {
             format!("round {}: {}", r.round, groups.join(" vs "))
         })
         .collect();
+    Some((out, steps, c.clone()))
+}
+
+/// The search as the lowest rank that reported it tells it.
+pub fn judge(results: &BTreeMap<u32, RankResult>, nodes: &[String]) -> Judged {
+    let Some((mut out, steps, c)) = named_rounds(results, nodes) else {
+        return Judged::default();
+    };
     match c.bisect_culprit {
         Some(n) => {
             let who = name(nodes, n);

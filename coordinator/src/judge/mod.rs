@@ -13,6 +13,7 @@ pub mod p2p;
 pub mod perf;
 pub mod report;
 pub mod rules;
+pub mod search;
 pub mod series;
 pub mod telemetry;
 pub mod thin;

@@ -160,7 +160,7 @@ pub const GPT_SIZES: &[&str] = &["toy", "124m", "350m", "1.3b", "2.7b"];
 const PRECISIONS_GEMM: &[&str] = &["bf16", "fp16", "tf32", "fp32", "fp8"];
 const DTYPES: &[&str] = &["float", "bfloat16", "half"];
 /// `--pattern` of nccl: [`NcclPattern`]'s words.
-pub const NCCL_PATTERNS: &[&str] = &["all", "pairs", "bisect"];
+pub const NCCL_PATTERNS: &[&str] = &["all", "pairs", "bisect", "search"];
 
 const STRESS: &[&str] = &["stress"];
 const NCCL: &[&str] = &["nccl"];
@@ -220,9 +220,9 @@ pub const PARAMS: &[Param] = &[
     p("iters", int(1, 1 << 20), "iterations", DefaultValue::Same("20"), "timed iterations per size", NCCL),
     p("warmup", int(0, 1 << 20), "iterations", DefaultValue::Same("5"), "untimed iterations per size", NCCL),
     p("pattern", Kind::Choice(NCCL_PATTERNS), "", DefaultValue::Same("all"),
-      "all: one collective over every rank; pairs: every pair of nodes in rounds; bisect: halves until the slow node is left, 3 nodes or more (docs/workloads.md)", NCCL),
+      "all: one collective over every rank; pairs: every pair of nodes in rounds; bisect: halves until the slow node is left; search: every slow node and link, each confirmed; bisect and search need 3 nodes or more (docs/workloads.md)", NCCL),
     p("slow_ratio", Kind::Float { min: 0.01, max: 1.0 }, "", DefaultValue::Same("0.8"),
-      "bisect: a group below this share of the group it is compared with is slow", NCCL),
+      "bisect, search: a group below this share of the group it is compared with (search: of the upper quartile) is slow", NCCL),
     // ddp, fsdp, maxbatch
     p("model", Kind::Sequence { words: MODELS, max: MAX_MODELS }, "", dev("resnet50", "cnn"),
       "models, comma-separated, trained one after another and compared (resnet18, resnet50, resnet101, resnet152, cnn, gpt, mobilenet_v2)", TRAIN),

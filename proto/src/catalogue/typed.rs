@@ -50,6 +50,9 @@ pub enum NcclPattern {
     /// then over halves of the suspect set measured at the same time, until one
     /// node is left (the worker's `nccl::bisect`).
     Bisect,
+    /// Every slow node and link, by adaptive group testing
+    /// ([`crate::search`]), each confirmed with other partners.
+    Search,
 }
 
 impl NcclPattern {
@@ -61,12 +64,17 @@ impl NcclPattern {
     pub const BISECT_NEED_NODES: &'static str =
         "--pattern bisect needs 3 nodes or more (with 2, nothing tells which of the two is slow); choose more nodes (--nodes, --selector) or use --pattern pairs";
 
+    /// What refuses `search` on fewer than three nodes.
+    pub const SEARCH_NEED_NODES: &'static str =
+        "--pattern search needs 3 nodes or more (a suspect is confirmed with a node already cleared); choose more nodes (--nodes, --selector) or use --pattern pairs";
+
     /// The fewest nodes the pattern can run on, and what refuses fewer.
     pub fn min_nodes(self) -> (u32, &'static str) {
         match self {
             NcclPattern::All => (1, ""),
             NcclPattern::Pairs => (2, Self::PAIRS_NEED_NODES),
             NcclPattern::Bisect => (3, Self::BISECT_NEED_NODES),
+            NcclPattern::Search => (3, Self::SEARCH_NEED_NODES),
         }
     }
 
@@ -81,6 +89,7 @@ impl NcclPattern {
             "all" => Some(NcclPattern::All),
             "pairs" => Some(NcclPattern::Pairs),
             "bisect" => Some(NcclPattern::Bisect),
+            "search" => Some(NcclPattern::Search),
             _ => None,
         }
     }
@@ -90,6 +99,7 @@ impl NcclPattern {
             NcclPattern::All => "all",
             NcclPattern::Pairs => "pairs",
             NcclPattern::Bisect => "bisect",
+            NcclPattern::Search => "search",
         }
     }
 }

@@ -250,9 +250,9 @@ impl Search {
     /// The figure under which a test is slow: `slow ×` the reference, or
     /// lower where healthy tests spread so wide that the slowest of them
     /// would fall under it (the spread told, or read from the search's own
-    /// figures: twice the gap between upper quartile and median), and never
-    /// below half the reference, so a test at a third of the others is slow
-    /// on any fabric.
+    /// figures: twice the gap between upper quartile and median), but not
+    /// below half the reference for the spread's sake, so a test at a third
+    /// of the others is slow on any fabric; a lower `slow` is kept.
     fn threshold(&self) -> f64 {
         let mut v = self.figures.clone();
         v.sort_by(f64::total_cmp);
@@ -270,12 +270,12 @@ impl Search {
         let w = self.spread.max(seen);
         // The slowest healthy test against the upper quartile, less a margin.
         let healthy_low = (1.0 - w) / (1.0 + w / 2.0) - 0.05;
-        reference * self.slow.min(healthy_low).max(0.5)
+        reference * self.slow.min(healthy_low.max(0.5))
     }
 
     /// Takes the figures of this round's tests, in the order [`Search::tests`]
-    /// gave them.
-    pub fn decide(&mut self, figures: &[f64]) {
+    /// gave them; says in words what the round found.
+    pub fn decide(&mut self, figures: &[f64]) -> String {
         let tests = std::mem::take(&mut self.round_tests);
         let work = std::mem::take(&mut self.round_work);
         self.figures
@@ -283,6 +283,8 @@ impl Search {
         let threshold = self.threshold();
         // A figure that is not a number (a failed test) is slow too.
         let slow = move |f: f64| f.is_nan() || f < threshold;
+        let blamed_before = self.out.blamed.len();
+        let slow_tests = figures.iter().filter(|f| slow(**f)).count();
         let mut by_work: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
         for (t, f) in tests.iter().zip(figures) {
             by_work.entry(t.work).or_default().push(*f);
@@ -292,6 +294,31 @@ impl Search {
             let partner = tests.iter().find(|t| t.work == i).map(|t| t.nodes.clone());
             self.step(w, &f, partner.as_deref(), &slow);
         }
+        let mut words = format!(
+            "{slow_tests} of {} tests slow (below {threshold:.2})",
+            figures.len()
+        );
+        for b in &self.out.blamed[blamed_before..] {
+            words.push_str(&match b {
+                Blame::Node {
+                    node,
+                    first,
+                    confirm,
+                    ..
+                } => {
+                    format!("; node {node} blamed ({first:.2}, then {confirm:.2})")
+                }
+                Blame::Link {
+                    a,
+                    b,
+                    first,
+                    confirm,
+                } => {
+                    format!("; link {a}-{b} blamed ({first:.2}, then {confirm:.2})")
+                }
+            });
+        }
+        words
     }
 
     fn clear(&mut self, nodes: &[usize]) {

@@ -104,7 +104,7 @@ fn a_noisy_first_look_is_cleared_not_blamed() {
                 }
             })
             .collect();
-        s.decide(&f);
+        let _ = s.decide(&f);
     }
     let out = s.outcome();
     assert!(out.blamed.is_empty(), "{out:?}");
@@ -119,7 +119,7 @@ fn with_no_cleared_node_the_search_says_undecided() {
     let mut s = Search::new(2, 0.8, Some(1.0));
     while let Some(tests) = s.tests() {
         let f = vec![0.3; tests.len()];
-        s.decide(&f);
+        let _ = s.decide(&f);
     }
     let out = s.outcome();
     assert!(out.blamed.is_empty());

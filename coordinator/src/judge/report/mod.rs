@@ -9,7 +9,8 @@
 //! - [`collectives`]: wrong elements fail ranks; one bandwidth table;
 //! - [`performance`]: figures against the fleet, a baseline and the floors;
 //! - [`links`](super::links): node pairs' bandwidth against the median link;
-//! - [`bisect`](super::bisect): the node the workers' search isolated;
+//! - [`bisect`](super::bisect): the node the workers' search isolated, or
+//!   [`search`](super::search): every node and link `--pattern search` blamed;
 //! - [`p2p`](super::p2p): GPU pairs inside nodes against the job's other pairs;
 //! - [`findings`]: everything that failed or warned, in one list;
 //! - [`nodes`]: node verdicts from their ranks, GPUs and findings;
@@ -45,7 +46,7 @@ use super::figures::Figures;
 use super::health::HealthRules;
 use super::rules::PerfRules;
 use super::telemetry::Telemetry;
-use super::{bisect, links, p2p};
+use super::{bisect, links, p2p, search};
 
 pub use collectives::{aggregate_collectives, algbw_gbps, busbw_factor};
 pub use ranks::{exit_text, rank_label};
@@ -148,7 +149,12 @@ fn assemble(inp: &Inputs, with_results: bool) -> (Report, Figures) {
     found.extend(perf.findings);
     found.extend(links.findings);
     found.extend(pairs.findings);
-    let bisect = bisect::judge(inp.results, &plan.nodes);
+    // `--pattern search` reports its rounds as bisect does, and more.
+    let bisect = if spec.params.get("pattern").map(String::as_str) == Some("search") {
+        search::judge(inp.results, &plan.nodes)
+    } else {
+        bisect::judge(inp.results, &plan.nodes)
+    };
     found.extend(bisect.findings);
     found.extend(findings::of_health(&health));
     let preflight = start_checks(job);

@@ -78,6 +78,42 @@ fn my_group(groups: &[Vec<usize>], place: &Place) -> Option<(usize, usize, usize
     })
 }
 
+/// A search that names the groups of nodes each round measures and decides
+/// from their busbw: bisect's [`plan::Search`], and `--pattern search`'s
+/// [`gpuctl_proto::search::Search`].
+pub trait Rounds {
+    /// The round about to be measured (0-based), after [`Rounds::groups`].
+    fn round(&self) -> usize;
+    /// The groups of the next round, disjoint; `None` when it is over.
+    fn groups(&mut self) -> Option<Vec<Vec<usize>>>;
+    /// The busbw of each group, in order; what the round decided, in words.
+    fn decide(&mut self, busbw: &[f64]) -> String;
+}
+
+impl Rounds for plan::Search {
+    fn round(&self) -> usize {
+        plan::Search::round(self)
+    }
+    fn groups(&mut self) -> Option<Vec<Vec<usize>>> {
+        plan::Search::groups(self)
+    }
+    fn decide(&mut self, busbw: &[f64]) -> String {
+        plan::Search::decide(self, busbw)
+    }
+}
+
+impl Rounds for gpuctl_proto::search::Search {
+    fn round(&self) -> usize {
+        self.outcome().rounds.saturating_sub(1)
+    }
+    fn groups(&mut self) -> Option<Vec<Vec<usize>>> {
+        self.tests()
+    }
+    fn decide(&mut self, busbw: &[f64]) -> String {
+        gpuctl_proto::search::Search::decide(self, busbw)
+    }
+}
+
 /// Runs the search on this rank; `progress(phase, fraction, busbw of this
 /// rank's group in the round just done)`. `open` makes each group's
 /// communicator; `round_timeout` bounds the wait at a round's barrier.
@@ -92,6 +128,58 @@ pub fn bisect(
     slow_ratio: f64,
     progress: &dyn Fn(&str, f64, Option<f64>),
 ) -> Result<Bisected> {
+    check_shape(NcclPattern::Bisect, place, rdzv, round_timeout)?;
+    let mut search = plan::Search::new(place.nnodes, slow_ratio);
+    // About ⌈log₂ N⌉ + 1 rounds for one slow node: a guess for the fraction done.
+    let expect = (usize::BITS - (place.nnodes - 1).leading_zeros()) as f64 + 1.0;
+    let env = RoundsEnv {
+        place,
+        cfg,
+        rdzv,
+        open,
+        dev,
+        round_timeout,
+        progress,
+    };
+    let mut out = run_rounds(&env, &mut search, NcclPattern::Bisect, expect)?;
+    let verdict = search
+        .verdict()
+        .expect("the loop ends when the search does");
+    out.result.bisect_culprit = verdict.culprit.map(|k| k as u32);
+    out.result.bisect_note = verdict.note.clone();
+    Ok(out)
+}
+
+/// What measuring a round needs, whichever search names the groups.
+pub struct RoundsEnv<'a> {
+    pub place: &'a Place,
+    pub cfg: &'a SweepConfig,
+    pub rdzv: &'a dyn Rendezvous,
+    pub open: &'a Opener<'a>,
+    pub dev: Device,
+    pub round_timeout: Duration,
+    pub progress: &'a dyn Fn(&str, f64, Option<f64>),
+}
+
+/// Measures the rounds `search` names until it is over. Keys live under the
+/// pattern's name: a group's communicator under `{name}/{round}/{group}/comm`,
+/// its busbw at `{name}/{round}/{group}`, the round's barrier `{name}-{round}`.
+pub fn run_rounds(
+    env: &RoundsEnv,
+    search: &mut dyn Rounds,
+    pattern: NcclPattern,
+    expect: f64,
+) -> Result<Bisected> {
+    let RoundsEnv {
+        place,
+        cfg,
+        rdzv,
+        open,
+        dev,
+        round_timeout,
+        progress,
+    } = *env;
+    let name = pattern.name();
     let (l, es) = (place.local_world, cfg.kind.elt_size_in_bytes());
     // The smallest group is two nodes.
     if sizes(Op::AllReduce, cfg.max_bytes, es, 2 * l).count == 0 {
@@ -101,10 +189,6 @@ pub fn bisect(
             cfg.dtype
         );
     }
-    check_shape(NcclPattern::Bisect, place, rdzv, round_timeout)?;
-    let mut search = plan::Search::new(place.nnodes, slow_ratio);
-    // About ⌈log₂ N⌉ + 1 rounds for one slow node: a guess for the fraction done.
-    let expect = (usize::BITS - (place.nnodes - 1).leading_zeros()) as f64 + 1.0;
     let mut out = Bisected {
         result: CollectiveResult {
             world_size: place.world as u32,
@@ -116,13 +200,13 @@ pub fn bisect(
     let mut backend = None;
     while let Some(groups) = search.groups() {
         let r = search.round();
-        let phase = format!("bisect round {r}");
+        let phase = format!("{name} round {r}");
         let frac = |k: usize| (k as f64 / (expect + 1.0)).min(0.95);
         progress(&phase, frac(r), None);
         let mut mine = None;
         if let Some((gi, g, n)) = my_group(&groups, place) {
             let what = format!("{phase}, nodes {:?}", groups[gi]);
-            let scoped = Scoped::new(rdzv, &format!("bisect/{r}/{gi}/comm"));
+            let scoped = Scoped::new(rdzv, &format!("{name}/{r}/{gi}/comm"));
             let mut comm = open(g, n, &scoped)
                 .with_context(|| format!("{what}: opening their communicator"))?;
             backend.get_or_insert(comm.backend());
@@ -148,7 +232,7 @@ pub fn bisect(
                 );
                 // Display of an f64 reads back to the same f64: every rank
                 // decides on the very same number.
-                rdzv.put(&format!("bisect/{r}/{gi}"), bus.to_string().as_bytes())?;
+                rdzv.put(&format!("{name}/{r}/{gi}"), bus.to_string().as_bytes())?;
             }
             if wrong > 0 {
                 tracing::error!("{what}: all_reduce has {wrong} wrong elements");
@@ -160,7 +244,7 @@ pub fn bisect(
         }
         barrier(
             rdzv,
-            &format!("bisect-{r}"),
+            &format!("{name}-{r}"),
             place.rank,
             place.world,
             round_timeout,
@@ -169,7 +253,7 @@ pub fn bisect(
         let busbw = (0..groups.len())
             .map(|gi| {
                 let v = rdzv
-                    .get(&format!("bisect/{r}/{gi}"), round_timeout)
+                    .get(&format!("{name}/{r}/{gi}"), round_timeout)
                     .with_context(|| format!("{phase}: group {gi}'s busbw"))?;
                 let v = String::from_utf8_lossy(&v);
                 v.parse::<f64>()
@@ -195,11 +279,6 @@ pub fn bisect(
         });
         progress(&phase, frac(r + 1), mine);
     }
-    let verdict = search
-        .verdict()
-        .expect("the loop ends when the search does");
-    out.result.bisect_culprit = verdict.culprit.map(|k| k as u32);
-    out.result.bisect_note = verdict.note.clone();
     out.result.backend = backend.unwrap_or_default().into();
     Ok(out)
 }

@@ -14,6 +14,7 @@
 
 pub mod bisect;
 pub mod pairs;
+pub mod search;
 pub mod sweep;
 
 use anyhow::Result;
@@ -32,6 +33,7 @@ pub fn run(ctx: &Ctx, params: &NcclParams) -> Result<Outcome> {
         NcclPattern::All => sweep::run(ctx, params),
         NcclPattern::Pairs => pairs::run(ctx, params),
         NcclPattern::Bisect => bisect::run(ctx, params),
+        NcclPattern::Search => search::run(ctx, params),
     }
 }
 
