@@ -413,7 +413,15 @@ pub fn render(r: &pb::Report) -> String {
         s.push_str("\nLINKS (every pair of nodes; the slowest rank of each pair)\n");
         s.push_str(&output::links::matrix(&r.links));
     }
-    if !r.bisect.is_empty() {
+    let search = r
+        .spec
+        .as_ref()
+        .and_then(|sp| sp.params.get("pattern"))
+        .is_some_and(|p| p == "search");
+    if !r.bisect.is_empty() && search {
+        s.push_str("\nSEARCH (groups measured at the same time; a slow one is split, a suspect confirmed with two cleared nodes)\n");
+        s.push_str(&output::links::bisect(&r.bisect));
+    } else if !r.bisect.is_empty() {
         s.push_str("\nBISECT (halves measured at the same time; the slower one is split again)\n");
         s.push_str(&output::links::bisect(&r.bisect));
     }

@@ -20,6 +20,17 @@ pub fn judge(results: &BTreeMap<u32, RankResult>, nodes: &[String]) -> Judged {
     };
     let tests: usize = out.rounds.iter().map(|r| r.groups.len()).sum();
     let rounds = out.rounds.len();
+    // What a healthy group reached: the upper quartile of the search's figures.
+    let mut all: Vec<f64> = out
+        .rounds
+        .iter()
+        .flat_map(|r| r.groups.iter().map(|g| g.busbw_gbps))
+        .collect();
+    all.sort_by(f64::total_cmp);
+    let reference = all
+        .get((all.len() * 3).div_ceil(4).saturating_sub(1))
+        .copied()
+        .unwrap_or(0.0);
     for b in &c.search_blamed {
         match (b.node, b.link_a, b.link_b) {
             (Some(n), _, _) => {
@@ -34,6 +45,7 @@ pub fn judge(results: &BTreeMap<u32, RankResult>, nodes: &[String]) -> Judged {
                     metric: "search".into(),
                     key: "all_reduce".into(),
                     value: b.confirm_gbps,
+                    reference,
                     reference_kind: "fleet".into(),
                     rule: RULE.into(),
                     level: Verdict::Fail as i32,
@@ -54,6 +66,7 @@ pub fn judge(results: &BTreeMap<u32, RankResult>, nodes: &[String]) -> Judged {
                     metric: "search".into(),
                     key: format!("link {na}-{nz}"),
                     value: b.confirm_gbps,
+                    reference,
                     reference_kind: "fleet".into(),
                     rule: RULE.into(),
                     level: Verdict::Fail as i32,
