@@ -3,7 +3,10 @@
 //! [`find`] names the rank to blame: one whose process its agent reads as
 //! stopped, traced, a zombie or in uninterruptible sleep (the others only wait
 //! on it), else the rank whose progress stopped first. The report then fails
-//! that rank alone, and shows where every rank was ([`fill_ranks`]).
+//! that rank alone, and shows where every rank was ([`fill_ranks`]). When
+//! every rank stopped at once and no process says why, they all wait on one
+//! another (a transfer too slow to finish, a peer outside the job): the job
+//! fails as hung and no rank is blamed.
 
 use std::collections::BTreeMap;
 
@@ -57,10 +60,10 @@ impl Watch {
     }
 }
 
-/// The rank blamed for a hang.
+/// The rank blamed for a hang (`None`: every rank waits on the others).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hung {
-    pub rank: u32,
+    pub rank: Option<u32>,
     pub node: String,
     /// Why this rank, for its row of the report.
     pub why: String,
@@ -96,6 +99,11 @@ fn state_blame(state: &str) -> Option<(u8, &'static str)> {
 /// about once a second); one quiet for longer is taken as blocked.
 const RECENT_MS: u64 = 5_000;
 
+/// Ranks whose last progress lies within this of one another stopped
+/// together: none of them is behind the others (ranks report progress about
+/// once a second).
+const TOGETHER_MS: u64 = 3_000;
+
 fn secs(ms: u64) -> String {
     format!("{}s", (ms + 500) / 1000)
 }
@@ -115,6 +123,24 @@ pub fn find(ranks: &[Clock], now_ms: u64, timeout_ms: u64) -> Option<Hung> {
             Some((order, c.last_growth_ms, c.rank, *c, text))
         })
         .min_by_key(|(order, grew, rank, _, _)| (*order, *grew, *rank));
+    if by_state.is_none() && stalled.len() == ranks.len() && ranks.len() > 1 {
+        let first = stalled.iter().map(|c| c.last_growth_ms).min().unwrap_or(0);
+        let last = stalled.iter().map(|c| c.last_growth_ms).max().unwrap_or(0);
+        if last - first <= TOGETHER_MS {
+            let message = format!(
+                "every rank ({}) stopped within {} of the others {} ago, and no process is stopped or stuck in the kernel: they wait on one another (a transfer too slow to finish, or a peer outside the job); no rank is blamed",
+                ranks.len(),
+                secs(last - first),
+                secs(now_ms.saturating_sub(last))
+            );
+            return Some(Hung {
+                rank: None,
+                node: String::new(),
+                why: format!("hung: {message}"),
+                message: format!("the job hung: {message}"),
+            });
+        }
+    }
     let (culprit, because) = match by_state {
         Some((_, _, _, c, text)) => (c, text.to_string()),
         None => {
@@ -158,7 +184,7 @@ pub fn find(ranks: &[Clock], now_ms: u64, timeout_ms: u64) -> Option<Hung> {
         )
     };
     Some(Hung {
-        rank: culprit.rank,
+        rank: Some(culprit.rank),
         node: culprit.node.to_string(),
         message: format!(
             "rank {} on {} hung: {why}{rest}",
@@ -253,7 +279,7 @@ mod tests {
             clock(3, 3_000, Some(&t)),
         ];
         let h = find(&ranks, 60_000, 30_000).unwrap();
-        assert_eq!((h.rank, h.node.as_str()), (3, "node-b"));
+        assert_eq!((h.rank, h.node.as_str()), (Some(3), "node-b"));
         assert_eq!(
             h.message,
             "rank 3 on node-b hung: no progress for 57s, its process is stopped (SIGSTOP?); \
@@ -270,9 +296,9 @@ mod tests {
             clock(1, 1_000, Some(&d)),
             clock(2, 9_000, Some(&t)),
         ];
-        assert_eq!(find(&all, 60_000, 30_000).unwrap().rank, 2);
+        assert_eq!(find(&all, 60_000, 30_000).unwrap().rank, Some(2));
         assert!(find(&all, 60_000, 30_000).unwrap().why.contains("traced"));
-        assert_eq!(find(&all[..2], 60_000, 30_000).unwrap().rank, 1);
+        assert_eq!(find(&all[..2], 60_000, 30_000).unwrap().rank, Some(1));
         assert!(find(&all[..1], 60_000, 30_000)
             .unwrap()
             .why
@@ -286,7 +312,7 @@ mod tests {
         let (s, t) = (proc(0, "S"), proc(1, "T"));
         let ranks = [clock(0, 1_000, Some(&s)), clock(1, 59_000, Some(&t))];
         let h = find(&ranks, 60_000, 30_000).unwrap();
-        assert_eq!(h.rank, 0);
+        assert_eq!(h.rank, Some(0));
         assert!(
             h.message.ends_with("the other 1 rank still makes progress"),
             "{}",
@@ -303,7 +329,7 @@ mod tests {
             clock(3, 57_000, None),
         ];
         let h = find(&ranks, 60_000, 30_000).unwrap();
-        assert_eq!((h.rank, h.node.as_str()), (1, "node-a"));
+        assert_eq!((h.rank, h.node.as_str()), (Some(1), "node-a"));
         assert!(
             h.message.contains("its progress stopped first"),
             "{}",
@@ -328,6 +354,36 @@ mod tests {
             h2.message
         );
         assert_eq!(h.message, "rank 0 on node-a hung: no progress for 40s, no process is stopped or stuck in the kernel");
+    }
+
+    /// Issue 36: every rank standing in the same slow transfer stopped at
+    /// once; the first of them to stop by a moment was blamed as hung.
+    #[test]
+    fn ranks_that_stopped_together_blame_nobody() {
+        let s = proc(0, "S");
+        let ranks = [
+            clock(0, 10_000, Some(&s)),
+            clock(1, 10_400, None),
+            clock(2, 11_900, None),
+        ];
+        let h = find(&ranks, 60_000, 30_000).unwrap();
+        assert_eq!((h.rank, h.node.as_str()), (None, ""));
+        assert!(h.message.contains("no rank is blamed"), "{}", h.message);
+        // One of them 10 s behind the others is blamed, as before.
+        let ranks = [
+            clock(0, 1_000, None),
+            clock(1, 11_000, None),
+            clock(2, 11_500, None),
+        ];
+        assert_eq!(find(&ranks, 60_000, 30_000).unwrap().rank, Some(0));
+        // A stopped process is blamed however close the clocks are.
+        let t = proc(2, "T");
+        let ranks = [
+            clock(0, 10_000, None),
+            clock(1, 10_000, None),
+            clock(2, 10_000, Some(&t)),
+        ];
+        assert_eq!(find(&ranks, 60_000, 30_000).unwrap().rank, Some(2));
     }
 
     #[test]

@@ -135,7 +135,7 @@ pub(super) fn from_results(
                     },
                 )],
             ),
-            None if hung.as_ref().is_some_and(|h| h.rank == p.rank) => RankState::new(
+            None if hung.as_ref().is_some_and(|h| h.rank == Some(p.rank)) => RankState::new(
                 Verdict::Fail,
                 vec![(
                     Source::Result,
@@ -153,7 +153,9 @@ pub(super) fn from_results(
                     },
                 };
                 let mut st = RankState::new(Verdict::Incomplete, vec![(Source::Result, why)]);
-                st.stopped = hung.is_some()
+                // Stopped because of another rank, when a rank was blamed; a
+                // hang that blames nobody leaves every rank undecided.
+                st.stopped = hung.as_ref().is_some_and(|h| h.rank.is_some())
                     || exits
                         .get(&p.rank)
                         .is_some_and(|ex| KILLED_BY_COORDINATOR.contains(&ex.killed_by.as_str()));
