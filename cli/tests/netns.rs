@@ -476,3 +476,61 @@ fn bisect_isolates_the_node_behind_a_throttled_link() {
     }
     assert!(fleet.stop().success());
 }
+
+/// `nccl --pattern search` on 6 namespaced nodes with two host-side links
+/// throttled: both nodes behind them are named, each with the figures of two
+/// cleared partners, and no other node or link is blamed (issue 36).
+#[test]
+fn search_names_both_nodes_behind_throttled_links_and_nothing_else() {
+    let _g = serial();
+    let fleet = Fleet::start(6);
+    wait_ready(&fleet, 6);
+    throttle("gpl-local-1", "50mbit", "64kb");
+    throttle("gpl-local-4", "50mbit", "64kb");
+    // CPU-bound TCP groups on two shared cores vary by about ±40 % (see the
+    // bisect test): slow under 0.3x the search's upper-quartile group.
+    let args = [
+        "submit",
+        "nccl",
+        "--pattern",
+        "search",
+        "--slow-ratio",
+        "0.3",
+        "--nodes",
+        "6",
+        "--max-bytes",
+        "1M",
+        "--iters",
+        "5",
+        "--warmup",
+        "2",
+        "--wait",
+        "--output",
+        "json",
+    ];
+    let out = fleet.gpuctl(&args);
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "no report ({e}): {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            fleet.logs()
+        )
+    });
+    assert_eq!(r["verdict"], "fail", "{r:#}");
+    let mut blamed: Vec<&str> = r["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["metric"] == "search" && f["level"] == "fail")
+        .map(|f| f["node"].as_str().unwrap())
+        .collect();
+    blamed.sort();
+    assert_eq!(blamed, ["local-1", "local-4"], "{r:#}");
+    for n in r["nodes"].as_array().unwrap() {
+        let name = n["name"].as_str().unwrap();
+        if name != "local-1" && name != "local-4" {
+            assert_ne!(n["verdict"], "fail", "{name} blamed: {n:#}");
+        }
+    }
+    assert!(fleet.stop().success());
+}
