@@ -116,6 +116,21 @@ impl Fleet {
         parse_json(&self.gpuctl(&all), &all)
     }
 
+    /// `gpuctl ARGS --output json` (a `submit ... --wait`), and the report
+    /// it prints, also for a failed job; `what` heads the panic without one.
+    fn report(&self, what: &str, args: &[&str]) -> Value {
+        let mut all = args.to_vec();
+        all.extend(["--output", "json"]);
+        let out = self.gpuctl(&all);
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "{what}: no report ({e}): {}\n{}",
+                String::from_utf8_lossy(&out.stderr),
+                self.logs()
+            )
+        })
+    }
+
     fn logs(&self) -> String {
         let mut s = String::new();
         for e in std::fs::read_dir(self.dir.path().join("logs"))
@@ -361,18 +376,7 @@ fn pairs_name_the_node_behind_a_throttled_link() {
         &rules,
         "--wait",
     ];
-    let run = |what: &str| -> Value {
-        let mut all = pairs.to_vec();
-        all.extend(["--output", "json"]);
-        let out = fleet.gpuctl(&all);
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!(
-                "{what}: no report ({e}): {}\n{}",
-                String::from_utf8_lossy(&out.stderr),
-                fleet.logs()
-            )
-        })
-    };
+    let run = |what: &str| -> Value { fleet.report(what, &pairs) };
     for i in 0..3 {
         let r = run("healthy");
         let links = r["links"].as_array().expect("links[]");
@@ -444,17 +448,8 @@ fn bisect_isolates_the_node_behind_a_throttled_link() {
         "--warmup",
         "2",
         "--wait",
-        "--output",
-        "json",
     ];
-    let out = fleet.gpuctl(&args);
-    let r: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "no report ({e}): {}\n{}",
-            String::from_utf8_lossy(&out.stderr),
-            fleet.logs()
-        )
-    });
+    let r = fleet.report("bisect", &args);
     let rounds = r["bisect"].as_array().expect("bisect[]");
     assert!(
         !rounds.is_empty() && rounds.len() <= 4,
@@ -505,17 +500,8 @@ fn search_names_both_nodes_behind_throttled_links_and_nothing_else() {
         "--warmup",
         "2",
         "--wait",
-        "--output",
-        "json",
     ];
-    let out = fleet.gpuctl(&args);
-    let r: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "no report ({e}): {}\n{}",
-            String::from_utf8_lossy(&out.stderr),
-            fleet.logs()
-        )
-    });
+    let r = fleet.report("the search", &args);
     assert_eq!(r["verdict"], "fail", "{r:#}");
     let mut blamed: Vec<&str> = r["findings"]
         .as_array()

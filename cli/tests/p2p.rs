@@ -19,30 +19,9 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The job's report, waiting up to 240 s for its end.
 fn run_job(c: &Cluster, args: &[&str]) -> Value {
-    let id = c.submit(args);
-    c.wait_state(
-        &id,
-        &["succeeded", "failed", "cancelled"],
-        Duration::from_secs(240),
-    );
-    let out = c.gpuctl(&["report", &id, "--output", "json"]);
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "no report JSON for {id} ({e}): {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            stderr(&out)
-        )
-    })
-}
-
-fn fails(findings: &Value) -> Vec<&Value> {
-    findings
-        .as_array()
-        .expect("findings[]")
-        .iter()
-        .filter(|f| f["level"] == "fail")
-        .collect()
+    common::run_job(c, args, Duration::from_secs(240))
 }
 
 #[test]

@@ -12,21 +12,7 @@ use common::*;
 use serde_json::Value;
 
 fn report(c: &Cluster, args: &[&str]) -> Value {
-    let id = c.submit(args);
-    c.wait_state(
-        &id,
-        &["succeeded", "failed", "cancelled"],
-        Duration::from_secs(240),
-    );
-    // `report` exits 1 for a failed verdict and prints the JSON all the same.
-    let out = c.gpuctl(&["report", &id, "--output", "json"]);
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "no report JSON for {id} ({e}): {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            stderr(&out)
-        )
-    })
+    run_job(c, args, Duration::from_secs(240))
 }
 
 #[test]
@@ -56,12 +42,7 @@ fn the_search_names_the_slowed_node_with_both_figures_and_nothing_else() {
     let _quota = CpuQuota::apply("gpuctl-test-search", c.agent_pid(3), 0.05);
     let r = report(&c, &args);
     assert_eq!(r["verdict"], "fail", "{r:#}");
-    let fails: Vec<&Value> = r["findings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|f| f["level"] == "fail")
-        .collect();
+    let fails = fails(&r["findings"]);
     assert_eq!(fails.len(), 1, "{fails:#?}");
     assert_eq!(fails[0]["node"], slow.as_str());
     assert_eq!(fails[0]["metric"], "search");

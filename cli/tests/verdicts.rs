@@ -24,32 +24,9 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 /// the healthy ones share the machine's other cores.
 const SLOW_CORES: f64 = 0.08;
 
-/// Submits, waits for the job to end and returns its report (`report`
-/// exits 1 for a failed verdict and prints the JSON all the same).
+/// The job's report, waiting up to 180 s for its end.
 fn run_job(c: &Cluster, args: &[&str]) -> Value {
-    let id = c.submit(args);
-    c.wait_state(
-        &id,
-        &["succeeded", "failed", "cancelled"],
-        Duration::from_secs(180),
-    );
-    let out = c.gpuctl(&["report", &id, "--output", "json"]);
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "no report JSON for {id} ({e}): {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            stderr(&out)
-        )
-    })
-}
-
-fn fails(findings: &Value) -> Vec<&Value> {
-    findings
-        .as_array()
-        .expect("findings[]")
-        .iter()
-        .filter(|f| f["level"] == "fail")
-        .collect()
+    common::run_job(c, args, Duration::from_secs(180))
 }
 
 /// The slowed node fails with a finding on `metric` against `kind`; every

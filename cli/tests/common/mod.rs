@@ -387,6 +387,32 @@ pub fn parse_json(out: &Output, args: &[&str]) -> Value {
     })
 }
 
+/// Submits `args`, waits up to `limit` for the job to end and returns its
+/// report (`report` exits 1 for a failed verdict and prints the JSON all the
+/// same).
+pub fn run_job(c: &Cluster, args: &[&str], limit: Duration) -> Value {
+    let id = c.submit(args);
+    c.wait_state(&id, &["succeeded", "failed", "cancelled"], limit);
+    let out = c.gpuctl(&["report", &id, "--output", "json"]);
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "no report JSON for {id} ({e}): {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            stderr(&out)
+        )
+    })
+}
+
+/// The failed findings of a `findings[]` array.
+pub fn fails(findings: &Value) -> Vec<&Value> {
+    findings
+        .as_array()
+        .expect("findings[]")
+        .iter()
+        .filter(|f| f["level"] == "fail")
+        .collect()
+}
+
 /// A job that passed: `pass`, or `warn` when a CPU rank drew less of the
 /// shared cores than its peers (a performance warning, listed, not a failure),
 /// and no failed finding.

@@ -444,6 +444,17 @@ pub fn median(mut v: Vec<f64>) -> Option<f64> {
     })
 }
 
+/// The upper quartile (nearest rank), `None` for no values: the reference
+/// of searches and pair matrices where a quarter of the figures may be slow.
+pub fn upper_quartile(mut v: Vec<f64>) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let at = ((v.len() as f64) * 0.75).ceil() as usize;
+    Some(v[at.saturating_sub(1).min(v.len() - 1)])
+}
+
 /// The figures all ranks made together: bus bandwidth from the job's
 /// collective table (the slowest rank's time, as nccl-tests reports), and the
 /// synchronous training rates.

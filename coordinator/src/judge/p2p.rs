@@ -13,6 +13,8 @@ use std::collections::BTreeMap;
 
 use gpuctl_proto::pb::{rank_result::Detail, Finding, GpuPair, Plan, RankResult, Verdict};
 
+use super::figures::upper_quartile;
+
 /// What the pairs of a job say.
 #[derive(Debug, Default)]
 pub struct Judged {
@@ -48,16 +50,6 @@ impl Measured {
     fn judged(&self) -> f64 {
         self.first.max(self.repeat)
     }
-}
-
-/// The upper quartile (nearest rank); `None` below three values.
-fn upper_quartile(mut v: Vec<f64>) -> Option<f64> {
-    if v.len() < 3 {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let at = ((v.len() as f64) * 0.75).ceil() as usize;
-    Some(v[at.saturating_sub(1).min(v.len() - 1)])
 }
 
 fn collect(results: &BTreeMap<u32, RankResult>, plan: &Plan) -> BTreeMap<(u32, u32), Measured> {
@@ -119,7 +111,8 @@ pub fn judge(results: &BTreeMap<u32, RankResult>, plan: &Plan, ratios: Ratios) -
     }
     let reference: BTreeMap<&str, Option<f64>> = by_model
         .into_iter()
-        .map(|(model, v)| (model, upper_quartile(v)))
+        // Three pairs at least: fewer have nothing to be compared with.
+        .map(|(model, v)| (model, (v.len() >= 3).then(|| upper_quartile(v)).flatten()))
         .collect();
     let ratio_of = |m: &Measured| if m.cpu { ratios.cpu_slow } else { ratios.slow };
     for (model, r) in &reference {

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use gpuctl_proto::pb::{Finding, RankResult, Verdict};
 
 use super::bisect::{name, named_rounds, Judged};
+use super::figures::upper_quartile;
 
 const RULE: &str = "search: groups below the slow share of the search's upper-quartile group are split until a node or link is left; a node is blamed when slow with two different cleared partners, a link when slow twice";
 
@@ -21,17 +22,26 @@ pub fn judge(results: &BTreeMap<u32, RankResult>, nodes: &[String]) -> Judged {
     let tests: usize = out.rounds.iter().map(|r| r.groups.len()).sum();
     let rounds = out.rounds.len();
     // What a healthy group reached: the upper quartile of the search's figures.
-    let mut all: Vec<f64> = out
-        .rounds
-        .iter()
-        .flat_map(|r| r.groups.iter().map(|g| g.busbw_gbps))
-        .collect();
-    all.sort_by(f64::total_cmp);
-    let reference = all
-        .get((all.len() * 3).div_ceil(4).saturating_sub(1))
-        .copied()
-        .unwrap_or(0.0);
+    let reference = upper_quartile(
+        out.rounds
+            .iter()
+            .flat_map(|r| r.groups.iter().map(|g| g.busbw_gbps))
+            .collect(),
+    )
+    .unwrap_or(0.0);
     for b in &c.search_blamed {
+        // What every culprit's finding says alike: its confirming figure
+        // against the search's healthy groups, by the search's rule.
+        let base = Finding {
+            metric: "search".into(),
+            value: b.confirm_gbps,
+            reference,
+            reference_kind: "fleet".into(),
+            rule: RULE.into(),
+            level: Verdict::Fail as i32,
+            unit: "GB/s".into(),
+            ..Default::default()
+        };
         match (b.node, b.link_a, b.link_b) {
             (Some(n), _, _) => {
                 let who = name(nodes, n);
@@ -42,14 +52,7 @@ pub fn judge(results: &BTreeMap<u32, RankResult>, nodes: &[String]) -> Judged {
                 };
                 out.findings.push(Finding {
                     node: who.clone(),
-                    metric: "search".into(),
                     key: "all_reduce".into(),
-                    value: b.confirm_gbps,
-                    reference,
-                    reference_kind: "fleet".into(),
-                    rule: RULE.into(),
-                    level: Verdict::Fail as i32,
-                    unit: "GB/s".into(),
                     detail: format!(
                         "node {who} slow with {} ({:.2} GB/s) and again with {} ({:.2} GB/s), both cleared nodes; the search took {rounds} rounds, {tests} tests",
                         partner(0),
@@ -57,25 +60,18 @@ pub fn judge(results: &BTreeMap<u32, RankResult>, nodes: &[String]) -> Judged {
                         partner(1),
                         b.confirm_gbps
                     ),
-                    ..Default::default()
+                    ..base
                 });
             }
             (None, Some(a), Some(z)) => {
                 let (na, nz) = (name(nodes, a), name(nodes, z));
                 out.findings.push(Finding {
-                    metric: "search".into(),
                     key: format!("link {na}-{nz}"),
-                    value: b.confirm_gbps,
-                    reference,
-                    reference_kind: "fleet".into(),
-                    rule: RULE.into(),
-                    level: Verdict::Fail as i32,
-                    unit: "GB/s".into(),
                     detail: format!(
                         "link {na} <-> {nz}: {:.2} GB/s, and {:.2} measured again; both nodes are fast with other partners, so the link (cable, port, switch) is suspect",
                         b.first_gbps, b.confirm_gbps
                     ),
-                    ..Default::default()
+                    ..base
                 });
             }
             _ => {}

@@ -54,19 +54,26 @@ pub fn run(ctx: &Ctx, params: &NcclParams) -> Result<Outcome> {
         params.slow_ratio,
         &report_progress(ctx),
     )?;
-    let error = (out.wrong > 0).then(|| {
-        format!(
-            "{} wrong elements in the bisect all_reduce results ({})",
-            out.wrong,
-            out.wrong_in.join(", ")
-        )
-    });
-    Ok(Outcome {
-        detail: Detail::Collectives(out.result),
-        nccl_version: version.take(),
-        error,
-        more_train: Vec::new(),
-    })
+    Ok(out.into_outcome("bisect", version.take()))
+}
+
+impl Bisected {
+    /// The rank's outcome; wrong elements in `what`'s all_reduces fail it.
+    pub fn into_outcome(self, what: &str, nccl_version: Option<String>) -> Outcome {
+        let error = (self.wrong > 0).then(|| {
+            format!(
+                "{} wrong elements in the {what} all_reduce results ({})",
+                self.wrong,
+                self.wrong_in.join(", ")
+            )
+        });
+        Outcome {
+            detail: Detail::Collectives(self.result),
+            nccl_version,
+            error,
+            more_train: Vec::new(),
+        }
+    }
 }
 
 /// This rank's group in `groups`: (group index, rank in the group, group size).

@@ -8,7 +8,7 @@ use std::cell::RefCell;
 
 use anyhow::Result;
 use gpuctl_proto::catalogue::{NcclParams, NcclPattern};
-use gpuctl_proto::pb::{rank_result::Detail, SearchBlame};
+use gpuctl_proto::pb::SearchBlame;
 use gpuctl_proto::search::{Blame, Search};
 
 use super::bisect::{run_rounds, Bisected, RoundsEnv};
@@ -44,19 +44,7 @@ pub fn run(ctx: &Ctx, params: &NcclParams) -> Result<Outcome> {
         progress: &progress,
     };
     let out = search(&env, params.slow_ratio, spread(ctx))?;
-    let error = (out.wrong > 0).then(|| {
-        format!(
-            "{} wrong elements in the search's all_reduce results ({})",
-            out.wrong,
-            out.wrong_in.join(", ")
-        )
-    });
-    Ok(Outcome {
-        detail: Detail::Collectives(out.result),
-        nccl_version: version.take(),
-        error,
-        more_train: Vec::new(),
-    })
+    Ok(out.into_outcome("search's", version.take()))
 }
 
 /// The whole search on this rank: `slow_ratio` of the upper-quartile group
