@@ -29,7 +29,10 @@ fn every_pair_of_each_node_is_measured_twice_and_a_healthy_fleet_passes() {
     let _g = serial();
     let c = Cluster::start(2, 3);
     let r = run_job(&c, &["p2p", "--nodes", "2", "--bytes", "4M"]);
-    assert_eq!(r["verdict"], "pass", "{r:#}");
+    // CPU ranks' memcpy on two shared cores: a healthy one was seen at 0.39x
+    // of its peers, a warning (listed, not a failure), as for other CPU
+    // figures; nothing may fail.
+    passed(&r);
     let pairs = r["gpu_pairs"].as_array().expect("gpu_pairs[]");
     // Three ranks a node: six ordered pairs each, never across nodes.
     assert_eq!(pairs.len(), 12, "{r:#}");
