@@ -222,6 +222,7 @@ impl Gen {
                 message: self.string(),
                 unix_ms: self.u64(),
                 iterations: self.u64(),
+                waiting_for: self.string(),
             }),
         }
     }

@@ -128,6 +128,7 @@ pub async fn run(
                 message: String::new(),
                 unix_ms: now,
                 iterations,
+                waiting_for: String::new(),
             }),
         };
         match client.report_progress(request(&job, progress)).await {

@@ -272,6 +272,8 @@ struct Snapshot {
     metrics: HashMap<String, f64>,
     message: String,
     timeline: Timeline,
+    /// What the rank waits for at the rendezvous (empty: it works).
+    waiting_for: String,
 }
 
 /// Progress of this rank; cheap to update from the work loop, sent about once a
@@ -394,6 +396,16 @@ impl Progress {
             .map_or(0, |i| i.iterations.load(Ordering::Relaxed))
     }
 
+    /// Marks the rank as waiting for `what` (another rank's rendezvous key)
+    /// until the guard drops: the coordinator then blames the rank waited
+    /// for, never this one, when progress stops.
+    pub fn waiting(&self, what: &str) -> Waiting<'_> {
+        if let Some(i) = &self.inner {
+            i.snap.lock().unwrap_or_else(|e| e.into_inner()).waiting_for = what.to_string();
+        }
+        Waiting(self)
+    }
+
     pub fn message(&self, message: &str) {
         if let Some(i) = &self.inner {
             i.snap.lock().unwrap_or_else(|e| e.into_inner()).message = message.to_string();
@@ -407,6 +419,21 @@ impl Progress {
             if let Some(h) = i.thread.lock().unwrap().take() {
                 let _ = h.join();
             }
+        }
+    }
+}
+
+/// A rank's wait at the rendezvous; the mark clears when it drops.
+pub struct Waiting<'a>(&'a Progress);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if let Some(i) = &self.0.inner {
+            i.snap
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .waiting_for
+                .clear();
         }
     }
 }
@@ -445,6 +472,7 @@ fn progress_loop(
                 message: s.message.clone(),
                 unix_ms: gpuctl_proto::now_ms(),
                 iterations: inner.iterations.load(Ordering::Relaxed),
+                waiting_for: s.waiting_for.clone(),
             }
         };
         let req = RankProgressReport {

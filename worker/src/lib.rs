@@ -27,6 +27,7 @@ use gpuctl_proto::pb::{rank_result::Detail, RankResult};
 use crate::client::{CoordinatorClient, Progress, ProgressTarget};
 use crate::context::{Args, Ctx, RankEnv};
 use crate::device::DeviceInfo;
+use crate::rendezvous::Watched;
 use gpuctl_proto::catalogue::TypedParams;
 
 /// Logs to stderr (the agent forwards it); `RUST_LOG` filters, default info.
@@ -132,7 +133,7 @@ fn execute(
         args: args.clone(),
         env,
         dev,
-        rdzv: client.clone(),
+        rdzv: Arc::new(Watched::new(client.clone(), progress.clone())),
         progress: progress.clone(),
         rendezvous_timeout: Duration::from_secs(
             std::env::var("GPUCTL_RENDEZVOUS_TIMEOUT_S")

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 
+use crate::client::Progress;
+
 /// Put a value under a key; get it, waiting until some rank has put it.
 pub trait Rendezvous: Send + Sync {
     fn put(&self, key: &str, value: &[u8]) -> Result<()>;
@@ -42,6 +44,31 @@ impl Rendezvous for Scoped<'_> {
 
     fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
         self.inner.get(&format!("{}{key}", self.prefix), timeout)
+    }
+}
+
+/// A rendezvous whose waits show in the rank's progress (`waiting_for`):
+/// a rank blocked on another rank's key is waiting, not hung, and the hang
+/// detector looks past it to the rank it waits for.
+pub struct Watched {
+    inner: Arc<dyn Rendezvous>,
+    progress: Progress,
+}
+
+impl Watched {
+    pub fn new(inner: Arc<dyn Rendezvous>, progress: Progress) -> Self {
+        Watched { inner, progress }
+    }
+}
+
+impl Rendezvous for Watched {
+    fn put(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.inner.put(key, value)
+    }
+
+    fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        let _mark = self.progress.waiting(key);
+        self.inner.get(key, timeout)
     }
 }
 

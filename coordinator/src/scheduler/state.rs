@@ -409,6 +409,10 @@ impl JobEntry {
                 node: &p.node,
                 last_growth_ms: self.watch.last_growth(p.rank),
                 process: self.watch.processes.get(&p.rank),
+                waiting: self
+                    .progress
+                    .get(&p.rank)
+                    .is_some_and(|r| !r.waiting_for.is_empty()),
             })
             .collect()
     }

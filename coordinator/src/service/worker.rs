@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use gpuctl_proto::pb::worker_service_server::WorkerService;
 use gpuctl_proto::pb::{
-    rank_result::Detail, Ack, RankProgressReport, RankResult, RendezvousGetRequest,
+    rank_result::Detail, Ack, RankProgress, RankProgressReport, RankResult, RendezvousGetRequest,
     RendezvousGetResponse, RendezvousPutRequest,
 };
 use tonic::{Request, Response, Status};
@@ -72,20 +72,35 @@ pub fn bound_result(r: &mut RankResult) -> Vec<&'static str> {
     }
     let mut long = false;
     for m in &mut r.phases {
-        if m.phase.len() > MAX_PHASE_TEXT {
-            let mut end = MAX_PHASE_TEXT;
-            while !m.phase.is_char_boundary(end) {
-                end -= 1;
-            }
-            m.phase.truncate(end);
-            long = true;
-        }
+        long |= clip_text(&mut m.phase);
     }
     if long {
         clipped.push("phases.phase");
     }
     clipped.dedup();
     clipped
+}
+
+/// Cuts `text` to [`MAX_PHASE_TEXT`] bytes at a character boundary; whether
+/// it was longer.
+fn clip_text(text: &mut String) -> bool {
+    if text.len() <= MAX_PHASE_TEXT {
+        return false;
+    }
+    let mut end = MAX_PHASE_TEXT;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    true
+}
+
+/// A progress report's texts are kept with the job and shown in every view
+/// of it: each is clipped as a phase is.
+pub fn bound_progress(p: &mut RankProgress) {
+    for t in [&mut p.phase, &mut p.message, &mut p.waiting_for] {
+        clip_text(t);
+    }
 }
 
 fn ack((ok, message): (bool, String)) -> Response<Ack> {
@@ -158,7 +173,10 @@ impl WorkerService for WorkerSvc {
         let rank = m.progress.as_ref().map(|p| p.rank).unwrap_or_default();
         self.security
             .check_worker(&req, &m.job_id, m.attempt, Some(rank))?;
-        let report = req.into_inner();
+        let mut report = req.into_inner();
+        if let Some(p) = &mut report.progress {
+            bound_progress(p);
+        }
         Ok(Response::new(
             self.sched
                 .ask(|reply| Event::WorkerProgress { report, reply })

@@ -6,7 +6,9 @@
 //! that rank alone, and shows where every rank was ([`fill_ranks`]). When
 //! every rank stopped at once and no process says why, they all wait on one
 //! another (a transfer too slow to finish, a peer outside the job): the job
-//! fails as hung and no rank is blamed.
+//! fails as hung and no rank is blamed. A rank that says it waits at the
+//! rendezvous for another (a round's barrier while other pairs measure) is
+//! never blamed, nor hung while the ranks it waits for still progress.
 
 use std::collections::BTreeMap;
 
@@ -78,6 +80,8 @@ pub struct Clock<'a> {
     pub node: &'a str,
     pub last_growth_ms: u64,
     pub process: Option<&'a RankProcess>,
+    /// Its last report said it waits at the rendezvous for another rank.
+    pub waiting: bool,
 }
 
 /// What a process state says about a rank that made no progress, most
@@ -123,7 +127,18 @@ pub fn find(ranks: &[Clock], now_ms: u64, timeout_ms: u64) -> Option<Hung> {
             Some((order, c.last_growth_ms, c.rank, *c, text))
         })
         .min_by_key(|(order, grew, rank, _, _)| (*order, *grew, *rank));
-    if by_state.is_none() && stalled.len() == ranks.len() && ranks.len() > 1 {
+    // A rank waiting at the rendezvous for another is never the culprit: the
+    // rank it waits for is, or nobody while that one still progresses.
+    let stalled: Vec<&Clock> = if by_state.is_some() {
+        stalled
+    } else {
+        stalled.into_iter().filter(|c| !c.waiting).collect()
+    };
+    if stalled.is_empty() {
+        return None;
+    }
+    let working = ranks.iter().filter(|c| !c.waiting).count();
+    if by_state.is_none() && stalled.len() == working && working > 1 {
         let first = stalled.iter().map(|c| c.last_growth_ms).min().unwrap_or(0);
         let last = stalled.iter().map(|c| c.last_growth_ms).max().unwrap_or(0);
         if last - first <= TOGETHER_MS {
@@ -203,7 +218,11 @@ pub(super) fn fill_ranks(
 ) {
     for r in nodes.iter_mut().flat_map(|n| n.ranks.iter_mut()) {
         if let Some(p) = progress.get(&r.rank) {
-            r.last_phase = p.phase.clone();
+            r.last_phase = if p.waiting_for.is_empty() {
+                p.phase.clone()
+            } else {
+                format!("{} (waiting for `{}`)", p.phase, p.waiting_for)
+            };
             r.iterations = p.iterations;
         }
         r.last_progress_unix_ms = watch.grew_ms.get(&r.rank).copied().unwrap_or(0);
@@ -233,7 +252,57 @@ mod tests {
             node: if rank < 2 { "node-a" } else { "node-b" },
             last_growth_ms: grew,
             process: p,
+            waiting: false,
         }
+    }
+
+    fn waiting(rank: u32, grew: u64) -> Clock<'static> {
+        Clock {
+            waiting: true,
+            ..clock(rank, grew, None)
+        }
+    }
+
+    /// Issue 36: in a pairs round, the ranks of the other pairs waited at
+    /// the round's barrier while one slow pair measured; the first of them
+    /// to arrive was blamed as hung.
+    #[test]
+    fn a_rank_waiting_for_another_is_never_blamed() {
+        // Ranks 0 and 1 wait at the barrier; 2 and 3 still measure.
+        let ranks = [
+            waiting(0, 1_000),
+            waiting(1, 1_200),
+            clock(2, 59_000, None),
+            clock(3, 59_500, None),
+        ];
+        assert_eq!(find(&ranks, 60_000, 30_000), None);
+        // The measuring pair stalls: one of it is blamed, never a waiter.
+        let ranks = [
+            waiting(0, 1_000),
+            waiting(1, 1_200),
+            clock(2, 20_000, None),
+            clock(3, 25_000, None),
+        ];
+        assert_eq!(find(&ranks, 60_000, 30_000).unwrap().rank, Some(2));
+        // The two stalled together: the job hung, nobody is blamed.
+        let ranks = [
+            waiting(0, 1_000),
+            clock(2, 20_000, None),
+            clock(3, 20_500, None),
+        ];
+        assert_eq!(find(&ranks, 60_000, 30_000).unwrap().rank, None);
+        // Everyone waits: no rank is hung (the barrier's own timeout ends it).
+        assert_eq!(find(&[waiting(0, 1), waiting(1, 2)], 60_000, 30_000), None);
+        // A stopped process is blamed even while it said it waits.
+        let t = proc(1, "T");
+        let ranks = [
+            waiting(0, 1_000),
+            Clock {
+                waiting: true,
+                ..clock(1, 1_000, Some(&t))
+            },
+        ];
+        assert_eq!(find(&ranks, 60_000, 30_000).unwrap().rank, Some(1));
     }
 
     #[test]

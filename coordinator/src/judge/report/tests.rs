@@ -447,6 +447,7 @@ fn a_hung_job_fails_only_the_blamed_rank_and_shows_where_each_rank_was() {
                 state: "T".into(),
                 ..Default::default()
             }),
+            waiting: false,
         }],
         40_000,
         30_000,
