@@ -188,6 +188,45 @@ fn throttle(link: &str, rate: &str, burst: &str) {
     );
 }
 
+/// Throttles the link between nodes `a` and `b` alone, both ways: on each
+/// one's host-side link, what comes from the other's address goes through
+/// an htb class whose leaf is a token bucket; the rest passes untouched.
+fn throttle_link(a: u32, b: u32, rate: &str) {
+    for (from, to) in [(a, b), (b, a)] {
+        let dev = format!("gpl-local-{to}");
+        let src = format!("10.213.0.{}/32", 10 + from);
+        let d = dev.as_str();
+        must(
+            "tc",
+            &[
+                "qdisc", "add", "dev", d, "root", "handle", "1:", "htb", "default", "10",
+            ],
+        );
+        for (class, rate) in [("1:10", "40gbit"), ("1:20", "40gbit")] {
+            must(
+                "tc",
+                &[
+                    "class", "add", "dev", d, "parent", "1:", "classid", class, "htb", "rate", rate,
+                ],
+            );
+        }
+        must(
+            "tc",
+            &[
+                "qdisc", "add", "dev", d, "parent", "1:20", "handle", "20:", "tbf", "rate", rate,
+                "burst", "32kb", "latency", "50ms",
+            ],
+        );
+        must(
+            "tc",
+            &[
+                "filter", "add", "dev", d, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
+                "match", "ip", "src", &src, "flowid", "1:20",
+            ],
+        );
+    }
+}
+
 /// Bytes both ways through a host-side link.
 fn link_bytes(link: &str) -> u64 {
     ["rx_bytes", "tx_bytes"]
@@ -517,6 +556,115 @@ fn search_names_both_nodes_behind_throttled_links_and_nothing_else() {
         if name != "local-1" && name != "local-4" {
             assert_ne!(n["verdict"], "fail", "{name} blamed: {n:#}");
         }
+    }
+    assert!(fleet.stop().success());
+}
+
+/// Issue 36, item 5: six namespaced nodes at 4 MiB messages, one behind a
+/// throttled host link (50 Mbit/s) and two links between otherwise healthy
+/// nodes throttled hard (20 Mbit/s each way). Measured in full, each of
+/// those pairs' rounds took minutes and the waiting ranks were blamed as
+/// hung; below the floor rate they are cut short, and the report names the
+/// node and both links with their figures, and nothing else.
+#[test]
+fn pairs_name_a_slow_node_and_two_hard_throttled_links_and_nothing_else() {
+    let _g = serial();
+    let fleet = Fleet::start(6);
+    wait_ready(&fleet, 6);
+    let rules = fleet.dir.path().join("links.toml");
+    // CPU-bound TCP on two shared cores: see the pairs test above.
+    std::fs::write(&rules, "[links]\nslow = 0.3\n").unwrap();
+    let rules = rules.to_str().unwrap().to_string();
+    let pairs = [
+        "submit",
+        "nccl",
+        "--pattern",
+        "pairs",
+        "--nodes",
+        "6",
+        "--max-bytes",
+        "4M",
+        "--iters",
+        "5",
+        "--warmup",
+        "2",
+        "--hang-timeout",
+        "60s",
+        "--rules",
+        &rules,
+        "--wait",
+    ];
+    let fails = |n: &Value| -> Vec<Value> {
+        n["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["level"] == "fail")
+            .cloned()
+            .collect()
+    };
+    let r = fleet.report("healthy", &pairs);
+    assert_ne!(r["verdict"], "fail", "healthy: {r:#}");
+    let links = r["links"].as_array().expect("links[]");
+    assert_eq!(links.len(), 30, "15 pairs x 2 ops: {r:#}");
+    assert!(
+        links
+            .iter()
+            .all(|l| l["verdict"] == "pass" && l["below_floor"] == false),
+        "healthy: {links:#?}"
+    );
+
+    throttle("gpl-local-5", "50mbit", "64kb");
+    throttle_link(0, 2, "20mbit");
+    throttle_link(1, 3, "20mbit");
+    let r = fleet.report("throttled", &pairs);
+    assert_eq!(r["verdict"], "fail", "{r:#}");
+    assert!(
+        !r["reason"].as_str().unwrap_or("").contains("hung"),
+        "a slow link is not a hang: {r:#}"
+    );
+    for n in r["nodes"].as_array().unwrap() {
+        let name = n["name"].as_str().unwrap();
+        let f = fails(n);
+        if name == "local-5" {
+            assert!(
+                f.iter().any(|f| f["metric"] == "link_busbw"),
+                "local-5 is the culprit: {n:#}"
+            );
+        } else {
+            assert!(f.is_empty(), "{name} blamed: {n:#}");
+        }
+    }
+    // The two links are named as links, with both figures as evidence.
+    let mut named: Vec<String> = r["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["metric"] == "link_busbw" && f["node"] == "" && f["level"] == "fail")
+        .map(|f| {
+            let detail = f["detail"].as_str().unwrap();
+            assert!(detail.contains("below the floor"), "{detail}");
+            assert!(detail.contains("measured twice"), "{detail}");
+            f["key"]
+                .as_str()
+                .unwrap()
+                .split(' ')
+                .nth(1)
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    named.sort();
+    named.dedup();
+    assert_eq!(named, ["local-0-local-2", "local-1-local-3"], "{r:#}");
+    for l in r["links"].as_array().unwrap() {
+        let (a, b) = (l["a"].as_str().unwrap(), l["b"].as_str().unwrap());
+        let slow = a == "local-5"
+            || b == "local-5"
+            || (a, b) == ("local-0", "local-2")
+            || (a, b) == ("local-1", "local-3");
+        assert_eq!(l["verdict"] == "fail", slow, "{l}");
+        assert_eq!(l["below_floor"] == true, slow, "{l}");
     }
     assert!(fleet.stop().success());
 }

@@ -1,4 +1,4 @@
-//! `--pattern bisect` and `--pattern search` with real CPU ranks as threads: each group of a round
+//! `--pattern bisect`, `--pattern search` (and `pairs` below a floor) with real CPU ranks as threads: each group of a round
 //! opens TCP communicators of its own through one in-process rendezvous (no
 //! coordinator), as workers of a job do through the coordinator's. On a healthy
 //! set every rank must record the same rounds, the groups the search names,
@@ -16,7 +16,7 @@ use gpuctl_worker::comm::tcp::TcpComm;
 use gpuctl_worker::comm::{Collectives, Op};
 use gpuctl_worker::rendezvous::{MemoryRendezvous, Rendezvous};
 use gpuctl_worker::workloads::nccl::bisect::{bisect, plan, Bisected, RoundsEnv};
-use gpuctl_worker::workloads::nccl::pairs::Place;
+use gpuctl_worker::workloads::nccl::pairs::{pairs, Place};
 use gpuctl_worker::workloads::nccl::search::search;
 use gpuctl_worker::workloads::nccl::SweepConfig;
 use tch::{Device, Kind, Tensor};
@@ -37,6 +37,7 @@ fn cfg() -> SweepConfig {
         dtype: "float".into(),
         iters: 10,
         warmup: 2,
+        floor_gbps: 0.0,
     }
 }
 
@@ -86,6 +87,7 @@ impl Collectives for Late {
         recv: &Tensor,
         from: usize,
     ) -> anyhow::Result<()> {
+        thread::sleep(self.delay);
         self.inner.sendrecv(send, to, recv, from)
     }
     fn barrier(&mut self) -> anyhow::Result<()> {
@@ -306,4 +308,67 @@ fn search_names_two_late_nodes_among_eight_and_nothing_else() {
         "{:?}",
         out[0].0.result
     );
+}
+
+/// Issue 36: a link far slower than any healthy one kept its pair measuring
+/// every warm-up and timed operation, four times, while the other ranks
+/// waited at the round's barrier until the hang timeout. Below the floor,
+/// each of its measurements stops after two operations and says so.
+#[test]
+fn pairs_cut_a_link_below_the_floor_short_and_only_that_one() {
+    let (nnodes, late) = (4usize, 2usize);
+    let rdzv = MemoryRendezvous::new();
+    let hs: Vec<_> = (0..nnodes)
+        .map(|rank| {
+            let rdzv = rdzv.clone();
+            thread::spawn(move || {
+                tch::set_num_threads(1);
+                let place = Place::new(NcclPattern::Pairs, rank, nnodes, rank, 0, 1)?;
+                let open = |g: usize, n: usize, r: &dyn Rendezvous| {
+                    let c = TcpComm::connect(g, n, r, "127.0.0.1", Duration::from_secs(20))?;
+                    if rank == late {
+                        let delay = Duration::from_millis(200);
+                        return Ok(Box::new(Late { inner: c, delay }) as Box<dyn Collectives>);
+                    }
+                    Ok(Box::new(c) as Box<dyn Collectives>)
+                };
+                // 1 MiB at 0.02 GB/s: 52 ms an operation at most, against
+                // 7 ms for a healthy one on a loaded CI machine and 200+ ms
+                // for the late node's.
+                let cfg = SweepConfig {
+                    iters: 20,
+                    floor_gbps: 0.02,
+                    ..cfg()
+                };
+                pairs(
+                    &place,
+                    &cfg,
+                    &rdzv,
+                    &open,
+                    Device::Cpu,
+                    Duration::from_secs(60),
+                    &|_, _, _| {},
+                )
+            })
+        })
+        .collect();
+    for (rank, h) in hs.into_iter().enumerate() {
+        let res = h
+            .join()
+            .expect("a rank panicked")
+            .unwrap_or_else(|e| panic!("rank {rank}: {e:#}"));
+        assert_eq!(res.links.len(), 2 * (nnodes - 1), "rank {rank}");
+        for l in &res.links {
+            let slow = l.node_a == late as u32 || l.node_b == late as u32;
+            assert_eq!(
+                (l.below_floor, l.repeat_below_floor),
+                (slow, slow),
+                "rank {rank}: {l:?}"
+            );
+            assert_eq!((l.wrong, l.floor_gbps), (0, 0.02), "{l:?}");
+            if slow {
+                assert!(l.algbw_gbps < 0.02 && l.time_us >= 200_000.0, "{l:?}");
+            }
+        }
+    }
 }

@@ -34,6 +34,7 @@ fn cfg() -> SweepConfig {
         dtype: "float".into(),
         iters: 2,
         warmup: 1,
+        floor_gbps: 0.0,
     }
 }
 

@@ -222,6 +222,7 @@ fn nccl_tests_sweep_over_tcp_has_no_wrong_elements() {
                 dtype: dtype.into(),
                 iters: 2,
                 warmup: 1,
+                floor_gbps: 0.0,
             };
             sweep(comm, &cfg, Device::Cpu, &|_, _, _| {}).unwrap()
         });

@@ -385,6 +385,9 @@ pub fn report(r: &pb::Report) -> Value {
             "busbw_gbps": l.busbw_gbps,
             "wrong": l.wrong,
             "reference_gbps": l.reference_gbps,
+            "first_gbps": l.first_gbps,
+            "repeat_gbps": l.repeat_gbps,
+            "below_floor": l.below_floor,
             "verdict": l.verdict().label(),
         })).collect::<Vec<_>>(),
         "gpu_pairs": r.gpu_pairs.iter().map(|p| json!({

@@ -44,9 +44,13 @@ pub fn matrix(links: &[pb::Link]) -> String {
             })
             .collect();
         let bytes = ls.first().map_or(0, |l| l.bytes);
-        let reference = median(ls.iter().map(|l| l.busbw_gbps).collect());
+        // The judge's reference (the job's fast links); older reports had none.
+        let reference = match ls.iter().map(|l| l.reference_gbps).fold(0.0, f64::max) {
+            r if r > 0.0 => r,
+            _ => median(ls.iter().map(|l| l.busbw_gbps).collect()),
+        };
         s.push_str(&format!(
-            "{op} busbw GB/s at {} (median link {reference:.2}; the better of two measurements; ! = slow in both)\n",
+            "{op} busbw GB/s at {} (reference {reference:.2}; the better of two measurements; ! = slow in both, v = below the floor rate)\n",
             gpuctl_proto::units::format_bytes(bytes)
         ));
         let mut headers = vec!["NODE"];
@@ -62,7 +66,9 @@ pub fn matrix(links: &[pb::Link]) -> String {
                     _ if a == b => "-".to_string(),
                     Some(l) => {
                         mine.push(l.busbw_gbps);
-                        if l.verdict() == pb::Verdict::Fail && l.repeat_gbps > 0.0 {
+                        if l.below_floor {
+                            format!("{:.3}v!", l.busbw_gbps)
+                        } else if l.verdict() == pb::Verdict::Fail && l.repeat_gbps > 0.0 {
                             // A blamed link shows both figures: the evidence.
                             format!("{:.2}/{:.2}!", l.first_gbps, l.repeat_gbps)
                         } else if l.verdict() == pb::Verdict::Fail {

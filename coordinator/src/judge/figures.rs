@@ -446,12 +446,18 @@ pub fn median(mut v: Vec<f64>) -> Option<f64> {
 
 /// The upper quartile (nearest rank), `None` for no values: the reference
 /// of searches and pair matrices where a quarter of the figures may be slow.
-pub fn upper_quartile(mut v: Vec<f64>) -> Option<f64> {
+pub fn upper_quartile(v: Vec<f64>) -> Option<f64> {
+    quantile(v, 0.75)
+}
+
+/// The figure a share `q` (0..1) of the others are at or below (the
+/// nearest-rank quantile); `None` for no figures.
+pub fn quantile(mut v: Vec<f64>, q: f64) -> Option<f64> {
     if v.is_empty() {
         return None;
     }
     v.sort_by(f64::total_cmp);
-    let at = ((v.len() as f64) * 0.75).ceil() as usize;
+    let at = ((v.len() as f64) * q).ceil() as usize;
     Some(v[at.saturating_sub(1).min(v.len() - 1)])
 }
 

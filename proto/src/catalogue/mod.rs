@@ -223,6 +223,8 @@ pub const PARAMS: &[Param] = &[
       "all: one collective over every rank; pairs: every pair of nodes in rounds; bisect: halves until the slow node is left; search: every slow node and link, each confirmed; bisect and search need 3 nodes or more (docs/workloads.md)", NCCL),
     p("slow_ratio", Kind::Float { min: 0.01, max: 1.0 }, "", DefaultValue::Same("0.8"),
       "bisect, search: a group below this share of the group it is compared with (search: of the upper quartile) is slow", NCCL),
+    p("floor_gbps", Kind::Float { min: 0.0, max: 100_000.0 }, "GB/s", dev("1", "0.05"),
+      "pairs, bisect, search: a link or group whose operation moves data slower than this (algbw) is cut short after two operations and recorded below the floor, a slow link not a hang; 0: no floor", NCCL),
     // ddp, fsdp, maxbatch
     p("model", Kind::Sequence { words: MODELS, max: MAX_MODELS }, "", dev("resnet50", "cnn"),
       "models, comma-separated, trained one after another and compared (resnet18, resnet50, resnet101, resnet152, cnn, gpt, mobilenet_v2)", TRAIN),

@@ -36,6 +36,9 @@ pub struct NcclParams {
     pub pattern: NcclPattern,
     /// Bisect: a group below this share of the one it is compared with is slow.
     pub slow_ratio: f64,
+    /// Pairs, bisect, search: the slowest rate (algbw, GB/s) a measurement
+    /// may run at before it is cut short as below the floor (0: no floor).
+    pub floor_gbps: f64,
 }
 
 /// Which ranks measure together (`--pattern`).
@@ -269,6 +272,7 @@ impl TypedParams {
                     warmup: r.get("warmup")?,
                     pattern: r.get("pattern")?,
                     slow_ratio: r.get("slow_ratio")?,
+                    floor_gbps: r.get("floor_gbps")?,
                 };
                 // Pairs and bisect measure at max_bytes only: a small max_bytes
                 // with the default min_bytes is no mistake there.

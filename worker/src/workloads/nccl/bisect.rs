@@ -219,7 +219,7 @@ pub fn run_rounds(
             backend.get_or_insert(comm.backend());
             let s = sizes(Op::AllReduce, cfg.max_bytes, es, n);
             let pat = Pattern::new(cfg.kind, n);
-            let (t, wrong) = measure(
+            let m = measure(
                 comm.as_mut(),
                 Op::AllReduce,
                 cfg,
@@ -231,11 +231,13 @@ pub fn run_rounds(
                 1,
             )
             .with_context(|| format!("{what}: all_reduce {}", format_bytes(s.bytes(es))))?;
+            let (t, wrong) = (m.time_us, m.wrong);
             let (alg, bus) = bandwidth(Op::AllReduce, &s, es, n, t);
             if g == 0 {
                 tracing::info!(
-                    "{what}: all_reduce {} {t:.1} us algbw {alg:.2} busbw {bus:.2} GB/s #wrong {wrong}",
+                    "{what}: all_reduce {} {t:.1} us algbw {alg:.2} busbw {bus:.2} GB/s #wrong {wrong}{}",
                     format_bytes(s.bytes(es)),
+                    if m.below_floor { " (below the floor: cut short)" } else { "" },
                 );
                 // Display of an f64 reads back to the same f64: every rank
                 // decides on the very same number.

@@ -112,7 +112,7 @@ pub fn run(ctx: &Ctx, params: &NcclParams) -> Result<Outcome> {
     let version = RefCell::new(None);
     let open = opener(ctx, &version);
     let round_timeout = round_timeout(ctx);
-    let out = pairs(
+    let (out, failed) = pairs_so_far(
         &place,
         &cfg,
         ctx.rdzv.as_ref(),
@@ -120,7 +120,20 @@ pub fn run(ctx: &Ctx, params: &NcclParams) -> Result<Outcome> {
         ctx.dev.device,
         round_timeout,
         &report_progress(ctx),
-    )?;
+    );
+    // Links measured before a failure are evidence too: they go to the
+    // coordinator with the error.
+    if let Err(e) = failed {
+        if out.links.is_empty() {
+            return Err(e);
+        }
+        return Ok(Outcome {
+            detail: Detail::Collectives(out),
+            nccl_version: version.take(),
+            error: Some(format!("{e:#}")),
+            more_train: Vec::new(),
+        });
+    }
     let wrong: u64 = out.links.iter().map(|l| l.wrong).sum();
     let error = (wrong > 0).then(|| {
         let bad: Vec<String> = out
@@ -227,6 +240,56 @@ pub fn pairs(
     round_timeout: Duration,
     progress: &dyn Fn(&str, f64, Option<f64>),
 ) -> Result<CollectiveResult> {
+    let (out, failed) = pairs_so_far(place, cfg, rdzv, open, dev, round_timeout, progress);
+    failed.map(|()| out)
+}
+
+/// [`pairs`], keeping what was measured when a round fails: the links so
+/// far, and the error.
+pub fn pairs_so_far(
+    place: &Place,
+    cfg: &SweepConfig,
+    rdzv: &dyn Rendezvous,
+    open: &Opener,
+    dev: Device,
+    round_timeout: Duration,
+    progress: &dyn Fn(&str, f64, Option<f64>),
+) -> (CollectiveResult, Result<()>) {
+    let mut links = Vec::new();
+    let mut backend = None;
+    let failed = rounds(
+        place,
+        cfg,
+        rdzv,
+        open,
+        dev,
+        round_timeout,
+        progress,
+        &mut links,
+        &mut backend,
+    );
+    let out = CollectiveResult {
+        backend: backend.unwrap_or_default().into(),
+        world_size: place.world as u32,
+        rows: Vec::new(),
+        links,
+        ..Default::default()
+    };
+    (out, failed)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn rounds(
+    place: &Place,
+    cfg: &SweepConfig,
+    rdzv: &dyn Rendezvous,
+    open: &Opener,
+    dev: Device,
+    round_timeout: Duration,
+    progress: &dyn Fn(&str, f64, Option<f64>),
+    links: &mut Vec<LinkResult>,
+    backend: &mut Option<&'static str>,
+) -> Result<()> {
     let (l, es) = (place.local_world, cfg.kind.elt_size_in_bytes());
     let n = 2 * l;
     if sizes(Op::AllReduce, cfg.max_bytes, es, n).count == 0 {
@@ -240,8 +303,6 @@ pub fn pairs(
     let pat = Pattern::new(cfg.kind, n);
     let rounds = round_robin(place.nnodes);
     let total = rounds.len();
-    let mut links = Vec::new();
-    let mut backend = None;
     for (r, round) in rounds.iter().enumerate() {
         let phase = format!("pairs round {}/{total}", r + 1);
         progress(&phase, r as f64 / total as f64, None);
@@ -264,20 +325,22 @@ pub fn pairs(
             for (i, (op, peer)) in ops.iter().chain(ops.iter()).copied().enumerate() {
                 let again = i >= ops.len();
                 let s = sizes(op, cfg.max_bytes, es, n);
-                let (t, wrong) = measure(comm.as_mut(), op, cfg, &s, &pat, dev, false, peer, 1)
+                let m = measure(comm.as_mut(), op, cfg, &s, &pat, dev, false, peer, 1)
                     .with_context(|| {
                         format!("{what}: {} {}", op.name(), format_bytes(s.bytes(es)))
                     })?;
+                let (t, wrong) = (m.time_us, m.wrong);
                 let (alg, bus) = bandwidth(op, &s, es, n, t);
                 if g == 0 {
                     tracing::info!(
-                        "{phase} nodes {a}-{b}: {}{} {} {:.1} us algbw {:.2} busbw {:.2} GB/s #wrong {wrong}",
+                        "{phase} nodes {a}-{b}: {}{} {} {:.1} us algbw {:.2} busbw {:.2} GB/s #wrong {wrong}{}",
                         op.name(),
                         if again { " (again)" } else { "" },
                         format_bytes(s.bytes(es)),
                         t,
                         alg,
-                        bus
+                        bus,
+                        if m.below_floor { " (below the floor: cut short)" } else { "" }
                     );
                 }
                 if wrong > 0 {
@@ -290,6 +353,7 @@ pub fn pairs(
                     let l: &mut LinkResult = &mut links[first + i - ops.len()];
                     l.repeat_busbw_gbps = bus;
                     l.repeat_time_us = t;
+                    l.repeat_below_floor = m.below_floor;
                     l.wrong += wrong;
                     continue;
                 }
@@ -304,6 +368,8 @@ pub fn pairs(
                     algbw_gbps: alg,
                     busbw_gbps: bus,
                     wrong,
+                    below_floor: m.below_floor,
+                    floor_gbps: cfg.floor_gbps,
                     ..Default::default()
                 });
             }
@@ -318,13 +384,7 @@ pub fn pairs(
         .with_context(|| format!("{phase}: waiting for the other pairs"))?;
         progress(&phase, (r + 1) as f64 / total as f64, busbw);
     }
-    Ok(CollectiveResult {
-        backend: backend.unwrap_or_default().into(),
-        world_size: place.world as u32,
-        rows: Vec::new(),
-        links,
-        ..Default::default()
-    })
+    Ok(())
 }
 
 #[cfg(test)]

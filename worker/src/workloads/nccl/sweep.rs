@@ -32,6 +32,9 @@ pub struct SweepConfig {
     pub dtype: String,
     pub iters: u64,
     pub warmup: u64,
+    /// The slowest algbw (GB/s) a measurement may run at before it is cut
+    /// short as below the floor (0: none; the sweep has none).
+    pub floor_gbps: f64,
 }
 
 /// The sweep of a job's (already checked) parameters, in the worker's types.
@@ -55,6 +58,12 @@ pub fn config(p: &NcclParams) -> Result<SweepConfig> {
         dtype: p.dtype.clone(),
         iters: p.iters,
         warmup: p.warmup,
+        // A sweep's small sizes are latency, not rate: it has no floor.
+        floor_gbps: if p.pattern == gpuctl_proto::catalogue::NcclPattern::All {
+            0.0
+        } else {
+            p.floor_gbps
+        },
     })
 }
 
@@ -69,8 +78,22 @@ pub enum Peer {
     Both(usize),
 }
 
-/// One measurement: (µs per op, #wrong). The time is the median of `runs`
-/// timed runs of `cfg.iters` operations each (one run: nccl-tests' figure).
+/// One measurement: µs per op and #wrong; `below_floor` when it was cut short.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Measured {
+    pub time_us: f64,
+    pub wrong: u64,
+    /// The first two operations were each slower than `cfg.floor_gbps`: the
+    /// time is the second's, and no timed run followed. A link that slow is
+    /// a slow link, so it is recorded in seconds rather than measured until
+    /// the job's hang timeout.
+    pub below_floor: bool,
+}
+
+/// One measurement. The time is the median of `runs` timed runs of
+/// `cfg.iters` operations each (one run: nccl-tests' figure). With a floor,
+/// the first warm-up operations are timed alone first (a fresh
+/// communicator's first pays for its connections, hence two).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn measure(
     comm: &mut dyn Collectives,
@@ -82,7 +105,7 @@ pub(super) fn measure(
     in_place: bool,
     peer: Peer,
     runs: usize,
-) -> Result<(f64, u64)> {
+) -> Result<Measured> {
     let r = comm.rank();
     let kind = cfg.kind;
     // Buffers: out-of-place a send and a recv tensor; in-place one buffer with
@@ -118,8 +141,41 @@ pub(super) fn measure(
         (Op::SendRecv, Peer::Both(p)) => comm.sendrecv(send, p, recv, p),
         _ => comm.run(op, send, recv),
     };
+    let want = || -> Result<Option<Tensor>> {
+        match (op, peer) {
+            (Op::SendRecv, Peer::Both(p)) => Ok(Some(pat.tensor(p, 0, s.send, dev)?)),
+            _ => expected(op, pat, s, r, dev),
+        }
+    };
     let (send, recv) = make(true)?;
-    for _ in 0..cfg.warmup {
+    let mut warmup = cfg.warmup;
+    if cfg.floor_gbps > 0.0 {
+        let limit_us = s.bytes(kind.elt_size_in_bytes()) as f64 / (cfg.floor_gbps * 1e3);
+        for probe in 0..2 {
+            let t0 = Instant::now();
+            issue(comm, &send, &recv)?;
+            comm.synchronize()?;
+            let t = agreed(comm, t0.elapsed().as_secs_f64() * 1e6, dev)?;
+            warmup = warmup.saturating_sub(1);
+            if t <= limit_us {
+                break;
+            }
+            if probe == 1 {
+                // Out-of-place inputs are untouched: the result checks
+                // as the fresh one below would.
+                let wrong = match (in_place, want()?) {
+                    (false, Some(w)) => count_wrong(&recv, &w)?,
+                    _ => 0,
+                };
+                return Ok(Measured {
+                    time_us: t,
+                    wrong,
+                    below_floor: true,
+                });
+            }
+        }
+    }
+    for _ in 0..warmup {
         issue(comm, &send, &recv)?;
     }
     let mut times = Vec::with_capacity(runs.max(1));
@@ -139,15 +195,29 @@ pub(super) fn measure(
     let (send, recv) = make(true)?;
     issue(comm, &send, &recv)?;
     comm.synchronize()?;
-    let want = match (op, peer) {
-        (Op::SendRecv, Peer::Both(p)) => Some(pat.tensor(p, 0, s.send, dev)?),
-        _ => expected(op, pat, s, r, dev)?,
-    };
-    let wrong = match want {
+    let wrong = match want()? {
         Some(want) => count_wrong(&recv, &want)?,
         None => 0,
     };
-    Ok((time_us, wrong))
+    Ok(Measured {
+        time_us,
+        wrong,
+        below_floor: false,
+    })
+}
+
+/// The mean of every rank's `time_us`: each rank times its own operation,
+/// and the decision to cut a measurement short must be the same on all of
+/// them, or the ones that go on wait for the ones that stopped.
+fn agreed(comm: &mut dyn Collectives, time_us: f64, dev: Device) -> Result<f64> {
+    // One element per rank, so that no rank's share of the ring is empty.
+    let n = comm.world_size();
+    let t = Tensor::f_full([n as i64], time_us, (Kind::Float, dev))?;
+    let sum = Tensor::f_zeros([n as i64], (Kind::Float, dev))?;
+    comm.all_reduce(&t, &sum)?;
+    comm.synchronize()?;
+    let sum = sum.f_to_device(Device::Cpu)?.f_double_value(&[0])?;
+    Ok(sum / n as f64)
 }
 
 /// nccl-tests' warm-up before an op's sweep: `warmup` untimed operations at
@@ -249,10 +319,11 @@ pub fn sweep(
             } else {
                 1
             };
-            let (t, w) = measure(comm, op, cfg, &s, &pat, dev, false, Peer::Ring, runs)
+            let m = measure(comm, op, cfg, &s, &pat, dev, false, Peer::Ring, runs)
                 .with_context(|| format!("{phase} out-of-place"))?;
-            let (t_ip, w_ip) = measure(comm, op, cfg, &s, &pat, dev, true, Peer::Ring, runs)
+            let m_ip = measure(comm, op, cfg, &s, &pat, dev, true, Peer::Ring, runs)
                 .with_context(|| format!("{phase} in-place"))?;
+            let (t, w, t_ip, w_ip) = (m.time_us, m.wrong, m_ip.time_us, m_ip.wrong);
             let (alg, bus) = bandwidth(op, &s, es, n, t);
             let (alg_ip, bus_ip) = bandwidth(op, &s, es, n, t_ip);
             let row = CollectiveRow {
