@@ -22,9 +22,14 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 /// Runs `gpuctl accept` to its end; the exit code and the JSON report.
 fn accept(c: &Cluster, extra: &[&str]) -> (i32, Value) {
     let rules = c.cpu_rules();
-    let mut args = vec![
-        "accept", "--nodes", "all", "--level", "quick", "--rules", &rules, "--output", "json",
-    ];
+    let mut args = vec!["accept", "--rules", &rules, "--output", "json"];
+    // The quick level on every node unless the test names its own.
+    if !extra.contains(&"--nodes") {
+        args.extend(["--nodes", "all"]);
+    }
+    if !extra.contains(&"--suite") {
+        args.extend(["--level", "quick"]);
+    }
     args.extend(extra);
     let out = c.gpuctl(&args);
     let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
@@ -84,7 +89,7 @@ fn quick_accepts_a_healthy_fleet_and_fleet_shows_it() {
         assert_eq!(n["stage"], "", "{n:#}");
     }
     // Every stage ran on all four nodes, each a job with its own report.
-    for name in ["preflight", "stress", "all_reduce", "pairs"] {
+    for name in ["preflight", "stress", "all_reduce", "links"] {
         let st = stage(&s, name);
         assert_eq!(st["nodes"].as_array().unwrap().len(), 4, "{st:#}");
         if name != "preflight" {
@@ -130,7 +135,7 @@ fn a_slowed_node_fails_at_stress_and_the_later_stages_run_on_the_others() {
     }
     // The stress stage judged all four; the later stages ran without the slow one.
     assert_eq!(stage(&s, "stress")["nodes"].as_array().unwrap().len(), 4);
-    for name in ["all_reduce", "pairs"] {
+    for name in ["all_reduce", "links"] {
         let st = stage(&s, name);
         let nodes: Vec<&str> = st["nodes"]
             .as_array()
@@ -162,4 +167,42 @@ fn a_slowed_node_fails_at_stress_and_the_later_stages_run_on_the_others() {
     }
     let text = String::from_utf8_lossy(&c.gpuctl(&["fleet"]).stdout).to_string();
     assert!(text.contains("failed quick at stress"), "{text}");
+}
+
+/// Issue 36: the suites' fleet stage is the search, which needs a third node
+/// to confirm with; on two nodes it measures their one link as pairs and
+/// says so in the stage's note.
+#[test]
+fn the_links_stage_searches_three_nodes_and_pairs_two() {
+    let _g = serial();
+    let c = Cluster::start(3, 1);
+    let suite = c.dir.path().join("links.toml");
+    std::fs::write(
+        &suite,
+        "name = \"links-only\"\n[[stage]]\nname = \"links\"\nworkload = \"nccl\"\n\
+         params = { pattern = \"search\", slow_ratio = 0.5, max_bytes = \"1M\", iters = \"5\", warmup = \"2\" }\n",
+    )
+    .unwrap();
+    let suite = suite.to_str().unwrap().to_string();
+    for (nodes, pattern) in [("all", "search"), ("2", "pairs")] {
+        let (code, s) = accept(&c, &["--suite", &suite, "--nodes", nodes]);
+        assert_eq!(code, 0, "{nodes}: {s:#}");
+        let st = stage(&s, "links");
+        assert_eq!(st["state"], "succeeded", "{st:#}");
+        let report = &st["report"];
+        assert_eq!(report["spec"]["params"]["pattern"], pattern, "{st:#}");
+        if pattern == "pairs" {
+            assert!(
+                st["note"]
+                    .as_str()
+                    .unwrap()
+                    .contains("--pattern pairs measured them instead of search"),
+                "{st:#}"
+            );
+            assert_eq!(report["links"].as_array().unwrap().len(), 2, "{st:#}");
+        } else {
+            assert_eq!(st["note"], "", "{st:#}");
+            assert!(!report["bisect"].as_array().unwrap().is_empty(), "{st:#}");
+        }
+    }
 }

@@ -357,8 +357,9 @@ impl Stage {
         self.workload == PREFLIGHT
     }
 
-    /// The fewest nodes the stage can run on (`pattern = "pairs"`: 2,
-    /// `"bisect"`: 3, else 1): with fewer still in, the coordinator skips it.
+    /// The fewest nodes the stage can run on (`pattern = "pairs"` and
+    /// `"search"`: 2, `"bisect"`: 3, else 1): with fewer still in, the
+    /// coordinator skips it.
     pub fn min_nodes(&self, gpu: bool) -> u32 {
         let pattern = gpu
             .then(|| self.gpu_params.get("pattern"))
@@ -366,7 +367,7 @@ impl Stage {
             .or(self.params.get("pattern"));
         pattern
             .and_then(|p| NcclPattern::parse(p))
-            .map_or(1, |p| p.min_nodes().0)
+            .map_or(1, |p| p.in_suite(2).min_nodes().0)
     }
 
     /// The expected time of any stage but the `rest` one, whose share
@@ -583,7 +584,7 @@ mod tests {
         let quick = Suite::builtin("quick").unwrap();
         assert_eq!(quick.duration_ms, 120_000);
         let names: Vec<&str> = quick.stages.iter().map(|s| s.name.as_str()).collect();
-        assert_eq!(names, ["preflight", "stress", "all_reduce", "pairs", "p2p"]);
+        assert_eq!(names, ["preflight", "stress", "all_reduce", "links", "p2p"]);
         let standard = Suite::builtin("standard").unwrap();
         assert_eq!(standard.duration_ms, 15 * 60_000);
         assert_eq!(standard.stages.len(), 6);
@@ -668,9 +669,11 @@ mod tests {
             let TypedParams::Nccl(p) = typed(specs[3].1.as_ref().unwrap(), on_gpu) else {
                 panic!()
             };
-            assert_eq!((p.pattern, p.max_bytes), (NcclPattern::Pairs, max));
+            assert_eq!((p.pattern, p.max_bytes), (NcclPattern::Search, max));
+            assert_eq!(p.slow_ratio, if on_gpu { 0.8 } else { 0.5 });
         }
-        assert_eq!(quick.stages[3].min_nodes(true), 2, "pairs");
+        // Two nodes measure their link as pairs.
+        assert_eq!(quick.stages[3].min_nodes(true), 2, "links");
         assert_eq!(quick.stages[1].min_nodes(false), 1);
     }
 
@@ -680,7 +683,7 @@ mod tests {
         let others: u64 = burn.stage_estimates_ms(None)[..burn.stages.len() - 1]
             .iter()
             .sum();
-        // preflight 5 s; stress 5 m; nccl 2 m; pairs 1 m; ddp 2 m; maxbatch 1.5 m; five job starts.
+        // preflight 5 s; stress 5 m; nccl 2 m; links 1 m; ddp 2 m; maxbatch 1.5 m; five job starts.
         assert_eq!(
             others,
             5_000 + (300 + 120 + 60 + 120 + 90) * 1_000 + 5 * JOB_START_MS

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use gpuctl_proto::pb::{
-    rank_result::Detail, BisectRound, CollectiveResult, Finding, RankResult, Verdict,
+    rank_result::Detail, BisectRound, CollectiveResult, Finding, Link, RankResult, Verdict,
 };
 
 /// What the search found.
@@ -16,6 +16,9 @@ pub struct Judged {
     pub rounds: Vec<BisectRound>,
     pub findings: Vec<Finding>,
     pub notes: Vec<String>,
+    /// The search's two-node groups, as links between nodes (`gpuctl fleet
+    /// links` keeps them beside the pairs').
+    pub links: Vec<Link>,
 }
 
 pub(crate) fn name(nodes: &[String], rank: u32) -> String {

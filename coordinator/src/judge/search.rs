@@ -5,17 +5,40 @@
 //! with another partner, that confirmed it. A node the second look cleared
 //! and a node the search could not decide are notes, never failures.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use gpuctl_proto::pb::{Finding, RankResult, Verdict};
+use gpuctl_proto::catalogue::TypedParams;
+use gpuctl_proto::pb::{Finding, JobSpec, Link, Plan, RankResult, Verdict};
 
 use super::bisect::{name, named_rounds, Judged};
 use super::figures::upper_quartile;
 
 const RULE: &str = "search: groups below the slow share of the search's upper-quartile group are split until a node or link is left; a node is blamed when slow with two different cleared partners, a link when slow twice";
 
+/// What the search measured at: all_reduce of `bytes` in `dtype`.
+#[derive(Debug, Clone, Default)]
+pub struct Size {
+    pub bytes: u64,
+    pub dtype: String,
+}
+
+impl Size {
+    /// The job's `max_bytes` and `dtype`, with the defaults of the device
+    /// its ranks ran on.
+    pub fn of(spec: &JobSpec, plan: &Plan) -> Size {
+        let gpu = plan.ranks.iter().any(|r| r.is_gpu());
+        match TypedParams::build(&spec.workload, &spec.params, gpu) {
+            Ok(TypedParams::Nccl(p)) => Size {
+                bytes: p.max_bytes,
+                dtype: p.dtype,
+            },
+            _ => Size::default(),
+        }
+    }
+}
+
 /// The search's verdict, as the lowest rank that reported it tells it.
-pub fn judge(results: &BTreeMap<u32, RankResult>, nodes: &[String]) -> Judged {
+pub fn judge(results: &BTreeMap<u32, RankResult>, nodes: &[String], size: &Size) -> Judged {
     let Some((mut out, steps, c)) = named_rounds(results, nodes) else {
         return Judged::default();
     };
@@ -77,6 +100,7 @@ pub fn judge(results: &BTreeMap<u32, RankResult>, nodes: &[String]) -> Judged {
             _ => {}
         }
     }
+    out.links = links(&out, &c.search_blamed, nodes, size, reference);
     let names = |v: &[u32]| -> String {
         v.iter()
             .map(|n| name(nodes, *n))
@@ -107,6 +131,54 @@ pub fn judge(results: &BTreeMap<u32, RankResult>, nodes: &[String]) -> Judged {
     out
 }
 
+/// Every two-node group the search measured is a link between those nodes:
+/// its first figure and, measured again, the second (the better one
+/// judged, as the pairs' links). A link fails when the search blamed it or
+/// one of its nodes.
+fn links(
+    out: &Judged,
+    blamed: &[gpuctl_proto::pb::SearchBlame],
+    nodes: &[String],
+    size: &Size,
+    reference: f64,
+) -> Vec<Link> {
+    let bad_nodes: BTreeSet<u32> = blamed.iter().filter_map(|b| b.node).collect();
+    let bad_links: BTreeSet<(u32, u32)> = blamed
+        .iter()
+        .filter_map(|b| Some((b.link_a?.min(b.link_b?), b.link_a?.max(b.link_b?))))
+        .collect();
+    let mut seen: BTreeMap<(u32, u32), (u32, Vec<f64>)> = BTreeMap::new();
+    for r in &out.rounds {
+        for g in r.groups.iter().filter(|g| g.nodes.len() == 2) {
+            let key = (g.nodes[0].min(g.nodes[1]), g.nodes[0].max(g.nodes[1]));
+            seen.entry(key)
+                .or_insert((r.round, Vec::new()))
+                .1
+                .push(g.busbw_gbps);
+        }
+    }
+    seen.into_iter()
+        .map(|((a, b), (round, v))| {
+            let bad =
+                bad_links.contains(&(a, b)) || bad_nodes.contains(&a) || bad_nodes.contains(&b);
+            Link {
+                a: name(nodes, a),
+                b: name(nodes, b),
+                op: "all_reduce".into(),
+                bytes: size.bytes,
+                dtype: size.dtype.clone(),
+                round,
+                busbw_gbps: v.iter().copied().fold(0.0, f64::max),
+                verdict: if bad { Verdict::Fail } else { Verdict::Pass } as i32,
+                reference_gbps: reference,
+                first_gbps: v[0],
+                repeat_gbps: v.get(1).copied().unwrap_or(0.0),
+                ..Default::default()
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -117,15 +189,38 @@ mod tests {
     #[test]
     fn culprits_are_named_with_both_figures_and_cleared_ones_are_notes() {
         let c = CollectiveResult {
-            bisect: vec![BisectRound {
-                round: 0,
-                groups: vec![BisectGroup {
-                    nodes: vec![0, 1, 2, 3],
-                    busbw_gbps: 1.0,
-                    ..Default::default()
-                }],
-                decision: String::new(),
-            }],
+            bisect: vec![
+                BisectRound {
+                    round: 0,
+                    groups: vec![BisectGroup {
+                        nodes: vec![0, 1, 2, 3],
+                        busbw_gbps: 1.0,
+                        ..Default::default()
+                    }],
+                    decision: String::new(),
+                },
+                BisectRound {
+                    round: 1,
+                    groups: [[0, 2], [1, 3], [0, 1]]
+                        .iter()
+                        .map(|g| BisectGroup {
+                            nodes: g.to_vec(),
+                            busbw_gbps: if g == &[0, 1] { 1.1 } else { 0.3 },
+                            ..Default::default()
+                        })
+                        .collect(),
+                    decision: String::new(),
+                },
+                BisectRound {
+                    round: 2,
+                    groups: vec![BisectGroup {
+                        nodes: vec![3, 1],
+                        busbw_gbps: 0.42,
+                        ..Default::default()
+                    }],
+                    decision: String::new(),
+                },
+            ],
             search_blamed: vec![
                 SearchBlame {
                     node: Some(2),
@@ -154,7 +249,11 @@ mod tests {
         )]
         .into();
         let nodes: Vec<String> = (0..4).map(|i| format!("n{i}")).collect();
-        let j = judge(&results, &nodes);
+        let size = Size {
+            bytes: 1 << 20,
+            dtype: "float".into(),
+        };
+        let j = judge(&results, &nodes, &size);
         assert_eq!(j.findings.len(), 2, "{:#?}", j.findings);
         assert_eq!(j.findings[0].node, "n2");
         assert!(j.findings[0]
@@ -167,5 +266,32 @@ mod tests {
             .iter()
             .any(|n| n.contains("cleared by a second look") && n.contains("n0")));
         assert_eq!(j.rounds[0].groups[0].names, ["n0", "n1", "n2", "n3"]);
+        // The two-node groups are links for `gpuctl fleet links`, the one
+        // measured twice with both figures; those of blamed nodes and links fail.
+        let links: Vec<(&str, &str, f64, f64, bool)> = j
+            .links
+            .iter()
+            .map(|l| {
+                (
+                    l.a.as_str(),
+                    l.b.as_str(),
+                    l.first_gbps,
+                    l.repeat_gbps,
+                    l.verdict() == Verdict::Fail,
+                )
+            })
+            .collect();
+        assert_eq!(
+            links,
+            [
+                ("n0", "n1", 1.1, 0.0, false),
+                ("n0", "n2", 0.3, 0.0, true),
+                ("n1", "n3", 0.3, 0.42, true),
+            ]
+        );
+        assert!(j
+            .links
+            .iter()
+            .all(|l| l.bytes == 1 << 20 && l.op == "all_reduce"));
     }
 }

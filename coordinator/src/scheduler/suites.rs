@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 
+use gpuctl_proto::catalogue::NcclPattern;
 use gpuctl_proto::now_ms;
 use gpuctl_proto::pb::{
     Acceptance, JobSpec, JobState, NodeState, Report, SubmitSuiteRequest, Suite, SuiteNode,
@@ -248,6 +249,22 @@ impl Scheduler {
                 continue;
             }
             let mut spec = stage.spec.clone().unwrap_or_default();
+            if let Some(p) = spec
+                .params
+                .get("pattern")
+                .and_then(|p| NcclPattern::parse(p))
+            {
+                let runs = p.in_suite(still_in.len() as u32);
+                if runs != p {
+                    stage.note = format!(
+                        "{} nodes still in: --pattern {} measured them instead of {}",
+                        still_in.len(),
+                        runs.name(),
+                        p.name()
+                    );
+                    spec.params.insert("pattern".into(), runs.name().into());
+                }
+            }
             spec.all_nodes = true;
             spec.node_count = 0;
             spec.only_nodes = still_in;

@@ -81,6 +81,17 @@ impl NcclPattern {
         }
     }
 
+    /// The pattern a suite's stage runs on `nodes` nodes: a search on two
+    /// nodes has no third to confirm with, and measures their one link as
+    /// pairs do (one home for that choice: the suite runner and the stage's
+    /// node count both ask here).
+    pub fn in_suite(self, nodes: u32) -> NcclPattern {
+        match self {
+            NcclPattern::Search if nodes < 3 => NcclPattern::Pairs,
+            p => p,
+        }
+    }
+
     /// Whether the pattern measures at `max_bytes` only (`min_bytes` does not apply).
     pub fn max_bytes_only(self) -> bool {
         self != NcclPattern::All

@@ -151,7 +151,7 @@ fn assemble(inp: &Inputs, with_results: bool) -> (Report, Figures) {
     found.extend(pairs.findings);
     // `--pattern search` reports its rounds as bisect does, and more.
     let bisect = if spec.params.get("pattern").map(String::as_str) == Some("search") {
-        search::judge(inp.results, &plan.nodes)
+        search::judge(inp.results, &plan.nodes, &search::Size::of(&spec, plan))
     } else {
         bisect::judge(inp.results, &plan.nodes)
     };
@@ -192,7 +192,7 @@ fn assemble(inp: &Inputs, with_results: bool) -> (Report, Figures) {
         health,
         preflight,
         findings: found,
-        links: links.links,
+        links: links.links.into_iter().chain(bisect.links).collect(),
         gpu_pairs: pairs.pairs,
         bisect: bisect.rounds,
         hang_timeout_ms,
