@@ -19,6 +19,7 @@ pub mod search;
 pub mod server;
 pub mod shutdown;
 pub mod spec;
+pub mod stats;
 pub mod suite;
 pub mod timeline;
 pub mod units;

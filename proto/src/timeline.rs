@@ -51,19 +51,12 @@ pub fn thin(r: &mut RankResult, max: usize) -> bool {
     changed
 }
 
-/// Every `k`-th value, the last one always kept.
+/// `v` thinned to `max` items ([`crate::stats::thin_evenly`]); whether it was.
 fn evenly<T: Clone>(v: &mut Vec<T>, max: usize) -> bool {
     if v.len() <= max || max == 0 {
         return false;
     }
-    let k = v.len().div_ceil(max);
-    let last = v.last().cloned();
-    let mut kept: Vec<T> = v.iter().step_by(k).cloned().collect();
-    if v.len() % k != 1 {
-        kept.truncate(max.saturating_sub(1));
-        kept.extend(last);
-    }
-    *v = kept;
+    *v = crate::stats::thin_evenly(v, max);
     true
 }
 

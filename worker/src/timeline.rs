@@ -8,6 +8,7 @@
 //! and an even spread of the rest.
 
 use gpuctl_proto::pb::PhaseMark;
+use gpuctl_proto::stats::thin_evenly;
 
 /// Marks of one rank's timeline at most.
 pub const MAX_PHASES: usize = 1024;
@@ -18,20 +19,6 @@ pub const MAX_PHASE_TEXT: usize = 256;
 /// Within a phase, a mark about this often (ms), so the iteration counter can
 /// be drawn over time.
 pub const MARK_EVERY_MS: u64 = 1000;
-
-/// At most `max` items of `v`, evenly spread, the first and last kept.
-pub fn thin_evenly<T: Clone>(v: &[T], max: usize) -> Vec<T> {
-    let n = v.len();
-    if n <= max {
-        return v.to_vec();
-    }
-    if max <= 1 {
-        return v.last().cloned().into_iter().collect();
-    }
-    (0..max)
-        .map(|i| v[i * (n - 1) / (max - 1)].clone())
-        .collect()
-}
 
 /// What a phase is on the timeline: the progress text without a trailing step
 /// counter (`train step 3/30` is phase `train step`, `warmup 1/5` is
@@ -137,11 +124,6 @@ mod tests {
 
     #[test]
     fn step_times_are_thinned_evenly_keeping_the_ends() {
-        let v: Vec<u32> = (0..10).collect();
-        assert_eq!(thin_evenly(&v, 20), v);
-        assert_eq!(thin_evenly(&v, 4), [0, 3, 6, 9]);
-        assert_eq!(thin_evenly(&v, 2), [0, 9]);
-        assert_eq!(thin_evenly(&v, 1), [9]);
         let many: Vec<f64> = (0..10_000).map(f64::from).collect();
         let t = thin_evenly(&many, MAX_STEP_TIMES);
         assert_eq!(t.len(), MAX_STEP_TIMES);

@@ -8,17 +8,8 @@ use gpuctl_proto::pb;
 
 use super::table::Table;
 
-fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
+fn median(v: Vec<f64>) -> f64 {
+    gpuctl_proto::stats::median(v).unwrap_or(0.0)
 }
 
 /// One matrix per op; `!` marks a slow link.

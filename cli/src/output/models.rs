@@ -9,6 +9,7 @@
 
 use gpuctl_proto::pb;
 use gpuctl_proto::pb::rank_result::Detail;
+use gpuctl_proto::stats::{median, quantile_sorted};
 use gpuctl_proto::units::format_bytes;
 
 use super::table::Table;
@@ -106,20 +107,6 @@ fn rows(r: &pb::Report) -> Vec<ModelRow<'_>> {
     out
 }
 
-fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let rank = (p / 100.0 * (sorted.len() - 1) as f64).round() as usize;
-    Some(sorted[rank.min(sorted.len() - 1)])
-}
-
-/// The middle value (the upper of the two middle ones); None when empty.
-pub fn median(mut v: Vec<f64>) -> Option<f64> {
-    v.sort_by(|a, b| a.total_cmp(b));
-    percentile(&v, 50.0)
-}
-
 /// Step time p50 and p99 (ms) over every rank's steps; from the ranks' own
 /// percentiles when the results carry no step times.
 fn step_ms(ts: &[&pb::TrainResult]) -> (Option<f64>, Option<f64>) {
@@ -130,7 +117,7 @@ fn step_ms(ts: &[&pb::TrainResult]) -> (Option<f64>, Option<f64>) {
         return (p50, p99);
     }
     all.sort_by(|a, b| a.total_cmp(b));
-    (percentile(&all, 50.0), percentile(&all, 99.0))
+    (median(all.clone()), quantile_sorted(&all, 0.99))
 }
 
 fn bytes(v: u64) -> String {

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use gpuctl_proto::pb;
 use gpuctl_proto::pb::rank_result::Detail;
+use gpuctl_proto::stats::median;
 
 use super::grid::Section;
 use super::table::Table;
@@ -64,19 +65,6 @@ impl Matrix<'_> {
         v.dedup();
         v
     }
-}
-
-fn median(mut v: Vec<f64>) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    Some(if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    })
 }
 
 /// GB/s with a decimal for GPUs (hundreds) and two for CPU ranks (units).

@@ -11,6 +11,7 @@ use gpuctl_proto::catalogue::{NcclPattern, TypedParams};
 use gpuctl_proto::pb::{
     rank_result::Detail, BaselineFigure, CollectiveRow, JobSpec, RankResult, Report, TrainResult,
 };
+use gpuctl_proto::stats::median;
 
 /// What a figure measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -427,40 +428,6 @@ pub fn expected(spec: &JobSpec, gpu: bool, world_size: u32) -> Expected {
     out
 }
 
-/// The median, `None` for no values.
-pub fn median(mut v: Vec<f64>) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    // Selected, not sorted: a job's 32,768 figures were a tenth of its judging.
-    let n = v.len();
-    let (lower, mid, _) = v.select_nth_unstable_by(n / 2, f64::total_cmp);
-    let mid = *mid;
-    Some(if n % 2 == 1 {
-        mid
-    } else {
-        let below = lower.iter().copied().max_by(f64::total_cmp).unwrap_or(mid);
-        (below + mid) / 2.0
-    })
-}
-
-/// The upper quartile (nearest rank), `None` for no values: the reference
-/// of searches and pair matrices where a quarter of the figures may be slow.
-pub fn upper_quartile(v: Vec<f64>) -> Option<f64> {
-    quantile(v, 0.75)
-}
-
-/// The figure a share `q` (0..1) of the others are at or below (the
-/// nearest-rank quantile); `None` for no figures.
-pub fn quantile(mut v: Vec<f64>, q: f64) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let at = ((v.len() as f64) * q).ceil() as usize;
-    Some(v[at.saturating_sub(1).min(v.len() - 1)])
-}
-
 /// The figures all ranks made together: bus bandwidth from the job's
 /// collective table (the slowest rank's time, as nccl-tests reports), and the
 /// synchronous training rates.
@@ -582,19 +549,6 @@ pub fn baseline_figures(ranks: &[RankFigures], job: &JobFigures) -> Vec<Baseline
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_median_of_odd_and_even_counts_in_any_order() {
-        assert_eq!(median(vec![]), None);
-        assert_eq!(median(vec![7.0]), Some(7.0));
-        assert_eq!(median(vec![9.0, 1.0, 5.0]), Some(5.0));
-        assert_eq!(median(vec![8.0, 2.0, 6.0, 4.0]), Some(5.0));
-        assert_eq!(median(vec![3.0, 3.0, 1.0, 3.0]), Some(3.0));
-        let mut many: Vec<f64> = (0..1001).map(|i| ((i * 7919) % 1001) as f64).collect();
-        assert_eq!(median(many.clone()), Some(500.0));
-        many.push(1001.0);
-        assert_eq!(median(many), Some(500.5));
-    }
 
     #[test]
     fn a_device_class_names_the_model_and_its_libraries() {

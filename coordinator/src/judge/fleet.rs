@@ -8,7 +8,9 @@ use std::collections::{BTreeMap, HashMap};
 
 use gpuctl_proto::pb::{Drift, FigureRecord, FleetRow, Link, NodeRun, Report};
 
-use super::figures::{median, of_report, Figures, Metric};
+use gpuctl_proto::stats::median;
+
+use super::figures::{of_report, Figures, Metric};
 
 /// The runs a finished report leaves in the history, one per node.
 pub fn runs_of(report: &Report) -> Vec<NodeRun> {

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use gpuctl_proto::pb::{rank_result::Detail, Finding, Link, RankResult, Verdict};
 
-use super::figures::{median, quantile};
+use gpuctl_proto::stats::{median, quantile};
 
 /// What the links of a job say.
 #[derive(Debug, Default)]

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use gpuctl_proto::pb::{rank_result::Detail, Finding, GpuPair, Plan, RankResult, Verdict};
 
-use super::figures::upper_quartile;
+use gpuctl_proto::stats::upper_quartile;
 
 /// What the pairs of a job say.
 #[derive(Debug, Default)]
@@ -165,7 +165,7 @@ pub fn judge(results: &BTreeMap<u32, RankResult>, plan: &Plan, ratios: Ratios) -
             .filter(|((s, d), _)| *s == rank || *d == rank)
             .map(|(_, m)| m.judged())
             .collect();
-        let med = super::figures::median(mine).unwrap_or(0.0);
+        let med = gpuctl_proto::stats::median(mine).unwrap_or(0.0);
         let mut with: Vec<String> = peers.iter().map(|p| label(*p)).collect();
         with.dedup();
         out.findings.push(Finding {

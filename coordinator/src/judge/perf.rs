@@ -17,9 +17,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use gpuctl_proto::pb::{Baseline, Finding, Verdict};
 
-use super::figures::median;
 pub use super::figures::{Expected, Figure, JobFigures, Metric, RankFigures};
 use super::rules::{MetricRule, PerfRules};
+use gpuctl_proto::stats::median;
 
 /// Findings and the sentences that say which references applied.
 #[derive(Debug, Default)]

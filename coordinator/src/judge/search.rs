@@ -11,7 +11,7 @@ use gpuctl_proto::catalogue::TypedParams;
 use gpuctl_proto::pb::{Finding, JobSpec, Link, Plan, RankResult, Verdict};
 
 use super::bisect::{name, named_rounds, Judged};
-use super::figures::upper_quartile;
+use gpuctl_proto::stats::upper_quartile;
 
 const RULE: &str = "search: groups below the slow share of the search's upper-quartile group are split until a node or link is left; a node is blamed when slow with two different cleared partners, a link when slow twice";
 

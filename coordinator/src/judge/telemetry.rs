@@ -265,7 +265,7 @@ fn peer_crc(
             .filter(|(j, _)| *j != i)
             .filter_map(|(_, r)| *r)
             .collect();
-        let Some(median) = super::figures::median(others) else {
+        let Some(median) = gpuctl_proto::stats::median(others) else {
             continue;
         };
         if rate >= rules.nvlink_crc_peer_ratio * median {

@@ -256,10 +256,7 @@ impl Search {
     fn threshold(&self) -> f64 {
         let mut v = self.figures.clone();
         v.sort_by(f64::total_cmp);
-        let at = |q: f64| {
-            let i = ((v.len() as f64) * q).ceil() as usize;
-            v.get(i.saturating_sub(1)).copied().unwrap_or(0.0)
-        };
+        let at = |q: f64| crate::stats::quantile_sorted(&v, q).unwrap_or(0.0);
         let (upper, median) = (at(0.75), at(0.5));
         let reference = self.reference.unwrap_or(upper);
         let seen = if upper > 0.0 {

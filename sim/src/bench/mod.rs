@@ -194,12 +194,10 @@ struct Latencies {
     job: String,
 }
 
+/// The nearest-rank quantile `p` (0..1), 0 for none.
 fn percentile(v: &mut [f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
     v.sort_by(f64::total_cmp);
-    v[((v.len() as f64 - 1.0) * p).round() as usize]
+    gpuctl_proto::stats::quantile_sorted(v, p).unwrap_or(0.0)
 }
 
 /// Calls `nodes`, `jobs` and `status` over and over, as people and scripts
@@ -344,7 +342,8 @@ impl Phase {
             .iter_mut()
             .map(|(k, v)| {
                 let n = v.len();
-                (k.clone(), (percentile(v, 0.5), percentile(v, 0.99), n))
+                let med = gpuctl_proto::stats::median(v.clone()).unwrap_or(0.0);
+                (k.clone(), (med, percentile(v, 0.99), n))
             })
             .collect();
         let mut calls = std::mem::take(&mut l.calls);

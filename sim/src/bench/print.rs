@@ -4,14 +4,14 @@ use serde_json::{json, Value};
 
 use clap::ValueEnum as _;
 
-use super::{percentile, BenchReport, PLAN_CALLS};
+use super::{BenchReport, PLAN_CALLS};
 use crate::fleet::RankConnections;
 
 const MB: f64 = 1e6;
 
 fn median_max(ms: &[f64]) -> (f64, f64) {
-    let mut v = ms.to_vec();
-    (percentile(&mut v, 0.5), percentile(&mut v, 1.0))
+    let med = gpuctl_proto::stats::median(ms.to_vec()).unwrap_or(0.0);
+    (med, ms.iter().copied().fold(0.0, f64::max))
 }
 
 impl BenchReport {

@@ -42,20 +42,6 @@ fn bits_kind(k: Kind) -> Kind {
     }
 }
 
-fn median(v: &[f64]) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.total_cmp(b));
-    let m = s.len() / 2;
-    if s.len() % 2 == 1 {
-        s[m]
-    } else {
-        (s[m - 1] + s[m]) / 2.0
-    }
-}
-
 /// Allocates GPU memory until the device's memory in use reaches the target.
 fn fill_memory(ctx: &Ctx, target: MemoryTarget) -> Result<Vec<Tensor>> {
     let Some((used, total)) = ctx.dev.gpu_memory() else {
@@ -274,7 +260,7 @@ pub fn run(ctx: &Ctx, cfg: &StressParams) -> Result<Outcome> {
         dtype: cfg.precision.clone(),
         matrix_size: n as u32,
         iterations,
-        tflops_median: median(&tflops),
+        tflops_median: gpuctl_proto::stats::median(tflops.clone()).unwrap_or(0.0),
         tflops_min: if tflops.is_empty() { 0.0 } else { min },
         tflops_max: max,
         tflops_per_interval: tflops,
@@ -310,13 +296,6 @@ pub fn run(ctx: &Ctx, cfg: &StressParams) -> Result<Outcome> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn median_of_even_and_odd() {
-        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
-        assert_eq!(median(&[]), 0.0);
-    }
 
     #[test]
     fn precisions_map_to_kinds() {

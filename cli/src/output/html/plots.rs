@@ -13,7 +13,7 @@ use gpuctl_proto::units::format_bytes;
 use super::chart::{self, Plot};
 use super::lines::{whole_number, Heatmap, Histogram, Lines, Series};
 use crate::commands::report::ranks_in_order;
-use crate::output::models::median;
+use gpuctl_proto::stats::median;
 
 /// A plot, or a sentence where a plot would be.
 pub enum Figure {

@@ -43,7 +43,9 @@ use super::memory::Memory;
 use super::models::{Batch, Model, ModelConfig, Precision};
 use crate::comm::Collectives;
 use crate::device::digest;
-use crate::timeline::{thin_evenly, MAX_STEP_TIMES};
+use gpuctl_proto::stats::{median, quantile_sorted, thin_evenly};
+
+use crate::timeline::MAX_STEP_TIMES;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
@@ -118,14 +120,6 @@ fn sync(dev: Device) {
     if let Device::Cuda(o) = dev {
         tch::Cuda::synchronize(o as i64);
     }
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let rank = (p / 100.0 * (sorted.len() - 1) as f64).round() as usize;
-    sorted[rank.min(sorted.len() - 1)]
 }
 
 enum State {
@@ -397,8 +391,8 @@ pub fn train(
         batch_size: cfg.batch_size as u32,
         steps: cfg.steps,
         samples_per_s: per_s,
-        step_ms_p50: percentile(&sorted, 50.0) * 1e3,
-        step_ms_p99: percentile(&sorted, 99.0) * 1e3,
+        step_ms_p50: median(times.clone()).unwrap_or(0.0) * 1e3,
+        step_ms_p99: quantile_sorted(&sorted, 0.99).unwrap_or(0.0) * 1e3,
         final_loss: losses.last().copied().unwrap_or(f64::NAN),
         unit: model.unit().into(),
         mode: cfg.mode.name().into(),
@@ -531,13 +525,5 @@ mod tests {
             }
         }
         assert!(nonzero > count / 2, "{nonzero} of {count}");
-    }
-
-    #[test]
-    fn percentiles() {
-        let v: Vec<f64> = (1..=100).map(|x| x as f64).collect();
-        assert_eq!(percentile(&v, 50.0), 51.0);
-        assert_eq!(percentile(&v, 99.0), 99.0);
-        assert_eq!(percentile(&[], 50.0), 0.0);
     }
 }
