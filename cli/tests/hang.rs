@@ -152,3 +152,112 @@ fn a_rank_stopped_mid_stress_fails_the_job_naming_it() {
         "{message}"
     );
 }
+
+/// Issue 36: a rank stopped in the second round of `nccl --pattern pairs` on
+/// four nodes. The job fails naming it, the ranks waiting at the round's
+/// barrier are not blamed, and the links measured in the first round stay in
+/// the report and in `gpuctl fleet links`: each worker the coordinator stops
+/// sends what it measured so far before it dies (`RankResult.partial`),
+/// which counts for those links and for no rank's verdict.
+#[test]
+fn links_measured_before_a_hang_stay_in_the_report() {
+    let _g = serial();
+    let cluster = Cluster::start(4, 1);
+    let id = cluster.submit(&[
+        "nccl",
+        "--pattern",
+        "pairs",
+        "--nodes",
+        "4",
+        "--max-bytes",
+        "1M",
+        "--iters",
+        "400",
+        "--warmup",
+        "1",
+        "--hang-timeout",
+        "10s",
+    ]);
+    cluster.wait_workers(&id, 4, Duration::from_secs(30));
+    // Until some rank is in round 2 of 3.
+    let start = Instant::now();
+    loop {
+        let job = cluster.job(&id);
+        let progress = job_field(&job, "progress");
+        let in_round_2 = progress.as_array().into_iter().flatten().any(|p| {
+            p["phase"]
+                .as_str()
+                .is_some_and(|s| s.starts_with("pairs round 2/3"))
+        });
+        if in_round_2 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "no rank reached round 2: {job:#}\n{}",
+            cluster.logs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (pid, rank, node) = worker_pids(&id)
+        .into_iter()
+        .map(|pid| {
+            let (rank, node) = rank_and_node(pid);
+            (pid, rank, node)
+        })
+        .max_by_key(|(_, rank, _)| *rank)
+        .expect("a worker");
+    // SAFETY: a signal to a worker process this test started.
+    unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+    let _guard = Stopped {
+        pid,
+        job: id.clone(),
+    };
+    cluster.wait_state(&id, &["failed"], Duration::from_secs(60));
+    let message = job_field(&cluster.job(&id), "message")
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        message.contains(&format!("rank {rank} on {node} hung")),
+        "{message}"
+    );
+    // The stopped workers' figures come in after the job's end and are folded
+    // into its report once they stop coming.
+    let start = Instant::now();
+    let report = loop {
+        let out = cluster.gpuctl(&["report", &id, "--output", "json"]);
+        let report: Value = serde_json::from_slice(&out.stdout).expect("report json");
+        let first_round = report["links"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|l| l["round"] == 0)
+            .count();
+        if first_round == 4 {
+            break report;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the first round's 2 pairs x 2 ops are not in the report: {report:#}\n{}",
+            cluster.logs()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    for l in report["links"].as_array().unwrap() {
+        assert_eq!(l["verdict"], "pass", "{l}");
+    }
+    for n in report["nodes"].as_array().unwrap() {
+        let verdict = n["verdict"].as_str().unwrap_or("");
+        if n["name"] == node.as_str() {
+            assert_eq!(verdict, "fail", "{n}");
+        } else {
+            assert_ne!(verdict, "fail", "only {node} fails: {n}");
+        }
+    }
+    let fleet = cluster.json(&["fleet", "links"]);
+    assert!(
+        fleet["links"].as_array().is_some_and(|l| l.len() >= 4),
+        "{fleet:#}"
+    );
+}

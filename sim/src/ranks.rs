@@ -192,6 +192,7 @@ pub async fn run(
         })),
         more_train: vec![],
         phases: marks,
+        partial: false,
     };
     // As a real worker: the job's share of timeline points, not all of them.
     let mut result = result;

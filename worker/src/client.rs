@@ -252,7 +252,7 @@ impl Rendezvous for CoordinatorClient {
                 return Ok(resp.value);
             }
             if resp.job_over {
-                bail!("the job ended while waiting for rendezvous key `{key}`");
+                return Err(JobOver(key.to_string()).into());
             }
             if Instant::now() >= deadline {
                 bail!(
@@ -275,6 +275,24 @@ struct Snapshot {
     /// What the rank waits for at the rendezvous (empty: it works).
     waiting_for: String,
 }
+
+/// The coordinator ended the job while this rank waited on the rendezvous:
+/// the rank did not fail, the job ended around it (its result is then
+/// `partial`, never a verdict on it).
+#[derive(Debug)]
+pub struct JobOver(pub String);
+
+impl std::fmt::Display for JobOver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the job ended while waiting for rendezvous key `{}`",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for JobOver {}
 
 /// Progress of this rank; cheap to update from the work loop, sent about once a
 /// second by a background thread. `Progress::disabled()` sends nothing.

@@ -10,6 +10,7 @@ pub mod client;
 pub mod comm;
 pub mod context;
 pub mod device;
+pub mod partial;
 pub mod rendezvous;
 pub mod shim;
 pub mod standby;
@@ -143,6 +144,7 @@ fn execute(
         ),
         peak_gpu_bytes: AtomicU64::new(0),
     };
+    partial::arm(client.clone(), res.clone());
     let outcome = workloads::run(&ctx);
     ctx.sample_memory();
     res.peak_memory_bytes = if ctx.dev.is_cuda() {
@@ -150,7 +152,14 @@ fn execute(
     } else {
         device::peak_rss_bytes()
     };
-    let outcome = outcome?;
+    let outcome = match outcome {
+        Ok(o) => o,
+        Err(e) => {
+            // What the rank measured before it failed goes with the error.
+            res.detail = partial::kept();
+            return Err(e);
+        }
+    };
     if let Some(v) = outcome.nccl_version {
         res.nccl_version = v;
     }
@@ -221,7 +230,12 @@ pub fn run_worker(args: Args) -> i32 {
     }));
     let error = match outcome {
         Ok(Ok(())) => None,
-        Ok(Err(e)) => Some(format!("{e:#}")),
+        Ok(Err(e)) => {
+            // Ended by the coordinator while it waited: what it measured is
+            // evidence, its error no fault of its own.
+            res.partial = e.chain().any(|c| c.is::<client::JobOver>());
+            Some(format!("{e:#}"))
+        }
         Err(p) => Some(format!("crashed: {}", panic_message(p))),
     };
     res.elapsed_ms = started.elapsed().as_millis() as u64;
@@ -242,7 +256,10 @@ pub fn run_worker(args: Args) -> i32 {
         gpuctl_proto::timeline::points_per_rank(RankEnv::world_hint()),
     );
     let ok = res.ok;
-    match client.report_result(res) {
+    let sent = client.report_result(res);
+    // Until the whole result is in, a SIGTERM still sends the partial one.
+    partial::clear();
+    match sent {
         Ok(ack) if !ack.ok => {
             tracing::warn!("the coordinator did not take the result: {}", ack.message)
         }

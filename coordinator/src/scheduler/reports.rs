@@ -458,7 +458,18 @@ impl Scheduler {
         tokio::spawn(async move {
             let report = match from_store(work, retired, &store).await {
                 Ok(mut report) => {
-                    drop(store.queue(Batch::default().report(&mut report)));
+                    // The late results may carry figures (links a stopped
+                    // rank measured): the nodes' runs are made again too,
+                    // under the same keys.
+                    let runs = fleet::runs_of(&report)
+                        .iter()
+                        .fold(Batch::default(), Batch::run);
+                    let mut batch = Batch::default().report(&mut report);
+                    if !runs.is_empty() {
+                        batch = batch.history_due(&id);
+                    }
+                    drop(store.queue(batch));
+                    history::store_runs(&store, &id, runs);
                     Ok(Box::new(report))
                 }
                 Err(e) => {

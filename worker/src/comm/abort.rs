@@ -7,7 +7,8 @@
 //! running destructors that would race the blocked main thread.
 //!
 //! The TCP backend needs nothing more: the kernel closes its sockets with the
-//! process, and the peers' reads fail at once.
+//! process, and the peers' reads fail at once. First, what the rank measured
+//! so far goes to the coordinator (`crate::partial`).
 
 use std::sync::{Mutex, Once};
 
@@ -56,6 +57,9 @@ pub fn watch_sigterm() {
 /// a communicator being dropped meanwhile waits rather than being destroyed
 /// twice.
 fn stop_now() -> ! {
+    // Before the communicators go: the figures measured so far are the
+    // rank's evidence of what it saw before the job failed.
+    crate::partial::send(std::time::Duration::from_secs(2));
     let live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
     if !live.is_empty() {
         eprintln!(

@@ -95,6 +95,26 @@ pub fn attach(report: &mut Report, mut results: BTreeMap<u32, RankResult>) {
 }
 
 fn assemble(inp: &Inputs, with_results: bool) -> (Report, Figures) {
+    // A rank stopped before its end may have sent what it measured until
+    // then (`RankResult.partial`): evidence for its links, never a rank's
+    // result. Copied only when there is one (a 32,768-rank map otherwise).
+    let whole: BTreeMap<u32, RankResult>;
+    let all = inp.results;
+    let trimmed;
+    let inp = if all.values().any(|r| r.partial) {
+        whole = all
+            .iter()
+            .filter(|(_, r)| !r.partial)
+            .map(|(k, r)| (*k, r.clone()))
+            .collect();
+        trimmed = Inputs {
+            results: &whole,
+            ..*inp
+        };
+        &trimmed
+    } else {
+        inp
+    };
     let job = inp.job;
     let spec = job.spec.clone().unwrap_or_default();
     // Borrowed: a 4,096-node job's plan has 32,768 placements.
@@ -132,7 +152,7 @@ fn assemble(inp: &Inputs, with_results: bool) -> (Report, Figures) {
     let mut found = findings::of_ranks(plan, &states);
     let rules = performance::rules(inp.perf, &spec, &mut notes);
     let perf = performance::judge(inp, &spec, plan, &table, &rules, &mut states);
-    let links = links::judge(inp.results, &plan.nodes, rules.link_slow_ratio);
+    let links = links::judge(all, &plan.nodes, rules.link_slow_ratio);
     let pairs = p2p::judge(inp.results, plan, rules.p2p);
     // A link down fails its GPU only where the job's own bandwidth agrees.
     gpu_health::confirm_nvlink(
@@ -160,7 +180,8 @@ fn assemble(inp: &Inputs, with_results: bool) -> (Report, Figures) {
     let preflight = start_checks(job);
     found.extend(findings::of_preflight(&preflight));
     findings::sort(&mut found);
-    let attached = with_results.then_some(inp.results);
+    // A partial result is shown on its rank: what it measured, and why it stopped.
+    let attached = with_results.then_some(all);
     let mut nodes = nodes::verdicts(plan, &states, attached, gpu_faults, &found);
     hang::fill_ranks(&mut nodes, inp.progress, inp.watch);
     notes.extend(notes::mixed_torch(inp.results));

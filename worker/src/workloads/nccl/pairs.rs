@@ -112,7 +112,9 @@ pub fn run(ctx: &Ctx, params: &NcclParams) -> Result<Outcome> {
     let version = RefCell::new(None);
     let open = opener(ctx, &version);
     let round_timeout = round_timeout(ctx);
-    let (out, failed) = pairs_so_far(
+    // On a failure the links of the rounds done are in `crate::partial`,
+    // which sends them with the error.
+    let out = pairs(
         &place,
         &cfg,
         ctx.rdzv.as_ref(),
@@ -120,20 +122,7 @@ pub fn run(ctx: &Ctx, params: &NcclParams) -> Result<Outcome> {
         ctx.dev.device,
         round_timeout,
         &report_progress(ctx),
-    );
-    // Links measured before a failure are evidence too: they go to the
-    // coordinator with the error.
-    if let Err(e) = failed {
-        if out.links.is_empty() {
-            return Err(e);
-        }
-        return Ok(Outcome {
-            detail: Detail::Collectives(out),
-            nccl_version: version.take(),
-            error: Some(format!("{e:#}")),
-            more_train: Vec::new(),
-        });
-    }
+    )?;
     let wrong: u64 = out.links.iter().map(|l| l.wrong).sum();
     let error = (wrong > 0).then(|| {
         let bad: Vec<String> = out
@@ -230,7 +219,9 @@ pub(super) fn check_shape(
 
 /// Every round of the schedule for this rank; `progress(phase, fraction,
 /// all_reduce busbw of the round just done)`. `open` makes each pair's
-/// communicator; `round_timeout` bounds the wait at a round's barrier.
+/// communicator; `round_timeout` bounds the wait at a round's barrier. The
+/// links of every round done are kept in `crate::partial` as it ends: a
+/// failure or a stop later loses none of them.
 pub fn pairs(
     place: &Place,
     cfg: &SweepConfig,
@@ -240,24 +231,9 @@ pub fn pairs(
     round_timeout: Duration,
     progress: &dyn Fn(&str, f64, Option<f64>),
 ) -> Result<CollectiveResult> {
-    let (out, failed) = pairs_so_far(place, cfg, rdzv, open, dev, round_timeout, progress);
-    failed.map(|()| out)
-}
-
-/// [`pairs`], keeping what was measured when a round fails: the links so
-/// far, and the error.
-pub fn pairs_so_far(
-    place: &Place,
-    cfg: &SweepConfig,
-    rdzv: &dyn Rendezvous,
-    open: &Opener,
-    dev: Device,
-    round_timeout: Duration,
-    progress: &dyn Fn(&str, f64, Option<f64>),
-) -> (CollectiveResult, Result<()>) {
     let mut links = Vec::new();
     let mut backend = None;
-    let failed = rounds(
+    rounds(
         place,
         cfg,
         rdzv,
@@ -267,15 +243,14 @@ pub fn pairs_so_far(
         progress,
         &mut links,
         &mut backend,
-    );
-    let out = CollectiveResult {
+    )?;
+    Ok(CollectiveResult {
         backend: backend.unwrap_or_default().into(),
         world_size: place.world as u32,
         rows: Vec::new(),
         links,
         ..Default::default()
-    };
-    (out, failed)
+    })
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -382,6 +357,12 @@ fn rounds(
             round_timeout,
         )
         .with_context(|| format!("{phase}: waiting for the other pairs"))?;
+        crate::partial::keep(Detail::Collectives(CollectiveResult {
+            backend: backend.unwrap_or_default().into(),
+            world_size: place.world as u32,
+            links: links.clone(),
+            ..Default::default()
+        }));
         progress(&phase, (r + 1) as f64 / total as f64, busbw);
     }
     Ok(())
