@@ -292,11 +292,11 @@ mod tests {
         assert_eq!(cell(0, "BATCH"), "32");
         assert_eq!(cell(0, "PEAK MEM ALLOC"), format_bytes(6 << 20));
         assert_eq!(cell(0, "PEAK MEM DRIVER"), format_bytes(12 << 20));
-        // Pooled steps 90, 100, 110, 300: p50 is the 2nd of 4 (rounded rank).
-        assert_eq!(cell(0, "STEP MS P50"), "110.0");
+        // Pooled steps 90, 100, 110, 300: p50 is the median, the mean of 100 and 110.
+        assert_eq!(cell(0, "STEP MS P50"), "105.0");
         assert_eq!(cell(0, "P99"), "300.0");
         assert_eq!(cell(1, "SAMPLES/S JOB"), "1000.0");
-        assert_eq!(cell(1, "PER RANK"), "600.0");
+        assert_eq!(cell(1, "PER RANK"), "500.0");
         assert_eq!(cell(1, "SCALING"), "90.0%");
         assert_eq!(cell(1, "RANKS"), "2");
         let text = section(&r).unwrap();
@@ -340,10 +340,10 @@ mod tests {
             t.rows()[0][c].clone()
         };
         assert_eq!(cell("MODEL"), "gpt 1.3b");
-        // Medians of two ranks: the upper of the middle ones.
+        // Medians of two ranks: the mean of the two (gpuctl_proto::stats).
         assert_eq!(
             [cell("COMM MS"), cell("EXPOSED MS"), cell("OVERLAP")],
-            ["10.0", "5.0", "75%"].map(String::from)
+            ["9.0", "3.5", "62%"].map(String::from)
         );
     }
 
