@@ -121,7 +121,7 @@ struct HostCopies {
 /// Every direction and pass of a turn starts at a barrier of the whole job:
 /// agents that share a host (one per GPU) then copy at the same time, each
 /// run alike. Measured on four H100s: copying whenever a rank was ready gave
-/// 30-55 GB/s from run to run and failed a healthy GPU at 0.83x; PyTorch
+/// 35-55 GB/s from run to run and failed a healthy GPU at 0.82x; PyTorch
 /// with the phases aligned, a steady 43.2-43.4 (docs/benchmarks.md).
 fn host_copies(ctx: &Ctx, n: usize, p: &P2pParams) -> Result<HostCopies> {
     let dev = ctx.dev.device;
