@@ -6,7 +6,7 @@
 //! reconnects with backoff and registers again listing the jobs it still runs,
 //! which a restarted coordinator (or a standby that took over) adopts. Only
 //! when the grace runs out without a session, or the coordinator refuses a
-//! job, are workers killed (`killed_by = "coordinator-lost"`). Worker events
+//! job, are workers killed (`stopped_by` coordinator-lost). Worker events
 //! not yet sent (exits, bounded logs) are kept and sent on the next session.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,7 +26,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use crate::preflight::{self, Preflight};
 use crate::relay::Relay;
-use crate::workers::{killed_by, EventReceiver, Workers};
+use crate::workers::{stop_reason_of, EventReceiver, StopReason, Workers};
 
 /// First wait before reconnecting; doubled after each failure...
 const BACKOFF_START: Duration = Duration::from_millis(500);
@@ -129,7 +129,7 @@ pub async fn run(
                     // Killed before reconnecting, so that the next coordinator
                     // hears of none of them as running.
                     workers
-                        .kill_all_and_wait(killed_by::COORDINATOR_LOST, KILL_WAIT)
+                        .kill_all_and_wait(StopReason::CoordinatorLost, KILL_WAIT)
                         .await;
                 }
                 // The events still queued (logs, exits of workers that ended
@@ -147,7 +147,7 @@ pub async fn run(
     let _ = watchdog.await;
     // Nothing may outlive the agent (also covers a shutdown between sessions).
     workers
-        .kill_all_and_wait(killed_by::AGENT_SHUTDOWN, KILL_WAIT)
+        .kill_all_and_wait(StopReason::AgentShutdown, KILL_WAIT)
         .await;
 }
 
@@ -179,7 +179,7 @@ async fn grace_watchdog(
                     tracing::error!(live_workers = workers.live_workers(),
                         "no coordinator for {grace:?} (--coordinator-grace): stopping every worker");
                     workers
-                        .kill_all_and_wait(killed_by::COORDINATOR_LOST, KILL_WAIT)
+                        .kill_all_and_wait(StopReason::CoordinatorLost, KILL_WAIT)
                         .await;
                 }
                 // Nothing more to do until a session opens (or closes) again.
@@ -258,7 +258,7 @@ async fn serve_once(
         relay.set_upstream(channel);
     }
     for id in &resp.refused {
-        if workers.cancel(id, 0, killed_by::COORDINATOR_LOST) {
+        if workers.cancel(id, 0, StopReason::CoordinatorLost) {
             tracing::warn!(job = %id, "the coordinator does not know the job as running: stopping its workers");
         }
     }
@@ -384,7 +384,7 @@ async fn handle(
             .await
         }
         coordinator_message::Msg::Cancel(c) => {
-            let found = workers.cancel(&c.job_id, c.attempt, killed_by::from_kind(&c.kind));
+            let found = workers.cancel(&c.job_id, c.attempt, stop_reason_of(&c));
             if found {
                 tracing::info!(job = %c.job_id, attempt = c.attempt, reason = %c.reason, "cancel: killing the job's workers");
             } else {
@@ -441,7 +441,7 @@ async fn stop_gracefully(
     workers: &Arc<Workers>,
     events: &mut EventReceiver,
 ) {
-    let kill = workers.kill_all_and_wait(killed_by::AGENT_SHUTDOWN, KILL_WAIT);
+    let kill = workers.kill_all_and_wait(StopReason::AgentShutdown, KILL_WAIT);
     tokio::pin!(kill);
     loop {
         tokio::select! {

@@ -157,7 +157,7 @@ async fn workers_outlive_the_coordinator_for_the_grace() {
     })
     .await;
     assert_eq!(
-        (exited.job_id.as_str(), exited.killed_by.as_str()),
+        (exited.job_id.as_str(), exited.stopped_by().label()),
         ("job-2", "coordinator-lost")
     );
     assert!(!pid_alive(pid2));
@@ -193,7 +193,7 @@ async fn workers_outlive_the_coordinator_for_the_grace() {
     })
     .await;
     assert_eq!(
-        (exited.job_id.as_str(), exited.killed_by.as_str()),
+        (exited.job_id.as_str(), exited.stopped_by().label()),
         ("job-1", "coordinator-lost")
     );
 

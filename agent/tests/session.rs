@@ -186,7 +186,7 @@ async fn session_contract_loss_and_shutdown() {
     })
     .await;
     assert_eq!(
-        (exited.job_id.as_str(), exited.killed_by.as_str()),
+        (exited.job_id.as_str(), exited.stopped_by().label()),
         ("job-1", "coordinator-lost")
     );
 
@@ -218,7 +218,7 @@ async fn session_contract_loss_and_shutdown() {
     assert_eq!(
         (
             exited.job_id.as_str(),
-            exited.killed_by.as_str(),
+            exited.stopped_by().label(),
             exited.signal.as_str()
         ),
         ("job-2", "cancel", "SIGTERM")
@@ -242,7 +242,7 @@ async fn session_contract_loss_and_shutdown() {
     })
     .await;
     assert_eq!(
-        (exited.job_id.as_str(), exited.killed_by.as_str()),
+        (exited.job_id.as_str(), exited.stopped_by().label()),
         ("job-3", "agent-shutdown")
     );
     tokio::time::timeout(Duration::from_secs(10), agent)

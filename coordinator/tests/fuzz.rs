@@ -329,7 +329,7 @@ impl Gen {
                 exit_code: self.u32() as i32,
                 signal: self.string(),
                 stderr_tail: self.string(),
-                killed_by: self.string(),
+                stopped_by: self.u32() as i32,
             }),
             2 => Msg::Log(WorkerLog {
                 job_id: self.string(),

@@ -33,8 +33,10 @@ pub mod pb {
 /// every heartbeat; the coordinator refuses a mismatch. 2: `RankPlacement`
 /// names its GPU by `gpu_index` instead of a `device` string. 3: agents
 /// re-register with the jobs they still run (adoption), ranks report an
-/// iteration counter, WorkerService calls carry a per-rank secret.
-pub const PROTOCOL_VERSION: u32 = 3;
+/// iteration counter, WorkerService calls carry a per-rank secret. 4: why a
+/// worker was stopped is the `StopReason` enum (`WorkerExited.stopped_by`,
+/// `CancelJob.kind`), not a string.
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// How many ranks a person's view of a job shows (`gpuctl status`, the live
 /// view): a job on thousands of GPUs is asked for those furthest behind
@@ -110,6 +112,27 @@ impl pb::JobState {
             pb::JobState::Failed => "failed",
             pb::JobState::Cancelled => "cancelled",
         }
+    }
+}
+
+impl pb::StopReason {
+    /// The word logs, messages and reports use ("hang", "coordinator-lost");
+    /// empty when the worker was not stopped.
+    pub fn label(self) -> &'static str {
+        match self {
+            pb::StopReason::Unspecified => "",
+            pb::StopReason::Cancel => "cancel",
+            pb::StopReason::Hang => "hang",
+            pb::StopReason::Deadline => "deadline",
+            pb::StopReason::CoordinatorLost => "coordinator-lost",
+            pb::StopReason::AgentShutdown => "agent-shutdown",
+        }
+    }
+
+    /// Whether the coordinator asked for the stop (the job ended around
+    /// the worker: its own fault is not shown by it).
+    pub fn by_coordinator(self) -> bool {
+        matches!(self, pb::StopReason::Cancel | pb::StopReason::Hang)
     }
 }
 

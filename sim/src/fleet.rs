@@ -17,7 +17,7 @@ use gpuctl_proto::pb::{
     agent_message::Msg, agent_service_client::AgentServiceClient, coordinator_message,
     worker_service_client::WorkerServiceClient, AgentMessage, Assignment, AssignmentAck, GpuInfo,
     GpuSample, Heartbeat, HostFacts, NetInterface, RankProcess, RegisterRequest, RunningJob,
-    TelemetryBatch, WorkerExited,
+    StopReason, TelemetryBatch, WorkerExited,
 };
 use gpuctl_proto::shutdown::Shutdown;
 use gpuctl_proto::{now_ms, PROTOCOL_VERSION};
@@ -535,10 +535,10 @@ impl Agent {
             );
             tokio::spawn(async move {
                 let outcome = ranks::run(job.clone(), client, stats.clone(), stop).await;
-                let (exit_code, killed_by) = match outcome {
-                    ranks::Outcome::Done => (0, String::new()),
-                    ranks::Outcome::Cancelled => (-1, "cancel".to_string()),
-                    ranks::Outcome::Failed => (1, String::new()),
+                let (exit_code, stopped_by) = match outcome {
+                    ranks::Outcome::Done => (0, StopReason::Unspecified),
+                    ranks::Outcome::Cancelled => (-1, StopReason::Cancel),
+                    ranks::Outcome::Failed => (1, StopReason::Unspecified),
                 };
                 let _ = tx
                     .send(AgentMessage {
@@ -553,7 +553,7 @@ impl Agent {
                                 String::new()
                             },
                             stderr_tail: String::new(),
-                            killed_by,
+                            stopped_by: stopped_by as i32,
                         })),
                     })
                     .await;

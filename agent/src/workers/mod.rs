@@ -4,7 +4,7 @@
 //! it started too (SIGTERM to the group, SIGKILL after the grace period). A
 //! supervising task per rank forwards the worker's stdout and stderr lines as
 //! `WorkerLog` batches, keeps the last stderr lines, and reports
-//! `WorkerExited` when the worker ends, with who killed it if anyone did.
+//! `WorkerExited` when the worker ends, with why it was stopped if it was (`StopReason`).
 //!
 //! Workers are killed on `CancelJob`, when the assignment's deadline passes,
 //! when the coordinator has been away for the agent's grace (or refuses a job
@@ -64,23 +64,14 @@ pub const COORDINATOR_GRACE_ENV: &str = "GPUCTL_COORDINATOR_GRACE_MS";
 /// shell's "command not found").
 pub const SPAWN_FAILED_EXIT_CODE: i32 = 127;
 
-/// Values of `WorkerExited.killed_by`.
-pub mod killed_by {
-    pub const CANCEL: &str = "cancel";
-    pub const DEADLINE: &str = "deadline";
-    pub const COORDINATOR_LOST: &str = "coordinator-lost";
-    /// The agent itself was stopped (SIGINT/SIGTERM).
-    pub const AGENT_SHUTDOWN: &str = "agent-shutdown";
-    /// The coordinator found a rank of the job hung.
-    pub const HANG: &str = "hang";
+/// Why a worker is stopped: the protocol's one list.
+pub use gpuctl_proto::pb::StopReason;
 
-    /// The `killed_by` for a `CancelJob.kind`: one of the values above,
-    /// else (empty or unknown) a plain cancel.
-    pub fn from_kind(kind: &str) -> &'static str {
-        [CANCEL, DEADLINE, COORDINATOR_LOST, AGENT_SHUTDOWN, HANG]
-            .into_iter()
-            .find(|k| *k == kind.trim())
-            .unwrap_or(CANCEL)
+/// What a `CancelJob` asks the workers' exits to say (unspecified: a cancel).
+pub fn stop_reason_of(c: &gpuctl_proto::pb::CancelJob) -> StopReason {
+    match c.stopped_by() {
+        StopReason::Unspecified => StopReason::Cancel,
+        r => r,
     }
 }
 
@@ -106,7 +97,7 @@ type JobKey = (String, u32);
 struct JobEntry {
     /// Set once, to the first reason the job's workers must die for; every
     /// rank's supervisor watches it.
-    kill: watch::Sender<Option<&'static str>>,
+    kill: watch::Sender<Option<StopReason>>,
     /// Ranks whose worker is alive (for `Heartbeat.running`).
     alive: BTreeSet<u32>,
     /// NVML indices of the GPUs the job's ranks run on (for telemetry).
@@ -361,7 +352,7 @@ impl Workers {
             None => ack(true, String::new()),
             Some(error) => {
                 // Do not leave the ranks that did start waiting for peers.
-                self.cancel(&a.job_id, a.attempt, killed_by::CANCEL);
+                self.cancel(&a.job_id, a.attempt, StopReason::Cancel);
                 ack(false, error)
             }
         }
@@ -369,7 +360,7 @@ impl Workers {
 
     /// Asks every worker of the job (any attempt when `attempt` is 0) to die.
     /// Returns whether there was such a job.
-    pub fn cancel(&self, job_id: &str, attempt: u32, reason: &'static str) -> bool {
+    pub fn cancel(&self, job_id: &str, attempt: u32, reason: StopReason) -> bool {
         let jobs = self.jobs.lock().unwrap();
         let mut found = false;
         for ((id, att), j) in jobs.iter() {
@@ -383,7 +374,7 @@ impl Workers {
 
     /// Asks every worker to die, then waits (up to `timeout`) until all have
     /// been reaped and their `WorkerExited` queued. Returns false on timeout.
-    pub async fn kill_all_and_wait(&self, reason: &'static str, timeout: Duration) -> bool {
+    pub async fn kill_all_and_wait(&self, reason: StopReason, timeout: Duration) -> bool {
         let n = {
             let jobs = self.jobs.lock().unwrap();
             for j in jobs.values() {
@@ -392,9 +383,9 @@ impl Workers {
             jobs.len()
         };
         if n > 0 {
-            tracing::warn!(jobs = n, reason, "killing all workers");
+            tracing::warn!(jobs = n, reason = reason.label(), "killing all workers");
         }
-        if reason == killed_by::AGENT_SHUTDOWN {
+        if reason == StopReason::AgentShutdown {
             self.standby.close().await;
         }
         let mut live = self.live.subscribe();
@@ -402,7 +393,10 @@ impl Workers {
             .await
             .is_ok();
         if !ok {
-            tracing::error!(reason, "workers still alive after {timeout:?}");
+            tracing::error!(
+                reason = reason.label(),
+                "workers still alive after {timeout:?}"
+            );
         }
         ok
     }
@@ -420,7 +414,7 @@ impl Workers {
             exit_code: SPAWN_FAILED_EXIT_CODE,
             signal: String::new(),
             stderr_tail: error.to_string(),
-            killed_by: String::new(),
+            stopped_by: StopReason::Unspecified as i32,
         }));
     }
 
@@ -520,7 +514,7 @@ impl Workers {
         key: JobKey,
         rank: u32,
         mut child: Child,
-        mut kill_rx: watch::Receiver<Option<&'static str>>,
+        mut kill_rx: watch::Receiver<Option<StopReason>>,
         deadline: Option<Instant>,
     ) {
         let pgid = child.id().unwrap_or(0) as i32;
@@ -552,10 +546,10 @@ impl Workers {
             s = child.wait() => {
                 // The worker ended by itself: anything it left in its group is an orphan.
                 signal_group(pgid, libc::SIGKILL);
-                (s, "")
+                (s, StopReason::Unspecified)
             }
             reason = wait_kill(&mut kill_rx) => (kill_group(pgid, &mut child, grace).await, reason),
-            _ = deadline_passed => (kill_group(pgid, &mut child, grace).await, killed_by::DEADLINE),
+            _ = deadline_passed => (kill_group(pgid, &mut child, grace).await, StopReason::Deadline),
         };
 
         // The pipes close when every process of the group is gone; something
@@ -583,7 +577,7 @@ impl Workers {
                 (-1, String::new())
             }
         };
-        tracing::info!(job = %key.0, attempt = key.1, rank, exit_code, signal = %signal, killed_by = killed, "worker exited");
+        tracing::info!(job = %key.0, attempt = key.1, rank, exit_code, signal = %signal, stopped_by = killed.label(), "worker exited");
         self.events.send(Msg::WorkerExited(WorkerExited {
             job_id: key.0.clone(),
             attempt: key.1,
@@ -591,7 +585,7 @@ impl Workers {
             exit_code,
             signal,
             stderr_tail: tail.join("\n"),
-            killed_by: killed.to_string(),
+            stopped_by: killed as i32,
         }));
         self.rank_done(&key, rank);
         self.live.send_modify(|n| *n -= 1);
@@ -602,7 +596,7 @@ impl Workers {
     }
 }
 
-fn set_kill(kill: &watch::Sender<Option<&'static str>>, reason: &'static str) {
+fn set_kill(kill: &watch::Sender<Option<StopReason>>, reason: StopReason) {
     // The first reason wins: a job cancelled and then cut off by a lost
     // coordinator was cancelled.
     kill.send_if_modified(|r| {
@@ -615,7 +609,7 @@ fn set_kill(kill: &watch::Sender<Option<&'static str>>, reason: &'static str) {
     });
 }
 
-async fn wait_kill(rx: &mut watch::Receiver<Option<&'static str>>) -> &'static str {
+async fn wait_kill(rx: &mut watch::Receiver<Option<StopReason>>) -> StopReason {
     loop {
         if let Some(r) = *rx.borrow_and_update() {
             return r;
@@ -812,7 +806,7 @@ exit $((RANK + 3))"#,
             vec![(2, 5), (3, 6)]
         );
         for e in &exits {
-            assert_eq!(e.killed_by, "");
+            assert_eq!(e.stopped_by(), StopReason::Unspecified);
             assert_eq!((e.job_id.as_str(), e.attempt), ("job-7", 2));
             let tail: Vec<&str> = e.stderr_tail.lines().collect();
             assert_eq!(tail.len(), STDERR_TAIL_LINES);
@@ -858,22 +852,32 @@ exit $((RANK + 3))"#,
                 .all(|p| p.pid > 0 && p.state_name == "sleeping"),
             "{procs:?}"
         );
-        assert!(w.cancel("job-7", 0, killed_by::from_kind("hang")));
+        assert!(w.cancel("job-7", 0, StopReason::Hang));
         let (_, exits) = collect(&mut events, 2).await;
         for e in exits {
             assert_eq!(
-                (e.exit_code, e.signal.as_str(), e.killed_by.as_str()),
+                (e.exit_code, e.signal.as_str(), e.stopped_by().label()),
                 (-1, "SIGTERM", "hang")
             );
         }
         assert!(w.running().is_empty());
         assert!(
-            !w.cancel("job-7", 0, killed_by::CANCEL),
+            !w.cancel("job-7", 0, StopReason::Cancel),
             "job forgotten once its ranks are gone"
         );
-        assert_eq!(killed_by::from_kind(""), "cancel");
-        assert_eq!(killed_by::from_kind("failed"), "cancel");
-        assert_eq!(killed_by::from_kind("deadline"), "deadline");
+        let ask = |why: StopReason| gpuctl_proto::pb::CancelJob {
+            stopped_by: why as i32,
+            ..Default::default()
+        };
+        assert_eq!(
+            stop_reason_of(&ask(StopReason::Unspecified)),
+            StopReason::Cancel
+        );
+        assert_eq!(stop_reason_of(&ask(StopReason::Hang)), StopReason::Hang);
+        assert_eq!(
+            stop_reason_of(&ask(StopReason::Deadline)),
+            StopReason::Deadline
+        );
     }
 
     #[tokio::test]
@@ -884,18 +888,18 @@ exit $((RANK + 3))"#,
         let deadline = gpuctl_proto::now_ms() + 300;
         assert!(w.start(assignment(&[(0, None)], deadline)).ok);
         let (_, exits) = collect(&mut events, 1).await;
-        assert_eq!(exits[0].killed_by, "deadline");
+        assert_eq!(exits[0].stopped_by(), StopReason::Deadline);
         assert!(gpuctl_proto::now_ms() >= deadline);
 
         let mut a = assignment(&[(0, None)], 0);
         a.job_id = "job-8".into();
         assert!(w.start(a).ok);
         assert!(
-            w.kill_all_and_wait(killed_by::COORDINATOR_LOST, Duration::from_secs(5))
+            w.kill_all_and_wait(StopReason::CoordinatorLost, Duration::from_secs(5))
                 .await
         );
         let (_, exits) = collect(&mut events, 1).await;
-        assert_eq!(exits[0].killed_by, "coordinator-lost");
+        assert_eq!(exits[0].stopped_by(), StopReason::CoordinatorLost);
         assert_eq!(w.live_workers(), 0);
     }
 

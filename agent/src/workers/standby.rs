@@ -445,7 +445,7 @@ echo "cold $$""#,
         // Shutdown ends the standbys and starts none.
         assert!(
             w.kill_all_and_wait(
-                super::super::killed_by::AGENT_SHUTDOWN,
+                super::super::StopReason::AgentShutdown,
                 Duration::from_secs(5)
             )
             .await

@@ -444,7 +444,7 @@ impl Scheduler {
 
     /// Running jobs with a rank that made no progress for the job's hang
     /// timeout fail, naming the rank to blame (`report::hang::find`); every
-    /// worker of the job is then stopped with `CancelJob.kind` "hang".
+    /// worker of the job is then stopped with `CancelJob.kind` hang.
     pub(super) async fn fail_hung_jobs(&mut self) {
         let now = now_ms();
         let mut hung = Vec::new();

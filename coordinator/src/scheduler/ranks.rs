@@ -2,7 +2,8 @@
 //! telemetry, and the telemetry series written while a job runs.
 
 use gpuctl_proto::pb::{
-    Ack, JobState, RankProgressReport, RankResult, TelemetryBatch, WorkerExited, WorkerLog,
+    Ack, JobState, RankProgressReport, RankResult, StopReason, TelemetryBatch, WorkerExited,
+    WorkerLog,
 };
 use gpuctl_proto::{now_ms, timeline};
 use tracing::debug;
@@ -190,7 +191,8 @@ impl Scheduler {
             .placement(ex.rank)
             .map(report::rank_label)
             .unwrap_or_else(|| format!("rank {} on node {node}", ex.rank));
-        let how = if ex.exit_code == 0 && ex.signal.is_empty() && ex.killed_by.is_empty() {
+        let stopped = ex.stopped_by() != StopReason::Unspecified;
+        let how = if ex.exit_code == 0 && ex.signal.is_empty() && !stopped {
             "exited with code 0 without reporting a result".to_string()
         } else {
             report::exit_text(&ex)

@@ -8,7 +8,7 @@ use fixedbitset::FixedBitSet;
 
 use gpuctl_proto::pb::{
     coordinator_message::Msg, CancelJob, CoordinatorMessage, Job, JobState, Node, NodeState, Plan,
-    RankPlacement, RankProgress, RankResult, Report, WorkerExited,
+    RankPlacement, RankProgress, RankResult, Report, StopReason, WorkerExited,
 };
 
 use super::background::drop_later;
@@ -141,18 +141,18 @@ impl NodeEntry {
 
     /// Tells the agent to stop a job's workers; false when it cannot be reached.
     pub fn send_cancel(&self, job: &str, attempt: u32, reason: &str) -> bool {
-        self.send_cancel_as(job, attempt, reason, "")
+        self.send_cancel_as(job, attempt, reason, StopReason::Cancel)
     }
 
-    /// As [`Self::send_cancel`], with the `kind` the workers' exits will carry
-    /// as `killed_by` ("hang"; empty: a plain cancel).
-    pub fn send_cancel_as(&self, job: &str, attempt: u32, reason: &str, kind: &str) -> bool {
+    /// As [`Self::send_cancel`], with what the workers' exits will carry as
+    /// `stopped_by` (hang, or a plain cancel).
+    pub fn send_cancel_as(&self, job: &str, attempt: u32, reason: &str, why: StopReason) -> bool {
         self.send(CoordinatorMessage {
             msg: Some(Msg::Cancel(CancelJob {
                 job_id: job.to_string(),
                 attempt,
                 reason: reason.to_string(),
-                kind: kind.to_string(),
+                stopped_by: why as i32,
             })),
         })
     }
@@ -388,11 +388,11 @@ impl JobEntry {
     }
 
     /// The `CancelJob.kind` for this job's workers when it ends now.
-    pub fn cancel_kind(&self) -> &'static str {
+    pub fn cancel_kind(&self) -> StopReason {
         if self.watch.hung.is_some() {
-            "hang"
+            StopReason::Hang
         } else {
-            ""
+            StopReason::Cancel
         }
     }
 

@@ -4,7 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use gpuctl_proto::pb::{Job, JobState, Plan, RankPlacement, RankResult, Verdict, WorkerExited};
+use gpuctl_proto::pb::{
+    Job, JobState, Plan, RankPlacement, RankResult, StopReason, Verdict, WorkerExited,
+};
 
 use super::hang::Hung;
 
@@ -62,10 +64,6 @@ impl RankState {
     }
 }
 
-/// What an agent writes in `WorkerExited.killed_by` when the coordinator
-/// told it to stop the job's workers: a cancel, or a hang elsewhere.
-const KILLED_BY_COORDINATOR: [&str; 2] = ["cancel", "hang"];
-
 /// Every planned rank's state, by rank.
 pub(super) type RankStates = BTreeMap<u32, RankState>;
 
@@ -76,8 +74,8 @@ pub fn rank_label(p: &RankPlacement) -> String {
 
 /// How a worker ended, for messages: "exited with code 1: <last stderr line>".
 pub fn exit_text(ex: &WorkerExited) -> String {
-    let how = if !ex.killed_by.is_empty() {
-        format!("was stopped by its agent ({})", ex.killed_by)
+    let how = if ex.stopped_by() != StopReason::Unspecified {
+        format!("was stopped by its agent ({})", ex.stopped_by().label())
     } else if !ex.signal.is_empty() {
         format!("was killed by signal {}", ex.signal)
     } else {
@@ -158,7 +156,7 @@ pub(super) fn from_results(
                 st.stopped = hung.as_ref().is_some_and(|h| h.rank.is_some())
                     || exits
                         .get(&p.rank)
-                        .is_some_and(|ex| KILLED_BY_COORDINATOR.contains(&ex.killed_by.as_str()));
+                        .is_some_and(|ex| ex.stopped_by().by_coordinator());
                 st
             }
         };

@@ -486,7 +486,7 @@ fn a_hung_job_fails_only_the_blamed_rank_and_shows_where_each_rank_was() {
         WorkerExited {
             rank: 1,
             signal: "SIGTERM".into(),
-            killed_by: "hang".into(),
+            stopped_by: gpuctl_proto::pb::StopReason::Hang as i32,
             ..Default::default()
         },
     )]
