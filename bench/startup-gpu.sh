@@ -23,7 +23,7 @@ for mode in true false; do
   sleep 3
   ps -eo pid,ppid,rss,args | grep gpuctl-worker | grep -v grep | cut -c1-100
   nvidia-smi --query-compute-apps=pid,used_memory --format=csv
-  for p in $(pgrep -f "gpuctl-worker --standby"); do echo "standby $p: $(grep -c 'libcuda.so' /proc/$p/maps) libcuda maps, $(ls /proc/$p/task | wc -l) threads"; done
+  for p in $(pgrep -f "gpuctl-worker --prestarted"); do echo "prestarted worker $p: $(grep -c 'libcuda.so' /proc/$p/maps) libcuda maps, $(ls /proc/$p/task | wc -l) threads"; done
   for j in 1 2 3 4 5; do
     id=$($B/gpuctl submit stress --duration 3s --nodes 1 --gpus-per-node 1 --exclusive)
     if [ $j = 1 ]; then sleep 2; ps -eo pid,args | grep gpuctl-worker | grep -v grep | cut -c1-160; nvidia-smi --query-compute-apps=pid,used_memory --format=csv; fi

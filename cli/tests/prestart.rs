@@ -1,7 +1,7 @@
 //! Pre-started workers on a real local fleet: ranks run on the idle
-//! `gpuctl-worker --standby` processes the agent started before the job,
+//! `gpuctl-worker --prestarted` processes the agent started before the job,
 //! every slot gets a new one after its rank, and neither a cancel, nor a
-//! standby killed while idle, nor the agent stopping leaves a process behind.
+//! prestarted worker killed while idle, nor the agent stopping leaves a process behind.
 
 mod common;
 
@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-/// Idle standbys of the agent `agent`: its children whose command line is
-/// still `gpuctl-worker --standby` (zombies excluded).
-fn standbys(agent: u32) -> Vec<u32> {
+/// Idle prestarted workers of the agent `agent`: its children whose command line is
+/// still `gpuctl-worker --prestarted` (zombies excluded).
+fn prestarted(agent: u32) -> Vec<u32> {
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
@@ -31,7 +31,7 @@ fn standbys(agent: u32) -> Vec<u32> {
         let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
         if args.len() > 1
             && args[0].ends_with(b"gpuctl-worker")
-            && args[1] == b"--standby".as_slice()
+            && args[1] == b"--prestarted".as_slice()
         {
             out.push(pid);
         }
@@ -40,16 +40,16 @@ fn standbys(agent: u32) -> Vec<u32> {
     out
 }
 
-fn wait_standbys(agent: u32, n: usize, limit: Duration) -> Vec<u32> {
+fn wait_prestarted(agent: u32, n: usize, limit: Duration) -> Vec<u32> {
     let start = Instant::now();
     loop {
-        let s = standbys(agent);
+        let s = prestarted(agent);
         if s.len() == n {
             return s;
         }
         assert!(
             start.elapsed() < limit,
-            "agent {agent} has standbys {s:?}, not {n}, after {limit:?}"
+            "agent {agent} has prestarted workers {s:?}, not {n}, after {limit:?}"
         );
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -64,15 +64,18 @@ fn exists(pid: u32) -> bool {
 fn jobs_run_on_prestarted_workers_and_nothing_is_left_behind() {
     let cluster = Cluster::start(1, 2);
     let agent = cluster.agent_pid(0);
-    let before = wait_standbys(agent, 2, Duration::from_secs(30));
+    let before = wait_prestarted(agent, 2, Duration::from_secs(30));
 
-    // A job's workers are the standbys that were there before the submit,
+    // A job's workers are the prestarted workers that were there before the submit,
     // showing the job's command line like a worker started cold.
     let id = cluster.submit(&["stress", "--duration", "3s", "--nodes", "1"]);
     cluster.wait_workers(&id, 2, Duration::from_secs(20));
     let mut workers = worker_pids(&id);
     workers.sort();
-    assert_eq!(workers, before, "the job's workers are the standbys");
+    assert_eq!(
+        workers, before,
+        "the job's workers are the prestarted workers"
+    );
     assert_eq!(
         cluster.wait_state(&id, &["succeeded", "failed"], Duration::from_secs(60)),
         "succeeded",
@@ -89,14 +92,14 @@ fn jobs_run_on_prestarted_workers_and_nothing_is_left_behind() {
         .collect();
     assert_eq!(ranks, vec![0, 1]);
 
-    // Each slot got a new standby once its rank ended.
-    let after = wait_standbys(agent, 2, Duration::from_secs(20));
+    // Each slot got a new prestarted worker once its rank ended.
+    let after = wait_prestarted(agent, 2, Duration::from_secs(20));
     assert!(
         after.iter().all(|p| !before.contains(p)),
         "{before:?} {after:?}"
     );
 
-    // A cancelled job: its workers (the standbys) go, new standbys come.
+    // A cancelled job: its workers (the prestarted workers) go, new prestarted workers come.
     let id = cluster.submit(&["stress", "--duration", "5m", "--nodes", "1"]);
     cluster.wait_workers(&id, 2, Duration::from_secs(20));
     let out = cluster.gpuctl(&["cancel", &id]);
@@ -104,19 +107,19 @@ fn jobs_run_on_prestarted_workers_and_nothing_is_left_behind() {
     let gone = wait_workers_gone(&id, Duration::from_secs(10));
     assert!(gone.is_ok(), "workers alive after cancel: {gone:?}");
     assert_eq!(cluster.job_state(&id), "cancelled");
-    let idle = wait_standbys(agent, 2, Duration::from_secs(20));
+    let idle = wait_prestarted(agent, 2, Duration::from_secs(20));
     assert!(
         idle.iter().all(|p| !after.contains(p)),
         "{after:?} {idle:?}"
     );
 
-    // A standby SIGKILLed while idle is reaped and replaced; the next job runs.
+    // A prestarted worker SIGKILLed while idle is reaped and replaced; the next job runs.
     unsafe { libc::kill(idle[0] as i32, libc::SIGKILL) };
     let t0 = Instant::now();
     while exists(idle[0]) {
         assert!(
             t0.elapsed() < Duration::from_secs(10),
-            "killed standby {} never reaped",
+            "killed prestarted worker {} never reaped",
             idle[0]
         );
         std::thread::sleep(Duration::from_millis(100));
@@ -128,11 +131,11 @@ fn jobs_run_on_prestarted_workers_and_nothing_is_left_behind() {
         "{}",
         cluster.logs()
     );
-    let last = wait_standbys(agent, 2, Duration::from_secs(20));
+    let last = wait_prestarted(agent, 2, Duration::from_secs(20));
 
-    // Stopping the agent ends its standbys too.
+    // Stopping the agent ends its prestarted workers too.
     drop(cluster);
     for pid in last {
-        assert!(!exists(pid), "standby {pid} outlived its agent");
+        assert!(!exists(pid), "prestarted worker {pid} outlived its agent");
     }
 }

@@ -11,9 +11,9 @@ pub mod comm;
 pub mod context;
 pub mod device;
 pub mod partial;
+pub mod prestart;
 pub mod rendezvous;
 pub mod shim;
-pub mod standby;
 pub mod timeline;
 pub mod workloads;
 

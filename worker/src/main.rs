@@ -3,8 +3,8 @@
 use clap::Parser;
 
 fn main() {
-    if gpuctl_worker::standby::requested() {
-        std::process::exit(gpuctl_worker::standby::run());
+    if gpuctl_worker::prestart::requested() {
+        std::process::exit(gpuctl_worker::prestart::run());
     }
     gpuctl_worker::init_logging();
     let args = gpuctl_worker::context::Args::parse();

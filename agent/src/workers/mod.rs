@@ -16,9 +16,9 @@
 mod command;
 mod events;
 mod logs;
+mod prestart;
 mod process;
 mod procstat;
-mod standby;
 
 pub use command::{worker_command, WorkerCommand};
 pub use events::EventReceiver;
@@ -44,7 +44,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::{sleep_until, Instant};
 
 use logs::{batch_logs, read_lines};
-use standby::Launch;
+use prestart::Launch;
 
 /// Time a worker gets between SIGTERM and SIGKILL.
 pub const KILL_GRACE: Duration = Duration::from_secs(2);
@@ -142,7 +142,7 @@ pub struct Workers {
     /// Supervisors still running; `kill_all_and_wait` waits for zero.
     live: watch::Sender<usize>,
     /// Idle pre-started workers (off until `prestart`).
-    standby: standby::Pool,
+    prestarted: prestart::Pool,
 }
 
 impl Workers {
@@ -152,7 +152,7 @@ impl Workers {
     pub fn new(settings: WorkerSettings, coordinator_url: String) -> (Arc<Workers>, EventReceiver) {
         let (events, receiver) = events::channel();
         let workers = Arc::new(Workers {
-            standby: standby::Pool::new(settings.clone()),
+            prestarted: prestart::Pool::new(settings.clone()),
             settings,
             coordinator_grace_ms: AtomicU64::new(0),
             coordinator_url: Mutex::new(
@@ -230,11 +230,11 @@ impl Workers {
         out
     }
 
-    /// Process ids of every live worker and standby (each leads its own
+    /// Process ids of every live worker and prestarted worker (each leads its own
     /// process group), so that preflight can tell our GPU processes from
     /// strangers'.
     pub fn worker_pids(&self) -> BTreeSet<u32> {
-        let mut pids: BTreeSet<u32> = self.standby.pids().into_iter().collect();
+        let mut pids: BTreeSet<u32> = self.prestarted.pids().into_iter().collect();
         let jobs = self.jobs.lock().unwrap();
         pids.extend(jobs.values().flat_map(|j| j.pids.values().copied()));
         pids
@@ -386,7 +386,7 @@ impl Workers {
             tracing::warn!(jobs = n, reason = reason.label(), "killing all workers");
         }
         if reason == StopReason::AgentShutdown {
-            self.standby.close().await;
+            self.prestarted.close().await;
         }
         let mut live = self.live.subscribe();
         let ok = tokio::time::timeout(timeout, live.wait_for(|n| *n == 0))
@@ -453,7 +453,7 @@ impl Workers {
         }
     }
 
-    /// Starts the rank's worker, from a standby when one can take it; says
+    /// Starts the rank's worker, from a prestarted worker when one can take it; says
     /// which.
     fn spawn_rank(
         &self,
@@ -462,7 +462,7 @@ impl Workers {
         coordinators: &Coordinators,
     ) -> Result<(Child, bool), String> {
         let l = self.launch(a, p, coordinators)?;
-        if let Some(child) = self.standby.launch(&l) {
+        if let Some(child) = self.prestarted.launch(&l) {
             return Ok((child, true));
         }
         let mut cmd = Command::new(&self.settings.worker_bin);
@@ -589,9 +589,9 @@ impl Workers {
         }));
         self.rank_done(&key, rank);
         self.live.send_modify(|n| *n -= 1);
-        // The slot is free: its standby comes back.
-        if self.standby.enabled() {
-            self.standby.refill(self.busy_slots());
+        // The slot is free: its prestarted worker comes back.
+        if self.prestarted.enabled() {
+            self.prestarted.refill(self.busy_slots());
         }
     }
 }

@@ -1,4 +1,4 @@
-//! `gpuctl-worker --standby`: a worker started before its job.
+//! `gpuctl-worker --prestarted`: a worker started before its job.
 //!
 //! Starting a worker costs about half a second of the dynamic loader
 //! relocating libtorch, before `main` runs. The agent therefore keeps one
@@ -9,12 +9,12 @@
 //! agent went away, or no longer wants it) ends it quietly.
 //!
 //! Nothing here touches CUDA or NCCL (both initialise lazily, on first use),
-//! so a standby holds no GPU memory and is no GPU process; the environment,
+//! so a prestarted worker holds no GPU memory and is no GPU process; the environment,
 //! `CUDA_VISIBLE_DEVICES` included, is in place before anything could.
 //!
-//! So that `ps` and `/proc/PID/{cmdline,environ}` show the rank a standby
+//! So that `ps` and `/proc/PID/{cmdline,environ}` show the rank a prestarted worker
 //! became, as for a cold worker, the agent starts it with padding in both
-//! (`--standby PAD`, [`PAD_ENV`]) and the worker writes its real command line
+//! (`--prestarted PAD`, [`PAD_ENV`]) and the worker writes its real command line
 //! and environment over them, the way `setproctitle` does.
 
 use std::io::BufRead;
@@ -25,14 +25,14 @@ use serde::Deserialize;
 
 use crate::context::Args;
 
-/// The flag that makes a worker a standby (first argument).
-pub const FLAG: &str = "--standby";
-/// Padding in the standby's starting environment, room for the job's
+/// The flag that makes a worker a prestarted worker (first argument).
+pub const FLAG: &str = "--prestarted";
+/// Padding in the prestarted worker's starting environment, room for the job's
 /// environment in `/proc/PID/environ`; removed from the real environment.
-pub const PAD_ENV: &str = "GPUCTL_STANDBY_PAD";
+pub const PAD_ENV: &str = "GPUCTL_PRESTART_PAD";
 
 /// The line the agent sends: the cold worker's arguments (without the
-/// program name), environment (applied in order over the standby's own;
+/// program name), environment (applied in order over the prestarted worker's own;
 /// later wins) and working folder.
 #[derive(Debug, Deserialize)]
 pub struct StartLine {
@@ -41,26 +41,26 @@ pub struct StartLine {
     pub cwd: PathBuf,
 }
 
-/// Whether this process was started as a standby.
+/// Whether this process was started as a prestarted worker.
 pub fn requested() -> bool {
     std::env::args_os().nth(1).is_some_and(|a| a == FLAG)
 }
 
-/// The standby's whole life; returns the exit code.
+/// The prestarted worker's whole life; returns the exit code.
 pub fn run() -> i32 {
     let mut line = String::new();
     match std::io::stdin().lock().read_line(&mut line) {
         Ok(0) => return 0,
         Ok(_) => {}
         Err(e) => {
-            eprintln!("gpuctl-worker --standby: cannot read the start line: {e}");
+            eprintln!("gpuctl-worker --prestarted: cannot read the start line: {e}");
             return 2;
         }
     }
     let start: StartLine = match serde_json::from_str(&line) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("gpuctl-worker --standby: the start line is not valid: {e}");
+            eprintln!("gpuctl-worker --prestarted: the start line is not valid: {e}");
             return 2;
         }
     };
@@ -99,7 +99,7 @@ pub fn run() -> i32 {
     crate::run_worker(args)
 }
 
-/// The environment a cold worker would have: the standby's own without the
+/// The environment a cold worker would have: the prestarted worker's own without the
 /// padding, then `job` in order (later wins). The job's entries come first,
 /// so that they are the ones kept should `/proc` not have room for all.
 fn final_env(own: Vec<(String, String)>, job: &[(String, String)]) -> Vec<(String, String)> {

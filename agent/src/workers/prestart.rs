@@ -1,24 +1,24 @@
-//! Pre-started workers: one idle `gpuctl-worker --standby` per free slot.
+//! Pre-started workers: one idle `gpuctl-worker --prestarted` per free slot.
 //!
 //! A cold worker spends about half a second in the dynamic loader (libtorch)
-//! before it does anything; a standby has done that already and waits on
+//! before it does anything; a prestarted worker has done that already and waits on
 //! stdin for one line of JSON with what a cold worker gets on its command
-//! line and in its environment (worker/src/standby.rs). A rank takes a live
-//! standby when there is one and runs cold otherwise, so a standby that died
+//! line and in its environment (worker/src/prestart.rs). A rank takes a live
+//! prestarted worker when there is one and runs cold otherwise, so a prestarted worker that died
 //! or was never started only costs the time it would have saved.
 //!
-//! There are as many standbys as slots (GPUs, or CPU ranks) minus the ranks
-//! running: a slot gets its standby back when its rank ends, not while it
+//! There are as many prestarted workers as slots (GPUs, or CPU ranks) minus the ranks
+//! running: a slot gets its prestarted worker back when its rank ends, not while it
 //! runs, so that loading one (CPU, page cache) never competes with a job on
-//! that slot; an idle standby sleeps in `read` and costs memory only. It does
+//! that slot; an idle prestarted worker sleeps in `read` and costs memory only. It does
 //! not touch CUDA, so it holds no GPU memory and is no GPU process.
 //!
-//! A standby is spawned like a worker (its own process group, killed with the
+//! A prestarted worker is spawned like a worker (its own process group, killed with the
 //! agent) and is one of the agent's own processes for preflight, but no
 //! running worker: heartbeats, telemetry and `live_workers` do not see it.
 //! One that exits by itself is replaced after a back-off that doubles up to a
 //! minute, so a broken worker binary does not make the agent spawn in a loop
-//! (ranks then start cold, which reports the error as before). Standbys of a
+//! (ranks then start cold, which reports the error as before). Prestarted workers of a
 //! worker binary replaced since they started (an upgrade) are ended and
 //! started again from the new one, so that no job runs the old binary.
 
@@ -34,20 +34,20 @@ use tokio::time::Instant;
 use super::{signal_group, spawn_in_group, WorkerSettings, Workers};
 use std::sync::Arc;
 
-/// The worker's flag (worker/src/standby.rs `FLAG`).
-const FLAG: &str = "--standby";
-/// Room for the real arguments in the standby's `/proc/PID/cmdline`: the
-/// worker writes them over `--standby PAD`.
+/// The worker's flag (worker/src/prestart.rs `FLAG`).
+const FLAG: &str = "--prestarted";
+/// Room for the real arguments in the prestarted worker's `/proc/PID/cmdline`: the
+/// worker writes them over `--prestarted PAD`.
 const ARG_PAD: usize = 4096;
-/// Room for the job's variables in `/proc/PID/environ` (worker/src/standby.rs
+/// Room for the job's variables in `/proc/PID/environ` (worker/src/prestart.rs
 /// `PAD_ENV`).
-const PAD_ENV: &str = "GPUCTL_STANDBY_PAD";
+const PAD_ENV: &str = "GPUCTL_PRESTART_PAD";
 const ENV_PAD: usize = 16 * 1024;
-/// First wait before replacing a standby that exited by itself, doubled for
+/// First wait before replacing a prestarted worker that exited by itself, doubled for
 /// each one after it up to `BACKOFF_MAX`.
 const BACKOFF_START: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(60);
-/// How often dead standbys are noticed and missing ones started.
+/// How often dead prestarted workers are noticed and missing ones started.
 pub(super) const TICK: Duration = Duration::from_secs(1);
 
 /// What a rank's worker is told: arguments (without the program name),
@@ -69,7 +69,7 @@ struct Idle {
 }
 
 /// Device, inode, size and modification time of a file: a worker binary
-/// replaced (an upgrade) reads different, and its idle standbys, still
+/// replaced (an upgrade) reads different, and its idle prestarted workers, still
 /// running the old one, are replaced rather than given jobs.
 type BinaryId = (u64, u64, u64, i64, i64);
 
@@ -84,13 +84,13 @@ struct State {
     /// Slots of this agent; 0 = pre-starting is off.
     slots: usize,
     idle: Vec<Idle>,
-    /// Standbys that exited by themselves since one was last used.
+    /// Prestarted workers that exited by themselves since one was last used.
     failures: u32,
-    /// No standby is started before this (back-off).
+    /// No prestarted worker is started before this (back-off).
     not_before: Option<Instant>,
 }
 
-/// The idle standbys of one agent.
+/// The idle prestarted workers of one agent.
 pub(super) struct Pool {
     settings: WorkerSettings,
     state: Mutex<State>,
@@ -113,13 +113,13 @@ impl Pool {
         self.state.lock().unwrap().slots > 0
     }
 
-    /// Process ids of the idle standbys.
+    /// Process ids of the idle prestarted workers.
     pub fn pids(&self) -> Vec<u32> {
         let s = self.state.lock().unwrap();
         s.idle.iter().map(|i| i.pid).collect()
     }
 
-    /// Starts standbys until there is one per slot not taken by one of the
+    /// Starts prestarted workers until there is one per slot not taken by one of the
     /// `busy` ranks running, unless in back-off.
     pub fn refill(&self, busy: usize) {
         let mut s = self.state.lock().unwrap();
@@ -130,7 +130,7 @@ impl Pool {
             match self.spawn() {
                 Ok(child) => {
                     let pid = child.id().unwrap_or(0);
-                    tracing::debug!(pid, "standby worker started");
+                    tracing::debug!(pid, "prestarted worker started");
                     s.idle.push(Idle {
                         child,
                         pid,
@@ -141,7 +141,7 @@ impl Pool {
                 Err(e) => {
                     let wait = note_failure(&mut s);
                     tracing::warn!(
-                        "cannot start a standby worker ({}): {e}; next try in {wait:?}",
+                        "cannot start a prestarted worker ({}): {e}; next try in {wait:?}",
                         self.settings.worker_bin.display()
                     );
                 }
@@ -149,8 +149,8 @@ impl Pool {
         }
     }
 
-    /// Starts the rank's worker from a standby: `None` when there is none
-    /// alive, or when the job needs what a standby cannot give it (see
+    /// Starts the rank's worker from a prestarted worker: `None` when there is none
+    /// alive, or when the job needs what a prestarted worker cannot give it (see
     /// `usable`); the caller then starts it cold.
     pub fn launch(&self, l: &Launch) -> Option<Child> {
         if !self.enabled() || !self.usable(l) {
@@ -166,14 +166,16 @@ impl Pool {
                 }
                 Err(e) => {
                     // Died between the check and the write: try the next.
-                    tracing::warn!("a standby worker did not take its job ({e}); trying another");
+                    tracing::warn!(
+                        "a prestarted worker did not take its job ({e}); trying another"
+                    );
                     signal_group(child.id().unwrap_or(0) as i32, libc::SIGKILL);
                 }
             }
         }
     }
 
-    /// Ends every idle standby and starts no more (agent shutdown).
+    /// Ends every idle prestarted worker and starts no more (agent shutdown).
     pub async fn close(&self) {
         let idle = {
             let mut s = self.state.lock().unwrap();
@@ -186,9 +188,9 @@ impl Pool {
         }
     }
 
-    /// Forgets standbys that exited (reaping them), counting each as a
+    /// Forgets prestarted workers that exited (reaping them), counting each as a
     /// failure for the back-off.
-    /// Standbys of a worker binary since replaced are ended (not a failure).
+    /// Prestarted workers of a worker binary since replaced are ended (not a failure).
     fn reap(&self, s: &mut State) {
         let binary = binary_id(&self.settings.worker_bin);
         let mut i = 0;
@@ -202,7 +204,7 @@ impl Pool {
                     let old = s.idle.swap_remove(i);
                     tracing::info!(
                         pid = old.pid,
-                        "{} changed: replacing a standby worker",
+                        "{} changed: replacing a prestarted worker",
                         self.settings.worker_bin.display()
                     );
                     signal_group(old.pid as i32, libc::SIGKILL);
@@ -224,20 +226,20 @@ impl Pool {
             }
             let wait = note_failure(s);
             tracing::warn!(
-                "a standby worker ended by itself ({status}) after {:?}; replacing it in {wait:?} (ranks start cold meanwhile)",
+                "a prestarted worker ended by itself ({status}) after {:?}; replacing it in {wait:?} (ranks start cold meanwhile)",
                 gone.started.elapsed()
             );
         }
     }
 
-    /// A live idle standby, if any (dead ones met on the way are reaped).
+    /// A live idle prestarted worker, if any (dead ones met on the way are reaped).
     fn take(&self) -> Option<Child> {
         let mut s = self.state.lock().unwrap();
         self.reap(&mut s);
         s.idle.pop().map(|i| i.child)
     }
 
-    /// Whether a standby, started with the agent's environment, can be this
+    /// Whether a prestarted worker, started with the agent's environment, can be this
     /// rank's worker: the job's arguments must fit in its command line, and
     /// variables read while the libraries load must be as it had them.
     fn usable(&self, l: &Launch) -> bool {
@@ -248,13 +250,13 @@ impl Pool {
         l.env.iter().filter(|(k, _)| read_at_load(k)).all(|(k, _)| {
             // The last value wins, as when the worker applies them.
             let job = l.env.iter().rev().find(|(o, _)| o == k).map(|(_, v)| v);
-            let own = self.standby_env(k);
+            let own = self.prestarted_env(k);
             job.map(String::as_str) == own.as_deref()
         })
     }
 
-    /// A variable's value in a standby's environment.
-    fn standby_env(&self, k: &str) -> Option<String> {
+    /// A variable's value in a prestarted worker's environment.
+    fn prestarted_env(&self, k: &str) -> Option<String> {
         if k == "LD_LIBRARY_PATH" {
             if let Some(ld) = &self.settings.ld_library_path {
                 return Some(ld.to_string_lossy().into_owned());
@@ -281,16 +283,16 @@ impl Pool {
 impl Workers {
     /// Keeps one started, idle worker per slot not running a rank
     /// (`--prestart-workers`; `slots`: GPUs, or CPU ranks), which ranks then
-    /// start from (standby.rs).
+    /// start from (prestart.rs).
     pub fn prestart(self: &Arc<Self>, slots: usize) {
-        self.standby.set_slots(slots);
-        self.standby.refill(self.busy_slots());
+        self.prestarted.set_slots(slots);
+        self.prestarted.refill(self.busy_slots());
         let me = Arc::downgrade(self);
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(TICK).await;
                 match me.upgrade() {
-                    Some(w) if w.standby.enabled() => w.standby.refill(w.busy_slots()),
+                    Some(w) if w.prestarted.enabled() => w.prestarted.refill(w.busy_slots()),
                     _ => return,
                 }
             }
@@ -315,7 +317,7 @@ fn note_failure(s: &mut State) -> Duration {
 }
 
 /// Variables the dynamic loader, glibc's allocator or libgomp read when the
-/// worker starts, before a standby knows its job. OMP_NUM_THREADS is not one
+/// worker starts, before a prestarted worker knows its job. OMP_NUM_THREADS is not one
 /// of them: the worker applies it through torch.
 fn read_at_load(k: &str) -> bool {
     ["LD_", "GLIBC_", "MALLOC_", "GOMP_", "KMP_", "OMP_"]
@@ -324,7 +326,7 @@ fn read_at_load(k: &str) -> bool {
         && k != "OMP_NUM_THREADS"
 }
 
-/// Writes the start line and closes the standby's stdin.
+/// Writes the start line and closes the prestarted worker's stdin.
 fn hand_off(child: &mut Child, line: &str) -> std::io::Result<()> {
     let stdin = child
         .stdin
@@ -374,15 +376,15 @@ mod pool_tests {
     use super::*;
     use gpuctl_proto::pb::agent_message::Msg;
 
-    async fn wait_standbys(w: &Workers, n: usize) -> Vec<u32> {
+    async fn wait_prestarted(w: &Workers, n: usize) -> Vec<u32> {
         for _ in 0..100 {
-            let pids = w.standby.pids();
+            let pids = w.prestarted.pids();
             if pids.len() == n {
                 return pids;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        panic!("never {n} standbys: {:?}", w.standby.pids());
+        panic!("never {n} prestarted workers: {:?}", w.prestarted.pids());
     }
 
     fn alive(pid: u32) -> bool {
@@ -391,16 +393,16 @@ mod pool_tests {
     }
 
     #[tokio::test]
-    async fn ranks_start_from_standbys_which_come_back() {
+    async fn ranks_start_from_prestarted_workers_which_come_back() {
         let tmp = tempfile::tempdir().unwrap();
         let bin = script(
             tmp.path(),
-            r#"if [ "$1" = --standby ]; then read -r line || exit 0; echo "standby $$: $line"; exit 0; fi
+            r#"if [ "$1" = --prestarted ]; then read -r line || exit 0; echo "prestarted $$: $line"; exit 0; fi
 echo "cold $$""#,
         );
         let (w, mut events) = Workers::new(settings(tmp.path(), bin), "http://coord:1".into());
         w.prestart(2);
-        let before = wait_standbys(&w, 2).await;
+        let before = wait_prestarted(&w, 2).await;
         assert!(before.iter().all(|p| w.worker_pids().contains(p)));
         assert!(w.running().is_empty());
         assert_eq!(w.live_workers(), 0);
@@ -413,8 +415,8 @@ echo "cold $$""#,
         for pid in &before {
             let line = lines
                 .iter()
-                .find(|l| l.starts_with(&format!("standby {pid}: ")))
-                .unwrap_or_else(|| panic!("standby {pid} did not run a rank: {lines:?}"));
+                .find(|l| l.starts_with(&format!("prestarted {pid}: ")))
+                .unwrap_or_else(|| panic!("prestarted {pid} did not run a rank: {lines:?}"));
             let start: serde_json::Value =
                 serde_json::from_str(line.split_once(": ").unwrap().1).unwrap();
             assert_eq!(start["args"][3], "job-7", "{start}");
@@ -426,8 +428,8 @@ echo "cold $$""#,
                 .any(|kv| kv[0] == "LD_LIBRARY_PATH" && kv[1] == "/shim:/torch/lib"));
         }
 
-        // Both slots are free again: two new standbys.
-        let after = wait_standbys(&w, 2).await;
+        // Both slots are free again: two new prestarted workers.
+        let after = wait_prestarted(&w, 2).await;
         assert!(
             after.iter().all(|p| !before.contains(p)),
             "{before:?} {after:?}"
@@ -440,9 +442,9 @@ echo "cold $$""#,
         assert!(w.start(a).ok);
         let (logs, _) = collect(&mut events, 1).await;
         assert!(logs[0].lines[0].starts_with("cold "), "{logs:?}");
-        assert_eq!(w.standby.pids().len(), 2);
+        assert_eq!(w.prestarted.pids().len(), 2);
 
-        // Shutdown ends the standbys and starts none.
+        // Shutdown ends the prestarted workers and starts none.
         assert!(
             w.kill_all_and_wait(
                 super::super::StopReason::AgentShutdown,
@@ -450,10 +452,10 @@ echo "cold $$""#,
             )
             .await
         );
-        assert!(w.standby.pids().is_empty());
+        assert!(w.prestarted.pids().is_empty());
         assert!(after.iter().all(|p| !alive(*p)));
         tokio::time::sleep(TICK * 2).await;
-        assert!(w.standby.pids().is_empty());
+        assert!(w.prestarted.pids().is_empty());
         assert!(
             tokio::time::timeout(Duration::from_millis(100), events.recv())
                 .await
@@ -461,18 +463,18 @@ echo "cold $$""#,
                     m.and_then(|m| m.msg),
                     Some(Msg::WorkerExited(_))
                 )),
-            "standbys are not workers"
+            "prestarted workers are not workers"
         );
     }
 
     #[tokio::test]
-    async fn a_broken_standby_backs_off_and_ranks_start_cold() {
+    async fn a_broken_prestarted_backs_off_and_ranks_start_cold() {
         let tmp = tempfile::tempdir().unwrap();
         let spawns = tmp.path().join("spawns");
         let bin = script(
             tmp.path(),
             &format!(
-                r#"if [ "$1" = --standby ]; then echo x >> {}; exit 1; fi
+                r#"if [ "$1" = --prestarted ]; then echo x >> {}; exit 1; fi
 echo cold"#,
                 spawns.display()
             ),
@@ -482,7 +484,10 @@ echo cold"#,
         tokio::time::sleep(Duration::from_millis(3500)).await;
         let n = std::fs::read_to_string(&spawns).unwrap().lines().count();
         // At 0 s, then 1 s and 2 s after each death is noticed (each tick).
-        assert!((2..=3).contains(&n), "{n} standbys started in 3.5 s");
+        assert!(
+            (2..=3).contains(&n),
+            "{n} prestarted workers started in 3.5 s"
+        );
         assert!(w.start(assignment(&[(0, None)], 0)).ok);
         let (logs, exits) = collect(&mut events, 1).await;
         assert_eq!(exits[0].exit_code, 0);
@@ -490,29 +495,32 @@ echo cold"#,
     }
 
     #[tokio::test]
-    async fn standbys_of_a_replaced_worker_binary_are_replaced() {
+    async fn prestarted_workers_of_a_replaced_worker_binary_are_replaced() {
         let tmp = tempfile::tempdir().unwrap();
         let body = |v: &str| {
             format!(
-                r#"if [ "$1" = --standby ]; then read -r line || exit 0; fi
+                r#"if [ "$1" = --prestarted ]; then read -r line || exit 0; fi
 echo {v}"#
             )
         };
         let bin = script(tmp.path(), &body("old"));
         let (w, mut events) = Workers::new(settings(tmp.path(), bin), "u".into());
         w.prestart(1);
-        let old = wait_standbys(&w, 1).await;
+        let old = wait_prestarted(&w, 1).await;
         // An upgrade: the binary now reads differently (here: longer).
         script(tmp.path(), &body("newer"));
         let t0 = Instant::now();
-        while w.standby.pids() == old || w.standby.pids().is_empty() {
-            assert!(t0.elapsed() < TICK * 5, "standby {old:?} never replaced");
+        while w.prestarted.pids() == old || w.prestarted.pids().is_empty() {
+            assert!(t0.elapsed() < TICK * 5, "prestarted {old:?} never replaced");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         // Killed and reaped (dropped children are reaped in the background).
         let t0 = Instant::now();
         while alive(old[0]) {
-            assert!(t0.elapsed() < TICK * 5, "old standby {old:?} left behind");
+            assert!(
+                t0.elapsed() < TICK * 5,
+                "old prestarted {old:?} left behind"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         assert!(w.start(assignment(&[(0, None)], 0)).ok);
