@@ -61,6 +61,30 @@ pub fn workload_names() -> Vec<&'static str> {
 /// Default run time of timed workloads when none is given.
 pub const DEFAULT_DURATION_MS: u64 = 60_000;
 
+/// Timed workloads may run their duration plus this (start-up, reporting)
+/// before their workers are killed, unless the spec sets `timeout_ms`.
+pub const TIMED_GRACE_MS: u64 = 120_000;
+/// What an untimed workload may run, unless the spec sets `timeout_ms`.
+pub const DEFAULT_TIMEOUT_MS: u64 = 3_600_000;
+/// Grace after a job's deadline before the coordinator fails it itself; the
+/// agent kills the workers at the deadline and should report first.
+pub const DEADLINE_GRACE_MS: u64 = 10_000;
+/// A timed worker ends its work this long before the job's deadline, so its
+/// result is sent before the agent kills it.
+pub const WORKER_END_MARGIN_MS: u64 = 5_000;
+
+/// How long a job may run before its workers are killed.
+pub fn job_budget_ms(spec: &JobSpec) -> u64 {
+    let timed = workload(&spec.workload).is_some_and(|w| w.timed);
+    if spec.timeout_ms > 0 {
+        spec.timeout_ms
+    } else if timed {
+        spec.duration_ms.saturating_add(TIMED_GRACE_MS)
+    } else {
+        DEFAULT_TIMEOUT_MS
+    }
+}
+
 /// A rank that makes no progress for this long fails its job as hung, unless
 /// the spec sets `hang_timeout_ms`.
 pub const DEFAULT_HANG_TIMEOUT_MS: u64 = 120_000;
@@ -262,6 +286,23 @@ mod tests {
             DEFAULT_DURATION_MS
         );
         assert_eq!(normalize(&spec("nccl")).unwrap().duration_ms, 0);
+    }
+
+    #[test]
+    fn budgets_follow_the_spec() {
+        let mut s = JobSpec {
+            workload: "stress".into(),
+            duration_ms: 60_000,
+            ..Default::default()
+        };
+        assert_eq!(job_budget_ms(&s), 180_000);
+        s.timeout_ms = 5_000;
+        assert_eq!(job_budget_ms(&s), 5_000);
+        let n = JobSpec {
+            workload: "nccl".into(),
+            ..Default::default()
+        };
+        assert_eq!(job_budget_ms(&n), 3_600_000);
     }
 
     #[test]

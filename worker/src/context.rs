@@ -175,7 +175,7 @@ impl Ctx {
     }
 
     /// The duration of a timed workload: `--duration-ms` (else the spec's
-    /// default), ending 5 s before the deadline.
+    /// default), ending `WORKER_END_MARGIN_MS` before the deadline.
     pub fn duration(&self) -> Duration {
         let mut d = Duration::from_millis(if self.args.duration_ms > 0 {
             self.args.duration_ms
@@ -187,7 +187,7 @@ impl Ctx {
                 .args
                 .deadline_unix_ms
                 .saturating_sub(gpuctl_proto::now_ms())
-                .saturating_sub(5_000);
+                .saturating_sub(gpuctl_proto::spec::WORKER_END_MARGIN_MS);
             d = d.min(Duration::from_millis(left));
         }
         d

@@ -17,24 +17,8 @@ use crate::judge::report;
 use crate::plan::{planner, preflight};
 use crate::store::Batch;
 
-/// Grace after a job's deadline before the coordinator fails it itself; the
-/// agent kills the workers at the deadline and should report first.
-const DEADLINE_GRACE_MS: u64 = 10_000;
-/// Timed workloads get their duration plus this for start-up and reporting.
-const TIMED_GRACE_MS: u64 = 120_000;
-const DEFAULT_TIMEOUT_MS: u64 = 3_600_000;
-
-/// How long a job may run before its workers are killed.
-pub fn job_budget_ms(spec: &JobSpec) -> u64 {
-    let timed = gpuctl_proto::spec::workload(&spec.workload).is_some_and(|w| w.timed);
-    if spec.timeout_ms > 0 {
-        spec.timeout_ms
-    } else if timed {
-        spec.duration_ms.saturating_add(TIMED_GRACE_MS)
-    } else {
-        DEFAULT_TIMEOUT_MS
-    }
-}
+pub use gpuctl_proto::spec::job_budget_ms;
+use gpuctl_proto::spec::DEADLINE_GRACE_MS;
 
 impl Scheduler {
     pub(super) fn job(&self, id: &str) -> Result<&JobEntry, CoordinatorError> {
@@ -488,27 +472,5 @@ impl Scheduler {
             return Ok(r);
         }
         self.stored_report(entry).await.map_err(unavailable)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn budgets_follow_the_spec() {
-        let mut s = JobSpec {
-            workload: "stress".into(),
-            duration_ms: 60_000,
-            ..Default::default()
-        };
-        assert_eq!(job_budget_ms(&s), 180_000);
-        s.timeout_ms = 5_000;
-        assert_eq!(job_budget_ms(&s), 5_000);
-        let n = JobSpec {
-            workload: "nccl".into(),
-            ..Default::default()
-        };
-        assert_eq!(job_budget_ms(&n), 3_600_000);
     }
 }
