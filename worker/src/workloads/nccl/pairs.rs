@@ -231,40 +231,6 @@ pub fn pairs(
     round_timeout: Duration,
     progress: &dyn Fn(&str, f64, Option<f64>),
 ) -> Result<CollectiveResult> {
-    let mut links = Vec::new();
-    let mut backend = None;
-    rounds(
-        place,
-        cfg,
-        rdzv,
-        open,
-        dev,
-        round_timeout,
-        progress,
-        &mut links,
-        &mut backend,
-    )?;
-    Ok(CollectiveResult {
-        backend: backend.unwrap_or_default().into(),
-        world_size: place.world as u32,
-        rows: Vec::new(),
-        links,
-        ..Default::default()
-    })
-}
-
-#[allow(clippy::too_many_arguments)]
-fn rounds(
-    place: &Place,
-    cfg: &SweepConfig,
-    rdzv: &dyn Rendezvous,
-    open: &Opener,
-    dev: Device,
-    round_timeout: Duration,
-    progress: &dyn Fn(&str, f64, Option<f64>),
-    links: &mut Vec<LinkResult>,
-    backend: &mut Option<&'static str>,
-) -> Result<()> {
     let (l, es) = (place.local_world, cfg.kind.elt_size_in_bytes());
     let n = 2 * l;
     if sizes(Op::AllReduce, cfg.max_bytes, es, n).count == 0 {
@@ -278,6 +244,8 @@ fn rounds(
     let pat = Pattern::new(cfg.kind, n);
     let rounds = round_robin(place.nnodes);
     let total = rounds.len();
+    let mut links = Vec::new();
+    let mut backend = None;
     for (r, round) in rounds.iter().enumerate() {
         let phase = format!("pairs round {}/{total}", r + 1);
         progress(&phase, r as f64 / total as f64, None);
@@ -365,7 +333,13 @@ fn rounds(
         }));
         progress(&phase, (r + 1) as f64 / total as f64, busbw);
     }
-    Ok(())
+    Ok(CollectiveResult {
+        backend: backend.unwrap_or_default().into(),
+        world_size: place.world as u32,
+        rows: Vec::new(),
+        links,
+        ..Default::default()
+    })
 }
 
 #[cfg(test)]
