@@ -196,19 +196,13 @@ pub fn judge(results: &BTreeMap<u32, RankResult>, nodes: &[String], slow_ratio: 
                 .is_some_and(|m| two.judged() < slow_ratio * m)
     };
     // Slow links per node, per op.
-    let mut slow_of: BTreeMap<(&str, u32), Vec<u32>> = BTreeMap::new();
-    let mut all_of: BTreeMap<(&str, u32), usize> = BTreeMap::new();
     let mut peers_of: BTreeMap<(&str, u32), Vec<(u32, bool)>> = BTreeMap::new();
     for ((op, a, b, bytes, dtype, round), two) in &measured {
         let (bw, wrong) = (&two.judged(), &two.wrong);
         let m = reference[op.as_str()];
         let bad = slow_at(op, two);
         for (x, y) in [(*a, *b), (*b, *a)] {
-            *all_of.entry((op.as_str(), x)).or_default() += 1;
             peers_of.entry((op.as_str(), x)).or_default().push((y, bad));
-            if bad {
-                slow_of.entry((op.as_str(), x)).or_default().push(y);
-            }
         }
         out.links.push(Link {
             a: name(nodes, *a),
@@ -229,8 +223,13 @@ pub fn judge(results: &BTreeMap<u32, RankResult>, nodes: &[String], slow_ratio: 
     }
     // A node in most of its links slow is the culprit; its links are explained.
     let culprits = culprits(&peers_of);
-    for ((op, node), peers) in &slow_of {
-        let total = all_of[&(*op, *node)];
+    for ((op, node), all) in &peers_of {
+        let total = all.len();
+        let peers: Vec<u32> = all
+            .iter()
+            .filter(|(_, slow)| *slow)
+            .map(|(p, _)| *p)
+            .collect();
         if culprits.contains(node) && peers.len() * 2 > total {
             let m = reference[op].unwrap_or(0.0);
             let mine: Vec<f64> = measured
