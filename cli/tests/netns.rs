@@ -131,6 +131,14 @@ impl Fleet {
         })
     }
 
+    /// A rules file that calls a link slow under 0.3x the reference, not
+    /// 0.8x: CPU-bound TCP links on two shared cores vary by about ±40 %.
+    fn loose_link_rules(&self) -> String {
+        let rules = self.dir.path().join("links.toml");
+        std::fs::write(&rules, "[links]\nslow = 0.3\n").unwrap();
+        rules.to_str().unwrap().to_string()
+    }
+
     fn logs(&self) -> String {
         let mut s = String::new();
         for e in std::fs::read_dir(self.dir.path().join("logs"))
@@ -395,9 +403,7 @@ fn pairs_name_the_node_behind_a_throttled_link() {
     // share two cores: healthy links vary by about ±40 %, so the test's rules
     // call a link slow under 0.3x the median rather than the default 0.8x
     // (meant for real interconnects). The throttled link is ~50x slower.
-    let rules = fleet.dir.path().join("links.toml");
-    std::fs::write(&rules, "[links]\nslow = 0.3\n").unwrap();
-    let rules = rules.to_str().unwrap().to_string();
+    let rules = fleet.loose_link_rules();
     let pairs = [
         "submit",
         "nccl",
@@ -430,12 +436,7 @@ fn pairs_name_the_node_behind_a_throttled_link() {
     assert_eq!(r["verdict"], "fail", "{r:#}");
     for n in r["nodes"].as_array().unwrap() {
         let name = n["name"].as_str().unwrap();
-        let fails: Vec<&Value> = n["findings"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|f| f["level"] == "fail")
-            .collect();
+        let fails = fails(&n["findings"]);
         if name == "local-2" {
             assert_eq!(n["verdict"], "fail", "{n:#}");
             assert!(
@@ -571,10 +572,8 @@ fn pairs_name_a_slow_node_and_two_hard_throttled_links_and_nothing_else() {
     let _g = serial();
     let fleet = Fleet::start(6);
     wait_ready(&fleet, 6);
-    let rules = fleet.dir.path().join("links.toml");
     // CPU-bound TCP on two shared cores: see the pairs test above.
-    std::fs::write(&rules, "[links]\nslow = 0.3\n").unwrap();
-    let rules = rules.to_str().unwrap().to_string();
+    let rules = fleet.loose_link_rules();
     let pairs = [
         "submit",
         "nccl",
@@ -594,15 +593,6 @@ fn pairs_name_a_slow_node_and_two_hard_throttled_links_and_nothing_else() {
         &rules,
         "--wait",
     ];
-    let fails = |n: &Value| -> Vec<Value> {
-        n["findings"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|f| f["level"] == "fail")
-            .cloned()
-            .collect()
-    };
     let r = fleet.report("healthy", &pairs);
     assert_ne!(r["verdict"], "fail", "healthy: {r:#}");
     let links = r["links"].as_array().expect("links[]");
@@ -625,7 +615,7 @@ fn pairs_name_a_slow_node_and_two_hard_throttled_links_and_nothing_else() {
     );
     for n in r["nodes"].as_array().unwrap() {
         let name = n["name"].as_str().unwrap();
-        let f = fails(n);
+        let f = fails(&n["findings"]);
         if name == "local-5" {
             assert!(
                 f.iter().any(|f| f["metric"] == "link_busbw"),
