@@ -28,7 +28,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpuctl_proto::shutdown::Shutdown;
+use gpuctl_core::shutdown::Shutdown;
 
 /// Everything the command line decides.
 #[derive(Debug, Clone)]
@@ -58,7 +58,7 @@ pub struct Config {
     /// Address of the `/metrics` endpoint; `None` disables it.
     pub metrics_listen: Option<String>,
     /// `/metrics` over TLS (`--metrics-tls`).
-    pub metrics_tls: Option<gpuctl_proto::metrics_tls::TlsConfig>,
+    pub metrics_tls: Option<gpuctl_core::metrics_tls::TlsConfig>,
     /// How long workers keep running while the coordinator is away
     /// (`--coordinator-grace`); zero kills them as soon as it is lost.
     pub coordinator_grace: Duration,
@@ -164,7 +164,7 @@ pub async fn run(cfg: Config, shutdown: Shutdown) -> anyhow::Result<()> {
             g.index,
             g.name,
             g.uuid,
-            gpuctl_proto::units::format_bytes(g.memory_total_bytes),
+            gpuctl_core::units::format_bytes(g.memory_total_bytes),
             g.pci_bus_id,
             g.pcie_gen_max,
             g.pcie_width_max,

@@ -75,16 +75,16 @@ struct Args {
 
     /// CA of the coordinator's certificate (PEM), for an https:// --coordinator;
     /// handed to the workers too.
-    #[arg(long, value_name = "FILE", env = gpuctl_proto::client::TLS_CA_ENV)]
+    #[arg(long, value_name = "FILE", env = gpuctl_core::client::TLS_CA_ENV)]
     tls_ca: Option<PathBuf>,
 
     /// This node's client certificate (PEM; its name is the node name), for a
     /// coordinator with --client-ca. `gpuctl certs init` makes one per node.
-    #[arg(long, value_name = "FILE", env = gpuctl_proto::client::TLS_CERT_ENV, requires = "tls_key")]
+    #[arg(long, value_name = "FILE", env = gpuctl_core::client::TLS_CERT_ENV, requires = "tls_key")]
     tls_cert: Option<PathBuf>,
 
     /// The key of --tls-cert (PEM).
-    #[arg(long, value_name = "FILE", env = gpuctl_proto::client::TLS_KEY_ENV, requires = "tls_cert")]
+    #[arg(long, value_name = "FILE", env = gpuctl_core::client::TLS_KEY_ENV, requires = "tls_cert")]
     tls_key: Option<PathBuf>,
 
     /// Serve `/metrics` over TLS with --tls-cert/--tls-key (a node
@@ -121,14 +121,14 @@ fn parse_label(s: &str) -> Result<(String, String), String> {
 }
 
 fn parse_interval(s: &str) -> Result<Duration, String> {
-    gpuctl_proto::units::parse_duration(s)
+    gpuctl_core::units::parse_duration(s)
 }
 
 fn parse_grace(s: &str) -> Result<Duration, String> {
     if matches!(s.trim(), "0" | "0s" | "0ms") {
         return Ok(Duration::ZERO);
     }
-    gpuctl_proto::units::parse_duration(s)
+    gpuctl_core::units::parse_duration(s)
 }
 
 /// A bare `host:port` is taken as plain HTTP, the way operators type it.
@@ -142,7 +142,7 @@ fn normalize_url(url: &str) -> String {
 
 /// `--coordinator` as a list of URLs, each with a scheme.
 fn coordinator_urls(arg: &str) -> anyhow::Result<Vec<String>> {
-    let urls: Vec<String> = gpuctl_proto::leader::split_urls(arg)
+    let urls: Vec<String> = gpuctl_core::leader::split_urls(arg)
         .iter()
         .map(|u| normalize_url(u))
         .collect();
@@ -180,7 +180,7 @@ async fn main() -> anyhow::Result<()> {
     );
     let metrics_tls = match (&cert, &key) {
         (Some(cert), Some(key)) if args.metrics_tls => Some(
-            gpuctl_proto::metrics_tls::MetricsTlsFiles {
+            gpuctl_core::metrics_tls::MetricsTlsFiles {
                 cert: cert.clone(),
                 key: key.clone(),
                 client_ca: ca.clone(),
@@ -190,7 +190,7 @@ async fn main() -> anyhow::Result<()> {
         ),
         _ => None,
     };
-    gpuctl_proto::client::set_tls(gpuctl_proto::client::TlsFiles { ca, cert, key });
+    gpuctl_core::client::set_tls(gpuctl_core::client::TlsFiles { ca, cert, key });
     let cfg = gpuctl_agent::Config {
         coordinator: coordinator_urls(&args.coordinator)?,
         name: args.name.filter(|n| !n.is_empty()),
@@ -216,7 +216,7 @@ async fn main() -> anyhow::Result<()> {
 
     // The one shutdown signal: every loop watches it, and the agent kills
     // its workers before it exits.
-    let shutdown = gpuctl_proto::shutdown::on_signals()?;
+    let shutdown = gpuctl_core::shutdown::on_signals()?;
 
     gpuctl_agent::run(cfg, shutdown).await
 }

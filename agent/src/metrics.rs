@@ -1,14 +1,14 @@
 //! The agent's `/metrics`: the latest GPU readings with dcgm-exporter's
 //! metric names and labels (`gpu`, `UUID`, `modelName`, `Hostname`) so that
 //! existing dashboards work, plus the agent's own `gpuctl_agent_*` gauges,
-//! served by the shared endpoint ([`gpuctl_proto::metrics_http`]).
+//! served by the shared endpoint ([`gpuctl_core::metrics_http`]).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use gpuctl_proto::metrics_http::{self, write_family, Labels};
-use gpuctl_proto::shutdown::Shutdown;
+use gpuctl_core::metrics_http::{self, write_family, Labels};
+use gpuctl_core::shutdown::Shutdown;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::MetricType::{self, Counter, Gauge};
@@ -353,7 +353,7 @@ pub async fn serve(
     listen: &str,
     source: Arc<MetricsSource>,
     shutdown: Shutdown,
-    tls: Option<gpuctl_proto::metrics_tls::TlsConfig>,
+    tls: Option<gpuctl_core::metrics_tls::TlsConfig>,
 ) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind(listen).await?;
     let addr = listener.local_addr()?;

@@ -19,14 +19,14 @@ use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use gpuctl_proto::client::Channel;
-use gpuctl_proto::pb::worker_service_client::WorkerServiceClient;
-use gpuctl_proto::pb::worker_service_server::{WorkerService, WorkerServiceServer};
-use gpuctl_proto::pb::{
+use gpuctl_core::client::Channel;
+use gpuctl_core::pb::worker_service_client::WorkerServiceClient;
+use gpuctl_core::pb::worker_service_server::{WorkerService, WorkerServiceServer};
+use gpuctl_core::pb::{
     Ack, RankProgressReport, RankResult, RendezvousGetRequest, RendezvousGetResponse,
     RendezvousPutRequest,
 };
-use gpuctl_proto::server::MAX_MESSAGE_BYTES;
+use gpuctl_core::server::MAX_MESSAGE_BYTES;
 use tonic::{Request, Response, Status};
 
 /// How long a passed-on call may take when the worker named no limit
@@ -103,10 +103,10 @@ impl Relay {
         let service = WorkerServiceServer::new(Forward(self))
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
-        let server = gpuctl_proto::server::builder()
+        let server = gpuctl_core::server::builder()
             .concurrency_limit_per_connection(CALLS_PER_CONNECTION)
             .add_service(service)
-            .serve_with_incoming(gpuctl_proto::server::incoming(listener));
+            .serve_with_incoming(gpuctl_core::server::incoming(listener));
         tokio::spawn(async move {
             if let Err(e) = server.await {
                 tracing::error!("the workers' relay stopped: {e}");
@@ -121,12 +121,12 @@ impl Relay {
 fn onward<T>(req: Request<T>) -> Request<T> {
     let (meta, _, message) = req.into_parts();
     let mut out = Request::new(message);
-    if let Some(secret) = meta.get(gpuctl_proto::auth::RANK_SECRET) {
+    if let Some(secret) = meta.get(gpuctl_core::auth::RANK_SECRET) {
         let mut secret = secret.clone();
         // A credential: never indexed in HTTP/2's header tables.
         secret.set_sensitive(true);
         out.metadata_mut()
-            .insert(gpuctl_proto::auth::RANK_SECRET, secret);
+            .insert(gpuctl_core::auth::RANK_SECRET, secret);
     }
     match meta.get(GRPC_TIMEOUT) {
         Some(limit) => {
@@ -185,32 +185,29 @@ mod tests {
     fn only_the_secret_and_the_time_limit_go_on() {
         let mut req = Request::new(());
         req.metadata_mut()
-            .insert(gpuctl_proto::auth::RANK_SECRET, "s3".parse().unwrap());
+            .insert(gpuctl_core::auth::RANK_SECRET, "s3".parse().unwrap());
         req.metadata_mut().insert("x-other", "no".parse().unwrap());
         req.set_timeout(Duration::from_secs(25));
         let out = onward(req);
         assert_eq!(
-            out.metadata().get(gpuctl_proto::auth::RANK_SECRET).unwrap(),
+            out.metadata().get(gpuctl_core::auth::RANK_SECRET).unwrap(),
             "s3"
         );
         assert_eq!(out.metadata().get(GRPC_TIMEOUT).unwrap(), "25000000u");
         assert!(out.metadata().get("x-other").is_none());
 
         let out = onward(Request::new(()));
-        assert!(out
-            .metadata()
-            .get(gpuctl_proto::auth::RANK_SECRET)
-            .is_none());
+        assert!(out.metadata().get(gpuctl_core::auth::RANK_SECRET).is_none());
         assert_eq!(out.metadata().get(GRPC_TIMEOUT).unwrap(), "30000000u");
     }
 
     #[test]
     fn a_standbys_leader_hint_does_not_reach_the_worker() {
-        let standby = gpuctl_proto::leader::standby_status(Some("http://b:7070"));
-        assert!(gpuctl_proto::leader::leader_of(&standby).is_some());
+        let standby = gpuctl_core::leader::standby_status(Some("http://b:7070"));
+        assert!(gpuctl_core::leader::leader_of(&standby).is_some());
         let relayed = back(standby);
         assert_eq!(relayed.code(), tonic::Code::Unavailable);
         assert!(relayed.message().contains("http://b:7070"));
-        assert!(gpuctl_proto::leader::leader_of(&relayed).is_none());
+        assert!(gpuctl_core::leader::leader_of(&relayed).is_none());
     }
 }

@@ -13,13 +13,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpuctl_proto::client::Channel;
-use gpuctl_proto::pb::{
+use gpuctl_core::client::Channel;
+use gpuctl_core::pb::{
     agent_message::Msg, agent_service_client::AgentServiceClient, coordinator_message,
     AgentMessage, Assignment, GpuInfo, Heartbeat, HostFacts, PreflightCheck, RegisterRequest,
 };
-use gpuctl_proto::shutdown::Shutdown;
-use gpuctl_proto::PROTOCOL_VERSION;
+use gpuctl_core::shutdown::Shutdown;
+use gpuctl_core::PROTOCOL_VERSION;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
@@ -197,9 +197,9 @@ async fn connect(urls: &str) -> Result<(AgentServiceClient<Channel>, Channel), S
     // standbys); the one that leads is used. The builder's HTTP/2 keepalive
     // is how an idle session notices a vanished coordinator host; its
     // request timeout bounds Register.
-    let list = gpuctl_proto::leader::split_urls(urls);
-    let channel = gpuctl_proto::leader::find_leader(&list, |url| {
-        gpuctl_proto::client::builder(url)
+    let list = gpuctl_core::leader::split_urls(urls);
+    let channel = gpuctl_core::leader::find_leader(&list, |url| {
+        gpuctl_core::client::builder(url)
             .connect_timeout(CONNECT_TIMEOUT)
             .request_timeout(REQUEST_TIMEOUT)
     })
@@ -209,8 +209,8 @@ async fn connect(urls: &str) -> Result<(AgentServiceClient<Channel>, Channel), S
         tracing::info!(leader = %channel.url(), "the leading coordinator");
     }
     let client = AgentServiceClient::new(channel.clone())
-        .max_decoding_message_size(gpuctl_proto::server::MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(gpuctl_proto::server::MAX_MESSAGE_BYTES);
+        .max_decoding_message_size(gpuctl_core::server::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(gpuctl_core::server::MAX_MESSAGE_BYTES);
     Ok((client, channel))
 }
 
@@ -465,7 +465,7 @@ fn heartbeat(name: &str, workers: &Workers) -> AgentMessage {
         msg: Some(Msg::Heartbeat(Heartbeat {
             node: name.to_string(),
             protocol_version: PROTOCOL_VERSION,
-            unix_ms: gpuctl_proto::now_ms(),
+            unix_ms: gpuctl_core::now_ms(),
             running: workers.running(),
             preflight: Vec::new(),
         })),

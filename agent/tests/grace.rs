@@ -14,7 +14,7 @@ use std::time::Duration;
 use common::{assignment, pid_alive, read_pid, until, worker_script};
 use gpuctl_agent::session::{self, SessionConfig};
 use gpuctl_agent::workers::{WorkerSettings, Workers};
-use gpuctl_proto::pb::{
+use gpuctl_core::pb::{
     agent_message::Msg,
     agent_service_server::{AgentService, AgentServiceServer},
     AgentMessage, CoordinatorMessage, HostFacts, RegisterRequest, RegisterResponse,
@@ -57,7 +57,7 @@ impl AgentService for Fake {
         Ok(Response::new(RegisterResponse {
             name,
             heartbeat_interval_ms: 100,
-            protocol_version: gpuctl_proto::PROTOCOL_VERSION,
+            protocol_version: gpuctl_core::PROTOCOL_VERSION,
             adopted,
             refused,
             ..Default::default()

@@ -16,7 +16,7 @@ use gpuctl_agent::gpus::GpuInventory;
 use gpuctl_agent::preflight::Preflight;
 use gpuctl_agent::session::{self, SessionConfig};
 use gpuctl_agent::workers::{WorkerSettings, Workers};
-use gpuctl_proto::pb::{
+use gpuctl_core::pb::{
     agent_message::Msg,
     agent_service_server::{AgentService, AgentServiceServer},
     coordinator_message, AgentMessage, CancelJob, CoordinatorMessage, HostFacts, RankPlacement,
@@ -47,7 +47,7 @@ impl AgentService for Fake {
         Ok(Response::new(RegisterResponse {
             name,
             heartbeat_interval_ms: 100,
-            protocol_version: gpuctl_proto::PROTOCOL_VERSION,
+            protocol_version: gpuctl_core::PROTOCOL_VERSION,
             coordinator_url: "http://workers-use-this:1".into(),
             ..Default::default()
         }))
@@ -116,13 +116,13 @@ async fn session_contract_loss_and_shutdown() {
     let reg = registers.recv().await.unwrap();
     assert_eq!(
         (reg.name.as_str(), reg.protocol_version),
-        ("test-node", gpuctl_proto::PROTOCOL_VERSION)
+        ("test-node", gpuctl_core::PROTOCOL_VERSION)
     );
     let (mut inbound, out) = sessions.recv().await.unwrap();
     match next(&mut inbound).await {
         Msg::Heartbeat(h) => {
             assert_eq!(h.node, "test-node");
-            assert_eq!(h.protocol_version, gpuctl_proto::PROTOCOL_VERSION);
+            assert_eq!(h.protocol_version, gpuctl_core::PROTOCOL_VERSION);
             assert!(h.running.is_empty());
         }
         other => panic!("first message must be a heartbeat, got {other:?}"),

@@ -8,8 +8,8 @@ use std::fmt;
 use std::path::PathBuf;
 
 use clap::{Arg, ArgAction, ArgMatches, Args, Parser, Subcommand, ValueEnum};
-use gpuctl_proto::pb::JobSpec;
-use gpuctl_proto::{catalogue, spec, units};
+use gpuctl_core::pb::JobSpec;
+use gpuctl_core::{catalogue, spec, units};
 
 /// Default coordinator address; `gpuctl local up` listens here by default too.
 pub const DEFAULT_COORDINATOR: &str = "http://127.0.0.1:7070";
@@ -389,7 +389,7 @@ pub(crate) fn read_rules(path: &std::path::Path) -> Result<String, UsageError> {
 }
 
 /// Workload parameters as flags: one per parameter name of
-/// `gpuctl_proto::catalogue` (its help and default included), plus `--param`.
+/// `gpuctl_core::catalogue` (its help and default included), plus `--param`.
 /// Values stay strings here on purpose: the shared `spec::normalize` owns their
 /// rules, so CLI and coordinator never disagree.
 #[derive(Debug, Default, Clone)]

@@ -5,15 +5,15 @@
 //! of `--tls-ca/--tls-cert/--tls-key` (or `GPUCTL_TLS_*`).
 
 use anyhow::{anyhow, Result};
-use gpuctl_proto::client::Channel;
-use gpuctl_proto::leader;
-use gpuctl_proto::pb::{self, job_service_client::JobServiceClient};
+use gpuctl_core::client::Channel;
+use gpuctl_core::leader;
+use gpuctl_core::pb::{self, job_service_client::JobServiceClient};
 use tonic::{Code, Status};
 
 use crate::args::UsageError;
 
-/// Same ceiling as the servers (`gpuctl_proto::server`): big fleets make big reports.
-const MAX_MESSAGE_BYTES: usize = gpuctl_proto::server::MAX_MESSAGE_BYTES;
+/// Same ceiling as the servers (`gpuctl_core::server`): big fleets make big reports.
+const MAX_MESSAGE_BYTES: usize = gpuctl_core::server::MAX_MESSAGE_BYTES;
 
 pub struct Coordinator {
     /// Every `--coordinator` URL, for finding the leader again after a failover.
@@ -44,7 +44,7 @@ fn may_retry(status: &Status, reads: bool) -> bool {
 
 /// Connects to the leader among `urls`, or says why none answered, naming each URL.
 async fn find(urls: &[String]) -> Result<(String, Channel)> {
-    match leader::find_leader(urls, |u| with_token(gpuctl_proto::client::builder(u))).await {
+    match leader::find_leader(urls, |u| with_token(gpuctl_core::client::builder(u))).await {
         Ok(channel) => Ok((channel.url().to_string(), channel)),
         Err(e) if e.all_bad_urls() => Err(UsageError(format!("--coordinator: {e}")).into()),
         Err(e) if e.tried.len() == 1 => Err(unreachable(&e.tried[0].0, &e.tried[0].1)),
@@ -58,7 +58,7 @@ pub const TOKEN_ENV: &str = "GPUCTL_TOKEN";
 /// The TLS files of every connection of this run, from the global flags.
 pub fn set_tls(cli: &crate::args::Cli) {
     let nonempty = |p: &Option<std::path::PathBuf>| p.clone().filter(|p| !p.as_os_str().is_empty());
-    gpuctl_proto::client::set_tls(gpuctl_proto::client::TlsFiles {
+    gpuctl_core::client::set_tls(gpuctl_core::client::TlsFiles {
         ca: nonempty(&cli.tls_ca),
         cert: nonempty(&cli.tls_cert),
         key: nonempty(&cli.tls_key),
@@ -66,10 +66,10 @@ pub fn set_tls(cli: &crate::args::Cli) {
 }
 
 /// `GPUCTL_TOKEN` as an `authorization` header, when set.
-fn with_token(builder: gpuctl_proto::client::Builder) -> gpuctl_proto::client::Builder {
+fn with_token(builder: gpuctl_core::client::Builder) -> gpuctl_core::client::Builder {
     match std::env::var(TOKEN_ENV) {
         Ok(t) if !t.trim().is_empty() => builder.header(
-            gpuctl_proto::auth::AUTHORIZATION,
+            gpuctl_core::auth::AUTHORIZATION,
             format!("Bearer {}", t.trim()),
         ),
         _ => builder,
@@ -173,7 +173,7 @@ impl Coordinator {
     }
 
     /// A job; `max_ranks` > 0 bounds a big one to the ranks furthest behind
-    /// (`GetJobRequest.max_ranks`; views use `gpuctl_proto::VIEW_RANKS`).
+    /// (`GetJobRequest.max_ranks`; views use `gpuctl_core::VIEW_RANKS`).
     pub async fn job(&mut self, id: &str, max_ranks: u32) -> Result<pb::Job> {
         let req = pb::GetJobRequest {
             job_id: id.into(),

@@ -16,8 +16,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{bin, stderr};
-use gpuctl_proto::pb::worker_service_client::WorkerServiceClient;
-use gpuctl_proto::pb::{RankResult, RendezvousPutRequest};
+use gpuctl_core::pb::worker_service_client::WorkerServiceClient;
+use gpuctl_core::pb::{RankResult, RendezvousPutRequest};
 use serde_json::Value;
 
 const READ: &str = "read-token-0123456789abcdef";
@@ -248,7 +248,7 @@ fn tls_certificates_tokens_and_worker_secrets_guard_the_coordinator() {
 
     // A result for rank 0 from outside its worker: refused, nothing kept.
     let rt = tokio::runtime::Runtime::new().unwrap();
-    gpuctl_proto::client::set_tls(gpuctl_proto::client::TlsFiles {
+    gpuctl_core::client::set_tls(gpuctl_core::client::TlsFiles {
         ca: Some(certs.join("ca.pem")),
         ..Default::default()
     });
@@ -263,9 +263,9 @@ fn tls_certificates_tokens_and_worker_secrets_guard_the_coordinator() {
     };
     for secret in [None, Some("r1-00"), Some("r0-0123")] {
         let status = rt.block_on(async {
-            let channel = gpuctl_proto::client::builder(&url);
+            let channel = gpuctl_core::client::builder(&url);
             let channel = match secret {
-                Some(s) => channel.header(gpuctl_proto::auth::RANK_SECRET, s),
+                Some(s) => channel.header(gpuctl_core::auth::RANK_SECRET, s),
                 None => channel,
             };
             let mut w = WorkerServiceClient::new(channel.connect().await.unwrap());
@@ -281,7 +281,7 @@ fn tls_certificates_tokens_and_worker_secrets_guard_the_coordinator() {
 
     // Nor may anyone outside the job write rank 0's rendezvous address.
     let status = rt.block_on(async {
-        let channel = gpuctl_proto::client::builder(&url).connect().await.unwrap();
+        let channel = gpuctl_core::client::builder(&url).connect().await.unwrap();
         let mut w = WorkerServiceClient::new(channel);
         w.rendezvous_put(RendezvousPutRequest {
             job_id: id.clone(),

@@ -36,7 +36,7 @@ fn fsdp_of_the_gpt_reports_overlap_and_shards_that_agree() {
         assert_eq!(t["model"], "gpt", "rank {rank}: {t}");
         assert_eq!(t["mode"], "fsdp", "rank {rank}: {t}");
         // The catalogue weighs the toy as the worker builds it.
-        let toy = gpuctl_proto::catalogue::gpt_parameters("toy", 32).unwrap();
+        let toy = gpuctl_core::catalogue::gpt_parameters("toy", 32).unwrap();
         assert_eq!(t["parameters"].as_u64(), Some(toy), "rank {rank}: {t}");
         let share = t["overlap_share"].as_f64().expect("overlap_share");
         assert!((0.0..=1.0).contains(&share), "rank {rank}: {t}");

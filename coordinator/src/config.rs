@@ -110,7 +110,7 @@ pub struct Config {
     /// Nodes that may be registered at once; a registration under a new
     /// name past it is refused (RESOURCE_EXHAUSTED) saying so. Lost nodes
     /// count until `gpuctl nodes remove`.
-    #[arg(long, default_value_t = gpuctl_proto::limits::DEFAULT_MAX_NODES as u32, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    #[arg(long, default_value_t = gpuctl_core::limits::DEFAULT_MAX_NODES as u32, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub max_nodes: u32,
 
     /// Threads that read the agents' sessions and run the scheduler, apart
@@ -194,7 +194,7 @@ fn parse_metrics_listen(text: &str) -> Result<MetricsListen, String> {
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
-    gpuctl_proto::units::parse_duration(text)
+    gpuctl_core::units::parse_duration(text)
 }
 
 impl Config {
@@ -216,7 +216,7 @@ impl Config {
             history_keep: 200,
             history_max_age: Duration::from_secs(180 * 86_400),
             keep_jobs: 200,
-            max_nodes: gpuctl_proto::limits::DEFAULT_MAX_NODES as u32,
+            max_nodes: gpuctl_core::limits::DEFAULT_MAX_NODES as u32,
             rank_key_file: None,
             max_connections_per_peer: 8192,
             fleet_threads: 1,

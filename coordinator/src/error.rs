@@ -3,7 +3,7 @@
 //! code each kind becomes is decided in `service/`, the only place that
 //! speaks gRPC.
 
-use gpuctl_proto::spec::SpecError;
+use gpuctl_core::spec::SpecError;
 
 use crate::store::StoreError;
 

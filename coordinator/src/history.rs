@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use futures::StreamExt as _;
 
-use gpuctl_proto::pb::{FleetRow, GetFleetRequest, GetFleetResponse, NodeRun};
-use gpuctl_proto::shutdown::Shutdown;
+use gpuctl_core::pb::{FleetRow, GetFleetRequest, GetFleetResponse, NodeRun};
+use gpuctl_core::shutdown::Shutdown;
 use tracing::{info, warn};
 
 use crate::error::CoordinatorError;
@@ -176,7 +176,7 @@ pub async fn fleet(
 /// Deletes runs beyond the retention, a node at a time (see
 /// [`inventory`]); returns how many went.
 pub async fn prune(store: &StateStore, r: Retention) -> Result<usize, CoordinatorError> {
-    let now = gpuctl_proto::now_ms();
+    let now = gpuctl_core::now_ms();
     let max_age = r.max_age.as_millis().min(u64::MAX as u128) as u64;
     let mut gone = 0;
     for node in inventory(store).await? {
@@ -212,7 +212,7 @@ pub async fn keep_bounded(store: StateStore, r: Retention, shutdown: Shutdown) {
 mod tests {
     use std::sync::Arc;
 
-    use gpuctl_proto::pb::{NodeReport, Report, Verdict};
+    use gpuctl_core::pb::{NodeReport, Report, Verdict};
 
     use super::*;
     use crate::store::RedbStore;
@@ -293,7 +293,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let raw = RedbStore::open(&dir.path().join("s.redb")).unwrap();
         let store = StateStore::new(Arc::new(raw));
-        let now = gpuctl_proto::now_ms();
+        let now = gpuctl_core::now_ms();
         let day = 86_400_000;
         let run = |node: &str, job: u64, age_ms: u64| NodeRun {
             node: node.into(),
@@ -304,7 +304,7 @@ mod tests {
         };
         let mut batch = Batch::default();
         for name in ["a", "b"] {
-            batch = batch.node(&gpuctl_proto::pb::Node {
+            batch = batch.node(&gpuctl_core::pb::Node {
                 name: name.into(),
                 ..Default::default()
             });

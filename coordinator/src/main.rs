@@ -53,11 +53,11 @@ async fn main() -> ExitCode {
     // Every agent holds a connection and every worker one for its job:
     // 36,864 descriptors at 4,096 nodes × 8 GPUs, where the usual soft
     // limit is 1,024 (the hard one 524,288 under systemd).
-    match gpuctl_proto::server::raise_open_files_limit() {
+    match gpuctl_core::server::raise_open_files_limit() {
         Ok(n) => tracing::info!(open_files_limit = n, "open files"),
         Err(e) => tracing::warn!("cannot raise the open-files limit: {e}"),
     }
-    let shutdown = match gpuctl_proto::shutdown::on_signals() {
+    let shutdown = match gpuctl_core::shutdown::on_signals() {
         Ok(s) => s,
         Err(e) => {
             eprintln!("gpuctl-coordinator: cannot watch for SIGINT/SIGTERM: {e}");

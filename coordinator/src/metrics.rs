@@ -1,7 +1,7 @@
 //! The coordinator's `/metrics`: the fleet and job counts, the ingest
 //! counters, and each node's last verdict and figures from the fleet history
 //! (so Grafana charts fleet health), on `--metrics-listen`, through the shared
-//! endpoint ([`gpuctl_proto::metrics_http`]). Counts come from the scheduler
+//! endpoint ([`gpuctl_core::metrics_http`]). Counts come from the scheduler
 //! task at scrape time (one event), so they are one consistent snapshot.
 //! The allocator's own figures say whether a rise in the process's memory is
 //! live objects or memory the allocator holds.
@@ -9,8 +9,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use gpuctl_proto::metrics_http::{self, write_family, Labels};
-use gpuctl_proto::shutdown::Shutdown;
+use gpuctl_core::metrics_http::{self, write_family, Labels};
+use gpuctl_core::shutdown::Shutdown;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::MetricType;
@@ -18,7 +18,7 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tracing::debug;
 
-use gpuctl_proto::pb::{FleetRow, GetFleetRequest, Verdict};
+use gpuctl_core::pb::{FleetRow, GetFleetRequest, Verdict};
 
 use crate::scheduler::{Event, SchedulerHandle, Snapshot};
 use crate::store::StateStore;
@@ -266,7 +266,7 @@ pub async fn serve(
     store: StateStore,
     drift: f64,
     shutdown: Shutdown,
-    tls: Option<gpuctl_proto::metrics_tls::TlsConfig>,
+    tls: Option<gpuctl_core::metrics_tls::TlsConfig>,
 ) {
     let rows = Arc::new(FleetRows::default());
     let scrape = move || {
@@ -326,7 +326,7 @@ mod tests {
                     last_verdict: Verdict::Fail as i32,
                     stress_tflops_median: 600.0,
                     stress_tflops_worst: 300.0,
-                    drift: vec![gpuctl_proto::pb::Drift {
+                    drift: vec![gpuctl_core::pb::Drift {
                         flagged: true,
                         ..Default::default()
                     }],

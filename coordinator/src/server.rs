@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use gpuctl_proto::pb::agent_service_server::AgentServiceServer;
-use gpuctl_proto::pb::job_service_server::JobServiceServer;
-use gpuctl_proto::pb::worker_service_server::WorkerServiceServer;
-use gpuctl_proto::server::MAX_MESSAGE_BYTES;
-use gpuctl_proto::shutdown::Shutdown;
+use gpuctl_core::pb::agent_service_server::AgentServiceServer;
+use gpuctl_core::pb::job_service_server::JobServiceServer;
+use gpuctl_core::pb::worker_service_server::WorkerServiceServer;
+use gpuctl_core::server::MAX_MESSAGE_BYTES;
+use gpuctl_core::shutdown::Shutdown;
 use tokio::net::TcpListener;
 use tracing::{info, warn};
 
@@ -233,7 +233,7 @@ pub async fn run_with(
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let metrics_tls = match (&cfg.tls_cert, &cfg.tls_key) {
         (Some(cert), Some(key)) if cfg.metrics_tls => Some(
-            gpuctl_proto::metrics_tls::MetricsTlsFiles {
+            gpuctl_core::metrics_tls::MetricsTlsFiles {
                 cert: cert.clone(),
                 key: key.clone(),
                 client_ca: cfg.client_ca.clone(),
@@ -266,7 +266,7 @@ pub async fn run_with(
     drop(sched);
 
     let scheme = if tls.is_some() { "https" } else { "http" };
-    let serve = gpuctl_proto::server::builder_with_tls(tls)
+    let serve = gpuctl_core::server::builder_with_tls(tls)
         .context("--tls-cert/--tls-key/--client-ca")?
         .layer(ResultGate::new(RESULTS_IN_FLIGHT))
         .add_service(agents)

@@ -1,7 +1,7 @@
 //! A coordinator that does not lead (`--store etcd`, another holds the
 //! leader key) still answers on its port: every call of every service gets
 //! `UNAVAILABLE` at once, naming the leader's URL in the text and in the
-//! `gpuctl-leader` metadata (gpuctl_proto::leader), so clients given several
+//! `gpuctl-leader` metadata (gpuctl_core::leader), so clients given several
 //! URLs go to the leader instead of hanging on a silent socket.
 //!
 //! The standby server and, later, the real one accept on the same bound
@@ -13,8 +13,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpuctl_proto::leader::standby_status;
-use gpuctl_proto::shutdown::Shutdown;
+use gpuctl_core::leader::standby_status;
+use gpuctl_core::shutdown::Shutdown;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -28,16 +28,16 @@ use crate::store::Store;
 const DRAIN: Duration = Duration::from_secs(3);
 
 /// The accepted connections of a shared listener (taken as
-/// gpuctl_proto::server::incoming takes them, waiting out a want of
+/// gpuctl_core::server::incoming takes them, waiting out a want of
 /// descriptors), until `stop` trips: then the stream ends and accepts
 /// nothing more, so that another server can take the listener.
 pub fn incoming(
     listener: Arc<TcpListener>,
     stop: Shutdown,
     per_peer: usize,
-) -> impl Stream<Item = std::io::Result<gpuctl_proto::server::Conn>> {
+) -> impl Stream<Item = std::io::Result<gpuctl_core::server::Conn>> {
     futures::StreamExt::take_until(
-        gpuctl_proto::server::incoming_capped(listener, per_peer),
+        gpuctl_core::server::incoming_capped(listener, per_peer),
         stop.cancelled_owned(),
     )
 }
@@ -85,7 +85,7 @@ impl Standby {
         let answer = move |_req: tonic::Request<()>| -> Result<tonic::Request<()>, tonic::Status> {
             Err(standby_status(rx.borrow().as_deref()))
         };
-        let server = gpuctl_proto::server::builder()
+        let server = gpuctl_core::server::builder()
             .layer(tonic::service::InterceptorLayer::new(answer))
             .add_routes(tonic::service::Routes::default())
             .serve_with_incoming_shutdown(

@@ -10,8 +10,8 @@ mod common;
 use std::time::Duration;
 
 use common::{cpu_host, job, list_nodes, register, spec, start_cfg, wait_state, Agent};
-use gpuctl_proto::pb::agent_service_client::AgentServiceClient;
-use gpuctl_proto::pb::*;
+use gpuctl_core::pb::agent_service_client::AgentServiceClient;
+use gpuctl_core::pb::*;
 use tonic::transport::Channel;
 
 fn config(dir: &std::path::Path) -> gpuctl_coordinator::Config {

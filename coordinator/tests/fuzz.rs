@@ -13,9 +13,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::{cpu_host, list_nodes, spec, start};
-use gpuctl_proto::pb::agent_service_client::AgentServiceClient;
-use gpuctl_proto::pb::*;
-use gpuctl_proto::PROTOCOL_VERSION;
+use gpuctl_core::pb::agent_service_client::AgentServiceClient;
+use gpuctl_core::pb::*;
+use gpuctl_core::PROTOCOL_VERSION;
 use prost::Message;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Status};
@@ -431,7 +431,7 @@ async fn a_thousand_random_and_mutated_messages_break_nothing() {
     let mut jobs = coord
         .jobs()
         .await
-        .max_decoding_message_size(gpuctl_proto::server::MAX_MESSAGE_BYTES);
+        .max_decoding_message_size(gpuctl_core::server::MAX_MESSAGE_BYTES);
     let mut workers = coord.workers().await;
     let mut agents = AgentServiceClient::connect(coord.url.clone())
         .await
@@ -476,7 +476,7 @@ async fn a_thousand_random_and_mutated_messages_break_nothing() {
                     };
                     // Past the transport's limit the server resets the stream
                     // (an h2 error, not a status): tonic's edge, not ours.
-                    while m.encoded_len() > gpuctl_proto::server::MAX_MESSAGE_BYTES / 2 {
+                    while m.encoded_len() > gpuctl_core::server::MAX_MESSAGE_BYTES / 2 {
                         m = g.register();
                     }
                     agents.register(m).await.map(|_| ())

@@ -10,10 +10,10 @@ use common::{
     as_rank, cpu_host, heartbeat, job, latest_telemetry, list_nodes, register, secrets, spec,
     start, start_cfg, stress_result, stress_to_end, wait_state, Agent,
 };
-use gpuctl_proto::pb::agent_message::Msg as Up;
-use gpuctl_proto::pb::agent_service_client::AgentServiceClient;
-use gpuctl_proto::pb::*;
-use gpuctl_proto::{now_ms, PROTOCOL_VERSION};
+use gpuctl_core::pb::agent_message::Msg as Up;
+use gpuctl_core::pb::agent_service_client::AgentServiceClient;
+use gpuctl_core::pb::*;
+use gpuctl_core::{now_ms, PROTOCOL_VERSION};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;

@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::{agent, cpu_host, list_nodes, start};
-use gpuctl_proto::pb::NodeState;
+use gpuctl_core::pb::NodeState;
 use tonic::Code;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,9 +8,9 @@ mod common;
 use std::time::Duration;
 
 use common::{cpu_host, list_nodes, register, spec, start};
-use gpuctl_proto::pb::agent_service_client::AgentServiceClient;
-use gpuctl_proto::pb::*;
-use gpuctl_proto::PROTOCOL_VERSION;
+use gpuctl_core::pb::agent_service_client::AgentServiceClient;
+use gpuctl_core::pb::*;
+use gpuctl_core::PROTOCOL_VERSION;
 use tonic::Code;
 
 #[tokio::test]

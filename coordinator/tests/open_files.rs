@@ -13,8 +13,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::etcd::coordinator_bin;
-use gpuctl_proto::pb::job_service_client::JobServiceClient;
-use gpuctl_proto::pb::ListNodesRequest;
+use gpuctl_core::pb::job_service_client::JobServiceClient;
+use gpuctl_core::pb::ListNodesRequest;
 
 const LIMIT: u64 = 64;
 
@@ -157,7 +157,7 @@ async fn answers_within(url: &str, limit: Duration) -> Result<(), String> {
     let t = Instant::now();
     loop {
         let answer = async {
-            let ch = gpuctl_proto::client::builder(url)
+            let ch = gpuctl_core::client::builder(url)
                 .request_timeout(Duration::from_secs(2))
                 .connect()
                 .await

@@ -10,8 +10,8 @@ use common::{agent, cpu_host, stress_to_end};
 use gpuctl_coordinator::config::MetricsListen;
 use gpuctl_coordinator::store::{RedbStore, Store};
 use gpuctl_coordinator::Config;
-use gpuctl_proto::pb::job_service_client::JobServiceClient;
-use gpuctl_proto::pb::*;
+use gpuctl_core::pb::job_service_client::JobServiceClient;
+use gpuctl_core::pb::*;
 use tonic::transport::Channel;
 use tonic::Code;
 
@@ -97,7 +97,7 @@ async fn jobs_past_keep_jobs_are_deleted_from_answers_and_disk() {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let body = coord.get("/metrics").await.body;
-        if gpuctl_proto::metrics_http::value(&body, "gpuctl_jobs_deleted_total") == Some(2.0) {
+        if gpuctl_core::metrics_http::value(&body, "gpuctl_jobs_deleted_total") == Some(2.0) {
             break;
         }
         assert!(

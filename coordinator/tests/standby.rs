@@ -16,11 +16,11 @@ use std::time::{Duration, Instant};
 
 use common::etcd::{bin, free_port, gpuctl, Coordinator, Etcd};
 use gpuctl_coordinator::store::etcd::LEADER_TTL;
-use gpuctl_proto::leader::{leader_of, LEADER_METADATA};
-use gpuctl_proto::pb::agent_service_client::AgentServiceClient;
-use gpuctl_proto::pb::job_service_client::JobServiceClient;
-use gpuctl_proto::pb::worker_service_client::WorkerServiceClient;
-use gpuctl_proto::pb::*;
+use gpuctl_core::leader::{leader_of, LEADER_METADATA};
+use gpuctl_core::pb::agent_service_client::AgentServiceClient;
+use gpuctl_core::pb::job_service_client::JobServiceClient;
+use gpuctl_core::pb::worker_service_client::WorkerServiceClient;
+use gpuctl_core::pb::*;
 use serde_json::Value;
 use tonic::Code;
 
@@ -196,7 +196,7 @@ async fn a_standby_names_the_leader_and_clients_follow_it_through_a_failover() {
     // kill -9 of the leader: the standby takes over once the lease expires.
     a.child.kill().unwrap();
     a.child.wait().unwrap();
-    let killed_ms = gpuctl_proto::now_ms();
+    let killed_ms = gpuctl_core::now_ms();
     assert_eq!(b.serving(LEADER_TTL + Duration::from_secs(20)), url_b);
 
     // The CLI with the dead leader first uses the new one; the agent

@@ -10,10 +10,10 @@ use std::time::Duration;
 use common::{latest_telemetry, submit_request, wait_state, Agent, Coord};
 use gpuctl_coordinator::config::MetricsListen;
 use gpuctl_coordinator::Config;
-use gpuctl_proto::now_ms;
-use gpuctl_proto::pb::agent_message::Msg as Up;
-use gpuctl_proto::pb::worker_service_client::WorkerServiceClient;
-use gpuctl_proto::pb::*;
+use gpuctl_core::now_ms;
+use gpuctl_core::pb::agent_message::Msg as Up;
+use gpuctl_core::pb::worker_service_client::WorkerServiceClient;
+use gpuctl_core::pb::*;
 
 /// A coordinator on `dir/data` with a health rules file and a metrics listener.
 async fn start(dir: &std::path::Path) -> Coord {
@@ -93,7 +93,7 @@ fn stress() -> SubmitRequest {
 }
 
 fn metric(body: &str, series: &str) -> f64 {
-    gpuctl_proto::metrics_http::value(body, series)
+    gpuctl_core::metrics_http::value(body, series)
         .unwrap_or_else(|| panic!("no `{series}` in\n{body}"))
 }
 

@@ -12,15 +12,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use gpuctl_proto::client::Channel;
-use gpuctl_proto::pb::{
+use gpuctl_core::client::Channel;
+use gpuctl_core::pb::{
     agent_message::Msg, agent_service_client::AgentServiceClient, coordinator_message,
     worker_service_client::WorkerServiceClient, AgentMessage, Assignment, AssignmentAck, GpuInfo,
     GpuSample, Heartbeat, HostFacts, NetInterface, RankProcess, RegisterRequest, RunningJob,
     StopReason, TelemetryBatch, WorkerExited,
 };
-use gpuctl_proto::shutdown::Shutdown;
-use gpuctl_proto::{now_ms, PROTOCOL_VERSION};
+use gpuctl_core::shutdown::Shutdown;
+use gpuctl_core::{now_ms, PROTOCOL_VERSION};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -132,7 +132,7 @@ pub async fn start(cfg: FleetConfig, shutdown: Shutdown) -> Result<Fleet> {
     let mut channels = Vec::new();
     for _ in 0..cfg.connections.clamp(1, cfg.nodes.max(1)) {
         channels.push(
-            gpuctl_proto::client::builder(&cfg.url)
+            gpuctl_core::client::builder(&cfg.url)
                 .connect_timeout(Duration::from_secs(10))
                 .request_timeout(Duration::from_secs(30))
                 .connect()
@@ -296,7 +296,7 @@ impl Agent {
         running: &Running,
         cancels: &mut HashMap<String, Shutdown>,
     ) -> Result<(
-        tonic::Streaming<gpuctl_proto::pb::CoordinatorMessage>,
+        tonic::Streaming<gpuctl_core::pb::CoordinatorMessage>,
         mpsc::Sender<AgentMessage>,
     )> {
         let mut client = AgentServiceClient::new(self.channel.clone());
@@ -405,7 +405,7 @@ impl Agent {
         if self.cfg.rank_connections == RankConnections::Agent {
             return WorkerServiceClient::new(self.channel.clone());
         }
-        let lazy = gpuctl_proto::client::builder(&self.cfg.url)
+        let lazy = gpuctl_core::client::builder(&self.cfg.url)
             .connect_timeout(Duration::from_secs(10))
             .request_timeout(Duration::from_secs(30))
             .connect_lazy();
@@ -419,7 +419,7 @@ impl Agent {
     /// Answers what the coordinator sends until the session ends.
     async fn listen(
         self: Arc<Self>,
-        mut inbound: tonic::Streaming<gpuctl_proto::pb::CoordinatorMessage>,
+        mut inbound: tonic::Streaming<gpuctl_core::pb::CoordinatorMessage>,
         tx: &mpsc::Sender<AgentMessage>,
         running: &Running,
         cancels: &mut HashMap<String, Shutdown>,

@@ -167,7 +167,7 @@ fn main() -> Result<()> {
     }
     // One connection per simulated agent, and more per job, need more
     // descriptors than the usual soft limit of 1,024.
-    let _ = gpuctl_proto::server::raise_open_files_limit();
+    let _ = gpuctl_core::server::raise_open_files_limit();
     let nice = match &cli.command {
         Cmd::Bench { priority, .. } => priority.fleet_nice.unwrap_or(BENCH_FLEET_NICE),
         Cmd::Fleet { priority, .. } => priority.fleet_nice.unwrap_or(0),
@@ -232,7 +232,7 @@ fn main() -> Result<()> {
                 coordinator,
                 priority: _,
             } => {
-                let stop = gpuctl_proto::shutdown::on_signals()?;
+                let stop = gpuctl_core::shutdown::on_signals()?;
                 let f = fleet::start(
                     FleetConfig {
                         url: coordinator,

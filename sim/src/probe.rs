@@ -102,11 +102,11 @@ pub fn dir_bytes(dir: &Path) -> u64 {
 /// (`gpuctl_coordinator_heap_bytes{kind="allocated"}`).
 pub async fn heap_allocated(addr: &str) -> Option<u64> {
     let within = std::time::Duration::from_secs(10);
-    let scrape = gpuctl_proto::metrics_http::get(addr, "/metrics", within)
+    let scrape = gpuctl_core::metrics_http::get(addr, "/metrics", within)
         .await
         .ok()?;
     let series = "gpuctl_coordinator_heap_bytes{kind=\"allocated\"}";
-    let value = gpuctl_proto::metrics_http::value(&scrape.body, series)?;
+    let value = gpuctl_core::metrics_http::value(&scrape.body, series)?;
     Some(value as u64)
 }
 

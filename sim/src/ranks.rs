@@ -7,13 +7,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpuctl_proto::client::Channel;
-use gpuctl_proto::now_ms;
-use gpuctl_proto::pb::{
+use gpuctl_core::client::Channel;
+use gpuctl_core::now_ms;
+use gpuctl_core::pb::{
     rank_result::Detail, worker_service_client::WorkerServiceClient, JobSpec, PhaseMark,
     RankPlacement, RankProgress, RankProgressReport, RankResult, StressResult,
 };
-use gpuctl_proto::shutdown::Shutdown;
+use gpuctl_core::shutdown::Shutdown;
 
 use crate::fleet::Stats;
 
@@ -47,8 +47,7 @@ fn request<T>(job: &RankJob, msg: T) -> tonic::Request<T> {
     if let Ok(mut v) = job.secret.parse::<tonic::metadata::AsciiMetadataValue>() {
         // As the worker's client sends it: never indexed.
         v.set_sensitive(true);
-        req.metadata_mut()
-            .insert(gpuctl_proto::auth::RANK_SECRET, v);
+        req.metadata_mut().insert(gpuctl_core::auth::RANK_SECRET, v);
     }
     req
 }
@@ -138,7 +137,7 @@ pub async fn run(
                 sent += 1;
                 next_report = if every > 0 {
                     // As a real worker spreads its reports.
-                    let pause = gpuctl_proto::spec::progress_pause_ms(every, rank, sent);
+                    let pause = gpuctl_core::spec::progress_pause_ms(every, rank, sent);
                     tokio::time::Instant::now() + Duration::from_millis(pause)
                 } else {
                     at(played)
@@ -196,9 +195,9 @@ pub async fn run(
     };
     // As a real worker: the job's share of timeline points, not all of them.
     let mut result = result;
-    gpuctl_proto::timeline::thin(
+    gpuctl_core::timeline::thin(
         &mut result,
-        gpuctl_proto::timeline::points_per_rank(job.world_size),
+        gpuctl_core::timeline::points_per_rank(job.world_size),
     );
     // A worker holds its result until it is delivered (coordinator restarts).
     for attempt in 0..10 {

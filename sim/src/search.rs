@@ -1,11 +1,11 @@
 //! `gpuctl-sim search`: the real search for slow nodes and links
-//! (`gpuctl_proto::search`) against a modelled fleet, over many random
+//! (`gpuctl_core::search`) against a modelled fleet, over many random
 //! draws per fleet size and culprit count: rounds, tests, modelled wall
 //! time, culprits found and false blames. The model: every test as fast as
 //! its slowest node or ring link, times a healthy spread (±5 % over NVLink or
 //! InfiniBand, ±20 % over sockets), bad nodes and links at 0.3.
 
-use gpuctl_proto::search::model::{score, Scored};
+use gpuctl_core::search::model::{score, Scored};
 
 /// What one row of the table says, over its draws.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

@@ -135,7 +135,7 @@ fn start_coordinator(port: u16, dir: &std::path::Path) -> (Killed, String) {
 /// their running ranks, and the job they run ends with every result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fleet_comes_back_after_a_coordinator_restart_and_its_job_ends() {
-    use gpuctl_proto::pb::{
+    use gpuctl_core::pb::{
         job_service_client::JobServiceClient, GetJobRequest, GetReportRequest, JobSpec, JobState,
         ListNodesRequest, SubmitRequest,
     };
@@ -150,7 +150,7 @@ async fn the_fleet_comes_back_after_a_coordinator_restart_and_its_job_ends() {
         .unwrap()
         .port();
     let (coord, url) = start_coordinator(port, &dir.join("store"));
-    let stop = gpuctl_proto::shutdown::Shutdown::new();
+    let stop = gpuctl_core::shutdown::Shutdown::new();
     let nodes = 4;
     let fleet = fleet::start(
         FleetConfig {
@@ -170,7 +170,7 @@ async fn the_fleet_comes_back_after_a_coordinator_restart_and_its_job_ends() {
     .await
     .expect("the fleet registered");
     let connect = || async {
-        let ch = gpuctl_proto::client::builder(&url).connect().await.unwrap();
+        let ch = gpuctl_core::client::builder(&url).connect().await.unwrap();
         JobServiceClient::new(ch).max_decoding_message_size(64 << 20)
     };
     let mut jobs = connect().await;
@@ -202,7 +202,7 @@ async fn the_fleet_comes_back_after_a_coordinator_restart_and_its_job_ends() {
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     drop(coord);
-    let restarted_ms = gpuctl_proto::now_ms();
+    let restarted_ms = gpuctl_core::now_ms();
     let (coord, _) = start_coordinator(port, &dir.join("store"));
     let mut jobs = connect().await;
     let deadline = std::time::Instant::now() + Duration::from_secs(60);

@@ -20,8 +20,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use gpuctl_proto::leader::Failover;
-use gpuctl_proto::pb::{
+use gpuctl_core::leader::Failover;
+use gpuctl_core::pb::{
     worker_service_client::WorkerServiceClient, Ack, RankProgress, RankProgressReport, RankResult,
     RendezvousGetRequest, RendezvousPutRequest,
 };
@@ -87,21 +87,21 @@ fn runtime() -> Result<Runtime> {
 /// `GPUCTL_RANK_SECRET`): the coordinator takes results and rendezvous
 /// writes only from the job's own workers. TLS comes from `GPUCTL_TLS_CA`.
 fn channel(url: &str) -> Result<Failover> {
-    let mut urls = gpuctl_proto::leader::split_urls(url);
+    let mut urls = gpuctl_core::leader::split_urls(url);
     if let Ok(more) = std::env::var("GPUCTL_COORDINATOR_URLS") {
-        for u in gpuctl_proto::leader::split_urls(&more) {
+        for u in gpuctl_core::leader::split_urls(&more) {
             if !urls.contains(&u) {
                 urls.push(u);
             }
         }
     }
-    let secret = std::env::var(gpuctl_proto::auth::RANK_SECRET_ENV).ok();
+    let secret = std::env::var(gpuctl_core::auth::RANK_SECRET_ENV).ok();
     Ok(Failover::new(&urls, move |u| {
-        let mut builder = gpuctl_proto::client::builder(u)
+        let mut builder = gpuctl_core::client::builder(u)
             .connect_timeout(Duration::from_secs(10))
             .request_timeout(RPC_TIMEOUT);
         if let Some(secret) = &secret {
-            builder = builder.header(gpuctl_proto::auth::RANK_SECRET, secret.clone());
+            builder = builder.header(gpuctl_core::auth::RANK_SECRET, secret.clone());
         }
         builder.connect_lazy()
     })?)
@@ -347,7 +347,7 @@ impl Progress {
     /// at once: there is nothing left to report to.
     pub fn start(target: ProgressTarget) -> Result<Self> {
         let mut timeline = Timeline::default();
-        timeline.record("starting", gpuctl_proto::now_ms(), 0);
+        timeline.record("starting", gpuctl_core::now_ms(), 0);
         let inner = Arc::new(ProgressInner {
             snap: Mutex::new(Snapshot {
                 phase: "starting".into(),
@@ -381,7 +381,7 @@ impl Progress {
                 s.phase.push_str(phase);
             }
             let iterations = i.iterations.load(Ordering::Relaxed);
-            s.timeline.record(phase, gpuctl_proto::now_ms(), iterations);
+            s.timeline.record(phase, gpuctl_core::now_ms(), iterations);
             s.fraction = fraction.clamp(0.0, 1.0);
             for (k, v) in metrics {
                 if v.is_finite() {
@@ -400,7 +400,7 @@ impl Progress {
     }
 
     /// The rank's phase marks so far (none when progress is off).
-    pub fn phases(&self) -> Vec<gpuctl_proto::pb::PhaseMark> {
+    pub fn phases(&self) -> Vec<gpuctl_core::pb::PhaseMark> {
         self.inner.as_ref().map_or_else(Vec::new, |i| {
             let s = i.snap.lock().unwrap_or_else(|e| e.into_inner());
             s.timeline.marks().to_vec()
@@ -469,7 +469,7 @@ fn progress_loop(
     let mut sent = 0u64;
     loop {
         let last = inner.stop.load(Ordering::SeqCst);
-        if t.deadline_unix_ms > 0 && gpuctl_proto::now_ms() > t.deadline_unix_ms {
+        if t.deadline_unix_ms > 0 && gpuctl_core::now_ms() > t.deadline_unix_ms {
             tracing::error!(
                 "node {} rank {}: the job's deadline passed; exiting",
                 t.node,
@@ -488,7 +488,7 @@ fn progress_loop(
                 fraction: s.fraction,
                 metrics: s.metrics.clone(),
                 message: s.message.clone(),
-                unix_ms: gpuctl_proto::now_ms(),
+                unix_ms: gpuctl_core::now_ms(),
                 iterations: inner.iterations.load(Ordering::Relaxed),
                 waiting_for: s.waiting_for.clone(),
             }
@@ -531,7 +531,7 @@ fn progress_loop(
         }
         // Sleep until the next report, waking early to send the last one.
         sent += 1;
-        let pause = gpuctl_proto::spec::progress_pause_ms(every.as_millis() as u64, t.rank, sent);
+        let pause = gpuctl_core::spec::progress_pause_ms(every.as_millis() as u64, t.rank, sent);
         let until = std::time::Instant::now() + Duration::from_millis(pause);
         while std::time::Instant::now() < until {
             if inner.stop.load(Ordering::SeqCst) {

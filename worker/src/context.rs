@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Parser;
-use gpuctl_proto::catalogue::TypedParams;
+use gpuctl_core::catalogue::TypedParams;
 
 use crate::client::Progress;
 use crate::comm::{nccl::NcclComm, tcp::TcpComm, Collectives};
@@ -180,14 +180,14 @@ impl Ctx {
         let mut d = Duration::from_millis(if self.args.duration_ms > 0 {
             self.args.duration_ms
         } else {
-            gpuctl_proto::spec::DEFAULT_DURATION_MS
+            gpuctl_core::spec::DEFAULT_DURATION_MS
         });
         if self.args.deadline_unix_ms > 0 {
             let left = self
                 .args
                 .deadline_unix_ms
-                .saturating_sub(gpuctl_proto::now_ms())
-                .saturating_sub(gpuctl_proto::spec::WORKER_END_MARGIN_MS);
+                .saturating_sub(gpuctl_core::now_ms())
+                .saturating_sub(gpuctl_core::spec::WORKER_END_MARGIN_MS);
             d = d.min(Duration::from_millis(left));
         }
         d

@@ -23,13 +23,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Result};
-use gpuctl_proto::pb::{rank_result::Detail, RankResult};
+use gpuctl_core::pb::{rank_result::Detail, RankResult};
 
 use crate::client::{CoordinatorClient, Progress, ProgressTarget};
 use crate::context::{Args, Ctx, RankEnv};
 use crate::device::DeviceInfo;
 use crate::rendezvous::Watched;
-use gpuctl_proto::catalogue::TypedParams;
+use gpuctl_core::catalogue::TypedParams;
 
 /// Logs to stderr (the agent forwards it); `RUST_LOG` filters, default info.
 pub fn init_logging() {
@@ -216,7 +216,7 @@ pub fn run_worker(args: Args) -> i32 {
         attempt: args.attempt,
         rank: rank_hint,
         node: args.node.clone(),
-        device: gpuctl_proto::device_label(args.gpu_index),
+        device: gpuctl_core::device_label(args.gpu_index),
         gpu_uuid: args.gpu_uuid.clone().unwrap_or_default(),
         nccl_version: if args.gpu_index.is_none() {
             "tcp-ring".into()
@@ -251,9 +251,9 @@ pub fn run_worker(args: Args) -> i32 {
     progress.finish();
     // A big job's ranks send coarser timelines: 32,768 ranks of 15 minutes
     // would send 1.5 GB at once.
-    gpuctl_proto::timeline::thin(
+    gpuctl_core::timeline::thin(
         &mut res,
-        gpuctl_proto::timeline::points_per_rank(RankEnv::world_hint()),
+        gpuctl_core::timeline::points_per_rank(RankEnv::world_hint()),
     );
     let ok = res.ok;
     let sent = client.report_result(res);

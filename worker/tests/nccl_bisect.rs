@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use gpuctl_proto::catalogue::NcclPattern;
-use gpuctl_proto::pb::CollectiveResult;
+use gpuctl_core::catalogue::NcclPattern;
+use gpuctl_core::pb::CollectiveResult;
 use gpuctl_worker::comm::tcp::TcpComm;
 use gpuctl_worker::comm::{Collectives, Op};
 use gpuctl_worker::rendezvous::{MemoryRendezvous, Rendezvous};

@@ -11,9 +11,9 @@ use std::thread;
 use std::time::Duration;
 
 use anyhow::Context;
-use gpuctl_proto::catalogue::NcclPattern;
-use gpuctl_proto::pairs::{pair_of, round_robin};
-use gpuctl_proto::pb::CollectiveResult;
+use gpuctl_core::catalogue::NcclPattern;
+use gpuctl_core::pairs::{pair_of, round_robin};
+use gpuctl_core::pb::CollectiveResult;
 use gpuctl_worker::comm::tcp::TcpComm;
 use gpuctl_worker::comm::{Collectives, Op};
 use gpuctl_worker::rendezvous::{MemoryRendezvous, Rendezvous};

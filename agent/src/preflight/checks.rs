@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use gpuctl_proto::pb::{PreflightCheck, Verdict};
-use gpuctl_proto::units::format_bytes;
+use gpuctl_core::pb::{PreflightCheck, Verdict};
+use gpuctl_core::units::format_bytes;
 
 use super::{NcclState, Snapshot};
 use crate::facts::IbPort;

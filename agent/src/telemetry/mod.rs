@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gpuctl_proto::pb::{GpuSample, TelemetryBatch};
+use gpuctl_core::pb::{GpuSample, TelemetryBatch};
 use nvml_wrapper::Nvml;
 use tokio_util::sync::CancellationToken;
 
@@ -200,7 +200,7 @@ impl Telemetry {
         let Some(nvml) = &self.nvml else {
             return Vec::new();
         };
-        let now = gpuctl_proto::now_ms();
+        let now = gpuctl_core::now_ms();
         let mut links = self.links.lock().unwrap();
         self.gpus
             .iter()

@@ -2,7 +2,7 @@
 //! ("Worker process") defines them. Pure functions, so the contract is tested
 //! without spawning anything.
 
-use gpuctl_proto::pb::{Assignment, RankPlacement};
+use gpuctl_core::pb::{Assignment, RankPlacement};
 
 use super::WorkerSettings;
 
@@ -73,17 +73,17 @@ pub fn worker_command(
     // coordinator with (none for the agent's plain loopback relay); not the
     // agent's own certificate (empty = unset).
     if let Some(secret) = a.rank_secrets.get(&p.rank) {
-        env.push((gpuctl_proto::auth::RANK_SECRET_ENV.into(), secret.clone()));
+        env.push((gpuctl_core::auth::RANK_SECRET_ENV.into(), secret.clone()));
     }
-    let tls = gpuctl_proto::client::tls();
+    let tls = gpuctl_core::client::tls();
     if let Some(ca) = tls.ca.filter(|_| coordinator_url.starts_with("https://")) {
         env.push((
-            gpuctl_proto::client::TLS_CA_ENV.into(),
+            gpuctl_core::client::TLS_CA_ENV.into(),
             ca.to_string_lossy().into_owned(),
         ));
     }
-    env.push((gpuctl_proto::client::TLS_CERT_ENV.into(), String::new()));
-    env.push((gpuctl_proto::client::TLS_KEY_ENV.into(), String::new()));
+    env.push((gpuctl_core::client::TLS_CERT_ENV.into(), String::new()));
+    env.push((gpuctl_core::client::TLS_KEY_ENV.into(), String::new()));
     // torchrun's names, so that existing scripts can reuse them.
     env.extend([
         ("RANK".into(), p.rank.to_string()),

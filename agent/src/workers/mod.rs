@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gpuctl_proto::pb::{
+use gpuctl_core::pb::{
     agent_message::Msg, Assignment, AssignmentAck, RankPlacement, RunningJob, TelemetryBatch,
     WorkerExited, WorkerLog,
 };
@@ -65,10 +65,10 @@ pub const COORDINATOR_GRACE_ENV: &str = "GPUCTL_COORDINATOR_GRACE_MS";
 pub const SPAWN_FAILED_EXIT_CODE: i32 = 127;
 
 /// Why a worker is stopped: the protocol's one list.
-pub use gpuctl_proto::pb::StopReason;
+pub use gpuctl_core::pb::StopReason;
 
 /// What a `CancelJob` asks the workers' exits to say (unspecified: a cancel).
-pub fn stop_reason_of(c: &gpuctl_proto::pb::CancelJob) -> StopReason {
+pub fn stop_reason_of(c: &gpuctl_core::pb::CancelJob) -> StopReason {
     match c.stopped_by() {
         StopReason::Unspecified => StopReason::Cancel,
         r => r,
@@ -156,7 +156,7 @@ impl Workers {
             settings,
             coordinator_grace_ms: AtomicU64::new(0),
             coordinator_url: Mutex::new(
-                gpuctl_proto::leader::split_urls(&coordinator_url)
+                gpuctl_core::leader::split_urls(&coordinator_url)
                     .into_iter()
                     .next()
                     .unwrap_or_default(),
@@ -624,7 +624,7 @@ fn deadline_instant(deadline_unix_ms: u64) -> Option<Instant> {
     if deadline_unix_ms == 0 {
         return None;
     }
-    let left = deadline_unix_ms.saturating_sub(gpuctl_proto::now_ms());
+    let left = deadline_unix_ms.saturating_sub(gpuctl_core::now_ms());
     Some(Instant::now() + Duration::from_millis(left))
 }
 
@@ -655,7 +655,7 @@ fn check_executable(path: &Path) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuctl_proto::pb::JobSpec;
+    use gpuctl_core::pb::JobSpec;
 
     /// Process ids whose process group is `pgid` and that are not zombies
     /// (a container's PID 1 may never reap reparented children).
@@ -865,7 +865,7 @@ exit $((RANK + 3))"#,
             !w.cancel("job-7", 0, StopReason::Cancel),
             "job forgotten once its ranks are gone"
         );
-        let ask = |why: StopReason| gpuctl_proto::pb::CancelJob {
+        let ask = |why: StopReason| gpuctl_core::pb::CancelJob {
             stopped_by: why as i32,
             ..Default::default()
         };
@@ -885,11 +885,11 @@ exit $((RANK + 3))"#,
         let tmp = tempfile::tempdir().unwrap();
         let bin = script(tmp.path(), "exec sleep 100");
         let (w, mut events) = Workers::new(settings(tmp.path(), bin), "u".into());
-        let deadline = gpuctl_proto::now_ms() + 300;
+        let deadline = gpuctl_core::now_ms() + 300;
         assert!(w.start(assignment(&[(0, None)], deadline)).ok);
         let (_, exits) = collect(&mut events, 1).await;
         assert_eq!(exits[0].stopped_by(), StopReason::Deadline);
-        assert!(gpuctl_proto::now_ms() >= deadline);
+        assert!(gpuctl_core::now_ms() >= deadline);
 
         let mut a = assignment(&[(0, None)], 0);
         a.job_id = "job-8".into();

@@ -8,7 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use gpuctl_proto::pb::{
+use gpuctl_core::pb::{
     agent_message::Msg, coordinator_message, AgentMessage, Assignment, CoordinatorMessage, JobSpec,
     RankPlacement,
 };

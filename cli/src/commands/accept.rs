@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use anyhow::Result;
 use clap::Args;
-use gpuctl_proto::pb;
-use gpuctl_proto::suite::{Suite as SuiteDef, LEVELS, MAX_SUITE_BYTES};
+use gpuctl_core::pb;
+use gpuctl_core::suite::{Suite as SuiteDef, LEVELS, MAX_SUITE_BYTES};
 use serde_json::json;
 
 use crate::args::{parse_duration_flag, parse_nodes, read_rules, OutputFormat, UsageError};
@@ -130,7 +130,7 @@ pub async fn run(
     while !suite.state().is_terminal() {
         tokio::time::sleep(POLL).await;
         suite = c.suite(&suite.id).await?;
-        let line = progress(&suite, gpuctl_proto::now_ms());
+        let line = progress(&suite, gpuctl_core::now_ms());
         if tty {
             eprint!("\r\x1b[2K{line}");
             let _ = std::io::stderr().flush();

@@ -3,7 +3,7 @@
 //! (`gpuctl submit ... --baseline NAME`).
 
 use anyhow::Result;
-use gpuctl_proto::pb;
+use gpuctl_core::pb;
 
 use crate::args::{BaselineCommand, OutputFormat};
 use crate::client::Coordinator;
@@ -77,7 +77,7 @@ fn list_table(all: &[pb::Baseline]) -> String {
             b.workload.clone(),
             b.figures.len().to_string(),
             output::dash(&classes.join("; ")),
-            output::age(b.created_unix_ms, gpuctl_proto::now_ms()),
+            output::age(b.created_unix_ms, gpuctl_core::now_ms()),
         ]);
     }
     t.render()
@@ -108,7 +108,7 @@ fn render(b: &pb::Baseline) -> String {
         ("WORKLOAD", b.workload.clone()),
         (
             "SAVED",
-            output::age(b.created_unix_ms, gpuctl_proto::now_ms()),
+            output::age(b.created_unix_ms, gpuctl_core::now_ms()),
         ),
     ]);
     s.push_str("\nFIGURES\n");

@@ -198,7 +198,7 @@ impl Out<'_> {
             .distinguished_name
             .push(DnType::CommonName, common_name);
         if let Some(node) = node {
-            let uri = format!("{}{node}", gpuctl_proto::auth::NODE_URI_PREFIX);
+            let uri = format!("{}{node}", gpuctl_core::auth::NODE_URI_PREFIX);
             params.subject_alt_names.push(SanType::URI(
                 uri.as_str()
                     .try_into()

@@ -4,7 +4,7 @@
 
 use anyhow::Result;
 use gpuctl_agent::preflight::{self, verdict_of, verdict_word};
-use gpuctl_proto::pb::{PreflightCheck, Verdict};
+use gpuctl_core::pb::{PreflightCheck, Verdict};
 use serde_json::json;
 
 use crate::args::{DoctorArgs, OutputFormat};

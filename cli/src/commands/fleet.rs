@@ -6,7 +6,7 @@
 //! runs, newest first; `fleet links` the latest bandwidth of every pair.
 
 use anyhow::Result;
-use gpuctl_proto::pb;
+use gpuctl_core::pb;
 use serde_json::{json, Value};
 
 use crate::args::{FleetArgs, FleetView, OutputFormat};
@@ -27,7 +27,7 @@ pub async fn run(
             "no runs of node `{node}` in the fleet history (`gpuctl fleet` lists the nodes)"
         );
     }
-    let now = gpuctl_proto::now_ms();
+    let now = gpuctl_core::now_ms();
     match (out, &a.view) {
         (OutputFormat::Json, Some(FleetView::Links)) => output::print_json(
             &json!({ "links": f.links.iter().map(|l| link(l, now)).collect::<Vec<_>>() }),

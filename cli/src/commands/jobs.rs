@@ -1,7 +1,7 @@
 //! `gpuctl jobs`: recent jobs, newest first, one line each.
 
 use anyhow::Result;
-use gpuctl_proto::pb;
+use gpuctl_core::pb;
 
 use crate::args::OutputFormat;
 use crate::client::Coordinator;
@@ -20,12 +20,12 @@ pub async fn run(c: &mut Coordinator, limit: u32, out: OutputFormat) -> Result<E
         OutputFormat::Json => output::print_json(&serde_json::Value::Array(
             jobs.iter().map(output::json::job).collect(),
         )),
-        out if out.is_grid() => output::grid::print(&grid(&jobs, gpuctl_proto::now_ms()), out)?,
+        out if out.is_grid() => output::grid::print(&grid(&jobs, gpuctl_core::now_ms()), out)?,
         _ => {
             if jobs.is_empty() {
                 eprintln!("no jobs yet; submit one with `gpuctl submit stress --duration 30s`");
             } else {
-                output::print_text(&render(&jobs, gpuctl_proto::now_ms()));
+                output::print_text(&render(&jobs, gpuctl_core::now_ms()));
             }
         }
     }

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use anyhow::Result;
-use gpuctl_proto::pb::LogLine;
+use gpuctl_core::pb::LogLine;
 
 use crate::args::{OutputFormat, UsageError};
 use crate::client::Coordinator;

@@ -127,7 +127,7 @@ pub async fn run(cli: Cli) -> Result<Exit> {
             let since = match &a.since {
                 Some(s) => {
                     let d = crate::args::parse_interval("--since", s)?;
-                    gpuctl_proto::now_ms().saturating_sub(d.as_millis() as u64)
+                    gpuctl_core::now_ms().saturating_sub(d.as_millis() as u64)
                 }
                 None => 0,
             };

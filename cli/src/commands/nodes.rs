@@ -2,8 +2,8 @@
 //! each node offers (GPUs or CPU ranks), and what it is busy with.
 
 use anyhow::Result;
-use gpuctl_proto::listing::NodeRow;
-use gpuctl_proto::units::format_bytes;
+use gpuctl_core::listing::NodeRow;
+use gpuctl_core::units::format_bytes;
 
 use crate::args::OutputFormat;
 use crate::client::Coordinator;
@@ -24,7 +24,7 @@ pub async fn remove(c: &mut Coordinator, name: &str, out: OutputFormat) -> Resul
 }
 
 pub async fn run(c: &mut Coordinator, out: OutputFormat) -> Result<Exit> {
-    let now = gpuctl_proto::now_ms();
+    let now = gpuctl_core::now_ms();
     // JSON carries every fact and check; a table needs far less.
     if matches!(out, OutputFormat::Json) {
         let mut nodes = c.nodes().await?;
@@ -96,7 +96,7 @@ pub fn grid(rows: &[NodeRow], now: u64) -> Table {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuctl_proto::pb;
+    use gpuctl_core::pb;
 
     #[test]
     fn cpu_and_gpu_nodes_render() {

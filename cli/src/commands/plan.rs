@@ -5,7 +5,7 @@
 //! JSON has the whole plan.
 
 use anyhow::Result;
-use gpuctl_proto::pb;
+use gpuctl_core::pb;
 
 use crate::args::OutputFormat;
 use crate::client::Coordinator;
@@ -15,7 +15,7 @@ use crate::output::{self, table::Table};
 pub async fn run(c: &mut Coordinator, spec: pb::JobSpec, out: OutputFormat) -> Result<Exit> {
     let max_ranks = match out {
         OutputFormat::Json => 0,
-        _ => gpuctl_proto::VIEW_RANKS,
+        _ => gpuctl_core::VIEW_RANKS,
     };
     let plan = c.plan(spec, max_ranks).await?;
     match out {

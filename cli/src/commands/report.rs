@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 
 use anyhow::Result;
-use gpuctl_proto::pb::{self, rank_result::Detail};
-use gpuctl_proto::units::format_duration_ms;
+use gpuctl_core::pb::{self, rank_result::Detail};
+use gpuctl_core::units::format_duration_ms;
 
 use crate::args::OutputFormat;
 use crate::client::Coordinator;
@@ -244,7 +244,7 @@ pub(crate) fn ranks_grid(r: &pb::Report) -> Table {
             _ => res.map(|x| x.peak_memory_bytes).unwrap_or(0),
         };
         row.push(if peak > 0 {
-            gpuctl_proto::units::format_bytes(peak)
+            gpuctl_core::units::format_bytes(peak)
         } else {
             "-".to_string()
         });
@@ -515,7 +515,7 @@ pub(crate) fn telemetry_grid(summaries: &[pb::GpuTelemetrySummary]) -> Table {
             format!("{:.0}%", x.util_max),
             format!("{:.1}", x.util_std),
             format!("{:.0}%", x.util_low_share * 100.0),
-            gpuctl_proto::units::format_bytes(x.mem_used_max_bytes),
+            gpuctl_core::units::format_bytes(x.mem_used_max_bytes),
             format!("{:.1}°C", x.temp_mean),
             format!("{:.0}°C", x.temp_max),
             format!("{:.0} W", x.power_mean_w),

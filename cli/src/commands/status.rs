@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::Result;
-use gpuctl_proto::pb;
+use gpuctl_core::pb;
 
 use crate::args::OutputFormat;
 use crate::client::Coordinator;
@@ -15,7 +15,7 @@ pub async fn run(c: &mut Coordinator, id: &str, out: OutputFormat) -> Result<Exi
     // A person's table shows the ranks furthest behind; JSON has them all.
     let max_ranks = match out {
         OutputFormat::Json => 0,
-        _ => gpuctl_proto::VIEW_RANKS,
+        _ => gpuctl_core::VIEW_RANKS,
     };
     let job = c.job(id, max_ranks).await?;
     match out {
@@ -29,7 +29,7 @@ pub async fn run(c: &mut Coordinator, id: &str, out: OutputFormat) -> Result<Exi
             };
             output::print_text(&render(
                 &job,
-                gpuctl_proto::now_ms(),
+                gpuctl_core::now_ms(),
                 &telemetry_columns(&job, &latest),
             ))
         }

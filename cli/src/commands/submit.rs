@@ -9,7 +9,7 @@ use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use gpuctl_proto::pb;
+use gpuctl_core::pb;
 use tonic::Code;
 
 use crate::args::OutputFormat;
@@ -77,7 +77,7 @@ impl Display {
     }
 
     fn update(&mut self, job: &pb::Job, latest: &[pb::TelemetryBatch]) {
-        let now = gpuctl_proto::now_ms();
+        let now = gpuctl_core::now_ms();
         if let Some(screen) = &mut self.screen {
             let rows = live::rows_for(console::Term::stderr().size_checked().map(|s| s.0));
             screen.draw(
@@ -213,7 +213,7 @@ async fn follow(c: &mut Coordinator, mut job: pb::Job) -> Result<pb::Job> {
             return Ok(job);
         }
         tokio::time::sleep(POLL).await;
-        match c.job(&job.id, gpuctl_proto::VIEW_RANKS).await {
+        match c.job(&job.id, gpuctl_core::VIEW_RANKS).await {
             Ok(j) => {
                 job = j;
                 unreachable_since = None;
@@ -257,7 +257,7 @@ async fn finish(c: &mut Coordinator, job: &pb::Job, out: OutputFormat) -> Result
                     OutputFormat::Json => output::print_json(&output::json::job(job)),
                     _ => output::print_text(&super::status::render(
                         job,
-                        gpuctl_proto::now_ms(),
+                        gpuctl_core::now_ms(),
                         &Default::default(),
                     )),
                 }

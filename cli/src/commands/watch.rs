@@ -7,7 +7,7 @@ use std::io::IsTerminal;
 use std::time::Duration;
 
 use anyhow::Result;
-use gpuctl_proto::pb;
+use gpuctl_core::pb;
 
 use crate::args::OutputFormat;
 use crate::client::Coordinator;
@@ -60,11 +60,11 @@ pub async fn run(
     let mut screen = live::Screen::default();
     loop {
         let max_ranks = match out {
-            OutputFormat::Table if tty => gpuctl_proto::VIEW_RANKS,
+            OutputFormat::Table if tty => gpuctl_core::VIEW_RANKS,
             _ => 0,
         };
         let job = c.job(id, max_ranks).await?;
-        let now = gpuctl_proto::now_ms();
+        let now = gpuctl_core::now_ms();
         let done = job.state().is_terminal();
         let fp = fingerprint(&job);
         match out {
@@ -120,5 +120,5 @@ pub async fn run(
 }
 
 fn humanize(d: Duration) -> String {
-    gpuctl_proto::units::format_duration_ms(d.as_millis() as u64)
+    gpuctl_core::units::format_duration_ms(d.as_millis() as u64)
 }

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 
-use gpuctl_proto::pb;
+use gpuctl_core::pb;
 
 use super::table::Table;
 

@@ -6,7 +6,7 @@
 //! `<system-out>`, so a dashboard shows it without turning red.
 
 use anyhow::Result;
-use gpuctl_proto::pb;
+use gpuctl_core::pb;
 use quick_junit::{NonSuccessKind, Report, TestCase, TestCaseStatus, TestSuite};
 
 use crate::commands::report;

@@ -4,12 +4,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gpuctl_proto::pb;
+use gpuctl_core::pb;
 
 use super::table::Table;
 
 fn median(v: Vec<f64>) -> f64 {
-    gpuctl_proto::stats::median(v).unwrap_or(0.0)
+    gpuctl_core::stats::median(v).unwrap_or(0.0)
 }
 
 /// One matrix per op; `!` marks a slow link.
@@ -42,7 +42,7 @@ pub fn matrix(links: &[pb::Link]) -> String {
         };
         s.push_str(&format!(
             "{op} busbw GB/s at {} (reference {reference:.2}; the better of two measurements; ! = slow in both, v = below the floor rate)\n",
-            gpuctl_proto::units::format_bytes(bytes)
+            gpuctl_core::units::format_bytes(bytes)
         ));
         let mut headers = vec!["NODE"];
         headers.extend(nodes.iter().copied());

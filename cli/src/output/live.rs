@@ -8,14 +8,14 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 
-use gpuctl_proto::pb;
+use gpuctl_core::pb;
 
 /// Progress is sent about once a second (less often in big jobs, as the
 /// coordinator asks): five missed reports is stale.
 pub fn stale_ms(job: &pb::Job) -> u64 {
     let world = job.plan.as_ref().map_or(0, |p| p.world_size);
     let spec = job.spec.clone().unwrap_or_default();
-    5 * gpuctl_proto::spec::progress_interval_ms(world, &spec)
+    5 * gpuctl_core::spec::progress_interval_ms(world, &spec)
 }
 /// Lines never grow past this, whatever the terminal.
 pub const WIDTH: usize = 80;

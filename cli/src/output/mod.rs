@@ -21,8 +21,8 @@ pub mod trace;
 use std::collections::HashMap;
 use std::io::Write;
 
-use gpuctl_proto::pb;
-use gpuctl_proto::units::format_duration_ms;
+use gpuctl_core::pb;
+use gpuctl_core::units::format_duration_ms;
 
 /// Prints pretty JSON and a newline to stdout.
 pub fn print_json(v: &serde_json::Value) {

@@ -7,10 +7,10 @@
 //! one row: still the summary of the run. A GPT is named with its size
 //! (`gpt 1.3b`).
 
-use gpuctl_proto::pb;
-use gpuctl_proto::pb::rank_result::Detail;
-use gpuctl_proto::stats::{median, quantile_sorted};
-use gpuctl_proto::units::format_bytes;
+use gpuctl_core::pb;
+use gpuctl_core::pb::rank_result::Detail;
+use gpuctl_core::stats::{median, quantile_sorted};
+use gpuctl_core::units::format_bytes;
 
 use super::table::Table;
 
@@ -32,7 +32,7 @@ struct ModelRow<'a> {
 
 /// A model as the report names it: with its size where it has one.
 pub fn label(t: &pb::TrainResult) -> String {
-    gpuctl_proto::catalogue::model_label(&t.model, &t.variant)
+    gpuctl_core::catalogue::model_label(&t.model, &t.variant)
 }
 
 /// A rank's communication per timed step: all of it, the part compute
@@ -340,7 +340,7 @@ mod tests {
             t.rows()[0][c].clone()
         };
         assert_eq!(cell("MODEL"), "gpt 1.3b");
-        // Medians of two ranks: the mean of the two (gpuctl_proto::stats).
+        // Medians of two ranks: the mean of the two (gpuctl_core::stats).
         assert_eq!(
             [cell("COMM MS"), cell("EXPOSED MS"), cell("OVERLAP")],
             ["9.0", "3.5", "62%"].map(String::from)

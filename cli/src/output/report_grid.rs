@@ -4,7 +4,7 @@
 //! into a spreadsheet or a ticket as it is. Markdown opens with the verdict.
 
 use anyhow::Result;
-use gpuctl_proto::pb;
+use gpuctl_core::pb;
 
 use super::findings;
 use super::grid::{self, Section};

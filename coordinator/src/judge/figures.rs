@@ -7,11 +7,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gpuctl_proto::catalogue::{NcclPattern, TypedParams};
-use gpuctl_proto::pb::{
+use gpuctl_core::catalogue::{NcclPattern, TypedParams};
+use gpuctl_core::pb::{
     rank_result::Detail, BaselineFigure, CollectiveRow, JobSpec, RankResult, Report, TrainResult,
 };
-use gpuctl_proto::stats::median;
+use gpuctl_core::stats::median;
 
 /// What a figure measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -154,7 +154,7 @@ pub struct JobFigures {
 /// produce fail; the others do not apply.
 pub type Expected = BTreeSet<(Metric, String)>;
 
-pub use gpuctl_proto::catalogue::{judged_sizes, BUSBW_MIN_BYTES};
+pub use gpuctl_core::catalogue::{judged_sizes, BUSBW_MIN_BYTES};
 
 /// Ranks are compared only within one device class: the same model and the
 /// same libraries.
@@ -238,7 +238,7 @@ pub fn better_pass(first: f64, repeat: f64) -> f64 {
 /// A GPT's size is part of its key: a 1.3b is not compared with a 124m.
 fn train_key_of(t: &TrainResult, workload: &str) -> String {
     let mode = if t.mode.is_empty() { workload } else { &t.mode };
-    let model = gpuctl_proto::catalogue::model_label(&t.model, &t.variant);
+    let model = gpuctl_core::catalogue::model_label(&t.model, &t.variant);
     train_key(mode, &model, &t.precision, t.batch_size as u64)
 }
 
@@ -395,10 +395,10 @@ pub fn expected(spec: &JobSpec, gpu: bool, world_size: u32) -> Expected {
         TypedParams::Ddp(t) | TypedParams::Fsdp(t) => {
             for m in &t.models {
                 let p = &m.model;
-                let variant = gpuctl_proto::catalogue::model_variant(&p.model, &p.gpt_size);
+                let variant = gpuctl_core::catalogue::model_variant(&p.model, &p.gpt_size);
                 let key = train_key(
                     &spec.workload,
-                    &gpuctl_proto::catalogue::model_label(&p.model, variant),
+                    &gpuctl_core::catalogue::model_label(&p.model, variant),
                     &m.model.precision,
                     m.batch_size,
                 );

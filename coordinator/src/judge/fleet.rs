@@ -6,9 +6,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use gpuctl_proto::pb::{Drift, FigureRecord, FleetRow, Link, NodeRun, Report};
+use gpuctl_core::pb::{Drift, FigureRecord, FleetRow, Link, NodeRun, Report};
 
-use gpuctl_proto::stats::median;
+use gpuctl_core::stats::median;
 
 use super::figures::{of_report, Figures, Metric};
 
@@ -246,7 +246,7 @@ pub fn expired(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuctl_proto::pb::Verdict;
+    use gpuctl_core::pb::Verdict;
 
     fn run(node: &str, job: u64, tflops: &[f64]) -> NodeRun {
         NodeRun {

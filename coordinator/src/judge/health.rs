@@ -732,7 +732,7 @@ mod tests {
 
     #[test]
     fn a_low_clock_with_no_reason_warns_and_a_power_capped_one_does_not() {
-        use gpuctl_proto::pb::GpuSample;
+        use gpuctl_core::pb::GpuSample;
         let r = HealthRules::default();
         let sample = |clock: u32, reasons: u64| GpuSample {
             util_gpu: 99.0,

@@ -10,9 +10,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gpuctl_proto::pb::{rank_result::Detail, Finding, Link, RankResult, Verdict};
+use gpuctl_core::pb::{rank_result::Detail, Finding, Link, RankResult, Verdict};
 
-use gpuctl_proto::stats::{median, quantile};
+use gpuctl_core::stats::{median, quantile};
 
 /// What the links of a job say.
 #[derive(Debug, Default)]
@@ -301,7 +301,7 @@ pub fn judge(results: &BTreeMap<u32, RankResult>, nodes: &[String], slow_ratio: 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuctl_proto::pb::{CollectiveResult, LinkResult};
+    use gpuctl_core::pb::{CollectiveResult, LinkResult};
 
     /// Rank `r` (one per node) reports every link it took part in.
     fn results(n: u32, bw: impl Fn(u32, u32) -> f64) -> BTreeMap<u32, RankResult> {

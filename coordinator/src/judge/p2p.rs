@@ -11,9 +11,9 @@
 
 use std::collections::BTreeMap;
 
-use gpuctl_proto::pb::{rank_result::Detail, Finding, GpuPair, Plan, RankResult, Verdict};
+use gpuctl_core::pb::{rank_result::Detail, Finding, GpuPair, Plan, RankResult, Verdict};
 
-use gpuctl_proto::stats::upper_quartile;
+use gpuctl_core::stats::upper_quartile;
 
 /// What the pairs of a job say.
 #[derive(Debug, Default)]
@@ -165,7 +165,7 @@ pub fn judge(results: &BTreeMap<u32, RankResult>, plan: &Plan, ratios: Ratios) -
             .filter(|((s, d), _)| *s == rank || *d == rank)
             .map(|(_, m)| m.judged())
             .collect();
-        let med = gpuctl_proto::stats::median(mine).unwrap_or(0.0);
+        let med = gpuctl_core::stats::median(mine).unwrap_or(0.0);
         let mut with: Vec<String> = peers.iter().map(|p| label(*p)).collect();
         with.dedup();
         out.findings.push(Finding {
@@ -260,7 +260,7 @@ pub fn judge(results: &BTreeMap<u32, RankResult>, plan: &Plan, ratios: Ratios) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuctl_proto::pb::{P2pResult, PeerCopy, RankPlacement};
+    use gpuctl_core::pb::{P2pResult, PeerCopy, RankPlacement};
 
     /// One node of `l` GPUs (rank = local rank = GPU index); every rank
     /// reports its pairs with `bw(src, dst, pass)`.

@@ -15,11 +15,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gpuctl_proto::pb::{Baseline, Finding, Verdict};
+use gpuctl_core::pb::{Baseline, Finding, Verdict};
 
 pub use super::figures::{Expected, Figure, JobFigures, Metric, RankFigures};
 use super::rules::{MetricRule, PerfRules};
-use gpuctl_proto::stats::median;
+use gpuctl_core::stats::median;
 
 /// Findings and the sentences that say which references applied.
 #[derive(Debug, Default)]

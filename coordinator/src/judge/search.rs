@@ -1,5 +1,5 @@
 //! `nccl --pattern search`: the workers search for every slow node and link
-//! themselves (`gpuctl_proto::search`) and every rank reports the same
+//! themselves (`gpuctl_core::search`) and every rank reports the same
 //! rounds and the same verdict. Here nodes get their names, and each culprit
 //! becomes a finding with both figures: the one that raised it and the one,
 //! with another partner, that confirmed it. A node the second look cleared
@@ -7,11 +7,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gpuctl_proto::catalogue::TypedParams;
-use gpuctl_proto::pb::{Finding, JobSpec, Link, Plan, RankResult, Verdict};
+use gpuctl_core::catalogue::TypedParams;
+use gpuctl_core::pb::{Finding, JobSpec, Link, Plan, RankResult, Verdict};
 
 use super::bisect::{name, named_rounds, Judged};
-use gpuctl_proto::stats::upper_quartile;
+use gpuctl_core::stats::upper_quartile;
 
 const RULE: &str = "search: groups below the slow share of the search's upper-quartile group are split until a node or link is left; a node is blamed when slow with two different cleared partners, a link when slow twice";
 
@@ -137,7 +137,7 @@ pub fn judge(results: &BTreeMap<u32, RankResult>, nodes: &[String], size: &Size)
 /// one of its nodes.
 fn links(
     out: &Judged,
-    blamed: &[gpuctl_proto::pb::SearchBlame],
+    blamed: &[gpuctl_core::pb::SearchBlame],
     nodes: &[String],
     size: &Size,
     reference: f64,
@@ -182,7 +182,7 @@ fn links(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuctl_proto::pb::{
+    use gpuctl_core::pb::{
         rank_result::Detail, BisectGroup, BisectRound, CollectiveResult, SearchBlame,
     };
 

@@ -8,7 +8,7 @@ use std::ops::Bound::{Excluded, Included, Unbounded};
 
 use prost::Message;
 
-use gpuctl_proto::pb::{GpuTelemetrySummary, HealthFinding, TelemetryBatch, Verdict};
+use gpuctl_core::pb::{GpuTelemetrySummary, HealthFinding, TelemetryBatch, Verdict};
 
 use super::health::{HealthRules, Level};
 use super::series::{Bucket, Counters, GpuSeries};
@@ -265,7 +265,7 @@ fn peer_crc(
             .filter(|(j, _)| *j != i)
             .filter_map(|(_, r)| *r)
             .collect();
-        let Some(median) = gpuctl_proto::stats::median(others) else {
+        let Some(median) = gpuctl_core::stats::median(others) else {
             continue;
         };
         if rate >= rules.nvlink_crc_peer_ratio * median {
@@ -370,7 +370,7 @@ fn severity(v: Verdict) -> u8 {
 mod tests {
     use super::*;
     use crate::judge::series::{LOW_UTIL, MAX_BUCKETS};
-    use gpuctl_proto::pb::GpuSample;
+    use gpuctl_core::pb::GpuSample;
     use prost::Message;
 
     fn sample(t: u64, util: f64, ecc_u: u64, xids: Vec<u32>) -> GpuSample {

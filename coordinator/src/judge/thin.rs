@@ -1,17 +1,17 @@
 //! A report cut to what one message can carry (the ranks' timelines were
-//! thinned on the way in: [`gpuctl_proto::timeline`]).
+//! thinned on the way in: [`gpuctl_core::timeline`]).
 
-use gpuctl_proto::timeline::thin;
+use gpuctl_core::timeline::thin;
 
 /// A report small enough to send in one message of `max_bytes`: past it,
 /// the ranks' timelines (phase marks, per-interval series, step times) are
 /// left out, then the whole results of the ranks that passed; each step is
 /// said in the report's notes. Returns whether anything was left out.
-pub fn report_to_send(report: &mut gpuctl_proto::pb::Report, max_bytes: usize) -> bool {
-    use gpuctl_proto::pb::Verdict;
+pub fn report_to_send(report: &mut gpuctl_core::pb::Report, max_bytes: usize) -> bool {
+    use gpuctl_core::pb::Verdict;
     use prost::Message;
     // Headroom for the message framing and the notes added here.
-    let fits = |r: &gpuctl_proto::pb::Report| r.encoded_len() + 4096 <= max_bytes;
+    let fits = |r: &gpuctl_core::pb::Report| r.encoded_len() + 4096 <= max_bytes;
     if fits(report) {
         return false;
     }
@@ -41,11 +41,11 @@ pub fn report_to_send(report: &mut gpuctl_proto::pb::Report, max_bytes: usize) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuctl_proto::pb::{PhaseMark, RankResult};
+    use gpuctl_core::pb::{PhaseMark, RankResult};
 
     #[test]
     fn a_report_too_big_to_send_is_cut_and_says_so() {
-        use gpuctl_proto::pb::{NodeReport, RankReport, Report, Verdict};
+        use gpuctl_core::pb::{NodeReport, RankReport, Report, Verdict};
         let rank = |i: u32, v: Verdict| RankReport {
             rank: i,
             verdict: v as i32,

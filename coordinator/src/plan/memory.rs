@@ -12,9 +12,9 @@
 
 use std::collections::HashMap;
 
-use gpuctl_proto::catalogue::typed::TypedParams;
-use gpuctl_proto::pb::{JobSpec, Node, PreflightCheck, RankPlacement, Verdict};
-use gpuctl_proto::units::format_bytes;
+use gpuctl_core::catalogue::typed::TypedParams;
+use gpuctl_core::pb::{JobSpec, Node, PreflightCheck, RankPlacement, Verdict};
+use gpuctl_core::units::format_bytes;
 
 use super::check;
 
@@ -95,7 +95,7 @@ fn need(spec: &JobSpec, gpu: bool, world: u64) -> Option<Need> {
 /// Other activations hang on too much to guess: this refuses what certainly
 /// cannot fit, not what might be tight.
 fn train_need(
-    t: &gpuctl_proto::catalogue::TrainParams,
+    t: &gpuctl_core::catalogue::TrainParams,
     workload: &str,
     shards: u64,
 ) -> Option<Need> {
@@ -117,7 +117,7 @@ fn train_need(
             let mut what = format!("{workload} --model {}", p.model);
             let mut activations = 0;
             if let Some(s) = (p.model == "gpt")
-                .then(|| gpuctl_proto::catalogue::gpt_shape(&p.gpt_size))
+                .then(|| gpuctl_core::catalogue::gpt_shape(&p.gpt_size))
                 .flatten()
             {
                 let tokens = m.batch_size.saturating_mul(p.seq_len);
@@ -228,7 +228,7 @@ pub fn checks(spec: &JobSpec, nodes: &[&Node], ranks: &[RankPlacement]) -> Vec<P
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuctl_proto::pb::{GpuInfo, HostFacts};
+    use gpuctl_core::pb::{GpuInfo, HostFacts};
 
     fn node(name: &str, host_gib: u64, gpus: &[u64]) -> Node {
         Node {
@@ -409,7 +409,7 @@ mod tests {
             .unwrap()
             .device
         };
-        let n = gpuctl_proto::catalogue::gpt_parameters("1.3b", 8).unwrap();
+        let n = gpuctl_core::catalogue::gpt_parameters("1.3b", 8).unwrap();
         // bf16: parameters and gradients (2 + 2), fp32 master and momentum (4 + 4).
         let activations = 8 * (34 * 2048 * 24) + 8 * 50304 * 10;
         assert_eq!(t("ddp", "1.3b", 4), n * 12 + activations);

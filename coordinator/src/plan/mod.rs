@@ -7,7 +7,7 @@ pub mod nccl_env;
 pub mod planner;
 pub mod preflight;
 
-use gpuctl_proto::pb::{PreflightCheck, Verdict};
+use gpuctl_core::pb::{PreflightCheck, Verdict};
 
 /// One check's finding; `node` is empty for a finding about the whole plan.
 fn check(node: &str, name: &str, verdict: Verdict, detail: String, fix: &str) -> PreflightCheck {

@@ -5,8 +5,8 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use gpuctl_proto::pb::{EnvVar, JobSpec, Node, Plan, RankPlacement};
-use gpuctl_proto::spec::{parse_selector, Selector};
+use gpuctl_core::pb::{EnvVar, JobSpec, Node, Plan, RankPlacement};
+use gpuctl_core::spec::{parse_selector, Selector};
 
 use super::{memory, nccl_env, preflight};
 use crate::error::CoordinatorError;
@@ -272,8 +272,8 @@ pub fn env(mut out: Vec<EnvVar>, spec: &JobSpec, nodes: &[&Node]) -> Vec<EnvVar>
 mod tests {
     use super::*;
     use crate::plan::preflight::preflight_error;
-    use gpuctl_proto::pb::{GpuInfo, HostFacts};
-    use gpuctl_proto::pb::{PreflightCheck, Verdict};
+    use gpuctl_core::pb::{GpuInfo, HostFacts};
+    use gpuctl_core::pb::{PreflightCheck, Verdict};
 
     fn cpu_node(name: &str, cpu_ranks: u32, cpus: u32, ib: bool) -> Node {
         Node {
@@ -534,7 +534,7 @@ mod tests {
             f.nccl_version = "2.28.9".into();
             f.interfaces = ifs
                 .iter()
-                .map(|i| gpuctl_proto::pb::NetInterface {
+                .map(|i| gpuctl_core::pb::NetInterface {
                     name: (*i).into(),
                     ..Default::default()
                 })

@@ -2,7 +2,7 @@
 //! nodes (room in /dev/shm, mixed GPU models, NCCL and libtorch versions that
 //! must agree), and which failures stop a job from starting.
 
-use gpuctl_proto::pb::{Node, Plan, PreflightCheck, Verdict};
+use gpuctl_core::pb::{Node, Plan, PreflightCheck, Verdict};
 
 use super::{check, nccl_env};
 use crate::error::CoordinatorError;
@@ -37,8 +37,8 @@ pub fn checks(nodes: &[&Node]) -> Vec<PreflightCheck> {
         let gpus = n.gpus.len() as u64;
         if gpus > 1 && f.shm_bytes > 0 {
             let need = SHM_MIN_BYTES.max(SHM_PER_GPU_BYTES * gpus);
-            let have = gpuctl_proto::units::format_bytes(f.shm_bytes);
-            let want = gpuctl_proto::units::format_bytes(need);
+            let have = gpuctl_core::units::format_bytes(f.shm_bytes);
+            let want = gpuctl_core::units::format_bytes(need);
             out.push(if f.shm_bytes < need {
                 check(
                     &n.name,

@@ -5,8 +5,8 @@
 
 use std::sync::Arc;
 
-use gpuctl_proto::now_ms;
-use gpuctl_proto::pb::{
+use gpuctl_core::now_ms;
+use gpuctl_core::pb::{
     AssignmentAck, Heartbeat, JobState, Node, NodeState, RegisterRequest, RegisterResponse,
 };
 use tracing::{debug, info, warn};
@@ -58,7 +58,7 @@ impl Scheduler {
                 message: "the node name is empty; start the agent with --name NAME".into(),
             });
         }
-        gpuctl_proto::limits::register(&req)?;
+        gpuctl_core::limits::register(&req)?;
         if !self.nodes.contains_key(&name) && self.nodes.len() >= self.cfg.max_nodes {
             return Err(CoordinatorError::FleetFull {
                 max: self.cfg.max_nodes,
@@ -157,7 +157,7 @@ impl Scheduler {
         Ok(RegisterResponse {
             name,
             heartbeat_interval_ms: self.cfg.heartbeat_interval.as_millis() as u32,
-            protocol_version: gpuctl_proto::PROTOCOL_VERSION,
+            protocol_version: gpuctl_core::PROTOCOL_VERSION,
             coordinator_url: url,
             adopted,
             refused,
@@ -246,7 +246,7 @@ impl Scheduler {
         if e.session.as_ref().map(|s| s.id) != Some(session) {
             return; // a replaced session still draining
         }
-        if let Err(why) = gpuctl_proto::limits::heartbeat(&hb) {
+        if let Err(why) = gpuctl_core::limits::heartbeat(&hb) {
             // Not heard: a node that keeps sending these goes lost, named.
             warn!(node = %node, "heartbeat refused: {why}");
             return;

@@ -2,7 +2,7 @@
 //! events, from gRPC handlers or the tick timer. Requests that need an answer
 //! carry a oneshot for it.
 
-use gpuctl_proto::pb::{
+use gpuctl_core::pb::{
     Ack, AssignmentAck, CoordinatorMessage, Heartbeat, Job, JobSpec, JobState, Node, Plan,
     RankProgressReport, RankResult, RegisterRequest, RegisterResponse, Report, SubmitSuiteRequest,
     Suite, TelemetryBatch, WorkerExited, WorkerLog,

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use gpuctl_proto::now_ms;
-use gpuctl_proto::pb::{CoordinatorMessage, Job, JobSpec, JobState, Node, Plan, Report};
+use gpuctl_core::now_ms;
+use gpuctl_core::pb::{CoordinatorMessage, Job, JobSpec, JobState, Node, Plan, Report};
 use tracing::{debug, info, warn};
 
 use super::events::Event;
@@ -17,8 +17,8 @@ use crate::judge::report;
 use crate::plan::{planner, preflight};
 use crate::store::Batch;
 
-pub use gpuctl_proto::spec::job_budget_ms;
-use gpuctl_proto::spec::DEADLINE_GRACE_MS;
+pub use gpuctl_core::spec::job_budget_ms;
+use gpuctl_core::spec::DEADLINE_GRACE_MS;
 
 impl Scheduler {
     pub(super) fn job(&self, id: &str) -> Result<&JobEntry, CoordinatorError> {
@@ -117,7 +117,7 @@ impl Scheduler {
         }
         // Bounded, as `gpuctl status` shows it: a 4,096-node job whole is
         // tens of megabytes to copy, and the CLI prints its id.
-        Ok(self.job(&id)?.view_of(gpuctl_proto::VIEW_RANKS))
+        Ok(self.job(&id)?.view_of(gpuctl_core::VIEW_RANKS))
     }
 
     /// Starts waiting jobs, oldest first, on whatever nodes are free.
@@ -383,7 +383,7 @@ impl Scheduler {
             self.finish(&id, JobState::Cancelled, msg, None).await;
         }
         // Bounded, as for `Submit`: the CLI prints the id and state.
-        Ok(self.job(&id)?.view_of(gpuctl_proto::VIEW_RANKS))
+        Ok(self.job(&id)?.view_of(gpuctl_core::VIEW_RANKS))
     }
 
     /// Running jobs past their deadline (and its grace) fail, naming the ranks
@@ -442,8 +442,8 @@ impl Scheduler {
                 e.watch.since_ms = now;
             }
             let timeout = e.job.spec.as_ref().map_or(
-                gpuctl_proto::spec::DEFAULT_HANG_TIMEOUT_MS,
-                gpuctl_proto::spec::hang_timeout_ms,
+                gpuctl_core::spec::DEFAULT_HANG_TIMEOUT_MS,
+                gpuctl_core::spec::hang_timeout_ms,
             );
             if !e.watch.may_have_hung(e.world_size(), now, timeout) {
                 continue;

@@ -28,9 +28,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpuctl_proto::now_ms;
-use gpuctl_proto::pb::{JobState, ListNodesResponse, NodeState, Suite};
-use gpuctl_proto::shutdown::Shutdown;
+use gpuctl_core::now_ms;
+use gpuctl_core::pb::{JobState, ListNodesResponse, NodeState, Suite};
+use gpuctl_core::shutdown::Shutdown;
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;

@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use gpuctl_proto::pb::{JobSpec, Node, Plan, Verdict};
+use gpuctl_core::pb::{JobSpec, Node, Plan, Verdict};
 
 use super::background::{self, off_task};
 use super::events::{Event, Reply};
@@ -77,7 +77,7 @@ impl Scheduler {
 
     /// Checks `spec` and takes the nodes as they are now.
     pub(super) fn planning(&self, spec: JobSpec) -> Result<Planning, CoordinatorError> {
-        let spec = gpuctl_proto::spec::normalize(&spec)?;
+        let spec = gpuctl_core::spec::normalize(&spec)?;
         if !spec.rules.trim().is_empty() {
             self.cfg.perf_rules.overlay(&spec.rules).map_err(|e| {
                 CoordinatorError::InvalidField {
@@ -121,7 +121,7 @@ impl Scheduler {
     pub(super) fn submit_later(
         &self,
         spec: JobSpec,
-        reply: Reply<Result<gpuctl_proto::pb::Job, CoordinatorError>>,
+        reply: Reply<Result<gpuctl_core::pb::Job, CoordinatorError>>,
     ) {
         let planning = match self.planning(spec) {
             Ok(p) => p,
@@ -137,7 +137,7 @@ impl Scheduler {
 
 #[cfg(test)]
 mod tests {
-    use gpuctl_proto::pb::{PreflightCheck, RankPlacement};
+    use gpuctl_core::pb::{PreflightCheck, RankPlacement};
 
     use super::*;
 

@@ -1,11 +1,11 @@
 //! What running ranks send: progress, results, exits, log lines and GPU
 //! telemetry, and the telemetry series written while a job runs.
 
-use gpuctl_proto::pb::{
+use gpuctl_core::pb::{
     Ack, JobState, RankProgressReport, RankResult, StopReason, TelemetryBatch, WorkerExited,
     WorkerLog,
 };
-use gpuctl_proto::{now_ms, timeline};
+use gpuctl_core::{now_ms, timeline};
 use tracing::debug;
 
 use super::Scheduler;
@@ -33,7 +33,7 @@ const TELEMETRY_STORE_MS: u64 = 10_000;
 
 impl Scheduler {
     /// Takes a rank's progress; the answer says when to send the next one
-    /// (`gpuctl_proto::spec::progress_interval_ms`).
+    /// (`gpuctl_core::spec::progress_interval_ms`).
     pub(super) fn worker_progress(&mut self, report: RankProgressReport) -> Ack {
         let refuse = |message: String| Ack {
             ok: false,
@@ -57,7 +57,7 @@ impl Scheduler {
             ));
         }
         let next_report_ms = entry.job.spec.as_ref().map_or(0, |spec| {
-            gpuctl_proto::spec::progress_interval_ms(entry.world_size(), spec) as u32
+            gpuctl_core::spec::progress_interval_ms(entry.world_size(), spec) as u32
         });
         let Some(mut p) = report.progress else {
             return Ack {

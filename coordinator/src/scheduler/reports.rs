@@ -21,8 +21,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use gpuctl_proto::now_ms;
-use gpuctl_proto::pb::{Job, JobState, RankProgress, RankResult, Report, Verdict, WorkerExited};
+use gpuctl_core::now_ms;
+use gpuctl_core::pb::{Job, JobState, RankProgress, RankResult, Report, Verdict, WorkerExited};
 use tracing::{debug, info, warn};
 
 use super::background;

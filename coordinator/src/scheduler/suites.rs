@@ -7,13 +7,13 @@
 
 use std::collections::BTreeMap;
 
-use gpuctl_proto::catalogue::NcclPattern;
-use gpuctl_proto::now_ms;
-use gpuctl_proto::pb::{
+use gpuctl_core::catalogue::NcclPattern;
+use gpuctl_core::now_ms;
+use gpuctl_core::pb::{
     Acceptance, JobSpec, JobState, NodeState, Report, SubmitSuiteRequest, Suite, SuiteNode,
     SuiteStage, Verdict,
 };
-use gpuctl_proto::suite::Suite as SuiteDef;
+use gpuctl_core::suite::Suite as SuiteDef;
 use tracing::{info, warn};
 
 use super::Scheduler;
@@ -21,7 +21,7 @@ use crate::error::CoordinatorError;
 use crate::plan::planner;
 use crate::store::Batch;
 
-use gpuctl_proto::suite::PREFLIGHT;
+use gpuctl_core::suite::PREFLIGHT;
 
 /// The note of a stage whose job failed without naming a node.
 const UNNAMED_FAILURE: &str = "failed without naming a node";
@@ -109,7 +109,7 @@ impl Scheduler {
                 Some(mut s) => {
                     s.rules = req.rules.clone();
                     s.exclusive = req.exclusive;
-                    let s = gpuctl_proto::spec::normalize(&s).map_err(|e| {
+                    let s = gpuctl_core::spec::normalize(&s).map_err(|e| {
                         CoordinatorError::InvalidField {
                             field: format!("stage {name}: {}", e.field),
                             message: e.message,

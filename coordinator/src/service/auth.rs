@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use gpuctl_proto::auth::{RankKey, AUTHORIZATION, RANK_SECRET};
+use gpuctl_core::auth::{RankKey, AUTHORIZATION, RANK_SECRET};
 use subtle::ConstantTimeEq;
 use tonic::transport::ServerTlsConfig;
 use tonic::{Request, Status};
@@ -160,7 +160,7 @@ impl Security {
     pub fn server_tls(cfg: &Config) -> anyhow::Result<Option<ServerTlsConfig>> {
         match (&cfg.tls_cert, &cfg.tls_key) {
             (Some(cert), Some(key)) => {
-                gpuctl_proto::server::tls_config(cert, key, cfg.client_ca.as_deref())
+                gpuctl_core::server::tls_config(cert, key, cfg.client_ca.as_deref())
                     .map(Some)
                     .map_err(anyhow::Error::msg)
             }
@@ -229,7 +229,7 @@ impl Security {
         if names.iter().any(|n| n == node) {
             return Err(Status::permission_denied(super::clip(format!(
                 "agent `{node}` presented a certificate named `{node}` that is not a node's (no {}{node} in it: an operator's or server's certificate is no node identity); make the node's with `gpuctl certs init --nodes {node}`",
-                gpuctl_proto::auth::NODE_URI_PREFIX
+                gpuctl_core::auth::NODE_URI_PREFIX
             ))));
         }
         Err(Status::permission_denied(super::clip(format!(
@@ -294,7 +294,7 @@ fn node_roles(der: &[u8]) -> Vec<String> {
         .general_names
         .iter()
         .filter_map(|n| match n {
-            GeneralName::URI(u) => u.strip_prefix(gpuctl_proto::auth::NODE_URI_PREFIX),
+            GeneralName::URI(u) => u.strip_prefix(gpuctl_core::auth::NODE_URI_PREFIX),
             _ => None,
         })
         .map(str::to_string)

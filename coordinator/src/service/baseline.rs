@@ -3,7 +3,7 @@
 //! jobs; a job submitted with `--baseline NAME` copies the baseline as it is
 //! then (see the scheduler's submit).
 
-use gpuctl_proto::pb::{Baseline, JobState, Verdict};
+use gpuctl_core::pb::{Baseline, JobState, Verdict};
 
 use crate::error::CoordinatorError;
 use crate::judge::figures;
@@ -87,7 +87,7 @@ pub async fn save(
         name,
         job_id,
         workload: report.workload.clone(),
-        created_unix_ms: gpuctl_proto::now_ms(),
+        created_unix_ms: gpuctl_core::now_ms(),
         figures,
     };
     store

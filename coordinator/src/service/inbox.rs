@@ -13,7 +13,7 @@
 
 use std::collections::VecDeque;
 
-use gpuctl_proto::pb::TelemetryBatch;
+use gpuctl_core::pb::TelemetryBatch;
 
 use crate::scheduler::Event;
 
@@ -115,7 +115,7 @@ impl Inbox {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuctl_proto::pb::{AssignmentAck, GpuSample, Heartbeat};
+    use gpuctl_core::pb::{AssignmentAck, GpuSample, Heartbeat};
 
     fn hb(session: u64, seq: u64) -> Event {
         Event::Heartbeat {

@@ -3,8 +3,8 @@
 //! the `read` role and changes (submit, cancel, baselines, removing a node)
 //! the `operate` role.
 
-use gpuctl_proto::pb::job_service_server::JobService;
-use gpuctl_proto::pb::{
+use gpuctl_core::pb::job_service_server::JobService;
+use gpuctl_core::pb::{
     Baseline, CancelJobRequest, GetBaselineRequest, GetFleetRequest, GetFleetResponse,
     GetJobRequest, GetLogsRequest, GetLogsResponse, GetReportRequest, GetSuiteRequest,
     GetTelemetryRequest, GetTelemetryResponse, GetTimelineRequest, Job, ListBaselinesRequest,
@@ -125,10 +125,7 @@ impl JobService for JobSvc {
             .await??;
         // Tens of thousands of ranks can outgrow one gRPC message.
         let report = tokio::task::spawn_blocking(move || {
-            crate::judge::thin::report_to_send(
-                &mut report,
-                gpuctl_proto::server::MAX_MESSAGE_BYTES,
-            );
+            crate::judge::thin::report_to_send(&mut report, gpuctl_core::server::MAX_MESSAGE_BYTES);
             report
         })
         .await

@@ -74,7 +74,7 @@ mod tests {
                 "job `job-000002` was deleted: the coordinator keeps the 200 jobs that ended last (--keep-jobs); what it found per node stays in `gpuctl fleet`",
             ),
             (
-                gpuctl_proto::spec::parse_selector("gpu")
+                gpuctl_core::spec::parse_selector("gpu")
                     .unwrap_err()
                     .into(),
                 Code::InvalidArgument,

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use gpuctl_proto::pb::worker_service_server::WorkerService;
-use gpuctl_proto::pb::{
+use gpuctl_core::pb::worker_service_server::WorkerService;
+use gpuctl_core::pb::{
     rank_result::Detail, Ack, RankProgress, RankProgressReport, RankResult, RendezvousGetRequest,
     RendezvousGetResponse, RendezvousPutRequest,
 };
@@ -33,7 +33,7 @@ impl WorkerSvc {
 }
 
 /// Models of one result (`train` and `more_train`), as `--model` allows.
-pub const MAX_MODELS: usize = gpuctl_proto::catalogue::MAX_MODELS;
+pub const MAX_MODELS: usize = gpuctl_core::catalogue::MAX_MODELS;
 /// Phase marks of one rank's timeline.
 pub const MAX_PHASES: usize = 1024;
 /// Step times of one model.
@@ -118,7 +118,7 @@ impl WorkerService for WorkerSvc {
         req: Request<RendezvousPutRequest>,
     ) -> Result<Response<Ack>, Status> {
         let m = req.get_ref();
-        gpuctl_proto::limits::rendezvous(&m.key, &m.value)
+        gpuctl_core::limits::rendezvous(&m.key, &m.value)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let writer = self
             .security
@@ -212,7 +212,7 @@ impl WorkerService for WorkerSvc {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuctl_proto::pb::{PhaseMark, TrainResult};
+    use gpuctl_core::pb::{PhaseMark, TrainResult};
 
     fn mark(phase: &str, unix_ms: u64) -> PhaseMark {
         PhaseMark {

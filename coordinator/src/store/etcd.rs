@@ -25,7 +25,7 @@ use etcd_client::{
     Txn, TxnOp, TxnOpResponse,
 };
 use futures::future::BoxFuture;
-use gpuctl_proto::shutdown::Shutdown;
+use gpuctl_core::shutdown::Shutdown;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, timeout, Instant};

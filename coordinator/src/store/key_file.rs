@@ -5,7 +5,7 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-use gpuctl_proto::auth::{RankKey, KEY_BYTES};
+use gpuctl_core::auth::{RankKey, KEY_BYTES};
 
 use super::{keys, Store, StoreError, StoreResult};
 

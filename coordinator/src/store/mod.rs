@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use gpuctl_proto::auth::RankKey;
-use gpuctl_proto::pb::{
+use gpuctl_core::auth::RankKey;
+use gpuctl_core::pb::{
     Acceptance, Baseline, GetLogsResponse, Job, LogLine, Node, NodeRun, RankReport, RankResult,
     Report, Suite,
 };
@@ -107,7 +107,7 @@ pub trait Store: Send + Sync + 'static {
 /// The key space, in one place.
 pub mod keys {
     pub const JOB_SEQ: &str = "meta/job_seq";
-    /// The key of the workers' per-rank secrets (gpuctl_proto::auth::RankKey).
+    /// The key of the workers' per-rank secrets (gpuctl_core::auth::RankKey).
     pub const RANK_KEY: &str = "meta/rank_key";
     pub const NODES: &str = "nodes/";
     pub const JOBS: &str = "jobs/";
@@ -387,7 +387,7 @@ impl StateStore {
                         StoreError::Backend(format!(
                             "`{key}` holds {} bytes, not a key of {}",
                             bytes.len(),
-                            gpuctl_proto::auth::KEY_BYTES
+                            gpuctl_core::auth::KEY_BYTES
                         ))
                     });
                 }
@@ -695,7 +695,7 @@ impl StateStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuctl_proto::pb::JobState;
+    use gpuctl_core::pb::JobState;
 
     fn open(dir: &std::path::Path) -> StateStore {
         StateStore::new(Arc::new(RedbStore::open(&dir.join("state.redb")).unwrap()))
@@ -870,7 +870,7 @@ mod tests {
         let mut report = Report {
             job_id: "job-000007".into(),
             attempt: 2,
-            nodes: vec![gpuctl_proto::pb::NodeReport {
+            nodes: vec![gpuctl_core::pb::NodeReport {
                 name: "node-0".into(),
                 ranks: vec![
                     rank(0),

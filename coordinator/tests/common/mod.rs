@@ -11,14 +11,14 @@
 use std::time::Duration;
 
 use gpuctl_coordinator::Config;
-use gpuctl_proto::pb::agent_message::Msg as Up;
-use gpuctl_proto::pb::agent_service_client::AgentServiceClient;
-use gpuctl_proto::pb::coordinator_message::Msg as Down;
-use gpuctl_proto::pb::job_service_client::JobServiceClient;
-use gpuctl_proto::pb::worker_service_client::WorkerServiceClient;
-use gpuctl_proto::pb::*;
-use gpuctl_proto::shutdown::Shutdown;
-use gpuctl_proto::{now_ms, PROTOCOL_VERSION};
+use gpuctl_core::pb::agent_message::Msg as Up;
+use gpuctl_core::pb::agent_service_client::AgentServiceClient;
+use gpuctl_core::pb::coordinator_message::Msg as Down;
+use gpuctl_core::pb::job_service_client::JobServiceClient;
+use gpuctl_core::pb::worker_service_client::WorkerServiceClient;
+use gpuctl_core::pb::*;
+use gpuctl_core::shutdown::Shutdown;
+use gpuctl_core::{now_ms, PROTOCOL_VERSION};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -96,10 +96,10 @@ impl Coord {
     }
 
     /// A plain HTTP/1.1 GET on the metrics listener, as Prometheus does it.
-    pub async fn get(&self, path: &str) -> gpuctl_proto::metrics_http::Scrape {
+    pub async fn get(&self, path: &str) -> gpuctl_core::metrics_http::Scrape {
         let at = self.metrics.as_deref().expect("a metrics listener");
         let within = Duration::from_secs(10);
-        gpuctl_proto::metrics_http::get(at, path, within)
+        gpuctl_core::metrics_http::get(at, path, within)
             .await
             .unwrap_or_else(|e| panic!("GET {path} from {at}: {e}"))
     }
@@ -375,7 +375,7 @@ pub fn as_rank<T>(
 ) -> tonic::Request<T> {
     let mut req = tonic::Request::new(msg);
     req.metadata_mut().insert(
-        gpuctl_proto::auth::RANK_SECRET,
+        gpuctl_core::auth::RANK_SECRET,
         secrets[&rank].parse().expect("a secret is ASCII"),
     );
     req

@@ -13,12 +13,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use gpuctl_proto::client::Channel;
-use gpuctl_proto::pb::{
+use gpuctl_core::client::Channel;
+use gpuctl_core::pb::{
     job_service_client::JobServiceClient, GetJobRequest, GetReportRequest, JobSpec,
     ListJobsRequest, ListNodesRequest, PlanRequest, Report, SubmitRequest,
 };
-use gpuctl_proto::shutdown::Shutdown;
+use gpuctl_core::shutdown::Shutdown;
 use prost::Message;
 
 use crate::fleet::{self, FleetConfig, RankConnections};
@@ -197,7 +197,7 @@ struct Latencies {
 /// The nearest-rank quantile `p` (0..1), 0 for none.
 fn percentile(v: &mut [f64], p: f64) -> f64 {
     v.sort_by(f64::total_cmp);
-    gpuctl_proto::stats::quantile_sorted(v, p).unwrap_or(0.0)
+    gpuctl_core::stats::quantile_sorted(v, p).unwrap_or(0.0)
 }
 
 /// Calls `nodes`, `jobs` and `status` over and over, as people and scripts
@@ -220,7 +220,7 @@ async fn cli_load(
             let t = Instant::now();
             let req = GetJobRequest {
                 job_id: job,
-                max_ranks: gpuctl_proto::VIEW_RANKS,
+                max_ranks: gpuctl_core::VIEW_RANKS,
             };
             let ok = c.get_job(req).await.is_ok();
             record(&lat, "status", t, ok);
@@ -251,7 +251,7 @@ fn cli_thread(
         .spawn(move || {
             rt.block_on(async move {
                 let builder =
-                    gpuctl_proto::client::builder(&url).request_timeout(Duration::from_secs(60));
+                    gpuctl_core::client::builder(&url).request_timeout(Duration::from_secs(60));
                 match builder.connect().await {
                     Ok(ch) => {
                         let c = JobServiceClient::new(ch).max_decoding_message_size(256 << 20);
@@ -342,7 +342,7 @@ impl Phase {
             .iter_mut()
             .map(|(k, v)| {
                 let n = v.len();
-                let med = gpuctl_proto::stats::median(v.clone()).unwrap_or(0.0);
+                let med = gpuctl_core::stats::median(v.clone()).unwrap_or(0.0);
                 (k.clone(), (med, percentile(v, 0.99), n))
             })
             .collect();
@@ -393,7 +393,7 @@ pub async fn run(cfg: &BenchConfig, dir: PathBuf) -> Result<BenchReport> {
     let watch = probe::Watch::start(pid);
     let stop = Shutdown::new();
     let _guard = stop.clone().drop_guard();
-    let builder = gpuctl_proto::client::builder(&co.url).request_timeout(Duration::from_secs(60));
+    let builder = gpuctl_core::client::builder(&co.url).request_timeout(Duration::from_secs(60));
     let mut jobs =
         JobServiceClient::new(builder.connect().await?).max_decoding_message_size(256 << 20);
     let lat = Arc::new(Mutex::new(Latencies::default()));
@@ -444,7 +444,7 @@ pub async fn run(cfg: &BenchConfig, dir: PathBuf) -> Result<BenchReport> {
     };
     // Alternated, so both see the same load.
     for _ in 0..PLAN_CALLS {
-        for max_ranks in [gpuctl_proto::VIEW_RANKS, 0] {
+        for max_ranks in [gpuctl_core::VIEW_RANKS, 0] {
             let t = Instant::now();
             let plan = jobs
                 .plan_job(PlanRequest {
@@ -523,7 +523,7 @@ fn stored_ms(log: &std::path::Path) -> BTreeMap<String, f64> {
 }
 
 /// How long a job may take to have its report: its run time and five minutes.
-fn report_limit(job: &gpuctl_proto::pb::Job) -> Duration {
+fn report_limit(job: &gpuctl_core::pb::Job) -> Duration {
     let run = job.spec.as_ref().map_or(0, |s| s.duration_ms);
     Duration::from_millis(run) + Duration::from_secs(300)
 }
@@ -557,7 +557,7 @@ async fn one_job(
         let j = jobs
             .get_job(GetJobRequest {
                 job_id: job.id.clone(),
-                max_ranks: gpuctl_proto::VIEW_RANKS,
+                max_ranks: gpuctl_core::VIEW_RANKS,
             })
             .await?
             .into_inner();

@@ -10,7 +10,7 @@ use crate::fleet::RankConnections;
 const MB: f64 = 1e6;
 
 fn median_max(ms: &[f64]) -> (f64, f64) {
-    let med = gpuctl_proto::stats::median(ms.to_vec()).unwrap_or(0.0);
+    let med = gpuctl_core::stats::median(ms.to_vec()).unwrap_or(0.0);
     (med, ms.iter().copied().fold(0.0, f64::max))
 }
 

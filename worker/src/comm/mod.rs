@@ -393,7 +393,7 @@ mod tests {
             assert_eq!(Op::parse(op.name()), Some(op));
         }
         let names: Vec<_> = Op::ALL.iter().map(|o| o.name()).collect();
-        assert_eq!(names, gpuctl_proto::spec::COLLECTIVE_OPS);
+        assert_eq!(names, gpuctl_core::spec::COLLECTIVE_OPS);
         assert_eq!(Op::parse("bogus"), None);
     }
 

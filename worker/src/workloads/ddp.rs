@@ -8,8 +8,8 @@
 //! `baseline_samples_per_s`, `scaling_efficiency`).
 
 use anyhow::{Context, Result};
-use gpuctl_proto::catalogue::{TrainModel, TrainParams};
-use gpuctl_proto::pb::{rank_result::Detail, TrainResult};
+use gpuctl_core::catalogue::{TrainModel, TrainParams};
+use gpuctl_core::pb::{rank_result::Detail, TrainResult};
 
 use super::memory::Memory;
 use super::models::{gpt::GptConfig, ModelConfig, Precision};

@@ -5,7 +5,7 @@
 //! soon as its backward is queued, overlapping the rest of backward.
 
 use anyhow::Result;
-use gpuctl_proto::catalogue::TrainParams;
+use gpuctl_core::catalogue::TrainParams;
 
 use super::train::Mode;
 use super::Outcome;

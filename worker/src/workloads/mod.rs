@@ -12,8 +12,8 @@ pub mod stress;
 pub mod train;
 
 use anyhow::Result;
-use gpuctl_proto::catalogue::TypedParams;
-use gpuctl_proto::pb::{rank_result::Detail, TrainResult};
+use gpuctl_core::catalogue::TypedParams;
+use gpuctl_core::pb::{rank_result::Detail, TrainResult};
 
 use crate::context::Ctx;
 

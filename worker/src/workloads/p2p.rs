@@ -18,8 +18,8 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use gpuctl_proto::catalogue::P2pParams;
-use gpuctl_proto::pb::{rank_result::Detail, P2pResult, PeerCopy};
+use gpuctl_core::catalogue::P2pParams;
+use gpuctl_core::pb::{rank_result::Detail, P2pResult, PeerCopy};
 use tch::{Device, Kind, Tensor};
 
 use super::Outcome;

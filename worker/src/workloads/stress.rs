@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use gpuctl_proto::catalogue::{MemoryTarget, StressParams};
-use gpuctl_proto::pb::{rank_result::Detail, StressResult};
+use gpuctl_core::catalogue::{MemoryTarget, StressParams};
+use gpuctl_core::pb::{rank_result::Detail, StressResult};
 use tch::{Device, Kind, Tensor};
 
 use super::Outcome;
@@ -260,7 +260,7 @@ pub fn run(ctx: &Ctx, cfg: &StressParams) -> Result<Outcome> {
         dtype: cfg.precision.clone(),
         matrix_size: n as u32,
         iterations,
-        tflops_median: gpuctl_proto::stats::median(tflops.clone()).unwrap_or(0.0),
+        tflops_median: gpuctl_core::stats::median(tflops.clone()).unwrap_or(0.0),
         tflops_min: if tflops.is_empty() { 0.0 } else { min },
         tflops_max: max,
         tflops_per_interval: tflops,

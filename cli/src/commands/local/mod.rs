@@ -17,8 +17,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use gpuctl_proto::pb;
-use gpuctl_proto::shutdown::Shutdown;
+use gpuctl_core::pb;
+use gpuctl_core::shutdown::Shutdown;
 
 use crate::args::{parse_interval, LocalUpArgs, UsageError};
 use crate::client::Coordinator;
@@ -177,7 +177,7 @@ fn open_log(path: &Path, cmd: &Command) -> Result<File> {
     let _ = writeln!(
         f,
         "--- gpuctl local up, unix_ms {}: {:?}",
-        gpuctl_proto::now_ms(),
+        gpuctl_core::now_ms(),
         cmd
     );
     Ok(f)
@@ -421,7 +421,7 @@ pub async fn up(a: LocalUpArgs) -> Result<i32> {
     // a Ctrl-C kills us by default and the children follow through PDEATHSIG.
     // Namespaces would outlive us, so then a signal must reach our cleanup.
     let early_shutdown = if a.netns {
-        let s = gpuctl_proto::shutdown::on_signals()?;
+        let s = gpuctl_core::shutdown::on_signals()?;
         sup.net = Some(netns::Network::create(&names)?);
         Some(s)
     } else {
@@ -454,7 +454,7 @@ pub async fn up(a: LocalUpArgs) -> Result<i32> {
     .await?;
     let shutdown = match early_shutdown {
         Some(s) => s,
-        None => gpuctl_proto::shutdown::on_signals()?,
+        None => gpuctl_core::shutdown::on_signals()?,
     };
 
     println!("coordinator: {url}");

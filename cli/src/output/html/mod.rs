@@ -13,7 +13,7 @@ mod style;
 mod telemetry;
 
 use anyhow::Result;
-use gpuctl_proto::pb;
+use gpuctl_core::pb;
 use html_escape::{encode_double_quoted_attribute as attr, encode_text as text};
 
 use self::chart::{Plot, Swatch};
@@ -86,7 +86,7 @@ fn banner(r: &pb::Report) -> String {
         format!("job {}", r.job_id),
         crate::output::dash(&r.workload),
         r.state().label().to_string(),
-        gpuctl_proto::units::format_duration_ms(r.duration_ms),
+        gpuctl_core::units::format_duration_ms(r.duration_ms),
     ];
     let nodes = r.nodes.len();
     sub.push(format!(

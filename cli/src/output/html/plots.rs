@@ -7,13 +7,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::Result;
-use gpuctl_proto::pb::{self, rank_result::Detail};
-use gpuctl_proto::units::format_bytes;
+use gpuctl_core::pb::{self, rank_result::Detail};
+use gpuctl_core::units::format_bytes;
 
 use super::chart::{self, Plot};
 use super::lines::{whole_number, Heatmap, Histogram, Lines, Series};
 use crate::commands::report::ranks_in_order;
-use gpuctl_proto::stats::median;
+use gpuctl_core::stats::median;
 
 /// A plot, or a sentence where a plot would be.
 pub enum Figure {

@@ -3,7 +3,7 @@
 //! failure (crash, corruption, wrong elements), a performance figure, a GPU
 //! health rule, a preflight check at job start. Worst first.
 
-use gpuctl_proto::pb::{Finding, HealthFinding, Plan, PreflightCheck, Verdict};
+use gpuctl_core::pb::{Finding, HealthFinding, Plan, PreflightCheck, Verdict};
 
 use super::ranks::{RankStates, Source};
 

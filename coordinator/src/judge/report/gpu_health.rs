@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use gpuctl_proto::pb::{
+use gpuctl_core::pb::{
     Finding, GpuTelemetrySummary, HealthFinding, PhaseMark, Plan, RankResult, Verdict,
 };
 
@@ -155,7 +155,7 @@ pub(super) fn apply(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuctl_proto::pb::RankPlacement;
+    use gpuctl_core::pb::RankPlacement;
 
     fn mark(phase: &str, unix_ms: u64, iterations: u64) -> PhaseMark {
         PhaseMark {

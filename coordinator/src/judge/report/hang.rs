@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 
-use gpuctl_proto::pb::{NodeReport, RankProcess, RankProgress};
+use gpuctl_core::pb::{NodeReport, RankProcess, RankProgress};
 
 /// What the coordinator follows of a running job's ranks, besides their last
 /// progress report.

@@ -38,7 +38,7 @@ mod verdict;
 
 use std::collections::BTreeMap;
 
-use gpuctl_proto::pb::{
+use gpuctl_core::pb::{
     Job, Plan, PreflightCheck, RankProgress, RankResult, Report, Verdict, WorkerExited,
 };
 
@@ -145,8 +145,8 @@ fn assemble(inp: &Inputs, with_results: bool) -> (Report, Figures) {
     if !table.is_empty() {
         notes.push(format!(
             "busbw at the sizes judged ({} and up, or the largest) is the median of {} timed runs of --iters operations each; other sizes are one run, as nccl-tests",
-            gpuctl_proto::units::format_bytes(gpuctl_proto::catalogue::BUSBW_MIN_BYTES),
-            gpuctl_proto::catalogue::JUDGED_RUNS
+            gpuctl_core::units::format_bytes(gpuctl_core::catalogue::BUSBW_MIN_BYTES),
+            gpuctl_core::catalogue::JUDGED_RUNS
         ));
     }
     let mut found = findings::of_ranks(plan, &states);
@@ -190,7 +190,7 @@ fn assemble(inp: &Inputs, with_results: bool) -> (Report, Figures) {
     notes.extend(pairs.notes);
     notes.extend(bisect.notes);
 
-    let hang_timeout_ms = gpuctl_proto::spec::hang_timeout_ms(&spec);
+    let hang_timeout_ms = gpuctl_core::spec::hang_timeout_ms(&spec);
     let mut report = Report {
         job_id: job.id.clone(),
         workload: spec.workload.clone(),

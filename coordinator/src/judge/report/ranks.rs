@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use gpuctl_proto::pb::{
+use gpuctl_core::pb::{
     Job, JobState, Plan, RankPlacement, RankResult, StopReason, Verdict, WorkerExited,
 };
 

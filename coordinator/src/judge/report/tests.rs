@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use gpuctl_proto::pb::{
+use gpuctl_core::pb::{
     rank_result::Detail, CollectiveResult, CollectiveRow, Job, JobState, Plan, RankPlacement,
     RankProcess, RankProgress, RankReport, RankResult, Report, StressResult, Verdict, WorkerExited,
 };
@@ -32,7 +32,7 @@ fn job(state: JobState, nodes: usize, per_node: u32) -> Job {
     Job {
         id: "job-000007".into(),
         state: state as i32,
-        spec: Some(gpuctl_proto::pb::JobSpec {
+        spec: Some(gpuctl_core::pb::JobSpec {
             workload: "stress".into(),
             ..Default::default()
         }),
@@ -141,7 +141,7 @@ fn fsdp(rank: u32, params: &str, own: &str, gathered: &[&str]) -> RankResult {
     RankResult {
         rank,
         ok: true,
-        detail: Some(Detail::Train(gpuctl_proto::pb::TrainResult {
+        detail: Some(Detail::Train(gpuctl_core::pb::TrainResult {
             model: "gpt".into(),
             mode: "fsdp".into(),
             param_digest: params.into(),
@@ -292,7 +292,7 @@ fn collectives_take_the_slowest_rank_and_sum_wrong() {
 
 #[test]
 fn failing_gpus_fail_their_ranks_and_nodes() {
-    use gpuctl_proto::pb::{GpuSample, TelemetryBatch};
+    use gpuctl_core::pb::{GpuSample, TelemetryBatch};
     let j = job(JobState::Succeeded, 2, 2);
     let mut t = Telemetry::default();
     let bad = |index: u32, xid: u32| GpuSample {
@@ -486,7 +486,7 @@ fn a_hung_job_fails_only_the_blamed_rank_and_shows_where_each_rank_was() {
         WorkerExited {
             rank: 1,
             signal: "SIGTERM".into(),
-            stopped_by: gpuctl_proto::pb::StopReason::Hang as i32,
+            stopped_by: gpuctl_core::pb::StopReason::Hang as i32,
             ..Default::default()
         },
     )]
@@ -539,6 +539,6 @@ fn a_hung_job_fails_only_the_blamed_rank_and_shows_where_each_rank_was() {
     let r = build_with(&job(JobState::Running, 1, 1), vec![]);
     assert_eq!(
         r.hang_timeout_ms,
-        gpuctl_proto::spec::DEFAULT_HANG_TIMEOUT_MS
+        gpuctl_core::spec::DEFAULT_HANG_TIMEOUT_MS
     );
 }

@@ -22,10 +22,10 @@ impl GptConfig {
     /// The model of size `size` (one of `GPT_SIZES`: toy, 124m, 350m, 1.3b,
     /// 2.7b) with `seq_len` learned positions.
     pub fn sized(size: &str, seq_len: i64) -> Result<Self> {
-        let Some(s) = gpuctl_proto::catalogue::gpt_shape(size) else {
+        let Some(s) = gpuctl_core::catalogue::gpt_shape(size) else {
             bail!(
                 "gpt size `{size}` is not one of {}",
-                gpuctl_proto::catalogue::GPT_SIZES.join(", ")
+                gpuctl_core::catalogue::GPT_SIZES.join(", ")
             );
         };
         Ok(GptConfig {

@@ -74,7 +74,7 @@ impl Precision {
 /// Which model, and how to lay it out.
 #[derive(Clone, Debug)]
 pub struct ModelConfig {
-    /// One of `gpuctl_proto::spec::MODELS` (default and batch: `gpuctl_proto::catalogue`).
+    /// One of `gpuctl_core::spec::MODELS` (default and batch: `gpuctl_core::catalogue`).
     pub name: String,
     pub precision: Precision,
     /// channels_last layout for the CNNs (input and every 4-d weight).
@@ -145,7 +145,7 @@ impl Model {
             }
             m => bail!(
                 "model `{m}` is not one of {}",
-                gpuctl_proto::spec::MODELS.join(", ")
+                gpuctl_core::spec::MODELS.join(", ")
             ),
         };
         let model = Model {

@@ -58,11 +58,11 @@ fn parameter_counts_are_the_catalogues() {
         "resnet152",
     ] {
         let m = Model::build(&cfg(name), Device::Cpu, 1).unwrap();
-        let want = gpuctl_proto::catalogue::model_parameters(name).unwrap();
+        let want = gpuctl_core::catalogue::model_parameters(name).unwrap();
         assert_eq!(m.parameter_count() as u64, want, "{name}");
     }
     assert_eq!(
-        gpuctl_proto::catalogue::model_parameters("mobilenet_v2"),
+        gpuctl_core::catalogue::model_parameters("mobilenet_v2"),
         Some(3_504_872)
     );
     // cnn: convs 27·32 + 288·64 + 576·128, BNs 2·(32+64+128), fc 128·10 + 10.
@@ -210,7 +210,7 @@ fn units_partition_the_variables_and_blocks_use_only_theirs() {
 #[test]
 fn gpt_sizes_count_their_parameters() {
     use gpt::GptConfig;
-    for size in gpuctl_proto::catalogue::GPT_SIZES {
+    for size in gpuctl_core::catalogue::GPT_SIZES {
         assert!(GptConfig::sized(size, 64).is_ok(), "{size}");
     }
     let e = GptConfig::sized("7b", 64).unwrap_err().to_string();
@@ -226,11 +226,11 @@ fn gpt_sizes_count_their_parameters() {
         let m = Model::build(&c, Device::Cpu, 1).unwrap();
         // The planner weighs gpt by the catalogue's formula: it must count
         // what the worker builds.
-        let want = gpuctl_proto::catalogue::gpt_parameters(size, seq as u64).unwrap();
+        let want = gpuctl_core::catalogue::gpt_parameters(size, seq as u64).unwrap();
         assert_eq!(m.parameter_count() as u64, want, "{size}");
     }
     // By the formula, at 1024 positions (too large to build here).
-    let p = |s| gpuctl_proto::catalogue::gpt_parameters(s, 1024).unwrap();
+    let p = |s| gpuctl_core::catalogue::gpt_parameters(s, 1024).unwrap();
     assert_eq!(p("350m"), 354_871_296);
     assert_eq!(p("1.3b"), 1_313_722_368);
     assert_eq!(p("2.7b"), 2_649_052_160);

@@ -16,9 +16,9 @@ use std::cell::RefCell;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use gpuctl_proto::catalogue::{NcclParams, NcclPattern};
-use gpuctl_proto::pb::{rank_result::Detail, BisectGroup, BisectRound, CollectiveResult};
-use gpuctl_proto::units::format_bytes;
+use gpuctl_core::catalogue::{NcclParams, NcclPattern};
+use gpuctl_core::pb::{rank_result::Detail, BisectGroup, BisectRound, CollectiveResult};
+use gpuctl_core::units::format_bytes;
 use tch::Device;
 
 use super::pairs::{check_shape, opener, round_timeout, Opener, Place};
@@ -87,7 +87,7 @@ fn my_group(groups: &[Vec<usize>], place: &Place) -> Option<(usize, usize, usize
 
 /// A search that names the groups of nodes each round measures and decides
 /// from their busbw: bisect's [`plan::Search`], and `--pattern search`'s
-/// [`gpuctl_proto::search::Search`].
+/// [`gpuctl_core::search::Search`].
 pub trait Rounds {
     /// The round about to be measured (0-based), after [`Rounds::groups`].
     fn round(&self) -> usize;
@@ -109,7 +109,7 @@ impl Rounds for plan::Search {
     }
 }
 
-impl Rounds for gpuctl_proto::search::Search {
+impl Rounds for gpuctl_core::search::Search {
     fn round(&self) -> usize {
         self.outcome().rounds.saturating_sub(1)
     }
@@ -117,7 +117,7 @@ impl Rounds for gpuctl_proto::search::Search {
         self.tests()
     }
     fn decide(&mut self, busbw: &[f64]) -> String {
-        gpuctl_proto::search::Search::decide(self, busbw)
+        gpuctl_core::search::Search::decide(self, busbw)
     }
 }
 

@@ -18,7 +18,7 @@ pub mod search;
 pub mod sweep;
 
 use anyhow::Result;
-use gpuctl_proto::catalogue::{NcclParams, NcclPattern};
+use gpuctl_core::catalogue::{NcclParams, NcclPattern};
 use tch::{Device, Kind, Tensor};
 
 use super::Outcome;

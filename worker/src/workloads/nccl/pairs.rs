@@ -1,6 +1,6 @@
 //! `--pattern pairs`: every pair of nodes measured, in rounds.
 //!
-//! The rounds are `gpuctl_proto::pairs::round_robin` over the node ranks
+//! The rounds are `gpuctl_core::pairs::round_robin` over the node ranks
 //! (GROUP_RANK): N nodes take N−1 rounds (N rounds when N is odd, one node
 //! sitting out each), not N(N−1)/2 one after the other. In a round, the 2×L ranks
 //! of each pair of nodes (a, b) open a communicator of their own — group rank
@@ -24,10 +24,10 @@ use std::cell::RefCell;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use gpuctl_proto::catalogue::{NcclParams, NcclPattern};
-use gpuctl_proto::pairs::{pair_of, round_robin};
-use gpuctl_proto::pb::{rank_result::Detail, CollectiveResult, LinkResult};
-use gpuctl_proto::units::format_bytes;
+use gpuctl_core::catalogue::{NcclParams, NcclPattern};
+use gpuctl_core::pairs::{pair_of, round_robin};
+use gpuctl_core::pb::{rank_result::Detail, CollectiveResult, LinkResult};
+use gpuctl_core::units::format_bytes;
 use tch::Device;
 
 use super::sweep::{config, measure, Peer, SweepConfig};
@@ -164,7 +164,7 @@ pub(super) fn round_timeout(ctx: &Ctx) -> Duration {
     let left_ms = ctx
         .args
         .deadline_unix_ms
-        .saturating_sub(gpuctl_proto::now_ms());
+        .saturating_sub(gpuctl_core::now_ms());
     ctx.rendezvous_timeout.max(Duration::from_millis(left_ms))
 }
 

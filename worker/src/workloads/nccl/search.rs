@@ -1,5 +1,5 @@
 //! `--pattern search`: every slow node and every slow link among the job's
-//! nodes, by the adaptive group testing of [`gpuctl_proto::search`], each
+//! nodes, by the adaptive group testing of [`gpuctl_core::search`], each
 //! blamed only after a second measurement with another partner agrees. The
 //! rounds are measured as bisect's are ([`super::bisect::run_rounds`]):
 //! all_reduce at `max_bytes` over each group, GPU i of every node together.
@@ -7,9 +7,9 @@
 use std::cell::RefCell;
 
 use anyhow::Result;
-use gpuctl_proto::catalogue::{NcclParams, NcclPattern};
-use gpuctl_proto::pb::SearchBlame;
-use gpuctl_proto::search::{Blame, Search};
+use gpuctl_core::catalogue::{NcclParams, NcclPattern};
+use gpuctl_core::pb::SearchBlame;
+use gpuctl_core::search::{Blame, Search};
 
 use super::bisect::{run_rounds, Bisected, RoundsEnv};
 use super::pairs::{check_shape, opener, round_timeout, Place};

@@ -10,9 +10,9 @@
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use gpuctl_proto::catalogue::NcclParams;
-use gpuctl_proto::pb::{rank_result::Detail, CollectiveResult, CollectiveRow};
-use gpuctl_proto::units::format_bytes;
+use gpuctl_core::catalogue::NcclParams;
+use gpuctl_core::pb::{rank_result::Detail, CollectiveResult, CollectiveRow};
+use gpuctl_core::units::format_bytes;
 use tch::{Device, Kind, Tensor};
 
 use super::{
@@ -59,7 +59,7 @@ pub fn config(p: &NcclParams) -> Result<SweepConfig> {
         iters: p.iters,
         warmup: p.warmup,
         // A sweep's small sizes are latency, not rate: it has no floor.
-        floor_gbps: if p.pattern == gpuctl_proto::catalogue::NcclPattern::All {
+        floor_gbps: if p.pattern == gpuctl_core::catalogue::NcclPattern::All {
             0.0
         } else {
             p.floor_gbps
@@ -67,8 +67,8 @@ pub fn config(p: &NcclParams) -> Result<SweepConfig> {
     })
 }
 
-pub use gpuctl_proto::catalogue::size_steps;
-use gpuctl_proto::catalogue::{judged_sizes, JUDGED_RUNS};
+pub use gpuctl_core::catalogue::size_steps;
+use gpuctl_core::catalogue::{judged_sizes, JUDGED_RUNS};
 
 /// Whom sendrecv exchanges with: nccl-tests' ring (send to rank+1, receive
 /// from rank−1), or one peer in both directions at once.

@@ -31,7 +31,7 @@ pub mod staged;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
-use gpuctl_proto::pb::TrainResult;
+use gpuctl_core::pb::TrainResult;
 use tch::{Device, Kind, Tensor};
 
 pub use optim::LossScaler;
@@ -43,7 +43,7 @@ use super::memory::Memory;
 use super::models::{Batch, Model, ModelConfig, Precision};
 use crate::comm::Collectives;
 use crate::device::digest;
-use gpuctl_proto::stats::{median, quantile_sorted, thin_evenly};
+use gpuctl_core::stats::{median, quantile_sorted, thin_evenly};
 
 use crate::timeline::MAX_STEP_TIMES;
 

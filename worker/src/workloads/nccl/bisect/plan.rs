@@ -20,7 +20,7 @@
 //! A node's group busbw is compared only with groups of the search, never with
 //! a figure from elsewhere.
 
-use gpuctl_proto::pairs::round_robin;
+use gpuctl_core::pairs::round_robin;
 
 /// Why the search stopped without a culprit, word for word in the report.
 pub const NO_SLOW_HALF: &str = "no half is slower than the other: no single slow node";

@@ -15,7 +15,7 @@ pub struct Model {
     rng: fastrand_lite::Rng,
 }
 
-/// A tiny xorshift, so the proto crate needs no random crate.
+/// A tiny xorshift, so the core crate needs no random crate.
 pub mod fastrand_lite {
     pub struct Rng(u64);
     impl Rng {

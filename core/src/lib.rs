@@ -1,8 +1,10 @@
-//! The gpuctl wire protocol (`gpuctl.v1`) and what every process needs to speak it:
-//! the generated messages and services, the protocol version, job-spec validation
-//! shared by the CLI and the coordinator (with the catalogue of workload parameters),
-//! and the plumbing every binary shares: the one gRPC server and client builders,
-//! the shutdown signal and the `/metrics` server.
+//! gpuctl-core: what every gpuctl process shares, so a newcomer looks here first
+//! for anything two binaries agree on. The wire protocol (`gpuctl.v1`: the
+//! generated messages and services in `pb`, the protocol version); the rules of
+//! a job spec with the catalogue of workload parameters, the acceptance suites,
+//! limits, statistics and the node and link search; and the plumbing every
+//! binary shares: the one gRPC server and client builders, the shutdown signal,
+//! leader election and the `/metrics` server.
 
 pub mod auth;
 pub mod catalogue;
