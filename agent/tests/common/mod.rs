@@ -1,5 +1,5 @@
-//! What the agent's session tests share: reading the agent's messages off a
-//! stand-in coordinator's stream, an assignment of one rank, and a
+//! What the agent's session tests share beside the fake coordinator
+//! (`gpuctl_testkit::FakeCoordinator`): an assignment of one rank, and a
 //! shell-script worker that writes its pid and sleeps.
 
 #![allow(dead_code)]
@@ -9,33 +9,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use gpuctl_core::pb::{
-    agent_message::Msg, coordinator_message, AgentMessage, Assignment, CoordinatorMessage, JobSpec,
-    RankPlacement,
+    coordinator_message, Assignment, CoordinatorMessage, JobSpec, RankPlacement,
 };
-use tonic::Streaming;
-
-pub async fn next(inbound: &mut Streaming<AgentMessage>) -> Msg {
-    tokio::time::timeout(Duration::from_secs(10), inbound.message())
-        .await
-        .expect("agent sent nothing within 10 s")
-        .expect("stream error")
-        .expect("stream ended")
-        .msg
-        .expect("empty message")
-}
-
-/// Reads until `want` matches, skipping heartbeats and other messages.
-pub async fn until<T>(
-    inbound: &mut Streaming<AgentMessage>,
-    want: impl Fn(&Msg) -> Option<T>,
-) -> T {
-    loop {
-        let m = next(inbound).await;
-        if let Some(t) = want(&m) {
-            return t;
-        }
-    }
-}
 
 pub fn assignment(job: &str) -> CoordinatorMessage {
     CoordinatorMessage {
