@@ -54,12 +54,18 @@ pub fn batch(node: &str, job: &str, samples: Vec<GpuSample>) -> TelemetryBatch {
     }
 }
 
-/// GPU `index` of node `node` as its agent registers it: an H200 whose UUID
-/// names the node (`GPU-node-index`), so that samples match it across nodes.
+/// The UUID of GPU `index` of node `node`: one per GPU across a fleet, so
+/// that samples and inventory match.
+pub fn uuid_on(node: &str, index: u32) -> String {
+    format!("GPU-{node}-{index}")
+}
+
+/// GPU `index` of node `node` as its agent registers it: an H200 named by
+/// [`uuid_on`].
 pub fn info(node: &str, index: u32) -> GpuInfo {
     GpuInfo {
         index,
-        uuid: format!("GPU-{node}-{index}"),
+        uuid: uuid_on(node, index),
         name: "NVIDIA H200".into(),
         ..Default::default()
     }
