@@ -25,6 +25,7 @@ pub fn healthy(index: u32) -> GpuSample {
         index,
         uuid: uuid(index),
         util_gpu: 99.0,
+        util_mem: 60.0,
         mem_used_bytes: 80 << 30,
         mem_total_bytes: MEMORY_BYTES,
         temperature_c: 65.0,
@@ -32,6 +33,7 @@ pub fn healthy(index: u32) -> GpuSample {
         power_limit_w: 700.0,
         sm_clock_mhz: 1_900,
         sm_clock_max_mhz: 1_980,
+        mem_clock_mhz: 3_201,
         // NVML's software power cap: a GPU at its power limit, not held back.
         throttle_reasons: 0x4,
         pcie_gen: 5,
