@@ -6,14 +6,11 @@
 
 mod common;
 
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
 use std::time::Duration;
 
-use common::{assignment, pid_alive, read_pid, worker_script};
+use common::{assignment, config, pid_alive, read_pid, workers};
 use gpuctl_agent::session::{self, SessionConfig};
-use gpuctl_agent::workers::{WorkerSettings, Workers};
-use gpuctl_core::pb::{agent_message::Msg, HostFacts};
+use gpuctl_core::pb::agent_message::Msg;
 use gpuctl_testkit::FakeCoordinator;
 use tokio_util::sync::CancellationToken;
 
@@ -24,27 +21,11 @@ async fn workers_outlive_the_coordinator_for_the_grace() {
     let mut coord = FakeCoordinator::start().await;
     coord.refuse(&["job-2"]);
     let url = coord.url.clone();
-    let settings = WorkerSettings {
-        node: "test-node".into(),
-        worker_bin: worker_script(tmp.path(), "grace=$GPUCTL_COORDINATOR_GRACE_MS"),
-        work_dir: tmp.path().join("work"),
-        ld_library_path: None,
-        gpu_uuids: Default::default(),
-        kill_grace: Duration::from_millis(500),
-    };
-    let (workers, events) = Workers::new(settings, url.clone());
+    let (workers, events) = workers(tmp.path(), "grace=$GPUCTL_COORDINATOR_GRACE_MS", &url);
     let grace = Duration::from_secs(3);
     let cfg = SessionConfig {
-        coordinator: url,
-        name: "test-node".into(),
-        facts: HostFacts::default(),
-        gpus: vec![],
-        heartbeat_interval: Duration::from_secs(1),
-        preflight: vec![],
-        checker: None,
-        connected: Arc::new(AtomicBool::new(false)),
         coordinator_grace: grace,
-        relay: None,
+        ..config(&url)
     };
     let shutdown = CancellationToken::new();
     let agent = tokio::spawn(session::run(cfg, workers.clone(), events, shutdown.clone()));

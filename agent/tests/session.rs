@@ -5,16 +5,15 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{assignment, pid_alive, read_pid, worker_script};
+use common::{assignment, config, pid_alive, read_pid, workers};
 use gpuctl_agent::facts::HostRoot;
 use gpuctl_agent::gpus::GpuInventory;
 use gpuctl_agent::preflight::Preflight;
 use gpuctl_agent::session::{self, SessionConfig};
-use gpuctl_agent::workers::{WorkerSettings, Workers};
 use gpuctl_core::pb::{
     agent_message::Msg, coordinator_message, CancelJob, CoordinatorMessage, HostFacts,
     RankPlacement,
@@ -38,31 +37,15 @@ async fn session_contract_loss_and_shutdown() {
     let mut coord = coordinator().await;
     let url = coord.url.clone();
 
-    let settings = WorkerSettings {
-        node: "test-node".into(),
-        worker_bin: worker_script(tmp.path(), "$GPUCTL_COORDINATOR $4"),
-        work_dir: tmp.path().join("work"),
-        ld_library_path: None,
-        gpu_uuids: Default::default(),
-        kill_grace: Duration::from_millis(500),
-    };
-    let (workers, events) = Workers::new(settings, url.clone());
+    let (workers, events) = workers(tmp.path(), "$GPUCTL_COORDINATOR $4", &url);
+    // Workers die with the session (no grace), as the contract below pins.
     let cfg = SessionConfig {
-        coordinator: url,
-        name: "test-node".into(),
         facts: HostFacts {
             hostname: "h".into(),
             cpu_ranks: 1,
             ..Default::default()
         },
-        gpus: vec![],
-        heartbeat_interval: Duration::from_secs(1),
-        preflight: vec![],
-        checker: None,
-        connected: Arc::new(AtomicBool::new(false)),
-        // Workers die with the session, as the contract below pins.
-        coordinator_grace: Duration::ZERO,
-        relay: None,
+        ..config(&url)
     };
     let connected = cfg.connected.clone();
     let shutdown = CancellationToken::new();
@@ -222,15 +205,7 @@ async fn failing_preflight_refuses_the_assignment() {
     let tmp = tempfile::tempdir().unwrap();
     let mut coord = coordinator().await;
     let url = coord.url.clone();
-    let settings = WorkerSettings {
-        node: "test-node".into(),
-        worker_bin: worker_script(tmp.path(), "$GPUCTL_COORDINATOR $4"),
-        work_dir: tmp.path().join("work"),
-        ld_library_path: None,
-        gpu_uuids: Default::default(),
-        kill_grace: Duration::from_millis(500),
-    };
-    let (workers, events) = Workers::new(settings, url.clone());
+    let (workers, events) = workers(tmp.path(), "$GPUCTL_COORDINATOR $4", &url);
     // A fixture host whose libtorch cannot be found.
     let checker = Arc::new(Preflight::new(
         "test-node",
@@ -240,18 +215,11 @@ async fn failing_preflight_refuses_the_assignment() {
         2,
     ));
     let (_, start_checks) = checker.run(&Default::default());
+    // Workers die with the session (no grace), as the contract above pins.
     let cfg = SessionConfig {
-        coordinator: url,
-        name: "test-node".into(),
-        facts: HostFacts::default(),
-        gpus: vec![],
-        heartbeat_interval: Duration::from_secs(1),
         preflight: start_checks,
         checker: Some(checker),
-        connected: Arc::new(AtomicBool::new(false)),
-        // Workers die with the session, as the contract below pins.
-        coordinator_grace: Duration::ZERO,
-        relay: None,
+        ..config(&url)
     };
     let shutdown = CancellationToken::new();
     let agent = tokio::spawn(session::run(cfg, workers.clone(), events, shutdown.clone()));
