@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use common::{assignment, config, pid_alive, read_pid, workers};
 use gpuctl_agent::session::{self, SessionConfig};
-use gpuctl_core::pb::agent_message::Msg;
 use gpuctl_testkit::FakeCoordinator;
 use tokio_util::sync::CancellationToken;
 
@@ -34,20 +33,9 @@ async fn workers_outlive_the_coordinator_for_the_grace() {
     let mut s = coord.session().await;
     for job in ["job-1", "job-2"] {
         s.send(assignment(job)).await;
-        assert!(
-            s.until(|m| match m {
-                Msg::Ack(a) => Some(a.ok),
-                _ => None,
-            })
-            .await
-        );
+        assert!(s.ack().await.ok);
     }
-    let line = s
-        .until(|m| match m {
-            Msg::Log(l) => Some(l.lines[0].clone()),
-            _ => None,
-        })
-        .await;
+    let line = s.log().await.lines[0].clone();
     assert_eq!(line, "grace=3000", "workers are told the grace");
     let pid1 = read_pid(&tmp.path().join("pid-job-1")).await;
     let pid2 = read_pid(&tmp.path().join("pid-job-2")).await;
@@ -59,12 +47,7 @@ async fn workers_outlive_the_coordinator_for_the_grace() {
     let listed: Vec<&str> = reg.running.iter().map(|r| r.job_id.as_str()).collect();
     assert_eq!(listed, vec!["job-1", "job-2"]);
     let mut s = coord.session().await;
-    let exited = s
-        .until(|m| match m {
-            Msg::WorkerExited(e) => Some(e.clone()),
-            _ => None,
-        })
-        .await;
+    let exited = s.exited().await;
     assert_eq!(
         (exited.job_id.as_str(), exited.stopped_by().label()),
         ("job-2", "coordinator-lost")
@@ -93,12 +76,7 @@ async fn workers_outlive_the_coordinator_for_the_grace() {
     let reg = coord.registration_within(Duration::from_secs(15)).await;
     assert!(reg.running.is_empty(), "{:?}", reg.running);
     let mut s = coord.session().await;
-    let exited = s
-        .until(|m| match m {
-            Msg::WorkerExited(e) => Some(e.clone()),
-            _ => None,
-        })
-        .await;
+    let exited = s.exited().await;
     assert_eq!(
         (exited.job_id.as_str(), exited.stopped_by().label()),
         ("job-1", "coordinator-lost")

@@ -69,24 +69,14 @@ async fn session_contract_loss_and_shutdown() {
 
     // Assignment → ack, the worker's output, and the rank listed as running.
     s.send(assignment("job-1")).await;
-    let ack = s
-        .until(|m| match m {
-            Msg::Ack(a) => Some(a.clone()),
-            _ => None,
-        })
-        .await;
+    let ack = s.ack().await;
     assert!(ack.ok, "{}", ack.error);
     assert_eq!(ack.job_id, "job-1");
     assert!(
         connected.load(Ordering::Relaxed),
         "session open → connected"
     );
-    let line = s
-        .until(|m| match m {
-            Msg::Log(l) => Some(l.lines[0].clone()),
-            _ => None,
-        })
-        .await;
+    let line = s.log().await.lines[0].clone();
     assert_eq!(
         line, "http://workers-use-this:1 job-1",
         "workers get the coordinator's URL"
@@ -118,12 +108,7 @@ async fn session_contract_loss_and_shutdown() {
         other => panic!("first message must be a heartbeat, got {other:?}"),
     }
     // The killed worker's exit was kept and is sent on the new session.
-    let exited = s
-        .until(|m| match m {
-            Msg::WorkerExited(e) => Some(e.clone()),
-            _ => None,
-        })
-        .await;
+    let exited = s.exited().await;
     assert_eq!(
         (exited.job_id.as_str(), exited.stopped_by().label()),
         ("job-1", "coordinator-lost")
@@ -131,13 +116,7 @@ async fn session_contract_loss_and_shutdown() {
 
     // Cancel: the worker is killed and reported as cancelled.
     s.send(assignment("job-2")).await;
-    assert!(
-        s.until(|m| match m {
-            Msg::Ack(a) => Some(a.ok),
-            _ => None,
-        })
-        .await
-    );
+    assert!(s.ack().await.ok);
     let pid2 = read_pid(&tmp.path().join("pid-job-2")).await;
     s.send(CoordinatorMessage {
         msg: Some(coordinator_message::Msg::Cancel(CancelJob {
@@ -148,12 +127,7 @@ async fn session_contract_loss_and_shutdown() {
         })),
     })
     .await;
-    let exited = s
-        .until(|m| match m {
-            Msg::WorkerExited(e) => Some(e.clone()),
-            _ => None,
-        })
-        .await;
+    let exited = s.exited().await;
     assert_eq!(
         (
             exited.job_id.as_str(),
@@ -166,21 +140,10 @@ async fn session_contract_loss_and_shutdown() {
 
     // Agent shutdown: the worker is killed, its exit still reaches the coordinator.
     s.send(assignment("job-3")).await;
-    assert!(
-        s.until(|m| match m {
-            Msg::Ack(a) => Some(a.ok),
-            _ => None,
-        })
-        .await
-    );
+    assert!(s.ack().await.ok);
     let pid3 = read_pid(&tmp.path().join("pid-job-3")).await;
     shutdown.cancel();
-    let exited = s
-        .until(|m| match m {
-            Msg::WorkerExited(e) => Some(e.clone()),
-            _ => None,
-        })
-        .await;
+    let exited = s.exited().await;
     assert_eq!(
         (exited.job_id.as_str(), exited.stopped_by().label()),
         ("job-3", "agent-shutdown")
@@ -243,12 +206,7 @@ async fn failing_preflight_refuses_the_assignment() {
         });
     }
     s.send(a).await;
-    let ack = s
-        .until(|m| match m {
-            Msg::Ack(a) => Some(a.clone()),
-            _ => None,
-        })
-        .await;
+    let ack = s.ack().await;
     assert!(!ack.ok);
     assert!(
         ack.error
@@ -263,12 +221,7 @@ async fn failing_preflight_refuses_the_assignment() {
     );
     let mut exited = Vec::new();
     while exited.len() < 2 {
-        let e = s
-            .until(|m| match m {
-                Msg::WorkerExited(e) => Some(e.clone()),
-                _ => None,
-            })
-            .await;
+        let e = s.exited().await;
         exited.push((e.rank, e.exit_code, e.stderr_tail.contains("libtorch")));
     }
     exited.sort();

@@ -11,7 +11,10 @@ use std::time::Duration;
 
 use gpuctl_core::pb::agent_message::Msg as Up;
 use gpuctl_core::pb::agent_service_server::{AgentService, AgentServiceServer};
-use gpuctl_core::pb::{AgentMessage, CoordinatorMessage, RegisterRequest, RegisterResponse};
+use gpuctl_core::pb::{
+    AgentMessage, AssignmentAck, CoordinatorMessage, RegisterRequest, RegisterResponse,
+    WorkerExited, WorkerLog,
+};
 use gpuctl_core::PROTOCOL_VERSION;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
@@ -207,6 +210,33 @@ impl FakeSession {
                 return t;
             }
         }
+    }
+
+    /// The agent's next ack, skipping what comes before it.
+    pub async fn ack(&mut self) -> AssignmentAck {
+        self.until(|m| match m {
+            Up::Ack(a) => Some(a.clone()),
+            _ => None,
+        })
+        .await
+    }
+
+    /// The agent's next report of a worker's exit, skipping what comes before it.
+    pub async fn exited(&mut self) -> WorkerExited {
+        self.until(|m| match m {
+            Up::WorkerExited(e) => Some(e.clone()),
+            _ => None,
+        })
+        .await
+    }
+
+    /// The agent's next worker log, skipping what comes before it.
+    pub async fn log(&mut self) -> WorkerLog {
+        self.until(|m| match m {
+            Up::Log(l) => Some(l.clone()),
+            _ => None,
+        })
+        .await
     }
 
     /// Sends `msg` down to the agent.
