@@ -5,8 +5,8 @@
 
 use gpuctl_core::pb::{GpuInfo, GpuSample, TelemetryBatch};
 
-/// An H200's memory, as NVML reports it.
-pub const MEMORY_BYTES: u64 = 141 << 30;
+/// An H200's memory as NVML reports it: 143,771 MiB.
+pub const MEMORY_BYTES: u64 = 150_754_820_096;
 
 /// NVLinks of an H200 in an HGX board.
 pub const NVLINKS: u32 = 18;

@@ -11,7 +11,8 @@
 //!   hosts, overridden field by field with struct update syntax.
 //!
 //! Only `gpuctl-core` underneath: the crates whose tests use this one take it
-//! as a dev-dependency.
+//! as a dev-dependency without a cycle. `gpuctl-sim` takes it as a plain
+//! dependency for the same healthy H200 its simulated agents report.
 
 pub mod agent;
 pub mod coordinator;
