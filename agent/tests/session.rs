@@ -5,121 +5,60 @@
 
 mod common;
 
-use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{assignment, next, pid_alive, read_pid, until, worker_script};
+use common::{assignment, config, pid_alive, read_pid, workers};
 use gpuctl_agent::facts::HostRoot;
 use gpuctl_agent::gpus::GpuInventory;
 use gpuctl_agent::preflight::Preflight;
 use gpuctl_agent::session::{self, SessionConfig};
-use gpuctl_agent::workers::{WorkerSettings, Workers};
 use gpuctl_core::pb::{
-    agent_message::Msg,
-    agent_service_server::{AgentService, AgentServiceServer},
-    coordinator_message, AgentMessage, CancelJob, CoordinatorMessage, HostFacts, RankPlacement,
-    RegisterRequest, RegisterResponse,
+    agent_message::Msg, coordinator_message, CancelJob, CoordinatorMessage, HostFacts,
+    RankPlacement,
 };
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
-use tokio_stream::Stream;
+use gpuctl_testkit::coordinator::{FakeCoordinator, Replies};
 use tokio_util::sync::CancellationToken;
-use tonic::{Request, Response, Status, Streaming};
 
-type Out = mpsc::Sender<Result<CoordinatorMessage, Status>>;
-
-struct Fake {
-    registers: mpsc::UnboundedSender<RegisterRequest>,
-    sessions: mpsc::UnboundedSender<(Streaming<AgentMessage>, Out)>,
-}
-
-#[tonic::async_trait]
-impl AgentService for Fake {
-    async fn register(
-        &self,
-        req: Request<RegisterRequest>,
-    ) -> Result<Response<RegisterResponse>, Status> {
-        let req = req.into_inner();
-        let name = req.name.clone();
-        self.registers.send(req).unwrap();
-        Ok(Response::new(RegisterResponse {
-            name,
-            heartbeat_interval_ms: 100,
-            protocol_version: gpuctl_core::PROTOCOL_VERSION,
-            coordinator_url: "http://workers-use-this:1".into(),
-            ..Default::default()
-        }))
-    }
-
-    type SessionStream = Pin<Box<dyn Stream<Item = Result<CoordinatorMessage, Status>> + Send>>;
-
-    async fn session(
-        &self,
-        req: Request<Streaming<AgentMessage>>,
-    ) -> Result<Response<Self::SessionStream>, Status> {
-        let (tx, rx) = mpsc::channel(16);
-        self.sessions.send((req.into_inner(), tx)).unwrap();
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
-    }
+/// The fake coordinator both tests talk to: it tells the agent a URL for
+/// workers other than the one the agent dialled.
+async fn coordinator() -> FakeCoordinator {
+    FakeCoordinator::start_with(Replies {
+        coordinator_url: "http://workers-use-this:1".into(),
+        ..Replies::default()
+    })
+    .await
 }
 
 #[tokio::test]
 async fn session_contract_loss_and_shutdown() {
     let tmp = tempfile::tempdir().unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let (reg_tx, mut registers) = mpsc::unbounded_channel();
-    let (ses_tx, mut sessions) = mpsc::unbounded_channel();
-    let fake = Fake {
-        registers: reg_tx,
-        sessions: ses_tx,
-    };
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(AgentServiceServer::new(fake))
-            .serve_with_incoming(TcpListenerStream::new(listener)),
-    );
+    let mut coord = coordinator().await;
+    let url = coord.url.clone();
 
-    let settings = WorkerSettings {
-        node: "test-node".into(),
-        worker_bin: worker_script(tmp.path(), "$GPUCTL_COORDINATOR $4"),
-        work_dir: tmp.path().join("work"),
-        ld_library_path: None,
-        gpu_uuids: Default::default(),
-        kill_grace: Duration::from_millis(500),
-    };
-    let (workers, events) = Workers::new(settings, url.clone());
+    let (workers, events) = workers(tmp.path(), "$GPUCTL_COORDINATOR $4", &url);
+    // Workers die with the session (no grace), as the contract below pins.
     let cfg = SessionConfig {
-        coordinator: url,
-        name: "test-node".into(),
         facts: HostFacts {
             hostname: "h".into(),
             cpu_ranks: 1,
             ..Default::default()
         },
-        gpus: vec![],
-        heartbeat_interval: Duration::from_secs(1),
-        preflight: vec![],
-        checker: None,
-        connected: Arc::new(AtomicBool::new(false)),
-        // Workers die with the session, as the contract below pins.
-        coordinator_grace: Duration::ZERO,
-        relay: None,
+        ..config(&url)
     };
     let connected = cfg.connected.clone();
     let shutdown = CancellationToken::new();
     let agent = tokio::spawn(session::run(cfg, workers.clone(), events, shutdown.clone()));
 
     // Register, then a session whose first message is a heartbeat.
-    let reg = registers.recv().await.unwrap();
+    let reg = coord.registration().await;
     assert_eq!(
         (reg.name.as_str(), reg.protocol_version),
         ("test-node", gpuctl_core::PROTOCOL_VERSION)
     );
-    let (mut inbound, out) = sessions.recv().await.unwrap();
-    match next(&mut inbound).await {
+    let mut s = coord.session().await;
+    match s.next().await {
         Msg::Heartbeat(h) => {
             assert_eq!(h.node, "test-node");
             assert_eq!(h.protocol_version, gpuctl_core::PROTOCOL_VERSION);
@@ -129,32 +68,25 @@ async fn session_contract_loss_and_shutdown() {
     }
 
     // Assignment → ack, the worker's output, and the rank listed as running.
-    out.send(Ok(assignment("job-1"))).await.unwrap();
-    let ack = until(&mut inbound, |m| match m {
-        Msg::Ack(a) => Some(a.clone()),
-        _ => None,
-    })
-    .await;
+    s.send(assignment("job-1")).await;
+    let ack = s.ack().await;
     assert!(ack.ok, "{}", ack.error);
     assert_eq!(ack.job_id, "job-1");
     assert!(
         connected.load(Ordering::Relaxed),
         "session open → connected"
     );
-    let line = until(&mut inbound, |m| match m {
-        Msg::Log(l) => Some(l.lines[0].clone()),
-        _ => None,
-    })
-    .await;
+    let line = s.log().await.lines[0].clone();
     assert_eq!(
         line, "http://workers-use-this:1 job-1",
         "workers get the coordinator's URL"
     );
-    let running = until(&mut inbound, |m| match m {
-        Msg::Heartbeat(h) if !h.running.is_empty() => Some(h.running.clone()),
-        _ => None,
-    })
-    .await;
+    let running = s
+        .until(|m| match m {
+            Msg::Heartbeat(h) if !h.running.is_empty() => Some(h.running.clone()),
+            _ => None,
+        })
+        .await;
     assert_eq!(
         (running[0].job_id.as_str(), running[0].ranks.clone()),
         ("job-1", vec![0])
@@ -163,58 +95,39 @@ async fn session_contract_loss_and_shutdown() {
     assert!(pid_alive(pid1));
 
     // The coordinator ends the session: the worker dies, the agent registers again.
-    drop(out);
-    drop(inbound);
-    let reg2 = tokio::time::timeout(Duration::from_secs(10), registers.recv())
-        .await
-        .expect("no re-register")
-        .unwrap();
+    s.close();
+    let reg2 = coord.registration_within(Duration::from_secs(10)).await;
     assert_eq!(reg2.name, "test-node");
     assert!(
         !pid_alive(pid1),
         "worker {pid1} outlived the lost coordinator"
     );
-    let (mut inbound, out) = sessions.recv().await.unwrap();
-    match next(&mut inbound).await {
+    let mut s = coord.session().await;
+    match s.next().await {
         Msg::Heartbeat(h) => assert!(h.running.is_empty(), "{:?}", h.running),
         other => panic!("first message must be a heartbeat, got {other:?}"),
     }
     // The killed worker's exit was kept and is sent on the new session.
-    let exited = until(&mut inbound, |m| match m {
-        Msg::WorkerExited(e) => Some(e.clone()),
-        _ => None,
-    })
-    .await;
+    let exited = s.exited().await;
     assert_eq!(
         (exited.job_id.as_str(), exited.stopped_by().label()),
         ("job-1", "coordinator-lost")
     );
 
     // Cancel: the worker is killed and reported as cancelled.
-    out.send(Ok(assignment("job-2"))).await.unwrap();
-    assert!(
-        until(&mut inbound, |m| match m {
-            Msg::Ack(a) => Some(a.ok),
-            _ => None,
-        })
-        .await
-    );
+    s.send(assignment("job-2")).await;
+    assert!(s.ack().await.ok);
     let pid2 = read_pid(&tmp.path().join("pid-job-2")).await;
-    out.send(Ok(CoordinatorMessage {
+    s.send(CoordinatorMessage {
         msg: Some(coordinator_message::Msg::Cancel(CancelJob {
             job_id: "job-2".into(),
             attempt: 1,
             reason: "test".into(),
             ..Default::default()
         })),
-    }))
-    .await
-    .unwrap();
-    let exited = until(&mut inbound, |m| match m {
-        Msg::WorkerExited(e) => Some(e.clone()),
-        _ => None,
     })
     .await;
+    let exited = s.exited().await;
     assert_eq!(
         (
             exited.job_id.as_str(),
@@ -226,21 +139,11 @@ async fn session_contract_loss_and_shutdown() {
     assert!(!pid_alive(pid2));
 
     // Agent shutdown: the worker is killed, its exit still reaches the coordinator.
-    out.send(Ok(assignment("job-3"))).await.unwrap();
-    assert!(
-        until(&mut inbound, |m| match m {
-            Msg::Ack(a) => Some(a.ok),
-            _ => None,
-        })
-        .await
-    );
+    s.send(assignment("job-3")).await;
+    assert!(s.ack().await.ok);
     let pid3 = read_pid(&tmp.path().join("pid-job-3")).await;
     shutdown.cancel();
-    let exited = until(&mut inbound, |m| match m {
-        Msg::WorkerExited(e) => Some(e.clone()),
-        _ => None,
-    })
-    .await;
+    let exited = s.exited().await;
     assert_eq!(
         (exited.job_id.as_str(), exited.stopped_by().label()),
         ("job-3", "agent-shutdown")
@@ -263,27 +166,9 @@ async fn session_contract_loss_and_shutdown() {
 #[tokio::test]
 async fn failing_preflight_refuses_the_assignment() {
     let tmp = tempfile::tempdir().unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let (reg_tx, mut registers) = mpsc::unbounded_channel();
-    let (ses_tx, mut sessions) = mpsc::unbounded_channel();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(AgentServiceServer::new(Fake {
-                registers: reg_tx,
-                sessions: ses_tx,
-            }))
-            .serve_with_incoming(TcpListenerStream::new(listener)),
-    );
-    let settings = WorkerSettings {
-        node: "test-node".into(),
-        worker_bin: worker_script(tmp.path(), "$GPUCTL_COORDINATOR $4"),
-        work_dir: tmp.path().join("work"),
-        ld_library_path: None,
-        gpu_uuids: Default::default(),
-        kill_grace: Duration::from_millis(500),
-    };
-    let (workers, events) = Workers::new(settings, url.clone());
+    let mut coord = coordinator().await;
+    let url = coord.url.clone();
+    let (workers, events) = workers(tmp.path(), "$GPUCTL_COORDINATOR $4", &url);
     // A fixture host whose libtorch cannot be found.
     let checker = Arc::new(Preflight::new(
         "test-node",
@@ -293,23 +178,16 @@ async fn failing_preflight_refuses_the_assignment() {
         2,
     ));
     let (_, start_checks) = checker.run(&Default::default());
+    // Workers die with the session (no grace), as the contract above pins.
     let cfg = SessionConfig {
-        coordinator: url,
-        name: "test-node".into(),
-        facts: HostFacts::default(),
-        gpus: vec![],
-        heartbeat_interval: Duration::from_secs(1),
         preflight: start_checks,
         checker: Some(checker),
-        connected: Arc::new(AtomicBool::new(false)),
-        // Workers die with the session, as the contract below pins.
-        coordinator_grace: Duration::ZERO,
-        relay: None,
+        ..config(&url)
     };
     let shutdown = CancellationToken::new();
     let agent = tokio::spawn(session::run(cfg, workers.clone(), events, shutdown.clone()));
 
-    let reg = registers.recv().await.unwrap();
+    let reg = coord.registration().await;
     let names: Vec<&str> = reg.preflight.iter().map(|c| c.name.as_str()).collect();
     assert!(
         names.contains(&"libtorch") && names.contains(&"shm"),
@@ -317,7 +195,7 @@ async fn failing_preflight_refuses_the_assignment() {
     );
     assert!(reg.preflight.iter().all(|c| c.node == "test-node"));
 
-    let (mut inbound, out) = sessions.recv().await.unwrap();
+    let mut s = coord.session().await;
     let mut a = assignment("job-9");
     if let Some(coordinator_message::Msg::Assignment(a)) = &mut a.msg {
         a.ranks.push(RankPlacement {
@@ -327,12 +205,8 @@ async fn failing_preflight_refuses_the_assignment() {
             ..Default::default()
         });
     }
-    out.send(Ok(a)).await.unwrap();
-    let ack = until(&mut inbound, |m| match m {
-        Msg::Ack(a) => Some(a.clone()),
-        _ => None,
-    })
-    .await;
+    s.send(a).await;
+    let ack = s.ack().await;
     assert!(!ack.ok);
     assert!(
         ack.error
@@ -347,11 +221,7 @@ async fn failing_preflight_refuses_the_assignment() {
     );
     let mut exited = Vec::new();
     while exited.len() < 2 {
-        let e = until(&mut inbound, |m| match m {
-            Msg::WorkerExited(e) => Some(e.clone()),
-            _ => None,
-        })
-        .await;
+        let e = s.exited().await;
         exited.push((e.rank, e.exit_code, e.stderr_tail.contains("libtorch")));
     }
     exited.sort();

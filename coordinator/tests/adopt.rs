@@ -9,9 +9,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::{cpu_host, job, list_nodes, register, spec, start_cfg, wait_state, Agent};
+use common::{job, list_nodes, spec, start_cfg, wait_state};
 use gpuctl_core::pb::agent_service_client::AgentServiceClient;
 use gpuctl_core::pb::*;
+use gpuctl_testkit::agent::{register, register_with};
+use gpuctl_testkit::{host, FakeAgent};
 use tonic::transport::Channel;
 
 fn config(dir: &std::path::Path) -> gpuctl_coordinator::Config {
@@ -27,16 +29,11 @@ async fn register_running(
     name: &str,
     running: Vec<RunningJob>,
 ) -> (AgentServiceClient<Channel>, RegisterResponse) {
-    let mut client = AgentServiceClient::connect(url.to_string()).await.unwrap();
-    let resp = client
-        .register(RegisterRequest {
-            running,
-            ..common::register_request(name, cpu_host(name, 1))
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    (client, resp)
+    let req = RegisterRequest {
+        running,
+        ..host::register_request(name, host::cpu(name, 1))
+    };
+    register_with(url, req).await
 }
 
 fn running(job: &str, rank: u32) -> RunningJob {
@@ -57,11 +54,16 @@ fn result(job: &str, rank: u32) -> RankResult {
 /// (what each worker presents).
 async fn running_job(
     coord: &common::Coord,
-) -> (Agent, Agent, String, std::collections::HashMap<u32, String>) {
+) -> (
+    FakeAgent,
+    FakeAgent,
+    String,
+    std::collections::HashMap<u32, String>,
+) {
     let mut agents = Vec::new();
     for name in ["node-0", "node-1"] {
-        let (client, _) = register(&coord.url, name, cpu_host(name, 1), vec![]).await;
-        agents.push(Agent::session(client, name).await);
+        let (client, _) = register(&coord.url, name, host::cpu(name, 1), vec![]).await;
+        agents.push(FakeAgent::session(client, name).await);
     }
     let mut jobs = coord.jobs().await;
     // Sessions open asynchronously: wait until both nodes can take the job.
@@ -124,12 +126,12 @@ async fn a_restarted_coordinator_adopts_running_jobs() {
     let nodes = list_nodes(&mut jobs).await;
     assert_eq!(node_state(&nodes, "node-0"), (NodeState::Busy, id.clone()));
     assert_eq!(node_state(&nodes, "node-1").0, NodeState::Lost);
-    let _a0 = Agent::session(c0, "node-0").await;
+    let _a0 = FakeAgent::session(c0, "node-0").await;
 
     let (c1, resp) = register_running(&coord.url, "node-1", vec![running(&id, 1)]).await;
     assert_eq!(resp.adopted, vec![id.clone()]);
     assert!(resp.refused.is_empty());
-    let _a1 = Agent::session(c1, "node-1").await;
+    let _a1 = FakeAgent::session(c1, "node-1").await;
     // A result posted after the restart finishes the job, both ranks in.
     let mut w = coord.workers().await;
     assert!(

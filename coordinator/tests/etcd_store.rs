@@ -19,6 +19,7 @@ use gpuctl_coordinator::store::{keys, Batch, StateStore, Store};
 use gpuctl_core::pb::job_service_client::JobServiceClient;
 use gpuctl_core::pb::*;
 use gpuctl_core::shutdown::Shutdown;
+use gpuctl_testkit::host;
 
 #[tokio::test]
 async fn round_trips_pages_and_persists() {
@@ -301,7 +302,7 @@ async fn coordinators_keep_state_in_etcd_and_a_standby_takes_over() {
     // The first coordinator leads and stores a node and a job.
     let mut a = Coordinator::start(&etcd, prefix, dir.path(), "a");
     let url_a = a.serving(Duration::from_secs(30));
-    common::register(&url_a, "node-0", common::cpu_host("node-0", 2), vec![]).await;
+    gpuctl_testkit::agent::register(&url_a, "node-0", host::cpu("node-0", 2), vec![]).await;
     assert_eq!(node_names(&url_a).await, vec!["node-0"]);
     let mut jobs = JobServiceClient::connect(url_a.clone()).await.unwrap();
     let submitted = jobs

@@ -12,10 +12,11 @@ mod common;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::{cpu_host, list_nodes, spec, start};
+use common::{list_nodes, spec, start};
 use gpuctl_core::pb::agent_service_client::AgentServiceClient;
 use gpuctl_core::pb::*;
 use gpuctl_core::PROTOCOL_VERSION;
+use gpuctl_testkit::{host, FakeAgent};
 use prost::Message;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Status};
@@ -426,7 +427,7 @@ async fn a_thousand_random_and_mutated_messages_break_nothing() {
 
     let dir = tempfile::tempdir().unwrap();
     let coord = start(dir.path(), Duration::from_secs(30)).await;
-    let _node = common::agent(&coord.url, "real", cpu_host("real", 2), vec![]).await;
+    let _node = FakeAgent::start(&coord.url, "real", host::cpu("real", 2), vec![]).await;
     // Listings of what random specs leave behind are large (as the CLI's are).
     let mut jobs = coord
         .jobs()
@@ -456,7 +457,7 @@ async fn a_thousand_random_and_mutated_messages_break_nothing() {
         ..Default::default()
     };
     let valid_spec = spec("stress", 1).spec.unwrap();
-    let valid_register = common::register_request("fz", cpu_host("fz", 1));
+    let valid_register = host::register_request("fz", host::cpu("fz", 1));
 
     let mut refusals = 0usize;
     let mut sent = 0usize;
@@ -680,7 +681,7 @@ async fn a_thousand_random_and_mutated_messages_break_nothing() {
         .await
         .unwrap_or_else(|e| panic!("cancelling {}: {e}", j.id));
     }
-    let mut after = common::agent(&coord.url, "after", cpu_host("after", 1), vec![]).await;
+    let mut after = FakeAgent::start(&coord.url, "after", host::cpu("after", 1), vec![]).await;
     let mut s = spec("stress", 1);
     s.spec.as_mut().unwrap().selectors = vec!["name=after".into()];
     let job = jobs.submit(s).await.unwrap().into_inner();

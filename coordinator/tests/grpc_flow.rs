@@ -7,24 +7,26 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    as_rank, cpu_host, heartbeat, job, latest_telemetry, list_nodes, register, secrets, spec,
-    start, start_cfg, stress_result, stress_to_end, wait_state, Agent,
+    as_rank, job, latest_telemetry, list_nodes, secrets, spec, start, start_cfg, stress_result,
+    stress_to_end, wait_state,
 };
 use gpuctl_core::pb::agent_message::Msg as Up;
 use gpuctl_core::pb::agent_service_client::AgentServiceClient;
 use gpuctl_core::pb::*;
 use gpuctl_core::{now_ms, PROTOCOL_VERSION};
+use gpuctl_testkit::agent::{heartbeat, register};
+use gpuctl_testkit::{gpu, host, FakeAgent};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
 
 /// A stand-in agent running `cpu_ranks` CPU ranks, no GPUs; the coordinator
 /// answers with its name and the URL workers reach it at.
-async fn agent(url: &str, name: &str, cpu_ranks: u32) -> Agent {
-    let (client, resp) = register(url, name, cpu_host(name, cpu_ranks), vec![]).await;
+async fn agent(url: &str, name: &str, cpu_ranks: u32) -> FakeAgent {
+    let (client, resp) = register(url, name, host::cpu(name, cpu_ranks), vec![]).await;
     assert_eq!(resp.name, name);
     assert_eq!(resp.coordinator_url, url, "workers reach the listen URL");
-    Agent::session(client, name).await
+    FakeAgent::session(client, name).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -125,27 +127,22 @@ async fn job_life_from_submit_to_report() {
         (100_000..=122_000).contains(&budget),
         "1 s stress + 120 s grace, got {budget} ms"
     );
-    a0.up
-        .send(AgentMessage {
-            msg: Some(Up::Ack(AssignmentAck {
-                job_id: id.clone(),
-                attempt: 1,
-                ok: true,
-                error: String::new(),
-                // The agent's preflight when the assignment arrived: a stranger
-                // took GPU memory after the node registered.
-                checks: vec![PreflightCheck {
-                    node: "node-0".into(),
-                    name: "gpu_processes".into(),
-                    verdict: Verdict::Warn as i32,
-                    detail: "other processes hold GPU memory: GPU 0: pid 4242 (python3) 20480 MiB"
-                        .into(),
-                    fix: "stop them".into(),
-                }],
-            })),
-        })
-        .await
-        .unwrap();
+    a0.send(Up::Ack(AssignmentAck {
+        job_id: id.clone(),
+        attempt: 1,
+        ok: true,
+        error: String::new(),
+        // The agent's preflight when the assignment arrived: a stranger
+        // took GPU memory after the node registered.
+        checks: vec![PreflightCheck {
+            node: "node-0".into(),
+            name: "gpu_processes".into(),
+            verdict: Verdict::Warn as i32,
+            detail: "other processes hold GPU memory: GPU 0: pid 4242 (python3) 20480 MiB".into(),
+            fix: "stop them".into(),
+        }],
+    }))
+    .await;
 
     // Rendezvous: a get waits for the put.
     let mut w = coord.workers().await;
@@ -193,35 +190,21 @@ async fn job_life_from_submit_to_report() {
     assert_eq!(j.progress[0].node, "node-1");
 
     // Logs arrive through the session and are stored per rank.
-    a1.up
-        .send(AgentMessage {
-            msg: Some(Up::Log(WorkerLog {
-                job_id: id.clone(),
-                attempt: 1,
-                rank: 3,
-                lines: vec!["hello".into(), "world".into()],
-            })),
-        })
-        .await
-        .unwrap();
+    a1.send(Up::Log(WorkerLog {
+        job_id: id.clone(),
+        attempt: 1,
+        rank: 3,
+        lines: vec!["hello".into(), "world".into()],
+    }))
+    .await;
 
     // Telemetry: the latest batch per node, for `gpuctl watch`.
-    a1.up
-        .send(AgentMessage {
-            msg: Some(Up::Telemetry(TelemetryBatch {
-                node: "node-1".into(),
-                job_id: id.clone(),
-                attempt: 1,
-                samples: vec![GpuSample {
-                    index: 0,
-                    uuid: "GPU-x".into(),
-                    util_gpu: 99.0,
-                    ..Default::default()
-                }],
-            })),
-        })
-        .await
-        .unwrap();
+    let sample = GpuSample {
+        uuid: "GPU-x".into(),
+        util_gpu: 99.0,
+        ..gpu::healthy(0)
+    };
+    a1.telemetry(gpu::batch("node-1", &id, vec![sample])).await;
     let latest =
         latest_telemetry(&mut jobs, &id, Duration::from_millis(20), |l| !l.is_empty()).await;
     assert_eq!(latest.len(), 1);
@@ -354,19 +337,15 @@ async fn job_life_from_submit_to_report() {
     assert_eq!(id2, "job-000002");
     a0.assignment().await;
     a1.assignment().await;
-    a0.up
-        .send(AgentMessage {
-            msg: Some(Up::WorkerExited(WorkerExited {
-                job_id: id2.clone(),
-                attempt: 1,
-                rank: 1,
-                exit_code: 1,
-                stderr_tail: "starting\nboom: bad things\n".into(),
-                ..Default::default()
-            })),
-        })
-        .await
-        .unwrap();
+    a0.send(Up::WorkerExited(WorkerExited {
+        job_id: id2.clone(),
+        attempt: 1,
+        rank: 1,
+        exit_code: 1,
+        stderr_tail: "starting\nboom: bad things\n".into(),
+        ..Default::default()
+    }))
+    .await;
     let failed = wait_state(&mut jobs, &id2, JobState::Failed, Duration::from_secs(5)).await;
     assert_eq!(
         failed.message,

@@ -7,16 +7,17 @@ mod common;
 
 use std::time::Duration;
 
-use common::{agent, cpu_host, list_nodes, start};
+use common::{list_nodes, start};
 use gpuctl_core::pb::NodeState;
+use gpuctl_testkit::{host, FakeAgent};
 use tonic::Code;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_whose_session_is_taken_is_told_and_comes_back() {
     let dir = tempfile::tempdir().unwrap();
     let coord = start(dir.path(), Duration::from_secs(2)).await;
-    let mut real = agent(&coord.url, "n", cpu_host("n", 1), vec![]).await;
-    let impostor = agent(&coord.url, "n", cpu_host("n", 1), vec![]).await;
+    let mut real = FakeAgent::start(&coord.url, "n", host::cpu("n", 1), vec![]).await;
+    let impostor = FakeAgent::start(&coord.url, "n", host::cpu("n", 1), vec![]).await;
     let told = tokio::time::timeout(Duration::from_secs(5), real.down.message())
         .await
         .expect("the replaced session is ended, not left open");
@@ -27,7 +28,7 @@ async fn the_agent_whose_session_is_taken_is_told_and_comes_back() {
     // The impostor leaves; the real agent registers again (as gpuctl-agent
     // does on a broken session) and its node is ready, not lost.
     drop(impostor);
-    let _back = agent(&coord.url, "n", cpu_host("n", 1), vec![]).await;
+    let _back = FakeAgent::start(&coord.url, "n", host::cpu("n", 1), vec![]).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let mut jobs = coord.jobs().await;
     let nodes = list_nodes(&mut jobs).await;

@@ -7,10 +7,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::{cpu_host, list_nodes, register, spec, start};
+use common::{list_nodes, spec, start};
 use gpuctl_core::pb::agent_service_client::AgentServiceClient;
 use gpuctl_core::pb::*;
-use gpuctl_core::PROTOCOL_VERSION;
+use gpuctl_testkit::agent::register;
+use gpuctl_testkit::{host, FakeAgent};
 use tonic::Code;
 
 #[tokio::test]
@@ -21,11 +22,8 @@ async fn oversized_input_is_refused_naming_the_field_and_nothing_is_stored() {
         .await
         .unwrap();
     let reg = |name: String, gpus: usize| RegisterRequest {
-        protocol_version: PROTOCOL_VERSION,
-        name,
-        facts: Some(cpu_host("x", 1)),
         gpus: vec![GpuInfo::default(); gpus],
-        ..Default::default()
+        ..host::register_request(&name, host::cpu("x", 1))
     };
 
     let e = agents
@@ -107,7 +105,7 @@ async fn oversized_input_is_refused_naming_the_field_and_nothing_is_stored() {
 
     // Still serving: a good registration goes through, and a node that runs
     // nothing can be removed (and not twice).
-    let (_client, resp) = register(&coord.url, "good", cpu_host("good", 1), vec![]).await;
+    let (_client, resp) = register(&coord.url, "good", host::cpu("good", 1), vec![]).await;
     assert_eq!(resp.name, "good");
     let removed = jobs
         .remove_node(RemoveNodeRequest {
@@ -143,12 +141,7 @@ async fn every_registration_field_is_bounded_and_the_fleet_view_keeps_answering(
         .unwrap()
         .max_encoding_message_size(64 << 20);
     let reg = |f: &dyn Fn(&mut RegisterRequest)| {
-        let mut r = RegisterRequest {
-            protocol_version: PROTOCOL_VERSION,
-            name: "probe".into(),
-            facts: Some(cpu_host("probe", 1)),
-            ..Default::default()
-        };
+        let mut r = host::register_request("probe", host::cpu("probe", 1));
         f(&mut r);
         r
     };
@@ -242,18 +235,13 @@ async fn registrations_past_max_nodes_are_refused_and_known_nodes_come_back() {
     let mut cfg = gpuctl_coordinator::Config::for_dir(dir.path());
     cfg.max_nodes = 2;
     let coord = common::start_cfg(cfg).await;
-    let (_a, _) = register(&coord.url, "a", cpu_host("a", 1), vec![]).await;
-    let (_b, _) = register(&coord.url, "b", cpu_host("b", 1), vec![]).await;
+    let (_a, _) = register(&coord.url, "a", host::cpu("a", 1), vec![]).await;
+    let (_b, _) = register(&coord.url, "b", host::cpu("b", 1), vec![]).await;
     let mut agents = AgentServiceClient::connect(coord.url.clone())
         .await
         .unwrap();
     let e = agents
-        .register(RegisterRequest {
-            protocol_version: PROTOCOL_VERSION,
-            name: "c".into(),
-            facts: Some(cpu_host("c", 1)),
-            ..Default::default()
-        })
+        .register(host::register_request("c", host::cpu("c", 1)))
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
@@ -261,7 +249,7 @@ async fn registrations_past_max_nodes_are_refused_and_known_nodes_come_back() {
         e.message().contains("2 nodes") && e.message().contains("--max-nodes"),
         "{e}"
     );
-    let (_a2, resp) = register(&coord.url, "a", cpu_host("a", 1), vec![]).await;
+    let (_a2, resp) = register(&coord.url, "a", host::cpu("a", 1), vec![]).await;
     assert_eq!(resp.name, "a", "a known node registers again");
     let mut jobs = coord.jobs().await;
     let names: Vec<String> = list_nodes(&mut jobs)
@@ -277,9 +265,9 @@ async fn registrations_past_max_nodes_are_refused_and_known_nodes_come_back() {
 async fn sizes_a_host_cannot_hold_are_refused_at_plan_time_with_the_numbers() {
     let dir = tempfile::tempdir().unwrap();
     let coord = start(dir.path(), Duration::from_secs(15)).await;
-    let mut facts = cpu_host("small", 2);
+    let mut facts = host::cpu("small", 2);
     facts.memory_total_bytes = 23 << 30;
-    let _agent = common::agent(&coord.url, "small", facts, vec![]).await;
+    let _agent = FakeAgent::start(&coord.url, "small", facts, vec![]).await;
     let mut jobs = coord.jobs().await;
 
     let mut s = spec("nccl", 1);

@@ -6,12 +6,13 @@ mod common;
 
 use std::time::Duration;
 
-use common::{agent, cpu_host, stress_to_end};
+use common::stress_to_end;
 use gpuctl_coordinator::config::MetricsListen;
 use gpuctl_coordinator::store::{RedbStore, Store};
 use gpuctl_coordinator::Config;
 use gpuctl_core::pb::job_service_client::JobServiceClient;
 use gpuctl_core::pb::*;
+use gpuctl_testkit::{host, FakeAgent};
 use tonic::transport::Channel;
 use tonic::Code;
 
@@ -51,7 +52,7 @@ async fn stored_keys(dir: &std::path::Path, id: &str) -> Vec<(String, usize)> {
 async fn jobs_past_keep_jobs_are_deleted_from_answers_and_disk() {
     let dir = tempfile::tempdir().unwrap();
     let coord = common::start_with_metrics(config(dir.path(), 2)).await;
-    let mut agent = agent(&coord.url, "node-0", cpu_host("node-0", 2), vec![]).await;
+    let mut agent = FakeAgent::start(&coord.url, "node-0", host::cpu("node-0", 2), vec![]).await;
     let mut jobs = coord.jobs().await;
     let mut workers = coord.workers().await;
     let mut ids = Vec::new();

@@ -7,13 +7,13 @@ mod common;
 
 use std::time::Duration;
 
-use common::{latest_telemetry, submit_request, wait_state, Agent, Coord};
+use common::{latest_telemetry, submit_request, wait_state, Coord};
 use gpuctl_coordinator::config::MetricsListen;
 use gpuctl_coordinator::Config;
 use gpuctl_core::now_ms;
-use gpuctl_core::pb::agent_message::Msg as Up;
 use gpuctl_core::pb::worker_service_client::WorkerServiceClient;
 use gpuctl_core::pb::*;
+use gpuctl_testkit::{gpu, host, FakeAgent};
 
 /// A coordinator on `dir/data` with a health rules file and a metrics listener.
 async fn start(dir: &std::path::Path) -> Coord {
@@ -35,57 +35,24 @@ async fn start_adopting(dir: &std::path::Path, adopt_grace: Option<Duration>) ->
     common::start_with_metrics(cfg).await
 }
 
-/// A stand-in agent with two GPUs.
-async fn gpu_agent(url: &str, name: &str) -> Agent {
-    let facts = HostFacts {
-        hostname: name.into(),
-        addresses: vec!["127.0.0.1".into()],
-        cpu_count: 8,
-        shm_bytes: 16 << 30,
-        ib_devices: vec!["mlx5_0".into()],
-        ..Default::default()
-    };
-    let gpus = (0..2)
-        .map(|i| GpuInfo {
-            index: i,
-            uuid: format!("GPU-{name}-{i}"),
-            name: "NVIDIA H200".into(),
-            ..Default::default()
-        })
-        .collect();
-    common::agent(url, name, facts, gpus).await
+/// A fake agent on a GPU host with two healthy H200s.
+async fn gpu_agent(url: &str, name: &str) -> FakeAgent {
+    FakeAgent::start(url, name, host::gpu(name), gpu::infos(name, 2)).await
 }
 
-impl Agent {
-    async fn samples(&self, node: &str, job: &str, t: u64, xid_on_1: Vec<u32>) {
-        let sample = |i: u32, xids: Vec<u32>| GpuSample {
-            index: i,
-            uuid: format!("GPU-{node}-{i}"),
-            unix_ms: t,
-            util_gpu: 97.0,
-            mem_used_bytes: 70 << 30,
-            mem_total_bytes: 141 << 30,
-            temperature_c: 61.0 + i as f64,
-            power_w: 650.0,
-            pcie_gen: 5,
-            pcie_width: 16,
-            pcie_gen_max: 5,
-            pcie_width_max: 16,
-            xids,
-            ..Default::default()
-        };
-        self.up
-            .send(AgentMessage {
-                msg: Some(Up::Telemetry(TelemetryBatch {
-                    node: node.into(),
-                    job_id: job.into(),
-                    attempt: 1,
-                    samples: vec![sample(0, vec![]), sample(1, xid_on_1)],
-                })),
-            })
-            .await
-            .unwrap();
-    }
+/// One sample of each of `agent`'s two GPUs at `t`, for `job`: healthy, GPU 1
+/// a degree warmer (the report's maximum) and reporting `xid_on_1`.
+async fn samples(agent: &FakeAgent, job: &str, t: u64, xid_on_1: Vec<u32>) {
+    let node = agent.name.as_str();
+    let sample = |i: u32, xids: Vec<u32>| GpuSample {
+        uuid: gpu::uuid_on(node, i),
+        unix_ms: t,
+        temperature_c: 61.0 + i as f64,
+        xids,
+        ..gpu::healthy(i)
+    };
+    let batch = gpu::batch(node, job, vec![sample(0, vec![]), sample(1, xid_on_1)]);
+    agent.telemetry(batch).await;
 }
 
 fn stress() -> SubmitRequest {
@@ -111,7 +78,7 @@ async fn telemetry_health_metrics_and_restart() {
     let t0 = now_ms();
     for s in 0..5u64 {
         let xids = if s == 3 { vec![31] } else { vec![] };
-        agent.samples("g0", &id, t0 + s * 1_000, xids).await;
+        samples(&agent, &id, t0 + s * 1_000, xids).await;
     }
     // GetTelemetry: the latest sample of each GPU, once the batches are in.
     let latest = latest_telemetry(&mut jobs, &id, Duration::from_millis(50), |l| {
@@ -145,7 +112,7 @@ async fn telemetry_health_metrics_and_restart() {
     // A last batch just before the results: the scheduler's periodic write
     // (every 500 ms) will almost never have stored it before the job ends,
     // so only the job's last write can (checked after the restart below).
-    agent.samples("g0", &id, t0 + 5_000, vec![]).await;
+    samples(&agent, &id, t0 + 5_000, vec![]).await;
     latest_telemetry(&mut jobs, &id, Duration::from_millis(5), |l| {
         l.first()
             .is_some_and(|b| b.samples[0].unix_ms == t0 + 5_000)
@@ -217,9 +184,7 @@ async fn telemetry_health_metrics_and_restart() {
     let id2 = jobs.submit(stress()).await.unwrap().into_inner().id;
     agent.assignment_after_cancels().await;
     for s in 0..3u64 {
-        agent
-            .samples("g0", &id2, t0 + 10_000 + s * 1_000, vec![])
-            .await;
+        samples(&agent, &id2, t0 + 10_000 + s * 1_000, vec![]).await;
     }
     latest_telemetry(&mut jobs, &id2, Duration::from_millis(50), |l| {
         l.first()

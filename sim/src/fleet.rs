@@ -593,30 +593,17 @@ async fn forward(
     }
 }
 
-/// A loaded H200 at its power cap, with a little noise.
+/// A loaded H200 at its power cap (the tests' healthy H200), with a little
+/// noise on its gauges so that the coordinator's series are not constant.
 fn busy_sample(node: u32, gpu: u32, now: u64, rng: &mut fastrand::Rng) -> GpuSample {
     GpuSample {
-        index: gpu,
         uuid: format!("GPU-sim-{node:05}-{gpu}"),
         unix_ms: now,
         util_gpu: 97.0 + rng.f64() * 3.0,
         util_mem: 60.0 + rng.f64() * 10.0,
-        mem_used_bytes: 80 << 30,
-        mem_total_bytes: 150_754_820_096,
         temperature_c: 62.0 + rng.f64() * 6.0,
         power_w: 680.0 + rng.f64() * 20.0,
-        power_limit_w: 700.0,
         sm_clock_mhz: 1_830 + rng.u32(0..150),
-        mem_clock_mhz: 3_201,
-        // The power cap a GPU at full load sits on by design.
-        throttle_reasons: 0x4,
-        pcie_gen: 5,
-        pcie_width: 16,
-        pcie_gen_max: 5,
-        pcie_width_max: 16,
-        nvlinks_active: 18,
-        nvlinks_expected: 18,
-        sm_clock_max_mhz: 1_980,
-        ..Default::default()
+        ..gpuctl_testkit::gpu::healthy(gpu)
     }
 }

@@ -1,39 +1,53 @@
-//! What the agent's session tests share: reading the agent's messages off a
-//! stand-in coordinator's stream, an assignment of one rank, and a
-//! shell-script worker that writes its pid and sleeps.
+//! What the agent's session tests share beside the fake coordinator
+//! (`gpuctl_testkit::FakeCoordinator`): the agent under test (its workers and
+//! its session's settings), an assignment of one rank, and a shell-script
+//! worker that writes its pid and sleeps.
 
 #![allow(dead_code)]
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::Duration;
 
-use gpuctl_core::pb::{
-    agent_message::Msg, coordinator_message, AgentMessage, Assignment, CoordinatorMessage, JobSpec,
-    RankPlacement,
-};
-use tonic::Streaming;
+use gpuctl_agent::session::SessionConfig;
+use gpuctl_agent::workers::{EventReceiver, WorkerSettings, Workers};
+use gpuctl_core::pb::HostFacts;
 
-pub async fn next(inbound: &mut Streaming<AgentMessage>) -> Msg {
-    tokio::time::timeout(Duration::from_secs(10), inbound.message())
-        .await
-        .expect("agent sent nothing within 10 s")
-        .expect("stream error")
-        .expect("stream ended")
-        .msg
-        .expect("empty message")
+use gpuctl_core::pb::{
+    coordinator_message, Assignment, CoordinatorMessage, JobSpec, RankPlacement,
+};
+
+/// The workers of node `test-node`, each a [`worker_script`] saying `say`,
+/// working under `dir` and told the coordinator at `url`.
+pub fn workers(dir: &Path, say: &str, url: &str) -> (Arc<Workers>, EventReceiver) {
+    let settings = WorkerSettings {
+        node: "test-node".into(),
+        worker_bin: worker_script(dir, say),
+        work_dir: dir.join("work"),
+        ld_library_path: None,
+        gpu_uuids: Default::default(),
+        kill_grace: Duration::from_millis(500),
+    };
+    Workers::new(settings, url.to_string())
 }
 
-/// Reads until `want` matches, skipping heartbeats and other messages.
-pub async fn until<T>(
-    inbound: &mut Streaming<AgentMessage>,
-    want: impl Fn(&Msg) -> Option<T>,
-) -> T {
-    loop {
-        let m = next(inbound).await;
-        if let Some(t) = want(&m) {
-            return t;
-        }
+/// The session of node `test-node` with the coordinator at `url`: no GPU, no
+/// preflight, and workers that die with the session (no grace); tests set
+/// what they are about with struct update syntax.
+pub fn config(url: &str) -> SessionConfig {
+    SessionConfig {
+        coordinator: url.to_string(),
+        name: "test-node".into(),
+        facts: HostFacts::default(),
+        gpus: vec![],
+        heartbeat_interval: Duration::from_secs(1),
+        preflight: vec![],
+        checker: None,
+        connected: Arc::new(AtomicBool::new(false)),
+        coordinator_grace: Duration::ZERO,
+        relay: None,
     }
 }
 

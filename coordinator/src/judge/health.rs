@@ -735,11 +735,10 @@ mod tests {
         use gpuctl_core::pb::GpuSample;
         let r = HealthRules::default();
         let sample = |clock: u32, reasons: u64| GpuSample {
-            util_gpu: 99.0,
             sm_clock_mhz: clock,
             sm_clock_max_mhz: 1980,
             throttle_reasons: reasons,
-            ..Default::default()
+            ..gpuctl_testkit::gpu::healthy(0)
         };
         let run = |s: &GpuSample| {
             let mut t = Bucket::of(s, 0);

@@ -494,26 +494,13 @@ mod budget_tests {
     use super::*;
     use prost::Message;
 
+    /// GPU 3 at full load at `t`: the fixture's gauges are not zero, so the
+    /// budget below measures buckets of real values, not proto3's empty
+    /// defaults (which encode to nothing).
     fn busy(t: u64) -> GpuSample {
         GpuSample {
-            index: 3,
             unix_ms: t,
-            util_gpu: 99.0,
-            mem_used_bytes: 80 << 30,
-            mem_total_bytes: 141 << 30,
-            temperature_c: 65.0,
-            power_w: 690.0,
-            power_limit_w: 700.0,
-            sm_clock_mhz: 1_900,
-            sm_clock_max_mhz: 1_980,
-            throttle_reasons: 0x4,
-            pcie_gen: 5,
-            pcie_width: 16,
-            pcie_gen_max: 5,
-            pcie_width_max: 16,
-            nvlinks_active: 18,
-            nvlinks_expected: 18,
-            ..Default::default()
+            ..gpuctl_testkit::gpu::healthy(3)
         }
     }
 

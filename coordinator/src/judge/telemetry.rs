@@ -371,35 +371,23 @@ mod tests {
     use super::*;
     use crate::judge::series::{LOW_UTIL, MAX_BUCKETS};
     use gpuctl_core::pb::GpuSample;
+    use gpuctl_testkit::gpu;
     use prost::Message;
 
+    /// GPU 1 (`GPU-1`), healthy but for what the test sets, at 500 W.
     fn sample(t: u64, util: f64, ecc_u: u64, xids: Vec<u32>) -> GpuSample {
         GpuSample {
-            index: 1,
-            uuid: "GPU-1".into(),
             unix_ms: t,
             util_gpu: util,
-            temperature_c: 60.0,
             power_w: 500.0,
             ecc_uncorrected: ecc_u,
-            pcie_gen: 5,
-            pcie_width: 16,
-            pcie_gen_max: 5,
-            pcie_width_max: 16,
-            nvlinks_active: 18,
-            nvlinks_expected: 18,
             xids,
-            ..Default::default()
+            ..gpu::healthy(1)
         }
     }
 
     fn batch(samples: Vec<GpuSample>) -> TelemetryBatch {
-        TelemetryBatch {
-            node: "n0".into(),
-            job_id: "j".into(),
-            attempt: 1,
-            samples,
-        }
+        gpu::batch("n0", "j", samples)
     }
 
     /// The issue-34 misread: 15 of 18 links unread in one sample, then a

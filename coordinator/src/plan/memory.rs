@@ -241,10 +241,8 @@ mod tests {
                 .iter()
                 .enumerate()
                 .map(|(i, gib)| GpuInfo {
-                    index: i as u32,
-                    name: "NVIDIA H200".into(),
                     memory_total_bytes: gib << 30,
-                    ..Default::default()
+                    ..gpuctl_testkit::gpu::info(name, i as u32)
                 })
                 .collect(),
             ..Default::default()

@@ -272,7 +272,7 @@ pub fn env(mut out: Vec<EnvVar>, spec: &JobSpec, nodes: &[&Node]) -> Vec<EnvVar>
 mod tests {
     use super::*;
     use crate::plan::preflight::preflight_error;
-    use gpuctl_core::pb::{GpuInfo, HostFacts};
+    use gpuctl_core::pb::HostFacts;
     use gpuctl_core::pb::{PreflightCheck, Verdict};
 
     fn cpu_node(name: &str, cpu_ranks: u32, cpus: u32, ib: bool) -> Node {
@@ -296,14 +296,7 @@ mod tests {
         let f = n.facts.as_mut().unwrap();
         f.labels.insert("rack".into(), rack.into());
         f.shm_bytes = 16 << 30;
-        n.gpus = (0..gpus)
-            .map(|i| GpuInfo {
-                index: i,
-                uuid: format!("GPU-{name}-{i}"),
-                name: "NVIDIA H200".into(),
-                ..Default::default()
-            })
-            .collect();
+        n.gpus = gpuctl_testkit::gpu::infos(name, gpus);
         n
     }
 

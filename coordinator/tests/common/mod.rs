@@ -1,8 +1,7 @@
 //! The harness the integration tests share: an in-process coordinator
-//! ([`Coord`]) served on a loopback `TcpListener`, a stand-in agent ([`Agent`])
-//! that registers, opens its session stream and heartbeats, and the requests
-//! and job polling (`spec`, `job`, `wait_state`, `latest_telemetry`) the tests
-//! drive it with.
+//! ([`Coord`]) served on a loopback `TcpListener`, and the requests and job
+//! polling (`spec`, `job`, `wait_state`, `latest_telemetry`) the tests drive
+//! it with. The agents that talk to it are `gpuctl_testkit::FakeAgent`s.
 //!
 //! Not every test uses every helper, hence the `dead_code` allowance.
 
@@ -11,20 +10,14 @@
 use std::time::Duration;
 
 use gpuctl_coordinator::Config;
-use gpuctl_core::pb::agent_message::Msg as Up;
-use gpuctl_core::pb::agent_service_client::AgentServiceClient;
-use gpuctl_core::pb::coordinator_message::Msg as Down;
 use gpuctl_core::pb::job_service_client::JobServiceClient;
 use gpuctl_core::pb::worker_service_client::WorkerServiceClient;
 use gpuctl_core::pb::*;
 use gpuctl_core::shutdown::Shutdown;
-use gpuctl_core::{now_ms, PROTOCOL_VERSION};
+use gpuctl_testkit::FakeAgent;
 use tokio::net::TcpListener;
-use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
-use tonic::Streaming;
 
 /// A coordinator running in this process until [`Coord::shutdown`].
 pub struct Coord {
@@ -102,143 +95,6 @@ impl Coord {
         gpuctl_core::metrics_http::get(at, path, within)
             .await
             .unwrap_or_else(|e| panic!("GET {path} from {at}: {e}"))
-    }
-}
-
-/// A host of `cpu_count` 4 that runs `cpu_ranks` CPU ranks.
-pub fn cpu_host(name: &str, cpu_ranks: u32) -> HostFacts {
-    HostFacts {
-        hostname: name.into(),
-        addresses: vec!["127.0.0.1".into()],
-        cpu_count: 4,
-        cpu_ranks,
-        cpu_model: "Test CPU".into(),
-        ..Default::default()
-    }
-}
-
-/// Registers `name` with `facts` and `gpus`; the client is kept for a session.
-pub async fn register(
-    url: &str,
-    name: &str,
-    facts: HostFacts,
-    gpus: Vec<GpuInfo>,
-) -> (AgentServiceClient<Channel>, RegisterResponse) {
-    let mut client = AgentServiceClient::connect(url.to_string()).await.unwrap();
-    let resp = client
-        .register(RegisterRequest {
-            protocol_version: PROTOCOL_VERSION,
-            name: name.into(),
-            facts: Some(facts),
-            gpus,
-            preflight: vec![],
-            running: vec![],
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    (client, resp)
-}
-
-pub fn heartbeat(name: &str) -> AgentMessage {
-    AgentMessage {
-        msg: Some(Up::Heartbeat(Heartbeat {
-            node: name.into(),
-            protocol_version: PROTOCOL_VERSION,
-            unix_ms: now_ms(),
-            running: vec![],
-            preflight: vec![],
-        })),
-    }
-}
-
-/// A stand-in agent: registered, with its session open, heartbeating every
-/// 200 ms until [`Agent::stop_heartbeats`] or until the session ends.
-pub struct Agent {
-    pub name: String,
-    pub up: mpsc::Sender<AgentMessage>,
-    pub down: Streaming<CoordinatorMessage>,
-    beating: Option<JoinHandle<()>>,
-}
-
-/// Registers `name` with `facts` and `gpus` and opens its session.
-pub async fn agent(url: &str, name: &str, facts: HostFacts, gpus: Vec<GpuInfo>) -> Agent {
-    let (client, _) = register(url, name, facts, gpus).await;
-    Agent::session(client, name).await
-}
-
-/// [`agent`] on a host of one CPU rank and no GPU.
-pub async fn cpu_agent(url: &str, name: &str) -> Agent {
-    agent(url, name, cpu_host(name, 1), vec![]).await
-}
-
-impl Agent {
-    /// Opens the session of the registered node `name` and starts heartbeats.
-    pub async fn session(mut client: AgentServiceClient<Channel>, name: &str) -> Agent {
-        let (up, rx) = mpsc::channel(64);
-        up.send(heartbeat(name)).await.unwrap();
-        let down = client
-            .session(ReceiverStream::new(rx))
-            .await
-            .unwrap()
-            .into_inner();
-        let (beat_tx, beat_name) = (up.clone(), name.to_string());
-        let beating = tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                if beat_tx.send(heartbeat(&beat_name)).await.is_err() {
-                    return;
-                }
-            }
-        });
-        Agent {
-            name: name.into(),
-            up,
-            down,
-            beating: Some(beating),
-        }
-    }
-
-    pub async fn next(&mut self) -> Down {
-        tokio::time::timeout(Duration::from_secs(10), self.down.message())
-            .await
-            .unwrap_or_else(|_| panic!("{}: nothing from the coordinator in 10 s", self.name))
-            .unwrap()
-            .expect("session open")
-            .msg
-            .unwrap()
-    }
-
-    /// The next message, which must be an assignment.
-    pub async fn assignment(&mut self) -> Assignment {
-        match self.next().await {
-            Down::Assignment(a) => a,
-            other => panic!("{}: expected an assignment, got {other:?}", self.name),
-        }
-    }
-
-    /// The next assignment; cancels of jobs that already ended are skipped.
-    pub async fn assignment_after_cancels(&mut self) -> Assignment {
-        loop {
-            match self.next().await {
-                Down::Assignment(a) => return a,
-                Down::Cancel(_) => continue,
-            }
-        }
-    }
-
-    /// The next message, which must be a cancel.
-    pub async fn cancel(&mut self) -> CancelJob {
-        match self.next().await {
-            Down::Cancel(c) => c,
-            other => panic!("{}: expected a cancel, got {other:?}", self.name),
-        }
-    }
-
-    pub fn stop_heartbeats(&mut self) {
-        if let Some(h) = self.beating.take() {
-            h.abort();
-        }
     }
 }
 
@@ -389,16 +245,6 @@ pub fn secrets(assignments: &[&Assignment]) -> std::collections::HashMap<u32, St
         .collect()
 }
 
-/// A valid registration of `name` (protocol, facts, no GPUs).
-pub fn register_request(name: &str, facts: HostFacts) -> RegisterRequest {
-    RegisterRequest {
-        protocol_version: PROTOCOL_VERSION,
-        name: name.into(),
-        facts: Some(facts),
-        ..Default::default()
-    }
-}
-
 /// A passing stress result of `rank` with result digest `digest`.
 pub fn stress_result(job: &str, rank: u32, digest: &str) -> RankResult {
     RankResult {
@@ -421,7 +267,7 @@ pub fn stress_result(job: &str, rank: u32, digest: &str) -> RankResult {
 /// across all of them, each agent handed its assignment.
 pub struct RunningJob {
     pub coord: Coord,
-    pub agents: Vec<Agent>,
+    pub agents: Vec<FakeAgent>,
     pub jobs: JobServiceClient<Channel>,
     pub workers: WorkerServiceClient<Channel>,
     pub id: String,
@@ -434,7 +280,7 @@ pub struct RunningJob {
 pub async fn stress_to_end(
     jobs: &mut JobServiceClient<Channel>,
     workers: &mut WorkerServiceClient<Channel>,
-    agent: &mut Agent,
+    agent: &mut FakeAgent,
     ranks: u32,
 ) -> String {
     let id = jobs
@@ -463,7 +309,7 @@ pub async fn running_stress(
     let coord = start(dir, node_timeout).await;
     let mut agents = Vec::new();
     for n in 0..nodes {
-        agents.push(cpu_agent(&coord.url, &format!("node-{n}")).await);
+        agents.push(FakeAgent::cpu(&coord.url, &format!("node-{n}")).await);
     }
     let mut jobs = coord.jobs().await;
     let workers = coord.workers().await;

@@ -296,10 +296,9 @@ fn failing_gpus_fail_their_ranks_and_nodes() {
     let j = job(JobState::Succeeded, 2, 2);
     let mut t = Telemetry::default();
     let bad = |index: u32, xid: u32| GpuSample {
-        index,
-        util_gpu: 99.0,
+        uuid: String::new(),
         xids: vec![xid],
-        ..Default::default()
+        ..gpuctl_testkit::gpu::healthy(index)
     };
     // node-0 GPU 1 (no UUIDs: matched by `cuda:1`); node-1 GPU 7 ran no rank.
     for (node, index, xid) in [("node-0", 1, 79), ("node-1", 7, 48), ("node-1", 0, 13)] {
