@@ -448,4 +448,56 @@ mod tests {
         }
         assert!(!t.contains("gpuctl_node_stress_tflops{node=\"b\""), "{t}");
     }
+
+    #[test]
+    fn node_states_acceptance_and_gpus_have_their_series() {
+        let s = Snapshot {
+            node_states: vec![("a".into(), "lost"), ("b".into(), "ready")],
+            fleet: Arc::new(vec![FleetRow {
+                node: "a".into(),
+                last_unix_ms: 1_700_000_000_500,
+                acceptance: Some(gpuctl_core::pb::Acceptance {
+                    node: "a".into(),
+                    level: "quick".into(),
+                    verdict: Verdict::Fail as i32,
+                    finished_unix_ms: 1_700_000_000_000,
+                    ..Default::default()
+                }),
+                gpus: vec![
+                    GpuRow {
+                        gpu: "0".into(),
+                        stress_tflops: 610.5,
+                        ..Default::default()
+                    },
+                    GpuRow {
+                        gpu: "1".into(),
+                        below_floor: 2,
+                        ..Default::default()
+                    },
+                ],
+                ..Default::default()
+            }]),
+            ..Default::default()
+        };
+        let t = metrics_http::encode(&s.registry());
+        for line in [
+            "gpuctl_node_state{node=\"a\",state=\"lost\"} 1",
+            "gpuctl_node_state{node=\"a\",state=\"ready\"} 0",
+            "gpuctl_node_state{node=\"b\",state=\"ready\"} 1",
+            "gpuctl_node_state{node=\"b\",state=\"busy\"} 0",
+            "gpuctl_node_acceptance_verdict{node=\"a\",level=\"quick\"} 2",
+            "gpuctl_node_acceptance_timestamp_seconds{node=\"a\"} 1700000000",
+            "gpuctl_node_last_run_timestamp_seconds{node=\"a\"} 1700000000.5",
+            "gpuctl_gpu_stress_tflops{node=\"a\",gpu=\"0\"} 610.5",
+            "gpuctl_gpu_below_floor{node=\"a\",gpu=\"0\"} 0",
+            "gpuctl_gpu_below_floor{node=\"a\",gpu=\"1\"} 2",
+        ] {
+            assert!(t.lines().any(|l| l == line), "missing `{line}` in\n{t}");
+        }
+        // A GPU without a stress figure has no TFLOP/s series, not 0.
+        assert!(
+            !t.contains("gpuctl_gpu_stress_tflops{node=\"a\",gpu=\"1\"}"),
+            "{t}"
+        );
+    }
 }

@@ -372,6 +372,34 @@ mod tests {
     }
 
     #[test]
+    fn gpus_keep_their_floor_failures_until_the_workload_runs_again() {
+        let below = |gpu: u32| FigureRecord {
+            metric: "stress_tflops".into(),
+            key: "bf16 8192".into(),
+            value: 100.0,
+            gpu_index: Some(gpu),
+            device: gpu.to_string(),
+            ..Default::default()
+        };
+        let mut failed = run("a", 1, &[650.0, 100.0]);
+        failed.below_floor = vec![below(1), below(1)];
+        let nccl = NodeRun {
+            workload: "nccl".into(),
+            ..run("a", 2, &[])
+        };
+        let rows = rows(&[failed.clone(), nccl.clone()], 0.9);
+        let gpus = &rows[0].gpus;
+        assert_eq!(gpus.len(), 2, "{gpus:?}");
+        assert_eq!((gpus[0].gpu.as_str(), gpus[0].below_floor), ("0", 0));
+        assert_eq!((gpus[1].gpu.as_str(), gpus[1].below_floor), ("1", 2));
+        assert_eq!(gpus[1].stress_tflops, 100.0);
+        // The next stress run clears it.
+        let rows = super::rows(&[failed, nccl, run("a", 3, &[650.0, 640.0])], 0.9);
+        assert!(rows[0].gpus.iter().all(|g| g.below_floor == 0), "{rows:?}");
+        assert_eq!(rows[0].gpus[1].stress_tflops, 640.0);
+    }
+
+    #[test]
     fn rows_show_the_last_run_and_flag_drift() {
         let runs = vec![
             run("a", 1, &[650.0, 660.0]),
