@@ -10,6 +10,12 @@
 //! Prometheus scraped here. The rules themselves are checked and unit-tested
 //! with `promtool`.
 //!
+//! A CPU fleet has no GPU series (DCGM_FI_*, gpuctl_gpu_xid_errors_total),
+//! so a fourth target replays, byte for byte, the `/metrics` answer of a real
+//! `gpuctl-agent` on a real H100 (tests/data/agent-h100-metrics.txt, recorded
+//! with NVML, agent unconnected): Prometheus must ingest it, and the
+//! dashboard's GPU-health queries are checked against what it scraped there.
+//!
 //! Without `prometheus`/`promtool` the tests fail saying how to install
 //! them (scripts/test.sh does); they never skip.
 
@@ -349,6 +355,28 @@ fn start_fleet(dir: &Path, procs: &mut Procs, agents: usize) -> Fleet {
     }
 }
 
+/// Serves the recorded H100 agent exposition on a free port, from a thread
+/// that ends with the test process, with the content type the agent sends.
+fn replay_h100_agent() -> u16 {
+    let body = std::fs::read(repo().join("cli/tests/data/agent-h100-metrics.txt")).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf);
+            let head = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = conn.write_all(head.as_bytes());
+            let _ = conn.write_all(&body);
+        }
+    });
+    port
+}
+
 /// Prometheus scraping the fleet every second with the shipped rules.
 fn start_prometheus(dir: &Path, procs: &mut Procs, fleet: &Fleet) -> Prom {
     let prometheus = tool("prometheus");
@@ -367,10 +395,12 @@ fn start_prometheus(dir: &Path, procs: &mut Procs, fleet: &Fleet) -> Prom {
              rule_files: ['{}']\n\
              scrape_configs:\n\
              \x20 - job_name: gpuctl-coordinator\n    static_configs: [{{targets: ['127.0.0.1:{}']}}]\n\
-             \x20 - job_name: gpuctl-agent\n    static_configs: [{{targets: [{}]}}]\n",
+             \x20 - job_name: gpuctl-agent\n    static_configs: [{{targets: [{}]}}]\n\
+             \x20 - job_name: h100-agent-recording\n    static_configs: [{{targets: ['127.0.0.1:{}']}}]\n",
             rules.display(),
             fleet.coordinator_metrics,
-            agents.join(", ")
+            agents.join(", "),
+            replay_h100_agent()
         ),
     )
     .unwrap();
@@ -614,9 +644,24 @@ fn prometheus_scrapes_the_fleet_series_an_operator_alerts_on() {
     let prom = start_prometheus(dir, &mut procs, &fleet);
 
     // Every target answers.
-    prom.wait("up", "three targets up", |r| {
-        r.len() == 3 && r.iter().all(|(_, v)| *v == 1.0)
+    prom.wait("up", "four targets up", |r| {
+        r.len() == 4 && r.iter().all(|(_, v)| *v == 1.0)
     });
+    // The H100 agent's exposition as Prometheus stored it: the DCGM names
+    // the rules and the dashboard use, counters included.
+    for q in [
+        "DCGM_FI_DEV_GPU_TEMP",
+        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+        "gpuctl_gpu_xid_errors_total",
+    ] {
+        let r = prom.wait(
+            &format!("{q}{{job=\"h100-agent-recording\"}}"),
+            "the H100 agent's series",
+            |r| r.len() == 1,
+        );
+        assert_eq!(r[0].0["modelName"], "NVIDIA H100 80GB HBM3", "{r:?}");
+    }
 
     // Acceptance: each node's acceptance verdict is the suite's.
     let suite_file = dir.join("suite.toml");
@@ -739,13 +784,13 @@ fn prometheus_scrapes_the_fleet_series_an_operator_alerts_on() {
         "gpuctl_node_drifted_figures",
         "gpuctl_node_all_reduce_busbw_gbps",
         "gpuctl_node_link_median_gbps",
-        "gpuctl_node_stress_tflops",
+        "gpuctl_node_stress_tflops{gpu=\"worst\"}",
         "gpuctl_node_last_run_timestamp_seconds",
         "gpuctl_node_acceptance_timestamp_seconds",
-        "gpuctl_agent_up",
-        "gpuctl_agent_coordinator_connected",
+        "gpuctl_agent_up{job=\"gpuctl-agent\"}",
+        "gpuctl_agent_coordinator_connected{job=\"gpuctl-agent\"} == 1",
     ] {
-        prom.wait(q, "a series per node", |r| r.len() >= 2);
+        prom.wait(q, "a series per node", |r| r.len() == 2);
     }
 
     // Every metric of the Grafana dashboard is a series Prometheus scraped.
