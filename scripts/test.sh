@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command (README.md): installs what the tests need (libtorch, etcd
-# for coordinator/tests/etcd_store.rs, chromium for cli/tests/html.rs), builds
+# for coordinator/tests/etcd_store.rs, chromium for cli/tests/html.rs,
+# prometheus and promtool for cli/tests/prometheus.rs), builds
 # every binary and runs every test. The end-to-end tests start real
 # coordinators, agents and workers on loopback, so all binaries are built
 # first. CI (.ci/run) calls this too.
@@ -21,6 +22,12 @@ fi
 if [ ! -x /usr/bin/chromium ]; then
     echo "/usr/bin/chromium not found: installing Debian's chromium" >&2
     missing+=(chromium)
+fi
+# cli/tests/prometheus.rs starts a real Prometheus against a local fleet and
+# runs promtool on deploy/prometheus/; Debian's prometheus brings both.
+if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+    echo "prometheus/promtool not found: installing Debian's prometheus" >&2
+    missing+=(prometheus)
 fi
 if [ "${#missing[@]}" -gt 0 ]; then
     "${sudo[@]}" apt-get update

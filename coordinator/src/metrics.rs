@@ -18,7 +18,7 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tracing::debug;
 
-use gpuctl_core::pb::{FleetRow, GetFleetRequest, Verdict};
+use gpuctl_core::pb::{FleetRow, GetFleetRequest, GpuRow, Verdict};
 
 use crate::scheduler::{Event, SchedulerHandle, Snapshot};
 use crate::store::StateStore;
@@ -49,6 +49,13 @@ impl Collector for Snapshot {
             "Registered nodes by state.",
             gauge,
             &by_state(NODE_STATES, &self.nodes),
+        )?;
+        write_family(
+            &mut e,
+            "gpuctl_node_state",
+            "Each registered node's state: 1 for the state it is in, 0 for the others (ready, busy, lost).",
+            gauge,
+            &node_states(&self.node_states),
         )?;
         write_family(
             &mut e,
@@ -101,6 +108,23 @@ impl Collector for Snapshot {
         )?;
         results(&mut e, &self.fleet)
     }
+}
+
+/// Every node with each known state, 1 for its own: a node going lost flips
+/// a value rather than starting a series, so alerts see the change at once.
+fn node_states(nodes: &[(String, &'static str)]) -> Vec<(Labels, f64)> {
+    let mut out = Vec::new();
+    for (node, state) in nodes {
+        let all = NODE_STATES.iter().copied();
+        let extra = (!NODE_STATES.contains(state)).then_some(*state);
+        for s in all.chain(extra) {
+            out.push((
+                vec![("node", node.clone()), ("state", s.to_string())],
+                f64::from(u8::from(s == *state)),
+            ));
+        }
+    }
+    out
 }
 
 /// A verdict as a number an alert can compare: higher is worse.
@@ -172,6 +196,77 @@ fn results(e: &mut DescriptorEncoder, rows: &[FleetRow]) -> std::fmt::Result {
         "Training samples/s in the node's last ddp or fsdp job.",
         gauge,
         &figure(|r| r.samples_per_s),
+    )?;
+    write_family(
+        e,
+        "gpuctl_node_last_run_timestamp_seconds",
+        "When the node's last finished job ended (Unix seconds).",
+        gauge,
+        &rows
+            .iter()
+            .filter(|r| r.last_unix_ms > 0)
+            .map(|r| (node(r), r.last_unix_ms as f64 / 1000.0))
+            .collect::<Vec<_>>(),
+    )?;
+    // The acceptance suite's level is a label: a handful of names, and an
+    // operator's alert reads "failed quick acceptance" differently from
+    // "failed full acceptance".
+    write_family(
+        e,
+        "gpuctl_node_acceptance_verdict",
+        "Each node's verdict in its last acceptance suite (`gpuctl accept`): 0 pass, 1 warn, 2 fail, 3 incomplete.",
+        gauge,
+        &rows
+            .iter()
+            .filter_map(|r| r.acceptance.as_ref())
+            .map(|a| {
+                (
+                    vec![("node", a.node.clone()), ("level", a.level.clone())],
+                    verdict_value(a.verdict()),
+                )
+            })
+            .collect::<Vec<_>>(),
+    )?;
+    write_family(
+        e,
+        "gpuctl_node_acceptance_timestamp_seconds",
+        "When the node's last acceptance suite finished (Unix seconds).",
+        gauge,
+        &rows
+            .iter()
+            .filter_map(|r| r.acceptance.as_ref())
+            .filter(|a| a.finished_unix_ms > 0)
+            .map(|a| {
+                (
+                    vec![("node", a.node.clone())],
+                    a.finished_unix_ms as f64 / 1000.0,
+                )
+            })
+            .collect::<Vec<_>>(),
+    )?;
+    let gpu = |r: &FleetRow, g: &GpuRow| vec![("node", r.node.clone()), ("gpu", g.gpu.clone())];
+    write_family(
+        e,
+        "gpuctl_gpu_stress_tflops",
+        "Each GPU's median TFLOP/s in the node's last stress job (gpu: NVML index, or cpuN for a CPU rank).",
+        gauge,
+        &rows
+            .iter()
+            .flat_map(|r| r.gpus.iter().map(move |g| (r, g)))
+            .filter(|(_, g)| g.stress_tflops > 0.0)
+            .map(|(r, g)| (gpu(r, g), g.stress_tflops))
+            .collect::<Vec<_>>(),
+    )?;
+    write_family(
+        e,
+        "gpuctl_gpu_below_floor",
+        "Each GPU's figures that failed their floor (the rules' minimum for its model) in the node's last job of each workload.",
+        gauge,
+        &rows
+            .iter()
+            .flat_map(|r| r.gpus.iter().map(move |g| (r, g)))
+            .map(|(r, g)| (gpu(r, g), f64::from(g.below_floor)))
+            .collect::<Vec<_>>(),
     )?;
     write_family(
         e,
@@ -352,5 +447,57 @@ mod tests {
             assert!(t.lines().any(|l| l == line), "missing `{line}` in\n{t}");
         }
         assert!(!t.contains("gpuctl_node_stress_tflops{node=\"b\""), "{t}");
+    }
+
+    #[test]
+    fn node_states_acceptance_and_gpus_have_their_series() {
+        let s = Snapshot {
+            node_states: vec![("a".into(), "lost"), ("b".into(), "ready")],
+            fleet: Arc::new(vec![FleetRow {
+                node: "a".into(),
+                last_unix_ms: 1_700_000_000_500,
+                acceptance: Some(gpuctl_core::pb::Acceptance {
+                    node: "a".into(),
+                    level: "quick".into(),
+                    verdict: Verdict::Fail as i32,
+                    finished_unix_ms: 1_700_000_000_000,
+                    ..Default::default()
+                }),
+                gpus: vec![
+                    GpuRow {
+                        gpu: "0".into(),
+                        stress_tflops: 610.5,
+                        ..Default::default()
+                    },
+                    GpuRow {
+                        gpu: "1".into(),
+                        below_floor: 2,
+                        ..Default::default()
+                    },
+                ],
+                ..Default::default()
+            }]),
+            ..Default::default()
+        };
+        let t = metrics_http::encode(&s.registry());
+        for line in [
+            "gpuctl_node_state{node=\"a\",state=\"lost\"} 1",
+            "gpuctl_node_state{node=\"a\",state=\"ready\"} 0",
+            "gpuctl_node_state{node=\"b\",state=\"ready\"} 1",
+            "gpuctl_node_state{node=\"b\",state=\"busy\"} 0",
+            "gpuctl_node_acceptance_verdict{node=\"a\",level=\"quick\"} 2",
+            "gpuctl_node_acceptance_timestamp_seconds{node=\"a\"} 1700000000",
+            "gpuctl_node_last_run_timestamp_seconds{node=\"a\"} 1700000000.5",
+            "gpuctl_gpu_stress_tflops{node=\"a\",gpu=\"0\"} 610.5",
+            "gpuctl_gpu_below_floor{node=\"a\",gpu=\"0\"} 0",
+            "gpuctl_gpu_below_floor{node=\"a\",gpu=\"1\"} 2",
+        ] {
+            assert!(t.lines().any(|l| l == line), "missing `{line}` in\n{t}");
+        }
+        // A GPU without a stress figure has no TFLOP/s series, not 0.
+        assert!(
+            !t.contains("gpuctl_gpu_stress_tflops{node=\"a\",gpu=\"1\"}"),
+            "{t}"
+        );
     }
 }

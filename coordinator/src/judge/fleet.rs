@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use gpuctl_core::pb::{Drift, FigureRecord, FleetRow, Link, NodeRun, Report};
+use gpuctl_core::pb::{Drift, FigureRecord, FleetRow, GpuRow, Link, NodeRun, Report, Verdict};
 
 use gpuctl_core::stats::median;
 
@@ -15,6 +15,18 @@ use super::figures::{of_report, Figures, Metric};
 /// The runs a finished report leaves in the history, one per node.
 pub fn runs_of(report: &Report) -> Vec<NodeRun> {
     runs(report, &of_report(report))
+}
+
+/// A rank's device on its node: its NVML index, or "cpuN" for the node's Nth
+/// CPU rank (ranks in order), so that per-GPU series stay one per device.
+fn device_label(gpu_index: Option<u32>, cpus_before: &mut u32) -> String {
+    match gpu_index {
+        Some(i) => i.to_string(),
+        None => {
+            *cpus_before += 1;
+            format!("cpu{}", *cpus_before - 1)
+        }
+    }
 }
 
 /// As [`runs_of`], from the figures the report was judged with (made again
@@ -33,14 +45,27 @@ pub fn runs(report: &Report, figures: &Figures) -> Vec<NodeRun> {
             links_of.entry(l.b.as_str()).or_default().push(l);
         }
     }
+    let mut floors_of: HashMap<&str, Vec<_>> = HashMap::new();
+    for f in report
+        .findings
+        .iter()
+        .filter(|f| f.reference_kind == "floor" && f.level == Verdict::Fail as i32)
+    {
+        floors_of.entry(f.node.as_str()).or_default().push(f);
+    }
     report
         .nodes
         .iter()
         .map(|n| {
-            let mut figures: Vec<FigureRecord> = ranks_of
-                .get(n.name.as_str())
-                .into_iter()
-                .flatten()
+            let mut mine = ranks_of.get(n.name.as_str()).cloned().unwrap_or_default();
+            mine.sort_by_key(|r| r.rank);
+            let mut cpus = 0;
+            let devices: HashMap<u32, String> = mine
+                .iter()
+                .map(|r| (r.rank, device_label(r.gpu_index, &mut cpus)))
+                .collect();
+            let mut figures: Vec<FigureRecord> = mine
+                .iter()
                 .flat_map(|r| {
                     r.figures.iter().map(|f| FigureRecord {
                         metric: f.metric.name().to_string(),
@@ -48,6 +73,7 @@ pub fn runs(report: &Report, figures: &Figures) -> Vec<NodeRun> {
                         value: f.value,
                         gpu_uuid: r.gpu_uuid.clone(),
                         gpu_index: r.gpu_index,
+                        device: devices[&r.rank].clone(),
                     })
                 })
                 .collect();
@@ -57,6 +83,23 @@ pub fn runs(report: &Report, figures: &Figures) -> Vec<NodeRun> {
                 value: f.value,
                 ..Default::default()
             }));
+            let below_floor = floors_of
+                .get(n.name.as_str())
+                .into_iter()
+                .flatten()
+                .map(|f| FigureRecord {
+                    metric: f.metric.clone(),
+                    key: f.key.clone(),
+                    value: f.value,
+                    gpu_uuid: f.gpu_uuid.clone(),
+                    gpu_index: f.gpu_index,
+                    device: f
+                        .rank
+                        .and_then(|r| devices.get(&r).cloned())
+                        .or_else(|| f.gpu_index.map(|i| i.to_string()))
+                        .unwrap_or_default(),
+                })
+                .collect();
             NodeRun {
                 node: n.name.clone(),
                 job_id: report.job_id.clone(),
@@ -71,9 +114,66 @@ pub fn runs(report: &Report, figures: &Figures) -> Vec<NodeRun> {
                     .flatten()
                     .map(|l| (*l).clone())
                     .collect(),
+                below_floor,
             }
         })
         .collect()
+}
+
+/// A figure's device label; runs kept before `device` was written name GPUs
+/// by their index only.
+fn device_of(f: &FigureRecord) -> Option<String> {
+    if !f.device.is_empty() {
+        return Some(f.device.clone());
+    }
+    f.gpu_index.map(|i| i.to_string())
+}
+
+/// Per GPU: its median TFLOP/s in the node's last stress run, and its
+/// figures that failed a floor in the last run of each workload (a stress
+/// run's floor failure stays until the next stress run, whatever ran between).
+fn gpu_rows(rs: &[&NodeRun]) -> Vec<GpuRow> {
+    let mut rows: BTreeMap<String, GpuRow> = BTreeMap::new();
+    fn row<'a>(rows: &'a mut BTreeMap<String, GpuRow>, f: &FigureRecord) -> Option<&'a mut GpuRow> {
+        let gpu = device_of(f)?;
+        Some(rows.entry(gpu.clone()).or_insert_with(|| GpuRow {
+            gpu,
+            gpu_uuid: f.gpu_uuid.clone(),
+            ..Default::default()
+        }))
+    }
+    let mut last_of_workload: BTreeMap<&str, &NodeRun> = BTreeMap::new();
+    for r in rs {
+        last_of_workload.insert(r.workload.as_str(), r);
+    }
+    for r in last_of_workload.values() {
+        for f in &r.figures {
+            row(&mut rows, f);
+        }
+        for f in &r.below_floor {
+            if let Some(g) = row(&mut rows, f) {
+                g.below_floor += 1;
+            }
+        }
+    }
+    if let Some(r) = last_of(rs, Metric::StressTflops.name()) {
+        let mut per: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+        for f in r
+            .figures
+            .iter()
+            .filter(|f| f.metric == Metric::StressTflops.name())
+        {
+            if let Some(d) = device_of(f) {
+                per.entry(d).or_default().push(f.value);
+            }
+        }
+        for (gpu, v) in per {
+            if let Some(g) = rows.get_mut(&gpu) {
+                g.stress_tflops = median(v).unwrap_or(0.0);
+            }
+        }
+    }
+    rows.into_values().collect()
 }
 
 /// Headline figures of one run: (metric, key) → values (one per GPU).
@@ -148,6 +248,7 @@ pub fn rows(runs: &[NodeRun], tolerance: f64) -> Vec<FleetRow> {
                 last_job: last.job_id.clone(),
                 runs: rs.len() as u32,
                 drift: drift(&rs, tolerance),
+                gpus: gpu_rows(&rs),
                 ..Default::default()
             };
             if let Some(r) = last_of(&rs, Metric::StressTflops.name()) {
@@ -268,6 +369,34 @@ mod tests {
                 .collect(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn gpus_keep_their_floor_failures_until_the_workload_runs_again() {
+        let below = |gpu: u32| FigureRecord {
+            metric: "stress_tflops".into(),
+            key: "bf16 8192".into(),
+            value: 100.0,
+            gpu_index: Some(gpu),
+            device: gpu.to_string(),
+            ..Default::default()
+        };
+        let mut failed = run("a", 1, &[650.0, 100.0]);
+        failed.below_floor = vec![below(1), below(1)];
+        let nccl = NodeRun {
+            workload: "nccl".into(),
+            ..run("a", 2, &[])
+        };
+        let rows = rows(&[failed.clone(), nccl.clone()], 0.9);
+        let gpus = &rows[0].gpus;
+        assert_eq!(gpus.len(), 2, "{gpus:?}");
+        assert_eq!((gpus[0].gpu.as_str(), gpus[0].below_floor), ("0", 0));
+        assert_eq!((gpus[1].gpu.as_str(), gpus[1].below_floor), ("1", 2));
+        assert_eq!(gpus[1].stress_tflops, 100.0);
+        // The next stress run clears it.
+        let rows = super::rows(&[failed, nccl, run("a", 3, &[650.0, 640.0])], 0.9);
+        assert!(rows[0].gpus.iter().all(|g| g.below_floor == 0), "{rows:?}");
+        assert_eq!(rows[0].gpus[1].stress_tflops, 640.0);
     }
 
     #[test]

@@ -10,6 +10,8 @@ use super::Scheduler;
 pub struct Snapshot {
     /// Nodes by state label; every state is listed, zero or not.
     pub nodes: BTreeMap<&'static str, u64>,
+    /// Each registered node's state label, by name (`gpuctl_node_state`).
+    pub node_states: Vec<(String, &'static str)>,
     pub jobs: BTreeMap<&'static str, u64>,
     pub submitted: u64,
     pub results: u64,
@@ -48,8 +50,10 @@ impl Scheduler {
             rendezvous_keys: self.rdv.key_count() as u64,
             ..Default::default()
         };
-        for e in self.nodes.values() {
-            *snap.nodes.entry(e.node.state().label()).or_default() += 1;
+        for (name, e) in &self.nodes {
+            let state = e.node.state().label();
+            *snap.nodes.entry(state).or_default() += 1;
+            snap.node_states.push((name.clone(), state));
         }
         for e in self.jobs.values() {
             *snap.jobs.entry(e.state().label()).or_default() += 1;
