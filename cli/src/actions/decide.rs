@@ -43,8 +43,30 @@ pub enum Judged {
     Undecided(String),
 }
 
-/// Each node of the suite, by name, with what the suite says of it.
-pub fn judge(suite: &pb::Suite) -> Vec<(String, Judged)> {
+/// The finding that failed `node` in a stage's report: its first failed
+/// finding's sentence (with the rank), or the suite's reason for the node
+/// when the report has none (preflight, a stage without a job).
+fn finding(report: Option<&pb::Report>, node: &str, reason: &str) -> String {
+    let found = report.and_then(|r| {
+        r.nodes
+            .iter()
+            .filter(|n| n.name == node)
+            .flat_map(|n| &n.findings)
+            .chain(r.findings.iter().filter(|f| f.node == node))
+            .find(|f| f.level() == pb::Verdict::Fail && !f.detail.is_empty())
+    });
+    match found {
+        Some(f) => match f.rank {
+            Some(rank) if !f.detail.contains("rank ") => format!("rank {rank}: {}", f.detail),
+            _ => f.detail.clone(),
+        },
+        None => reason.to_string(),
+    }
+}
+
+/// Each node of the suite, by name, with what the suite says of it;
+/// `reports` are the stages' reports (by job id) for the findings.
+pub fn judge(suite: &pb::Suite, reports: &[pb::Report]) -> Vec<(String, Judged)> {
     if suite.state() == pb::JobState::Cancelled {
         return suite
             .verdicts
@@ -74,16 +96,20 @@ pub fn judge(suite: &pb::Suite) -> Vec<(String, Judged)> {
         .iter()
         .map(|n| {
             let judged = match n.verdict() {
-                pb::Verdict::Fail => Judged::Failed {
-                    stage: n.stage.clone(),
-                    job: suite
+                pb::Verdict::Fail => {
+                    let job = suite
                         .stages
                         .iter()
                         .find(|s| s.name == n.stage)
                         .map(|s| s.job_id.clone())
-                        .unwrap_or_default(),
-                    finding: n.reason.clone(),
-                },
+                        .unwrap_or_default();
+                    let report = reports.iter().find(|r| !job.is_empty() && r.job_id == job);
+                    Judged::Failed {
+                        stage: n.stage.clone(),
+                        finding: finding(report, &n.node, &n.reason),
+                        job,
+                    }
+                }
                 pb::Verdict::Pass | pb::Verdict::Warn => {
                     match unexplained.iter().find(|s| s.nodes.contains(&n.node)) {
                         Some(s) => Judged::Undecided(format!(
@@ -170,10 +196,11 @@ pub fn reason(suite: &pb::Suite, stage: &str, job: &str, slurm_job: &str, findin
 /// (a node missing from `held` is not a Slurm node: left alone).
 pub fn slurm_steps(
     suite: &pb::Suite,
+    reports: &[pb::Report],
     held: &BTreeMap<String, SlurmNode>,
     slurm_job: &str,
 ) -> Vec<Step> {
-    judge(suite)
+    judge(suite, reports)
         .into_iter()
         .map(|(node, judged)| {
             let leave = |why: String| Step::Leave {
@@ -264,7 +291,7 @@ pub fn label_value(s: &str) -> String {
 /// where gpuctl's own taint key plays the part of the reason prefix (a taint
 /// someone else set has another key and is never removed).
 pub fn kube_steps(suite: &pb::Suite) -> Vec<KubeStep> {
-    judge(suite)
+    judge(suite, &[])
         .into_iter()
         .map(|(node, judged)| {
             let suite_label = (LABEL_SUITE.to_string(), label_value(&suite.id));
@@ -383,7 +410,7 @@ mod tests {
             &[("n1", Pass, ""), ("n2", Fail, "stress"), ("n3", Warn, "")],
         );
         let h = held(&[("n1", idle()), ("n2", idle()), ("n3", idle())]);
-        let steps = slurm_steps(&s, &h, "41");
+        let steps = slurm_steps(&s, &[], &h, "41");
         assert_eq!(kinds(&steps), ["leave n1", "drain n2", "leave n3"]);
         let Step::Drain { reason, .. } = &steps[1] else {
             unreachable!()
@@ -391,6 +418,38 @@ mod tests {
         assert_eq!(
             reason,
             "gpuctl: acc-000007 quick/stress job-000012 slurm-job 41: rank 0: stress_tflops 0.11x the fleet"
+        );
+        // With the stage's report, the reason quotes the node's failed finding.
+        let report = pb::Report {
+            job_id: "job-000012".into(),
+            nodes: vec![pb::NodeReport {
+                name: "n2".into(),
+                findings: vec![
+                    pb::Finding {
+                        node: "n2".into(),
+                        level: Warn as i32,
+                        detail: "a warning first".into(),
+                        ..Default::default()
+                    },
+                    pb::Finding {
+                        node: "n2".into(),
+                        rank: Some(1),
+                        level: Fail as i32,
+                        detail: "stress_tflops fp32 256 = 0.002 TFLOP/s against fleet reference 0.009 TFLOP/s".into(),
+                        ..Default::default()
+                    },
+                ],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let steps = slurm_steps(&s, &[report], &h, "");
+        let Step::Drain { reason, .. } = &steps[1] else {
+            unreachable!()
+        };
+        assert_eq!(
+            reason,
+            "gpuctl: acc-000007 quick/stress job-000012: rank 1: stress_tflops fp32 256 = 0.002 TFLOP/s against fleet reference 0.009 TFLOP/s"
         );
     }
 
@@ -416,7 +475,7 @@ mod tests {
                 drained("gpuctl: acc-000001 quick/stress: old"),
             ),
         ]);
-        let steps = slurm_steps(&s, &h, "");
+        let steps = slurm_steps(&s, &[], &h, "");
         assert_eq!(
             kinds(&steps),
             [
@@ -448,7 +507,7 @@ mod tests {
                 reason: "gpuctl: x".into(),
             },
         )]);
-        assert_eq!(kinds(&slurm_steps(&s, &h, "")), ["leave n"]);
+        assert_eq!(kinds(&slurm_steps(&s, &[], &h, "")), ["leave n"]);
     }
 
     #[test]
@@ -463,7 +522,7 @@ mod tests {
         );
         s.stages[1].state = pb::JobState::Failed as i32;
         let h = held(&[("a", ours.clone()), ("b", idle())]);
-        let steps = slurm_steps(&s, &h, "");
+        let steps = slurm_steps(&s, &[], &h, "");
         assert_eq!(kinds(&steps), ["leave a", "leave b"]);
         assert!(
             matches!(&steps[0], Step::Leave { why, .. } if why.contains("stage stress failed without blaming"))
@@ -477,7 +536,7 @@ mod tests {
             &[("a", Pass, ""), ("b", Fail, "stress")],
         );
         let h = held(&[("a", ours), ("b", idle())]);
-        assert_eq!(kinds(&slurm_steps(&s, &h, "")), ["leave a", "leave b"]);
+        assert_eq!(kinds(&slurm_steps(&s, &[], &h, "")), ["leave a", "leave b"]);
     }
 
     #[test]

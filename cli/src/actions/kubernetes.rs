@@ -60,9 +60,10 @@ pub fn commands(step: &KubeStep) -> Vec<Vec<String>> {
 }
 
 /// Whether a failed command failed only because there was nothing to remove
-/// (kubectl refuses to remove a taint or label that is not there).
+/// (kubectl refuses to remove a taint that is not there); a node that is not
+/// there (`nodes "x" not found`) is a real failure.
 pub fn nothing_to_remove(error: &str) -> bool {
-    error.contains("not found")
+    error.contains("taint \"") && error.contains("not found") && !error.contains("nodes \"")
 }
 
 #[cfg(test)]
@@ -101,6 +102,12 @@ mod tests {
                 "kubectl taint node gpu-7 gpuctl.io/acceptance-failed:NoSchedule-",
             ]
         );
+        assert!(nothing_to_remove(
+            r#"`kubectl taint …` failed (exit status: 1): error: taint "gpuctl.io/acceptance-failed:NoSchedule" not found"#
+        ));
+        assert!(!nothing_to_remove(
+            r#"`kubectl taint …` failed (exit status: 1): Error from server (NotFound): nodes "gpu-9" not found"#
+        ));
         assert!(commands(&KubeStep::Leave {
             node: "x".into(),
             why: "".into()

@@ -34,17 +34,18 @@ impl Actions {
     }
 }
 
-/// Takes (or prints) the actions for a finished suite; one stderr line per node.
-pub fn act(suite: &pb::Suite, a: Actions) {
+/// Takes (or prints) the actions for a finished suite, given its stages'
+/// reports (for the findings a drain reason quotes); one stderr line per node.
+pub fn act(suite: &pb::Suite, reports: &[pb::Report], a: Actions) {
     if a.drain {
-        act_slurm(suite, a.dry_run);
+        act_slurm(suite, reports, a.dry_run);
     }
     if a.kubernetes {
         act_kubernetes(suite, a.dry_run);
     }
 }
 
-fn act_slurm(suite: &pb::Suite, dry_run: bool) {
+fn act_slurm(suite: &pb::Suite, reports: &[pb::Report], dry_run: bool) {
     let nodes: Vec<String> = suite.verdicts.iter().map(|n| n.node.clone()).collect();
     if nodes.is_empty() {
         return;
@@ -66,7 +67,7 @@ fn act_slurm(suite: &pb::Suite, dry_run: bool) {
     };
     // Inside an allocation the reason names the Slurm job too.
     let slurm_job = std::env::var("SLURM_JOB_ID").unwrap_or_default();
-    for step in decide::slurm_steps(suite, &held, &slurm_job) {
+    for step in decide::slurm_steps(suite, reports, &held, &slurm_job) {
         let node = step.node().to_string();
         let Some(cmd) = slurm::command(&step) else {
             if let decide::Step::Leave { why, .. } = &step {

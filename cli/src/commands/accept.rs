@@ -189,7 +189,8 @@ pub async fn run(
     }
     // After the report, and whatever the scheduler says: same verdict, same exit.
     let actions = *ACTIONS.lock().unwrap_or_else(|e| e.into_inner());
-    crate::actions::act(&suite, actions);
+    let stage_reports: Vec<pb::Report> = reports.iter().flatten().cloned().collect();
+    crate::actions::act(&suite, &stage_reports, actions);
     Ok(exit_of(&suite))
 }
 
