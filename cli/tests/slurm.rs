@@ -259,6 +259,7 @@ impl Slurm {
                  MailProg=/bin/true\n\
                  ReturnToService=2\n\
                  KillWait=2\n\
+                 MinJobAge=4\n\
                  SlurmdParameters=config_overrides\n\
                  {nodes}\
                  PartitionName=all Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n",
@@ -580,13 +581,15 @@ fn judged(suite: &Value) -> Vec<(String, String, String)> {
     v
 }
 
-/// The allocation of a job, as Slurm lists it.
-fn job_nodes(s: &Slurm, id: &str) -> Vec<String> {
-    let show = s.run("scontrol", &["show", "job", id]);
-    let list = show
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("NodeList="))
-        .unwrap_or_else(|| panic!("no NodeList in {show}"));
+/// The allocation of a job, as Slurm gave it to the job (SLURM_JOB_NODELIST,
+/// which the recipe prints): slurmctld forgets a finished job after
+/// MinJobAge, kept short here so that `sbatch --wait` polls every 2 s.
+fn job_nodes(s: &Slurm, out: &str) -> Vec<String> {
+    let list = out
+        .lines()
+        .find_map(|l| l.split(" accepts ").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("the recipe printed no node list: {out}"));
     let mut v: Vec<String> = s
         .run("scontrol", &["show", "hostnames", list])
         .lines()
@@ -602,8 +605,8 @@ fn the_sbatch_recipe_accepts_exactly_the_allocation_and_exits_with_the_suites_co
     let s = Slurm::start();
 
     // Three of the four nodes: the suite judges those three and no other.
-    let (code, id, out, suite) = sbatch(&s, "healthy", &["--nodes=3"], "");
-    let nodes = job_nodes(&s, &id);
+    let (code, _, out, suite) = sbatch(&s, "healthy", &["--nodes=3"], "");
+    let nodes = job_nodes(&s, &out);
     assert_eq!(nodes.len(), 3, "{nodes:?}");
     let seen: Vec<String> = judged(&suite).into_iter().map(|n| n.0).collect();
     assert_eq!(
