@@ -707,8 +707,9 @@ fn drain_takes_out_the_failed_node_resumes_only_its_own_and_reports_a_slurm_that
     );
     let quota = CpuQuota::apply("gpuctl-test-slurm-drain", c.agent_pid(1), 0.08);
 
-    // A dry run prints the drain and takes none.
-    let (code, suite, err) = accept(&c, &s, &["--drain", "--dry-run"], None);
+    // A dry run prints the drain and takes none; the same decision for
+    // Kubernetes prints its kubectl commands (no API server here to apply them).
+    let (code, suite, err) = accept(&c, &s, &["--drain", "--kubernetes", "--dry-run"], None);
     assert_eq!(code, 1, "{suite:#}\n{err}");
     assert!(
         err.contains(&format!("drain (dry run): {slow}: would run: scontrol update nodename={slow} state=drain 'reason=gpuctl: ")),
@@ -719,6 +720,13 @@ fn drain_takes_out_the_failed_node_resumes_only_its_own_and_reports_a_slurm_that
         "a dry run drained {slow}: {:?}",
         s.states()
     );
+    for line in [
+        format!("kubernetes (dry run): {slow}: would run: kubectl taint node {slow} --overwrite gpuctl.io/acceptance-failed=stress:NoSchedule"),
+        format!("kubernetes (dry run): {}: would run: kubectl taint node {} gpuctl.io/acceptance-failed:NoSchedule-", node_name(0), node_name(0)),
+        format!("kubernetes (dry run): {slow}: would run: kubectl label node {slow} --overwrite gpuctl.io/acceptance=fail "),
+    ] {
+        assert!(err.contains(&line), "{line}\nnot in:\n{err}");
+    }
 
     // Without permission to call scontrol update (as nobody, who may read
     // but not change): named, the verdict and exit code as they are.
