@@ -154,15 +154,16 @@ impl Slurm {
         assert_eq!(unsafe { libc::geteuid() }, 0, "these tests need root");
         remove_network();
         let dir = tempfile::tempdir().expect("tempdir");
-        // Readable by others: the permission test runs gpuctl as nobody,
-        // whose sinfo must reach slurm.conf and munge's socket.
-        let d = dir.path();
+        // Made before anything is started, so that its drop undoes whatever
+        // a failure below leaves.
         let mut s = Slurm {
-            conf: d.join("slurm.conf"),
+            conf: dir.path().join("slurm.conf"),
             dir,
             daemons: Vec::new(),
         };
         let d = s.dir.path().to_path_buf();
+        // Open to others: the permission test runs gpuctl as nobody, whose
+        // sinfo must reach slurm.conf and munge's socket.
         std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o711)).unwrap();
 
         ip(&[
