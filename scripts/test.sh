@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The test command (README.md): installs what the tests need (libtorch, etcd
 # for coordinator/tests/etcd_store.rs, chromium for cli/tests/html.rs,
-# prometheus and promtool for cli/tests/prometheus.rs), builds
-# every binary and runs every test. The end-to-end tests start real
+# prometheus and promtool for cli/tests/prometheus.rs, Slurm and munge for
+# cli/tests/slurm.rs), builds every binary and runs every test. The end-to-end tests start real
 # coordinators, agents and workers on loopback, so all binaries are built
 # first. CI (.ci/run) calls this too.
 set -euo pipefail
@@ -29,6 +29,14 @@ if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
     echo "prometheus/promtool not found: installing Debian's prometheus" >&2
     missing+=(prometheus)
 fi
+# cli/tests/slurm.rs starts a real munged, slurmctld and slurmd (Debian's
+# 22.05) and fails without them.
+for tool in slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client munged:munge; do
+    if ! PATH="$PATH:/usr/sbin:/sbin" command -v "${tool%%:*}" >/dev/null; then
+        echo "${tool%%:*} not found: installing Debian's ${tool##*:}" >&2
+        missing+=("${tool##*:}")
+    fi
+done
 if [ "${#missing[@]}" -gt 0 ]; then
     "${sudo[@]}" apt-get update
     "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}"

@@ -4,6 +4,7 @@
 //! every verb ([`exit::HELP`]): 0 done/passed, 1 job failed, 2 bad input,
 //! 3 not found, 4 coordinator unreachable.
 
+mod actions;
 mod args;
 mod client;
 mod commands;

@@ -14,6 +14,7 @@ use gpuctl_core::pb;
 use gpuctl_core::suite::{Suite as SuiteDef, LEVELS, MAX_SUITE_BYTES};
 use serde_json::json;
 
+use crate::actions::Actions;
 use crate::args::{parse_duration_flag, parse_nodes, read_rules, OutputFormat, UsageError};
 use crate::client::Coordinator;
 use crate::exit::Exit;
@@ -24,7 +25,8 @@ Examples:
   gpuctl accept --nodes all --level quick
   gpuctl accept --nodes all --level standard -o json > acceptance.json
   gpuctl accept --nodes all --level burn-in --duration 8h
-  gpuctl accept --nodes 16 --selector rack=a1 --suite my-suite.toml";
+  gpuctl accept --nodes 16 --selector rack=a1 --suite my-suite.toml
+  gpuctl accept --nodes all --level quick --drain --dry-run";
 
 #[derive(Debug, Args)]
 pub struct AcceptArgs {
@@ -49,7 +51,27 @@ pub struct AcceptArgs {
     /// A foreign process on a GPU at a stage's start fails the node.
     #[arg(long)]
     pub exclusive: bool,
+    /// Slurm: drain each node the suite fails (reason `gpuctl: …`), resume
+    /// each node gpuctl drained that now passes (docs/operations.md "Slurm").
+    #[arg(long)]
+    pub drain: bool,
+    /// Kubernetes: label each node with its verdict and taint the failed ones
+    /// (docs/operations.md "Kubernetes labels and taints").
+    #[arg(long)]
+    pub kubernetes: bool,
+    /// With --drain or --kubernetes: print the commands, run none.
+    #[arg(long)]
+    pub dry_run: bool,
 }
+
+/// What --drain / --kubernetes / --dry-run asked for, kept from
+/// [`AcceptArgs::to_request`] for [`run`]: commands/mod.rs hands `run` the
+/// request alone.
+static ACTIONS: std::sync::Mutex<Actions> = std::sync::Mutex::new(Actions {
+    drain: false,
+    kubernetes: false,
+    dry_run: false,
+});
 
 fn usage(msg: String) -> UsageError {
     UsageError(msg)
@@ -104,6 +126,17 @@ impl AcceptArgs {
         if let Some(path) = &self.rules {
             req.rules = read_rules(path)?;
         }
+        let actions = Actions {
+            drain: self.drain,
+            kubernetes: self.kubernetes,
+            dry_run: self.dry_run,
+        };
+        if actions.dry_run && !actions.any() {
+            return Err(usage(
+                "--dry-run: give --drain or --kubernetes too; it prints their commands".into(),
+            ));
+        }
+        *ACTIONS.lock().unwrap_or_else(|e| e.into_inner()) = actions;
         Ok(req)
     }
 }
@@ -154,6 +187,10 @@ pub async fn run(
         OutputFormat::Json => output::print_json(&to_json(&suite, &reports)),
         _ => output::print_text(&render(&suite, &reports)),
     }
+    // After the report, and whatever the scheduler says: same verdict, same exit.
+    let actions = *ACTIONS.lock().unwrap_or_else(|e| e.into_inner());
+    let stage_reports: Vec<pb::Report> = reports.iter().flatten().cloned().collect();
+    crate::actions::act(&suite, &stage_reports, actions);
     Ok(exit_of(&suite))
 }
 
@@ -399,6 +436,9 @@ mod tests {
             selectors: Vec::new(),
             rules: None,
             exclusive: false,
+            drain: false,
+            kubernetes: false,
+            dry_run: false,
         };
         let e = args("fast", "all").to_request().unwrap_err();
         assert!(
@@ -411,6 +451,9 @@ mod tests {
         let mut a = args("quick", "all");
         a.duration = Some("soon".into());
         assert!(a.to_request().unwrap_err().0.contains("--duration"));
+        let mut a = args("quick", "all");
+        a.dry_run = true;
+        assert!(a.to_request().unwrap_err().0.contains("--dry-run"));
         let req = args("standard", "3").to_request().unwrap();
         assert_eq!(
             (req.node_count, req.all_nodes, req.level.as_str()),
