@@ -5,14 +5,14 @@
 
 use std::sync::Arc;
 
-use gpuctl_core::now_ms;
 use gpuctl_core::pb::{
     AssignmentAck, Heartbeat, JobState, Node, NodeState, RegisterRequest, RegisterResponse,
 };
 use tracing::{debug, info, warn};
 
+use super::events::{AgentEvent, SessionTx};
 use super::state::{NodeEntry, Session};
-use super::{human, Scheduler, SessionTx};
+use super::{human, Scheduler};
 use crate::error::CoordinatorError;
 use crate::plan::planner;
 use crate::store::Batch;
@@ -21,9 +21,38 @@ use crate::store::Batch;
 const STALE_JOB_MS: u64 = 5_000;
 
 impl Scheduler {
+    pub(super) async fn on_agent(&mut self, ev: AgentEvent) {
+        match ev {
+            AgentEvent::AgentRegistered {
+                req,
+                coordinator_url,
+                reply,
+            } => {
+                let _ = reply.send(self.register(req, coordinator_url).await);
+            }
+            AgentEvent::SessionOpened {
+                node,
+                session,
+                tx,
+                first,
+                reply,
+            } => {
+                let _ = reply.send(self.session_opened(node, session, tx, first));
+            }
+            AgentEvent::Heartbeat { node, session, hb } => self.heartbeat(node, session, hb),
+            AgentEvent::SessionClosed { node, session, why } => {
+                self.session_closed(node, session, &why)
+            }
+            AgentEvent::AssignmentAck { node, ack } => self.assignment_ack(node, ack).await,
+            AgentEvent::RemoveNode { name, reply } => {
+                let _ = reply.send(self.remove_node(&name).await);
+            }
+        }
+    }
+
     /// Forgets a node that runs no job. A live agent's session ends with
     /// it; such an agent registers again by itself.
-    pub(super) async fn remove_node(&mut self, name: &str) -> Result<Node, CoordinatorError> {
+    async fn remove_node(&mut self, name: &str) -> Result<Node, CoordinatorError> {
         let Some(e) = self.nodes.get(name) else {
             return Err(CoordinatorError::NodeNotFound(name.to_string()));
         };
@@ -46,7 +75,7 @@ impl Scheduler {
         Ok(removed)
     }
 
-    pub(super) async fn register(
+    async fn register(
         &mut self,
         req: RegisterRequest,
         url: String,
@@ -64,7 +93,7 @@ impl Scheduler {
                 max: self.cfg.max_nodes,
             });
         }
-        let now = now_ms();
+        let now = self.cfg.clock.now_ms();
         let entry = self
             .nodes
             .entry(name.clone())
@@ -168,7 +197,7 @@ impl Scheduler {
     /// rank has a result); failed, naming the nodes still missing, when the
     /// adopt grace has passed.
     pub(super) async fn check_adoptions(&mut self) {
-        let now = now_ms();
+        let now = self.cfg.clock.now_ms();
         let ids: Vec<String> = self.adopting.keys().cloned().collect();
         for id in ids {
             if self.judge_if_complete(&id) {
@@ -207,7 +236,7 @@ impl Scheduler {
         }
     }
 
-    pub(super) async fn session_opened(
+    fn session_opened(
         &mut self,
         node: String,
         id: u64,
@@ -225,7 +254,7 @@ impl Scheduler {
             )));
         }
         e.session = Some(Session { id, tx });
-        e.heard(first.unix_ms.max(now_ms()));
+        e.heard(first.unix_ms.max(self.cfg.clock.now_ms()));
         if e.lost() {
             let n = e.node_mut();
             n.set_state(NodeState::Ready);
@@ -238,8 +267,8 @@ impl Scheduler {
         Ok(())
     }
 
-    pub(super) async fn heartbeat(&mut self, node: String, session: u64, hb: Heartbeat) {
-        let now = now_ms();
+    fn heartbeat(&mut self, node: String, session: u64, hb: Heartbeat) {
+        let now = self.cfg.clock.now_ms();
         let Some(e) = self.nodes.get_mut(&node) else {
             return;
         };
@@ -299,7 +328,7 @@ impl Scheduler {
         }
     }
 
-    pub(super) fn session_closed(&mut self, node: String, session: u64, why: &str) {
+    fn session_closed(&mut self, node: String, session: u64, why: &str) {
         if let Some(e) = self.nodes.get_mut(&node) {
             if e.session.as_ref().map(|s| s.id) == Some(session) {
                 e.session = None;
@@ -308,7 +337,7 @@ impl Scheduler {
         }
     }
 
-    pub(super) async fn assignment_ack(&mut self, node: String, ack: AssignmentAck) {
+    async fn assignment_ack(&mut self, node: String, ack: AssignmentAck) {
         let running = match self.jobs.get_mut(&ack.job_id) {
             Some(j) if j.state() == JobState::Running && j.job.attempt == ack.attempt => {
                 // The node's preflight at job start replaces the one from registration.
@@ -337,7 +366,7 @@ impl Scheduler {
     /// Nodes without a heartbeat for the node timeout are lost, and so is the
     /// job each was running.
     pub(super) async fn lose_silent_nodes(&mut self) {
-        let now = now_ms();
+        let now = self.cfg.clock.now_ms();
         let timeout = self.cfg.node_timeout;
         let mut lost = Vec::new();
         for (name, e) in self.nodes.iter_mut() {
