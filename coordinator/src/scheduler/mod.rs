@@ -3,40 +3,43 @@
 //! happens in one place (docs/architecture.md, "Job life"). gRPC handlers talk
 //! to it through a [`SchedulerHandle`] and await the reply.
 //!
-//! Events come in groups by concern ([`events`]); [`Scheduler::dispatch`]
+//! Events come in groups by concern ([`events`]); `Scheduler::dispatch`
 //! hands each group to the one method that handles it, in the file of its
 //! concern, which reads top to bottom from there. The files:
 //!
-//! - `mod.rs`: the state, its loading, the event loop, the dispatch and the tick.
-//! - `handle.rs`: [`SchedulerHandle`], the two lanes in.
-//! - `events.rs`: every event by group, what each is (name, lane, whether it
-//!   may start jobs), what they carry; how to add an RPC.
+//! - `mod.rs`: the state, its loading, the event loop, the dispatch to each
+//!   group's handler, the tick.
+//! - `handle.rs`: [`SchedulerHandle`], the people's and the fleet's lanes in.
+//! - `events.rs`: every event by group; what each is, said once (name, lane,
+//!   whether it may start jobs); what they carry; how to add an RPC.
 //! - `agents.rs`: [`AgentEvent`]s: registration and adoption, sessions,
 //!   heartbeats, acknowledgements, lost nodes, node removal.
-//! - `jobs.rs`: [`JobEvent`]s: a job's life from submit to end, cancel,
-//!   deadlines and hangs.
-//! - `ranks.rs`: [`RankEvent`]s: what running ranks send (progress,
-//!   results, exits, logs, telemetry).
-//! - `reports.rs`: [`ReportEvent`]s: reports judged and built off the task,
-//!   late results folded in, `GetReport`.
-//! - `suites.rs`: [`SuiteEvent`]s: acceptance suites and their stages.
-//! - `views.rs`: [`Query`]s: every read, and the bounded views of big jobs
-//!   and the nodes' table they answer with.
-//! - `planning.rs`: planning a job off the task.
+//! - `jobs.rs`: [`JobEvent`]s: submit, start, assignments sent, finish,
+//!   cancel, deadlines, hangs.
+//! - `ranks.rs`: [`RankEvent`]s: progress, results, exits, logs, telemetry.
+//! - `reports.rs`: [`ReportEvent`]s: reports judged and built off the task;
+//!   a report refolded with late results, and its nodes' runs again;
+//!   `GetReport`.
+//! - `suites.rs`: [`SuiteEvent`]s: acceptance suites.
+//! - `views.rs`: [`Query`]s: every read; bounded views for people and the
+//!   nodes' table.
+//! - `planning.rs`: a job planned off the task.
 //! - `assign.rs`: a started job's assignments, built off the task.
-//! - `background.rs`: running work off the task (blocking threads, the
-//!   judge's lower priority) and sending its result back.
-//! - `state.rs`: nodes and jobs in memory, and the reports on their way.
-//! - `recent.rs`: the report of the job that ended last, kept a while.
-//! - `retention.rs`: ended jobs deleted past `--keep-jobs`.
+//! - `background.rs`: work handed off the task; judging at a lower CPU
+//!   priority.
+//! - `state.rs`: the in-memory state: nodes with their sessions, jobs with
+//!   their results, progress and hang clocks, reports on their way.
+//! - `recent.rs`: the last ended job's report, kept a while.
+//! - `retention.rs`: ended jobs past `--keep-jobs` deleted whole.
 //! - `snapshot.rs`: what `/metrics` shows.
-//! - `tests.rs`: time-dependent rules driven by a manual [`Clock`].
+//! - `tests.rs`: lost nodes, deadlines and hangs under a manual [`Clock`].
 //!
-//! Imports between them form a tree: `events` (and `snapshot`, whose
-//! type a query carries) import no other file of the scheduler;
-//! `background` imports `events`; `state` imports those two; the rest
-//! import any of these, and the concern files call each other only
-//! through `impl Scheduler`.
+//! Imports between the files go one way, never round: `events` imports
+//! only `snapshot` (whose type a query carries); `background` imports
+//! `events`; `state` those two; `recent` and `views` import from there
+//! down; `reports` also `recent`; `planning` also `views`; `jobs` also
+//! `reports` and `assign`. The concern files reach each other's methods
+//! through `impl Scheduler`, not imports.
 //!
 //! Time is read from the [`Clock`] in [`SchedulerConfig`], never from the
 //! system, so that tests move it by hand.
