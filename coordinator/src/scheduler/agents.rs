@@ -21,6 +21,9 @@ use crate::store::Batch;
 const STALE_JOB_MS: u64 = 5_000;
 
 impl Scheduler {
+    /// What agents send, in the order below, and a person's removal of a
+    /// node; the tick's share (nodes gone silent, jobs awaiting adoption)
+    /// comes last.
     pub(super) async fn on_agent(&mut self, ev: AgentEvent) {
         match ev {
             AgentEvent::AgentRegistered {
@@ -48,31 +51,6 @@ impl Scheduler {
                 let _ = reply.send(self.remove_node(&name).await);
             }
         }
-    }
-
-    /// Forgets a node that runs no job. A live agent's session ends with
-    /// it; such an agent registers again by itself.
-    async fn remove_node(&mut self, name: &str) -> Result<Node, CoordinatorError> {
-        let Some(e) = self.nodes.get(name) else {
-            return Err(CoordinatorError::NodeNotFound(name.to_string()));
-        };
-        if !e.node.current_job.is_empty() {
-            return Err(CoordinatorError::Refused(format!(
-                "node {name} is running {}; cancel it first (gpuctl cancel {})",
-                e.node.current_job, e.node.current_job
-            )));
-        }
-        self.store
-            .delete_node(name)
-            .await
-            .map_err(|err| CoordinatorError::store("could not remove the node", err))?;
-        let removed = self
-            .nodes
-            .remove(name)
-            .map(|e| Arc::unwrap_or_clone(e.node))
-            .unwrap_or_default();
-        info!(node = %name, "node removed");
-        Ok(removed)
     }
 
     async fn register(
@@ -191,49 +169,6 @@ impl Scheduler {
             adopted,
             refused,
         })
-    }
-
-    /// Jobs found running at load: done once every node came back (or every
-    /// rank has a result); failed, naming the nodes still missing, when the
-    /// adopt grace has passed.
-    pub(super) async fn check_adoptions(&mut self) {
-        let now = self.cfg.clock.now_ms();
-        let ids: Vec<String> = self.adopting.keys().cloned().collect();
-        for id in ids {
-            if self.judge_if_complete(&id) {
-                self.adopting.remove(&id);
-                continue;
-            }
-            let Some(j) = self
-                .jobs
-                .get(&id)
-                .filter(|j| j.state() == JobState::Running)
-            else {
-                self.adopting.remove(&id);
-                continue;
-            };
-            let missing: Vec<String> = j
-                .job
-                .plan
-                .iter()
-                .flat_map(|p| &p.nodes)
-                .filter(|n| self.nodes.get(*n).is_none_or(|e| e.lost()))
-                .cloned()
-                .collect();
-            if missing.is_empty() {
-                info!(job = %id, "job adopted: every node came back");
-                self.adopting.remove(&id);
-            } else if now >= self.adopting[&id] {
-                self.adopting.remove(&id);
-                let msg = format!(
-                    "{} {} did not come back within {} of the coordinator restart",
-                    if missing.len() == 1 { "node" } else { "nodes" },
-                    missing.join(", "),
-                    human(self.cfg.adopt_grace)
-                );
-                self.finish(&id, JobState::Failed, msg, None).await;
-            }
-        }
     }
 
     fn session_opened(
@@ -363,6 +298,31 @@ impl Scheduler {
         }
     }
 
+    /// Forgets a node that runs no job. A live agent's session ends with
+    /// it; such an agent registers again by itself.
+    async fn remove_node(&mut self, name: &str) -> Result<Node, CoordinatorError> {
+        let Some(e) = self.nodes.get(name) else {
+            return Err(CoordinatorError::NodeNotFound(name.to_string()));
+        };
+        if !e.node.current_job.is_empty() {
+            return Err(CoordinatorError::Refused(format!(
+                "node {name} is running {}; cancel it first (gpuctl cancel {})",
+                e.node.current_job, e.node.current_job
+            )));
+        }
+        self.store
+            .delete_node(name)
+            .await
+            .map_err(|err| CoordinatorError::store("could not remove the node", err))?;
+        let removed = self
+            .nodes
+            .remove(name)
+            .map(|e| Arc::unwrap_or_clone(e.node))
+            .unwrap_or_default();
+        info!(node = %name, "node removed");
+        Ok(removed)
+    }
+
     /// Nodes without a heartbeat for the node timeout are lost, and so is the
     /// job each was running.
     pub(super) async fn lose_silent_nodes(&mut self) {
@@ -389,5 +349,48 @@ impl Scheduler {
             }
         }
         self.check_adoptions().await;
+    }
+
+    /// Jobs found running at load: done once every node came back (or every
+    /// rank has a result); failed, naming the nodes still missing, when the
+    /// adopt grace has passed.
+    pub(super) async fn check_adoptions(&mut self) {
+        let now = self.cfg.clock.now_ms();
+        let ids: Vec<String> = self.adopting.keys().cloned().collect();
+        for id in ids {
+            if self.judge_if_complete(&id) {
+                self.adopting.remove(&id);
+                continue;
+            }
+            let Some(j) = self
+                .jobs
+                .get(&id)
+                .filter(|j| j.state() == JobState::Running)
+            else {
+                self.adopting.remove(&id);
+                continue;
+            };
+            let missing: Vec<String> = j
+                .job
+                .plan
+                .iter()
+                .flat_map(|p| &p.nodes)
+                .filter(|n| self.nodes.get(*n).is_none_or(|e| e.lost()))
+                .cloned()
+                .collect();
+            if missing.is_empty() {
+                info!(job = %id, "job adopted: every node came back");
+                self.adopting.remove(&id);
+            } else if now >= self.adopting[&id] {
+                self.adopting.remove(&id);
+                let msg = format!(
+                    "{} {} did not come back within {} of the coordinator restart",
+                    if missing.len() == 1 { "node" } else { "nodes" },
+                    missing.join(", "),
+                    human(self.cfg.adopt_grace)
+                );
+                self.finish(&id, JobState::Failed, msg, None).await;
+            }
+        }
     }
 }

@@ -33,6 +33,8 @@ const LATE_RESULT_MS: u64 = 60_000;
 const TELEMETRY_STORE_MS: u64 = 10_000;
 
 impl Scheduler {
+    /// What ranks send, in the order below; the tick's share (telemetry
+    /// written while a job runs) comes last.
     pub(super) async fn on_rank(&mut self, ev: RankEvent) {
         match ev {
             RankEvent::WorkerProgress { report, reply } => {

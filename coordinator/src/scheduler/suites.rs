@@ -82,6 +82,8 @@ fn definition(
 }
 
 impl Scheduler {
+    /// A person starts or cancels a suite; a stage's job that ends moves
+    /// it on (`stage_ended`, from `reports`).
     pub(super) async fn on_suite(&mut self, ev: SuiteEvent) {
         match ev {
             SuiteEvent::SubmitSuite { req, reply } => {

@@ -17,7 +17,9 @@ use crate::error::CoordinatorError;
 
 impl Scheduler {
     /// Answers a read. None changes what a person sees: a report waited
-    /// for, or one kept a while, only changes how it is answered.
+    /// for, or one kept a while, only changes how it is answered. Each is
+    /// answered here or by the file that owns what it reads (`jobs`,
+    /// `ranks`, `reports`, `snapshot`, `suites`, `planning`).
     pub(super) async fn on_query(&mut self, q: Query) {
         match q {
             Query::GetJob {
