@@ -210,7 +210,7 @@ pub struct JobEntry {
     /// coming, not once per result ([`super::Scheduler::refold_stale`]).
     pub stale: Option<(u64, u64)>,
     /// The plan's checks that did not pass, worst first, found once per plan
-    /// ([`super::views`]).
+    /// (`views`).
     pub plan_faults: std::sync::Mutex<Option<PlanFaults>>,
 }
 
@@ -219,9 +219,9 @@ pub struct JobEntry {
 #[derive(Default)]
 pub struct Pending {
     /// Judging: the job still runs until its verdict is known.
-    pub judging: bool,
-    pub waiting: Vec<Reply<Result<Report, CoordinatorError>>>,
-    pub straggled: bool,
+    pub(super) judging: bool,
+    pub(super) waiting: Vec<Reply<Result<Report, CoordinatorError>>>,
+    pub(super) straggled: bool,
 }
 
 /// The plan's checks that did not pass, worst first, of one plan (its
@@ -229,9 +229,9 @@ pub struct Pending {
 /// made, and a bounded view (`views`) scanned all of a 4,096-node plan's on
 /// every `gpuctl status`.
 pub struct PlanFaults {
-    pub of: (u32, usize),
+    pub(super) of: (u32, usize),
     /// Indices into the plan's checks.
-    pub bad: Vec<u32>,
+    pub(super) bad: Vec<u32>,
 }
 
 /// Nodes a job listing names of each job: `gpuctl jobs` shows a count past

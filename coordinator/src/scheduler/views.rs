@@ -16,7 +16,7 @@ use super::Scheduler;
 use crate::error::CoordinatorError;
 
 impl Scheduler {
-    /// Answers a read. None changes what a person sees: a report waited
+    /// Answers a read. No read changes what a person sees: a report waited
     /// for, or one kept a while, only changes how it is answered. Each is
     /// answered here or by the file that owns what it reads (`jobs`,
     /// `ranks`, `reports`, `snapshot`, `suites`, `planning`).
@@ -51,7 +51,8 @@ impl Scheduler {
         }
     }
 
-    /// The table is built here, from the nodes in place. Built by the
+    /// `ListNodes`: a brief listing's table is built here, from the nodes
+    /// in place. Built by the
     /// caller, it held every node's `Arc` meanwhile, and a job's start or
     /// end, which changes all 4,096 nodes, copied each one held (GPUs,
     /// facts, checks) on this task. Whole nodes (`-o json`) are still
