@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use gpuctl_core::pb::{
     CoordinatorMessage, Heartbeat, HostFacts, JobSpec, JobState, NodeState, RankProgress,
-    RankProgressReport, RegisterRequest,
+    RankProgressReport, RankResult, RegisterRequest,
 };
 use gpuctl_core::spec::DEADLINE_GRACE_MS;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -143,6 +143,24 @@ impl Fixture {
         assert!(ack.ok, "{}", ack.message);
     }
 
+    /// Sends rank `rank`'s result; the worker's answer, once it comes.
+    async fn result(&mut self, job: &str, rank: u32) -> (bool, String) {
+        let (reply, answer) = oneshot::channel();
+        let result = RankResult {
+            job_id: job.into(),
+            attempt: 1,
+            rank,
+            ok: true,
+            ..Default::default()
+        };
+        let ev = RankEvent::WorkerResult { result, reply };
+        self.sched.dispatch(ev.into()).await;
+        tokio::time::timeout(Duration::from_secs(30), answer)
+            .await
+            .expect("answered once stored")
+            .unwrap()
+    }
+
     /// Moves the clock to `at` and runs one tick there.
     async fn tick_at(&mut self, at: u64) {
         self.clock.set(at);
@@ -245,5 +263,25 @@ async fn a_rank_without_progress_is_hung_only_after_the_hang_timeout() {
         e.job.message.contains("no progress for 30s"),
         "{}",
         e.job.message
+    );
+}
+
+#[tokio::test]
+async fn a_result_is_taken_for_a_minute_after_its_job_ended_and_not_after() {
+    let mut f = Fixture::new(Duration::from_secs(3_600)).await;
+    f.join("n1").await;
+    let id = f.submit(stress(60_000, 0)).await;
+    let ended = T0 + 60_000 + DEADLINE_GRACE_MS + 1;
+    f.tick_at(ended).await;
+    assert_eq!(f.job(&id).state(), JobState::Failed);
+    f.clock.set(ended + 60_000);
+    let (taken, why) = f.result(&id, 0).await;
+    assert!(taken, "in flight as the job ended: {why}");
+    f.clock.set(ended + 60_001);
+    let (taken, why) = f.result(&id, 1).await;
+    assert!(!taken);
+    assert_eq!(
+        why,
+        format!("job {id} ended 60 s ago: results are taken for 60 s after a job's end")
     );
 }
