@@ -13,6 +13,7 @@ use gpuctl_core::pb::{FleetRow, GetFleetRequest, GetFleetResponse, NodeRun};
 use gpuctl_core::shutdown::Shutdown;
 use tracing::{info, warn};
 
+use crate::clock::Clock;
 use crate::error::CoordinatorError;
 use crate::judge::fleet;
 use crate::store::{Batch, StateStore, StoreError};
@@ -175,8 +176,12 @@ pub async fn fleet(
 
 /// Deletes runs beyond the retention, a node at a time (see
 /// [`inventory`]); returns how many went.
-pub async fn prune(store: &StateStore, r: Retention) -> Result<usize, CoordinatorError> {
-    let now = gpuctl_core::now_ms();
+pub async fn prune(
+    store: &StateStore,
+    r: Retention,
+    clock: &Clock,
+) -> Result<usize, CoordinatorError> {
+    let now = clock.now_ms();
     let max_age = r.max_age.as_millis().min(u64::MAX as u128) as u64;
     let mut gone = 0;
     for node in inventory(store).await? {
@@ -194,12 +199,12 @@ pub async fn prune(store: &StateStore, r: Retention) -> Result<usize, Coordinato
 }
 
 /// Applies the retention now and every ten minutes until shutdown.
-pub async fn keep_bounded(store: StateStore, r: Retention, shutdown: Shutdown) {
+pub async fn keep_bounded(store: StateStore, r: Retention, clock: Clock, shutdown: Shutdown) {
     let mut tick = tokio::time::interval(PRUNE_EVERY);
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = tick.tick() => match prune(&store, r).await {
+            _ = tick.tick() => match prune(&store, r, &clock).await {
                 Ok(0) => {}
                 Ok(n) => info!(runs = n, "fleet history pruned"),
                 Err(e) => warn!("{e}"),
@@ -293,7 +298,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let raw = RedbStore::open(&dir.path().join("s.redb")).unwrap();
         let store = StateStore::new(Arc::new(raw));
-        let now = gpuctl_core::now_ms();
+        let clock = Clock::manual(1_700_000_000_000);
+        let now = clock.now_ms();
         let day = 86_400_000;
         let run = |node: &str, job: u64, age_ms: u64| NodeRun {
             node: node.into(),
@@ -329,7 +335,7 @@ mod tests {
             max_age: Duration::from_secs(86_400),
         };
         // a: two past the newest two, one of them also too old; b: too old.
-        assert_eq!(prune(&store, r).await.unwrap(), 4);
+        assert_eq!(prune(&store, r, &clock).await.unwrap(), 4);
         let jobs = |node: &str| {
             let store = store.clone();
             let node = node.to_string();

@@ -20,7 +20,7 @@ use tracing::debug;
 
 use gpuctl_core::pb::{FleetRow, GetFleetRequest, GpuRow, Verdict};
 
-use crate::scheduler::{Event, SchedulerHandle, Snapshot};
+use crate::scheduler::{Query, SchedulerHandle, Snapshot};
 use crate::store::StateStore;
 
 const NODE_STATES: &[&str] = &["ready", "busy", "lost"];
@@ -367,7 +367,7 @@ pub async fn serve(
     let scrape = move || {
         let (sched, store, rows) = (sched.clone(), store.clone(), rows.clone());
         async move {
-            let mut snap = match sched.ask(|reply| Event::Metrics { reply }).await {
+            let mut snap = match sched.ask(|reply| Query::Metrics { reply }).await {
                 Ok(snap) => snap,
                 Err(_) => return Err("coordinator stopping".to_string()),
             };

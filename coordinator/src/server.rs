@@ -23,7 +23,7 @@ use crate::judge::rules::PerfRules;
 use crate::logs::LogSink;
 use crate::rendezvous::Rendezvous;
 use crate::runtime::FleetRuntime;
-use crate::scheduler::{Scheduler, SchedulerConfig};
+use crate::scheduler::{Clock, Scheduler, SchedulerConfig};
 use crate::service::auth::Security;
 use crate::service::gate::{ResultGate, RESULTS_IN_FLIGHT};
 use crate::service::{agent::AgentSvc, job::JobSvc, worker::WorkerSvc};
@@ -200,6 +200,7 @@ pub async fn run_with(
         perf_rules: perf_rules.clone(),
         keep_jobs: cfg.keep_jobs as usize,
         max_nodes: cfg.max_nodes as usize,
+        clock: Clock::system(),
     };
     let scheduler = Scheduler::load(sched_cfg, store.clone(), rdv.clone(), logs)
         .await
@@ -218,6 +219,7 @@ pub async fn run_with(
     let history_task = tokio::spawn(crate::history::keep_bounded(
         store.clone(),
         cfg.retention(),
+        sched.clock().clone(),
         shutdown.clone(),
     ));
     let jobs = JobServiceServer::new(JobSvc::new(

@@ -5,14 +5,14 @@
 
 use std::sync::Arc;
 
-use gpuctl_core::now_ms;
 use gpuctl_core::pb::{
     AssignmentAck, Heartbeat, JobState, Node, NodeState, RegisterRequest, RegisterResponse,
 };
 use tracing::{debug, info, warn};
 
+use super::events::{AgentEvent, SessionTx};
 use super::state::{NodeEntry, Session};
-use super::{human, Scheduler, SessionTx};
+use super::{human, Scheduler};
 use crate::error::CoordinatorError;
 use crate::plan::planner;
 use crate::store::Batch;
@@ -21,32 +21,39 @@ use crate::store::Batch;
 const STALE_JOB_MS: u64 = 5_000;
 
 impl Scheduler {
-    /// Forgets a node that runs no job. A live agent's session ends with
-    /// it; such an agent registers again by itself.
-    pub(super) async fn remove_node(&mut self, name: &str) -> Result<Node, CoordinatorError> {
-        let Some(e) = self.nodes.get(name) else {
-            return Err(CoordinatorError::NodeNotFound(name.to_string()));
-        };
-        if !e.node.current_job.is_empty() {
-            return Err(CoordinatorError::Refused(format!(
-                "node {name} is running {}; cancel it first (gpuctl cancel {})",
-                e.node.current_job, e.node.current_job
-            )));
+    /// What agents send, in the order below, and a person's removal of a
+    /// node; the tick's share (nodes gone silent, jobs awaiting adoption)
+    /// comes last.
+    pub(super) async fn on_agent(&mut self, ev: AgentEvent) {
+        match ev {
+            AgentEvent::AgentRegistered {
+                req,
+                coordinator_url,
+                reply,
+            } => {
+                let _ = reply.send(self.register(req, coordinator_url).await);
+            }
+            AgentEvent::SessionOpened {
+                node,
+                session,
+                tx,
+                first,
+                reply,
+            } => {
+                let _ = reply.send(self.session_opened(node, session, tx, first));
+            }
+            AgentEvent::Heartbeat { node, session, hb } => self.heartbeat(node, session, hb),
+            AgentEvent::SessionClosed { node, session, why } => {
+                self.session_closed(node, session, &why)
+            }
+            AgentEvent::AssignmentAck { node, ack } => self.assignment_ack(node, ack).await,
+            AgentEvent::RemoveNode { name, reply } => {
+                let _ = reply.send(self.remove_node(&name).await);
+            }
         }
-        self.store
-            .delete_node(name)
-            .await
-            .map_err(|err| CoordinatorError::store("could not remove the node", err))?;
-        let removed = self
-            .nodes
-            .remove(name)
-            .map(|e| Arc::unwrap_or_clone(e.node))
-            .unwrap_or_default();
-        info!(node = %name, "node removed");
-        Ok(removed)
     }
 
-    pub(super) async fn register(
+    async fn register(
         &mut self,
         req: RegisterRequest,
         url: String,
@@ -64,7 +71,7 @@ impl Scheduler {
                 max: self.cfg.max_nodes,
             });
         }
-        let now = now_ms();
+        let now = self.cfg.clock.now_ms();
         let entry = self
             .nodes
             .entry(name.clone())
@@ -164,50 +171,7 @@ impl Scheduler {
         })
     }
 
-    /// Jobs found running at load: done once every node came back (or every
-    /// rank has a result); failed, naming the nodes still missing, when the
-    /// adopt grace has passed.
-    pub(super) async fn check_adoptions(&mut self) {
-        let now = now_ms();
-        let ids: Vec<String> = self.adopting.keys().cloned().collect();
-        for id in ids {
-            if self.judge_if_complete(&id) {
-                self.adopting.remove(&id);
-                continue;
-            }
-            let Some(j) = self
-                .jobs
-                .get(&id)
-                .filter(|j| j.state() == JobState::Running)
-            else {
-                self.adopting.remove(&id);
-                continue;
-            };
-            let missing: Vec<String> = j
-                .job
-                .plan
-                .iter()
-                .flat_map(|p| &p.nodes)
-                .filter(|n| self.nodes.get(*n).is_none_or(|e| e.lost()))
-                .cloned()
-                .collect();
-            if missing.is_empty() {
-                info!(job = %id, "job adopted: every node came back");
-                self.adopting.remove(&id);
-            } else if now >= self.adopting[&id] {
-                self.adopting.remove(&id);
-                let msg = format!(
-                    "{} {} did not come back within {} of the coordinator restart",
-                    if missing.len() == 1 { "node" } else { "nodes" },
-                    missing.join(", "),
-                    human(self.cfg.adopt_grace)
-                );
-                self.finish(&id, JobState::Failed, msg, None).await;
-            }
-        }
-    }
-
-    pub(super) async fn session_opened(
+    fn session_opened(
         &mut self,
         node: String,
         id: u64,
@@ -225,7 +189,7 @@ impl Scheduler {
             )));
         }
         e.session = Some(Session { id, tx });
-        e.heard(first.unix_ms.max(now_ms()));
+        e.heard(first.unix_ms.max(self.cfg.clock.now_ms()));
         if e.lost() {
             let n = e.node_mut();
             n.set_state(NodeState::Ready);
@@ -238,8 +202,8 @@ impl Scheduler {
         Ok(())
     }
 
-    pub(super) async fn heartbeat(&mut self, node: String, session: u64, hb: Heartbeat) {
-        let now = now_ms();
+    fn heartbeat(&mut self, node: String, session: u64, hb: Heartbeat) {
+        let now = self.cfg.clock.now_ms();
         let Some(e) = self.nodes.get_mut(&node) else {
             return;
         };
@@ -299,7 +263,7 @@ impl Scheduler {
         }
     }
 
-    pub(super) fn session_closed(&mut self, node: String, session: u64, why: &str) {
+    fn session_closed(&mut self, node: String, session: u64, why: &str) {
         if let Some(e) = self.nodes.get_mut(&node) {
             if e.session.as_ref().map(|s| s.id) == Some(session) {
                 e.session = None;
@@ -308,7 +272,7 @@ impl Scheduler {
         }
     }
 
-    pub(super) async fn assignment_ack(&mut self, node: String, ack: AssignmentAck) {
+    async fn assignment_ack(&mut self, node: String, ack: AssignmentAck) {
         let running = match self.jobs.get_mut(&ack.job_id) {
             Some(j) if j.state() == JobState::Running && j.job.attempt == ack.attempt => {
                 // The node's preflight at job start replaces the one from registration.
@@ -334,10 +298,35 @@ impl Scheduler {
         }
     }
 
+    /// Forgets a node that runs no job. A live agent's session ends with
+    /// it; such an agent registers again by itself.
+    async fn remove_node(&mut self, name: &str) -> Result<Node, CoordinatorError> {
+        let Some(e) = self.nodes.get(name) else {
+            return Err(CoordinatorError::NodeNotFound(name.to_string()));
+        };
+        if !e.node.current_job.is_empty() {
+            return Err(CoordinatorError::Refused(format!(
+                "node {name} is running {}; cancel it first (gpuctl cancel {})",
+                e.node.current_job, e.node.current_job
+            )));
+        }
+        self.store
+            .delete_node(name)
+            .await
+            .map_err(|err| CoordinatorError::store("could not remove the node", err))?;
+        let removed = self
+            .nodes
+            .remove(name)
+            .map(|e| Arc::unwrap_or_clone(e.node))
+            .unwrap_or_default();
+        info!(node = %name, "node removed");
+        Ok(removed)
+    }
+
     /// Nodes without a heartbeat for the node timeout are lost, and so is the
     /// job each was running.
     pub(super) async fn lose_silent_nodes(&mut self) {
-        let now = now_ms();
+        let now = self.cfg.clock.now_ms();
         let timeout = self.cfg.node_timeout;
         let mut lost = Vec::new();
         for (name, e) in self.nodes.iter_mut() {
@@ -360,5 +349,48 @@ impl Scheduler {
             }
         }
         self.check_adoptions().await;
+    }
+
+    /// Jobs found running at load: done once every node came back (or every
+    /// rank has a result); failed, naming the nodes still missing, when the
+    /// adopt grace has passed.
+    pub(super) async fn check_adoptions(&mut self) {
+        let now = self.cfg.clock.now_ms();
+        let ids: Vec<String> = self.adopting.keys().cloned().collect();
+        for id in ids {
+            if self.judge_if_complete(&id) {
+                self.adopting.remove(&id);
+                continue;
+            }
+            let Some(j) = self
+                .jobs
+                .get(&id)
+                .filter(|j| j.state() == JobState::Running)
+            else {
+                self.adopting.remove(&id);
+                continue;
+            };
+            let missing: Vec<String> = j
+                .job
+                .plan
+                .iter()
+                .flat_map(|p| &p.nodes)
+                .filter(|n| self.nodes.get(*n).is_none_or(|e| e.lost()))
+                .cloned()
+                .collect();
+            if missing.is_empty() {
+                info!(job = %id, "job adopted: every node came back");
+                self.adopting.remove(&id);
+            } else if now >= self.adopting[&id] {
+                self.adopting.remove(&id);
+                let msg = format!(
+                    "{} {} did not come back within {} of the coordinator restart",
+                    if missing.len() == 1 { "node" } else { "nodes" },
+                    missing.join(", "),
+                    human(self.cfg.adopt_grace)
+                );
+                self.finish(&id, JobState::Failed, msg, None).await;
+            }
+        }
     }
 }

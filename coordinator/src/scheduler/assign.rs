@@ -12,7 +12,7 @@ use gpuctl_core::pb::coordinator_message::Msg;
 use gpuctl_core::pb::{Assignment, CoordinatorMessage, JobSpec, Plan};
 
 /// What every node's assignment of one job attempt is made of.
-pub struct Work {
+pub struct AssignmentInputs {
     pub job_id: String,
     pub attempt: u32,
     pub spec: JobSpec,
@@ -24,7 +24,7 @@ pub struct Work {
     pub nodes: Vec<(String, String)>,
 }
 
-impl Work {
+impl AssignmentInputs {
     /// Each node's assignment message, in plan order.
     pub fn build(self) -> Vec<(String, CoordinatorMessage)> {
         let env: HashMap<String, String> = self

@@ -96,10 +96,10 @@ fn take<F>(slot: &Mutex<Option<F>>) -> Option<F> {
 
 /// Sends an event from a thread off the runtime to the scheduler's first
 /// lane; a stopped scheduler drops it.
-pub fn send(lane: &mpsc::WeakSender<Event>, ev: Event) {
+pub fn send(lane: &mpsc::WeakSender<Event>, ev: impl Into<Event>) {
     match lane.upgrade() {
         Some(tx) => {
-            if tx.blocking_send(ev).is_err() {
+            if tx.blocking_send(ev.into()).is_err() {
                 debug!("scheduler stopped; event dropped");
             }
         }

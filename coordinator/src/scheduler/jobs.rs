@@ -3,14 +3,14 @@
 
 use std::time::Duration;
 
-use gpuctl_core::now_ms;
 use gpuctl_core::pb::{CoordinatorMessage, Job, JobSpec, JobState, Node, Plan, Report};
 use tracing::{debug, info, warn};
 
-use super::events::Event;
-use super::reports::{self, Built};
+use super::assign::AssignmentInputs;
+use super::background;
+use super::events::{Built, JobEvent};
+use super::reports;
 use super::state::{self, job_id, JobEntry};
-use super::{assign, background};
 use super::{human, Scheduler};
 use crate::error::CoordinatorError;
 use crate::judge::report;
@@ -21,6 +21,33 @@ pub use gpuctl_core::spec::job_budget_ms;
 use gpuctl_core::spec::DEADLINE_GRACE_MS;
 
 impl Scheduler {
+    /// People submit and cancel jobs; the scheduler's threads bring back
+    /// a submitted job's plan and a started job's assignments.
+    pub(super) async fn on_job(&mut self, ev: JobEvent) {
+        match ev {
+            JobEvent::Submit { spec, reply } => self.submit_later(spec, reply),
+            JobEvent::Planned { plan, reply } => {
+                let job = match plan {
+                    Ok(plan) => self.submit_planned(plan).await,
+                    Err(e) => Err(e),
+                };
+                let _ = reply.send(job);
+            }
+            JobEvent::Cancel {
+                job_id,
+                reason,
+                reply,
+            } => {
+                let _ = reply.send(self.cancel(job_id, reason).await);
+            }
+            JobEvent::Assignments {
+                job_id,
+                attempt,
+                messages,
+            } => self.send_assignments(job_id, attempt, messages).await,
+        }
+    }
+
     pub(super) fn job(&self, id: &str) -> Result<&JobEntry, CoordinatorError> {
         self.jobs.get(id).ok_or_else(|| self.no_job(id))
     }
@@ -92,7 +119,7 @@ impl Scheduler {
             baseline,
             state: JobState::Pending as i32,
             attempt: 1,
-            created_unix_ms: now_ms(),
+            created_unix_ms: self.cfg.clock.now_ms(),
             ..Default::default()
         };
         self.store
@@ -145,7 +172,7 @@ impl Scheduler {
     }
 
     async fn start(&mut self, id: &str, names: Vec<String>) {
-        let now = now_ms();
+        let now = self.cfg.clock.now_ms();
         let spec = self.jobs[id].job.spec.clone().unwrap_or_default();
         let planned = self.jobs.get_mut(id).and_then(|e| e.planned.take());
         let same = |p: &Plan| {
@@ -218,7 +245,7 @@ impl Scheduler {
                 Some((name.clone(), n.coordinator_url.clone()))
             })
             .collect();
-        let work = assign::Work {
+        let work = AssignmentInputs {
             job_id: id.to_string(),
             attempt,
             spec,
@@ -233,7 +260,7 @@ impl Scheduler {
             let messages = work.build();
             background::send(
                 &lane,
-                Event::Assignments {
+                JobEvent::Assignments {
                     job_id,
                     attempt,
                     messages,
@@ -310,7 +337,9 @@ impl Scheduler {
             // happens now (a node lost, a deadline) changes nothing.
             return;
         }
-        let now = prebuilt.as_ref().map_or_else(now_ms, |b| b.at_ms);
+        let now = prebuilt
+            .as_ref()
+            .map_or_else(|| self.cfg.clock.now_ms(), |b| b.at_ms);
         let since = prebuilt.as_ref().map(|b| b.since);
         entry.job.set_state(state);
         entry.job.message = message.clone();
@@ -334,7 +363,7 @@ impl Scheduler {
             }
         };
         let entry = self.jobs.get_mut(id).expect("the job is there");
-        // Results and telemetry went with the report (reports::Work::take);
+        // Results and telemetry went with the report (`ReportInputs::take`);
         // memory keeps only what a finished job shows.
         entry.slim();
         batch = batch.job(&entry.job);
@@ -389,7 +418,7 @@ impl Scheduler {
     /// Running jobs past their deadline (and its grace) fail, naming the ranks
     /// that have not reported.
     pub(super) async fn fail_overdue_jobs(&mut self) {
-        let now = now_ms();
+        let now = self.cfg.clock.now_ms();
         let overdue: Vec<(String, String)> = self
             .jobs
             .values()
@@ -430,7 +459,7 @@ impl Scheduler {
     /// timeout fail, naming the rank to blame (`report::hang::find`); every
     /// worker of the job is then stopped with `CancelJob.kind` hang.
     pub(super) async fn fail_hung_jobs(&mut self) {
-        let now = now_ms();
+        let now = self.cfg.clock.now_ms();
         let mut hung = Vec::new();
         for e in self.jobs.values_mut() {
             if e.state() != JobState::Running || e.judging() {
@@ -465,7 +494,7 @@ impl Scheduler {
     pub(super) async fn report(&self, id: &str) -> Result<Report, CoordinatorError> {
         let entry = self.job(id)?;
         if !entry.state().is_terminal() {
-            return Ok(entry.report(now_ms(), &self.cfg));
+            return Ok(entry.report(self.cfg.clock.now_ms(), &self.cfg));
         }
         let unavailable = |e| CoordinatorError::store(format!("reading the report of {id}"), e);
         if let Some(r) = self.store.report(id).await.map_err(unavailable)? {

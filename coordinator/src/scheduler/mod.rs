@@ -3,16 +3,52 @@
 //! happens in one place (docs/architecture.md, "Job life"). gRPC handlers talk
 //! to it through a [`SchedulerHandle`] and await the reply.
 //!
-//! This file holds the state, its loading and the event loop; what each event
-//! does lives in one `impl Scheduler` block per concern: [`agents`] (agents,
-//! sessions, heartbeats, lost nodes), [`jobs`] (a job's life from submit to
-//! report) and [`ranks`] (what running ranks send: progress, results, exits,
-//! logs, telemetry).
+//! Events come in groups by concern ([`events`]); `Scheduler::dispatch`
+//! hands each group to the one method that handles it, in the file of its
+//! concern, which reads top to bottom from there. The files:
+//!
+//! - `mod.rs`: the state, its loading, the event loop, the dispatch to each
+//!   group's handler, the tick.
+//! - `handle.rs`: [`SchedulerHandle`], the people's and the fleet's lanes in.
+//! - `events.rs`: every event by group; what each is, said once (name, lane,
+//!   whether it may start jobs); what they carry; how to add an RPC.
+//! - `agents.rs`: [`AgentEvent`]s: registration and adoption, sessions,
+//!   heartbeats, acknowledgements, lost nodes, node removal.
+//! - `jobs.rs`: [`JobEvent`]s: submit, start, assignments sent, finish,
+//!   cancel, deadlines, hangs.
+//! - `ranks.rs`: [`RankEvent`]s: progress, results, exits, logs, telemetry.
+//! - `reports.rs`: [`ReportEvent`]s: reports judged and built off the task;
+//!   a report refolded with late results, and its nodes' runs again;
+//!   `GetReport`.
+//! - `suites.rs`: [`SuiteEvent`]s: acceptance suites.
+//! - `views.rs`: [`Query`]s: every read; bounded views for people and the
+//!   nodes' table.
+//! - `planning.rs`: a job planned off the task.
+//! - `assign.rs`: a started job's assignments, built off the task.
+//! - `background.rs`: work handed off the task; judging at a lower CPU
+//!   priority.
+//! - `state.rs`: the in-memory state: nodes with their sessions, jobs with
+//!   their results, progress and hang clocks, reports on their way.
+//! - `recent.rs`: the last ended job's report, kept a while.
+//! - `retention.rs`: ended jobs past `--keep-jobs` deleted whole.
+//! - `snapshot.rs`: what `/metrics` shows.
+//! - `tests.rs`: lost nodes, deadlines and hangs under a manual [`Clock`].
+//!
+//! Imports between the files go one way, never round: `events` imports
+//! only `snapshot` (whose type a query carries); `background` imports
+//! `events`; `state` those two; `recent` and `views` import from there
+//! down; `reports` also `recent`; `planning` also `views`; `jobs` also
+//! `reports` and `assign`. The concern files reach each other's methods
+//! through `impl Scheduler`, not imports.
+//!
+//! Time is read from the [`Clock`] in [`SchedulerConfig`], never from the
+//! system, so that tests move it by hand.
 
 mod agents;
 mod assign;
 mod background;
 pub mod events;
+mod handle;
 mod jobs;
 mod planning;
 mod ranks;
@@ -22,27 +58,31 @@ mod retention;
 pub mod snapshot;
 pub mod state;
 mod suites;
+#[cfg(test)]
+mod tests;
 mod views;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpuctl_core::now_ms;
-use gpuctl_core::pb::{JobState, ListNodesResponse, NodeState, Suite};
+use gpuctl_core::pb::{JobState, NodeState, Suite};
 use gpuctl_core::shutdown::Shutdown;
 use tokio::runtime::Handle;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
-pub use events::{Event, Reply, SessionTx};
+pub use events::{
+    AgentEvent, Event, JobEvent, Query, RankEvent, Reply, ReportEvent, SessionTx, SuiteEvent,
+};
+pub use handle::SchedulerHandle;
 pub use jobs::job_budget_ms;
 use snapshot::Counts;
 pub use snapshot::Snapshot;
 use state::{JobEntry, NodeEntry};
 
-use crate::error::CoordinatorError;
+pub use crate::clock::Clock;
 use crate::judge::health::HealthRules;
 use crate::judge::rules::PerfRules;
 use crate::judge::telemetry::Telemetry;
@@ -68,79 +108,8 @@ pub struct SchedulerConfig {
     pub keep_jobs: usize,
     /// Nodes that may be registered at once (`--max-nodes`).
     pub max_nodes: usize,
-}
-
-/// How gRPC handlers reach the scheduler task. People's requests (the CLI's)
-/// have a lane of their own that the task serves first: at thousands of
-/// nodes the fleet's own stream (heartbeats, progress, telemetry) keeps the
-/// other lane full, and `gpuctl jobs` must not wait behind a second of it.
-#[derive(Clone)]
-pub struct SchedulerHandle {
-    tx: mpsc::Sender<Event>,
-    people: mpsc::Sender<Event>,
-}
-
-impl SchedulerHandle {
-    /// Sends an event that carries a reply and waits for the answer.
-    pub async fn ask<T>(
-        &self,
-        make: impl FnOnce(Reply<T>) -> Event,
-    ) -> Result<T, CoordinatorError> {
-        let (tx, rx) = oneshot::channel();
-        self.lane(make(tx))
-            .await
-            .map_err(|_| CoordinatorError::ShuttingDown)?;
-        rx.await.map_err(|_| CoordinatorError::ShuttingDown)
-    }
-
-    /// Every node, each whole or as `gpuctl nodes` shows it (`brief`).
-    ///
-    /// The caller's worker thread waits for the scheduler and copies whole
-    /// nodes out of the runtime's rotation (`block_in_place`), not on the
-    /// blocking pool: at a 32,768-rank job's start and end thousands of
-    /// fleet calls were queued, and a handler woken from another thread
-    /// waited 35-60 ms behind them with its listing already built. A brief
-    /// listing's table comes built from the scheduler's task.
-    pub async fn list_nodes(&self, brief: bool) -> Result<ListNodesResponse, CoordinatorError> {
-        let (tx, rx) = oneshot::channel();
-        self.lane(Event::ListNodes { brief, reply: tx })
-            .await
-            .map_err(|_| CoordinatorError::ShuttingDown)?;
-        let listing = background::recv_in_place(rx)
-            .await
-            .map_err(|_| CoordinatorError::ShuttingDown)?;
-        Ok(match listing {
-            views::Listing::Table(t) => ListNodesResponse {
-                table: Some(*t),
-                ..Default::default()
-            },
-            views::Listing::Nodes(nodes) => background::in_place(move || ListNodesResponse {
-                nodes: nodes.into_iter().map(Arc::unwrap_or_clone).collect(),
-                table: None,
-            }),
-        })
-    }
-
-    /// Sends an event that needs no answer.
-    pub async fn tell(&self, event: Event) {
-        if self.lane(event).await.is_err() {
-            debug!("scheduler stopped; event dropped");
-        }
-    }
-
-    /// The fleet's lane, for a reader that keeps its place in line while
-    /// it does other work (an agent's session; see `service::inbox`).
-    pub fn fleet_lane(&self) -> tokio_util::sync::PollSender<Event> {
-        tokio_util::sync::PollSender::new(self.tx.clone())
-    }
-
-    async fn lane(&self, ev: Event) -> Result<(), mpsc::error::SendError<Event>> {
-        if ev.from_people() {
-            self.people.send(ev).await
-        } else {
-            self.tx.send(ev).await
-        }
-    }
+    /// Where every time-dependent rule reads the time.
+    pub clock: Clock,
 }
 
 fn human(d: Duration) -> String {
@@ -190,7 +159,7 @@ impl Scheduler {
         rdv: Rendezvous,
         logs: LogSink,
     ) -> Result<Scheduler, StoreError> {
-        let now = now_ms();
+        let now = cfg.clock.now_ms();
         let adopt_by = now.saturating_add(cfg.adopt_grace.as_millis() as u64);
         let mut job_seq = store.job_seq().await?;
         let mut jobs = BTreeMap::new();
@@ -326,8 +295,9 @@ impl Scheduler {
         // scheduler yields or wakes another, and unconstrained it never
         // yielded while a big job's fleet calls kept its lanes full. Tried
         // at 4,096 nodes: no gain told apart from run-to-run spread.
+        let clock = self.cfg.clock.clone();
         let task = on.spawn(self.run(rx, people_rx, shutdown));
-        (SchedulerHandle { tx, people }, task)
+        (SchedulerHandle { tx, people, clock }, task)
     }
 
     async fn run(
@@ -366,7 +336,7 @@ impl Scheduler {
     /// everything else waits meanwhile.
     async fn handle(&mut self, ev: Event) {
         let (name, began) = (ev.name(), std::time::Instant::now());
-        self.handle_event(ev).await;
+        self.dispatch(ev).await;
         let took = began.elapsed();
         if took >= SLOW_EVENT {
             warn!(
@@ -377,129 +347,18 @@ impl Scheduler {
         }
     }
 
-    async fn handle_event(&mut self, ev: Event) {
-        let may_start = ev.may_start_jobs();
+    /// Hands the event to its group's handler; waiting jobs are looked
+    /// at after one that may start them.
+    async fn dispatch(&mut self, ev: Event) {
+        let may_start = ev.about().may_start_jobs;
         match ev {
-            Event::AgentRegistered {
-                req,
-                coordinator_url,
-                reply,
-            } => {
-                let _ = reply.send(self.register(req, coordinator_url).await);
-            }
-            Event::SessionOpened {
-                node,
-                session,
-                tx,
-                first,
-                reply,
-            } => {
-                let _ = reply.send(self.session_opened(node, session, tx, first).await);
-            }
-            Event::Heartbeat { node, session, hb } => self.heartbeat(node, session, hb).await,
-            Event::SessionClosed { node, session, why } => self.session_closed(node, session, &why),
-            Event::AssignmentAck { node, ack } => self.assignment_ack(node, ack).await,
-            Event::Submit { spec, reply } => self.submit_later(spec, reply),
-            Event::Planned { plan, reply } => {
-                let job = match plan {
-                    Ok(plan) => self.submit_planned(plan).await,
-                    Err(e) => Err(e),
-                };
-                let _ = reply.send(job);
-            }
-            Event::Plan {
-                spec,
-                max_ranks,
-                reply,
-            } => self.plan_later(spec, max_ranks, reply),
-            Event::Cancel {
-                job_id,
-                reason,
-                reply,
-            } => {
-                let _ = reply.send(self.cancel(job_id, reason).await);
-            }
-            Event::WorkerProgress { report, reply } => {
-                let _ = reply.send(self.worker_progress(report));
-            }
-            Event::WorkerResult { result, reply } => match self.worker_result(result).await {
-                ranks::Answer::Now(a) => {
-                    let _ = reply.send(a);
-                }
-                // The worker hears back once its result is durable; the
-                // scheduler goes on meanwhile.
-                ranks::Answer::WhenStored(durable, message) => {
-                    tokio::spawn(async move {
-                        let a = match durable.wait().await {
-                            Ok(()) => (true, message),
-                            Err(e) => (false, format!("could not store the result: {e}")),
-                        };
-                        let _ = reply.send(a);
-                    });
-                }
-            },
-            Event::WorkerExited { node, exited } => self.worker_exited(node, exited).await,
-            Event::WorkerLog { node, log } => self.worker_log(node, log),
-            Event::Telemetry { node, batch } => self.telemetry(node, batch),
-            Event::GetTelemetry { job_id, reply } => {
-                let _ = reply.send(self.latest_telemetry(&job_id));
-            }
+            Event::Agent(ev) => self.on_agent(ev).await,
+            Event::Job(ev) => self.on_job(ev).await,
+            Event::Rank(ev) => self.on_rank(ev).await,
+            Event::Report(ev) => self.on_report(ev).await,
+            Event::Suite(ev) => self.on_suite(ev).await,
+            Event::Query(q) => self.on_query(q).await,
             Event::Tick => self.tick().await,
-            Event::Metrics { reply } => {
-                let _ = reply.send(self.snapshot());
-            }
-            Event::GetJob {
-                job_id,
-                max_ranks,
-                reply,
-            } => self.get_job(&job_id, max_ranks, reply),
-            Event::ListJobs { limit, reply } => {
-                let _ = reply.send(self.list_jobs(limit));
-            }
-            Event::ListNodes { brief, reply } => {
-                let nodes = self.nodes.values();
-                // The table is built here, from the nodes in place. Built by
-                // the caller, it held every node's `Arc` meanwhile, and a
-                // job's start or end, which changes all 4,096 nodes, copied
-                // each one held (GPUs, facts, checks) on this task. Whole
-                // nodes (`-o json`) are still copied by the caller: building
-                // them here held the task 15-30 ms a call.
-                let listing = if brief {
-                    views::Listing::Table(Box::new(views::table(
-                        nodes.map(|e| (e.node.as_ref(), e.fixed.as_ref())),
-                    )))
-                } else {
-                    views::Listing::Nodes(nodes.map(|e| e.node.clone()).collect())
-                };
-                let _ = reply.send(listing);
-            }
-            Event::RemoveNode { name, reply } => {
-                let _ = reply.send(self.remove_node(&name).await);
-            }
-            Event::GetReport { job_id, reply } => self.get_report(&job_id, reply).await,
-            Event::SubmitSuite { req, reply } => {
-                let _ = reply.send(self.submit_suite(req).await);
-            }
-            Event::GetSuite { id, reply } => {
-                let _ = reply.send(self.suite(&id));
-            }
-            Event::CancelSuite { id, reply } => {
-                let _ = reply.send(self.cancel_suite(&id).await);
-            }
-            Event::Judged {
-                job_id,
-                attempt,
-                state,
-                message,
-                built,
-            } => self.judged(job_id, attempt, state, message, *built).await,
-            Event::Assignments {
-                job_id,
-                attempt,
-                messages,
-            } => self.send_assignments(job_id, attempt, messages).await,
-            Event::ReportStored { job_id, report } => self.report_stored(job_id, *report).await,
-            Event::Refolded { job_id, report } => self.refolded(job_id, report.map(|r| *r)).await,
         }
         if may_start {
             self.start_pending().await;
@@ -512,7 +371,7 @@ impl Scheduler {
         self.fail_hung_jobs().await;
         self.store_telemetry(false).await;
         self.refold_stale();
-        self.recent.expire(now_ms());
+        self.recent.expire(self.cfg.clock.now_ms());
     }
 
     /// Writes state; a failure is logged, since the in-memory state already moved on.

@@ -4,7 +4,7 @@
 //! waiting. The spec is checked on the task (a bad field is answered at
 //! once); the nodes are taken as they are then, shared, and planned on a
 //! blocking thread. A submitted job is stored and started when the plan
-//! comes back ([`Event::Planned`]); if its nodes changed meanwhile,
+//! comes back ([`JobEvent::Planned`]); if its nodes changed meanwhile,
 //! starting it plans it again on the nodes it gets.
 
 use std::sync::Arc;
@@ -12,7 +12,7 @@ use std::sync::Arc;
 use gpuctl_core::pb::{JobSpec, Node, Plan, Verdict};
 
 use super::background::{self, off_task};
-use super::events::{Event, Reply};
+use super::events::{JobEvent, Reply};
 use super::state::NodeEntry;
 use super::views;
 use super::Scheduler;
@@ -117,7 +117,7 @@ impl Scheduler {
     }
 
     /// `Submit`: planned on a blocking thread, then stored and started on
-    /// the task ([`Event::Planned`]).
+    /// the task ([`JobEvent::Planned`]).
     pub(super) fn submit_later(
         &self,
         spec: JobSpec,
@@ -130,7 +130,7 @@ impl Scheduler {
         let lane = self.first_lane.clone();
         off_task(move || {
             let plan = planning.run();
-            background::send(&lane, Event::Planned { plan, reply });
+            background::send(&lane, JobEvent::Planned { plan, reply });
         });
     }
 }

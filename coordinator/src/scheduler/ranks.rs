@@ -5,9 +5,10 @@ use gpuctl_core::pb::{
     Ack, JobState, RankProgressReport, RankResult, StopReason, TelemetryBatch, WorkerExited,
     WorkerLog,
 };
-use gpuctl_core::{now_ms, timeline};
+use gpuctl_core::timeline;
 use tracing::debug;
 
+use super::events::RankEvent;
 use super::Scheduler;
 use crate::error::CoordinatorError;
 use crate::judge::report;
@@ -17,7 +18,7 @@ use crate::store::{Batch, Durable};
 
 /// What a worker hears back about its result: now (refused), or once the
 /// result is durable.
-pub(super) enum Answer {
+enum Answer {
     Now((bool, String)),
     WhenStored(Durable, String),
 }
@@ -32,9 +33,38 @@ const LATE_RESULT_MS: u64 = 60_000;
 const TELEMETRY_STORE_MS: u64 = 10_000;
 
 impl Scheduler {
+    /// What ranks send, in the order below; the tick's share (telemetry
+    /// written while a job runs) comes last.
+    pub(super) async fn on_rank(&mut self, ev: RankEvent) {
+        match ev {
+            RankEvent::WorkerProgress { report, reply } => {
+                let _ = reply.send(self.worker_progress(report));
+            }
+            RankEvent::WorkerResult { result, reply } => match self.worker_result(result).await {
+                Answer::Now(a) => {
+                    let _ = reply.send(a);
+                }
+                // The worker hears back once its result is durable; the
+                // scheduler goes on meanwhile.
+                Answer::WhenStored(durable, message) => {
+                    tokio::spawn(async move {
+                        let a = match durable.wait().await {
+                            Ok(()) => (true, message),
+                            Err(e) => (false, format!("could not store the result: {e}")),
+                        };
+                        let _ = reply.send(a);
+                    });
+                }
+            },
+            RankEvent::WorkerExited { node, exited } => self.worker_exited(node, exited).await,
+            RankEvent::WorkerLog { node, log } => self.worker_log(node, log),
+            RankEvent::Telemetry { node, batch } => self.telemetry(node, batch),
+        }
+    }
+
     /// Takes a rank's progress; the answer says when to send the next one
     /// (`gpuctl_core::spec::progress_interval_ms`).
-    pub(super) fn worker_progress(&mut self, report: RankProgressReport) -> Ack {
+    fn worker_progress(&mut self, report: RankProgressReport) -> Ack {
         let refuse = |message: String| Ack {
             ok: false,
             message,
@@ -73,11 +103,13 @@ impl Scheduler {
                 .unwrap_or_default();
         }
         if p.unix_ms == 0 {
-            p.unix_ms = now_ms();
+            p.unix_ms = self.cfg.clock.now_ms();
         }
         if entry.placement(p.rank).is_some() {
             let before = entry.progress.get(&p.rank).map_or(0, |old| old.iterations);
-            entry.watch.progress(p.rank, before, p.iterations, now_ms());
+            entry
+                .watch
+                .progress(p.rank, before, p.iterations, self.cfg.clock.now_ms());
         }
         entry.progress.insert(p.rank, p);
         Ack {
@@ -87,7 +119,7 @@ impl Scheduler {
         }
     }
 
-    pub(super) async fn worker_result(&mut self, mut result: RankResult) -> Answer {
+    async fn worker_result(&mut self, mut result: RankResult) -> Answer {
         let Some(entry) = self.jobs.get_mut(&result.job_id) else {
             return Answer::Now((false, format!("unknown job `{}`", result.job_id)));
         };
@@ -140,7 +172,11 @@ impl Scheduler {
                 format!("job {id} was cancelled: its results are no longer taken"),
             ));
         }
-        let ended_ms = now_ms().saturating_sub(entry.job.finished_unix_ms);
+        let ended_ms = self
+            .cfg
+            .clock
+            .now_ms()
+            .saturating_sub(entry.job.finished_unix_ms);
         if entry.state().is_terminal() && ended_ms > LATE_RESULT_MS {
             return Answer::Now((
                 false,
@@ -166,7 +202,7 @@ impl Scheduler {
             return Answer::WhenStored(durable, format!("stored; job {id} is ending"));
         }
         if entry.state().is_terminal() {
-            entry.mark_stale(now_ms());
+            entry.mark_stale(self.cfg.clock.now_ms());
             return Answer::WhenStored(durable, format!("stored; job {id} had already ended"));
         }
         entry.results.insert(rank, result);
@@ -175,7 +211,7 @@ impl Scheduler {
         Answer::WhenStored(durable, "stored".into())
     }
 
-    pub(super) async fn worker_exited(&mut self, node: String, ex: WorkerExited) {
+    async fn worker_exited(&mut self, node: String, ex: WorkerExited) {
         let Some(entry) = self.jobs.get_mut(&ex.job_id) else {
             return;
         };
@@ -202,7 +238,7 @@ impl Scheduler {
             .await;
     }
 
-    pub(super) fn worker_log(&mut self, node: String, log: WorkerLog) {
+    fn worker_log(&mut self, node: String, log: WorkerLog) {
         if !self.jobs.contains_key(&log.job_id) || log.lines.is_empty() {
             return;
         }
@@ -216,10 +252,11 @@ impl Scheduler {
     }
 
     /// Samples count toward the job they name, while it runs.
-    pub(super) fn telemetry(&mut self, node: String, batch: TelemetryBatch) {
+    fn telemetry(&mut self, node: String, batch: TelemetryBatch) {
         if let Some(entry) = self.jobs.get_mut(&batch.job_id) {
             if entry.state() == JobState::Running && entry.job.attempt == batch.attempt {
-                self.counts.samples += entry.telemetry.add(&node, batch, now_ms()) as u64;
+                self.counts.samples +=
+                    entry.telemetry.add(&node, batch, self.cfg.clock.now_ms()) as u64;
             }
         }
     }

@@ -4,13 +4,13 @@
 //!
 //! - A running job whose every rank reported is *judged* on a blocking
 //!   thread: its verdict decides whether it succeeded, so it stays running
-//!   (with its results handed to that thread) until [`Event::Judged`] comes
+//!   (with its results handed to that thread) until [`ReportEvent::Judged`] comes
 //!   back and it ends with the report already built.
 //! - A job that ends for any other reason (failure, cancel, deadline, hang)
 //!   ends at once; its report follows on a blocking thread, which queues it
-//!   to the store and sends [`Event::ReportStored`].
+//!   to the store and sends [`ReportEvent::ReportStored`].
 //!
-//! Meanwhile `GetReport` calls for the job wait ([`Pending`]). Results that
+//! Meanwhile `GetReport` calls for the job wait (`state::Pending`). Results that
 //! arrive late are stored at once and folded in together: the report is
 //! made again from the store once they stop coming (a tick with none for
 //! [`STALE_QUIET_MS`], or [`STALE_MAX_MS`] after the first), off the task.
@@ -21,15 +21,15 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use gpuctl_core::now_ms;
 use gpuctl_core::pb::{Job, JobState, RankProgress, RankResult, Report, Verdict, WorkerExited};
 use tracing::{debug, info, warn};
 
 use super::background;
-use super::events::{Event, Reply};
+use super::events::{Built, Reply, ReportEvent};
 use super::recent;
-use super::state::{JobEntry, RETIRE_OVER_RANKS};
-use super::Scheduler;
+use super::state::{JobEntry, Pending, RETIRE_OVER_RANKS};
+use super::{Scheduler, SchedulerConfig};
+use crate::clock::Clock;
 use crate::error::CoordinatorError;
 use crate::history;
 use crate::judge::figures::Figures;
@@ -45,43 +45,14 @@ pub const STALE_QUIET_MS: u64 = 2_000;
 /// …or this long after the first, whichever is sooner.
 pub const STALE_MAX_MS: u64 = 10_000;
 
-/// A job's report on its way: who waits for it, and whether a result came
-/// in after its inputs were taken.
-#[derive(Default)]
-pub struct Pending {
-    /// Judging: the job still runs until its verdict is known.
-    pub judging: bool,
-    pub waiting: Vec<Reply<Result<Report, CoordinatorError>>>,
-    pub straggled: bool,
-}
-
-/// A report built off the task, with what the store gets beside it.
-#[derive(Debug)]
-pub struct Built {
-    pub report: Report,
-    pub at_ms: u64,
-    /// When the job ended as the scheduler saw it (its last result handled,
-    /// or its end decided): how long storing its report took is told from here.
-    pub since: Instant,
-    /// The report for the store.
-    pub batch: Batch,
-    /// The history's runs, committed after `batch` and apart from it
-    /// ([`history::store_runs`]).
-    pub history: Batch,
-    /// The job's last telemetry, for [`store_telemetry`] once `batch` is
-    /// queued: the verdict is what an operator waits for, and at 32,768
-    /// GPUs the series are ~35 MB that the store committed ahead of it,
-    /// 0.1-0.9 s, with their encoding taking CPU from the judge meanwhile.
-    pub telemetry: Telemetry,
-}
-
 /// A job's last telemetry is queued to the store in writes of about this
 /// size: the store holds a transaction's pages in memory until it commits,
 /// and a job's end was one of 100 MB.
 const TELEMETRY_WRITE_BYTES: usize = 8 << 20;
 
-/// Everything a report is made of, owned, so that it can go to another thread.
-struct Work {
+/// Everything a report is made of, owned, so that it can go to another
+/// thread: the owned counterpart of `report::Inputs`.
+struct ReportInputs {
     /// See [`Built::since`].
     since: Instant,
     job: Job,
@@ -92,15 +63,17 @@ struct Work {
     telemetry: Telemetry,
     health: Arc<HealthRules>,
     perf: Arc<PerfRules>,
+    /// When a verdict or a rebuilt report is made, off the task.
+    clock: Clock,
 }
 
-impl Work {
+impl ReportInputs {
     /// Takes the results and telemetry of `entry` (a job keeps neither once
     /// its report is made) and copies the rest. A big job's exits, progress
     /// and clocks are taken too: it drops them once it ends
     /// ([`JobEntry::retire`]), and copying them held the scheduler 30-60 ms
     /// at 32,768 ranks, every other request waiting.
-    fn take(entry: &mut JobEntry, health: &Arc<HealthRules>, perf: &Arc<PerfRules>) -> Work {
+    fn take(entry: &mut JobEntry, cfg: &SchedulerConfig) -> ReportInputs {
         let ranks: Vec<u32> = entry.results.keys().copied().collect();
         for rank in ranks {
             entry.mark_stored(rank);
@@ -113,7 +86,7 @@ impl Work {
                 v.clone()
             }
         }
-        Work {
+        ReportInputs {
             since: Instant::now(),
             job: entry.job.clone(),
             results: std::mem::take(&mut entry.results),
@@ -121,15 +94,16 @@ impl Work {
             progress: part(&mut entry.progress, big),
             watch: part(&mut entry.watch, big),
             telemetry: std::mem::take(&mut entry.telemetry),
-            health: health.clone(),
-            perf: perf.clone(),
+            health: cfg.health_rules.clone(),
+            perf: cfg.perf_rules.clone(),
+            clock: cfg.clock.clone(),
         }
     }
 
     /// What `entry` has in memory, copied, without its results and
     /// telemetry: [`from_store`] reads those.
-    fn copy(entry: &JobEntry, health: &Arc<HealthRules>, perf: &Arc<PerfRules>) -> Work {
-        Work {
+    fn copy(entry: &JobEntry, cfg: &SchedulerConfig) -> ReportInputs {
+        ReportInputs {
             since: Instant::now(),
             job: entry.job.clone(),
             results: BTreeMap::new(),
@@ -137,12 +111,13 @@ impl Work {
             progress: entry.progress.clone(),
             watch: entry.watch.clone(),
             telemetry: Telemetry::default(),
-            health: health.clone(),
-            perf: perf.clone(),
+            health: cfg.health_rules.clone(),
+            perf: cfg.perf_rules.clone(),
+            clock: cfg.clock.clone(),
         }
     }
 
-    /// The report without the ranks' results, which [`Work::finish`] moves
+    /// The report without the ranks' results, which [`ReportInputs::finish`] moves
     /// in, and the figures it was judged with.
     fn build(&self, job: &Job, now: u64) -> (Report, Figures) {
         report::build_bare(&report::Inputs {
@@ -203,7 +178,7 @@ impl Work {
 
     /// The verdict of a job whose every rank reported, and its report.
     fn judge(&mut self) -> (JobState, String, Built) {
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let ((state, message, judged), bytes) = self.measuring_telemetry(|w| w.verdict(now));
         (state, message, self.finish(judged, now, bytes))
     }
@@ -211,7 +186,10 @@ impl Work {
     /// `make`'s result, with what the job's telemetry takes in the store
     /// (`Report.telemetry_bytes`) measured on a second thread meanwhile:
     /// at 32,768 GPUs that is ~30 ms of encoded lengths.
-    fn measuring_telemetry<T: Send>(&self, make: impl FnOnce(&Work) -> T + Send) -> (T, u64) {
+    fn measuring_telemetry<T: Send>(
+        &self,
+        make: impl FnOnce(&ReportInputs) -> T + Send,
+    ) -> (T, u64) {
         std::thread::scope(|s| {
             let bytes = s.spawn(|| self.telemetry.stored_bytes(&self.job.id));
             let made = make(self);
@@ -277,6 +255,26 @@ pub(super) fn log_when_stored(job: &str, durable: Durable, since: Instant) {
 }
 
 impl Scheduler {
+    /// Reports made off the task come back: a verdict ends its job, a
+    /// stored or remade report answers whoever waited.
+    pub(super) async fn on_report(&mut self, ev: ReportEvent) {
+        match ev {
+            ReportEvent::Judged {
+                job_id,
+                attempt,
+                state,
+                message,
+                built,
+            } => self.judged(job_id, attempt, state, message, *built).await,
+            ReportEvent::ReportStored { job_id, report } => {
+                self.report_stored(job_id, *report).await
+            }
+            ReportEvent::Refolded { job_id, report } => {
+                self.refolded(job_id, report.map(|r| *r)).await
+            }
+        }
+    }
+
     /// Hands job `id`'s report to whoever waited for it, and keeps it a
     /// while for those who ask next.
     fn deliver(
@@ -286,7 +284,8 @@ impl Scheduler {
         report: Report,
     ) {
         let report = Arc::new(report);
-        self.recent.keep(id, report.clone(), now_ms());
+        self.recent
+            .keep(id, report.clone(), self.cfg.clock.now_ms());
         if !waiting.is_empty() {
             recent::answer(waiting, report);
         }
@@ -313,7 +312,7 @@ impl Scheduler {
             judging: true,
             ..Default::default()
         });
-        let work = Work::take(entry, &self.cfg.health_rules, &self.cfg.perf_rules);
+        let work = ReportInputs::take(entry, &self.cfg);
         let (id, attempt) = (id.to_string(), entry.job.attempt);
         let lane = self.first_lane.clone();
         background::judge("gpuctl-judge", move || {
@@ -329,7 +328,7 @@ impl Scheduler {
             );
             background::send(
                 &lane,
-                Event::Judged {
+                ReportEvent::Judged {
                     job_id: id,
                     attempt,
                     state,
@@ -377,7 +376,7 @@ impl Scheduler {
         if let Some(e) = self.jobs.get_mut(&id) {
             e.report_stored = true;
             if pending.straggled {
-                e.mark_stale(now_ms());
+                e.mark_stale(self.cfg.clock.now_ms());
             }
         }
     }
@@ -395,14 +394,14 @@ impl Scheduler {
     }
 
     /// Builds the report of a job that just ended on a blocking thread, which
-    /// stores it and sends [`Event::ReportStored`]. The job's results and
+    /// stores it and sends [`ReportEvent::ReportStored`]. The job's results and
     /// telemetry go with it.
     pub(super) fn build_report_later(&mut self, id: &str) {
         let Some(entry) = self.jobs.get_mut(id) else {
             return;
         };
         entry.pending = Some(Pending::default());
-        let work = Work::take(entry, &self.cfg.health_rules, &self.cfg.perf_rules);
+        let work = ReportInputs::take(entry, &self.cfg);
         let store = self.store.clone();
         let lane = self.first_lane.clone();
         let id = id.to_string();
@@ -415,7 +414,7 @@ impl Scheduler {
             history::store_runs(&store, &id, built.history);
             background::send(
                 &lane,
-                Event::ReportStored {
+                ReportEvent::ReportStored {
                     job_id: id.clone(),
                     report: Box::new(built.report),
                 },
@@ -428,7 +427,7 @@ impl Scheduler {
     /// Makes the reports of ended jobs whose late results stopped coming
     /// again, each once for all of them (called every tick).
     pub(super) fn refold_stale(&mut self) {
-        let now = now_ms();
+        let now = self.cfg.clock.now_ms();
         let due: Vec<String> = self
             .jobs
             .iter()
@@ -445,14 +444,14 @@ impl Scheduler {
     }
 
     /// Builds an ended job's report again from its stored results, off the
-    /// task; [`Event::Refolded`] brings it back.
+    /// task; [`ReportEvent::Refolded`] brings it back.
     fn rebuild_later(&mut self, id: &str) {
         let Some(entry) = self.jobs.get_mut(id) else {
             return;
         };
         entry.stale = None;
         entry.pending = Some(Pending::default());
-        let work = Work::copy(entry, &self.cfg.health_rules, &self.cfg.perf_rules);
+        let work = ReportInputs::copy(entry, &self.cfg);
         let (retired, store, lane) = (entry.retired, self.store.clone(), self.first_lane.clone());
         let id = id.to_string();
         tokio::spawn(async move {
@@ -478,7 +477,9 @@ impl Scheduler {
                 }
             };
             if let Some(tx) = lane.upgrade() {
-                let _ = tx.send(Event::Refolded { job_id: id, report }).await;
+                let _ = tx
+                    .send(ReportEvent::Refolded { job_id: id, report }.into())
+                    .await;
             }
         });
     }
@@ -491,7 +492,7 @@ impl Scheduler {
         };
         let pending = entry.pending.take().unwrap_or_default();
         if pending.straggled {
-            entry.mark_stale(now_ms());
+            entry.mark_stale(self.cfg.clock.now_ms());
         }
         match report {
             Ok(report) => self.deliver(&id, pending.waiting, report),
@@ -513,7 +514,7 @@ impl Scheduler {
         let pending = entry.pending.take().unwrap_or_default();
         entry.report_stored = true;
         if pending.straggled {
-            entry.mark_stale(now_ms());
+            entry.mark_stale(self.cfg.clock.now_ms());
         }
         let stage_report = self.is_stage(&id).then(|| report.clone());
         self.deliver(&id, pending.waiting, report);
@@ -526,7 +527,7 @@ impl Scheduler {
     /// An ended job's report built again from its stored results and
     /// telemetry (its stored report is gone).
     pub(super) async fn stored_report(&self, entry: &JobEntry) -> Result<Report, StoreError> {
-        let work = Work::copy(entry, &self.cfg.health_rules, &self.cfg.perf_rules);
+        let work = ReportInputs::copy(entry, &self.cfg);
         from_store(work, entry.retired, &self.store).await
     }
 
@@ -576,7 +577,11 @@ impl Scheduler {
 
 /// An ended job's report from its stored job, results and telemetry, with
 /// the rest of `work`, built on a blocking thread.
-async fn from_store(mut work: Work, retired: bool, store: &StateStore) -> StoreResult<Report> {
+async fn from_store(
+    mut work: ReportInputs,
+    retired: bool,
+    store: &StateStore,
+) -> StoreResult<Report> {
     if retired {
         // A retired job keeps no plan in memory; the stored one has it.
         if let Some(job) = store.job(&work.job.id).await? {
@@ -592,7 +597,7 @@ async fn from_store(mut work: Work, retired: bool, store: &StateStore) -> StoreR
         .collect();
     work.telemetry = Telemetry::from_stored(store.telemetry(&id).await?);
     tokio::task::spawn_blocking(move || {
-        let (mut report, _) = work.build(&work.job, now_ms());
+        let (mut report, _) = work.build(&work.job, work.clock.now_ms());
         report.telemetry_bytes = work.telemetry.stored_bytes(&id);
         report::attach(&mut report, std::mem::take(&mut work.results));
         report

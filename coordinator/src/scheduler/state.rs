@@ -12,9 +12,9 @@ use gpuctl_core::pb::{
 };
 
 use super::background::drop_later;
-use super::events::SessionTx;
-use super::reports::Pending;
+use super::events::{Reply, SessionTx};
 use super::SchedulerConfig;
+use crate::error::CoordinatorError;
 use crate::judge::report;
 use crate::judge::report::hang::Watch;
 use crate::judge::telemetry::Telemetry;
@@ -210,8 +210,28 @@ pub struct JobEntry {
     /// coming, not once per result ([`super::Scheduler::refold_stale`]).
     pub stale: Option<(u64, u64)>,
     /// The plan's checks that did not pass, worst first, found once per plan
-    /// ([`super::views`]).
-    pub plan_faults: std::sync::Mutex<Option<super::views::PlanFaults>>,
+    /// (`views`).
+    pub plan_faults: std::sync::Mutex<Option<PlanFaults>>,
+}
+
+/// A job's report on its way (`reports`): who waits for it, and whether a
+/// result came in after its inputs were taken.
+#[derive(Default)]
+pub struct Pending {
+    /// Judging: the job still runs until its verdict is known.
+    pub(super) judging: bool,
+    pub(super) waiting: Vec<Reply<Result<Report, CoordinatorError>>>,
+    pub(super) straggled: bool,
+}
+
+/// The plan's checks that did not pass, worst first, of one plan (its
+/// attempt and number of checks): a plan's checks do not change once it is
+/// made, and a bounded view (`views`) scanned all of a 4,096-node plan's on
+/// every `gpuctl status`.
+pub struct PlanFaults {
+    pub(super) of: (u32, usize),
+    /// Indices into the plan's checks.
+    pub(super) bad: Vec<u32>,
 }
 
 /// Nodes a job listing names of each job: `gpuctl jobs` shows a count past

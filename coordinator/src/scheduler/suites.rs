@@ -8,7 +8,6 @@
 use std::collections::BTreeMap;
 
 use gpuctl_core::catalogue::NcclPattern;
-use gpuctl_core::now_ms;
 use gpuctl_core::pb::{
     Acceptance, JobSpec, JobState, NodeState, Report, SubmitSuiteRequest, Suite, SuiteNode,
     SuiteStage, Verdict,
@@ -16,6 +15,7 @@ use gpuctl_core::pb::{
 use gpuctl_core::suite::Suite as SuiteDef;
 use tracing::{info, warn};
 
+use super::events::SuiteEvent;
 use super::Scheduler;
 use crate::error::CoordinatorError;
 use crate::plan::planner;
@@ -82,13 +82,23 @@ fn definition(
 }
 
 impl Scheduler {
+    /// A person starts or cancels a suite; a stage's job that ends moves
+    /// it on (`stage_ended`, from `reports`).
+    pub(super) async fn on_suite(&mut self, ev: SuiteEvent) {
+        match ev {
+            SuiteEvent::SubmitSuite { req, reply } => {
+                let _ = reply.send(self.submit_suite(req).await);
+            }
+            SuiteEvent::CancelSuite { id, reply } => {
+                let _ = reply.send(self.cancel_suite(&id).await);
+            }
+        }
+    }
+
     /// Starts a suite on the nodes a job with the request's selectors would
     /// run on now; every stage is checked first, so that bad input starts
     /// nothing.
-    pub(super) async fn submit_suite(
-        &mut self,
-        req: SubmitSuiteRequest,
-    ) -> Result<Suite, CoordinatorError> {
+    async fn submit_suite(&mut self, req: SubmitSuiteRequest) -> Result<Suite, CoordinatorError> {
         let probe = JobSpec {
             workload: "stress".into(),
             all_nodes: req.all_nodes,
@@ -138,7 +148,7 @@ impl Scheduler {
             id: id.clone(),
             level: def.name.clone(),
             state: JobState::Running as i32,
-            created_unix_ms: now_ms(),
+            created_unix_ms: self.cfg.clock.now_ms(),
             verdicts: nodes
                 .iter()
                 .map(|n| SuiteNode {
@@ -173,7 +183,7 @@ impl Scheduler {
 
     /// Cancels a suite: its running stage's job is cancelled and no later
     /// stage starts.
-    pub(super) async fn cancel_suite(&mut self, id: &str) -> Result<Suite, CoordinatorError> {
+    async fn cancel_suite(&mut self, id: &str) -> Result<Suite, CoordinatorError> {
         let suite = self.suite(id)?;
         if JobState::try_from(suite.state).is_ok_and(|s| s.is_terminal()) {
             return Ok(suite);
@@ -181,7 +191,7 @@ impl Scheduler {
         if let Some(s) = self.suites.get_mut(id) {
             s.set_state(JobState::Cancelled);
             s.message = "cancelled by user".into();
-            s.finished_unix_ms = now_ms();
+            s.finished_unix_ms = self.cfg.clock.now_ms();
             let batch = Batch::default().suite(s);
             self.save(batch);
         }
@@ -231,7 +241,7 @@ impl Scheduler {
             }
             let stage = &mut suite.stages[i];
             stage.nodes = still_in.clone();
-            stage.started_unix_ms = now_ms();
+            stage.started_unix_ms = self.cfg.clock.now_ms();
             if (still_in.len() as u32) < stage.min_nodes {
                 stage.note = format!(
                     "skipped: it needs {} nodes, {} {} still in",
@@ -240,7 +250,7 @@ impl Scheduler {
                     if still_in.len() == 1 { "is" } else { "are" }
                 );
                 stage.set_state(JobState::Cancelled);
-                stage.finished_unix_ms = now_ms();
+                stage.finished_unix_ms = self.cfg.clock.now_ms();
                 suite.current += 1;
                 continue;
             }
@@ -286,7 +296,7 @@ impl Scheduler {
                     let suite = self.suites.get_mut(id).expect("the suite is there");
                     let stage = &mut suite.stages[i];
                     stage.set_state(JobState::Failed);
-                    stage.finished_unix_ms = now_ms();
+                    stage.finished_unix_ms = self.cfg.clock.now_ms();
                     stage.note = format!("could not start: {e}");
                     suite.message = format!("stage {name} could not start: {e}");
                     warn!(suite = %id, "{}", suite.message);
@@ -351,7 +361,7 @@ impl Scheduler {
         } else {
             JobState::Succeeded
         });
-        stage.finished_unix_ms = now_ms();
+        stage.finished_unix_ms = self.cfg.clock.now_ms();
         suite.current += 1;
         let batch = Batch::default().suite(suite);
         self.save(batch);
@@ -436,7 +446,7 @@ impl Scheduler {
         let named = suite.verdicts.iter().filter(|n| out(n)).count() > out_before;
         let stage = &mut suite.stages[i];
         stage.set_state(state);
-        stage.finished_unix_ms = now_ms();
+        stage.finished_unix_ms = self.cfg.clock.now_ms();
         if state == JobState::Failed && !named {
             // Failed as a whole (a job figure under its floor, say) without
             // naming a node: no node is blamed, and the suite cannot pass.
@@ -463,7 +473,7 @@ impl Scheduler {
         let Some(suite) = self.suites.get_mut(id) else {
             return;
         };
-        let now = now_ms();
+        let now = self.cfg.clock.now_ms();
         let failed: Vec<&SuiteNode> = suite.verdicts.iter().filter(|n| out(n)).collect();
         // A stage that failed as a whole, naming no node: the suite cannot
         // pass, though no node is to blame.

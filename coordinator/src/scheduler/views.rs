@@ -1,30 +1,77 @@
-//! What people are shown of a big fleet: a job bounded to the ranks furthest
-//! behind, and nodes as a table shows them. At 4,096 nodes a whole job is
-//! 32,768 placements, progress reports and some 200,000 preflight checks,
-//! tens of megabytes a call; `gpuctl status` and the live view ask each
-//! second, and show a screenful.
+//! What people read: every [`Query`] is answered here, top to bottom, and
+//! what they are shown of a big fleet is made here: a job bounded to the
+//! ranks furthest behind, and nodes as a table shows them. At 4,096 nodes
+//! a whole job is 32,768 placements, progress reports and some 200,000
+//! preflight checks, tens of megabytes a call; `gpuctl status` and the
+//! live view ask each second, and show a screenful.
 
 use std::cmp::Reverse;
-
-use std::sync::Arc;
 
 use gpuctl_core::listing::{NodeRow, TableBuilder};
 use gpuctl_core::pb::{Job, Node, NodeTable, PreflightCheck, RankProgress, Verdict};
 
-use super::events::Reply;
-use super::state::{Fixed, JobEntry};
+use super::events::{Listing, Query, Reply};
+use super::state::{Fixed, JobEntry, PlanFaults};
 use super::Scheduler;
 use crate::error::CoordinatorError;
 
 impl Scheduler {
+    /// Answers a read. No read changes what a person sees: a report waited
+    /// for, or one kept a while, only changes how it is answered. Each is
+    /// answered here or by the file that owns what it reads (`jobs`,
+    /// `ranks`, `reports`, `snapshot`, `suites`, `planning`).
+    pub(super) async fn on_query(&mut self, q: Query) {
+        match q {
+            Query::GetJob {
+                job_id,
+                max_ranks,
+                reply,
+            } => self.get_job(&job_id, max_ranks, reply),
+            Query::ListJobs { limit, reply } => {
+                let _ = reply.send(self.list_jobs(limit));
+            }
+            Query::ListNodes { brief, reply } => {
+                let _ = reply.send(self.list_nodes(brief));
+            }
+            Query::GetTelemetry { job_id, reply } => {
+                let _ = reply.send(self.latest_telemetry(&job_id));
+            }
+            Query::GetReport { job_id, reply } => self.get_report(&job_id, reply).await,
+            Query::Metrics { reply } => {
+                let _ = reply.send(self.snapshot());
+            }
+            Query::GetSuite { id, reply } => {
+                let _ = reply.send(self.suite(&id));
+            }
+            Query::Plan {
+                spec,
+                max_ranks,
+                reply,
+            } => self.plan_later(spec, max_ranks, reply),
+        }
+    }
+
+    /// `ListNodes`: a brief listing's table is built here, from the nodes
+    /// in place. Built by the
+    /// caller, it held every node's `Arc` meanwhile, and a job's start or
+    /// end, which changes all 4,096 nodes, copied each one held (GPUs,
+    /// facts, checks) on this task. Whole nodes (`-o json`) are still
+    /// copied by the caller: building them here held the task 15-30 ms a
+    /// call.
+    fn list_nodes(&self, brief: bool) -> Listing {
+        let nodes = self.nodes.values();
+        if brief {
+            Listing::Table(Box::new(table(
+                nodes.map(|e| (e.node.as_ref(), e.fixed.as_ref())),
+            )))
+        } else {
+            Listing::Nodes(nodes.map(|e| e.node.clone()).collect())
+        }
+    }
+
     /// `GetJob`: from memory, or for a retired job (an ended big one) from
     /// the store on a task of its own.
-    pub(super) fn get_job(
-        &self,
-        id: &str,
-        max_ranks: u32,
-        reply: Reply<Result<Job, CoordinatorError>>,
-    ) {
+    fn get_job(&self, id: &str, max_ranks: u32, reply: Reply<Result<Job, CoordinatorError>>) {
         let entry = match self.job(id) {
             Ok(e) => e,
             Err(e) => {
@@ -141,16 +188,6 @@ impl JobEntry {
     }
 }
 
-/// The plan's checks that did not pass, worst first, of one plan (its
-/// attempt and number of checks): a plan's checks do not change once it is
-/// made, and a bounded view scanned all of a 4,096-node plan's on
-/// every `gpuctl status`.
-pub struct PlanFaults {
-    of: (u32, usize),
-    /// Indices into the plan's checks.
-    bad: Vec<u32>,
-}
-
 impl JobEntry {
     /// [`not_passing`] for the plan's checks, found once per plan.
     fn plan_faults(&self, max: usize) -> (Vec<PreflightCheck>, u32) {
@@ -208,14 +245,6 @@ fn severity(v: Verdict) -> u8 {
         Verdict::Warn => 1,
         _ => 0,
     }
-}
-
-/// What `ListNodes` takes from the scheduler: a brief listing's table, or
-/// every node whole (`-o json`), which the caller copies out of its `Arc`s.
-#[derive(Debug)]
-pub enum Listing {
-    Table(Box<NodeTable>),
-    Nodes(Vec<Arc<Node>>),
 }
 
 /// The brief listing of `nodes` (`ListNodesRequest.brief`), as the columns

@@ -20,7 +20,7 @@ use tracing::warn;
 
 use super::auth::{PeerCerts, Security};
 use super::inbox::Inbox;
-use crate::scheduler::{Event, SchedulerHandle, SessionTx};
+use crate::scheduler::{AgentEvent, Event, RankEvent, SchedulerHandle, SessionTx};
 
 /// Refuses an agent that speaks another protocol version, naming both.
 pub fn check_protocol(node: &str, version: u32) -> Result<(), Status> {
@@ -87,7 +87,7 @@ impl AgentService for AgentSvc {
             .inspect_err(|s| warn!("register refused: {}", s.message()))?;
         let resp = self
             .sched
-            .ask(|reply| Event::AgentRegistered {
+            .ask(|reply| AgentEvent::AgentRegistered {
                 req,
                 coordinator_url: url,
                 reply,
@@ -171,7 +171,7 @@ async fn open(
     security.check_agent(certs.as_ref(), &hb.node)?;
     let node = hb.node.clone();
     sched
-        .ask(|reply| Event::SessionOpened {
+        .ask(|reply| AgentEvent::SessionOpened {
             node: node.clone(),
             session,
             tx,
@@ -255,7 +255,7 @@ async fn close(sched: &SchedulerHandle, mut inbox: Inbox, node: String, session:
         sched.tell(ev).await;
     }
     sched
-        .tell(Event::SessionClosed { node, session, why })
+        .tell(AgentEvent::SessionClosed { node, session, why })
         .await;
 }
 
@@ -263,14 +263,14 @@ async fn close(sched: &SchedulerHandle, mut inbox: Inbox, node: String, session:
 /// another protocol version ends the session.
 fn read(node: &str, session: u64, msg: AgentMessage, inbox: &mut Inbox) -> Result<(), Status> {
     let node = node.to_string();
-    let event = match msg.msg {
+    let event: Event = match msg.msg {
         Some(Msg::Heartbeat(hb)) => {
             check_protocol(&hb.node, hb.protocol_version)?;
-            Event::Heartbeat { node, session, hb }
+            AgentEvent::Heartbeat { node, session, hb }.into()
         }
-        Some(Msg::WorkerExited(exited)) => Event::WorkerExited { node, exited },
-        Some(Msg::Log(log)) => Event::WorkerLog { node, log },
-        Some(Msg::Ack(ack)) => Event::AssignmentAck { node, ack },
+        Some(Msg::WorkerExited(exited)) => RankEvent::WorkerExited { node, exited }.into(),
+        Some(Msg::Log(log)) => RankEvent::WorkerLog { node, log }.into(),
+        Some(Msg::Ack(ack)) => AgentEvent::AssignmentAck { node, ack }.into(),
         Some(Msg::Telemetry(batch)) => {
             inbox.push_telemetry(&node, batch);
             return Ok(());

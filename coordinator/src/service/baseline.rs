@@ -7,7 +7,7 @@ use gpuctl_core::pb::{Baseline, JobState, Verdict};
 
 use crate::error::CoordinatorError;
 use crate::judge::figures;
-use crate::scheduler::{Event, SchedulerHandle};
+use crate::scheduler::{Query, SchedulerHandle};
 use crate::store::StateStore;
 
 /// Longest baseline name.
@@ -46,7 +46,7 @@ pub async fn save(
 ) -> Result<Baseline, CoordinatorError> {
     let name = check_name(name)?.to_string();
     let report = sched
-        .ask(|reply| Event::GetReport {
+        .ask(|reply| Query::GetReport {
             job_id: job_id.clone(),
             reply,
         })
@@ -87,7 +87,7 @@ pub async fn save(
         name,
         job_id,
         workload: report.workload.clone(),
-        created_unix_ms: gpuctl_core::now_ms(),
+        created_unix_ms: sched.clock().now_ms(),
         figures,
     };
     store

@@ -15,7 +15,7 @@ use std::collections::VecDeque;
 
 use gpuctl_core::pb::TelemetryBatch;
 
-use crate::scheduler::Event;
+use crate::scheduler::{AgentEvent, Event, RankEvent};
 
 /// Messages other than telemetry waiting for the scheduler; past this the
 /// session is not read until it takes one.
@@ -52,12 +52,12 @@ impl Inbox {
     /// agent sends them now and then, not every time).
     pub fn push(&mut self, mut ev: Event) {
         if let (
-            Event::Heartbeat { session, hb, .. },
-            Some(Event::Heartbeat {
+            Event::Agent(AgentEvent::Heartbeat { session, hb, .. }),
+            Some(Event::Agent(AgentEvent::Heartbeat {
                 session: waiting,
                 hb: old,
                 ..
-            }),
+            })),
         ) = (&mut ev, self.events.back_mut())
         {
             if session == waiting {
@@ -85,10 +85,13 @@ impl Inbox {
             }
             _ => {
                 if let Some(old) = self.telemetry.replace(batch) {
-                    self.events.push_back(Event::Telemetry {
-                        node: node.to_string(),
-                        batch: old,
-                    });
+                    self.events.push_back(
+                        RankEvent::Telemetry {
+                            node: node.to_string(),
+                            batch: old,
+                        }
+                        .into(),
+                    );
                 }
             }
         }
@@ -104,9 +107,12 @@ impl Inbox {
             self.events = VecDeque::new();
         }
         ev.or_else(|| {
-            self.telemetry.take().map(|batch| Event::Telemetry {
-                node: node.to_string(),
-                batch,
+            self.telemetry.take().map(|batch| {
+                RankEvent::Telemetry {
+                    node: node.to_string(),
+                    batch,
+                }
+                .into()
             })
         })
     }
@@ -118,7 +124,7 @@ mod tests {
     use gpuctl_core::pb::{AssignmentAck, GpuSample, Heartbeat};
 
     fn hb(session: u64, seq: u64) -> Event {
-        Event::Heartbeat {
+        AgentEvent::Heartbeat {
             node: "n".into(),
             session,
             hb: Heartbeat {
@@ -126,6 +132,7 @@ mod tests {
                 ..Default::default()
             },
         }
+        .into()
     }
 
     fn batch(job: &str, from: u64, n: u64) -> TelemetryBatch {
@@ -143,10 +150,11 @@ mod tests {
     }
 
     fn ack() -> Event {
-        Event::AssignmentAck {
+        AgentEvent::AssignmentAck {
             node: "n".into(),
             ack: AssignmentAck::default(),
         }
+        .into()
     }
 
     #[test]
@@ -159,7 +167,7 @@ mod tests {
         let mut order = Vec::new();
         while let Some(ev) = inbox.pop("n") {
             order.push(match ev {
-                Event::Heartbeat { hb, .. } => format!("hb{}", hb.unix_ms),
+                Event::Agent(AgentEvent::Heartbeat { hb, .. }) => format!("hb{}", hb.unix_ms),
                 other => other.name().to_string(),
             });
         }
@@ -169,22 +177,25 @@ mod tests {
     #[test]
     fn a_replaced_heartbeat_hands_on_its_preflight() {
         let mut inbox = Inbox::default();
-        let Event::Heartbeat {
+        let Event::Agent(AgentEvent::Heartbeat {
             node,
             session,
             hb: mut first,
-        } = hb(1, 1)
+        }) = hb(1, 1)
         else {
             unreachable!()
         };
         first.preflight.push(Default::default());
-        inbox.push(Event::Heartbeat {
-            node,
-            session,
-            hb: first,
-        });
+        inbox.push(
+            AgentEvent::Heartbeat {
+                node,
+                session,
+                hb: first,
+            }
+            .into(),
+        );
         inbox.push(hb(1, 2));
-        let Some(Event::Heartbeat { hb, .. }) = inbox.pop("n") else {
+        let Some(Event::Agent(AgentEvent::Heartbeat { hb, .. })) = inbox.pop("n") else {
             panic!("a heartbeat waits");
         };
         assert_eq!((hb.unix_ms, hb.preflight.len()), (2, 1));
@@ -197,12 +208,12 @@ mod tests {
         inbox.push_telemetry("n", batch("a", 300, 300));
         assert_eq!(inbox.dropped, 600 - WAITING_SAMPLES as u64);
         inbox.push_telemetry("n", batch("b", 0, 8));
-        let Some(Event::Telemetry { batch: a, .. }) = inbox.pop("n") else {
+        let Some(Event::Rank(RankEvent::Telemetry { batch: a, .. })) = inbox.pop("n") else {
             panic!("job a's telemetry first");
         };
         assert_eq!(a.samples.len(), WAITING_SAMPLES);
         assert_eq!(a.samples.last().unwrap().unix_ms, 599, "the newest kept");
-        let Some(Event::Telemetry { batch: b, .. }) = inbox.pop("n") else {
+        let Some(Event::Rank(RankEvent::Telemetry { batch: b, .. })) = inbox.pop("n") else {
             panic!("then job b's");
         };
         assert_eq!((b.job_id.as_str(), b.samples.len()), ("b", 8));

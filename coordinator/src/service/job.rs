@@ -21,7 +21,7 @@ use super::baseline;
 use crate::error::CoordinatorError;
 use crate::history;
 use crate::judge::rules::PerfRules;
-use crate::scheduler::{Event, SchedulerHandle};
+use crate::scheduler::{AgentEvent, JobEvent, Query, SchedulerHandle, SuiteEvent};
 use crate::store::StateStore;
 
 pub struct JobSvc {
@@ -55,7 +55,7 @@ impl JobService for JobSvc {
         let spec = req.into_inner().spec.unwrap_or_default();
         Ok(Response::new(
             self.sched
-                .ask(|reply| Event::Submit { spec, reply })
+                .ask(|reply| JobEvent::Submit { spec, reply })
                 .await??,
         ))
     }
@@ -66,7 +66,7 @@ impl JobService for JobSvc {
         let spec = spec.unwrap_or_default();
         Ok(Response::new(
             self.sched
-                .ask(|reply| Event::Plan {
+                .ask(|reply| Query::Plan {
                     spec,
                     max_ranks,
                     reply,
@@ -80,7 +80,7 @@ impl JobService for JobSvc {
         let GetJobRequest { job_id, max_ranks } = req.into_inner();
         Ok(Response::new(
             self.sched
-                .ask(|reply| Event::GetJob {
+                .ask(|reply| Query::GetJob {
                     job_id,
                     max_ranks,
                     reply,
@@ -97,7 +97,7 @@ impl JobService for JobSvc {
         let limit = req.into_inner().limit;
         let jobs = self
             .sched
-            .ask(|reply| Event::ListJobs { limit, reply })
+            .ask(|reply| Query::ListJobs { limit, reply })
             .await?;
         Ok(Response::new(ListJobsResponse { jobs }))
     }
@@ -107,7 +107,7 @@ impl JobService for JobSvc {
         let CancelJobRequest { job_id, reason } = req.into_inner();
         Ok(Response::new(
             self.sched
-                .ask(|reply| Event::Cancel {
+                .ask(|reply| JobEvent::Cancel {
                     job_id,
                     reason,
                     reply,
@@ -121,7 +121,7 @@ impl JobService for JobSvc {
         let job_id = req.into_inner().job_id;
         let mut report = self
             .sched
-            .ask(|reply| Event::GetReport { job_id, reply })
+            .ask(|reply| Query::GetReport { job_id, reply })
             .await??;
         // Tens of thousands of ranks can outgrow one gRPC message.
         let report = tokio::task::spawn_blocking(move || {
@@ -142,7 +142,7 @@ impl JobService for JobSvc {
         let job_id = r.job_id.clone();
         // Unknown jobs get the same not-found as everywhere else.
         self.sched
-            .ask(|reply| Event::GetJob {
+            .ask(|reply| Query::GetJob {
                 job_id,
                 max_ranks: 1,
                 reply,
@@ -167,7 +167,7 @@ impl JobService for JobSvc {
         let job_id = req.into_inner().job_id;
         let latest = self
             .sched
-            .ask(|reply| Event::GetTelemetry { job_id, reply })
+            .ask(|reply| Query::GetTelemetry { job_id, reply })
             .await??;
         Ok(Response::new(GetTelemetryResponse { latest }))
     }
@@ -180,7 +180,7 @@ impl JobService for JobSvc {
         let job_id = req.into_inner().job_id;
         let id = job_id.clone();
         self.sched
-            .ask(|reply| Event::GetJob {
+            .ask(|reply| Query::GetJob {
                 job_id: id,
                 max_ranks: 1,
                 reply,
@@ -262,7 +262,7 @@ impl JobService for JobSvc {
         let req = req.into_inner();
         Ok(Response::new(
             self.sched
-                .ask(|reply| Event::SubmitSuite { req, reply })
+                .ask(|reply| SuiteEvent::SubmitSuite { req, reply })
                 .await??,
         ))
     }
@@ -272,7 +272,7 @@ impl JobService for JobSvc {
         let id = req.into_inner().suite_id;
         Ok(Response::new(
             self.sched
-                .ask(|reply| Event::GetSuite { id, reply })
+                .ask(|reply| Query::GetSuite { id, reply })
                 .await??,
         ))
     }
@@ -282,7 +282,7 @@ impl JobService for JobSvc {
         let id = req.into_inner().suite_id;
         Ok(Response::new(
             self.sched
-                .ask(|reply| Event::CancelSuite { id, reply })
+                .ask(|reply| SuiteEvent::CancelSuite { id, reply })
                 .await??,
         ))
     }
@@ -292,7 +292,7 @@ impl JobService for JobSvc {
         let name = req.into_inner().name.trim().to_string();
         let node = self
             .sched
-            .ask(|reply| Event::RemoveNode { name, reply })
+            .ask(|reply| AgentEvent::RemoveNode { name, reply })
             .await??;
         Ok(Response::new(node))
     }

@@ -14,7 +14,7 @@ use tonic::{Request, Response, Status};
 
 use super::auth::{key_rank, Security};
 use crate::rendezvous::{Lookup, Put, Rendezvous};
-use crate::scheduler::{Event, SchedulerHandle};
+use crate::scheduler::{RankEvent, SchedulerHandle};
 
 pub struct WorkerSvc {
     sched: SchedulerHandle,
@@ -179,7 +179,7 @@ impl WorkerService for WorkerSvc {
         }
         Ok(Response::new(
             self.sched
-                .ask(|reply| Event::WorkerProgress { report, reply })
+                .ask(|reply| RankEvent::WorkerProgress { report, reply })
                 .await?,
         ))
     }
@@ -204,7 +204,7 @@ impl WorkerService for WorkerSvc {
         }
         Ok(ack(self
             .sched
-            .ask(|reply| Event::WorkerResult { result, reply })
+            .ask(|reply| RankEvent::WorkerResult { result, reply })
             .await?))
     }
 }

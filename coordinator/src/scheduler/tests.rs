@@ -1,0 +1,287 @@
+//! The scheduler's time-dependent rules, driven by a manual [`Clock`]: each
+//! test holds time at the edge of a rule, then one millisecond past it, and
+//! looks at the state on both sides. Nothing sleeps: events, the tick
+//! among them, are dispatched directly, as the event loop would.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpuctl_core::pb::{
+    CoordinatorMessage, Heartbeat, HostFacts, JobSpec, JobState, NodeState, RankProgress,
+    RankProgressReport, RankResult, RegisterRequest,
+};
+use gpuctl_core::spec::DEADLINE_GRACE_MS;
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::oneshot;
+
+use super::*;
+use crate::store::RedbStore;
+
+/// Some Unix time, in ms.
+const T0: u64 = 1_700_000_000_000;
+
+struct Fixture {
+    sched: Scheduler,
+    clock: Clock,
+    /// The agents' ends of their sessions, kept open.
+    sessions: Vec<UnboundedReceiver<Box<CoordinatorMessage>>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Fixture {
+    async fn new(node_timeout: Duration) -> Fixture {
+        let clock = Clock::manual(T0);
+        let dir = tempfile::tempdir().unwrap();
+        let raw = RedbStore::open(&dir.path().join("state.redb")).unwrap();
+        let store = StateStore::new(Arc::new(raw));
+        let (logs, _) = LogSink::spawn(store.clone());
+        let cfg = SchedulerConfig {
+            node_timeout,
+            adopt_grace: Duration::from_secs(60),
+            heartbeat_interval: Duration::from_secs(1),
+            health_rules: Arc::default(),
+            perf_rules: Arc::default(),
+            keep_jobs: 100,
+            max_nodes: 16,
+            clock: clock.clone(),
+        };
+        let sched = Scheduler::load(cfg, store, Rendezvous::default(), logs)
+            .await
+            .unwrap();
+        Fixture {
+            sched,
+            clock,
+            sessions: Vec::new(),
+            _dir: dir,
+        }
+    }
+
+    /// Registers a CPU node with two ranks and opens its session (id 1),
+    /// as its agent would.
+    async fn join(&mut self, name: &str) {
+        let req = RegisterRequest {
+            protocol_version: gpuctl_core::PROTOCOL_VERSION,
+            name: name.into(),
+            facts: Some(HostFacts {
+                hostname: name.into(),
+                addresses: vec!["127.0.0.1".into()],
+                cpu_count: 4,
+                cpu_ranks: 2,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let (reply, answer) = oneshot::channel();
+        self.sched
+            .dispatch(
+                AgentEvent::AgentRegistered {
+                    req,
+                    coordinator_url: "http://127.0.0.1:1".into(),
+                    reply,
+                }
+                .into(),
+            )
+            .await;
+        answer.await.unwrap().unwrap();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (reply, answer) = oneshot::channel();
+        self.sched
+            .dispatch(
+                AgentEvent::SessionOpened {
+                    node: name.into(),
+                    session: 1,
+                    tx,
+                    first: Heartbeat::default(),
+                    reply,
+                }
+                .into(),
+            )
+            .await;
+        answer.await.unwrap().unwrap();
+        self.sessions.push(rx);
+    }
+
+    async fn beat(&mut self, name: &str) {
+        let hb = AgentEvent::Heartbeat {
+            node: name.into(),
+            session: 1,
+            hb: Heartbeat::default(),
+        };
+        self.sched.dispatch(hb.into()).await;
+    }
+
+    fn node_state(&self, name: &str) -> NodeState {
+        self.sched.nodes[name].node.state()
+    }
+
+    /// Submits `spec` on the task, as a suite's stage is; it starts at
+    /// once on the free node.
+    async fn submit(&mut self, spec: JobSpec) -> String {
+        let job = self.sched.submit(spec).await.unwrap();
+        assert_eq!(self.job(&job.id).state(), JobState::Running);
+        job.id
+    }
+
+    fn job(&self, id: &str) -> &JobEntry {
+        &self.sched.jobs[id]
+    }
+
+    async fn progress(&mut self, job: &str, rank: u32, iterations: u64) {
+        let (reply, answer) = oneshot::channel();
+        let report = RankProgressReport {
+            job_id: job.into(),
+            attempt: 1,
+            progress: Some(RankProgress {
+                rank,
+                iterations,
+                ..Default::default()
+            }),
+        };
+        let ev = RankEvent::WorkerProgress { report, reply };
+        self.sched.dispatch(ev.into()).await;
+        let ack = answer.await.unwrap();
+        assert!(ack.ok, "{}", ack.message);
+    }
+
+    /// Sends rank `rank`'s result; the worker's answer, once it comes.
+    async fn result(&mut self, job: &str, rank: u32) -> (bool, String) {
+        let (reply, answer) = oneshot::channel();
+        let result = RankResult {
+            job_id: job.into(),
+            attempt: 1,
+            rank,
+            ok: true,
+            ..Default::default()
+        };
+        let ev = RankEvent::WorkerResult { result, reply };
+        self.sched.dispatch(ev.into()).await;
+        tokio::time::timeout(Duration::from_secs(30), answer)
+            .await
+            .expect("answered once stored")
+            .unwrap()
+    }
+
+    /// Moves the clock to `at` and runs one tick there.
+    async fn tick_at(&mut self, at: u64) {
+        self.clock.set(at);
+        self.sched.dispatch(Event::Tick).await;
+    }
+}
+
+fn stress(timeout_ms: u64, hang_timeout_ms: u64) -> JobSpec {
+    JobSpec {
+        workload: "stress".into(),
+        node_count: 1,
+        timeout_ms,
+        hang_timeout_ms,
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn a_silent_node_is_lost_exactly_after_the_node_timeout() {
+    let timeout = Duration::from_secs(15);
+    let mut f = Fixture::new(timeout).await;
+    f.join("n1").await;
+    // A heartbeat five seconds in starts the node's silence again.
+    f.clock.advance(Duration::from_secs(5));
+    f.beat("n1").await;
+    let heard = T0 + 5_000;
+    f.tick_at(heard + 15_000).await;
+    assert_eq!(
+        f.node_state("n1"),
+        NodeState::Ready,
+        "silent for the timeout exactly"
+    );
+    f.tick_at(heard + 15_001).await;
+    assert_eq!(f.node_state("n1"), NodeState::Lost);
+    assert_eq!(
+        f.sched.nodes["n1"].node.state_reason,
+        "no heartbeat for 15s"
+    );
+    // Another node that kept beating stays.
+    let mut g = Fixture::new(timeout).await;
+    g.join("n2").await;
+    for s in 1..=40 {
+        g.clock.set(T0 + s * 1_000);
+        g.beat("n2").await;
+        g.sched.dispatch(Event::Tick).await;
+    }
+    assert_eq!(g.node_state("n2"), NodeState::Ready);
+}
+
+#[tokio::test]
+async fn a_running_job_fails_once_its_deadline_and_grace_have_passed() {
+    let mut f = Fixture::new(Duration::from_secs(3_600)).await;
+    f.join("n1").await;
+    let id = f.submit(stress(60_000, 0)).await;
+    let job = &f.job(&id).job;
+    assert_eq!(job.started_unix_ms, T0);
+    assert_eq!(f.job(&id).deadline_unix_ms, T0 + 60_000);
+    let due = T0 + 60_000 + DEADLINE_GRACE_MS;
+    f.tick_at(due).await;
+    assert_eq!(f.job(&id).state(), JobState::Running, "at the grace's end");
+    f.tick_at(due + 1).await;
+    let job = &f.job(&id).job;
+    assert_eq!(job.state(), JobState::Failed);
+    assert_eq!(job.finished_unix_ms, due + 1);
+    assert!(
+        job.message
+            .starts_with("deadline passed (1m after start); ranks without a result: 0 on n1"),
+        "{}",
+        job.message
+    );
+    assert_eq!(f.node_state("n1"), NodeState::Ready, "the node is freed");
+}
+
+#[tokio::test]
+async fn a_rank_without_progress_is_hung_only_after_the_hang_timeout() {
+    let hang = 30_000;
+    let mut f = Fixture::new(Duration::from_secs(3_600)).await;
+    f.join("n1").await;
+    let id = f.submit(stress(3_600_000, hang)).await;
+    let world = f.job(&id).world_size();
+    assert!(world >= 2, "two ranks on the node's two CPU slots: {world}");
+    // The watch starts at the first tick; every rank reports once.
+    f.tick_at(T0).await;
+    for rank in 0..world {
+        f.progress(&id, rank, 1).await;
+    }
+    // Ten seconds on, all but the last rank progress again.
+    f.clock.set(T0 + 10_000);
+    for rank in 0..world - 1 {
+        f.progress(&id, rank, 2).await;
+    }
+    f.tick_at(T0 + hang - 1).await;
+    assert_eq!(f.job(&id).state(), JobState::Running, "not yet a timeout");
+    assert!(f.job(&id).watch.hung.is_none());
+    f.tick_at(T0 + hang).await;
+    let e = f.job(&id);
+    assert_eq!(e.state(), JobState::Failed);
+    assert_eq!(e.watch.hung.as_ref().and_then(|h| h.rank), Some(world - 1));
+    assert!(
+        e.job.message.contains("no progress for 30s"),
+        "{}",
+        e.job.message
+    );
+}
+
+#[tokio::test]
+async fn a_result_is_taken_for_a_minute_after_its_job_ended_and_not_after() {
+    let mut f = Fixture::new(Duration::from_secs(3_600)).await;
+    f.join("n1").await;
+    let id = f.submit(stress(60_000, 0)).await;
+    let ended = T0 + 60_000 + DEADLINE_GRACE_MS + 1;
+    f.tick_at(ended).await;
+    assert_eq!(f.job(&id).state(), JobState::Failed);
+    f.clock.set(ended + 60_000);
+    let (taken, why) = f.result(&id, 0).await;
+    assert!(taken, "in flight as the job ended: {why}");
+    f.clock.set(ended + 60_001);
+    let (taken, why) = f.result(&id, 1).await;
+    assert!(!taken);
+    assert_eq!(
+        why,
+        format!("job {id} ended 60 s ago: results are taken for 60 s after a job's end")
+    );
+}
