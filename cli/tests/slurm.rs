@@ -657,9 +657,21 @@ fn the_sbatch_recipe_accepts_exactly_the_allocation_and_exits_with_the_suites_co
 }
 
 /// `gpuctl accept` on a fleet whose agents carry the Slurm node names.
+const KUBECONFIG: &str = "apiVersion: v1
+kind: Config
+clusters: [{name: none, cluster: {server: 'https://127.0.0.1:9', insecure-skip-tls-verify: true}}]
+users: [{name: none, user: {token: none}}]
+contexts: [{name: none, context: {cluster: none, user: none}}]
+current-context: none
+";
+
 fn accept(c: &Cluster, s: &Slurm, extra: &[&str], uid: Option<u32>) -> (i32, Value, String) {
     let d = s.dir.path();
     let (suite, rules) = (short_suite(d), cpu_rules(d));
+    // A cluster whose API server refuses every connection (port 9, discard,
+    // has no listener here): --kubernetes meets a Kubernetes that does not answer.
+    let kubeconfig = d.join("kubeconfig");
+    std::fs::write(&kubeconfig, KUBECONFIG).expect("write kubeconfig");
     let mut cmd = Command::new(bin("gpuctl"));
     cmd.args([
         "accept", "--nodes", "all", "--suite", &suite, "--rules", &rules,
@@ -668,6 +680,7 @@ fn accept(c: &Cluster, s: &Slurm, extra: &[&str], uid: Option<u32>) -> (i32, Val
     .args(extra)
     .env("GPUCTL_COORDINATOR", &c.url)
     .env("SLURM_CONF", &s.conf)
+    .env("KUBECONFIG", &kubeconfig)
     .env(MARK, d)
     .env_remove("SLURM_JOB_ID")
     .env_remove("RUST_LOG")
@@ -709,7 +722,7 @@ fn drain_takes_out_the_failed_node_resumes_only_its_own_and_reports_a_slurm_that
     let quota = CpuQuota::apply("gpuctl-test-slurm-drain", c.agent_pid(1), 0.08);
 
     // A dry run prints the drain and takes none; the same decision for
-    // Kubernetes prints its kubectl commands (no API server here to apply them).
+    // Kubernetes prints its patches (and reads no API server to make them).
     let (code, suite, err) = accept(&c, &s, &["--drain", "--kubernetes", "--dry-run"], None);
     assert_eq!(code, 1, "{suite:#}\n{err}");
     assert!(
@@ -722,18 +735,32 @@ fn drain_takes_out_the_failed_node_resumes_only_its_own_and_reports_a_slurm_that
         s.states()
     );
     for line in [
-        format!("kubernetes (dry run): {slow}: would run: kubectl taint node {slow} --overwrite gpuctl.io/acceptance-failed=stress:NoSchedule"),
-        format!("kubernetes (dry run): {}: would run: kubectl taint node {} gpuctl.io/acceptance-failed:NoSchedule-", node_name(0), node_name(0)),
-        format!("kubernetes (dry run): {slow}: would run: kubectl label node {slow} --overwrite gpuctl.io/acceptance=fail "),
+        format!("kubernetes (dry run): {slow}: would label gpuctl.io/acceptance=fail "),
+        "; taint gpuctl.io/acceptance-failed=stress:NoSchedule".to_string(),
+        format!(
+            "kubernetes (dry run): {}: would label gpuctl.io/acceptance=pass ",
+            node_name(0)
+        ),
+        "gpuctl.io/acceptance-stage-; untaint gpuctl.io/acceptance-failed:NoSchedule".to_string(),
     ] {
         assert!(err.contains(&line), "{line}\nnot in:\n{err}");
     }
 
     // Without permission to call scontrol update (as nobody, who may read
-    // but not change): named, the verdict and exit code as they are.
-    let (code, suite, err) = accept(&c, &s, &["--drain"], Some(65534));
+    // but not change), and with a Kubernetes API server that refuses
+    // connections: each named with its node, the verdict and exit code as
+    // they are.
+    let (code, suite, err) = accept(&c, &s, &["--drain", "--kubernetes"], Some(65534));
     assert_eq!(code, 1, "{suite:#}\n{err}");
     assert_eq!(suite["verdict"], "fail");
+    for node in [node_name(0), slow.clone()] {
+        assert!(
+            err.contains(&format!(
+                "warning: kubernetes: {node}: reading node {node} failed: "
+            )),
+            "{node}: {err}"
+        );
+    }
     assert!(
         err.contains(&format!(
             "warning: drain: {slow}: `scontrol update nodename={slow} state=drain"

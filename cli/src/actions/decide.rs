@@ -269,6 +269,14 @@ pub enum KubeStep {
     },
 }
 
+impl KubeStep {
+    pub fn node(&self) -> &str {
+        match self {
+            KubeStep::Set { node, .. } | KubeStep::Leave { node, .. } => node,
+        }
+    }
+}
+
 /// A label value as Kubernetes takes it: at most 63 of `[A-Za-z0-9._-]`,
 /// starting and ending alphanumeric.
 pub fn label_value(s: &str) -> String {

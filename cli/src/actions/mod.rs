@@ -36,12 +36,12 @@ impl Actions {
 
 /// Takes (or prints) the actions for a finished suite, given its stages'
 /// reports (for the findings a drain reason quotes); one stderr line per node.
-pub fn act(suite: &pb::Suite, reports: &[pb::Report], a: Actions) {
+pub async fn act(suite: &pb::Suite, reports: &[pb::Report], a: Actions) {
     if a.drain {
         act_slurm(suite, reports, a.dry_run);
     }
     if a.kubernetes {
-        act_kubernetes(suite, a.dry_run);
+        act_kubernetes(suite, a.dry_run).await;
     }
 }
 
@@ -87,40 +87,50 @@ fn act_slurm(suite: &pb::Suite, reports: &[pb::Report], dry_run: bool) {
     }
 }
 
-fn act_kubernetes(suite: &pb::Suite, dry_run: bool) {
+async fn act_kubernetes(suite: &pb::Suite, dry_run: bool) {
     let tag = if dry_run {
         "kubernetes (dry run)"
     } else {
         "kubernetes"
     };
-    for step in decide::kube_steps(suite) {
-        let node = match &step {
-            decide::KubeStep::Leave { node, why } => {
-                eprintln!("{tag}: {node}: {why}");
-                continue;
+    let steps = decide::kube_steps(suite);
+    // A dry run reads nothing: it needs no cluster to print what it would do.
+    let client = if dry_run || steps.is_empty() {
+        None
+    } else {
+        match kubernetes::client().await {
+            Ok(c) => Some(c),
+            Err(e) => {
+                let nodes: Vec<&str> = steps.iter().map(|s| s.node()).collect();
+                eprintln!(
+                    "warning: {tag}: {}: {e}; nothing labelled or tainted, the verdict stands",
+                    nodes.join(", ")
+                );
+                return;
             }
-            decide::KubeStep::Set { node, .. } => node.clone(),
+        }
+    };
+    for step in &steps {
+        let node = step.node();
+        if let decide::KubeStep::Leave { why, .. } = step {
+            eprintln!("{tag}: {node}: {why}");
+            continue;
+        }
+        let what = kubernetes::describe(step);
+        let Some(client) = &client else {
+            eprintln!("{tag}: {node}: would {what}");
+            continue;
         };
-        for cmd in kubernetes::commands(&step) {
-            let shown = shown(&cmd);
-            if dry_run {
-                eprintln!("{tag}: {node}: would run: {shown}");
-                continue;
-            }
-            match run(&cmd) {
-                Ok(_) => eprintln!("{tag}: {node}: ran: {shown}"),
-                Err(e) if kubernetes::nothing_to_remove(&e) => {
-                    eprintln!("{tag}: {node}: ran: {shown} (nothing to remove)")
-                }
-                Err(e) => eprintln!("warning: {tag}: {node}: {e}; the verdict stands"),
-            }
+        match kubernetes::apply(client, step).await {
+            Ok(()) => eprintln!("{tag}: {node}: {what}"),
+            Err(e) => eprintln!("warning: {tag}: {node}: {e}; the verdict stands"),
         }
     }
 }
 
 /// A scheduler that does not answer: Slurm's clients retry for
 /// MessageTimeout (10 s by default) themselves; this bounds one command
-/// (scontrol, sinfo, kubectl) on top of that.
+/// (scontrol, sinfo) on top of that.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A command as a person would type it, to print and to name in errors.

@@ -59,7 +59,7 @@ pub struct AcceptArgs {
     /// (docs/operations.md "Kubernetes labels and taints").
     #[arg(long)]
     pub kubernetes: bool,
-    /// With --drain or --kubernetes: print the commands, run none.
+    /// With --drain or --kubernetes: print what would change, change nothing.
     #[arg(long)]
     pub dry_run: bool,
 }
@@ -133,7 +133,7 @@ impl AcceptArgs {
         };
         if actions.dry_run && !actions.any() {
             return Err(usage(
-                "--dry-run: give --drain or --kubernetes too; it prints their commands".into(),
+                "--dry-run: give --drain or --kubernetes too; it prints what they would change".into(),
             ));
         }
         *ACTIONS.lock().unwrap_or_else(|e| e.into_inner()) = actions;
@@ -190,7 +190,7 @@ pub async fn run(
     // After the report, and whatever the scheduler says: same verdict, same exit.
     let actions = *ACTIONS.lock().unwrap_or_else(|e| e.into_inner());
     let stage_reports: Vec<pb::Report> = reports.iter().flatten().cloned().collect();
-    crate::actions::act(&suite, &stage_reports, actions);
+    crate::actions::act(&suite, &stage_reports, actions).await;
     Ok(exit_of(&suite))
 }
 
