@@ -463,7 +463,9 @@ pub fn train(
     // After the digests: these steps change the parameters, and every rank
     // takes the same number of them, so the collectives still pair up.
     if let Some(p) = &cfg.profile {
-        result.profile = Some(profile_steps(cfg, p, &mut tr, &batch, rank, comm, progress));
+        result.profile = Some(Box::new(profile_steps(
+            cfg, p, &mut tr, &batch, rank, comm, progress,
+        )));
     }
     if let Some(l) = &cfg.loader {
         result.loader = loader_sweep(cfg, l, &mut tr, &model, rank, progress)?;
@@ -627,7 +629,6 @@ fn loader_sweep(
             host_cpu_share: host,
             start_unix_ms: ms0,
             end_unix_ms: unix_ms(),
-            ..Default::default()
         };
         tracing::info!(
             setting = k,
