@@ -87,6 +87,8 @@ fn every_rank_sweeps_its_loader_and_profiles_its_operators() {
         );
         assert!(p["top_cuda"].as_array().unwrap().is_empty(), "{p:#}");
         let path = p["trace_path"].as_str().unwrap();
+        let name = format!("/profile-ddp-cnn-rank{}.json", rank["rank"]);
+        assert!(path.ends_with(&name), "{path}");
         let trace: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
         let events = trace["traceEvents"].as_array().expect("traceEvents");
         assert!(

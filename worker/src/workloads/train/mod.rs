@@ -525,7 +525,11 @@ fn profile_steps<'c>(
     let name = format!(
         "profile-{}-{}-rank{rank}.json",
         cfg.mode.name(),
-        gpuctl_core::catalogue::model_label(&cfg.model.name, &cfg.variant).replace(' ', "-")
+        gpuctl_core::catalogue::model_label(
+            &cfg.model.name,
+            if tr.model.is_gpt() { &cfg.variant } else { "" }
+        )
+        .replace(' ', "-")
     );
     let path = p.dir.join(name);
     sync(dev);
