@@ -102,6 +102,15 @@ fn every_rank_sweeps_its_loader_and_profiles_its_operators() {
     let text = String::from_utf8_lossy(&c.gpuctl(&["report", id]).stdout).to_string();
     assert!(text.contains("\nLOADER ("), "{text}");
     assert!(text.contains("top 10 by self CPU time"), "{text}");
+    let html = String::from_utf8_lossy(&c.gpuctl(&["report", id, "-o", "html"]).stdout).to_string();
+    assert!(
+        html.contains("plot-loader-rate"),
+        "no loader plot in the page"
+    );
+    assert!(
+        html.contains("GPU utilisation per loader setting"),
+        "no GPU note"
+    );
     let csv = String::from_utf8_lossy(&c.gpuctl(&["report", id, "-o", "csv"]).stdout).to_string();
     assert!(
         csv.contains("# loader") && csv.contains("# profile"),
