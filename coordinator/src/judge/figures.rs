@@ -439,7 +439,7 @@ pub fn expected(spec: &JobSpec, gpu: bool, world_size: u32) -> Expected {
                 );
                 out.insert((Metric::SamplesPerS, key.clone()));
                 out.insert((Metric::StepMsP99, key.clone()));
-                if !t.loader_workers.is_empty() {
+                if !t.loader_workers.is_empty() && p.model != "gpt" {
                     out.insert((Metric::LoaderSamplesPerS, loader_key(&key, t.loader_work)));
                 }
                 // The no-communication rate is timed only beside other ranks.
