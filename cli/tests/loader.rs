@@ -152,6 +152,7 @@ fn a_node_that_cannot_feed_its_device_fails_on_its_loader_rate_named() {
         r["notes"]
     );
     assert_eq!(loader[0]["node"], slow.as_str(), "{:#}", loader[0]);
+    eprintln!("{}", loader[0]["detail"]);
     for n in r["nodes"].as_array().unwrap() {
         if n["name"] != slow.as_str() {
             assert_ne!(n["verdict"], "fail", "healthy {} blamed: {n:#}", n["name"]);
