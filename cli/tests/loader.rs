@@ -2,8 +2,9 @@
 //! agents, one CPU rank each; real coordinator, agents and workers): every
 //! rank reports one sweep row per worker count and a profile whose tables
 //! name libtorch's operators, whose Chrome trace parses and is copied by
-//! `gpuctl profile --trace`; and a node whose CPU is throttled fails on its
-//! loader rate against its peers', named, and no other node does.
+//! `gpuctl profile --trace`; fsdp ranks profile between their collectives;
+//! and a node whose CPU is throttled fails on its loader rate against its
+//! peers', named, and no other node does.
 
 mod common;
 
@@ -66,6 +67,11 @@ fn every_rank_sweeps_its_loader_and_profiles_its_operators() {
             .map(|s| s["workers"].as_u64().unwrap())
             .collect();
         assert_eq!(workers, vec![0, 2], "{node}: {t:#}");
+        assert_eq!(
+            rows.iter().filter(|s| s["best"] == true).count(),
+            1,
+            "{node}: {t:#}"
+        );
         for s in rows {
             assert!(s["samples_per_s"].as_f64().unwrap() > 0.0, "{node}: {s}");
             let wait = s["data_wait_share"].as_f64().unwrap();
@@ -157,5 +163,45 @@ fn a_node_that_cannot_feed_its_device_fails_on_its_loader_rate_named() {
         if n["name"] != slow.as_str() {
             assert_ne!(n["verdict"], "fail", "healthy {} blamed: {n:#}", n["name"]);
         }
+    }
+}
+
+#[test]
+fn fsdp_profiles_every_rank_between_its_collectives() {
+    let c = Cluster::start(2, 1);
+    let args = [
+        "fsdp",
+        "--nodes",
+        "2",
+        "--model",
+        "cnn",
+        "--steps",
+        "2",
+        "--warmup-steps",
+        "1",
+        "--profile",
+        "--profile-steps",
+        "2",
+    ];
+    let r = run_job(&c, &args, Duration::from_secs(300));
+    assert_eq!(r["state"], "succeeded", "{r:#}\n{}", c.logs());
+    let all = ranks(&r);
+    assert_eq!(all.len(), 2, "{r:#}");
+    for (node, rank) in &all {
+        let p = &rank["train"]["profile"];
+        assert_eq!(p["error"], "", "{node}: {p:#}");
+        assert_eq!(p["steps"], 2, "{node}: {p:#}");
+        assert!(
+            !p["top_cpu"].as_array().unwrap().is_empty(),
+            "{node}: {p:#}"
+        );
+        assert!(
+            p["trace_path"]
+                .as_str()
+                .unwrap()
+                .ends_with(&format!("/profile-fsdp-cnn-rank{}.json", rank["rank"])),
+            "{p:#}"
+        );
+        assert!(rank["train"]["loader"].as_array().unwrap().is_empty());
     }
 }

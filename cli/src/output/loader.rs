@@ -103,13 +103,19 @@ pub fn section(r: &pb::Report) -> Option<String> {
     ))
 }
 
-/// A rank's sweep for `-o json`.
+/// A rank's sweep for `-o json`; `best` marks its best setting (its figure).
 pub fn json(t: &pb::TrainResult) -> Value {
+    let best = t
+        .loader
+        .iter()
+        .map(|s| s.samples_per_s)
+        .fold(f64::NAN, f64::max);
     Value::Array(
         t.loader
             .iter()
             .map(|s| {
                 json!({
+                    "best": s.samples_per_s == best,
                     "workers": s.workers,
                     "work": s.work,
                     "steps": s.steps,
