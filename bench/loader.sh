@@ -12,8 +12,12 @@
 # torch: bench/loader_torch.py, OUT/torch.json and OUT/torch.txt. Then
 # bench/profile.py, torch.profiler's top 10 on the same model beside gpuctl's
 # (OUT/profile.txt). OUT/loader.tar.gz holds everything.
+# GPUS=0,1,2,3 gives gpuctl's agent those GPUs instead: one rank per GPU, all
+# sweeping at once on the one host (each rank alone, no communication), which
+# is the acceptance question (can this host's CPUs feed all its GPUs?);
+# PyTorch's sweep stays on GPU $GPU.
 # Env: GPUCTL_BIN (.devbin), GPUCTL_SP, GPUCTL_PY, WORKERS (0,2,4,8), STEPS
-# (100), WORK (2), BATCH (64), GPU (0).
+# (100), WORK (2), BATCH (64), GPU (0), GPUS ($GPU).
 set -u
 OUT=${1:-/tmp/gpuctl-loader}; mkdir -p "$OUT"
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -22,15 +26,16 @@ B=${GPUCTL_BIN:-$ROOT/.devbin}
 SP=${GPUCTL_SP:-/opt/torch/.venv/lib/python3.12/site-packages}
 PY=${GPUCTL_PY:-/opt/torch/.venv/bin/python3}
 WORKERS=${WORKERS:-0,2,4,8}; STEPS=${STEPS:-100}; WORK=${WORK:-2}; BATCH=${BATCH:-64}; GPU=${GPU:-0}
+GPUS=${GPUS:-$GPU}
 PORT=7390
-export GPUCTL_COORDINATOR=http://127.0.0.1:$PORT
+export GPUCTL_COORDINATOR=http://127.0.0.1:$PORT NCCL_NVLS_ENABLE=0
 export LD_LIBRARY_PATH="$SP/torch/lib:$SP/nvidia/nccl/lib:$SP/nvidia/cu13/lib:${LD_LIBRARY_PATH:-}"
 PIDS=""
 trap 'kill $PIDS 2>/dev/null; wait 2>/dev/null' EXIT
 "$B/gpuctl-coordinator" --listen 127.0.0.1:$PORT --data-dir "$OUT/coordinator" \
   --metrics-listen off > "$OUT/coordinator.log" 2>&1 &
 PIDS=$!
-"$B/gpuctl-agent" --coordinator "$GPUCTL_COORDINATOR" --name "gpu-$GPU" --gpus "$GPU" \
+"$B/gpuctl-agent" --coordinator "$GPUCTL_COORDINATOR" --name "gpu-host" --gpus "$GPUS" \
   --libtorch "$SP" --work-dir "$OUT/agent" --metrics-listen off --sample-interval 500ms \
   > "$OUT/agent.log" 2>&1 &
 PIDS="$PIDS $!"
