@@ -465,7 +465,7 @@ pub fn train(
     if let Some(p) = &cfg.profile {
         result.profile = Some(Box::new(profile_steps(
             cfg, p, &mut tr, &batch, rank, comm, progress,
-        )));
+        )?));
     }
     // The loader makes images: a GPT of a `--model cnn,gpt` list has no sweep.
     if let Some(l) = cfg.loader.as_ref().filter(|_| !model.is_gpt()) {
@@ -508,7 +508,8 @@ fn unix_ms() -> u64 {
 }
 
 /// Profiles `p.steps` steps with libtorch's profiler. A profiler that fails
-/// says so in the result and costs the run nothing else.
+/// says so in the result and costs the run nothing else; a step that fails
+/// fails the run, as any training step does.
 fn profile_steps<'c>(
     cfg: &TrainConfig,
     p: &ProfileRun,
@@ -517,7 +518,7 @@ fn profile_steps<'c>(
     rank: usize,
     mut comm: Option<&mut (dyn Collectives + 'c)>,
     progress: ProgressFn,
-) -> OperatorProfile {
+) -> Result<OperatorProfile> {
     let dev = tr.model.device;
     let mut out = OperatorProfile {
         steps: p.steps as u32,
@@ -538,12 +539,13 @@ fn profile_steps<'c>(
     // wait for this rank's.
     let started = crate::profile::start(dev.is_cuda());
     let t0 = Instant::now();
-    let mut failed = None;
     for i in 0..p.steps {
         progress(&format!("profile step {}/{}", i + 1, p.steps), 1.0, &[]);
         if let Err(e) = tr.step(batch, comm.as_deref_mut()) {
-            failed = Some(e);
-            break;
+            if started.is_ok() {
+                let _ = crate::profile::stop(None);
+            }
+            return Err(e.context(format!("profiled step {}", i + 1)));
         }
     }
     sync(dev);
@@ -560,9 +562,6 @@ fn profile_steps<'c>(
         }
         Err(e) => out.error = format!("{e:#}"),
     }
-    if let Some(e) = failed {
-        out.error = format!("a profiled step failed: {e:#}");
-    }
     tracing::info!(
         steps = p.steps,
         trace = %out.trace_path,
@@ -570,7 +569,7 @@ fn profile_steps<'c>(
         error = %out.error,
         "profiled"
     );
-    out
+    Ok(out)
 }
 
 /// The loader sweep: for each worker count, a warmup step and `l.steps`
