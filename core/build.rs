@@ -8,6 +8,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(true)
         // prost's codec with smaller buffers (codec.rs).
         .codec_path("crate::codec::SmallCodec")
+        // Rarely set and large: boxed, so every RankResult does not carry
+        // its size inline (the coordinator's events hold results by value).
+        .boxed(".gpuctl.v1.TrainResult.profile")
         .compile_protos(&["proto/gpuctl.proto"], &["proto"])?;
     println!("cargo:rerun-if-changed=proto/gpuctl.proto");
     Ok(())

@@ -134,6 +134,9 @@ pub enum Command {
     /// Print a job's timeline as a Chrome trace (open it in Perfetto or chrome://tracing).
     #[command(after_help = TRACE_EXAMPLES)]
     Trace(TraceArgs),
+    /// Print a job's operator profile (--profile): top 10 operators per rank; copy the Chrome traces.
+    #[command(after_help = crate::commands::profile::EXAMPLES)]
+    Profile(crate::commands::profile::ProfileArgs),
     /// Print a job's worker logs.
     Logs(LogsArgs),
     /// Dry run: show the ranks and the NCCL environment a submit would get; nothing starts.

@@ -12,6 +12,7 @@ pub mod context;
 pub mod device;
 pub mod partial;
 pub mod prestart;
+pub mod profile;
 pub mod rendezvous;
 pub mod shim;
 pub mod timeline;

@@ -17,7 +17,7 @@ extern "C" {
 }
 
 /// Turns a shim return code and its malloc'd message into a `Result`.
-fn check(what: &str, rc: c_int, err: *mut c_char) -> Result<()> {
+pub(crate) fn check(what: &str, rc: c_int, err: *mut c_char) -> Result<()> {
     if rc == 0 {
         return Ok(());
     }

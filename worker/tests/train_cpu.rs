@@ -32,6 +32,8 @@ fn cfg(mode: Mode, model: &str, precision: Precision, baseline: u64) -> TrainCon
         data_ranks: 0,
         keep_params: true,
         variant: String::new(),
+        loader: None,
+        profile: None,
     }
 }
 

@@ -12,6 +12,7 @@ pub mod local;
 pub mod logs;
 pub mod nodes;
 pub mod plan;
+pub mod profile;
 pub mod report;
 pub mod status;
 pub mod submit;
@@ -113,6 +114,7 @@ pub async fn run(cli: Cli) -> Result<Exit> {
             )
             .await
         }
+        Command::Profile(a) => profile::run(&mut Coordinator::connect(url).await?, &a, out).await,
         Command::Logs(a) => {
             let mut c = Coordinator::connect(url).await?;
             if a.follow {

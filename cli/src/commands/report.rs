@@ -401,6 +401,12 @@ pub fn render(r: &pb::Report) -> String {
     if let Some(models) = output::models::section(r) {
         s.push_str(&models);
     }
+    if let Some(loader) = output::loader::section(r) {
+        s.push_str(&loader);
+    }
+    if let Some(profile) = output::profile::section(r) {
+        s.push_str(&profile);
+    }
     if let Some(curve) = output::maxbatch::curve(r) {
         s.push_str("\nMAXBATCH (each trial: batch -> peak memory; OOM = out of memory)\n");
         s.push_str(&curve);

@@ -223,6 +223,8 @@ fn train(t: &pb::TrainResult) -> Value {
         "parameters": t.parameters,
         "driver_peak_memory_bytes": t.driver_peak_memory_bytes,
         "step_ms": t.step_ms,
+        "loader": super::loader::json(t),
+        "profile": super::profile::json(t),
     })
 }
 
@@ -410,6 +412,7 @@ pub fn report(r: &pb::Report) -> Value {
         "telemetry": r.telemetry.iter().map(gpu_telemetry).collect::<Vec<_>>(),
         "health": r.health.iter().map(health_finding).collect::<Vec<_>>(),
         "preflight": r.preflight.iter().map(check).collect::<Vec<_>>(),
+        "loader_gpu": super::loader::gpu_json(r),
     })
 }
 

@@ -70,6 +70,12 @@ pub fn sections(r: &pb::Report) -> Vec<Section> {
     if let Some(models) = super::models::grid(r) {
         out.push(Section::new("models", models));
     }
+    if let Some(loader) = super::loader::grid(r) {
+        out.push(Section::new("loader", loader));
+    }
+    if let Some(profile) = super::profile::grid(r) {
+        out.push(Section::new("profile", profile));
+    }
     out.extend(super::p2p::grid_sections(r));
     if !r.collectives.is_empty() {
         out.push(Section::new(

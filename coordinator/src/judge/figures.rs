@@ -41,10 +41,15 @@ pub enum Metric {
     /// each the better of two passes. The pairs themselves are judged
     /// against each other by `judge::p2p`.
     P2pGbps,
+    /// `ddp --loader-workers`: the rank's best samples/s over the loader
+    /// sweep's worker counts, batches made on its own host with no
+    /// communication: whether the host's CPUs and host-to-device path keep
+    /// its GPU fed.
+    LoaderSamplesPerS,
 }
 
 impl Metric {
-    pub const ALL: [Metric; 11] = [
+    pub const ALL: [Metric; 12] = [
         Metric::StressTflops,
         Metric::StressTflopsWorst,
         Metric::Busbw,
@@ -56,6 +61,7 @@ impl Metric {
         Metric::H2dGbps,
         Metric::D2hGbps,
         Metric::P2pGbps,
+        Metric::LoaderSamplesPerS,
     ];
 
     /// The name in rules files, findings and baselines.
@@ -72,6 +78,7 @@ impl Metric {
             Metric::H2dGbps => "h2d_gbps",
             Metric::D2hGbps => "d2h_gbps",
             Metric::P2pGbps => "p2p_gbps",
+            Metric::LoaderSamplesPerS => "loader_samples_per_s",
         }
     }
 
@@ -83,7 +90,9 @@ impl Metric {
         match self {
             Metric::StressTflops | Metric::StressTflopsWorst => "TFLOP/s",
             Metric::Busbw | Metric::H2dGbps | Metric::D2hGbps | Metric::P2pGbps => "GB/s",
-            Metric::SamplesPerS | Metric::SoloSamplesPerS => "samples/s",
+            Metric::SamplesPerS | Metric::SoloSamplesPerS | Metric::LoaderSamplesPerS => {
+                "samples/s"
+            }
             Metric::StepMsP99 => "ms",
             Metric::ScalingEfficiency | Metric::MaxBatch => "",
         }
@@ -105,6 +114,7 @@ impl Metric {
                 | Metric::H2dGbps
                 | Metric::D2hGbps
                 | Metric::P2pGbps
+                | Metric::LoaderSamplesPerS
         )
     }
 }
@@ -205,6 +215,21 @@ pub fn train_key(mode: &str, model: &str, precision: &str, batch: u64) -> String
     format!("{mode} {model} {precision} batch {batch}")
 }
 
+/// The loader sweep's figure: the training key and the host work per sample
+/// (`loader ddp cnn fp32 batch 16 work 1`); the worker counts are not part of
+/// it, since the figure is the best of them.
+pub fn loader_key(train_key: &str, work: u64) -> String {
+    format!("loader {train_key} work {work}")
+}
+
+/// The best setting of a loader sweep, by samples/s.
+pub fn best_loader_setting(t: &TrainResult) -> Option<&gpuctl_core::pb::LoaderSetting> {
+    t.loader
+        .iter()
+        .filter(|s| s.samples_per_s.is_finite())
+        .max_by(|a, b| a.samples_per_s.total_cmp(&b.samples_per_s))
+}
+
 pub fn maxbatch_key(model: &str, precision: &str) -> String {
     format!("{model} {precision}")
 }
@@ -293,13 +318,23 @@ pub fn rank_figures(workload: &str, r: &RankResult) -> Vec<Figure> {
             ]
         }
         Some(Detail::Train(_)) => train_results(r)
-            .filter(|t| t.baseline_samples_per_s > 0.0)
-            .map(|t| {
-                fig(
-                    Metric::SoloSamplesPerS,
-                    train_key_of(t, workload),
-                    t.baseline_samples_per_s,
-                )
+            .flat_map(|t| {
+                let key = train_key_of(t, workload);
+                let solo = (t.baseline_samples_per_s > 0.0).then(|| {
+                    fig(
+                        Metric::SoloSamplesPerS,
+                        key.clone(),
+                        t.baseline_samples_per_s,
+                    )
+                });
+                let loader = best_loader_setting(t).map(|s| {
+                    fig(
+                        Metric::LoaderSamplesPerS,
+                        loader_key(&key, s.work as u64),
+                        s.samples_per_s,
+                    )
+                });
+                solo.into_iter().chain(loader)
             })
             .collect(),
         Some(Detail::Maxbatch(m)) if m.max_batch > 0 => vec![fig(
@@ -404,6 +439,9 @@ pub fn expected(spec: &JobSpec, gpu: bool, world_size: u32) -> Expected {
                 );
                 out.insert((Metric::SamplesPerS, key.clone()));
                 out.insert((Metric::StepMsP99, key.clone()));
+                if !t.loader_workers.is_empty() && p.model != "gpt" {
+                    out.insert((Metric::LoaderSamplesPerS, loader_key(&key, t.loader_work)));
+                }
                 // The no-communication rate is timed only beside other ranks.
                 if world_size > 1 {
                     out.insert((Metric::SoloSamplesPerS, key.clone()));
@@ -572,6 +610,54 @@ mod tests {
         assert_eq!(slow_tenth(&v), 310.0);
         assert_eq!(stress_key("bf16", 8192, false), "bf16 8192");
         assert_eq!(stress_key("bf16", 8192, true), "bf16 8192 with_comm");
+    }
+
+    #[test]
+    fn a_loader_sweep_is_judged_on_its_best_setting() {
+        let setting = |workers, per_s| gpuctl_core::pb::LoaderSetting {
+            workers,
+            work: 2,
+            samples_per_s: per_s,
+            ..Default::default()
+        };
+        let t = TrainResult {
+            model: "mobilenet_v2".into(),
+            mode: "ddp".into(),
+            precision: "bf16".into(),
+            batch_size: 64,
+            loader: vec![setting(0, 300.0), setting(4, 900.0), setting(8, 850.0)],
+            ..Default::default()
+        };
+        let r = RankResult {
+            detail: Some(Detail::Train(t)),
+            ..Default::default()
+        };
+        assert_eq!(
+            rank_figures("ddp", &r),
+            vec![Figure {
+                metric: Metric::LoaderSamplesPerS,
+                key: "loader ddp mobilenet_v2 bf16 batch 64 work 2".into(),
+                value: 900.0,
+            }]
+        );
+        assert!(Metric::LoaderSamplesPerS.per_rank());
+        let spec = JobSpec {
+            workload: "ddp".into(),
+            params: [
+                ("model", "mobilenet_v2"),
+                ("batch_size", "64"),
+                ("loader_workers", "0,4,8"),
+                ("loader_work", "2"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+            ..Default::default()
+        };
+        assert!(expected(&spec, true, 1).contains(&(
+            Metric::LoaderSamplesPerS,
+            "loader ddp mobilenet_v2 bf16 batch 64 work 2".to_string()
+        )));
     }
 
     #[test]

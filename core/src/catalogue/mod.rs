@@ -55,6 +55,9 @@ pub enum Kind {
         words: &'static [&'static str],
         max: usize,
     },
+    /// Whole numbers in `[min, max]`, comma-separated, each once, at most
+    /// `max_len` (a sweep's settings, in the order given).
+    IntList { min: u64, max: u64, max_len: usize },
     /// `true`/`false` (also `1`/`0`, `yes`/`no`).
     Bool,
     /// A duration such as `1s`.
@@ -128,6 +131,7 @@ impl Param {
             Kind::Bool => "bool",
             Kind::Memory => "memory",
             Kind::Float { .. } | Kind::Int { .. } => "number",
+            Kind::IntList { .. } => "numbers",
             Kind::Choice(_) | Kind::List(_) | Kind::Sequence { .. } => self.name,
         };
         name.to_ascii_uppercase()
@@ -165,6 +169,9 @@ pub const NCCL_PATTERNS: &[&str] = &["all", "pairs", "bisect", "search"];
 const STRESS: &[&str] = &["stress"];
 const NCCL: &[&str] = &["nccl"];
 const TRAIN: &[&str] = &["ddp", "fsdp"];
+const DDP: &[&str] = &["ddp"];
+/// Settings of one loader sweep at most (`--loader-workers 0,2,4,8`).
+pub const MAX_LOADER_SETTINGS: usize = 8;
 const MODEL_USERS: &[&str] = &["ddp", "fsdp", "maxbatch"];
 const MAXBATCH: &[&str] = &["maxbatch"];
 const P2P: &[&str] = &["p2p"];
@@ -240,6 +247,13 @@ pub const PARAMS: &[Param] = &[
     p("warmup_steps", int(0, 1 << 20), "steps", dev("5", "2"), "untimed steps first", TRAIN),
     p("channels_last", Kind::Bool, "", dev("true", "false"), "channels_last layout for CNNs", TRAIN),
     p("bucket_bytes", Kind::Bytes, "", DefaultValue::Same("25M"), "gradient bucket size", TRAIN),
+    p("loader_workers", Kind::IntList { min: 0, max: 64, max_len: MAX_LOADER_SETTINGS }, "workers", DefaultValue::None,
+      "after training, sweep the input pipeline over these worker counts (0,2,4,8): batches made on the host (decode and augment of synthetic images), pinned and copied to the device; per setting samples/s, data wait, CPU use and GPU utilisation, each rank alone (docs/workloads.md)", DDP),
+    p("loader_work", int(1, 1000), "passes", dev("2", "1"), "loader: augment passes per sample (the host work each sample costs)", DDP),
+    p("loader_steps", int(1, 1 << 20), "steps", dev("50", "4"), "loader: timed steps per worker count", DDP),
+    p("profile", Kind::Bool, "", DefaultValue::Same("false"),
+      "after training, profile a few steps with libtorch's profiler (Kineto): top 10 operators by CPU time, CUDA time and memory per rank, and a Chrome trace per rank (`gpuctl profile JOB`)", TRAIN),
+    p("profile_steps", int(1, 1000), "steps", dev("20", "3"), "profile: steps profiled", TRAIN),
     // maxbatch
     p("margin", Kind::Float { min: 0.0, max: 0.9 }, "", DefaultValue::Same("0.1"), "safety margin (0..0.9)", MAXBATCH),
     p("start", int(1, 1 << 20), "samples", DefaultValue::Same("8"), "first batch tried", MAXBATCH),
@@ -413,6 +427,23 @@ pub fn parse_value(p: &Param, text: &str) -> Result<Value, String> {
                     "{} given; at most {max} run in one job (split the list over jobs)",
                     items.len()
                 ));
+            }
+            Ok(Value::List(items))
+        }
+        Kind::IntList { min, max, max_len } => {
+            let mut items: Vec<String> = Vec::new();
+            for item in v.split(',').map(str::trim) {
+                match item.parse::<u64>() {
+                    Ok(n) if n >= min && n <= max => {}
+                    _ => return Err(format!("`{item}` is not a whole number in {min}..={max}")),
+                }
+                if items.iter().any(|i| i == item) {
+                    return Err(format!("`{item}` is given twice; name each once"));
+                }
+                items.push(item.to_string());
+            }
+            if items.len() > max_len {
+                return Err(format!("{} given; at most {max_len}", items.len()));
             }
             Ok(Value::List(items))
         }

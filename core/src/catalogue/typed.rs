@@ -217,6 +217,13 @@ pub struct TrainParams {
     pub warmup_steps: u64,
     pub channels_last: bool,
     pub bucket_bytes: u64,
+    /// `--loader-workers`: the loader sweep's worker counts in the order
+    /// given (ddp; empty: no sweep).
+    pub loader_workers: Vec<u32>,
+    pub loader_work: u64,
+    pub loader_steps: u64,
+    /// `--profile`: steps to profile after training (0: none).
+    pub profile_steps: u64,
 }
 
 /// `maxbatch`.
@@ -423,6 +430,30 @@ impl Reader<'_> {
             warmup_steps: self.get("warmup_steps")?,
             channels_last: self.get("channels_last")?,
             bucket_bytes: self.get("bucket_bytes")?,
+            loader_workers: if self.workload == "ddp" {
+                self.opt::<Vec<String>>("loader_workers")?
+                    .unwrap_or_default()
+                    .iter()
+                    .filter_map(|w| w.parse().ok())
+                    .collect()
+            } else {
+                Vec::new()
+            },
+            loader_work: if self.workload == "ddp" {
+                self.get("loader_work")?
+            } else {
+                0
+            },
+            loader_steps: if self.workload == "ddp" {
+                self.get("loader_steps")?
+            } else {
+                0
+            },
+            profile_steps: if self.get::<bool>("profile")? {
+                self.get("profile_steps")?
+            } else {
+                0
+            },
         })
     }
 }

@@ -13,7 +13,7 @@ use gpuctl_core::pb::{rank_result::Detail, TrainResult};
 
 use super::memory::Memory;
 use super::models::{gpt::GptConfig, ModelConfig, Precision};
-use super::train::{train, Mode, TrainConfig};
+use super::train::{train, LoaderSweep, Mode, ProfileRun, TrainConfig};
 use super::Outcome;
 use crate::context::Ctx;
 
@@ -48,6 +48,16 @@ pub fn config(_ctx: &Ctx, p: &TrainParams, tm: &TrainModel, mode: Mode) -> Resul
         data_ranks: 0,
         keep_params: false,
         variant: m.gpt_size.clone(),
+        loader: (!p.loader_workers.is_empty()).then(|| LoaderSweep {
+            workers: p.loader_workers.clone(),
+            work: p.loader_work.min(u32::MAX as u64) as u32,
+            steps: p.loader_steps,
+        }),
+        // The agent's folder of the job: where it keeps what a rank leaves.
+        profile: (p.profile_steps > 0).then(|| ProfileRun {
+            steps: p.profile_steps,
+            dir: std::env::current_dir().unwrap_or_else(|_| std::env::temp_dir()),
+        }),
     })
 }
 

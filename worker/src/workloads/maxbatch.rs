@@ -255,6 +255,8 @@ pub fn run(ctx: &Ctx, p: &MaxBatchParams) -> Result<Outcome> {
         data_ranks: 0,
         keep_params: false,
         variant: p.model.gpt_size.clone(),
+        loader: None,
+        profile: None,
     };
     let mem = Memory::new(&ctx.dev);
     // The search calls this as each trial starts and ends: units of progress.

@@ -7,6 +7,7 @@
 
 mod chart;
 mod lines;
+mod loader;
 mod p2p;
 mod plots;
 mod style;
@@ -77,6 +78,7 @@ fn figures(r: &pb::Report, timeline: &pb::Timeline) -> Result<Vec<Figure>> {
     out.extend(telemetry::figures(timeline, r.started_unix_ms)?);
     out.extend(plots::maxbatch(r)?);
     out.extend(plots::step_times(r)?);
+    out.extend(loader::figures(r)?);
     Ok(out)
 }
 
@@ -193,6 +195,9 @@ fn tables(r: &pb::Report) -> String {
             "Collectives (nccl-tests' layout: the slowest rank's time, #wrong summed)",
             &format!("<pre>{}</pre>\n", text(&t)),
         ));
+    }
+    if let Some(t) = crate::output::loader::grid(r) {
+        s.push_str(&folded("Loader sweep (each rank alone)", &table(&t)));
     }
     if !r.telemetry.is_empty() {
         s.push_str(&folded(

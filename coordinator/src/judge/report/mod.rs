@@ -26,6 +26,7 @@ mod digests;
 mod findings;
 mod gpu_health;
 pub mod hang;
+mod loader;
 mod nodes;
 mod notes;
 mod performance;
@@ -221,6 +222,7 @@ fn assemble(inp: &Inputs, with_results: bool) -> (Report, Figures) {
         // end that runs beside the build): 32,768 series take ~30 ms more.
         telemetry_bytes: 0,
         attempt: job.attempt,
+        loader_gpu: loader::gpu_windows(plan, inp.results, inp.telemetry),
     };
     verdict::judge_job(&mut report, job, inp.results.len());
     (report, perf.figures)

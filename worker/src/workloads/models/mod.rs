@@ -196,6 +196,16 @@ impl Model {
         }
     }
 
+    /// Classes (vision) or vocabulary size (gpt).
+    pub fn classes(&self) -> i64 {
+        self.classes
+    }
+
+    /// Image side (vision) or sequence length (gpt).
+    pub fn side(&self) -> i64 {
+        self.side
+    }
+
     /// Number of trainable parameters.
     pub fn parameter_count(&self) -> i64 {
         self.vs

@@ -23,15 +23,17 @@
 //! the rest over the whole.
 
 pub mod flat;
+pub mod loader;
 pub mod optim;
 mod replicated;
 mod sharded;
 pub mod staged;
 
-use std::time::Instant;
+use std::path::PathBuf;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Result};
-use gpuctl_core::pb::TrainResult;
+use gpuctl_core::pb::{LoaderSetting, OperatorProfile, TrainResult};
 use tch::{Device, Kind, Tensor};
 
 pub use optim::LossScaler;
@@ -83,6 +85,26 @@ pub struct TrainConfig {
     pub keep_params: bool,
     /// The model's size where it has one (gpt: `1.3b`), for the result.
     pub variant: String,
+    /// The loader sweep after training (ddp).
+    pub loader: Option<LoaderSweep>,
+    /// The operator profile after training.
+    pub profile: Option<ProfileRun>,
+}
+
+/// `--loader-workers`: the worker counts to sweep, the augment passes per
+/// sample and the timed steps of each setting.
+#[derive(Clone, Debug)]
+pub struct LoaderSweep {
+    pub workers: Vec<u32>,
+    pub work: u32,
+    pub steps: u64,
+}
+
+/// `--profile`: steps to profile, and the folder the Chrome trace goes to.
+#[derive(Clone, Debug)]
+pub struct ProfileRun {
+    pub steps: u64,
+    pub dir: PathBuf,
 }
 
 impl TrainConfig {
@@ -432,12 +454,23 @@ pub fn train(
             result.shard_digest = d.own;
             result.gathered_shard_digests = d.gathered;
             if cfg.keep_params {
-                s.full_params(comm)?
+                s.full_params(comm.as_deref_mut())?
             } else {
                 Tensor::f_zeros([0], (Kind::Float, Device::Cpu))?
             }
         }
     };
+    // After the digests: these steps change the parameters, and every rank
+    // takes the same number of them, so the collectives still pair up.
+    if let Some(p) = &cfg.profile {
+        result.profile = Some(Box::new(profile_steps(
+            cfg, p, &mut tr, &batch, rank, comm, progress,
+        )?));
+    }
+    // The loader makes images: a GPT of a `--model cnn,gpt` list has no sweep.
+    if let Some(l) = cfg.loader.as_ref().filter(|_| !model.is_gpt()) {
+        result.loader = loader_sweep(cfg, l, &mut tr, &model, rank, progress)?;
+    }
     let scaling_efficiency = baseline_per_s.map(|b| per_s / b);
     tracing::info!(
         per_s,
@@ -465,6 +498,148 @@ pub fn train(
         steps_skipped: tr.skipped(),
         final_loss_scale: tr.loss_scale(),
     })
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Profiles `p.steps` steps with libtorch's profiler. A profiler that fails
+/// says so in the result and costs the run nothing else; a step that fails
+/// fails the run, as any training step does.
+fn profile_steps<'c>(
+    cfg: &TrainConfig,
+    p: &ProfileRun,
+    tr: &mut Trainer,
+    batch: &Batch,
+    rank: usize,
+    mut comm: Option<&mut (dyn Collectives + 'c)>,
+    progress: ProgressFn,
+) -> Result<OperatorProfile> {
+    let dev = tr.model.device;
+    let mut out = OperatorProfile {
+        steps: p.steps as u32,
+        ..Default::default()
+    };
+    let name = format!(
+        "profile-{}-{}-rank{rank}.json",
+        cfg.mode.name(),
+        gpuctl_core::catalogue::model_label(
+            &cfg.model.name,
+            if tr.model.is_gpt() { &cfg.variant } else { "" }
+        )
+        .replace(' ', "-")
+    );
+    let path = p.dir.join(name);
+    sync(dev);
+    // The steps run even without a profiler: the other ranks' collectives
+    // wait for this rank's.
+    let started = crate::profile::start(dev.is_cuda());
+    let t0 = Instant::now();
+    for i in 0..p.steps {
+        progress(&format!("profile step {}/{}", i + 1, p.steps), 1.0, &[]);
+        if let Err(e) = tr.step(batch, comm.as_deref_mut()) {
+            if started.is_ok() {
+                let _ = crate::profile::stop(None);
+            }
+            return Err(e.context(format!("profiled step {}", i + 1)));
+        }
+    }
+    sync(dev);
+    out.step_ms = t0.elapsed().as_secs_f64() * 1e3 / p.steps.max(1) as f64;
+    match started.and_then(|()| crate::profile::stop(Some(&path))) {
+        Ok(events) => {
+            let t = crate::profile::rank(&events);
+            out.top_cpu = t.cpu;
+            out.top_cuda = t.cuda;
+            out.top_memory = t.memory;
+            let abs = std::path::absolute(&path).unwrap_or(path.clone());
+            out.trace_bytes = std::fs::metadata(&abs).map(|m| m.len()).unwrap_or(0);
+            out.trace_path = abs.display().to_string();
+        }
+        Err(e) => out.error = format!("{e:#}"),
+    }
+    tracing::info!(
+        steps = p.steps,
+        trace = %out.trace_path,
+        top_cpu = out.top_cpu.first().map(|o| o.name.as_str()).unwrap_or(""),
+        error = %out.error,
+        "profiled"
+    );
+    Ok(out)
+}
+
+/// The loader sweep: for each worker count, a warmup step and `l.steps`
+/// timed steps on batches the loader makes, with no communication, so each
+/// rank's figures are its own host's.
+fn loader_sweep(
+    cfg: &TrainConfig,
+    l: &LoaderSweep,
+    tr: &mut Trainer,
+    model: &Model,
+    rank: usize,
+    progress: ProgressFn,
+) -> Result<Vec<LoaderSetting>> {
+    let dev = model.device;
+    let shape = loader::Shape {
+        batch: cfg.batch_size,
+        side: model.side(),
+        classes: model.classes(),
+        work: l.work,
+        seed: rank_seed(cfg.seed ^ 0x10ad, rank),
+        device: dev,
+        kind: cfg.model.precision.kind(),
+        channels_last: model.uses_channels_last(),
+    };
+    let mut rows = Vec::with_capacity(l.workers.len());
+    for (k, &workers) in l.workers.iter().enumerate() {
+        let mut ld = loader::Loader::start(shape.clone(), workers as usize);
+        let b = ld.next_batch()?;
+        tr.step(&b, None)?;
+        let (c0, t0, ms0) = (loader::CpuClock::now(), Instant::now(), unix_ms());
+        let (mut wait, mut times) = (0.0, Vec::with_capacity(l.steps as usize));
+        for i in 0..l.steps {
+            let w = Instant::now();
+            let b = ld.next_batch()?;
+            wait += w.elapsed().as_secs_f64();
+            let s = tr.step(&b, None)?;
+            times.push(w.elapsed().as_secs_f64());
+            progress(
+                &format!("loader {workers} workers {}/{}", i + 1, l.steps),
+                1.0,
+                &[("samples_per_s", cfg.batch_size as f64 / s.seconds.max(1e-9))],
+            );
+        }
+        let wall = t0.elapsed().as_secs_f64();
+        let (cores, host) = loader::CpuClock::now().since(&c0, wall);
+        drop(ld);
+        let row = LoaderSetting {
+            workers,
+            work: l.work,
+            steps: l.steps,
+            samples_per_s: (cfg.batch_size as f64 * l.steps as f64) / wall.max(1e-9),
+            data_wait_share: (wait / wall.max(1e-9)).clamp(0.0, 1.0),
+            step_ms_p50: median(times).unwrap_or(0.0) * 1e3,
+            cpu_cores: cores,
+            host_cpu_share: host,
+            start_unix_ms: ms0,
+            end_unix_ms: unix_ms(),
+        };
+        tracing::info!(
+            setting = k,
+            workers,
+            per_s = row.samples_per_s,
+            data_wait = row.data_wait_share,
+            cpu_cores = row.cpu_cores,
+            host_cpu = row.host_cpu_share,
+            "loader setting"
+        );
+        rows.push(row);
+    }
+    Ok(rows)
 }
 
 #[cfg(test)]

@@ -1,0 +1,207 @@
+//! The loader sweep and the operator profile on a real local fleet (three
+//! agents, one CPU rank each; real coordinator, agents and workers): every
+//! rank reports one sweep row per worker count and a profile whose tables
+//! name libtorch's operators, whose Chrome trace parses and is copied by
+//! `gpuctl profile --trace`; fsdp ranks profile between their collectives;
+//! and a node whose CPU is throttled fails on its loader rate against its
+//! peers', named, and no other node does.
+
+mod common;
+
+use std::time::Duration;
+
+use common::cgroup::CpuQuota;
+use common::*;
+use serde_json::Value;
+
+const SWEEP: &[&str] = &[
+    "ddp",
+    "--nodes",
+    "3",
+    "--model",
+    "cnn",
+    "--batch-size",
+    "16",
+    "--steps",
+    "2",
+    "--warmup-steps",
+    "1",
+    "--loader-workers",
+    "0,2",
+    "--loader-work",
+    "2",
+    "--loader-steps",
+    "4",
+];
+
+fn ranks(report: &Value) -> Vec<(String, Value)> {
+    report["nodes"]
+        .as_array()
+        .expect("nodes[]")
+        .iter()
+        .flat_map(|n| {
+            n["ranks"]
+                .as_array()
+                .expect("ranks[]")
+                .iter()
+                .map(|r| (n["name"].as_str().unwrap().to_string(), r.clone()))
+        })
+        .collect()
+}
+
+#[test]
+fn every_rank_sweeps_its_loader_and_profiles_its_operators() {
+    let c = Cluster::start(3, 1);
+    let mut args = SWEEP.to_vec();
+    args.extend(["--profile", "--profile-steps", "2"]);
+    let r = run_job(&c, &args, Duration::from_secs(300));
+    assert_eq!(r["state"], "succeeded", "{r:#}\n{}", c.logs());
+    passed(&r);
+    let all = ranks(&r);
+    assert_eq!(all.len(), 3, "{r:#}");
+    for (node, rank) in &all {
+        let t = &rank["train"];
+        let rows = t["loader"].as_array().expect("loader[]");
+        let workers: Vec<u64> = rows
+            .iter()
+            .map(|s| s["workers"].as_u64().unwrap())
+            .collect();
+        assert_eq!(workers, vec![0, 2], "{node}: {t:#}");
+        assert_eq!(
+            rows.iter().filter(|s| s["best"] == true).count(),
+            1,
+            "{node}: {t:#}"
+        );
+        for s in rows {
+            assert!(s["samples_per_s"].as_f64().unwrap() > 0.0, "{node}: {s}");
+            let wait = s["data_wait_share"].as_f64().unwrap();
+            assert!((0.0..=1.0).contains(&wait), "{node}: {s}");
+            assert!(s["cpu_cores"].as_f64().unwrap() > 0.0, "{node}: {s}");
+            assert_eq!(s["work"], 2);
+        }
+        let p = &t["profile"];
+        assert_eq!(p["error"], "", "{node}: {p:#}");
+        let names: Vec<&str> = ["top_cpu", "top_memory"]
+            .iter()
+            .flat_map(|k| p[k].as_array().unwrap())
+            .map(|o| o["name"].as_str().unwrap())
+            .collect();
+        assert!(p["top_cpu"].as_array().unwrap().len() <= 10, "{p:#}");
+        assert!(
+            names.iter().any(|n| n.starts_with("aten::")),
+            "{node}: {names:?}"
+        );
+        assert!(p["top_cuda"].as_array().unwrap().is_empty(), "{p:#}");
+        let path = p["trace_path"].as_str().unwrap();
+        let name = format!("/profile-ddp-cnn-rank{}.json", rank["rank"]);
+        assert!(path.ends_with(&name), "{path}");
+        let trace: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        let events = trace["traceEvents"].as_array().expect("traceEvents");
+        assert!(
+            events.iter().any(|e| e["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("aten::conv"))),
+            "{node}: no convolution in the trace"
+        );
+    }
+    let id = r["job_id"].as_str().unwrap();
+    let text = String::from_utf8_lossy(&c.gpuctl(&["report", id]).stdout).to_string();
+    assert!(text.contains("\nLOADER ("), "{text}");
+    assert!(text.contains("top 10 by self CPU time"), "{text}");
+    let html = String::from_utf8_lossy(&c.gpuctl(&["report", id, "-o", "html"]).stdout).to_string();
+    assert!(
+        html.contains("plot-loader-rate"),
+        "no loader plot in the page"
+    );
+    assert!(
+        html.contains("GPU utilisation per loader setting"),
+        "no GPU note"
+    );
+    let csv = String::from_utf8_lossy(&c.gpuctl(&["report", id, "-o", "csv"]).stdout).to_string();
+    assert!(
+        csv.contains("# loader") && csv.contains("# profile"),
+        "{csv}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let dir_s = dir.path().to_str().unwrap();
+    let out = c.gpuctl(&["profile", id, "--trace", dir_s]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(shown.matches("PROFILE rank").count(), 3, "{shown}");
+    let copied = std::fs::read_dir(dir.path()).unwrap().count();
+    assert_eq!(copied, 3, "{}", stderr(&out));
+    let one = c.json(&["profile", id, "--rank", "1"]);
+    assert_eq!(one.as_array().map(Vec::len), Some(1), "{one:#}");
+    assert_eq!(one[0]["rank"], 1);
+}
+
+#[test]
+fn a_node_that_cannot_feed_its_device_fails_on_its_loader_rate_named() {
+    let c = Cluster::start(3, 1);
+    let slow = Cluster::agent_name(2);
+    let _quota = CpuQuota::apply("gpuctl-test-loader", c.agent_pid(2), 0.03);
+    let r = run_job(&c, SWEEP, Duration::from_secs(300));
+    let loader: Vec<&Value> = fails(&r["findings"])
+        .into_iter()
+        .filter(|f| f["metric"] == "loader_samples_per_s")
+        .collect();
+    let rates: Vec<(String, Value)> = ranks(&r)
+        .into_iter()
+        .map(|(n, rk)| (n, rk["train"]["loader"].clone()))
+        .collect();
+    assert_eq!(
+        loader.len(),
+        1,
+        "{:#}\n{rates:#?}\n{:#}",
+        r["findings"],
+        r["notes"]
+    );
+    assert_eq!(loader[0]["node"], slow.as_str(), "{:#}", loader[0]);
+    eprintln!("{}", loader[0]["detail"]);
+    for n in r["nodes"].as_array().unwrap() {
+        if n["name"] != slow.as_str() {
+            assert_ne!(n["verdict"], "fail", "healthy {} blamed: {n:#}", n["name"]);
+        }
+    }
+}
+
+#[test]
+fn fsdp_profiles_every_rank_between_its_collectives() {
+    let c = Cluster::start(2, 1);
+    let args = [
+        "fsdp",
+        "--nodes",
+        "2",
+        "--model",
+        "cnn",
+        "--steps",
+        "2",
+        "--warmup-steps",
+        "1",
+        "--profile",
+        "--profile-steps",
+        "2",
+    ];
+    let r = run_job(&c, &args, Duration::from_secs(300));
+    assert_eq!(r["state"], "succeeded", "{r:#}\n{}", c.logs());
+    let all = ranks(&r);
+    assert_eq!(all.len(), 2, "{r:#}");
+    for (node, rank) in &all {
+        let p = &rank["train"]["profile"];
+        assert_eq!(p["error"], "", "{node}: {p:#}");
+        assert_eq!(p["steps"], 2, "{node}: {p:#}");
+        assert!(
+            !p["top_cpu"].as_array().unwrap().is_empty(),
+            "{node}: {p:#}"
+        );
+        assert!(
+            p["trace_path"]
+                .as_str()
+                .unwrap()
+                .ends_with(&format!("/profile-fsdp-cnn-rank{}.json", rank["rank"])),
+            "{p:#}"
+        );
+        assert!(rank["train"]["loader"].as_array().unwrap().is_empty());
+    }
+}
