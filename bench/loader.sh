@@ -10,7 +10,9 @@
 # $WORKERS --loader-steps $STEPS --loader-work $WORK --profile`; OUT/gpuctl.json
 # is the report, OUT/gpuctl.txt its table (LOADER and PROFILE sections).
 # torch: bench/loader_torch.py, OUT/torch.json and OUT/torch.txt. Then
-# bench/profile.py, torch.profiler's top 10 on the same model beside gpuctl's
+# bench/torch_profile.py, torch.profiler's top 10 on the same model beside gpuctl's
+# (Named torch_profile.py: a script named profile.py beside loader_torch.py
+# shadows the standard library's profile module that torch imports.)
 # (OUT/profile.txt). OUT/loader.tar.gz holds everything.
 # GPUS=0,1,2,3 gives gpuctl's agent those GPUs instead: one rank per GPU, all
 # sweeping at once on the one host (each rank alone, no communication), which
@@ -60,6 +62,6 @@ echo "== torch DataLoader"
   --work "$WORK" --gpu "$GPU" --json "$OUT/torch.json" 2>&1 | tee "$OUT/torch.txt"
 
 echo "== profile: torch.profiler beside gpuctl --profile"
-"$PY" "$ROOT/bench/profile.py" --batch "$BATCH" --steps 20 --gpu "$GPU" \
+"$PY" "$ROOT/bench/torch_profile.py" --batch "$BATCH" --steps 20 --gpu "$GPU" \
   --gpuctl "$OUT/gpuctl.json" --trace "$OUT/traces/torch-profile.json" 2>&1 | tee "$OUT/profile.txt"
 tar czf "$OUT/loader.tar.gz" -C "$OUT" --exclude loader.tar.gz --exclude coordinator . 2>/dev/null

@@ -133,7 +133,8 @@ impl AcceptArgs {
         };
         if actions.dry_run && !actions.any() {
             return Err(usage(
-                "--dry-run: give --drain or --kubernetes too; it prints what they would change".into(),
+                "--dry-run: give --drain or --kubernetes too; it prints what they would change"
+                    .into(),
             ));
         }
         *ACTIONS.lock().unwrap_or_else(|e| e.into_inner()) = actions;

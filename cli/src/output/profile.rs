@@ -35,10 +35,42 @@ fn ops_table(ops: &[pb::ProfileOp], by: &str) -> Table {
             "GPU MS" => format!("{:.3}", o.cuda_ms),
             _ => format_bytes(o.memory_bytes.max(0) as u64),
         };
-        t.row([o.name.clone(), o.calls.to_string(), v]);
+        t.row([short_name(&o.name), o.calls.to_string(), v]);
     }
     t
 }
+
+/// A kernel's name as a person scans a table: CUDA kernels are named by their
+/// whole C++ signature (an elementwise kernel's ran past 1,000 characters on
+/// an H100), so the parameters go, template arguments become `<…>` and what
+/// is left is cut at [`NAME_WIDTH`]. JSON and CSV keep the whole name.
+pub fn short_name(name: &str) -> String {
+    let name = name.strip_prefix("void ").unwrap_or(name);
+    let mut out = String::new();
+    let mut depth = 0usize;
+    for c in name.chars() {
+        match c {
+            '<' => {
+                if depth == 0 {
+                    out.push_str("<…>");
+                }
+                depth += 1;
+            }
+            '>' if depth > 0 => depth -= 1,
+            // The parameter list starts at the first `(` outside templates.
+            '(' if depth == 0 && !out.is_empty() => break,
+            _ if depth == 0 => out.push(c),
+            _ => {}
+        }
+    }
+    if out.chars().count() > NAME_WIDTH {
+        out = out.chars().take(NAME_WIDTH - 1).collect::<String>() + "…";
+    }
+    out
+}
+
+/// The widest operator name a table shows.
+const NAME_WIDTH: usize = 72;
 
 /// One rank's profile as text: its trace and three tables.
 pub fn rank_text(node: &str, rank: u32, model: &str, p: &pb::OperatorProfile) -> String {
@@ -150,5 +182,34 @@ pub fn json(t: &pb::TrainResult) -> Value {
             "top_cuda": p.top_cuda.iter().map(op_json).collect::<Vec<_>>(),
             "top_memory": p.top_memory.iter().map(op_json).collect::<Vec<_>>(),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::short_name;
+
+    #[test]
+    fn kernel_signatures_shrink_to_their_names() {
+        assert_eq!(
+            short_name(
+                "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+            ),
+            "ncclDevKernel_AllReduce_Sum_bf16_RING_LL"
+        );
+        assert_eq!(
+            short_name("void at::native::batch_norm_collect_statistics_channels_last_kernel<at::native::Var, c10::BFloat16, float, 4>(c10::BFloat16 const*, float*, int)"),
+            "at::native::batch_norm_collect_statistics_channels_last_kernel<…>"
+        );
+        assert_eq!(
+            short_name("void at::native::vectorized_elementwise_kernel<8, at::native::BinaryFunctor<float, float, float, at::native::(anonymous namespace)::f<float>(at::TensorIteratorBase&)::{lambda(float, float)#1}>, std::array<char*, 3ul> >(int, float)"),
+            "at::native::vectorized_elementwise_kernel<…>"
+        );
+        assert_eq!(
+            short_name("aten::convolution_backward"),
+            "aten::convolution_backward"
+        );
+        let long = "k".repeat(100);
+        assert_eq!(short_name(&long).chars().count(), 72);
     }
 }

@@ -338,10 +338,10 @@ pub fn train(
             tr.step(&batch, None)?;
             done += 1;
         }
-        let mut secs = 0.0;
+        let mut secs = Vec::with_capacity(baseline_steps as usize);
         for i in 0..baseline_steps {
             let s = tr.step(&batch, None)?;
-            secs += s.seconds;
+            secs.push(s.seconds);
             done += 1;
             progress(
                 &format!("baseline step {}/{}", i + 1, baseline_steps),
@@ -349,7 +349,12 @@ pub fn train(
                 &[("samples_per_s", units / s.seconds)],
             );
         }
-        let per_s = units * baseline_steps as f64 / secs.max(1e-12);
+        // The median step, not the mean: ten steps of a small model are a
+        // fifth of a second, and one step held up by the host (the ranks of
+        // a node take their baselines at once) moved a healthy H100's
+        // figure to 0.94x of its peers' (docs/benchmarks.md, loader).
+        let step = gpuctl_core::stats::median(secs).unwrap_or(0.0);
+        let per_s = units / step.max(1e-12);
         baseline_per_s = Some(per_s);
         tracing::info!(per_s, unit = model.unit(), "baseline without communication");
         if let State::Replicated(r) = &mut tr.state {

@@ -3,7 +3,7 @@ autocast, channels_last, SGD): the top 10 operators by self CPU time, by CUDA
 time and by memory (key_averages, as the old tool printed them) and a Chrome
 trace, beside gpuctl's `--profile` tables of the same model on the same host
 when a gpuctl report is given (bench/loader.sh passes its ddp job's).
-Usage: python3 bench/profile.py [--batch 64] [--steps 20] [--gpu 0]
+Usage: python3 bench/torch_profile.py [--batch 64] [--steps 20] [--gpu 0]
        [--gpuctl REPORT.json] [--trace OUT.json]"""
 import argparse
 import json
