@@ -7,9 +7,11 @@ use std::collections::HashSet;
 use std::fmt;
 use std::path::PathBuf;
 
-use clap::{Arg, ArgAction, ArgMatches, Args, Parser, Subcommand, ValueEnum};
+use clap::{Arg, ArgAction, ArgMatches, Args, Parser, Subcommand};
 use gpuctl_core::pb::JobSpec;
 use gpuctl_core::{catalogue, spec, units};
+
+pub use crate::output::OutputFormat;
 
 /// Default coordinator address; `gpuctl local up` listens here by default too.
 pub const DEFAULT_COORDINATOR: &str = "http://127.0.0.1:7070";
@@ -50,30 +52,6 @@ pub struct Cli {
 
     #[command(subcommand)]
     pub command: Command,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum OutputFormat {
-    Table,
-    Json,
-    /// Comma-separated tables for a spreadsheet (report, jobs, nodes, fleet);
-    /// a report gives one table per section, each under a `# section` line.
-    Csv,
-    /// GitHub pipe tables (report, jobs, nodes, fleet); a report's verdict comes first.
-    #[value(alias = "markdown")]
-    Md,
-    /// JUnit XML of a report: a test case per node and per rank, for CI dashboards.
-    Junit,
-    /// One self-contained HTML file of a report (`report` only), with plots:
-    /// redirect it to a file and open it in a browser.
-    Html,
-}
-
-impl OutputFormat {
-    /// The table-like formats: csv and md render the same tables as `table`.
-    pub fn is_grid(self) -> bool {
-        matches!(self, OutputFormat::Csv | OutputFormat::Md)
-    }
 }
 
 const SUBMIT_EXAMPLES: &str = "\

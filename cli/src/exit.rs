@@ -262,4 +262,14 @@ mod tests {
             anyhow!("cannot reach coordinator at http://x: gone").context("lost track of job-1");
         assert_eq!(Exit::of_error(&lost), Exit::Unreachable);
     }
+
+    #[test]
+    fn exit_code_needs_success_and_pass() {
+        use crate::output::fixtures::{nccl_report, stress_report};
+        assert_eq!(Exit::of_report(&nccl_report()), Exit::Ok);
+        assert_eq!(Exit::of_report(&stress_report()), Exit::Failed);
+        let mut r = nccl_report();
+        r.state = pb::JobState::Cancelled as i32;
+        assert_eq!(Exit::of_report(&r), Exit::Failed);
+    }
 }

@@ -276,7 +276,7 @@ pub fn render(suite: &pb::Suite, reports: &[Option<pb::Report>]) -> String {
     for (s, r) in suite.stages.iter().zip(reports) {
         if let Some(r) = r {
             out += &format!("\n── stage {} ({}) ──\n", s.name, s.job_id);
-            out += &super::report::render(r);
+            out += &output::report::render(r);
         }
     }
     out += "\n";

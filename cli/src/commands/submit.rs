@@ -239,7 +239,7 @@ async fn finish(c: &mut Coordinator, job: &pb::Job, out: OutputFormat) -> Result
     loop {
         match c.report_raw(&job.id).await {
             Ok(report) => {
-                super::report::print(&report, out)?;
+                output::report::print(&report, out)?;
                 return Ok(Exit::of_report(&report));
             }
             Err(s)
