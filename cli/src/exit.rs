@@ -6,7 +6,7 @@
 use gpuctl_core::pb;
 use tonic::Code;
 
-use crate::args::UsageError;
+use crate::error::UsageError;
 
 /// What `gpuctl --help` and README.md show; keep the two in step with [`Exit::code`].
 pub const HELP: &str = "\

@@ -14,10 +14,11 @@ use gpuctl_core::pb;
 use gpuctl_core::suite::{Suite as SuiteDef, LEVELS, MAX_SUITE_BYTES};
 use serde_json::json;
 
-use crate::args::{parse_duration_flag, parse_nodes, read_rules, OutputFormat, UsageError};
+use super::parse::{parse_duration_flag, parse_nodes, read_rules};
 use crate::client::Coordinator;
+use crate::error::UsageError;
 use crate::exit::Exit;
-use crate::output::{self, table::Table};
+use crate::output::{self, table::Table, OutputFormat};
 
 pub const EXAMPLES: &str = "\
 Examples:

@@ -3,12 +3,41 @@
 //! (`gpuctl submit ... --baseline NAME`).
 
 use anyhow::Result;
+use clap::{Args, Subcommand};
 use gpuctl_core::pb;
 
-use crate::args::{BaselineCommand, OutputFormat};
 use crate::client::Coordinator;
 use crate::exit::Exit;
-use crate::output::{self, table::Table};
+use crate::output::{self, table::Table, OutputFormat};
+
+#[derive(Debug, Subcommand)]
+pub enum BaselineCommand {
+    /// Keep a finished job's figures (per device class) under NAME.
+    Save(BaselineSaveArgs),
+    /// List the saved baselines.
+    List,
+    /// Show one baseline's figures.
+    Show(BaselineName),
+    /// Delete a baseline (jobs judged against it keep their copy).
+    Delete(BaselineName),
+}
+
+#[derive(Debug, Args)]
+pub struct BaselineSaveArgs {
+    /// The job whose figures to keep; it must have succeeded.
+    pub job: String,
+    /// Name to save it under: letters, digits, `-`, `_`, `.`.
+    #[arg(long)]
+    pub name: String,
+    /// Overwrite a baseline of that name.
+    #[arg(long)]
+    pub replace: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct BaselineName {
+    pub name: String,
+}
 
 pub async fn run(c: &mut Coordinator, cmd: BaselineCommand, out: OutputFormat) -> Result<Exit> {
     match cmd {

@@ -2,14 +2,29 @@
 //! coordinator (the agent crate as a library), so an operator can see what a
 //! host lacks before starting an agent on it. Exit 1 when a check fails.
 
+use std::path::PathBuf;
+
 use anyhow::Result;
+use clap::Args;
 use gpuctl_agent::preflight::{self, verdict_of, verdict_word};
 use gpuctl_core::pb::{PreflightCheck, Verdict};
 use serde_json::json;
 
-use crate::args::{DoctorArgs, OutputFormat};
 use crate::exit::Exit;
-use crate::output::{self, table::Table};
+use crate::output::{self, table::Table, OutputFormat};
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// libtorch the workers would use (default: the install script's folder).
+    #[arg(long, env = "GPUCTL_LIBTORCH")]
+    pub libtorch: Option<PathBuf>,
+    /// Where the host's /proc, /sys and /dev/shm are (an agent container's view).
+    #[arg(long, default_value = "/")]
+    pub host_root: PathBuf,
+    /// CPU ranks the agent would offer without GPUs.
+    #[arg(long, default_value_t = 1)]
+    pub cpu_ranks: u32,
+}
 
 pub fn run(a: &DoctorArgs, out: OutputFormat) -> Result<Exit> {
     let local = preflight::run_local(&a.host_root, a.libtorch.as_deref(), a.cpu_ranks);

@@ -6,13 +6,38 @@
 //! runs, newest first; `fleet links` the latest bandwidth of every pair.
 
 use anyhow::Result;
+use clap::{Args, Subcommand};
 use gpuctl_core::pb;
 use serde_json::{json, Value};
 
-use crate::args::{FleetArgs, FleetView, OutputFormat};
 use crate::client::Coordinator;
 use crate::exit::Exit;
-use crate::output::{self, table::Table};
+use crate::output::{self, table::Table, OutputFormat};
+
+pub const EXAMPLES: &str = "\
+Examples:
+  gpuctl fleet                             # every node: last verdict, figures, drift
+  gpuctl fleet --node gpu-017              # one node's runs, newest first
+  gpuctl fleet links --since 7d            # the latest measurement of every pair
+  gpuctl fleet -o csv > fleet.csv";
+
+#[derive(Debug, Args)]
+pub struct FleetArgs {
+    #[command(subcommand)]
+    pub view: Option<FleetView>,
+    /// Only runs that ended within this long, e.g. 7d.
+    #[arg(long, global = true)]
+    pub since: Option<String>,
+    /// One node's runs, newest first.
+    #[arg(long, global = true)]
+    pub node: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum FleetView {
+    /// The latest bandwidth of every pair of nodes, with its age.
+    Links,
+}
 
 pub async fn run(
     c: &mut Coordinator,

@@ -1,12 +1,19 @@
 //! `gpuctl jobs`: recent jobs, newest first, one line each.
 
 use anyhow::Result;
+use clap::Args;
 use gpuctl_core::pb;
 
-use crate::args::OutputFormat;
 use crate::client::Coordinator;
 use crate::exit::Exit;
-use crate::output::{self, table::Table};
+use crate::output::{self, table::Table, OutputFormat};
+
+#[derive(Debug, Args)]
+pub struct JobsArgs {
+    /// Show at most this many jobs (0 = all).
+    #[arg(long, default_value_t = 50)]
+    pub limit: u32,
+}
 
 pub async fn run(c: &mut Coordinator, limit: u32, out: OutputFormat) -> Result<Exit> {
     let mut jobs = c.jobs(limit).await?;

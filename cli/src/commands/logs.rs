@@ -6,12 +6,27 @@
 use std::collections::HashMap;
 
 use anyhow::Result;
+use clap::Args;
 use gpuctl_core::pb::LogLine;
 
-use crate::args::{OutputFormat, UsageError};
 use crate::client::Coordinator;
+use crate::error::UsageError;
 use crate::exit::Exit;
-use crate::output;
+use crate::output::{self, OutputFormat};
+
+#[derive(Debug, Args)]
+pub struct LogsArgs {
+    pub job: String,
+    /// Only this rank.
+    #[arg(long)]
+    pub rank: Option<u32>,
+    /// Only the last N lines (per the whole selection).
+    #[arg(long)]
+    pub tail: Option<u32>,
+    /// Keep printing new lines until the job ends (text output only).
+    #[arg(short, long)]
+    pub follow: bool,
+}
 
 pub async fn run(
     c: &mut Coordinator,

@@ -7,10 +7,12 @@ pub mod cancel;
 pub mod certs;
 pub mod doctor;
 pub mod fleet;
+pub mod job_spec;
 pub mod jobs;
 pub mod local;
 pub mod logs;
 pub mod nodes;
+mod parse;
 pub mod plan;
 pub mod report;
 pub mod status;
@@ -21,9 +23,13 @@ pub mod watch;
 use anyhow::Result;
 use clap::{CommandFactory, ValueEnum};
 
-use crate::args::{CertsCommand, Cli, Command, LocalCommand, OutputFormat, UsageError};
+use self::certs::CertsCommand;
+use self::local::LocalCommand;
+use crate::args::{Cli, Command};
 use crate::client::Coordinator;
+use crate::error::UsageError;
 use crate::exit::Exit;
+use crate::output::OutputFormat;
 
 /// CSV and Markdown are for the listings and the report, JUnit for the report
 /// only (`submit --wait` prints a report too); anywhere else they are a usage
@@ -39,7 +45,7 @@ fn check_format(cmd: &Command, out: OutputFormat) -> Result<()> {
             Command::Report(_)
                 | Command::Jobs(_)
                 | Command::Fleet(_)
-                | Command::Nodes(crate::args::NodesArgs { action: None, .. })
+                | Command::Nodes(nodes::NodesArgs { action: None, .. })
         ),
         OutputFormat::Junit => matches!(cmd, Command::Report(_)),
     };
@@ -63,7 +69,7 @@ pub async fn run(cli: Cli) -> Result<Exit> {
     let out = cli.output;
     check_format(&cli.command, out)?;
     let url = cli.coordinator.as_str();
-    crate::client::set_tls(&cli);
+    crate::client::set_tls(&cli.tls_ca, &cli.tls_cert, &cli.tls_key);
     match cli.command {
         // Validation comes before connecting: bad input must send nothing.
         Command::Accept(a) => {
@@ -83,7 +89,7 @@ pub async fn run(cli: Cli) -> Result<Exit> {
         Command::Nodes(a) => {
             let mut c = Coordinator::connect(url).await?;
             match a.action {
-                Some(crate::args::NodesAction::Remove { name }) => {
+                Some(nodes::NodesAction::Remove { name }) => {
                     nodes::remove(&mut c, &name, out).await
                 }
                 None => nodes::run(&mut c, out).await,
@@ -92,7 +98,7 @@ pub async fn run(cli: Cli) -> Result<Exit> {
         Command::Jobs(a) => jobs::run(&mut Coordinator::connect(url).await?, a.limit, out).await,
         Command::Status(a) => status::run(&mut Coordinator::connect(url).await?, &a.job, out).await,
         Command::Watch(a) => {
-            let interval = crate::args::parse_interval("--interval", &a.interval)?;
+            let interval = parse::parse_interval("--interval", &a.interval)?;
             watch::run(&mut Coordinator::connect(url).await?, &a.job, interval, out).await
         }
         Command::Cancel(a) => {
@@ -126,7 +132,7 @@ pub async fn run(cli: Cli) -> Result<Exit> {
         Command::Fleet(a) => {
             let since = match &a.since {
                 Some(s) => {
-                    let d = crate::args::parse_interval("--since", s)?;
+                    let d = parse::parse_interval("--since", s)?;
                     gpuctl_core::now_ms().saturating_sub(d.as_millis() as u64)
                 }
                 None => 0,

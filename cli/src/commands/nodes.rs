@@ -2,13 +2,28 @@
 //! each node offers (GPUs or CPU ranks), and what it is busy with.
 
 use anyhow::Result;
+use clap::{Args, Subcommand};
 use gpuctl_core::listing::NodeRow;
 use gpuctl_core::units::format_bytes;
 
-use crate::args::OutputFormat;
 use crate::client::Coordinator;
 use crate::exit::Exit;
-use crate::output::{self, table::Table};
+use crate::output::{self, table::Table, OutputFormat};
+
+#[derive(Debug, Args)]
+pub struct NodesArgs {
+    #[command(subcommand)]
+    pub action: Option<NodesAction>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum NodesAction {
+    /// Forget a node that runs no job (a host taken out of the fleet).
+    Remove {
+        /// The node's name, as `gpuctl nodes` lists it.
+        name: String,
+    },
+}
 
 /// `gpuctl nodes remove NAME`.
 pub async fn remove(c: &mut Coordinator, name: &str, out: OutputFormat) -> Result<Exit> {

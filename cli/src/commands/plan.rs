@@ -7,10 +7,9 @@
 use anyhow::Result;
 use gpuctl_core::pb;
 
-use crate::args::OutputFormat;
 use crate::client::Coordinator;
 use crate::exit::Exit;
-use crate::output;
+use crate::output::{self, OutputFormat};
 
 pub async fn run(c: &mut Coordinator, spec: pb::JobSpec, out: OutputFormat) -> Result<Exit> {
     let max_ranks = match out {

@@ -4,12 +4,18 @@
 use std::collections::BTreeMap;
 
 use anyhow::Result;
+use clap::Args;
 use gpuctl_core::pb;
 
-use crate::args::OutputFormat;
 use crate::client::Coordinator;
 use crate::exit::Exit;
-use crate::output::{self, table::Table};
+use crate::output::{self, table::Table, OutputFormat};
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Job id, as `gpuctl submit` or `gpuctl jobs` print it.
+    pub job: String,
+}
 
 pub async fn run(c: &mut Coordinator, id: &str, out: OutputFormat) -> Result<Exit> {
     // A person's table shows the ranks furthest behind; JSON has them all.

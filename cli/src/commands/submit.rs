@@ -9,13 +9,31 @@ use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
+use clap::Args;
 use gpuctl_core::pb;
 use tonic::Code;
 
-use crate::args::OutputFormat;
 use crate::client::Coordinator;
+use crate::commands::job_spec::JobArgs;
 use crate::exit::Exit;
-use crate::output::{self, live};
+use crate::output::{self, live, OutputFormat};
+
+pub const EXAMPLES: &str = "\
+Examples:
+  gpuctl submit stress --duration 15m --nodes 4 --wait
+  gpuctl submit nccl --nodes all --min-bytes 1M --max-bytes 1G --wait
+  gpuctl submit nccl --nodes all --pattern pairs --wait      # every link between nodes
+  gpuctl submit ddp --nodes 2 --model resnet50 --batch-size 256 --wait
+  gpuctl submit stress --nodes all --baseline h200-ref --hang-timeout 60s --wait -o junit > results.xml";
+
+#[derive(Debug, Args)]
+pub struct SubmitArgs {
+    #[command(flatten)]
+    pub job: JobArgs,
+    /// Wait for the job to end, showing progress, then print its report.
+    #[arg(long)]
+    pub wait: bool,
+}
 
 const POLL: Duration = Duration::from_millis(500);
 /// Without a terminal, a progress line this often (and on every state change).

@@ -7,12 +7,20 @@ use std::io::IsTerminal;
 use std::time::Duration;
 
 use anyhow::Result;
+use clap::Args;
 use gpuctl_core::pb;
 
-use crate::args::OutputFormat;
 use crate::client::Coordinator;
 use crate::exit::Exit;
-use crate::output::{self, live};
+use crate::output::{self, live, OutputFormat};
+
+#[derive(Debug, Args)]
+pub struct WatchArgs {
+    pub job: String,
+    /// Refresh interval.
+    #[arg(long, default_value = "1s")]
+    pub interval: String,
+}
 
 /// What changes between two polls; a non-terminal prints a line only then.
 fn fingerprint(job: &pb::Job) -> String {
