@@ -105,6 +105,8 @@ pub enum Command {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::CommandFactory;
+    use gpuctl_core::catalogue;
 
     fn parse(args: &[&str]) -> Cli {
         let mut v = vec!["gpuctl"];
@@ -139,6 +141,67 @@ mod tests {
             n += 1;
         }
         assert_eq!(n, 17, "every example was tried");
+    }
+
+    #[test]
+    fn workload_flags_are_the_catalogue() {
+        let cli = Cli::command();
+        cli.clone().debug_assert();
+        for sub in ["submit", "plan"] {
+            let cmd = cli.find_subcommand(sub).unwrap();
+            for name in catalogue::names() {
+                let long = name.replace('_', "-");
+                let flags: Vec<_> = cmd
+                    .get_arguments()
+                    .filter(|a| a.get_long() == Some(long.as_str()))
+                    .collect();
+                assert_eq!(flags.len(), 1, "{sub} --{long}");
+                let help = flags[0].get_help().map(|h| h.to_string());
+                assert_eq!(help, Some(catalogue::flag_help(name)), "{sub} --{long}");
+                let optional_value = flags[0].get_num_args() == Some((0..=1).into());
+                assert_eq!(optional_value, catalogue::is_bool(name), "{sub} --{long}");
+            }
+            let extra: Vec<_> = cmd
+                .get_arguments()
+                .filter(|a| a.get_help_heading() == Some(job_spec::PARAMS_HEADING))
+                .filter_map(|a| a.get_long())
+                .filter(|l| {
+                    *l != "param" && !catalogue::names().contains(&l.replace('-', "_").as_str())
+                })
+                .collect();
+            assert!(
+                extra.is_empty(),
+                "{sub}: workload flags outside the catalogue: {extra:?}"
+            );
+        }
+        // The flags users already type stay.
+        for old in [
+            "min_bytes",
+            "max_bytes",
+            "factor",
+            "ops",
+            "dtype",
+            "iters",
+            "warmup",
+            "size",
+            "precision",
+            "interval",
+            "target_memory",
+            "with_comm",
+            "check_every",
+            "model",
+            "batch_size",
+            "steps",
+            "warmup_steps",
+            "channels_last",
+            "bucket_bytes",
+            "seq_len",
+            "margin",
+            "start",
+            "limit",
+        ] {
+            assert!(catalogue::names().contains(&old), "--{old} is gone");
+        }
     }
 
     #[test]
