@@ -273,7 +273,7 @@ async fn finish(c: &mut Coordinator, job: &pb::Job, out: OutputFormat) -> Result
                 tracing::debug!("no report for {}: {s}", job.id);
                 match out {
                     OutputFormat::Json => output::print_json(&output::json::job(job)),
-                    _ => output::print_text(&super::status::render(
+                    _ => output::print_text(&output::status::render(
                         job,
                         gpuctl_core::now_ms(),
                         &Default::default(),

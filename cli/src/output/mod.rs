@@ -3,21 +3,26 @@
 //! for people to open and share, and
 //! the small formatting helpers (ages, durations, metrics) both share.
 
+pub mod baseline;
+pub mod doctor;
 pub mod findings;
 #[cfg(test)]
 pub(crate) mod fixtures;
 pub mod grid;
 pub mod hang;
 pub mod html;
+pub mod jobs;
 pub mod json;
 pub mod junit;
 pub mod links;
 pub mod live;
 pub mod maxbatch;
 pub mod models;
+pub mod nodes;
 pub mod p2p;
 pub mod plan;
 pub mod report;
+pub mod status;
 pub mod table;
 pub mod trace;
 
