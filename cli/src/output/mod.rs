@@ -8,6 +8,7 @@ pub mod doctor;
 pub mod findings;
 #[cfg(test)]
 pub(crate) mod fixtures;
+pub mod fleet;
 pub mod grid;
 pub mod hang;
 pub mod html;
