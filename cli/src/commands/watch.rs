@@ -33,30 +33,6 @@ fn fingerprint(job: &pb::Job) -> String {
     parts.join(",")
 }
 
-/// One line for logs: state, results, and each rank's phase and fraction.
-pub fn summary_line(job: &pb::Job, now: u64) -> String {
-    let mut s = format!(
-        "{} {} {}",
-        job.id,
-        output::job_state(job),
-        output::fmt_duration_opt(output::job_duration_ms(job, now))
-    );
-    let mut progress: Vec<&pb::RankProgress> = job.progress.iter().collect();
-    progress.sort_by_key(|p| p.rank);
-    for p in progress {
-        s.push_str(&format!(
-            " | rank {} {} {:.0}%",
-            p.rank,
-            output::dash(&p.phase),
-            p.fraction * 100.0
-        ));
-        if !p.metrics.is_empty() {
-            s.push_str(&format!(" {}", output::fmt_metrics(&p.metrics)));
-        }
-    }
-    s
-}
-
 pub async fn run(
     c: &mut Coordinator,
     id: &str,
@@ -101,7 +77,7 @@ pub async fn run(
             }
             _ => {
                 if fp != last || done {
-                    println!("{}", summary_line(&job, now));
+                    println!("{}", output::progress::summary_line(&job, now));
                 }
             }
         }
