@@ -1,5 +1,10 @@
-//! One module per verb. Each returns its outcome as an [`Exit`]; errors bubble
-//! up as `anyhow` and `main` prints them and picks their code (`Exit::of_error`).
+//! One module per verb, its flags (clap) and examples beside what it does:
+//! check the input, call the coordinator, hand the answer to `crate::output`
+//! to print. Each returns its outcome as an [`Exit`]; errors bubble up as
+//! `anyhow` and `main` prints them and picks their code (`Exit::of_error`).
+//! `job_spec` holds the flags `submit` and `plan` share, `parse` the flag
+//! values several verbs take. `run` below checks `-o` against the verb and
+//! dispatches.
 
 pub mod accept;
 pub mod baseline;

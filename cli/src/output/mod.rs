@@ -1,7 +1,10 @@
 //! How results reach the user: aligned tables for people, JSON for scripts,
 //! CSV, Markdown and JUnit for spreadsheets, tickets and CI, HTML with plots
-//! for people to open and share, and
-//! the small formatting helpers (ages, durations, metrics) both share.
+//! for people to open and share, and the small formatting helpers (ages,
+//! durations, metrics) they share. A module per thing shown (`report/`,
+//! `plan`, `status`, `jobs`, `fleet`, ...); none of them talks to the
+//! coordinator or knows the verbs, so `commands/` calls in and nothing
+//! here calls back.
 
 pub mod baseline;
 pub mod doctor;
