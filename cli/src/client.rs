@@ -4,13 +4,15 @@
 //! carries `GPUCTL_TOKEN` as a bearer token; `https://` URLs use the TLS files
 //! of `--tls-ca/--tls-cert/--tls-key` (or `GPUCTL_TLS_*`).
 
+use std::path::PathBuf;
+
 use anyhow::{anyhow, Result};
 use gpuctl_core::client::Channel;
 use gpuctl_core::leader;
 use gpuctl_core::pb::{self, job_service_client::JobServiceClient};
 use tonic::{Code, Status};
 
-use crate::args::UsageError;
+use crate::error::UsageError;
 
 /// Same ceiling as the servers (`gpuctl_core::server`): big fleets make big reports.
 const MAX_MESSAGE_BYTES: usize = gpuctl_core::server::MAX_MESSAGE_BYTES;
@@ -55,13 +57,14 @@ async fn find(urls: &[String]) -> Result<(String, Channel)> {
 /// Where the CLI's token comes from; never a flag (it would show in `ps`).
 pub const TOKEN_ENV: &str = "GPUCTL_TOKEN";
 
-/// The TLS files of every connection of this run, from the global flags.
-pub fn set_tls(cli: &crate::args::Cli) {
-    let nonempty = |p: &Option<std::path::PathBuf>| p.clone().filter(|p| !p.as_os_str().is_empty());
+/// The TLS files of every connection of this run, from the global flags
+/// (`--tls-ca`, `--tls-cert`, `--tls-key`); an empty path is none.
+pub fn set_tls(ca: &Option<PathBuf>, cert: &Option<PathBuf>, key: &Option<PathBuf>) {
+    let nonempty = |p: &Option<PathBuf>| p.clone().filter(|p| !p.as_os_str().is_empty());
     gpuctl_core::client::set_tls(gpuctl_core::client::TlsFiles {
-        ca: nonempty(&cli.tls_ca),
-        cert: nonempty(&cli.tls_cert),
-        key: nonempty(&cli.tls_key),
+        ca: nonempty(ca),
+        cert: nonempty(cert),
+        key: nonempty(key),
     });
 }
 

@@ -6,7 +6,7 @@
 use gpuctl_core::pb;
 use tonic::Code;
 
-use crate::args::UsageError;
+use crate::error::UsageError;
 
 /// What `gpuctl --help` and README.md show; keep the two in step with [`Exit::code`].
 pub const HELP: &str = "\
@@ -261,5 +261,15 @@ mod tests {
         let lost =
             anyhow!("cannot reach coordinator at http://x: gone").context("lost track of job-1");
         assert_eq!(Exit::of_error(&lost), Exit::Unreachable);
+    }
+
+    #[test]
+    fn exit_code_needs_success_and_pass() {
+        use crate::output::fixtures::{nccl_report, stress_report};
+        assert_eq!(Exit::of_report(&nccl_report()), Exit::Ok);
+        assert_eq!(Exit::of_report(&stress_report()), Exit::Failed);
+        let mut r = nccl_report();
+        r.state = pb::JobState::Cancelled as i32;
+        assert_eq!(Exit::of_report(&r), Exit::Failed);
     }
 }

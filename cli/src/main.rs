@@ -8,13 +8,15 @@ mod actions;
 mod args;
 mod client;
 mod commands;
+mod error;
 mod exit;
 mod output;
 
 use clap::{CommandFactory, FromArgMatches};
 use tracing_subscriber::EnvFilter;
 
-use crate::args::{Cli, UsageError};
+use crate::args::Cli;
+use crate::error::UsageError;
 use crate::exit::Exit;
 
 fn init_tracing(verbose: u8) {

@@ -14,11 +14,12 @@ use gpuctl_core::pb;
 use gpuctl_core::suite::{Suite as SuiteDef, LEVELS, MAX_SUITE_BYTES};
 use serde_json::json;
 
+use super::parse::{parse_duration_flag, parse_nodes, read_rules};
 use crate::actions::Actions;
-use crate::args::{parse_duration_flag, parse_nodes, read_rules, OutputFormat, UsageError};
 use crate::client::Coordinator;
+use crate::error::UsageError;
 use crate::exit::Exit;
-use crate::output::{self, table::Table};
+use crate::output::{self, table::Table, OutputFormat};
 
 pub const EXAMPLES: &str = "\
 Examples:
@@ -63,15 +64,6 @@ pub struct AcceptArgs {
     #[arg(long)]
     pub dry_run: bool,
 }
-
-/// What --drain / --kubernetes / --dry-run asked for, kept from
-/// [`AcceptArgs::to_request`] for [`run`]: commands/mod.rs hands `run` the
-/// request alone.
-static ACTIONS: std::sync::Mutex<Actions> = std::sync::Mutex::new(Actions {
-    drain: false,
-    kubernetes: false,
-    dry_run: false,
-});
 
 fn usage(msg: String) -> UsageError {
     UsageError(msg)
@@ -126,19 +118,22 @@ impl AcceptArgs {
         if let Some(path) = &self.rules {
             req.rules = read_rules(path)?;
         }
-        let actions = Actions {
-            drain: self.drain,
-            kubernetes: self.kubernetes,
-            dry_run: self.dry_run,
-        };
-        if actions.dry_run && !actions.any() {
+        if self.dry_run && !self.actions().any() {
             return Err(usage(
                 "--dry-run: give --drain or --kubernetes too; it prints what they would change"
                     .into(),
             ));
         }
-        *ACTIONS.lock().unwrap_or_else(|e| e.into_inner()) = actions;
         Ok(req)
+    }
+
+    /// What the verdicts should do once the suite ends.
+    pub fn actions(&self) -> Actions {
+        Actions {
+            drain: self.drain,
+            kubernetes: self.kubernetes,
+            dry_run: self.dry_run,
+        }
     }
 }
 
@@ -148,6 +143,7 @@ const POLL: Duration = Duration::from_secs(1);
 pub async fn run(
     c: &mut Coordinator,
     req: pb::SubmitSuiteRequest,
+    actions: Actions,
     out: OutputFormat,
 ) -> Result<Exit> {
     let mut suite = c.submit_suite(req).await?;
@@ -189,7 +185,6 @@ pub async fn run(
         _ => output::print_text(&render(&suite, &reports)),
     }
     // After the report, and whatever the scheduler says: same verdict, same exit.
-    let actions = *ACTIONS.lock().unwrap_or_else(|e| e.into_inner());
     let stage_reports: Vec<pb::Report> = reports.iter().flatten().cloned().collect();
     crate::actions::act(&suite, &stage_reports, actions).await;
     Ok(exit_of(&suite))
@@ -314,7 +309,7 @@ pub fn render(suite: &pb::Suite, reports: &[Option<pb::Report>]) -> String {
     for (s, r) in suite.stages.iter().zip(reports) {
         if let Some(r) = r {
             out += &format!("\n── stage {} ({}) ──\n", s.name, s.job_id);
-            out += &super::report::render(r);
+            out += &output::report::render(r);
         }
     }
     out += "\n";

@@ -3,11 +3,19 @@
 //! stage stops and no later stage starts.
 
 use anyhow::Result;
+use clap::Args;
 
-use crate::args::OutputFormat;
 use crate::client::Coordinator;
 use crate::exit::Exit;
-use crate::output;
+use crate::output::{self, OutputFormat};
+
+#[derive(Debug, Args)]
+pub struct CancelArgs {
+    pub job: String,
+    /// Why, recorded with the job.
+    #[arg(long, default_value = "cancelled by user")]
+    pub reason: String,
+}
 
 pub async fn run(c: &mut Coordinator, id: &str, reason: &str, out: OutputFormat) -> Result<Exit> {
     if id.starts_with("acc-") {

@@ -11,13 +11,35 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose, SanType,
 };
 
-use crate::args::{CertsInitArgs, UsageError};
+use crate::error::UsageError;
 use crate::exit::Exit;
+
+#[derive(Debug, Subcommand)]
+pub enum CertsCommand {
+    /// Make a CA, the coordinator's certificate and one per node (and the CLI's).
+    Init(CertsInitArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CertsInitArgs {
+    /// Folder for the files (ca.pem, coordinator.pem/.key, node-NAME.pem/.key, cli.pem/.key);
+    /// a CA already there is reused and existing files are kept.
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// Node names, comma-separated: one client certificate each.
+    #[arg(long, value_delimiter = ',')]
+    pub nodes: Vec<String>,
+    /// Host names and IP addresses agents and the CLI reach the coordinator at,
+    /// comma-separated (localhost and 127.0.0.1 are always included).
+    #[arg(long, value_delimiter = ',')]
+    pub coordinator_names: Vec<String>,
+}
 
 /// The operator's client certificate's name; no node may take it.
 pub const OPERATOR: &str = "gpuctl-operator";

@@ -2,48 +2,38 @@
 //! coordinator (the agent crate as a library), so an operator can see what a
 //! host lacks before starting an agent on it. Exit 1 when a check fails.
 
-use anyhow::Result;
-use gpuctl_agent::preflight::{self, verdict_of, verdict_word};
-use gpuctl_core::pb::{PreflightCheck, Verdict};
-use serde_json::json;
+use std::path::PathBuf;
 
-use crate::args::{DoctorArgs, OutputFormat};
+use anyhow::Result;
+use clap::Args;
+use gpuctl_agent::preflight::{self, verdict_of};
+use gpuctl_core::pb::Verdict;
+
 use crate::exit::Exit;
-use crate::output::{self, table::Table};
+use crate::output::{self, OutputFormat};
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// libtorch the workers would use (default: the install script's folder).
+    #[arg(long, env = "GPUCTL_LIBTORCH")]
+    pub libtorch: Option<PathBuf>,
+    /// Where the host's /proc, /sys and /dev/shm are (an agent container's view).
+    #[arg(long, default_value = "/")]
+    pub host_root: PathBuf,
+    /// CPU ranks the agent would offer without GPUs.
+    #[arg(long, default_value_t = 1)]
+    pub cpu_ranks: u32,
+}
 
 pub fn run(a: &DoctorArgs, out: OutputFormat) -> Result<Exit> {
     let local = preflight::run_local(&a.host_root, a.libtorch.as_deref(), a.cpu_ranks);
     let failed = local.checks.iter().any(|c| verdict_of(c) == Verdict::Fail);
     match out {
         OutputFormat::Json => {
-            let f = &local.facts;
-            output::print_json(&json!({
-                "node": f.hostname,
-                "ok": !failed,
-                "checks": local.checks.iter().map(check_json).collect::<Vec<_>>(),
-                "facts": {
-                    "driver_version": f.driver_version,
-                    "cuda_driver_version": f.cuda_driver_version,
-                    "nvml_status": f.nvml_status,
-                    "gpus": local.gpus.iter().map(|g| json!({
-                        "index": g.index, "uuid": g.uuid, "name": g.name,
-                        "nvlinks_active": g.nvlinks_active,
-                    })).collect::<Vec<_>>(),
-                    "libtorch": f.libtorch,
-                    "torch_version": f.torch_version,
-                    "nccl_version": f.nccl_version,
-                    "shm_bytes": f.shm_bytes,
-                    "memlock_bytes": f.memlock_bytes,
-                    "nvidia_peermem": f.nvidia_peermem,
-                    "ib_devices": f.ib_devices,
-                    "interfaces": f.interfaces.iter().map(|i| json!({
-                        "name": i.name, "ipv4": i.ipv4, "mtu": i.mtu, "speed_mbps": i.speed_mbps,
-                    })).collect::<Vec<_>>(),
-                },
-            }));
+            output::print_json(&output::doctor::json(&local, !failed));
         }
         _ => {
-            output::print_text(&render(&local.checks));
+            output::print_text(&output::doctor::render(&local.checks));
             let count = |v: Verdict| local.checks.iter().filter(|c| verdict_of(c) == v).count();
             eprintln!(
                 "{}: {} pass, {} warn, {} fail",
@@ -55,60 +45,4 @@ pub fn run(a: &DoctorArgs, out: OutputFormat) -> Result<Exit> {
         }
     }
     Ok(Exit::failed_if(failed))
-}
-
-fn check_json(c: &PreflightCheck) -> serde_json::Value {
-    json!({
-        "name": c.name,
-        "verdict": verdict_word(verdict_of(c)),
-        "detail": c.detail,
-        "fix": c.fix,
-    })
-}
-
-/// CHECK, VERDICT, DETAIL, FIX; the whole text (people copy fixes from it).
-pub fn render(checks: &[PreflightCheck]) -> String {
-    let mut t = Table::new(&["CHECK", "VERDICT", "DETAIL", "FIX"]);
-    for c in checks {
-        t.row([
-            c.name.clone(),
-            verdict_word(verdict_of(c)).to_string(),
-            output::dash(&c.detail),
-            output::dash(&c.fix),
-        ]);
-    }
-    t.render()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn table_has_every_check_and_its_fix() {
-        let checks = vec![
-            PreflightCheck {
-                node: "n".into(),
-                name: "shm".into(),
-                verdict: Verdict::Warn as i32,
-                detail: "/dev/shm is 64 MiB".into(),
-                fix: "docker run --shm-size=16g".into(),
-            },
-            PreflightCheck {
-                node: "n".into(),
-                name: "libtorch".into(),
-                verdict: Verdict::Pass as i32,
-                detail: "torch 2.11.0".into(),
-                fix: String::new(),
-            },
-        ];
-        let text = render(&checks);
-        let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines.len(), 3, "{text}");
-        assert!(lines[0].starts_with("CHECK"));
-        assert!(lines[1].starts_with("shm") && lines[1].contains("warn"));
-        assert!(lines[1].ends_with("docker run --shm-size=16g"), "{text}");
-        assert!(lines[2].contains("pass") && lines[2].trim_end().ends_with('-'));
-        assert_eq!(check_json(&checks[0])["verdict"], "warn");
-    }
 }

@@ -6,12 +6,27 @@
 use std::collections::HashMap;
 
 use anyhow::Result;
+use clap::Args;
 use gpuctl_core::pb::LogLine;
 
-use crate::args::{OutputFormat, UsageError};
 use crate::client::Coordinator;
+use crate::error::UsageError;
 use crate::exit::Exit;
-use crate::output;
+use crate::output::{self, OutputFormat};
+
+#[derive(Debug, Args)]
+pub struct LogsArgs {
+    pub job: String,
+    /// Only this rank.
+    #[arg(long)]
+    pub rank: Option<u32>,
+    /// Only the last N lines (per the whole selection).
+    #[arg(long)]
+    pub tail: Option<u32>,
+    /// Keep printing new lines until the job ends (text output only).
+    #[arg(short, long)]
+    pub follow: bool,
+}
 
 pub async fn run(
     c: &mut Coordinator,
@@ -29,7 +44,7 @@ pub async fn run(
             lines.iter().map(output::json::log_line).collect(),
         )),
         _ => {
-            output::print_text(&text(&lines, rank.is_some()));
+            output::print_text(&output::logs::text(&lines, rank.is_some()));
             if lines.is_empty() {
                 eprintln!(
                     "no log lines for {id}{}",
@@ -39,20 +54,6 @@ pub async fn run(
         }
     }
     Ok(Exit::Ok)
-}
-
-fn text(lines: &[LogLine], one_rank: bool) -> String {
-    let mut text = String::new();
-    for l in lines {
-        if one_rank {
-            text.push_str(&l.line);
-        } else {
-            // Like `docker compose logs`: who said it, then what.
-            text.push_str(&format!("[rank {} {}] {}", l.rank, l.node, l.line));
-        }
-        text.push('\n');
-    }
-    text
 }
 
 /// How often `-f` asks for new lines.
@@ -71,7 +72,7 @@ pub async fn follow(
         check_rank(c, id, r).await?;
     }
     let skip = tail.map_or(0, |t| first.len().saturating_sub(t as usize));
-    output::print_text(&text(&first[skip..], rank.is_some()));
+    output::print_text(&output::logs::text(&first[skip..], rank.is_some()));
     // Lines come back grouped by rank, each rank's in order: new lines are
     // those past what was shown of their rank.
     let mut shown: HashMap<u32, usize> = HashMap::new();
@@ -91,7 +92,7 @@ pub async fn follow(
                 *n > shown.get(&l.rank).copied().unwrap_or(0)
             })
             .collect();
-        output::print_text(&text(&fresh, rank.is_some()));
+        output::print_text(&output::logs::text(&fresh, rank.is_some()));
         for (r, n) in seen {
             let s = shown.entry(r).or_default();
             *s = (*s).max(n);

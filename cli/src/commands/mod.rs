@@ -1,5 +1,10 @@
-//! One module per verb. Each returns its outcome as an [`Exit`]; errors bubble
-//! up as `anyhow` and `main` prints them and picks their code (`Exit::of_error`).
+//! One module per verb, its flags (clap) and examples beside what it does:
+//! check the input, call the coordinator, hand the answer to `crate::output`
+//! to print. Each returns its outcome as an [`Exit`]; errors bubble up as
+//! `anyhow` and `main` prints them and picks their code (`Exit::of_error`).
+//! `job_spec` holds the flags `submit` and `plan` share, `parse` the flag
+//! values several verbs take. `run` below checks `-o` against the verb and
+//! dispatches.
 
 pub mod accept;
 pub mod baseline;
@@ -7,10 +12,12 @@ pub mod cancel;
 pub mod certs;
 pub mod doctor;
 pub mod fleet;
+pub mod job_spec;
 pub mod jobs;
 pub mod local;
 pub mod logs;
 pub mod nodes;
+mod parse;
 pub mod plan;
 pub mod profile;
 pub mod report;
@@ -22,9 +29,13 @@ pub mod watch;
 use anyhow::Result;
 use clap::{CommandFactory, ValueEnum};
 
-use crate::args::{CertsCommand, Cli, Command, LocalCommand, OutputFormat, UsageError};
+use self::certs::CertsCommand;
+use self::local::LocalCommand;
+use crate::args::{Cli, Command};
 use crate::client::Coordinator;
+use crate::error::UsageError;
 use crate::exit::Exit;
+use crate::output::OutputFormat;
 
 /// CSV and Markdown are for the listings and the report, JUnit for the report
 /// only (`submit --wait` prints a report too); anywhere else they are a usage
@@ -40,7 +51,7 @@ fn check_format(cmd: &Command, out: OutputFormat) -> Result<()> {
             Command::Report(_)
                 | Command::Jobs(_)
                 | Command::Fleet(_)
-                | Command::Nodes(crate::args::NodesArgs { action: None, .. })
+                | Command::Nodes(nodes::NodesArgs { action: None, .. })
         ),
         OutputFormat::Junit => matches!(cmd, Command::Report(_)),
     };
@@ -64,12 +75,12 @@ pub async fn run(cli: Cli) -> Result<Exit> {
     let out = cli.output;
     check_format(&cli.command, out)?;
     let url = cli.coordinator.as_str();
-    crate::client::set_tls(&cli);
+    crate::client::set_tls(&cli.tls_ca, &cli.tls_cert, &cli.tls_key);
     match cli.command {
         // Validation comes before connecting: bad input must send nothing.
         Command::Accept(a) => {
             let req = a.to_request()?;
-            accept::run(&mut Coordinator::connect(url).await?, req, out).await
+            accept::run(&mut Coordinator::connect(url).await?, req, a.actions(), out).await
         }
         Command::Submit(a) => {
             let spec = a.job.to_spec()?;
@@ -84,7 +95,7 @@ pub async fn run(cli: Cli) -> Result<Exit> {
         Command::Nodes(a) => {
             let mut c = Coordinator::connect(url).await?;
             match a.action {
-                Some(crate::args::NodesAction::Remove { name }) => {
+                Some(nodes::NodesAction::Remove { name }) => {
                     nodes::remove(&mut c, &name, out).await
                 }
                 None => nodes::run(&mut c, out).await,
@@ -93,7 +104,7 @@ pub async fn run(cli: Cli) -> Result<Exit> {
         Command::Jobs(a) => jobs::run(&mut Coordinator::connect(url).await?, a.limit, out).await,
         Command::Status(a) => status::run(&mut Coordinator::connect(url).await?, &a.job, out).await,
         Command::Watch(a) => {
-            let interval = crate::args::parse_interval("--interval", &a.interval)?;
+            let interval = parse::parse_interval("--interval", &a.interval)?;
             watch::run(&mut Coordinator::connect(url).await?, &a.job, interval, out).await
         }
         Command::Cancel(a) => {
@@ -128,7 +139,7 @@ pub async fn run(cli: Cli) -> Result<Exit> {
         Command::Fleet(a) => {
             let since = match &a.since {
                 Some(s) => {
-                    let d = crate::args::parse_interval("--since", s)?;
+                    let d = parse::parse_interval("--since", s)?;
                     gpuctl_core::now_ms().saturating_sub(d.as_millis() as u64)
                 }
                 None => 0,

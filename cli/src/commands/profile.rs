@@ -11,10 +11,10 @@ use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::json;
 
-use crate::args::OutputFormat;
 use crate::client::Coordinator;
 use crate::exit::Exit;
 use crate::output;
+use crate::output::OutputFormat;
 
 pub const EXAMPLES: &str = "\
 Examples:

@@ -4,10 +4,25 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
+use clap::Args;
 
 use crate::client::Coordinator;
 use crate::exit::Exit;
 use crate::output;
+
+pub const EXAMPLES: &str = "\
+Examples:
+  gpuctl trace job-000042 > trace.json     # open in https://ui.perfetto.dev or chrome://tracing
+  gpuctl trace job-000042 --out trace.json";
+
+#[derive(Debug, Args)]
+pub struct TraceArgs {
+    /// Job id, as `gpuctl submit` or `gpuctl jobs` print it.
+    pub job: String,
+    /// Write the trace to this file instead of standard output.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<std::path::PathBuf>,
+}
 
 pub async fn run(c: &mut Coordinator, id: &str, out: Option<&Path>) -> Result<Exit> {
     let report = c.report(id).await?;

@@ -7,12 +7,20 @@ use std::io::IsTerminal;
 use std::time::Duration;
 
 use anyhow::Result;
+use clap::Args;
 use gpuctl_core::pb;
 
-use crate::args::OutputFormat;
 use crate::client::Coordinator;
 use crate::exit::Exit;
-use crate::output::{self, live};
+use crate::output::{self, live, OutputFormat};
+
+#[derive(Debug, Args)]
+pub struct WatchArgs {
+    pub job: String,
+    /// Refresh interval.
+    #[arg(long, default_value = "1s")]
+    pub interval: String,
+}
 
 /// What changes between two polls; a non-terminal prints a line only then.
 fn fingerprint(job: &pb::Job) -> String {
@@ -23,30 +31,6 @@ fn fingerprint(job: &pb::Job) -> String {
         parts.push(format!("{}:{}:{:.0}", p.rank, p.phase, p.fraction * 20.0));
     }
     parts.join(",")
-}
-
-/// One line for logs: state, results, and each rank's phase and fraction.
-pub fn summary_line(job: &pb::Job, now: u64) -> String {
-    let mut s = format!(
-        "{} {} {}",
-        job.id,
-        output::job_state(job),
-        output::fmt_duration_opt(output::job_duration_ms(job, now))
-    );
-    let mut progress: Vec<&pb::RankProgress> = job.progress.iter().collect();
-    progress.sort_by_key(|p| p.rank);
-    for p in progress {
-        s.push_str(&format!(
-            " | rank {} {} {:.0}%",
-            p.rank,
-            output::dash(&p.phase),
-            p.fraction * 100.0
-        ));
-        if !p.metrics.is_empty() {
-            s.push_str(&format!(" {}", output::fmt_metrics(&p.metrics)));
-        }
-    }
-    s
 }
 
 pub async fn run(
@@ -93,7 +77,7 @@ pub async fn run(
             }
             _ => {
                 if fp != last || done {
-                    println!("{}", summary_line(&job, now));
+                    println!("{}", output::progress::summary_line(&job, now));
                 }
             }
         }

@@ -89,9 +89,9 @@ pub fn markdown_sections(sections: &[Section]) -> String {
 }
 
 /// Prints one table as CSV or Markdown (`-o csv|md` of the listings).
-pub fn print(t: &Table, out: crate::args::OutputFormat) -> Result<()> {
+pub fn print(t: &Table, out: super::OutputFormat) -> Result<()> {
     let text = match out {
-        crate::args::OutputFormat::Csv => csv(t)?,
+        super::OutputFormat::Csv => csv(t)?,
         _ => markdown(t),
     };
     super::print_text(&text);

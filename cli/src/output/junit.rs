@@ -9,7 +9,7 @@ use anyhow::Result;
 use gpuctl_core::pb;
 use quick_junit::{NonSuccessKind, Report, TestCase, TestCaseStatus, TestSuite};
 
-use crate::commands::report;
+use crate::output::report::ranks::{rank_reason, ranks_in_order};
 
 /// The sentences a person reads, one a line.
 fn sentences<'a>(findings: impl Iterator<Item = &'a pb::Finding>) -> String {
@@ -84,9 +84,9 @@ pub fn report(r: &pb::Report) -> Result<String> {
             mine,
         ));
     }
-    for (node, rank) in report::ranks_in_order(r) {
+    for (node, rank) in ranks_in_order(r) {
         let mine = sentences(r.findings.iter().filter(|f| f.rank == Some(rank.rank)));
-        let reason = report::rank_reason(rank);
+        let reason = rank_reason(rank);
         let device = if rank.device.is_empty() {
             String::new()
         } else {
@@ -111,7 +111,7 @@ mod tests {
 
     #[test]
     fn a_failed_rank_is_a_failure_with_its_reason() {
-        let r = crate::commands::report::tests::stress_report();
+        let r = crate::output::fixtures::stress_report();
         let xml = report(&r).unwrap();
         assert!(xml.contains("<testsuite name=\""), "{xml}");
         assert!(xml.contains("<failure"), "{xml}");

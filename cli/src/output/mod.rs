@@ -1,22 +1,36 @@
 //! How results reach the user: aligned tables for people, JSON for scripts,
 //! CSV, Markdown and JUnit for spreadsheets, tickets and CI, HTML with plots
-//! for people to open and share, and
-//! the small formatting helpers (ages, durations, metrics) both share.
+//! for people to open and share, and the small formatting helpers (ages,
+//! durations, metrics) they share. A module per thing shown (`report/`,
+//! `plan`, `status`, `jobs`, `fleet`, ...); none of them talks to the
+//! coordinator or knows the verbs, so `commands/` calls in and nothing
+//! here calls back.
 
+pub mod baseline;
+pub mod doctor;
 pub mod findings;
+#[cfg(test)]
+pub(crate) mod fixtures;
+pub mod fleet;
 pub mod grid;
 pub mod hang;
 pub mod html;
+pub mod jobs;
 pub mod json;
 pub mod junit;
 pub mod links;
 pub mod live;
 pub mod loader;
+pub mod logs;
 pub mod maxbatch;
 pub mod models;
+pub mod nodes;
 pub mod p2p;
+pub mod plan;
 pub mod profile;
-pub mod report_grid;
+pub mod progress;
+pub mod report;
+pub mod status;
 pub mod table;
 pub mod trace;
 
@@ -25,6 +39,32 @@ use std::io::Write;
 
 use gpuctl_core::pb;
 use gpuctl_core::units::format_duration_ms;
+
+/// How a command prints what it got (`-o`, `--output`): the variants' doc
+/// comments are the flag's help.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    Table,
+    Json,
+    /// Comma-separated tables for a spreadsheet (report, jobs, nodes, fleet);
+    /// a report gives one table per section, each under a `# section` line.
+    Csv,
+    /// GitHub pipe tables (report, jobs, nodes, fleet); a report's verdict comes first.
+    #[value(alias = "markdown")]
+    Md,
+    /// JUnit XML of a report: a test case per node and per rank, for CI dashboards.
+    Junit,
+    /// One self-contained HTML file of a report (`report` only), with plots:
+    /// redirect it to a file and open it in a browser.
+    Html,
+}
+
+impl OutputFormat {
+    /// The table-like formats: csv and md render the same tables as `table`.
+    pub fn is_grid(self) -> bool {
+        matches!(self, OutputFormat::Csv | OutputFormat::Md)
+    }
+}
 
 /// Prints pretty JSON and a newline to stdout.
 pub fn print_json(v: &serde_json::Value) {

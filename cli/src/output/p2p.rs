@@ -261,81 +261,9 @@ pub fn grid_sections(r: &pb::Report) -> Vec<Section> {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-
-    /// One node of four GPUs (rank = local = GPU index), 360 GB/s between
-    /// every pair but GPU 1 -> GPU 3, slow in both passes; host copies per
-    /// GPU, the second pass of GPU 2's H2D the better one.
-    pub(crate) fn p2p_report() -> pb::Report {
-        let mut pairs = Vec::new();
-        for s in 0..4u32 {
-            for d in (0..4u32).filter(|d| *d != s) {
-                let slow = (s, d) == (1, 3);
-                let (first, repeat) = if slow { (150.0, 148.5) } else { (358.0, 360.0) };
-                pairs.push(pb::GpuPair {
-                    node: "node-a".into(),
-                    src_rank: s,
-                    dst_rank: d,
-                    src_gpu: Some(s),
-                    dst_gpu: Some(d),
-                    src_local: s,
-                    dst_local: d,
-                    bytes: 1 << 28,
-                    gbps: f64::max(first, repeat),
-                    first_gbps: first,
-                    repeat_gbps: repeat,
-                    verdict: if slow {
-                        pb::Verdict::Fail
-                    } else {
-                        pb::Verdict::Pass
-                    } as i32,
-                    reference_gbps: 360.0,
-                    ..Default::default()
-                });
-            }
-        }
-        let rank = |r: u32| pb::RankReport {
-            rank: r,
-            local_rank: r,
-            gpu_index: Some(r),
-            device: "cuda:0".into(),
-            device_name: "NVIDIA H100 80GB HBM3".into(),
-            verdict: pb::Verdict::Pass as i32,
-            result: Some(pb::RankResult {
-                rank: r,
-                ok: true,
-                detail: Some(Detail::P2p(pb::P2pResult {
-                    bytes: 1 << 28,
-                    iters: 10,
-                    method: "pinned".into(),
-                    backend: "nccl".into(),
-                    h2d_gbps: if r == 2 { 52.9 } else { 53.0 },
-                    h2d_repeat_gbps: if r == 2 { 53.1 } else { 52.0 },
-                    d2h_gbps: 50.0,
-                    d2h_repeat_gbps: 51.3,
-                    ..Default::default()
-                })),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        pb::Report {
-            job_id: "job-000077".into(),
-            workload: "p2p".into(),
-            state: pb::JobState::Failed as i32,
-            verdict: pb::Verdict::Fail as i32,
-            world_size: 4,
-            nodes: vec![pb::NodeReport {
-                name: "node-a".into(),
-                verdict: pb::Verdict::Fail as i32,
-                ranks: (0..4).map(rank).collect(),
-                ..Default::default()
-            }],
-            gpu_pairs: pairs,
-            ..Default::default()
-        }
-    }
+    use crate::output::fixtures::p2p_report;
 
     fn row<'a>(s: &'a str, start: &str) -> &'a str {
         s.lines()

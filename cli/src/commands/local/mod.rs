@@ -6,6 +6,7 @@
 //! in order) and gets SIGTERM from the kernel if we die without cleaning up.
 //! With `--netns` each agent runs in its own network namespace ([`netns`]).
 
+pub mod args;
 mod netns;
 
 use std::fs::{self, File, OpenOptions};
@@ -20,8 +21,11 @@ use anyhow::{anyhow, bail, Context, Result};
 use gpuctl_core::pb;
 use gpuctl_core::shutdown::Shutdown;
 
-use crate::args::{parse_interval, LocalUpArgs, UsageError};
+use super::parse::parse_interval;
 use crate::client::Coordinator;
+use crate::error::UsageError;
+
+pub use self::args::{LocalCommand, LocalUpArgs};
 
 /// How long each kind of child gets between SIGTERM and SIGKILL. Agents need a
 /// little over their own 2 s worker grace (architecture.md).

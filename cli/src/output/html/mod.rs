@@ -20,7 +20,8 @@ use html_escape::{encode_double_quoted_attribute as attr, encode_text as text};
 use self::chart::{Plot, Swatch};
 use self::plots::Figure;
 use super::table::Table;
-use crate::commands::{plan, report};
+use crate::output::plan;
+use crate::output::report::{collectives, gpu, header, ranks};
 
 /// The whole page for `r`, with `timeline`'s telemetry plots.
 pub fn page(r: &pb::Report, timeline: &pb::Timeline) -> Result<String> {
@@ -39,8 +40,8 @@ pub fn page(r: &pb::Report, timeline: &pb::Timeline) -> Result<String> {
     s.push_str(&facts(r, timeline));
     if !r.nodes.is_empty() {
         s.push_str("<h2 id=\"nodes\">Nodes</h2>\n");
-        s.push_str(&table(&report::nodes_grid(r)));
-        s.push_str(&folded("Ranks", &table(&report::ranks_grid(r))));
+        s.push_str(&table(&ranks::nodes_grid(r)));
+        s.push_str(&folded("Ranks", &table(&ranks::ranks_grid(r))));
     }
     // ddp/fsdp: the models side by side (`--model a,b,c`).
     if let Some(models) = crate::output::models::grid(r) {
@@ -149,7 +150,7 @@ fn findings(r: &pb::Report) -> String {
 /// The header facts: job, workload, duration, nodes, world size, versions.
 fn facts(r: &pb::Report, timeline: &pb::Timeline) -> String {
     // The banner already says the verdict and its reason.
-    let mut pairs: Vec<(String, String)> = report::header_pairs(r)
+    let mut pairs: Vec<(String, String)> = header::header_pairs(r)
         .into_iter()
         .filter(|(k, _)| !matches!(*k, "VERDICT" | "REASON"))
         .map(|(k, v)| (k.to_string(), v))
@@ -190,7 +191,7 @@ fn facts(r: &pb::Report, timeline: &pb::Timeline) -> String {
 fn tables(r: &pb::Report) -> String {
     let mut s = String::new();
     if !r.collectives.is_empty() {
-        let t = report::collectives_table(&r.collectives);
+        let t = collectives::collectives_table(&r.collectives);
         s.push_str(&folded(
             "Collectives (nccl-tests' layout: the slowest rank's time, #wrong summed)",
             &format!("<pre>{}</pre>\n", text(&t)),
@@ -202,7 +203,7 @@ fn tables(r: &pb::Report) -> String {
     if !r.telemetry.is_empty() {
         s.push_str(&folded(
             "GPU telemetry summary",
-            &table(&report::telemetry_grid(&r.telemetry)),
+            &table(&gpu::telemetry_grid(&r.telemetry)),
         ));
     }
     if !r.env.is_empty() {
@@ -301,7 +302,7 @@ mod tests {
 
     #[test]
     fn the_page_leads_with_the_verdict_and_escapes_the_report() {
-        let mut r = report::tests::stress_report();
+        let mut r = crate::output::fixtures::stress_report();
         r.reason = "<script>alert(1)</script> & more".into();
         r.nodes[0].name = "node-<b>".into();
         if let Some(pb::RankResult {
@@ -329,7 +330,7 @@ mod tests {
 
     #[test]
     fn a_p2p_page_has_the_pair_heat_map_between_the_nodes_and_the_plots() {
-        let r = crate::output::p2p::tests::p2p_report();
+        let r = crate::output::fixtures::p2p_report();
         let html = page(&r, &pb::Timeline::default()).unwrap();
         let nodes = html.find("id=\"nodes\"").expect("the nodes");
         let pairs = html.find("<table class=\"pairs\">").expect("the matrix");
@@ -339,7 +340,11 @@ mod tests {
         assert!(html.contains("Host ↔ device"), "{html}");
         assert!(!html.contains("http://") && !html.contains("https://"));
         // A job without p2p has no such section.
-        let other = page(&report::tests::stress_report(), &pb::Timeline::default()).unwrap();
+        let other = page(
+            &crate::output::fixtures::stress_report(),
+            &pb::Timeline::default(),
+        )
+        .unwrap();
         assert!(!other.contains("id=\"p2p\""));
     }
 }

@@ -123,7 +123,7 @@ mod tests {
 
     #[test]
     fn the_slow_pair_is_red_and_the_others_green() {
-        let r = p2p::tests::p2p_report();
+        let r = crate::output::fixtures::p2p_report();
         let html = section(&r);
         assert!(html.starts_with("<h2 id=\"p2p\">GPU pairs</h2>"), "{html}");
         assert!(html.contains("<table class=\"pairs\">"), "{html}");

@@ -12,7 +12,7 @@ use gpuctl_core::units::format_bytes;
 
 use super::chart::{self, Plot};
 use super::lines::{whole_number, Heatmap, Histogram, Lines, Series};
-use crate::commands::report::ranks_in_order;
+use crate::output::report::ranks::ranks_in_order;
 use gpuctl_core::stats::median;
 
 /// A plot, or a sentence where a plot would be.

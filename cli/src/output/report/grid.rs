@@ -6,10 +6,10 @@
 use anyhow::Result;
 use gpuctl_core::pb;
 
-use super::findings;
-use super::grid::{self, Section};
-use super::table::Table;
-use crate::commands::report;
+use super::header::header_pairs;
+use super::ranks::{nodes_grid, ranks_grid};
+use crate::output::grid::{self, Section};
+use crate::output::{findings, table::Table};
 
 /// One row per collective size, nccl-tests' columns with their units in the headers.
 fn collectives_grid(rows: &[pb::CollectiveRow]) -> Table {
@@ -53,7 +53,7 @@ fn collectives_grid(rows: &[pb::CollectiveRow]) -> Table {
 /// The sections in the table report's order; empty ones are left out.
 pub fn sections(r: &pb::Report) -> Vec<Section> {
     let mut summary = Table::new(&["KEY", "VALUE"]);
-    for (k, v) in report::header_pairs(r) {
+    for (k, v) in header_pairs(r) {
         summary.row([k.to_string(), v]);
     }
     let mut out = vec![Section::new("summary", summary)];
@@ -64,19 +64,19 @@ pub fn sections(r: &pb::Report) -> Vec<Section> {
         ));
     }
     if !r.nodes.is_empty() {
-        out.push(Section::new("nodes", report::nodes_grid(r)));
-        out.push(Section::new("ranks", report::ranks_grid(r)));
+        out.push(Section::new("nodes", nodes_grid(r)));
+        out.push(Section::new("ranks", ranks_grid(r)));
     }
-    if let Some(models) = super::models::grid(r) {
+    if let Some(models) = crate::output::models::grid(r) {
         out.push(Section::new("models", models));
     }
-    if let Some(loader) = super::loader::grid(r) {
+    if let Some(loader) = crate::output::loader::grid(r) {
         out.push(Section::new("loader", loader));
     }
-    if let Some(profile) = super::profile::grid(r) {
+    if let Some(profile) = crate::output::profile::grid(r) {
         out.push(Section::new("profile", profile));
     }
-    out.extend(super::p2p::grid_sections(r));
+    out.extend(crate::output::p2p::grid_sections(r));
     if !r.collectives.is_empty() {
         out.push(Section::new(
             "collectives",
@@ -110,7 +110,7 @@ mod tests {
 
     #[test]
     fn stress_report_has_its_sections() {
-        let r = report::tests::stress_report();
+        let r = crate::output::fixtures::stress_report();
         let csv = csv(&r).unwrap();
         for title in ["# summary\n", "# nodes\n", "# ranks\n"] {
             assert!(csv.contains(title), "{csv}");
@@ -123,7 +123,7 @@ mod tests {
 
     #[test]
     fn p2p_report_has_a_matrix_per_node_and_the_host_copies() {
-        let r = super::super::p2p::tests::p2p_report();
+        let r = crate::output::fixtures::p2p_report();
         let csv = csv(&r).unwrap();
         let pairs = csv.find("# gpu pairs node-a\n").expect(&csv);
         let host = csv.find("# host device\n").expect(&csv);
