@@ -306,3 +306,32 @@ pub(crate) fn p2p_report() -> pb::Report {
         ..Default::default()
     }
 }
+
+/// One node's one-rank training job with a loader sweep of `settings`, and
+/// the GPU windows the coordinator matched to them (none on a CPU rank).
+pub fn loader_report(
+    model: &str,
+    settings: Vec<pb::LoaderSetting>,
+    loader_gpu: Vec<pb::LoaderGpu>,
+) -> pb::Report {
+    pb::Report {
+        nodes: vec![pb::NodeReport {
+            name: "n1".into(),
+            ranks: vec![pb::RankReport {
+                rank: 0,
+                result: Some(pb::RankResult {
+                    detail: Some(Detail::Train(pb::TrainResult {
+                        model: model.into(),
+                        loader: settings,
+                        ..Default::default()
+                    })),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+        loader_gpu,
+        ..Default::default()
+    }
+}

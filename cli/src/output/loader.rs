@@ -158,7 +158,7 @@ pub fn gpu_json(r: &pb::Report) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pb::rank_result::Detail;
+    use crate::output::fixtures;
 
     #[test]
     fn one_row_per_setting_with_the_best_starred_and_gpu_figures_where_known() {
@@ -171,24 +171,10 @@ mod tests {
             end_unix_ms: 3_500,
             ..Default::default()
         };
-        let r = pb::Report {
-            nodes: vec![pb::NodeReport {
-                name: "n1".into(),
-                ranks: vec![pb::RankReport {
-                    rank: 0,
-                    result: Some(pb::RankResult {
-                        detail: Some(Detail::Train(pb::TrainResult {
-                            model: "cnn".into(),
-                            loader: vec![setting(0, 100.0), setting(2, 180.0)],
-                            ..Default::default()
-                        })),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            }],
-            loader_gpu: vec![pb::LoaderGpu {
+        let r = fixtures::loader_report(
+            "cnn",
+            vec![setting(0, 100.0), setting(2, 180.0)],
+            vec![pb::LoaderGpu {
                 rank: 0,
                 model: "cnn".into(),
                 workers: 2,
@@ -198,8 +184,7 @@ mod tests {
                 idle_share: 0.0,
                 ..Default::default()
             }],
-            ..Default::default()
-        };
+        );
         let s = section(&r).unwrap();
         let rows: Vec<&str> = s.lines().filter(|l| l.starts_with("n1")).collect();
         assert_eq!(rows.len(), 2, "{s}");

@@ -130,7 +130,7 @@ pub fn figures(r: &pb::Report) -> Result<Vec<Figure>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pb::rank_result::Detail;
+    use crate::output::fixtures;
 
     fn report(gpu: bool) -> pb::Report {
         let setting = |workers, per_s| pb::LoaderSetting {
@@ -149,33 +149,19 @@ mod tests {
             util,
             ..Default::default()
         };
-        pb::Report {
-            nodes: vec![pb::NodeReport {
-                name: "n1".into(),
-                ranks: vec![pb::RankReport {
-                    rank: 0,
-                    result: Some(pb::RankResult {
-                        detail: Some(Detail::Train(pb::TrainResult {
-                            model: "mobilenet_v2".into(),
-                            loader: vec![setting(0, 300.0), setting(4, 900.0)],
-                            ..Default::default()
-                        })),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            }],
-            loader_gpu: if gpu {
-                vec![
-                    window(0, vec![60.0, 5.0, 70.0, 3.0, 65.0]),
-                    window(4, vec![95.0, 97.0, 96.0, 98.0, 97.0]),
-                ]
-            } else {
-                Vec::new()
-            },
-            ..Default::default()
-        }
+        let gpu_windows = if gpu {
+            vec![
+                window(0, vec![60.0, 5.0, 70.0, 3.0, 65.0]),
+                window(4, vec![95.0, 97.0, 96.0, 98.0, 97.0]),
+            ]
+        } else {
+            Vec::new()
+        };
+        fixtures::loader_report(
+            "mobilenet_v2",
+            vec![setting(0, 300.0), setting(4, 900.0)],
+            gpu_windows,
+        )
     }
 
     #[test]
