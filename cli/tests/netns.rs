@@ -111,9 +111,7 @@ impl Fleet {
     }
 
     fn json(&self, args: &[&str]) -> Value {
-        let mut all = args.to_vec();
-        all.extend(["--output", "json"]);
-        parse_json(&self.gpuctl(&all), &all)
+        json_at(&self.url, args)
     }
 
     /// `gpuctl ARGS --output json` (a `submit ... --wait`), and the report

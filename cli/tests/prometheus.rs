@@ -94,14 +94,6 @@ impl Drop for Procs {
     }
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn log(dir: &Path, name: &str) -> std::fs::File {
     std::fs::File::create(dir.join(format!("{name}.log"))).unwrap()
 }
@@ -247,9 +239,7 @@ impl Fleet {
     }
 
     fn json(&self, args: &[&str]) -> Value {
-        let mut all = args.to_vec();
-        all.extend(["--output", "json"]);
-        parse_json(&self.gpuctl(&all), &all)
+        json_at(&self.url, args)
     }
 
     /// As [`Fleet::json`] for commands that exit 1 on a failed job (`status`,

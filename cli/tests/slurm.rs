@@ -401,15 +401,7 @@ impl Slurm {
             .filter(|p| p.extension().is_some_and(|e| e == "log" || e == "out"))
             .collect();
         paths.sort();
-        for p in paths {
-            let text = std::fs::read_to_string(&p).unwrap_or_default();
-            let tail: Vec<&str> = text.lines().rev().take(25).collect();
-            s += &format!("--- {}\n", p.display());
-            for l in tail.into_iter().rev() {
-                s += l;
-                s.push('\n');
-            }
-        }
+        s += &log_tails(&paths, 25);
         s
     }
 }

@@ -144,10 +144,7 @@ impl Cluster {
 
     /// Runs `gpuctl ... --output json` and parses stdout.
     pub fn json(&self, args: &[&str]) -> Value {
-        let mut all: Vec<&str> = args.to_vec();
-        all.extend(["--output", "json"]);
-        let out = self.gpuctl(&all);
-        parse_json(&out, &all)
+        json_at(&self.url, args)
     }
 
     pub fn wait_ready(&self, n: usize, limit: Duration) {
@@ -297,19 +294,13 @@ impl Cluster {
     pub fn logs(&self) -> String {
         let mut s = String::new();
         if let Ok(entries) = std::fs::read_dir(self.dir.path()) {
-            let mut paths: Vec<_> = entries.flatten().map(|e| e.path()).collect();
+            let mut paths: Vec<_> = entries
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|e| e == "log"))
+                .collect();
             paths.sort();
-            for p in paths {
-                if p.extension().is_some_and(|e| e == "log") {
-                    let text = std::fs::read_to_string(&p).unwrap_or_default();
-                    let tail: Vec<&str> = text.lines().rev().take(40).collect();
-                    s += &format!("--- {} (last 40 lines)\n", p.display());
-                    for l in tail.into_iter().rev() {
-                        s += l;
-                        s.push('\n');
-                    }
-                }
-            }
+            s += &log_tails(&paths, 40);
         }
         s
     }
@@ -512,6 +503,38 @@ pub fn gpuctl_at(url: &str, args: &[&str]) -> Output {
         .stdin(Stdio::null())
         .output()
         .expect("run gpuctl")
+}
+
+/// Runs `gpuctl ... --output json` against the coordinator at `url` and
+/// parses stdout.
+pub fn json_at(url: &str, args: &[&str]) -> Value {
+    let mut all: Vec<&str> = args.to_vec();
+    all.extend(["--output", "json"]);
+    parse_json(&gpuctl_at(url, &all), &all)
+}
+
+/// A loopback port free now (the OS picks it), for a server a test starts.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port()
+}
+
+/// The last `n` lines of each file, headed by its path: what a failing
+/// test prints of the logs of the processes it started.
+pub fn log_tails(paths: &[PathBuf], n: usize) -> String {
+    let mut s = String::new();
+    for p in paths {
+        let text = std::fs::read_to_string(p).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(n).collect();
+        s += &format!("--- {} (last {n} lines)\n", p.display());
+        for l in tail.into_iter().rev() {
+            s += l;
+            s.push('\n');
+        }
+    }
+    s
 }
 
 /// A rules file in `dir` with a stress floor no CPU reaches, for the device
