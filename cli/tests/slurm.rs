@@ -477,9 +477,23 @@ fn short_suite(dir: &Path) -> String {
     p.to_str().unwrap().to_string()
 }
 
+/// The tests' CPU rules with stress judged wider still: three CPU ranks
+/// share two cores with slurmctld, four slurmd and their steps, and the
+/// allocation's first node runs the recipe's coordinator beside its rank: a
+/// healthy first node came out at 0.57x and 0.59x of its peers (2026-11-27),
+/// while a node under a 0.05-core quota runs near 0.1-0.25x.
 fn cpu_rules(dir: &Path) -> String {
+    let stress = "[metrics.stress_tflops]\nfail = 0.6\nwarn = 0.8\n";
+    assert!(
+        CPU_RULES.contains(stress),
+        "tests/common's CPU_RULES changed"
+    );
+    let rules = CPU_RULES.replace(
+        stress,
+        "[metrics.stress_tflops]\nfail = 0.4\nwarn = 0.5\ncpu_fail = 0.4\ncpu_warn = 0.5\n",
+    );
     let p = dir.join("cpu-rules.toml");
-    std::fs::write(&p, CPU_RULES).unwrap();
+    std::fs::write(&p, rules).unwrap();
     p.to_str().unwrap().to_string()
 }
 
@@ -614,7 +628,7 @@ fn the_sbatch_recipe_accepts_exactly_the_allocation_and_exits_with_the_suites_co
     // with --drain that node alone is drained, naming the suite, the stage
     // and the Slurm job.
     let slow = node_name(1);
-    let quota = CpuQuota::apply("gpuctl-test-slurm", s.slurmd_pid(&slow), 0.08);
+    let quota = CpuQuota::apply("gpuctl-test-slurm", s.slurmd_pid(&slow), 0.05);
     let want = [node_name(0), slow.clone(), node_name(2)].join(",");
     let (code, id, out, suite) = sbatch(&s, "slowed", &[&format!("--nodelist={want}")], "--drain");
     drop(quota);
@@ -711,7 +725,7 @@ fn drain_takes_out_the_failed_node_resumes_only_its_own_and_reports_a_slurm_that
             "reason=disk swap by hand",
         ],
     );
-    let quota = CpuQuota::apply("gpuctl-test-slurm-drain", c.agent_pid(1), 0.08);
+    let quota = CpuQuota::apply("gpuctl-test-slurm-drain", c.agent_pid(1), 0.05);
 
     // A dry run prints the drain and takes none; the same decision for
     // Kubernetes prints its patches (and reads no API server to make them).
