@@ -588,39 +588,25 @@ fn promql_names_are_read_out_of_expressions() {
 fn shipped_alert_rules_pass_promtool_check_and_unit_tests() {
     let promtool = tool("promtool");
     let dir = repo().join("deploy/prometheus");
-    let out = Command::new(&promtool)
-        .args(["check", "rules", "gpuctl-alerts.yml"])
-        .current_dir(&dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "promtool check rules: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        stderr(&out)
-    );
-    let out = Command::new(&promtool)
-        .args(["test", "rules", "gpuctl-alerts.test.yml"])
-        .current_dir(&dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "promtool test rules: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        stderr(&out)
-    );
-    let out = Command::new(&promtool)
-        .args(["check", "config", "prometheus.yml"])
-        .current_dir(&dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "promtool check config: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        stderr(&out)
-    );
+    for args in [
+        ["check", "rules", "gpuctl-alerts.yml"],
+        ["test", "rules", "gpuctl-alerts.test.yml"],
+        ["check", "config", "prometheus.yml"],
+    ] {
+        let out = Command::new(&promtool)
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "promtool {} {}: {}{}",
+            args[0],
+            args[1],
+            String::from_utf8_lossy(&out.stdout),
+            stderr(&out)
+        );
+    }
 }
 
 #[test]

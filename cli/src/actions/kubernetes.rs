@@ -120,14 +120,15 @@ pub async fn apply(client: &kube::Client, step: &KubeStep) -> Result<(), String>
     for attempt in 1..=ATTEMPTS {
         let node = bounded(nodes.get(name))
             .await
-            .map_err(|e| format!("reading node {name} failed: {e}"))?;
+            .map_err(|e| format!("reading node {name} failed: {}", e.text))?;
         let Some(body) = patch(step, &node) else {
             return Ok(());
         };
         match bounded(nodes.patch(name, &PatchParams::default(), &Patch::Merge(&body))).await {
             Ok(_) => return Ok(()),
-            Err(e) if e.contains("409") && attempt < ATTEMPTS => continue,
-            Err(e) => return Err(format!("patching node {name} failed: {e}")),
+            // The node changed since it was read: read it again.
+            Err(e) if e.code == Some(409) && attempt < ATTEMPTS => continue,
+            Err(e) => return Err(format!("patching node {name} failed: {}", e.text)),
         }
     }
     Err(format!(
@@ -135,14 +136,30 @@ pub async fn apply(client: &kube::Client, step: &KubeStep) -> Result<(), String>
     ))
 }
 
+/// A failed API call: the API server's status code when it answered, and
+/// what to tell the operator.
+struct CallError {
+    code: Option<u16>,
+    text: String,
+}
+
 async fn bounded<T>(
     call: impl std::future::Future<Output = Result<T, kube::Error>>,
-) -> Result<T, String> {
+) -> Result<T, CallError> {
     match tokio::time::timeout(CALL_TIMEOUT, call).await {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(kube::Error::Api(s))) => Err(format!("{} {}: {}", s.code, s.reason, s.message)),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err(format!("no answer within {}s", CALL_TIMEOUT.as_secs())),
+        Ok(Err(kube::Error::Api(s))) => Err(CallError {
+            code: Some(s.code),
+            text: format!("{} {}: {}", s.code, s.reason, s.message),
+        }),
+        Ok(Err(e)) => Err(CallError {
+            code: None,
+            text: e.to_string(),
+        }),
+        Err(_) => Err(CallError {
+            code: None,
+            text: format!("no answer within {}s", CALL_TIMEOUT.as_secs()),
+        }),
     }
 }
 
