@@ -8,6 +8,7 @@
 //! - `workers`: spawning, supervising and killing worker processes
 //! - `session`: register, heartbeats, assignments, reconnecting
 //! - `relay`: the workers' calls to the coordinator, over the agent's connection
+//! - `traces`: pieces of profiled ranks' Chrome traces, for `gpuctl profile --trace`
 //! - `telemetry`: NVML samples per GPU (and XID events) for jobs and `/metrics`
 //! - `metrics`: the HTTP `/metrics` endpoint (Prometheus text, dcgm-exporter names)
 //! - `preflight`: host checks at start and before every assignment (`gpuctl doctor`)
@@ -20,6 +21,7 @@ pub mod preflight;
 pub mod relay;
 pub mod session;
 pub mod telemetry;
+pub mod traces;
 pub mod workers;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};

@@ -1,5 +1,6 @@
 //! The agent's life with the coordinator: `Register`, then one long `Session`
-//! stream (heartbeats and worker events up, assignments and cancels down).
+//! stream (heartbeats and worker events up, assignments and cancels down;
+//! pieces of profile traces up when the coordinator asks for them).
 //!
 //! When the stream breaks or ends, the coordinator is taken for away, not for
 //! gone: the workers keep running for `--coordinator-grace` while the agent
@@ -382,6 +383,20 @@ async fn handle(
                 },
             )
             .await
+        }
+        coordinator_message::Msg::FetchTrace(f) => {
+            // Read apart from this loop: a piece of a large trace must not
+            // hold up heartbeats or a cancel.
+            let (dir, tx) = (workers.jobs_dir(), tx.clone());
+            tokio::spawn(async move {
+                let piece = crate::traces::serve(dir, f).await;
+                let msg = AgentMessage {
+                    msg: Some(Msg::TraceChunk(piece)),
+                };
+                // A broken session is noticed and handled by the loop.
+                let _ = send(&tx, msg).await;
+            });
+            Ok(())
         }
         coordinator_message::Msg::Cancel(c) => {
             let found = workers.cancel(&c.job_id, c.attempt, stop_reason_of(&c));

@@ -142,6 +142,20 @@ impl Coordinator {
         call(self.inner.clone()).await.map(|r| r.into_inner())
     }
 
+    /// A rank's trace, piece by piece (`GetTrace`). Not retried on another
+    /// URL: a stream cut mid-way is the caller's to report. Several may run
+    /// at once on the one connection.
+    pub async fn trace(
+        &self,
+        req: pb::GetTraceRequest,
+    ) -> std::result::Result<tonic::Streaming<pb::TraceChunk>, Status> {
+        self.inner
+            .clone()
+            .get_trace(req)
+            .await
+            .map(|r| r.into_inner())
+    }
+
     pub fn url(&self) -> &str {
         &self.url
     }

@@ -1,8 +1,8 @@
 //! The loader sweep and the operator profile on a real local fleet (three
 //! agents, one CPU rank each; real coordinator, agents and workers): every
 //! rank reports one sweep row per worker count and a profile whose tables
-//! name libtorch's operators, whose Chrome trace parses and is copied by
-//! `gpuctl profile --trace`; fsdp ranks profile between their collectives;
+//! name libtorch's operators, whose Chrome trace parses and is fetched by
+//! `gpuctl profile --trace` through the coordinator; fsdp ranks profile between their collectives;
 //! and a node whose CPU is throttled fails on its loader rate against its
 //! peers', named, and no other node does.
 
@@ -123,17 +123,105 @@ fn every_rank_sweeps_its_loader_and_profiles_its_operators() {
         "{csv}"
     );
 
+    let one = c.json(&["profile", id, "--rank", "1"]);
+    assert_eq!(one.as_array().map(Vec::len), Some(1), "{one:#}");
+    assert_eq!(one[0]["rank"], 1);
+    fetches_every_trace_through_the_coordinator(c, id, &all);
+}
+
+/// `gpuctl profile --trace` brings each rank's trace from its agent through
+/// the coordinator, byte for byte (in 4 KiB pieces too); a rank whose agent
+/// is gone fails named, with where its trace stays, and the others still
+/// come.
+fn fetches_every_trace_through_the_coordinator(mut c: Cluster, id: &str, all: &[(String, Value)]) {
+    let trace_of = |rank: &Value| {
+        rank["train"]["profile"]["trace_path"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
     let dir = tempfile::tempdir().unwrap();
     let dir_s = dir.path().to_str().unwrap();
     let out = c.gpuctl(&["profile", id, "--trace", dir_s]);
     assert!(out.status.success(), "{}", stderr(&out));
     let shown = String::from_utf8_lossy(&out.stdout);
     assert_eq!(shown.matches("PROFILE rank").count(), 3, "{shown}");
-    let copied = std::fs::read_dir(dir.path()).unwrap().count();
-    assert_eq!(copied, 3, "{}", stderr(&out));
-    let one = c.json(&["profile", id, "--rank", "1"]);
-    assert_eq!(one.as_array().map(Vec::len), Some(1), "{one:#}");
-    assert_eq!(one[0]["rank"], 1);
+    let said = stderr(&out);
+    for (node, rank) in all {
+        let src = trace_of(rank);
+        let name = std::path::Path::new(&src).file_name().unwrap();
+        let got = std::fs::read(dir.path().join(name))
+            .unwrap_or_else(|e| panic!("{name:?}: {e}\n{said}"));
+        assert_eq!(
+            got,
+            std::fs::read(&src).unwrap(),
+            "{node}: the fetched trace differs"
+        );
+        let line = format!("rank {} on {node}: ", rank["rank"]);
+        assert!(said.contains(&line), "no line `{line}` in:\n{said}");
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 3, "{said}");
+
+    // In pieces of 4 KiB: many requests to the agent, one file.
+    let (node, rank) = &all[0];
+    let src = trace_of(rank);
+    let want = std::fs::read(&src).unwrap();
+    assert!(
+        want.len() > 3 * 4096,
+        "{src}: {} bytes is too small to test pieces",
+        want.len()
+    );
+    let pieces = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let mut client =
+            gpuctl_core::pb::job_service_client::JobServiceClient::connect(c.url.clone())
+                .await
+                .unwrap();
+        let req = gpuctl_core::pb::GetTraceRequest {
+            job_id: id.into(),
+            rank: rank["rank"].as_u64().unwrap() as u32,
+            path: src.clone(),
+            chunk_bytes: 4096,
+        };
+        let mut s = client.get_trace(req).await.unwrap().into_inner();
+        let mut pieces = Vec::new();
+        while let Some(p) = s.message().await.unwrap() {
+            pieces.push(p);
+        }
+        pieces
+    });
+    let mut got = Vec::new();
+    for p in &pieces {
+        assert_eq!(p.offset, got.len() as u64);
+        let mut d = flate2::read::GzDecoder::new(&p.gzip[..]);
+        std::io::Read::read_to_end(&mut d, &mut got).unwrap();
+    }
+    assert_eq!(pieces.len(), want.len().div_ceil(4096), "{node}");
+    assert!(pieces.last().unwrap().eof);
+    assert_eq!(got, want, "{node}: the trace in 4 KiB pieces differs");
+
+    // The agent of the second node goes away: its rank fails, named.
+    let gone = (1..all.len())
+        .find(|&i| all[i].0 == Cluster::agent_name(1))
+        .expect("a rank on the second agent");
+    c.kill_agent(1);
+    let dir2 = tempfile::tempdir().unwrap();
+    let out = c.gpuctl(&["profile", id, "--trace", dir2.path().to_str().unwrap()]);
+    let said = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    let (node, rank) = &all[gone];
+    // Told at once or mid-fetch, by when the coordinator saw the session end.
+    let named = format!("rank {} on node {node}: ", rank["rank"]);
+    let stays = format!("its trace stays there at {}", trace_of(rank));
+    let line = said
+        .lines()
+        .find(|l| l.contains(&named))
+        .unwrap_or_else(|| panic!("no `{named}` in:\n{said}"));
+    assert!(
+        line.contains(&stays) && line.contains(&format!("scp {node}:")),
+        "{line}"
+    );
+    assert_eq!(said.matches("trace stays there").count(), 1, "{said}");
+    assert_eq!(std::fs::read_dir(dir2.path()).unwrap().count(), 2, "{said}");
 }
 
 #[test]

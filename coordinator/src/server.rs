@@ -208,11 +208,13 @@ pub async fn run_with(
 
     let fleet = FleetRuntime::start(cfg.fleet_threads as usize).context("--fleet-threads")?;
     let (sched, sched_task) = scheduler.spawn(shutdown.clone(), &fleet.handle());
+    let fetches = crate::service::trace::Fetches::default();
     let agents = AgentServiceServer::new(AgentSvc::new(
         sched.clone(),
         advertise,
         security.clone(),
         fleet.handle(),
+        fetches.clone(),
     ))
     .max_decoding_message_size(MAX_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -227,6 +229,7 @@ pub async fn run_with(
         store.clone(),
         perf_rules,
         security.clone(),
+        fetches,
     ))
     .max_decoding_message_size(MAX_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_MESSAGE_BYTES);

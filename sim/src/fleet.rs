@@ -459,6 +459,18 @@ impl Agent {
                         stop.cancel();
                     }
                 }
+                Some(coordinator_message::Msg::FetchTrace(f)) => {
+                    let piece = gpuctl_core::pb::TraceChunk {
+                        request_id: f.request_id,
+                        error: "a simulated node keeps no traces".into(),
+                        ..Default::default()
+                    };
+                    let _ = tx
+                        .send(AgentMessage {
+                            msg: Some(Msg::TraceChunk(piece)),
+                        })
+                        .await;
+                }
                 None => {}
             }
         }

@@ -144,6 +144,7 @@ impl FakeAgent {
             match self.next().await {
                 Down::Assignment(a) => return a,
                 Down::Cancel(_) => continue,
+                other => panic!("{}: expected an assignment, got {other:?}", self.name),
             }
         }
     }

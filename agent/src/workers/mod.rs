@@ -233,6 +233,13 @@ impl Workers {
     /// Process ids of every live worker and prestarted worker (each leads its own
     /// process group), so that preflight can tell our GPU processes from
     /// strangers'.
+    /// Where each job's workers run, one folder per job and attempt
+    /// (`<job_folder>-a<attempt>`): what they write (a profile's trace) stays
+    /// there.
+    pub fn jobs_dir(&self) -> PathBuf {
+        self.settings.work_dir.join("jobs")
+    }
+
     pub fn worker_pids(&self) -> BTreeSet<u32> {
         let mut pids: BTreeSet<u32> = self.prestarted.pids().into_iter().collect();
         let jobs = self.jobs.lock().unwrap();
@@ -483,11 +490,9 @@ impl Workers {
         coordinators: &Coordinators,
     ) -> Result<Launch, String> {
         let spec = worker_command(&self.settings, &coordinators.url, a, p)?;
-        let dir = self.settings.work_dir.join("jobs").join(format!(
-            "{}-a{}",
-            sanitize(&a.job_id),
-            a.attempt
-        ));
+        let dir = self
+            .jobs_dir()
+            .join(format!("{}-a{}", job_folder(&a.job_id), a.attempt));
         std::fs::create_dir_all(&dir)
             .map_err(|e| format!("cannot create the working folder {}: {e}", dir.display()))?;
         let mut env = vec![(
@@ -628,8 +633,8 @@ fn deadline_instant(deadline_unix_ms: u64) -> Option<Instant> {
     Some(Instant::now() + Duration::from_millis(left))
 }
 
-/// Job ids name a folder: keep them to a safe alphabet.
-fn sanitize(s: &str) -> String {
+/// A job's id as the start of its folders' names: kept to a safe alphabet.
+pub fn job_folder(s: &str) -> String {
     s.chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {

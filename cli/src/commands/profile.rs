@@ -1,15 +1,18 @@
 //! `gpuctl profile JOB`: the operator profile of a job run with `--profile`
 //! (ddp, fsdp): every rank's top 10 operators by self CPU time, GPU time and
-//! memory, and where each rank's Chrome trace lies. `--trace DIR` copies the
-//! traces that this host can read (a local fleet, a shared file system) and
-//! says how to fetch the others, which stay on their node in the agent's
-//! folder of the job.
+//! memory, and where each rank's Chrome trace lies. `--trace DIR` fetches
+//! the traces through the coordinator from the agents whose nodes keep them
+//! (in the agent's folder of the job), whatever host the CLI runs on.
 
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use clap::Args;
+use futures::StreamExt;
 use serde_json::json;
+
+use gpuctl_core::units::format_bytes;
 
 use crate::client::Coordinator;
 use crate::exit::Exit;
@@ -30,7 +33,7 @@ pub struct ProfileArgs {
     /// Only this rank.
     #[arg(long)]
     pub rank: Option<u32>,
-    /// Copy each rank's Chrome trace into this folder (open them in https://ui.perfetto.dev).
+    /// Fetch each rank's Chrome trace from its node into this folder (open them in https://ui.perfetto.dev).
     #[arg(long, value_name = "DIR")]
     pub trace: Option<PathBuf>,
 }
@@ -53,9 +56,7 @@ pub async fn run(c: &mut Coordinator, a: &ProfileArgs, out: OutputFormat) -> Res
     if let Some(dir) = &a.trace {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("--trace: cannot create {}", dir.display()))?;
-        for (node, rank, _, p) in &all {
-            copied.push(copy_trace(node, *rank, &p.trace_path, dir));
-        }
+        copied = fetch_all(c, &a.job, &all, dir).await;
     }
     match out {
         OutputFormat::Json => {
@@ -86,36 +87,169 @@ pub async fn run(c: &mut Coordinator, a: &ProfileArgs, out: OutputFormat) -> Res
             output::print_text(&text);
         }
     }
-    let mut missing = false;
-    for c in &copied {
-        match c {
-            Ok(p) => eprintln!("copied {}", p.display()),
-            Err(e) => {
-                missing = true;
-                eprintln!("{e}");
-            }
-        }
-    }
+    let missing = copied.iter().any(|c| c.is_err());
     Ok(Exit::failed_if(missing))
 }
 
-/// Copies one rank's trace into `dir` when this host can read it; otherwise
-/// says how to fetch it from its node.
-fn copy_trace(node: &str, rank: u32, path: &str, dir: &Path) -> Result<PathBuf, String> {
+/// Traces fetched at once: each is one stream on the one connection, and
+/// the agent reads two pieces at a time however many ask.
+const FETCHES_AT_ONCE: usize = 4;
+
+/// Fetches every rank's trace through the coordinator into `dir`, saying
+/// on stderr how each went as it ends.
+async fn fetch_all(
+    c: &Coordinator,
+    job: &str,
+    all: &[(&str, u32, String, &gpuctl_core::pb::OperatorProfile)],
+    dir: &Path,
+) -> Vec<Result<PathBuf, String>> {
+    let n = all.len();
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    futures::stream::iter(all)
+        .map(|(node, rank, _, p)| {
+            let done = &done;
+            async move {
+                let r = fetch(c, job, *rank, &p.trace_path, dir).await;
+                let k = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                let r = r.map_err(|e| {
+                    let e = if e.contains(&format!("rank {rank} "))
+                        || e.contains(&format!("rank {rank}:"))
+                    {
+                        e
+                    } else {
+                        format!("rank {rank} on {node}: {e}")
+                    };
+                    if p.trace_path.is_empty() {
+                        e
+                    } else {
+                        format!(
+                            "{e}; fetch it with: scp {node}:{} {}",
+                            p.trace_path,
+                            dir.display()
+                        )
+                    }
+                });
+                match &r {
+                    Ok(f) => eprintln!(
+                        "[{k}/{n}] rank {rank} on {node}: {} ({} over the wire) in {:.1} s -> {}",
+                        format_bytes(f.bytes),
+                        format_bytes(f.wire),
+                        f.secs,
+                        f.to.display()
+                    ),
+                    Err(e) => eprintln!("[{k}/{n}] {e}"),
+                }
+                r.map(|f| f.to)
+            }
+        })
+        .buffered(FETCHES_AT_ONCE)
+        .collect()
+        .await
+}
+
+struct Fetched {
+    to: PathBuf,
+    bytes: u64,
+    wire: u64,
+    secs: f64,
+}
+
+/// One rank's trace into `dir`, under its name on its node: written to a
+/// hidden part file and renamed once whole, so a file of that name is a
+/// whole trace.
+async fn fetch(
+    c: &Coordinator,
+    job: &str,
+    rank: u32,
+    path: &str,
+    dir: &Path,
+) -> Result<Fetched, String> {
     if path.is_empty() {
         return Err(format!("rank {rank}: no trace was written"));
     }
-    let src = Path::new(path);
-    let name = src
+    let name = Path::new(path)
         .file_name()
-        .map(|n| n.to_os_string())
-        .unwrap_or_else(|| format!("profile-rank{rank}.json").into());
-    let dst = dir.join(name);
-    match std::fs::copy(src, &dst) {
-        Ok(_) => Ok(dst),
-        Err(e) => Err(format!(
-            "rank {rank}: {path} is on {node} and not readable here ({e}); fetch it with: scp {node}:{path} {}",
-            dir.display()
-        )),
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| format!("profile-rank{rank}.json"));
+    let to = dir.join(&name);
+    let part = dir.join(format!(".{name}.part"));
+    let t0 = std::time::Instant::now();
+    let r = receive(c, job, rank, path, &part).await;
+    let r = r.and_then(|(bytes, wire)| {
+        std::fs::rename(&part, &to).map_err(|e| format!("{}: {e}", to.display()))?;
+        Ok((bytes, wire))
+    });
+    match r {
+        Ok((bytes, wire)) => Ok(Fetched {
+            to,
+            bytes,
+            wire,
+            secs: t0.elapsed().as_secs_f64(),
+        }),
+        Err(e) => {
+            let _ = std::fs::remove_file(&part);
+            Err(e)
+        }
+    }
+}
+
+/// Writes the pieces into `part` in order; the trace's bytes and the
+/// compressed bytes received.
+async fn receive(
+    c: &Coordinator,
+    job: &str,
+    rank: u32,
+    path: &str,
+    part: &Path,
+) -> Result<(u64, u64), String> {
+    let req = gpuctl_core::pb::GetTraceRequest {
+        job_id: job.to_string(),
+        rank,
+        path: path.to_string(),
+        chunk_bytes: 0,
+    };
+    let mut stream = c.trace(req).await.map_err(|s| s.message().to_string())?;
+    let mut file = std::fs::File::create(part).map_err(|e| format!("{}: {e}", part.display()))?;
+    let (mut written, mut wire) = (0u64, 0u64);
+    loop {
+        let piece = match stream.message().await {
+            Ok(Some(p)) => p,
+            Ok(None) => {
+                return Err(format!(
+                    "the coordinator ended the fetch at {written} bytes, before the end"
+                ))
+            }
+            Err(s) => return Err(s.message().to_string()),
+        };
+        if piece.offset != written {
+            return Err(format!(
+                "a piece came for offset {} after {written} bytes",
+                piece.offset
+            ));
+        }
+        let mut raw = Vec::with_capacity(piece.raw_bytes as usize);
+        flate2::read::GzDecoder::new(&piece.gzip[..])
+            .read_to_end(&mut raw)
+            .map_err(|e| format!("a piece at offset {written} does not decompress: {e}"))?;
+        if raw.len() != piece.raw_bytes as usize {
+            return Err(format!(
+                "a piece at offset {written} holds {} bytes, not the {} it says",
+                raw.len(),
+                piece.raw_bytes
+            ));
+        }
+        file.write_all(&raw)
+            .map_err(|e| format!("{}: {e}", part.display()))?;
+        written += raw.len() as u64;
+        wire += piece.gzip.len() as u64;
+        if piece.eof {
+            if written != piece.total_bytes {
+                return Err(format!(
+                    "got {written} bytes of a {}-byte trace",
+                    piece.total_bytes
+                ));
+            }
+            return Ok((written, wire));
+        }
     }
 }

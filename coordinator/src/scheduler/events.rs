@@ -381,6 +381,12 @@ pub enum Query {
         id: String,
         reply: Reply<Result<Suite, CoordinatorError>>,
     },
+    /// The session of a node, to send it requests that need no scheduling
+    /// (`GetTrace`'s pieces); `None` while it has none.
+    Session {
+        node: String,
+        reply: Reply<Option<SessionTx>>,
+    },
     /// `gpuctl plan`: what a submit would do.
     Plan {
         spec: JobSpec,
@@ -400,6 +406,7 @@ impl Query {
             Query::GetReport { .. } => About::people("GetReport"),
             Query::Metrics { .. } => About::people("Metrics"),
             Query::GetSuite { .. } => About::people("GetSuite"),
+            Query::Session { .. } => About::people("Session"),
             Query::Plan { .. } => About::people("Plan"),
         }
     }

@@ -43,6 +43,10 @@ impl Scheduler {
             Query::GetSuite { id, reply } => {
                 let _ = reply.send(self.suite(&id));
             }
+            Query::Session { node, reply } => {
+                let tx = self.nodes.get(&node).and_then(|n| n.session.as_ref());
+                let _ = reply.send(tx.map(|s| s.tx.clone()));
+            }
             Query::Plan {
                 spec,
                 max_ranks,

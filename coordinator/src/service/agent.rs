@@ -20,6 +20,7 @@ use tracing::warn;
 
 use super::auth::{PeerCerts, Security};
 use super::inbox::Inbox;
+use super::trace::Fetches;
 use crate::scheduler::{AgentEvent, Event, RankEvent, SchedulerHandle, SessionTx};
 
 /// Refuses an agent that speaks another protocol version, naming both.
@@ -40,6 +41,8 @@ pub struct AgentSvc {
     security: Security,
     /// Where sessions are read (`runtime::FleetRuntime`).
     fleet: Handle,
+    /// Pieces of traces go to the `GetTrace` call that asked for them.
+    fetches: Fetches,
 }
 
 impl AgentSvc {
@@ -48,6 +51,7 @@ impl AgentSvc {
         advertise_url: Option<String>,
         security: Security,
         fleet: Handle,
+        fetches: Fetches,
     ) -> Self {
         AgentSvc {
             sched,
@@ -55,6 +59,7 @@ impl AgentSvc {
             next_session: Arc::new(AtomicU64::new(1)),
             security,
             fleet,
+            fetches,
         }
     }
 }
@@ -120,6 +125,7 @@ impl AgentService for AgentSvc {
             tx,
             refuse,
             session,
+            self.fetches.clone(),
         ));
         let refusal = futures::stream::once(let_go(refusal, session)).filter_map(|r| r.map(Err));
         let stream = UnboundedReceiverStream::new(rx)
@@ -192,6 +198,7 @@ async fn run_session(
     tx: SessionTx,
     refuse: oneshot::Sender<Status>,
     session: u64,
+    fetches: Fetches,
 ) {
     // Boxed, as the end below: the task of each of thousands of sessions
     // lives as long as its agent, and was ~6 KB a session with the first
@@ -229,7 +236,7 @@ async fn run_session(
                         break;
                     }
                 };
-                if let Err(status) = read(&node, session, msg, &mut inbox) {
+                if let Err(status) = read(&node, session, msg, &mut inbox, &fetches) {
                     warn!(node = %node, "{}", status.message());
                     let _ = refuse.send(status);
                     break;
@@ -246,6 +253,7 @@ async fn run_session(
     }
     // A place in line it still waits for would hold a slot of the lane.
     drop(lane);
+    fetches.session_closed(&node);
     Box::pin(close(&sched, inbox, node, session, why)).await;
 }
 
@@ -261,7 +269,13 @@ async fn close(sched: &SchedulerHandle, mut inbox: Inbox, node: String, session:
 
 /// Puts one message of `node`'s session into `inbox`; a heartbeat of
 /// another protocol version ends the session.
-fn read(node: &str, session: u64, msg: AgentMessage, inbox: &mut Inbox) -> Result<(), Status> {
+fn read(
+    node: &str,
+    session: u64,
+    msg: AgentMessage,
+    inbox: &mut Inbox,
+    fetches: &Fetches,
+) -> Result<(), Status> {
     let node = node.to_string();
     let event: Event = match msg.msg {
         Some(Msg::Heartbeat(hb)) => {
@@ -271,6 +285,11 @@ fn read(node: &str, session: u64, msg: AgentMessage, inbox: &mut Inbox) -> Resul
         Some(Msg::WorkerExited(exited)) => RankEvent::WorkerExited { node, exited }.into(),
         Some(Msg::Log(log)) => RankEvent::WorkerLog { node, log }.into(),
         Some(Msg::Ack(ack)) => AgentEvent::AssignmentAck { node, ack }.into(),
+        // Not the scheduler's: it goes straight to the fetch that asked.
+        Some(Msg::TraceChunk(piece)) => {
+            fetches.answer(&node, piece);
+            return Ok(());
+        }
         Some(Msg::Telemetry(batch)) => {
             inbox.push_telemetry(&node, batch);
             return Ok(());

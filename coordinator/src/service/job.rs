@@ -1,9 +1,11 @@
-//! `JobService`: what the CLI calls. Logs are read from the store directly;
-//! everything else is answered by the scheduler. With `--tokens`, reads need
+//! `JobService`: what the CLI calls. Logs are read from the store directly,
+//! traces from the agents (`trace`); everything else is answered by the
+//! scheduler. With `--tokens`, reads need
 //! the `read` role and changes (submit, cancel, baselines, removing a node)
 //! the `operate` role.
 
 use gpuctl_core::pb::job_service_server::JobService;
+use gpuctl_core::pb::GetTraceRequest;
 use gpuctl_core::pb::{
     Baseline, CancelJobRequest, GetBaselineRequest, GetFleetRequest, GetFleetResponse,
     GetJobRequest, GetLogsRequest, GetLogsResponse, GetReportRequest, GetSuiteRequest,
@@ -18,6 +20,7 @@ use std::sync::Arc;
 
 use super::auth::{Role, Security};
 use super::baseline;
+use super::trace::{self, Fetches, TraceStream};
 use crate::error::CoordinatorError;
 use crate::history;
 use crate::judge::rules::PerfRules;
@@ -30,6 +33,9 @@ pub struct JobSvc {
     /// For the drift tolerance of `gpuctl fleet`.
     rules: Arc<PerfRules>,
     security: Security,
+    /// `GetTrace`'s requests to agents (shared with `AgentSvc`, which
+    /// receives the answers).
+    fetches: Fetches,
 }
 
 impl JobSvc {
@@ -38,12 +44,14 @@ impl JobSvc {
         store: StateStore,
         rules: Arc<PerfRules>,
         security: Security,
+        fetches: Fetches,
     ) -> Self {
         JobSvc {
             sched,
             store,
             rules,
             security,
+            fetches,
         }
     }
 }
@@ -114,6 +122,17 @@ impl JobService for JobSvc {
                 })
                 .await??,
         ))
+    }
+
+    type GetTraceStream = TraceStream;
+
+    async fn get_trace(
+        &self,
+        req: Request<GetTraceRequest>,
+    ) -> Result<Response<TraceStream>, Status> {
+        self.security.allow(&req, Role::Read)?;
+        let stream = trace::get_trace(&self.sched, &self.fetches, req.into_inner()).await?;
+        Ok(Response::new(stream))
     }
 
     async fn get_report(&self, req: Request<GetReportRequest>) -> Result<Response<Report>, Status> {

@@ -9,6 +9,7 @@ pub mod baseline;
 pub mod gate;
 pub mod inbox;
 pub mod job;
+pub mod trace;
 pub mod worker;
 
 use tonic::Status;
