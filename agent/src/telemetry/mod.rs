@@ -48,6 +48,9 @@ pub struct GpuReading {
     pub mem_clock_mhz: Option<u32>,
     /// NVML's clock event (throttle) reasons bitmask.
     pub throttle_reasons: Option<u64>,
+    /// NVML's clock-event counters (ns since the driver loaded): software
+    /// thermal, hardware thermal and power-brake slowdown.
+    pub slowdown_ns: [Option<u64>; 3],
     /// Volatile ECC totals (since the driver loaded).
     pub ecc_corrected: Option<u64>,
     pub ecc_uncorrected: Option<u64>,
@@ -115,6 +118,9 @@ impl GpuReading {
             sm_clock_max_mhz: self.sm_clock_max_mhz.unwrap_or(0),
             mem_clock_mhz: self.mem_clock_mhz.unwrap_or(0),
             throttle_reasons: self.throttle_reasons.unwrap_or(0),
+            sw_thermal_slowdown_ns: self.slowdown_ns[0],
+            hw_thermal_slowdown_ns: self.slowdown_ns[1],
+            power_brake_slowdown_ns: self.slowdown_ns[2],
             ecc_corrected: self.ecc_corrected.unwrap_or(0),
             ecc_uncorrected: self.ecc_uncorrected.unwrap_or(0),
             retired_pages: retired,

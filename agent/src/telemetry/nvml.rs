@@ -41,6 +41,7 @@ pub fn read_gpu(nvml: &Nvml, index: u32) -> GpuReading {
     r.sm_clock_max_mhz = d.max_clock_info(Clock::SM).ok();
     r.mem_clock_mhz = d.clock_info(Clock::Memory).ok();
     r.throttle_reasons = throttle_reasons_raw(nvml, &d);
+    r.slowdown_ns = slowdown_ns(&d);
     r.ecc_corrected = d
         .total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
         .ok();
@@ -121,6 +122,32 @@ pub fn nvlinks(d: &Device) -> NvLinks {
         out.recovery = link.error_counter(ErrorCounter::DlRecovery).ok();
     }
     n
+}
+
+/// NVML's clock-event counters, in the order of `GpuReading::slowdown_ns`.
+/// The field ids moved between NVML releases; nvml-wrapper maps its ids to
+/// the driver's.
+fn slowdown_ns(d: &Device) -> [Option<u64>; 3] {
+    use nvml_wrapper::enums::device::SampleValue;
+    use nvml_wrapper::structs::device::FieldId;
+    use nvml_wrapper::sys_exports::field_id::{
+        NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN as BRAKE,
+        NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN as HW,
+        NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN as SW,
+    };
+    let mut out = [None; 3];
+    let Ok(values) = d.field_values_for(&[FieldId(SW), FieldId(HW), FieldId(BRAKE)]) else {
+        return out;
+    };
+    for (slot, v) in out.iter_mut().zip(values) {
+        *slot = match v.map(|s| s.value) {
+            Ok(Ok(SampleValue::U64(n))) => Some(n),
+            Ok(Ok(SampleValue::I64(n))) if n >= 0 => Some(n as u64),
+            Ok(Ok(SampleValue::U32(n))) => Some(n as u64),
+            _ => None,
+        };
+    }
+    out
 }
 
 /// `nvmlDeviceGetCurrentClocksThrottleReasons` through the raw library, so

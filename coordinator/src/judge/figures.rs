@@ -18,6 +18,10 @@ use gpuctl_core::stats::median;
 pub enum Metric {
     /// Median GEMM TFLOP/s over the run.
     StressTflops,
+    /// The same with an all_reduce running beside the GEMMs (`stress
+    /// --with-comm`): how the two interleave moves it far more from rank to
+    /// rank, so it is judged by its own ratios.
+    StressTflopsComm,
     /// The slowest sampling interval's TFLOP/s.
     StressTflopsWorst,
     /// nccl-tests' bus bandwidth of one op at one size.
@@ -49,8 +53,9 @@ pub enum Metric {
 }
 
 impl Metric {
-    pub const ALL: [Metric; 12] = [
+    pub const ALL: [Metric; 13] = [
         Metric::StressTflops,
+        Metric::StressTflopsComm,
         Metric::StressTflopsWorst,
         Metric::Busbw,
         Metric::SamplesPerS,
@@ -64,10 +69,25 @@ impl Metric {
         Metric::LoaderSamplesPerS,
     ];
 
+    /// A stress run's median TFLOP/s, by whether an all_reduce ran beside it.
+    pub fn stress(with_comm: bool) -> Metric {
+        if with_comm {
+            Metric::StressTflopsComm
+        } else {
+            Metric::StressTflops
+        }
+    }
+
+    /// Both: what `gpuctl fleet` shows as a GPU's TFLOP/s.
+    pub fn is_stress_median(self) -> bool {
+        matches!(self, Metric::StressTflops | Metric::StressTflopsComm)
+    }
+
     /// The name in rules files, findings and baselines.
     pub fn name(self) -> &'static str {
         match self {
             Metric::StressTflops => "stress_tflops",
+            Metric::StressTflopsComm => "stress_tflops_comm",
             Metric::StressTflopsWorst => "stress_tflops_worst",
             Metric::Busbw => "busbw",
             Metric::SamplesPerS => "samples_per_s",
@@ -88,7 +108,9 @@ impl Metric {
 
     pub fn unit(self) -> &'static str {
         match self {
-            Metric::StressTflops | Metric::StressTflopsWorst => "TFLOP/s",
+            Metric::StressTflops | Metric::StressTflopsComm | Metric::StressTflopsWorst => {
+                "TFLOP/s"
+            }
             Metric::Busbw | Metric::H2dGbps | Metric::D2hGbps | Metric::P2pGbps => "GB/s",
             Metric::SamplesPerS | Metric::SoloSamplesPerS | Metric::LoaderSamplesPerS => {
                 "samples/s"
@@ -108,6 +130,7 @@ impl Metric {
         matches!(
             self,
             Metric::StressTflops
+                | Metric::StressTflopsComm
                 | Metric::StressTflopsWorst
                 | Metric::SoloSamplesPerS
                 | Metric::MaxBatch
@@ -309,7 +332,7 @@ pub fn rank_figures(workload: &str, r: &RankResult) -> Vec<Figure> {
         Some(Detail::Stress(s)) if !s.tflops_per_interval.is_empty() => {
             let key = stress_key(&s.dtype, s.matrix_size as u64, s.with_comm);
             vec![
-                fig(Metric::StressTflops, key.clone(), s.tflops_median),
+                fig(Metric::stress(s.with_comm), key.clone(), s.tflops_median),
                 fig(
                     Metric::StressTflopsWorst,
                     key,
@@ -414,7 +437,7 @@ pub fn expected(spec: &JobSpec, gpu: bool, world_size: u32) -> Expected {
     match params {
         TypedParams::Stress(s) => {
             let key = stress_key(&s.precision, s.size, s.with_comm);
-            out.insert((Metric::StressTflops, key.clone()));
+            out.insert((Metric::stress(s.with_comm), key.clone()));
             out.insert((Metric::StressTflopsWorst, key));
         }
         // Pairs and bisect measure links and groups, judged against each

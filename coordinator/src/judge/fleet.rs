@@ -156,13 +156,9 @@ fn gpu_rows(rs: &[&NodeRun]) -> Vec<GpuRow> {
             }
         }
     }
-    if let Some(r) = last_of(rs, Metric::StressTflops.name()) {
+    if let Some(r) = last_stress(rs) {
         let mut per: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-        for f in r
-            .figures
-            .iter()
-            .filter(|f| f.metric == Metric::StressTflops.name())
-        {
+        for f in r.figures.iter().filter(|f| is_stress_median(&f.metric)) {
             if let Some(d) = device_of(f) {
                 per.entry(d).or_default().push(f.value);
             }
@@ -223,6 +219,20 @@ fn drift(runs: &[&NodeRun], tolerance: f64) -> Vec<Drift> {
     out
 }
 
+/// A stress run's median TFLOP/s, with an all_reduce beside it or not.
+fn is_stress_median(metric: &str) -> bool {
+    Metric::from_name(metric).is_some_and(Metric::is_stress_median)
+}
+
+/// The last run with a stress median (plain, or with an all_reduce as the
+/// standard suite runs it).
+fn last_stress<'a>(runs: &[&'a NodeRun]) -> Option<&'a NodeRun> {
+    runs.iter()
+        .rev()
+        .find(|r| r.figures.iter().any(|f| is_stress_median(&f.metric)))
+        .copied()
+}
+
 fn last_of<'a>(runs: &[&'a NodeRun], metric: &str) -> Option<&'a NodeRun> {
     runs.iter()
         .rev()
@@ -251,11 +261,11 @@ pub fn rows(runs: &[NodeRun], tolerance: f64) -> Vec<FleetRow> {
                 gpus: gpu_rows(&rs),
                 ..Default::default()
             };
-            if let Some(r) = last_of(&rs, Metric::StressTflops.name()) {
+            if let Some(r) = last_stress(&rs) {
                 let mut v: Vec<f64> = r
                     .figures
                     .iter()
-                    .filter(|f| f.metric == Metric::StressTflops.name())
+                    .filter(|f| is_stress_median(&f.metric))
                     .map(|f| f.value)
                     .collect();
                 row.stress_tflops_worst = v.iter().copied().fold(f64::INFINITY, f64::min);

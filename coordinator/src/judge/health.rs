@@ -93,8 +93,13 @@ pub struct HealthRules {
     pub nvlink_replay: Level,
     pub nvlink_recovery_limit: u64,
     pub nvlink_recovery: Level,
-    /// Share of loaded samples with a slowdown reason set before it fires.
+    /// Share of the loaded time a slowdown held the clocks down before it
+    /// fires: timed by NVML's clock-event counters where the driver keeps
+    /// them, else counted in loaded samples with the reason set.
     pub throttle_min_share: f64,
+    /// Where counted in samples, at least this many: one sample is one look
+    /// a second apart, not a slowdown's length.
+    pub throttle_min_samples: u32,
     pub hw_slowdown: Level,
     pub hw_thermal_slowdown: Level,
     pub sw_thermal_slowdown: Level,
@@ -150,6 +155,7 @@ impl Default for HealthRules {
             nvlink_recovery_limit: 0,
             nvlink_recovery: Level::Fail,
             throttle_min_share: 0.05,
+            throttle_min_samples: 2,
             hw_slowdown: Level::Fail,
             hw_thermal_slowdown: Level::Fail,
             sw_thermal_slowdown: Level::Warn,
@@ -398,29 +404,58 @@ impl HealthRules {
                 );
             }
         }
-        for (bit, level, name) in [
-            (HW_SLOWDOWN, self.hw_slowdown, "hardware slowdown"),
+        let (first, last) = (
+            t.first.clone().unwrap_or_default(),
+            t.last.clone().unwrap_or_default(),
+        );
+        let timed = |c: fn(&Counters) -> Option<u64>| Some(c(&last)?.saturating_sub(c(&first)?));
+        let loaded_ms = loaded_ms(t);
+        for (bit, level, name, ns) in [
+            (HW_SLOWDOWN, self.hw_slowdown, "hardware slowdown", None),
             (
                 HW_THERMAL,
                 self.hw_thermal_slowdown,
                 "hardware thermal slowdown",
+                timed(|c| c.hw_thermal_ns),
             ),
             (
                 SW_THERMAL,
                 self.sw_thermal_slowdown,
                 "software thermal slowdown",
+                timed(|c| c.sw_thermal_ns),
             ),
-            (HW_POWER_BRAKE, self.hw_power_brake, "power brake slowdown"),
+            (
+                HW_POWER_BRAKE,
+                self.hw_power_brake,
+                "power brake slowdown",
+                timed(|c| c.power_brake_ns),
+            ),
         ] {
+            if let Some(ns) = ns {
+                let share = ns as f64 / 1e6 / loaded_ms;
+                if ns > 0 && loaded_ms > 0.0 && share >= self.throttle_min_share {
+                    fire(
+                        level,
+                        "throttle",
+                        format!(
+                            "{name} for {:.1} s, {:.0} % of the loaded time (NVML's clock-event counter): check cooling and power delivery",
+                            ns as f64 / 1e9,
+                            share.min(1.0) * 100.0
+                        ),
+                    );
+                }
+                continue;
+            }
             let hits = t.throttle_loaded.get(bit as usize).copied().unwrap_or(0);
-            if t.loaded > 0 && hits > 0 {
+            if t.loaded > 0 && hits >= self.throttle_min_samples.max(1) {
                 let share = hits as f64 / t.loaded as f64;
                 if share >= self.throttle_min_share {
                     fire(
                         level,
                         "throttle",
                         format!(
-                            "{name} in {:.0} % of loaded samples: check cooling and power delivery",
+                            "{name} in {hits} of {} loaded samples ({:.0} %): check cooling and power delivery",
+                            t.loaded,
                             share * 100.0
                         ),
                     );
@@ -523,6 +558,16 @@ impl HealthRules {
 
 /// The minutes a bucket's rates are taken over: at least one, so a short
 /// run's one replay is not a storm.
+/// The time the GPU was loaded, from its loaded samples and the series'
+/// mean spacing between samples.
+fn loaded_ms(t: &Bucket) -> f64 {
+    if t.n < 2 {
+        return 0.0;
+    }
+    let spacing = t.end_ms.saturating_sub(t.start_ms) as f64 / (t.n - 1) as f64;
+    t.loaded as f64 * spacing
+}
+
 pub fn rate_minutes(t: &Bucket) -> f64 {
     (t.end_ms.saturating_sub(t.start_ms) as f64 / 60_000.0).max(1.0)
 }
@@ -654,6 +699,51 @@ mod tests {
             last: Some(Counters::default()),
             ..Default::default()
         }
+    }
+
+    /// A 15-second stress on a healthy H100 (2026-11-27): one loaded sample
+    /// of 14 showed the hardware thermal bit. One look is not a slowdown's
+    /// length: it fails only from two samples on, or from NVML's counter.
+    #[test]
+    fn a_slowdown_is_timed_by_the_counters_or_needs_two_samples() {
+        let r = HealthRules::default();
+        let mut t = loaded(14);
+        t.end_ms = 13_000;
+        t.throttle_loaded[HW_SLOWDOWN as usize] = 1;
+        t.throttle_loaded[HW_THERMAL as usize] = 1;
+        assert!(rules_of(&r, &t).is_empty(), "{:?}", r.evaluate(&t));
+        t.throttle_loaded[HW_THERMAL as usize] = 2;
+        let f = r.evaluate(&t);
+        assert_eq!(rules_of(&r, &t), vec![(Level::Fail, "throttle")]);
+        assert!(
+            f[0].detail.contains("in 2 of 14 loaded samples"),
+            "{}",
+            f[0].detail
+        );
+
+        // The counters, where read, decide for their causes: 0.3 s of 14 s
+        // held down is 2 %, under the 5 % share, whatever the bits say.
+        t.first.as_mut().unwrap().hw_thermal_ns = Some(5_000_000_000);
+        t.last.as_mut().unwrap().hw_thermal_ns = Some(5_300_000_000);
+        assert!(rules_of(&r, &t).is_empty(), "{:?}", r.evaluate(&t));
+        // 2 s of 14 s is 14 %: fails, timed.
+        t.last.as_mut().unwrap().hw_thermal_ns = Some(7_000_000_000);
+        let f = r.evaluate(&t);
+        assert_eq!(rules_of(&r, &t), vec![(Level::Fail, "throttle")]);
+        assert!(
+            f[0].detail
+                .contains("for 2.0 s, 14 % of the loaded time (NVML's clock-event counter)"),
+            "{}",
+            f[0].detail
+        );
+        // Software thermal timed by its own counter warns; no bit needed.
+        t.last.as_mut().unwrap().hw_thermal_ns = Some(5_000_000_000);
+        t.first.as_mut().unwrap().sw_thermal_ns = Some(0);
+        t.last.as_mut().unwrap().sw_thermal_ns = Some(3_000_000_000);
+        assert_eq!(rules_of(&r, &t), vec![(Level::Warn, "throttle")]);
+        // A counter read at one end only is not a time: the bits decide.
+        t.first.as_mut().unwrap().sw_thermal_ns = None;
+        assert!(rules_of(&r, &t).is_empty(), "{:?}", r.evaluate(&t));
     }
 
     fn rules_of(r: &HealthRules, t: &Bucket) -> Vec<(Level, &'static str)> {

@@ -604,6 +604,49 @@ mod tests {
     /// What the README's local fleet saw: 8 CPU ranks on 2 cores, two of
     /// them at 0.89x of the median. A CPU rank that far under passes, one
     /// as slow as a CPU quota makes it fails, and a GPU that far under fails.
+    /// The with-comm spread measured on healthy H100s (0.896x at worst)
+    /// passes its own rule from the built-in rules; the same spread of
+    /// plain stress fails, and a with-comm rank far off still fails.
+    #[test]
+    fn stress_beside_an_all_reduce_is_judged_by_its_own_ratios() {
+        let rules = PerfRules::default()
+            .overlay(crate::judge::rules::BUILTIN)
+            .unwrap();
+        let levels = |metric: Metric, values: [f64; 4]| {
+            let ranks: Vec<_> = values
+                .iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    let mut r = rank(i as u32, "n0", *v);
+                    r.figures[0].metric = metric;
+                    r
+                })
+                .collect();
+            let j = judge(
+                &ranks,
+                &JobFigures::default(),
+                &Expected::new(),
+                &rules,
+                None,
+            );
+            j.findings
+                .iter()
+                .map(|f| (f.rank.unwrap(), f.level()))
+                .collect::<Vec<_>>()
+        };
+        let healthy = [524.0, 584.0, 596.0, 585.0];
+        assert_eq!(levels(Metric::StressTflopsComm, healthy), []);
+        assert_eq!(levels(Metric::StressTflops, healthy), [(0, Verdict::Fail)]);
+        assert_eq!(
+            levels(Metric::StressTflopsComm, [480.0, 584.0, 596.0, 585.0]),
+            [(0, Verdict::Warn)]
+        );
+        assert_eq!(
+            levels(Metric::StressTflopsComm, [450.0, 584.0, 596.0, 585.0]),
+            [(0, Verdict::Fail)]
+        );
+    }
+
     #[test]
     fn cpu_ranks_have_their_own_fleet_ratios() {
         let cpu = |mut r: RankFigures| {

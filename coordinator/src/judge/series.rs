@@ -70,6 +70,13 @@ pub struct Counters {
     pub nvlink_replay: u64,
     #[prost(uint64, tag = "9")]
     pub nvlink_recovery: u64,
+    /// NVML's clock-event counters, ns (GpuSample); `None` where unread.
+    #[prost(uint64, optional, tag = "10")]
+    pub sw_thermal_ns: Option<u64>,
+    #[prost(uint64, optional, tag = "11")]
+    pub hw_thermal_ns: Option<u64>,
+    #[prost(uint64, optional, tag = "12")]
+    pub power_brake_ns: Option<u64>,
 }
 
 /// One time bucket of one GPU. Coordinator-private (stored under
@@ -204,6 +211,9 @@ fn counters(s: &GpuSample) -> Counters {
         nvlink_crc_data: s.nvlink_crc_data,
         nvlink_replay: s.nvlink_replay,
         nvlink_recovery: s.nvlink_recovery,
+        sw_thermal_ns: s.sw_thermal_slowdown_ns,
+        hw_thermal_ns: s.hw_thermal_slowdown_ns,
+        power_brake_ns: s.power_brake_slowdown_ns,
     }
 }
 
