@@ -446,6 +446,10 @@ pub fn gpu_telemetry(t: &pb::GpuTelemetrySummary) -> Value {
         "nvlink_down_samples": t.nvlink_down_samples,
         "measured_samples": t.measured_samples,
         "measured_util_low_share": t.measured_util_low_share,
+        // null where the driver keeps no clock-event counters.
+        "sw_thermal_slowdown_s": t.sw_thermal_slowdown_s,
+        "hw_thermal_slowdown_s": t.hw_thermal_slowdown_s,
+        "power_brake_slowdown_s": t.power_brake_slowdown_s,
         "xids": t.xids,
     })
 }

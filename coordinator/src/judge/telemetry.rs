@@ -301,6 +301,8 @@ fn summary(
     let first = t.first.clone().unwrap_or_default();
     let last = t.last.clone().unwrap_or_default();
     let delta = |f: fn(&Counters) -> u64| f(&last).saturating_sub(f(&first));
+    let seconds =
+        |f: fn(&Counters) -> Option<u64>| Some(f(&last)?.saturating_sub(f(&first)?) as f64 / 1e9);
     let s = GpuTelemetrySummary {
         node: g.node.clone(),
         index: g.index,
@@ -329,6 +331,9 @@ fn summary(
         nvlink_replay_delta: delta(|c| c.nvlink_replay),
         nvlink_recovery_delta: delta(|c| c.nvlink_recovery),
         nvlink_down_samples: t.nvlink_down_n,
+        sw_thermal_slowdown_s: seconds(|c| c.sw_thermal_ns),
+        hw_thermal_slowdown_s: seconds(|c| c.hw_thermal_ns),
+        power_brake_slowdown_s: seconds(|c| c.power_brake_ns),
         measured_samples: measured.map_or(0, |m| m.n),
         measured_util_low_share: measured
             .filter(|m| m.n > 0)
