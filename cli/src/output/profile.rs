@@ -83,7 +83,7 @@ pub fn rank_text(node: &str, rank: u32, model: &str, p: &pb::OperatorProfile) ->
     }
     if !p.trace_path.is_empty() {
         s.push_str(&format!(
-            "trace: {node}:{} ({}; `gpuctl profile JOB --trace DIR` copies it; open in https://ui.perfetto.dev)\n",
+            "trace: {node}:{} ({}; `gpuctl profile JOB --trace DIR` fetches it; open in https://ui.perfetto.dev)\n",
             p.trace_path,
             format_bytes(p.trace_bytes)
         ));
