@@ -2,8 +2,11 @@
 # Acceptance suites on one GPU host. `quick`: two agents, each owning one GPU
 # with its own NCCL_HOSTID (two "nodes" whose NCCL traffic takes the network
 # path, as between hosts, so the pairs stage has a pair). `standard`: one
-# agent owning every GPU (one node: the pairs stage is skipped).
-# Usage: bench/accept.sh LEVEL OUTDIR   (GPUCTL_BIN, GPUCTL_SP)
+# agent owning every GPU (one node: the pairs stage is skipped). SUITE=FILE
+# runs that suite file instead of the level on the one agent (LEVEL names
+# the output files), e.g. SUITE=bench/standard-short.toml bench/accept.sh
+# standard-short OUT: the standard suite's stages in ~7 minutes.
+# Usage: bench/accept.sh LEVEL OUTDIR   (GPUCTL_BIN, GPUCTL_SP, SUITE)
 set -u
 LEVEL=${1:-quick}; OUT=${2:-/tmp/gpuctl-accept}; mkdir -p "$OUT"
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -33,7 +36,8 @@ trap 'kill $PIDS 2>/dev/null; wait 2>/dev/null' EXIT
 for _ in $(seq 1 120); do [ "$("$B/gpuctl" nodes 2>/dev/null | grep -c ready)" = $N ] && break; sleep 0.5; done
 "$B/gpuctl" nodes > "$OUT/nodes.txt" 2>&1
 start=$(date +%s)
-"$B/gpuctl" accept --nodes all --level "$LEVEL" -o json > "$OUT/$LEVEL.json" 2> "$OUT/$LEVEL.err"
+if [ -n "${SUITE:-}" ]; then WHICH=(--suite "$SUITE"); else WHICH=(--level "$LEVEL"); fi
+"$B/gpuctl" accept --nodes all "${WHICH[@]}" -o json > "$OUT/$LEVEL.json" 2> "$OUT/$LEVEL.err"
 rc=$?
 echo "$LEVEL rc=$rc in $(( $(date +%s) - start )) s" | tee "$OUT/summary.txt"
 id=$(grep -o '"suite": *"[^"]*"' "$OUT/$LEVEL.json" | head -1 | cut -d'"' -f4)
