@@ -97,8 +97,13 @@ pub fn gather(root: &HostRoot) -> HostFacts {
     } else {
         Vec::new()
     };
+    let boot_id = root
+        .read("proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default();
     HostFacts {
         hostname,
+        boot_id,
         addresses,
         cpu_count,
         memory_total_bytes: root
