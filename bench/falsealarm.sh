@@ -7,7 +7,9 @@
 #                                   stress, stress --with-comm, the nccl sweep, ddp,
 #                                   fsdp, maxbatch and p2p (JOBS picks some; `p2phog`
 #                                   is a fault: p2p while another process copies
-#                                   GPU 2 -> GPU 3 without pause)
+#                                   GPU 2 -> GPU 3 without pause; `cotenant-comm` one too:
+#                                   stress --with-comm while another process runs GEMMs
+#                                   on the last GPU)
 #   bench/falsealarm.sh split OUT   one agent per GPU, each with its own NCCL_HOSTID
 #                                   (NCCL takes its socket path between them, as between
 #                                   hosts): REPEATS rounds of `accept --level quick`
@@ -98,6 +100,17 @@ for st in s["stages"]:
 PY
 }
 started() { for _ in $(seq 1 120); do grep -q "$2" "$1" 2>/dev/null && return; sleep 0.5; done; }
+# Another process running bf16 GEMMs on the last GPU without pause; OTHER is its pid.
+cotenant() {
+  CUDA_VISIBLE_DEVICES=$LAST "$PY" -c '
+import torch
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16); b = torch.randn_like(a)
+print("busy", flush=True)
+while True:
+    for _ in range(50): a @ b
+    torch.cuda.synchronize()' > "$OUT/cotenant.txt" 2>&1 &
+  OTHER=$!; started "$OUT/cotenant.txt" busy
+}
 
 case "$MODE" in
 one)
@@ -112,6 +125,10 @@ one)
         fsdp) job "h$r-fsdp" 180 fsdp --nodes 1 --steps 20 ;;
         maxbatch) job "h$r-maxbatch" 180 maxbatch --nodes 1 --limit 512 ;;
         p2p) job "h$r-p2p" 120 p2p --nodes 1 ;;
+        cotenant-comm)
+          cotenant
+          job "f$r-cotenant-comm" 120 stress --nodes 1 --duration 15s --with-comm
+          kill "$OTHER"; wait "$OTHER" 2>/dev/null; OTHER="" ;;
         p2phog)
           "$PY" -c '
 import torch
@@ -136,14 +153,7 @@ faults)
   want() { case " $FAULTS " in *" $1 "*) return 0;; esac; return 1; }
   # A co-tenant's GEMMs on the last GPU.
   if want cotenant; then
-    CUDA_VISIBLE_DEVICES=$LAST "$PY" -c '
-import torch
-a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16); b = torch.randn_like(a)
-print("busy", flush=True)
-while True:
-    for _ in range(50): a @ b
-    torch.cuda.synchronize()' > "$OUT/cotenant.txt" 2>&1 &
-    OTHER=$!; started "$OUT/cotenant.txt" busy
+    cotenant
     job "f-cotenant" 120 stress --nodes all --duration 15s
     kill "$OTHER"; wait "$OTHER" 2>/dev/null; OTHER=""
   fi

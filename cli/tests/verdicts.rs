@@ -99,6 +99,42 @@ fn a_slow_node_fails_stress_and_ddp_against_the_fleet_and_the_others_pass() {
         ],
     );
     only_slow_node_fails(&r, &slow, "solo_samples_per_s", "fleet");
+
+    // Beside an all_reduce every rank goes at the slowest one's pace; the
+    // GEMMs alone first name the slow node, judged as plain stress.
+    let r = run_job(
+        &c,
+        &[
+            "stress",
+            "--nodes",
+            "4",
+            "--duration",
+            "14s",
+            "--with-comm",
+            "--rules",
+            &rules,
+        ],
+    );
+    only_slow_node_fails(&r, &slow, "stress_tflops", "fleet");
+    let plain = r["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["node"] == slow && f["metric"] == "stress_tflops")
+        .unwrap_or_else(|| panic!("{r:#}"));
+    assert_eq!(plain["key"], "fp32 256", "the phase alone: {plain:#}");
+    for n in r["nodes"].as_array().unwrap() {
+        for rank in n["ranks"].as_array().unwrap() {
+            let s = &rank["stress"];
+            assert_eq!(s["with_comm"], true, "{s:#}");
+            let alone = s["solo_tflops_per_interval"].as_array().unwrap().len();
+            let beside = s["tflops_per_interval"].as_array().unwrap().len();
+            assert!(
+                alone >= 5 && beside >= 5,
+                "{alone} alone, {beside} beside: {s:#}"
+            );
+        }
+    }
 }
 
 #[test]

@@ -188,6 +188,7 @@ pub async fn run(
             device_class: "NVIDIA H200 · torch 2.11.0+cu130 · nccl 2.28.3".into(),
             interval_s: job.interval.as_secs_f64(),
             with_comm: false,
+            ..Default::default()
         })),
         more_train: vec![],
         phases: marks,

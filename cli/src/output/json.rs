@@ -190,6 +190,10 @@ fn stress(s: &pb::StressResult) -> Value {
         "tflops_median": s.tflops_median,
         "tflops_max": s.tflops_max,
         "tflops_per_interval": s.tflops_per_interval,
+        "with_comm": s.with_comm,
+        // --with-comm: its first phase, the GEMMs alone (empty otherwise).
+        "solo_tflops_median": s.solo_tflops_median,
+        "solo_tflops_per_interval": s.solo_tflops_per_interval,
         "interval_s": s.interval_s,
         "digest": s.digest,
         "self_mismatches": s.self_mismatches,

@@ -303,6 +303,11 @@ pub fn train_results(r: &RankResult) -> impl Iterator<Item = &TrainResult> {
 /// How many sampling intervals a stress rank's TFLOP/s figures come from.
 pub fn intervals(r: &RankResult) -> u32 {
     match &r.detail {
+        Some(Detail::Stress(s)) if s.with_comm && !s.solo_tflops_per_interval.is_empty() => {
+            s.tflops_per_interval
+                .len()
+                .min(s.solo_tflops_per_interval.len()) as u32
+        }
         Some(Detail::Stress(s)) => s.tflops_per_interval.len() as u32,
         _ => 0,
     }
@@ -331,14 +336,30 @@ pub fn rank_figures(workload: &str, r: &RankResult) -> Vec<Figure> {
     match &r.detail {
         Some(Detail::Stress(s)) if !s.tflops_per_interval.is_empty() => {
             let key = stress_key(&s.dtype, s.matrix_size as u64, s.with_comm);
-            vec![
+            let mut v = vec![
                 fig(Metric::stress(s.with_comm), key.clone(), s.tflops_median),
                 fig(
                     Metric::StressTflopsWorst,
                     key,
                     slow_tenth(&s.tflops_per_interval),
                 ),
-            ]
+            ];
+            // The GEMMs alone before the all_reduce: the figures that name
+            // a slow GPU, judged as plain stress.
+            if s.with_comm && !s.solo_tflops_per_interval.is_empty() {
+                let plain = stress_key(&s.dtype, s.matrix_size as u64, false);
+                v.push(fig(
+                    Metric::StressTflops,
+                    plain.clone(),
+                    s.solo_tflops_median,
+                ));
+                v.push(fig(
+                    Metric::StressTflopsWorst,
+                    plain,
+                    slow_tenth(&s.solo_tflops_per_interval),
+                ));
+            }
+            v
         }
         Some(Detail::Train(_)) => train_results(r)
             .flat_map(|t| {
@@ -439,6 +460,12 @@ pub fn expected(spec: &JobSpec, gpu: bool, world_size: u32) -> Expected {
             let key = stress_key(&s.precision, s.size, s.with_comm);
             out.insert((Metric::stress(s.with_comm), key.clone()));
             out.insert((Metric::StressTflopsWorst, key));
+            if s.with_comm {
+                // Its GEMMs alone first (StressResult.solo_tflops_*).
+                let plain = stress_key(&s.precision, s.size, false);
+                out.insert((Metric::StressTflops, plain.clone()));
+                out.insert((Metric::StressTflopsWorst, plain));
+            }
         }
         // Pairs and bisect measure links and groups, judged against each
         // other (judge::links, judge::bisect), not a sweep.

@@ -158,7 +158,7 @@ fn gpu_rows(rs: &[&NodeRun]) -> Vec<GpuRow> {
     }
     if let Some(r) = last_stress(rs) {
         let mut per: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-        for f in r.figures.iter().filter(|f| is_stress_median(&f.metric)) {
+        for f in stress_medians(r) {
             if let Some(d) = device_of(f) {
                 per.entry(d).or_default().push(f.value);
             }
@@ -224,6 +224,24 @@ fn is_stress_median(metric: &str) -> bool {
     Metric::from_name(metric).is_some_and(Metric::is_stress_median)
 }
 
+/// The GPUs' TFLOP/s of a stress run: its GEMMs alone where it has them
+/// (plain stress, and the first phase of `--with-comm`), else beside the
+/// all_reduce (a run from before that phase).
+fn stress_medians(r: &NodeRun) -> Vec<&FigureRecord> {
+    let plain: Vec<_> = r
+        .figures
+        .iter()
+        .filter(|f| f.metric == Metric::StressTflops.name())
+        .collect();
+    if !plain.is_empty() {
+        return plain;
+    }
+    r.figures
+        .iter()
+        .filter(|f| is_stress_median(&f.metric))
+        .collect()
+}
+
 /// The last run with a stress median (plain, or with an all_reduce as the
 /// standard suite runs it).
 fn last_stress<'a>(runs: &[&'a NodeRun]) -> Option<&'a NodeRun> {
@@ -262,12 +280,7 @@ pub fn rows(runs: &[NodeRun], tolerance: f64) -> Vec<FleetRow> {
                 ..Default::default()
             };
             if let Some(r) = last_stress(&rs) {
-                let mut v: Vec<f64> = r
-                    .figures
-                    .iter()
-                    .filter(|f| is_stress_median(&f.metric))
-                    .map(|f| f.value)
-                    .collect();
+                let mut v: Vec<f64> = stress_medians(r).iter().map(|f| f.value).collect();
                 row.stress_tflops_worst = v.iter().copied().fold(f64::INFINITY, f64::min);
                 row.stress_tflops_median = median(std::mem::take(&mut v)).unwrap_or(0.0);
             }

@@ -647,6 +647,71 @@ mod tests {
         );
     }
 
+    /// As measured on 4 x H100 (2026-11-27): another process's GEMMs on GPU
+    /// 3 took all four ranks to 263-265 TFLOP/s beside the all_reduce, alike;
+    /// alone, GPU 3's GEMMs are the slow ones. The phase alone names it, and
+    /// only it.
+    #[test]
+    fn stress_with_comm_names_a_slow_gpu_by_its_gemms_alone() {
+        use crate::judge::figures::{intervals, rank_figures};
+        use gpuctl_core::pb::{rank_result::Detail, RankResult, StressResult};
+        let rules = PerfRules::default()
+            .overlay(crate::judge::rules::BUILTIN)
+            .unwrap();
+        let ranks: Vec<RankFigures> = [662.0, 668.0, 665.0, 301.0]
+            .iter()
+            .enumerate()
+            .map(|(i, alone)| {
+                let res = RankResult {
+                    detail: Some(Detail::Stress(StressResult {
+                        dtype: "bf16".into(),
+                        matrix_size: 8192,
+                        with_comm: true,
+                        tflops_per_interval: vec![264.0; 9],
+                        tflops_median: 264.0,
+                        solo_tflops_per_interval: vec![*alone; 6],
+                        solo_tflops_median: *alone,
+                        ..Default::default()
+                    })),
+                    ..Default::default()
+                };
+                let mut r = rank(i as u32, "n0", 0.0);
+                r.figures = rank_figures("stress", &res);
+                r.intervals = intervals(&res);
+                r
+            })
+            .collect();
+        assert_eq!(ranks[0].intervals, 6);
+        let j = judge(
+            &ranks,
+            &JobFigures::default(),
+            &Expected::new(),
+            &rules,
+            None,
+        );
+        let named: Vec<_> = j
+            .findings
+            .iter()
+            .map(|f| {
+                (
+                    f.rank.unwrap(),
+                    f.level(),
+                    f.metric.as_str(),
+                    f.key.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            named,
+            [
+                (3, Verdict::Fail, "stress_tflops", "bf16 8192"),
+                (3, Verdict::Fail, "stress_tflops_worst", "bf16 8192"),
+            ],
+            "{:#?}",
+            j.findings
+        );
+    }
+
     #[test]
     fn cpu_ranks_have_their_own_fleet_ratios() {
         let cpu = |mut r: RankFigures| {

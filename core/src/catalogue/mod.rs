@@ -214,7 +214,7 @@ pub const PARAMS: &[Param] = &[
     p("target_memory", Kind::Memory, "", DefaultValue::None,
       "GPU memory to fill first: GiB (20), size (20G) or fraction (0.8)", STRESS),
     p("with_comm", Kind::Bool, "", DefaultValue::Same("false"),
-      "keep an all_reduce running beside the GEMMs", STRESS),
+      "keep an all_reduce running beside the GEMMs (after a tenth of the run alone)", STRESS),
     p("check_every", int(1, 1 << 30), "products", DefaultValue::Same("10"),
       "compare the result digest every N products", STRESS),
     // nccl

@@ -76,9 +76,20 @@ pub(crate) fn ranks_grid(r: &pb::Report) -> Table {
     let k = kinds(r);
     let mut headers = vec!["RANK", "NODE", "LOCAL", "DEVICE", "DEVICE NAME", "VERDICT"];
     let mut right = vec![0, 2];
+    // --with-comm: the median of its first phase, the GEMMs alone, which
+    // is what names a slow GPU (beside the all_reduce all run alike).
+    let alone = k.stress
+        && r.nodes.iter().flat_map(|n| &n.ranks).any(|rank| {
+            matches!(rank.result.as_ref().and_then(|x| x.detail.as_ref()),
+                Some(Detail::Stress(s)) if !s.solo_tflops_per_interval.is_empty())
+        });
     if k.stress {
-        right.extend(headers.len()..headers.len() + 3);
-        headers.extend(["TFLOP/S MIN", "MEDIAN", "MAX", "DIGEST", "SDC"]);
+        right.extend(headers.len()..headers.len() + 3 + usize::from(alone));
+        headers.extend(["TFLOP/S MIN", "MEDIAN", "MAX"]);
+        if alone {
+            headers.push("ALONE");
+        }
+        headers.extend(["DIGEST", "SDC"]);
     }
     if k.train {
         right.extend(headers.len()..headers.len() + 4);
@@ -107,14 +118,25 @@ pub(crate) fn ranks_grid(r: &pb::Report) -> Table {
         ];
         if k.stress {
             match detail {
-                Some(Detail::Stress(s)) => row.extend([
-                    output::fmt_tflops(s.tflops_min),
-                    output::fmt_tflops(s.tflops_median),
-                    output::fmt_tflops(s.tflops_max),
-                    short_digest(&s.digest),
-                    sdc_cell(rank, s, res.is_some_and(|x| x.ok)),
-                ]),
-                _ => row.extend(std::iter::repeat_n("-".to_string(), 5)),
+                Some(Detail::Stress(s)) => {
+                    row.extend([
+                        output::fmt_tflops(s.tflops_min),
+                        output::fmt_tflops(s.tflops_median),
+                        output::fmt_tflops(s.tflops_max),
+                    ]);
+                    if alone {
+                        row.push(if s.solo_tflops_per_interval.is_empty() {
+                            "-".to_string()
+                        } else {
+                            output::fmt_tflops(s.solo_tflops_median)
+                        });
+                    }
+                    row.extend([
+                        short_digest(&s.digest),
+                        sdc_cell(rank, s, res.is_some_and(|x| x.ok)),
+                    ]);
+                }
+                _ => row.extend(std::iter::repeat_n("-".to_string(), 5 + usize::from(alone))),
             }
         }
         if k.train {
