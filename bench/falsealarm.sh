@@ -102,13 +102,7 @@ PY
 started() { for _ in $(seq 1 120); do grep -q "$2" "$1" 2>/dev/null && return; sleep 0.5; done; }
 # Another process running bf16 GEMMs on the last GPU without pause; OTHER is its pid.
 cotenant() {
-  CUDA_VISIBLE_DEVICES=$LAST "$PY" -c '
-import torch
-a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16); b = torch.randn_like(a)
-print("busy", flush=True)
-while True:
-    for _ in range(50): a @ b
-    torch.cuda.synchronize()' > "$OUT/cotenant.txt" 2>&1 &
+  CUDA_VISIBLE_DEVICES=$LAST "$PY" "$ROOT/bench/cotenant.py" > "$OUT/cotenant.txt" 2>&1 &
   OTHER=$!; started "$OUT/cotenant.txt" busy
 }
 

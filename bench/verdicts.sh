@@ -56,13 +56,7 @@ job healthy 180 stress --duration "$DUR"
 job nccl 300 nccl --ops all_reduce --min-bytes 64M --max-bytes 1G
 
 # 3. The last GPU shared with a process running GEMMs the whole time.
-CUDA_VISIBLE_DEVICES=$LAST "$PY" -c '
-import torch
-a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16); b = torch.randn_like(a)
-print("busy", flush=True)
-while True:
-    for _ in range(50): a @ b
-    torch.cuda.synchronize()' > "$OUTDIR/gemm.txt" 2>&1 &
+CUDA_VISIBLE_DEVICES=$LAST "$PY" "$ROOT/bench/cotenant.py" > "$OUTDIR/gemm.txt" 2>&1 &
 OTHER=$!
 for _ in $(seq 1 60); do grep -q busy "$OUTDIR/gemm.txt" && break; sleep 0.5; done
 job slowed 180 stress --duration "$DUR"

@@ -14,13 +14,12 @@ use std::path::{Path, PathBuf};
 
 use flate2::write::GzEncoder;
 use flate2::Compression;
+use gpuctl_core::limits::MAX_TRACE_PIECE;
 use gpuctl_core::pb::{FetchTrace, TraceChunk};
 use tokio::sync::Semaphore;
 
 use crate::workers::job_folder;
 
-/// The largest piece one request may ask for.
-pub const MAX_PIECE: u32 = 4 << 20;
 /// Pieces read and compressed at once: a fetch of every rank's trace must
 /// not take the host's cores from the workers or the heartbeats.
 static READERS: Semaphore = Semaphore::const_new(2);
@@ -88,7 +87,7 @@ fn piece(jobs_dir: &Path, req: &FetchTrace) -> Result<TraceChunk, String> {
             path.display()
         ));
     }
-    let want = req.max_bytes.clamp(1, MAX_PIECE) as u64;
+    let want = req.max_bytes.clamp(1, MAX_TRACE_PIECE) as u64;
     f.seek(SeekFrom::Start(req.offset)).map_err(read_err)?;
     let mut raw = Vec::with_capacity(want.min(total - req.offset) as usize);
     f.take(want).read_to_end(&mut raw).map_err(read_err)?;

@@ -33,6 +33,10 @@ pub const MAX_ADDRESS: usize = 256;
 /// A whole registration or heartbeat, whatever fields it carries (later ones
 /// too): the per-field bounds above keep a real one under a megabyte.
 pub const MAX_AGENT_MESSAGE: usize = 4 << 20;
+/// The largest piece of a trace one `FetchTrace` may ask an agent for
+/// (`gpuctl profile --trace`): the coordinator refuses more, the agent reads
+/// no more.
+pub const MAX_TRACE_PIECE: u32 = 4 << 20;
 /// Nodes the coordinator keeps by default (`gpuctl-coordinator --max-nodes`).
 pub const DEFAULT_MAX_NODES: usize = 65_536;
 /// A timed workload runs at most a week; a job's deadline is at most 30 days.

@@ -404,11 +404,7 @@ impl HealthRules {
                 );
             }
         }
-        let (first, last) = (
-            t.first.clone().unwrap_or_default(),
-            t.last.clone().unwrap_or_default(),
-        );
-        let timed = |c: fn(&Counters) -> Option<u64>| Some(c(&last)?.saturating_sub(c(&first)?));
+        let timed = |c| t.slowdown_ns(c);
         let loaded_ms = loaded_ms(t);
         for (bit, level, name, ns) in [
             (HW_SLOWDOWN, self.hw_slowdown, "hardware slowdown", None),

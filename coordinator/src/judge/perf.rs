@@ -609,9 +609,7 @@ mod tests {
     /// plain stress fails, and a with-comm rank far off still fails.
     #[test]
     fn stress_beside_an_all_reduce_is_judged_by_its_own_ratios() {
-        let rules = PerfRules::default()
-            .overlay(crate::judge::rules::BUILTIN)
-            .unwrap();
+        let rules = PerfRules::default();
         let levels = |metric: Metric, values: [f64; 4]| {
             let ranks: Vec<_> = values
                 .iter()
@@ -655,9 +653,7 @@ mod tests {
     fn stress_with_comm_names_a_slow_gpu_by_its_gemms_alone() {
         use crate::judge::figures::{intervals, rank_figures};
         use gpuctl_core::pb::{rank_result::Detail, RankResult, StressResult};
-        let rules = PerfRules::default()
-            .overlay(crate::judge::rules::BUILTIN)
-            .unwrap();
+        let rules = PerfRules::default();
         let ranks: Vec<RankFigures> = [662.0, 668.0, 665.0, 301.0]
             .iter()
             .enumerate()

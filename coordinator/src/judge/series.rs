@@ -225,6 +225,16 @@ fn min_nonzero(a: u32, b: u32) -> u32 {
 }
 
 impl Bucket {
+    /// How far a clock-event counter (ns, `Counters::*_ns`) grew from the
+    /// first sample to the last; `None` unless both read it.
+    pub fn slowdown_ns(&self, counter: fn(&Counters) -> Option<u64>) -> Option<u64> {
+        let (first, last) = (
+            counter(self.first.as_ref()?)?,
+            counter(self.last.as_ref()?)?,
+        );
+        Some(last.saturating_sub(first))
+    }
+
     pub fn of(s: &GpuSample, t: u64) -> Bucket {
         let loaded = s.util_gpu >= LOADED_UTIL;
         let mut throttle_loaded = vec![0; THROTTLE_BITS];

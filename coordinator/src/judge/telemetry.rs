@@ -301,8 +301,7 @@ fn summary(
     let first = t.first.clone().unwrap_or_default();
     let last = t.last.clone().unwrap_or_default();
     let delta = |f: fn(&Counters) -> u64| f(&last).saturating_sub(f(&first));
-    let seconds =
-        |f: fn(&Counters) -> Option<u64>| Some(f(&last)?.saturating_sub(f(&first)?) as f64 / 1e9);
+    let seconds = |f| t.slowdown_ns(f).map(|ns| ns as f64 / 1e9);
     let s = GpuTelemetrySummary {
         node: g.node.clone(),
         index: g.index,

@@ -13,19 +13,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use gpuctl_core::limits::MAX_TRACE_PIECE;
 use gpuctl_core::pb::coordinator_message::Msg;
-use gpuctl_core::pb::rank_result::Detail;
 use gpuctl_core::pb::{CoordinatorMessage, FetchTrace, GetTraceRequest, Report, TraceChunk};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
+use crate::judge::figures::train_results;
 use crate::scheduler::{Query, SchedulerHandle};
 
 /// A piece when the request names no size.
 pub const DEFAULT_PIECE: u32 = 1 << 20;
-/// The largest piece a request may ask for (the agent's bound too).
-pub const MAX_PIECE: u32 = 4 << 20;
 /// The smallest: a bound on how many requests one trace takes.
 pub const MIN_PIECE: u32 = 4 << 10;
 /// An agent that sends no piece for this long is taken for gone.
@@ -90,10 +89,10 @@ pub async fn get_trace(
 ) -> Result<TraceStream, Status> {
     let piece = match req.chunk_bytes {
         0 => DEFAULT_PIECE,
-        n if (MIN_PIECE..=MAX_PIECE).contains(&n) => n,
+        n if (MIN_PIECE..=MAX_TRACE_PIECE).contains(&n) => n,
         n => {
             return Err(Status::invalid_argument(format!(
-                "chunk_bytes: {n}; give 0 (1 MiB) or {MIN_PIECE}..={MAX_PIECE}"
+                "chunk_bytes: {n}; give 0 (1 MiB) or {MIN_PIECE}..={MAX_TRACE_PIECE}"
             )))
         }
     };
@@ -143,13 +142,7 @@ fn locate(report: &Report, rank: u32, path: &str) -> Result<(String, String), St
     let traces: Vec<&str> = r
         .result
         .iter()
-        .flat_map(|res| {
-            let first = match &res.detail {
-                Some(Detail::Train(t)) => Some(t),
-                _ => None,
-            };
-            first.into_iter().chain(&res.more_train)
-        })
+        .flat_map(train_results)
         .filter_map(|t| t.profile.as_ref())
         .map(|p| p.trace_path.as_str())
         .filter(|p| !p.is_empty())
@@ -261,6 +254,7 @@ impl Fetch {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpuctl_core::pb::rank_result::Detail;
     use gpuctl_core::pb::{NodeReport, OperatorProfile, RankReport, RankResult, TrainResult};
 
     fn report() -> Report {
@@ -313,26 +307,15 @@ mod tests {
             locate(&r, 1, "/w/b1-gpt.json").unwrap(),
             ("b".into(), "/w/b1-gpt.json".into())
         );
-        let e = locate(&r, 1, "/etc/passwd").unwrap_err();
-        assert!(
-            e.message().contains("is not one of its traces"),
-            "{}",
-            e.message()
-        );
-        let e = locate(&r, 0, "/w/b1.json").unwrap_err();
-        assert!(
-            e.message().contains("is not one of its traces"),
-            "{}",
-            e.message()
-        );
-        let e = locate(&r, 2, "").unwrap_err();
-        assert!(
-            e.message().contains("no trace was written"),
-            "{}",
-            e.message()
-        );
-        let e = locate(&r, 9, "").unwrap_err();
-        assert!(e.message().contains("no rank 9"), "{}", e.message());
+        for (rank, path, why) in [
+            (1, "/etc/passwd", "is not one of its traces"),
+            (0, "/w/b1.json", "is not one of its traces"),
+            (2, "", "no trace was written"),
+            (9, "", "no rank 9"),
+        ] {
+            let e = locate(&r, rank, path).unwrap_err();
+            assert!(e.message().contains(why), "{rank} {path}: {}", e.message());
+        }
     }
 
     #[test]
