@@ -6,7 +6,8 @@
 //! The coordinator names the file by the path the rank reported; the agent
 //! serves it only when it is a `profile-*.json` directly inside one of that
 //! job's folders under its own jobs folder, symlinks resolved. A session is
-//! not a way to read any other file of the host.
+//! not a way to read any other file of the host, nor to learn whether one
+//! exists: every refusal reads the same.
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -44,33 +45,33 @@ pub async fn serve(jobs_dir: PathBuf, req: FetchTrace) -> TraceChunk {
     }
 }
 
-/// The file `req` names, when it is a trace of its job in `jobs_dir`.
+/// The file `path` names, when it is a trace of job `job_id` in
+/// `jobs_dir`. Every refusal reads the same, whether the file is missing,
+/// elsewhere or not a trace: told apart, they would say which files exist
+/// on the host to anyone who may fetch traces.
 pub fn trace_file(jobs_dir: &Path, job_id: &str, path: &str) -> Result<PathBuf, String> {
-    let refuse = |why: &str| Err(format!("{path}: {why}"));
-    if path.is_empty() {
-        return refuse("no path");
-    }
-    let file = std::fs::canonicalize(path).or_else(|e| refuse(&e.to_string()))?;
     let root = std::fs::canonicalize(jobs_dir)
         .map_err(|e| format!("the jobs folder {}: {e}", jobs_dir.display()))?;
-    let name = file.file_name().and_then(|n| n.to_str()).unwrap_or("");
-    if !(name.starts_with("profile-") && name.ends_with(".json")) {
-        return refuse("not a profile's trace (profile-*.json)");
+    let refuse = || {
+        format!(
+            "{path}: not a trace of job {job_id} on this node (a profile-*.json file in a folder of the job under {})",
+            root.display()
+        )
+    };
+    if path.is_empty() {
+        return Err(refuse());
     }
+    let file = std::fs::canonicalize(path).map_err(|_| refuse())?;
+    let name = file.file_name().and_then(|n| n.to_str()).unwrap_or("");
     let folder = file.parent().filter(|d| d.parent() == Some(root.as_path()));
     let of_job = folder
         .and_then(|d| d.file_name())
         .and_then(|n| n.to_str())
         .and_then(|n| n.strip_prefix(&format!("{}-a", job_folder(job_id))))
         .is_some_and(|attempt| !attempt.is_empty() && attempt.bytes().all(|b| b.is_ascii_digit()));
-    if !of_job {
-        return refuse(&format!(
-            "not in a folder of job {job_id} under {}",
-            root.display()
-        ));
-    }
-    if !file.is_file() {
-        return refuse("not a regular file");
+    let trace = name.starts_with("profile-") && name.ends_with(".json");
+    if !(trace && of_job && file.is_file()) {
+        return Err(refuse());
     }
     Ok(file)
 }
@@ -186,32 +187,31 @@ mod tests {
             &mine.join("profile-ok.json").display().to_string()
         )
         .is_ok());
+        // Missing, elsewhere or not a trace: one answer, so that a fetch
+        // says nothing of which files exist on the host.
         let refused = [
-            (secret.clone(), "not in a folder of job job-000042"),
-            (mine.join("worker.log"), "not a profile's trace"),
-            (
-                other.join("profile-x.json"),
-                "not in a folder of job job-000042",
-            ),
-            (
-                mine.join("profile-link.json"),
-                "not in a folder of job job-000042",
-            ),
-            (mine.join("profile-dir.json"), "not a regular file"),
-            (
-                nested.join("profile-deep.json"),
-                "not in a folder of job job-000042",
-            ),
-            (
-                mine.join("../job-000043-a1/profile-x.json"),
-                "not in a folder of job job-000042",
-            ),
-            (mine.join("profile-missing.json"), "No such file"),
+            secret.clone(),
+            mine.join("worker.log"),
+            other.join("profile-x.json"),
+            mine.join("profile-link.json"),
+            mine.join("profile-dir.json"),
+            nested.join("profile-deep.json"),
+            mine.join("../job-000043-a1/profile-x.json"),
+            mine.join("profile-missing.json"),
+            tmp.path().join("no-such-file"),
+            PathBuf::from("/etc/hostname"),
         ];
-        for (path, why) in refused {
-            let e = trace_file(&jobs, "job-000042", &path.display().to_string()).unwrap_err();
-            assert!(e.contains(why), "{}: {e}", path.display());
+        let root = std::fs::canonicalize(&jobs).unwrap();
+        let same = format!(
+            "not a trace of job job-000042 on this node (a profile-*.json file in a folder of the job under {})",
+            root.display()
+        );
+        for path in refused {
+            let p = path.display().to_string();
+            let e = trace_file(&jobs, "job-000042", &p).unwrap_err();
+            assert_eq!(e, format!("{p}: {same}"));
         }
+        assert!(trace_file(&jobs, "job-000042", "").is_err());
         // A job id is never a way out of its folder's name.
         let e = trace_file(
             &jobs,
@@ -219,6 +219,6 @@ mod tests {
             &mine.join("profile-ok.json").display().to_string(),
         )
         .unwrap_err();
-        assert!(e.contains("not in a folder of job"), "{e}");
+        assert!(e.contains("not a trace of job job-00004"), "{e}");
     }
 }

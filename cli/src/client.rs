@@ -297,17 +297,33 @@ impl Coordinator {
         .map_err(|s| self.status("cancel suite", s))
     }
 
+    /// The fleet's rows page after page (see [`Coordinator::nodes`]); the
+    /// runs and links come with the first.
     pub async fn fleet(&mut self, since_unix_ms: u64, node: &str) -> Result<pb::GetFleetResponse> {
-        let req = pb::GetFleetRequest {
-            since_unix_ms,
-            node: node.to_string(),
-        };
-        self.call(true, move |mut c| {
-            let req = req.clone();
-            async move { c.get_fleet(req).await }
-        })
-        .await
-        .map_err(|s| self.status("fleet", s))
+        let mut all = pb::GetFleetResponse::default();
+        let mut after = String::new();
+        loop {
+            let req = pb::GetFleetRequest {
+                since_unix_ms,
+                node: node.to_string(),
+                page_bytes: PAGE_BYTES,
+                after: after.clone(),
+            };
+            let mut page = self
+                .call(true, move |mut c| {
+                    let req = req.clone();
+                    async move { c.get_fleet(req).await }
+                })
+                .await
+                .map_err(|s| self.status("fleet", s))?;
+            all.rows.append(&mut page.rows);
+            all.runs.append(&mut page.runs);
+            all.links.append(&mut page.links);
+            if !moves_on(&after, &page.next_after) {
+                return Ok(all);
+            }
+            after = page.next_after;
+        }
     }
 
     pub async fn save_baseline(
@@ -397,24 +413,55 @@ impl Coordinator {
         .map_err(|s| self.status("nodes remove", s))
     }
 
-    /// Every node with all it reported.
+    /// Every node with all it reported, page after page: a fleet of any
+    /// size outgrows one answer (20 nodes at the old 4 MiB bound did).
     pub async fn nodes(&mut self) -> Result<Vec<pb::Node>> {
-        self.list_nodes(false).await.map(|r| r.nodes)
+        let mut nodes = Vec::new();
+        let mut after = String::new();
+        loop {
+            let req = pb::ListNodesRequest {
+                brief: false,
+                page_bytes: PAGE_BYTES,
+                after: after.clone(),
+            };
+            let mut page = self.list_nodes(req).await?;
+            nodes.append(&mut page.nodes);
+            if !moves_on(&after, &page.next_after) {
+                return Ok(nodes);
+            }
+            after = page.next_after;
+        }
     }
 
     /// Only what a table of nodes shows (`ListNodesRequest.brief`).
     pub async fn node_table(&mut self) -> Result<pb::NodeTable> {
-        self.list_nodes(true)
+        let req = pb::ListNodesRequest {
+            brief: true,
+            ..Default::default()
+        };
+        self.list_nodes(req)
             .await
             .map(|r| r.table.unwrap_or_default())
     }
 
-    async fn list_nodes(&mut self, brief: bool) -> Result<pb::ListNodesResponse> {
-        let req = pb::ListNodesRequest { brief };
-        self.call(true, move |mut c| async move { c.list_nodes(req).await })
-            .await
-            .map_err(|s| self.status("list nodes", s))
+    async fn list_nodes(&mut self, req: pb::ListNodesRequest) -> Result<pb::ListNodesResponse> {
+        self.call(true, move |mut c| {
+            let req = req.clone();
+            async move { c.list_nodes(req).await }
+        })
+        .await
+        .map_err(|s| self.status("list nodes", s))
     }
+}
+
+/// What a listing page may hold, asked of the coordinator (which caps it).
+const PAGE_BYTES: u32 = gpuctl_core::limits::MAX_LIST_PAGE as u32;
+
+/// Whether a listing goes on after a page: a next name past the last one.
+/// A coordinator that names no later page (or, broken, the same or an
+/// earlier one) ends it, so that no answer makes the loop endless.
+fn moves_on(after: &str, next: &str) -> bool {
+    !next.is_empty() && next > after
 }
 
 /// A gRPC status as one sentence. The coordinator's messages are written for
@@ -478,6 +525,16 @@ mod tests {
         assert!(!may_retry(&broken, false));
         assert!(may_retry(&broken, true));
         assert!(!may_retry(&Status::invalid_argument("no"), true));
+    }
+
+    #[test]
+    fn a_listing_ends_unless_the_next_page_moves_on() {
+        assert!(moves_on("", "node-0131"));
+        assert!(moves_on("node-0131", "node-0263"));
+        assert!(!moves_on("node-0263", ""), "the last page");
+        // A coordinator that names the same or an earlier page ends it.
+        assert!(!moves_on("node-0263", "node-0263"));
+        assert!(!moves_on("node-0263", "node-0001"));
     }
 
     #[test]

@@ -70,11 +70,26 @@ pub struct Config {
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub keep_jobs: u32,
 
-    /// Connections one peer address may hold at once (agents hold one each,
-    /// and a host usually runs one agent; the CLI opens one per call). One
-    /// more from an address at the cap is closed at once, with a warning.
-    #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+    /// Connections one peer address may hold at once (a host runs one
+    /// agent, holding one, and a worker per GPU, one each; the CLI opens one
+    /// per call). One more from an address at the cap is closed at once,
+    /// with a warning. Raise it for fleets behind NAT, which share an
+    /// address, and for simulated fleets on one host.
+    #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS_PER_PEER, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
     pub max_connections_per_peer: u32,
+
+    /// Connections all peers together may hold at once; the last eighth go
+    /// only to addresses holding fewer than 4 (an operator's CLI, an agent
+    /// coming back) [default: the open-files limit less what the
+    /// coordinator needs besides: limit − max(limit/16, 256), at least half].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+    pub max_connections: Option<u32>,
+
+    /// A new connection must finish its TLS handshake and send its HTTP/2
+    /// preface within this long of its accept, or it is closed, however
+    /// many bytes it sends meanwhile.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub handshake_timeout: Duration,
 
     /// With `--store etcd`: the CA of etcd's server certificate; etcd is
     /// then spoken to over TLS (give `https://` URLs).
@@ -177,6 +192,12 @@ pub enum MetricsListen {
     At(SocketAddr),
 }
 
+/// `--max-connections-per-peer`: a real host holds about one connection
+/// per GPU and one more, so this leaves room for a login node's CLIs and a
+/// few hosts behind one NAT address, while three flooding addresses hold
+/// 3,072, not every descriptor (issue 46).
+pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: u32 = 1024;
+
 /// The default `/metrics` address: next to the gRPC port (7070), and clear
 /// of the exporters' 9400s (dcgm-exporter has 9400, the agent 9401), which
 /// often run on the same host. Loopback: `/metrics` is not authenticated,
@@ -218,7 +239,9 @@ impl Config {
             keep_jobs: 200,
             max_nodes: gpuctl_core::limits::DEFAULT_MAX_NODES as u32,
             rank_key_file: None,
-            max_connections_per_peer: 8192,
+            max_connections_per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
+            max_connections: None,
+            handshake_timeout: gpuctl_core::conn::OPENING,
             fleet_threads: 1,
             advertise_url: None,
             log: None,
@@ -239,6 +262,23 @@ impl Config {
         crate::history::Retention {
             keep: self.history_keep as usize,
             max_age: self.history_max_age,
+        }
+    }
+
+    /// What the gRPC port's connections may hold (`--max-connections*`,
+    /// `--handshake-timeout`), the total from the open-files limit as it is
+    /// now (main raises it first).
+    pub fn connection_limits(&self) -> gpuctl_core::conn::Limits {
+        let total = match self.max_connections {
+            Some(n) => n as usize,
+            None => {
+                gpuctl_core::server::max_connections_for(gpuctl_core::server::open_files_limit().0)
+            }
+        };
+        gpuctl_core::conn::Limits {
+            per_peer: self.max_connections_per_peer as usize,
+            total,
+            opening: self.handshake_timeout,
         }
     }
 

@@ -164,6 +164,7 @@ pub async fn fleet(
             rows,
             runs: Vec::new(),
             links,
+            ..Default::default()
         });
     }
     last.sort_by_key(|r| std::cmp::Reverse(r.finished_unix_ms));
@@ -171,6 +172,7 @@ pub async fn fleet(
         rows,
         runs: last,
         links,
+        ..Default::default()
     })
 }
 

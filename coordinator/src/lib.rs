@@ -10,6 +10,7 @@ pub mod judge;
 pub mod logs;
 pub mod metrics;
 pub mod plan;
+pub mod refusals;
 pub mod rendezvous;
 pub mod runtime;
 pub mod scheduler;

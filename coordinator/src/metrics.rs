@@ -106,6 +106,18 @@ impl Collector for Snapshot {
             gauge,
             &[(vec![], self.rendezvous_keys as f64)],
         )?;
+        let refused: Vec<(Labels, f64)> = self
+            .refused
+            .iter()
+            .map(|(kind, n)| (vec![("kind", kind.to_string())], *n as f64))
+            .collect();
+        write_family(
+            &mut e,
+            "gpuctl_refused_messages_total",
+            "Messages refused since the coordinator started because their sender may not say them (a node speaking for a rank it does not hold, a rendezvous key another rank owns, a result whose device disagrees with the plan), by kind.",
+            MetricType::Counter,
+            &refused,
+        )?;
         results(&mut e, &self.fleet)
     }
 }

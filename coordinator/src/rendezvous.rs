@@ -2,7 +2,9 @@
 //! the scheduler task because gets block for up to their timeout: a waiter
 //! parks on a `Notify` instead of holding up the event loop. The scheduler opens
 //! a scope when a job starts and closes it when the job ends, which wakes every
-//! waiter with `job_over`.
+//! waiter with `job_over`. Every key has one writer fixed by its name
+//! (`gpuctl_core::rendezvous_keys`); the WorkerService handler lets only
+//! that rank's secret write it, so what is stored here is the owner's.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -15,8 +17,7 @@ pub const MAX_WAIT: Duration = Duration::from_secs(600);
 
 #[derive(Default)]
 struct Scope {
-    /// Each key's value and the rank that wrote it.
-    kv: Mutex<HashMap<String, (u32, Vec<u8>)>>,
+    kv: Mutex<HashMap<String, Vec<u8>>>,
     over: std::sync::atomic::AtomicBool,
     changed: Notify,
 }
@@ -27,8 +28,6 @@ pub enum Put {
     Stored,
     /// The job is not running under this attempt.
     NotRunning,
-    /// Another rank (this one) wrote the key with another value.
-    Owned(u32),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,25 +92,15 @@ impl Rendezvous {
             .cloned()
     }
 
-    /// Stores a key written by `rank`. A key belongs to the rank that wrote
-    /// it first: another rank may write it again only with the same value
-    /// (one rank of a job could otherwise overwrite another pair's address).
-    pub fn put(&self, job: &str, attempt: u32, rank: u32, key: &str, value: Vec<u8>) -> Put {
+    /// Stores a key, written by its owner (checked by the caller): the
+    /// owner may write it again, e.g. a worker retrying a put.
+    pub fn put(&self, job: &str, attempt: u32, key: &str, value: Vec<u8>) -> Put {
         let Some(s) = self.scope(job, attempt) else {
             return Put::NotRunning;
         };
-        {
-            let mut kv = s.kv.lock().expect("rendezvous lock");
-            match kv.get(key) {
-                Some((owner, old)) if *owner != rank && *old != value => {
-                    return Put::Owned(*owner);
-                }
-                Some((owner, _)) if *owner != rank => {}
-                _ => {
-                    kv.insert(key.to_string(), (rank, value));
-                }
-            }
-        }
+        s.kv.lock()
+            .expect("rendezvous lock")
+            .insert(key.to_string(), value);
         s.changed.notify_waiters();
         Put::Stored
     }
@@ -131,7 +120,7 @@ impl Rendezvous {
             if s.over.load(std::sync::atomic::Ordering::SeqCst) {
                 return Lookup::Over;
             }
-            if let Some((_, v)) = s.kv.lock().expect("rendezvous lock").get(key) {
+            if let Some(v) = s.kv.lock().expect("rendezvous lock").get(key) {
                 return Lookup::Found(v.clone());
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
@@ -161,18 +150,15 @@ mod tests {
         let waiter =
             tokio::spawn(async move { r2.get("j", 1, "k", Duration::from_secs(10)).await });
         tokio::time::sleep(Duration::from_millis(20)).await;
-        assert_eq!(r.put("j", 1, 0, "k", b"v".to_vec()), Put::Stored);
+        assert_eq!(r.put("j", 1, "k", b"v".to_vec()), Put::Stored);
         assert_eq!(waiter.await.unwrap(), Lookup::Found(b"v".to_vec()));
         assert_eq!(r.key_count(), 1);
         assert_eq!(
-            r.put("j", 2, 0, "k", vec![]),
+            r.put("j", 2, "k", vec![]),
             Put::NotRunning,
             "another attempt is another scope"
         );
-        // The key is rank 0's: rank 3 may not change it, rank 0 may.
-        assert_eq!(r.put("j", 1, 3, "k", b"evil".to_vec()), Put::Owned(0));
-        assert_eq!(r.put("j", 1, 3, "k", b"v".to_vec()), Put::Stored);
-        assert_eq!(r.put("j", 1, 0, "k", b"v2".to_vec()), Put::Stored);
+        assert_eq!(r.put("j", 1, "k", b"v2".to_vec()), Put::Stored);
         assert_eq!(
             r.get("j", 1, "k", Duration::from_millis(1)).await,
             Lookup::Found(b"v2".to_vec())

@@ -147,7 +147,7 @@ pub async fn run_with(
     let (store, shutdown) = match cfg.store {
         StoreKind::Embedded => (open_store(&cfg)?, shutdown),
         StoreKind::Etcd => {
-            let standby = Standby::serve(listener.clone());
+            let standby = Standby::serve(listener.clone(), cfg.connection_limits());
             info!(%addr, "standby: answering every call with UNAVAILABLE until this coordinator leads");
             let value = standby::leader_value(advertise.as_deref(), addr);
             let access = crate::store::etcd_access::EtcdAccess {
@@ -201,6 +201,7 @@ pub async fn run_with(
         keep_jobs: cfg.keep_jobs as usize,
         max_nodes: cfg.max_nodes as usize,
         clock: Clock::system(),
+        refusals: Default::default(),
     };
     let scheduler = Scheduler::load(sched_cfg, store.clone(), rdv.clone(), logs)
         .await
@@ -215,6 +216,7 @@ pub async fn run_with(
         security.clone(),
         fleet.handle(),
         fetches.clone(),
+        cfg.node_timeout,
     ))
     .max_decoding_message_size(MAX_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -271,21 +273,29 @@ pub async fn run_with(
     drop(sched);
 
     let scheme = if tls.is_some() { "https" } else { "http" };
-    let serve = gpuctl_core::server::builder_with_tls(tls)
-        .context("--tls-cert/--tls-key/--client-ca")?
+    let limits = cfg.connection_limits();
+    info!(
+        per_peer = limits.per_peer,
+        total = limits.total,
+        handshake_timeout = ?limits.opening,
+        "connection limits"
+    );
+    let router = gpuctl_core::server::builder()
         .layer(ResultGate::new(RESULTS_IN_FLIGHT))
         .add_service(agents)
         .add_service(jobs)
-        .add_service(workers)
-        .serve_with_incoming_shutdown(
-            standby::incoming(
-                listener,
-                shutdown.clone(),
-                cfg.max_connections_per_peer as usize,
-            ),
-            shutdown.clone().cancelled_owned(),
-        );
-    let mut server = tokio::spawn(serve);
+        .add_service(workers);
+    let stop = shutdown.clone().cancelled_owned();
+    let mut server = match tls {
+        Some(tls) => tokio::spawn(router.serve_with_incoming_shutdown(
+            standby::incoming_tls(listener, shutdown.clone(), limits, tls),
+            stop,
+        )),
+        None => tokio::spawn(router.serve_with_incoming_shutdown(
+            standby::incoming(listener, shutdown.clone(), limits),
+            stop,
+        )),
+    };
 
     // The one line on stdout: tests and scripts wait for it.
     {

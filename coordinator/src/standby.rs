@@ -13,7 +13,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use gpuctl_core::conn::Limits;
 use gpuctl_core::leader::standby_status;
+use gpuctl_core::server::ServerTls;
 use gpuctl_core::shutdown::Shutdown;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -27,17 +29,30 @@ use crate::store::Store;
 /// How long the standby's open connections get to take their answers and go.
 const DRAIN: Duration = Duration::from_secs(3);
 
-/// The accepted connections of a shared listener (taken as
-/// gpuctl_core::server::incoming takes them, waiting out a want of
+/// The accepted connections of a shared listener under `limits` (taken as
+/// gpuctl_core::server::incoming_limited takes them, waiting out a want of
 /// descriptors), until `stop` trips: then the stream ends and accepts
 /// nothing more, so that another server can take the listener.
 pub fn incoming(
     listener: Arc<TcpListener>,
     stop: Shutdown,
-    per_peer: usize,
+    limits: Limits,
 ) -> impl Stream<Item = std::io::Result<gpuctl_core::server::Conn>> {
     futures::StreamExt::take_until(
-        gpuctl_core::server::incoming_capped(listener, per_peer),
+        gpuctl_core::server::incoming_limited(listener, limits),
+        stop.cancelled_owned(),
+    )
+}
+
+/// [`incoming`] over TLS (gpuctl_core::server::incoming_tls).
+pub fn incoming_tls(
+    listener: Arc<TcpListener>,
+    stop: Shutdown,
+    limits: Limits,
+    tls: ServerTls,
+) -> impl Stream<Item = std::io::Result<gpuctl_core::server::TlsConn>> {
+    futures::StreamExt::take_until(
+        gpuctl_core::server::incoming_tls(listener, limits, tls),
         stop.cancelled_owned(),
     )
 }
@@ -78,8 +93,9 @@ pub struct Standby {
 }
 
 impl Standby {
-    /// Starts answering on `listener` (a clone of the one the real server takes later).
-    pub fn serve(listener: Arc<TcpListener>) -> Standby {
+    /// Starts answering on `listener` (a clone of the one the real server
+    /// takes later), its connections under `limits`.
+    pub fn serve(listener: Arc<TcpListener>, limits: Limits) -> Standby {
         let (tx, rx) = watch::channel(None::<String>);
         let stop = Shutdown::new();
         let answer = move |_req: tonic::Request<()>| -> Result<tonic::Request<()>, tonic::Status> {
@@ -89,7 +105,7 @@ impl Standby {
             .layer(tonic::service::InterceptorLayer::new(answer))
             .add_routes(tonic::service::Routes::default())
             .serve_with_incoming_shutdown(
-                incoming(listener, stop.clone(), usize::MAX),
+                incoming(listener, stop.clone(), limits),
                 stop.clone().cancelled_owned(),
             );
         let task = tokio::spawn(async move {

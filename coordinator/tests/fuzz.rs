@@ -552,7 +552,11 @@ async fn a_thousand_random_and_mutated_messages_break_nothing() {
                     .await
                     .map(|_| ()),
                 9 => jobs
-                    .list_nodes(ListNodesRequest::default())
+                    .list_nodes(ListNodesRequest {
+                        brief: g.rng.bool(),
+                        page_bytes: g.u32(),
+                        after: g.string(),
+                    })
                     .await
                     .map(|_| ()),
                 10 => {
@@ -592,6 +596,8 @@ async fn a_thousand_random_and_mutated_messages_break_nothing() {
                     .get_fleet(GetFleetRequest {
                         since_unix_ms: g.u64(),
                         node: g.string(),
+                        page_bytes: g.u32(),
+                        after: g.string(),
                     })
                     .await
                     .map(|_| ()),

@@ -17,6 +17,7 @@ pub mod listing;
 pub mod metrics_http;
 pub mod metrics_tls;
 pub mod pairs;
+pub mod rendezvous_keys;
 pub mod search;
 pub mod server;
 pub mod shutdown;

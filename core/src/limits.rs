@@ -6,7 +6,9 @@
 use crate::catalogue::SpecError;
 use prost::Message;
 
-use crate::pb::{Heartbeat, JobSpec, PreflightCheck, RegisterRequest, RunningJob};
+use crate::pb::{
+    Heartbeat, JobSpec, PreflightCheck, RegisterRequest, RunningJob, SubmitSuiteRequest,
+};
 
 /// A node name (a DNS name's length).
 pub const MAX_NODE_NAME: usize = 253;
@@ -30,9 +32,32 @@ pub const MAX_SELECTORS: usize = 64;
 pub const MAX_ONLY_NODES: usize = 65_536;
 /// One address, interface name or InfiniBand device of a node.
 pub const MAX_ADDRESS: usize = 256;
+/// A word an agent reads from its host: a boot id (36 characters), a
+/// process's state letter and its name (`sleeping`).
+pub const MAX_WORD: usize = 64;
 /// A whole registration or heartbeat, whatever fields it carries (later ones
 /// too): the per-field bounds above keep a real one under a megabyte.
 pub const MAX_AGENT_MESSAGE: usize = 4 << 20;
+/// What the coordinator keeps of one node (its name, facts, GPUs and
+/// checks, as encoded): each field within its own bound still allowed
+/// 3.9 MiB, and 20 such nodes made `gpuctl nodes -o json` fail for
+/// everyone. Measured, a real agent's registration: 1,001 bytes (a CPU
+/// agent, 12 checks), 1,501 bytes (a 1-GPU H200 host, 12 checks); each
+/// further GPU adds ~100 bytes and each NIC ~50, so an 8-GPU host with
+/// 8 InfiniBand ports stays near 3 KiB. 64 KiB is 20 times that.
+pub const MAX_NODE_BYTES: usize = 64 << 10;
+/// The fleet's budget for what its nodes make the coordinator keep, per
+/// node it may hold: `--max-nodes` times this, 512 MiB at the default.
+/// Twice a real 8-GPU host's registration, so that a fleet of real nodes
+/// never nears it, while nodes at [`MAX_NODE_BYTES`] fill it at an eighth
+/// of `--max-nodes`.
+pub const NODE_SHARE_BYTES: usize = 8 << 10;
+/// A page of a listing (`ListNodes`, `GetFleet`): the coordinator answers
+/// at most this much a call, and `gpuctl` asks page after page, so that no
+/// fleet size outgrows a message (64 MiB).
+pub const MAX_LIST_PAGE: usize = 8 << 20;
+/// A `--rules` text (a job's, a suite's).
+pub const MAX_RULES_BYTES: usize = 64 * 1024;
 /// The largest piece of a trace one `FetchTrace` may ask an agent for
 /// (`gpuctl profile --trace`): the coordinator refuses more, the agent reads
 /// no more.
@@ -115,6 +140,7 @@ pub fn register(req: &RegisterRequest) -> Result<(), SpecError> {
                 ),
             ));
         }
+        text("facts.boot_id", &f.boot_id, MAX_WORD)?;
         for (field, v) in [
             ("facts.hostname", &f.hostname),
             ("facts.cpu_model", &f.cpu_model),
@@ -168,6 +194,7 @@ pub fn heartbeat(hb: &Heartbeat) -> Result<(), SpecError> {
 fn checks(preflight: &[PreflightCheck]) -> Result<(), SpecError> {
     list("preflight", preflight, MAX_CHECKS)?;
     for c in preflight {
+        text("preflight.node", &c.node, MAX_NODE_NAME)?;
         for (field, v) in [
             ("preflight.name", &c.name),
             ("preflight.detail", &c.detail),
@@ -185,8 +212,47 @@ fn running(jobs: &[RunningJob]) -> Result<(), SpecError> {
         text("running.job_id", &r.job_id, MAX_NODE_NAME)?;
         list("running.ranks", &r.ranks, MAX_GPUS)?;
         list("running.processes", &r.processes, MAX_GPUS)?;
+        for p in &r.processes {
+            text("running.processes.state", &p.state, MAX_WORD)?;
+            text("running.processes.state_name", &p.state_name, MAX_WORD)?;
+        }
     }
     Ok(())
+}
+
+/// One page of `items` (sorted by name): those named after `after`, as
+/// many as fit in `page_bytes` (at most [`MAX_LIST_PAGE`]; at least one,
+/// so that every page moves on), and the name to ask after next, empty on
+/// the last page. Keyed by name, not by position: a node registered or
+/// removed between two pages neither repeats nor hides another.
+pub fn page<T>(
+    items: &[T],
+    name: impl Fn(&T) -> &str,
+    bytes: impl Fn(&T) -> usize,
+    after: &str,
+    page_bytes: u32,
+) -> (std::ops::Range<usize>, String) {
+    let start = if after.is_empty() {
+        0
+    } else {
+        items.partition_point(|t| name(t) <= after)
+    };
+    let room = (page_bytes as usize).min(MAX_LIST_PAGE);
+    let (mut end, mut used) = (start, 0usize);
+    while end < items.len() {
+        let b = bytes(&items[end]);
+        if end > start && used + b > room {
+            break;
+        }
+        used += b;
+        end += 1;
+    }
+    let next = if end < items.len() && end > start {
+        name(&items[end - 1]).to_string()
+    } else {
+        String::new()
+    };
+    (start..end, next)
 }
 
 /// The catch-all: a message over [`MAX_AGENT_MESSAGE`] is refused whatever
@@ -219,9 +285,46 @@ pub fn rendezvous(key: &str, value: &[u8]) -> Result<(), SpecError> {
     Ok(())
 }
 
+/// A suite as `gpuctl accept` sends it: refused before the scheduler sees
+/// it, since each stage's job and the suite itself keep a copy.
+pub fn suite(req: &SubmitSuiteRequest) -> Result<(), SpecError> {
+    text("--level", &req.level, MAX_JOB_NAME)?;
+    if req.suite_toml.len() > crate::suite::MAX_SUITE_BYTES {
+        return Err(err(
+            "--suite",
+            format!(
+                "{} bytes; a suite file holds at most {}",
+                req.suite_toml.len(),
+                crate::suite::MAX_SUITE_BYTES
+            ),
+        ));
+    }
+    rules(&req.rules)?;
+    list("--selector", &req.selectors, MAX_SELECTORS)?;
+    for sel in &req.selectors {
+        text("--selector", sel, MAX_JOB_NAME)?;
+    }
+    Ok(())
+}
+
+/// A `--rules` text, before anything parses it.
+pub fn rules(text: &str) -> Result<(), SpecError> {
+    if text.len() > MAX_RULES_BYTES {
+        return Err(err(
+            "--rules",
+            format!(
+                "{} bytes; a rules file holds at most {MAX_RULES_BYTES}",
+                text.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The parts of a job spec that are not workload parameters.
 pub fn spec(s: &JobSpec) -> Result<(), SpecError> {
     text("--name", &s.name, MAX_JOB_NAME)?;
+    rules(&s.rules)?;
     text("--baseline", &s.baseline, MAX_JOB_NAME)?;
     list("--selector", &s.selectors, MAX_SELECTORS)?;
     for sel in &s.selectors {
@@ -325,5 +428,90 @@ mod tests {
             s.env.insert(format!("V{i}"), "1".into());
         }
         assert_eq!(spec(&s).unwrap_err().field, "--env");
+    }
+
+    /// Issue 46: fields a node fills that had no bound of their own.
+    #[test]
+    fn boot_ids_check_nodes_and_process_states_are_bounded() {
+        use crate::pb::RankProcess;
+        let long = "z".repeat(1 << 20);
+        let ok = RegisterRequest {
+            name: "n1".into(),
+            ..Default::default()
+        };
+        let mut r = ok.clone();
+        r.facts = Some(HostFacts {
+            boot_id: long.clone(),
+            ..Default::default()
+        });
+        assert_eq!(register(&r).unwrap_err().field, "facts.boot_id");
+        let mut r = ok.clone();
+        r.preflight = vec![PreflightCheck {
+            node: long.clone(),
+            ..Default::default()
+        }];
+        assert_eq!(register(&r).unwrap_err().field, "preflight.node");
+        let mut hb = Heartbeat {
+            running: vec![RunningJob {
+                processes: vec![RankProcess {
+                    state: long.clone(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        assert_eq!(heartbeat(&hb).unwrap_err().field, "running.processes.state");
+        hb.running[0].processes[0].state = "S".into();
+        hb.running[0].processes[0].state_name = long;
+        assert_eq!(
+            heartbeat(&hb).unwrap_err().field,
+            "running.processes.state_name"
+        );
+    }
+
+    #[test]
+    fn suite_rules_are_bounded_like_a_jobs() {
+        let mut req = SubmitSuiteRequest {
+            level: "quick".into(),
+            rules: "[fleet]\nmin_ranks = 3\n".into(),
+            ..Default::default()
+        };
+        assert!(suite(&req).is_ok());
+        req.rules = "#".repeat(MAX_RULES_BYTES + 1);
+        let e = suite(&req).unwrap_err();
+        assert_eq!(e.field, "--rules");
+        assert!(e.message.contains("at most 65536"), "{e}");
+        req.rules.clear();
+        req.suite_toml = "#".repeat(crate::suite::MAX_SUITE_BYTES + 1);
+        assert_eq!(suite(&req).unwrap_err().field, "--suite");
+        let s = JobSpec {
+            rules: "#".repeat(MAX_RULES_BYTES + 1),
+            ..Default::default()
+        };
+        assert_eq!(spec(&s).unwrap_err().field, "--rules");
+    }
+
+    #[test]
+    fn pages_follow_names_fill_to_the_size_and_always_move_on() {
+        let items: Vec<(String, usize)> = ["a", "b", "c", "d", "e"]
+            .iter()
+            .map(|n| (n.to_string(), 10))
+            .collect();
+        let cut = |after: &str, bytes: u32| page(&items, |t| t.0.as_str(), |t| t.1, after, bytes);
+        assert_eq!(cut("", 25), (0..2, "b".to_string()));
+        assert_eq!(cut("b", 25), (2..4, "d".to_string()));
+        assert_eq!(cut("d", 25), (4..5, String::new()));
+        // A name removed between pages: the next page starts after it.
+        assert_eq!(cut("bb", 25), (2..4, "d".to_string()));
+        // One item past the page still goes, alone.
+        assert_eq!(cut("", 1), (0..1, "a".to_string()));
+        assert_eq!(cut("e", 25), (5..5, String::new()));
+        // The page is capped whatever is asked.
+        let big: Vec<(String, usize)> = (0..20)
+            .map(|i| (format!("n{i:02}"), MAX_LIST_PAGE / 4))
+            .collect();
+        let (r, next) = page(&big, |t| t.0.as_str(), |t| t.1, "", u32::MAX);
+        assert_eq!((r, next.as_str()), (0..4, "n03"));
     }
 }

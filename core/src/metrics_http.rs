@@ -6,7 +6,7 @@
 //! function that fills a fresh `Registry` (typically with a `Collector` over
 //! a snapshot), and [`write_family`] writes one family of such a snapshot.
 
-use std::future::{Future, IntoFuture as _};
+use std::future::Future;
 use std::time::Duration;
 
 use axum::extract::State;
@@ -150,8 +150,9 @@ pub async fn get(addr: &str, path: &str, within: Duration) -> std::io::Result<Sc
 }
 
 /// Serves `/metrics` on `listener` until `shutdown`, over TLS when `tls` is
-/// given ([`crate::metrics_tls`]). `scrape` runs once per
-/// request and returns the registry to show, or why there is none (503).
+/// given, under the listener's own caps and deadlines
+/// ([`crate::metrics_tls`]). `scrape` runs once per request and returns the
+/// registry to show, or why there is none (503).
 pub async fn serve<F, Fut>(
     listener: TcpListener,
     scrape: F,
@@ -171,21 +172,7 @@ where
             )
         })
         .with_state(scrape);
-    if let Some(tls) = tls {
-        return crate::metrics_tls::serve(listener, app, tls, shutdown, SHUTDOWN_GRACE).await;
-    }
-    let server = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
-        .into_future();
-    // A client that never finishes its request must not hold up the stop.
-    let grace = async {
-        shutdown.cancelled().await;
-        tokio::time::sleep(SHUTDOWN_GRACE).await;
-    };
-    tokio::select! {
-        r = server => r,
-        _ = grace => Ok(()),
-    }
+    crate::metrics_tls::serve(listener, app, tls, shutdown, SHUTDOWN_GRACE).await
 }
 
 async fn answer<F, Fut>(State(scrape): State<F>) -> Response

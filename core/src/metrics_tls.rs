@@ -1,15 +1,23 @@
-//! `/metrics` behind TLS, when asked (`--metrics-tls`): the process's own
-//! certificate and key, and, given a CA, only scrapers that present a
-//! certificate it signed (Prometheus' `tls_config: {cert_file, key_file}`).
-//! The same files and rules as the gRPC port, so that a fleet protected by
-//! mutual TLS does not hand its node inventory and figures to whoever
-//! reaches the metrics port.
+//! The connections of the `/metrics` listener, plain or behind TLS when
+//! asked (`--metrics-tls`): the process's own certificate and key, and,
+//! given a CA, only scrapers that present a certificate it signed
+//! (Prometheus' `tls_config: {cert_file, key_file}`). The same files and
+//! rules as the gRPC port, so that a fleet protected by mutual TLS does not
+//! hand its node inventory and figures to whoever reaches the metrics port.
+//! (The gRPC port's rustls configuration is made here too: crate::server.)
+//!
+//! The listener shares the process's descriptors with gRPC, so it has caps
+//! of its own ([`LIMITS`]), and every connection must open in time
+//! (crate::conn): TLS handshake, then an HTTP request whose headers come
+//! within [`crate::conn::OPENING`]. Partial `GET /metrics` requests from a
+//! few addresses once held every descriptor and starved gRPC (issue 46).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use hyper_util::rt::TokioTimer;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::service::TowerToHyperService;
@@ -19,12 +27,20 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
+use tokio_stream::StreamExt as _;
 
+use crate::conn::{Limits, Opening, OPENING};
+use crate::server::Caps;
 use crate::shutdown::Shutdown;
 
-/// A handshake not done in this long is dropped: a connection that never
-/// speaks must not hold a task and a descriptor.
-const HANDSHAKE: Duration = Duration::from_secs(10);
+/// What the `/metrics` listener's connections may hold: a scraper or two
+/// per address (a Prometheus pair, someone's curl), and few in all, so that
+/// its floods cannot take the gRPC port's descriptors.
+pub const LIMITS: Limits = Limits {
+    per_peer: 16,
+    total: 256,
+    opening: OPENING,
+};
 
 /// A metrics server's TLS, as [`MetricsTlsFiles::config`] makes it.
 pub type TlsConfig = Arc<ServerConfig>;
@@ -53,8 +69,15 @@ fn certs(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>, String
 }
 
 impl MetricsTlsFiles {
-    /// The rustls configuration, or a sentence naming the file at fault.
+    /// The rustls configuration of `/metrics`, or a sentence naming the
+    /// file at fault.
     pub fn config(&self) -> Result<TlsConfig, String> {
+        self.server_config(false, &[b"h2", b"http/1.1"])
+    }
+
+    /// A server's rustls configuration offering `alpn`; with a client CA,
+    /// a client certificate is `optional` or required.
+    pub fn server_config(&self, optional: bool, alpn: &[&[u8]]) -> Result<TlsConfig, String> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let chain = certs(&self.cert, "--tls-cert")?;
         let key = PrivateKeyDer::from_pem_file(&self.key)
@@ -70,10 +93,14 @@ impl MetricsTlsFiles {
                         .add(c)
                         .map_err(|e| format!("the client CA {}: {e}", ca.display()))?;
                 }
-                let verifier =
-                    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                        .build()
-                        .map_err(|e| format!("the client CA {}: {e}", ca.display()))?;
+                let mut verifier =
+                    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+                if optional {
+                    verifier = verifier.allow_unauthenticated();
+                }
+                let verifier = verifier
+                    .build()
+                    .map_err(|e| format!("the client CA {}: {e}", ca.display()))?;
                 builder.with_client_cert_verifier(verifier)
             }
             None => builder.with_no_client_auth(),
@@ -81,51 +108,83 @@ impl MetricsTlsFiles {
         let mut config = builder
             .with_single_cert(chain, key)
             .map_err(|e| format!("--tls-cert/--tls-key: {e}"))?;
-        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         Ok(Arc::new(config))
     }
 }
 
-/// Serves `app` over TLS on `listener` until `shutdown`; connections still
-/// open get `grace` to finish.
+/// Serves `app` on `listener` until `shutdown`, over TLS when `tls` is
+/// given; connections still open get `grace` to finish.
 pub(crate) async fn serve(
     listener: TcpListener,
     app: Router,
-    tls: TlsConfig,
+    tls: Option<TlsConfig>,
     shutdown: Shutdown,
     grace: Duration,
 ) -> std::io::Result<()> {
-    let acceptor = TlsAcceptor::from(tls);
+    let acceptor = tls.map(TlsAcceptor::from);
+    let mut incoming = std::pin::pin!(crate::server::accepted(listener, LIMITS, Caps::Metrics));
     loop {
         let tcp = tokio::select! {
-            r = listener.accept() => match r {
-                Ok((tcp, _)) => tcp,
-                // Out of descriptors or a reset before accept: the next
-                // connection may do better.
-                Err(e) => {
-                    tracing::debug!("metrics accept: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
+            c = incoming.next() => match c {
+                Some(c) => c,
+                None => return Ok(()),
             },
             _ = shutdown.cancelled() => return Ok(()),
         };
+        // The deadline runs from the accept, through a TLS handshake, to
+        // the request's first bytes.
+        let deadline = tokio::time::Instant::now() + LIMITS.opening;
         let (acceptor, app, shutdown) = (acceptor.clone(), app.clone(), shutdown.clone());
         tokio::spawn(async move {
-            let tls = match tokio::time::timeout(HANDSHAKE, acceptor.accept(tcp)).await {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(e)) => {
-                    tracing::debug!("metrics TLS handshake refused: {e}");
-                    return;
+            let served = async {
+                match acceptor {
+                    None => {
+                        serve_connection(Opening::until(tcp, deadline, LIMITS.opening), app).await
+                    }
+                    Some(acceptor) => {
+                        let handshake = acceptor.accept(tcp);
+                        let tls = match tokio::time::timeout_at(deadline, handshake).await {
+                            Ok(Ok(tls)) => tls,
+                            Ok(Err(e)) => {
+                                tracing::debug!("metrics TLS handshake refused: {e}");
+                                return;
+                            }
+                            Err(_) => return,
+                        };
+                        let tls = Opening::until(tls, deadline, LIMITS.opening);
+                        serve_connection(tls, app).await
+                    }
                 }
-                Err(_) => return,
             };
-            let builder = Builder::new(TokioExecutor::new());
-            let conn = builder.serve_connection(TokioIo::new(tls), TowerToHyperService::new(app));
             tokio::select! {
-                _ = conn => {}
+                _ = served => {}
                 _ = async { shutdown.cancelled().await; tokio::time::sleep(grace).await } => {}
             }
         });
+    }
+}
+
+/// One connection, HTTP/1 or HTTP/2: headers must come within
+/// [`OPENING`] of the start of each request (which also closes a
+/// keep-alive connection idle that long), and an HTTP/2 peer that stops
+/// answering pings is closed.
+async fn serve_connection<I>(io: I, app: Router)
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(LIMITS.opening);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Duration::from_secs(5))
+        .keep_alive_timeout(Duration::from_secs(10));
+    let conn = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(app));
+    if let Err(e) = conn.await {
+        tracing::debug!("metrics connection: {e}");
     }
 }

@@ -1,19 +1,23 @@
 //! The one place that builds a gRPC server, so every listener gets the same
-//! limits, and its TLS (tonic with rustls) when it has a certificate.
+//! limits, and its TLS (rustls, the handshake ours: see [`incoming_tls`])
+//! when it has a certificate.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
-use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+use futures::StreamExt as _;
+use tokio_stream::Stream;
 
-pub use crate::conn::Conn;
-use crate::conn::{PeerSlots, FIRST_BYTES};
+pub use crate::conn::{Conn, OPENING};
+use crate::conn::{Full, Limits, Opening, PeerSlots, Tcp};
 
 /// Largest message accepted or sent; reports of big fleets run to a few MiB.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
 /// A tonic server builder with the keepalive and timeouts every gpuctl server uses.
-/// Keepalive matters: an agent's session must notice a vanished peer even when idle.
+/// Keepalive matters: an agent's session must notice a vanished peer even when idle,
+/// and a connection past its opening that stops answering pings is closed.
 pub fn builder() -> tonic::transport::Server {
     tonic::transport::Server::builder()
         .tcp_nodelay(true)
@@ -21,13 +25,16 @@ pub fn builder() -> tonic::transport::Server {
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
 }
 
-/// [`builder`], serving TLS when `tls` is given.
-pub fn builder_with_tls(
-    tls: Option<ServerTlsConfig>,
-) -> Result<tonic::transport::Server, tonic::transport::Error> {
-    match tls {
-        Some(tls) => builder().tls_config(tls),
-        None => Ok(builder()),
+/// A gRPC server's TLS: its certificate and key, and the CA whose client
+/// certificates it reads. tonic's own TLS is not used: its handshake has a
+/// timeout, but the HTTP/2 preface after it had none; [`incoming_tls`] holds
+/// both to one deadline.
+#[derive(Clone)]
+pub struct ServerTls(Arc<rustls::ServerConfig>);
+
+impl std::fmt::Debug for ServerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ServerTls")
     }
 }
 
@@ -35,53 +42,100 @@ pub fn builder_with_tls(
 /// whose client certificates it reads. A client certificate stays optional
 /// at the handshake (the CLI and workers authenticate otherwise); the
 /// services that need one check `Request::peer_certs`.
-pub fn tls_config(
-    cert: &Path,
-    key: &Path,
-    client_ca: Option<&Path>,
-) -> Result<ServerTlsConfig, String> {
-    let read = |p: &Path, flag: &str| {
-        std::fs::read(p).map_err(|e| format!("{flag}: cannot read {}: {e}", p.display()))
+pub fn tls_config(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result<ServerTls, String> {
+    let files = crate::metrics_tls::MetricsTlsFiles {
+        cert: cert.to_path_buf(),
+        key: key.to_path_buf(),
+        client_ca: client_ca.map(Path::to_path_buf),
     };
-    let mut config = ServerTlsConfig::new().identity(Identity::from_pem(
-        read(cert, "--tls-cert")?,
-        read(key, "--tls-key")?,
-    ));
-    if let Some(ca) = client_ca {
-        config = config
-            .client_ca_root(Certificate::from_pem(read(ca, "--client-ca")?))
-            .client_auth_optional(true);
-    }
-    Ok(config)
+    files.server_config(true, &[b"h2"]).map(ServerTls)
 }
+
+/// A TLS connection of a gRPC server, open in time.
+pub type TlsConn = Opening<tokio_rustls::server::TlsStream<Tcp>>;
 
 /// The accepted connections of `listener`, each [`ready`]: tonic's
 /// `serve_with_incoming*` takes sockets as they come and ignores the
 /// builder's `tcp_nodelay`. Never yields an error: see [`accept`].
 /// `listener` owned or shared (`Arc`, the coordinator's standby hands it on).
-/// Each must send its first bytes within [`crate::conn::FIRST_BYTES`].
-pub fn incoming<L>(listener: L) -> impl tokio_stream::Stream<Item = std::io::Result<Conn>>
+/// Each must open within [`OPENING`] ([`crate::conn`]).
+pub fn incoming<L>(listener: L) -> impl Stream<Item = std::io::Result<Conn>>
 where
     L: std::borrow::Borrow<tokio::net::TcpListener>,
 {
-    incoming_capped(listener, usize::MAX)
+    incoming_limited(listener, Limits::unlimited())
 }
 
-/// [`incoming`], each peer address holding at most `per_peer` connections:
-/// one more from an address at its cap is closed at once (a warning at most
-/// every 10 s says so, naming the address and the cap).
-pub fn incoming_capped<L>(
+/// [`incoming`] under `limits`: one more from an address at its cap, or
+/// past the total, is closed at once (a warning at most every 10 s says
+/// so, naming the address, the cap and the flag); each must open within
+/// `limits.opening`.
+pub fn incoming_limited<L>(listener: L, limits: Limits) -> impl Stream<Item = std::io::Result<Conn>>
+where
+    L: std::borrow::Borrow<tokio::net::TcpListener>,
+{
+    accepted(listener, limits, Caps::Flags).map(move |tcp| Ok(Opening::new(tcp, limits.opening)))
+}
+
+/// [`incoming_limited`] over TLS: the handshakes run side by side, and a
+/// connection whose handshake and HTTP/2 preface are not done within
+/// `limits.opening` of its accept is closed; one whose handshake fails is
+/// closed (logged at debug). Never yields an error.
+pub fn incoming_tls<L>(
     listener: L,
-    per_peer: usize,
-) -> impl tokio_stream::Stream<Item = std::io::Result<Conn>>
+    limits: Limits,
+    tls: ServerTls,
+) -> impl Stream<Item = std::io::Result<TlsConn>>
+where
+    L: std::borrow::Borrow<tokio::net::TcpListener>,
+{
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls.0);
+    accepted(listener, limits, Caps::Flags)
+        .map(move |tcp| {
+            // From the accept, not from when the handshake is first polled.
+            let deadline = tokio::time::Instant::now() + limits.opening;
+            let handshake = acceptor.accept(tcp);
+            async move {
+                match tokio::time::timeout_at(deadline, handshake).await {
+                    Ok(Ok(tls)) => Some(Ok(Opening::until(tls, deadline, limits.opening))),
+                    Ok(Err(e)) => {
+                        tracing::debug!("TLS handshake refused: {e}");
+                        None
+                    }
+                    Err(_) => {
+                        tracing::debug!("TLS handshake not done in {:?}: closed", limits.opening);
+                        None
+                    }
+                }
+            }
+        })
+        // Every connection holds a slot, so `total` bounds these already.
+        .buffer_unordered(limits.total)
+        .filter_map(futures::future::ready)
+}
+
+/// Where a listener's caps come from, for its warnings to name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Caps {
+    /// `--max-connections-per-peer`, `--max-connections`.
+    Flags,
+    /// Fixed: the `/metrics` listener's (crate::metrics_tls::LIMITS).
+    Metrics,
+}
+
+/// The connections of `listener` that get a slot under `limits`.
+pub(crate) fn accepted<L>(listener: L, limits: Limits, caps: Caps) -> impl Stream<Item = Tcp>
 where
     L: std::borrow::Borrow<tokio::net::TcpListener>,
 {
     let state = (
         listener,
         AcceptBackoff::default(),
-        PeerSlots::new(per_peer),
-        None,
+        PeerSlots::new(limits),
+        Warned {
+            caps,
+            ..Warned::default()
+        },
     );
     futures::stream::unfold(
         state,
@@ -92,29 +146,110 @@ where
                     continue; // gone already
                 };
                 match slots.take(peer.ip()) {
-                    Some(slot) => {
-                        let conn = Conn::new(conn, FIRST_BYTES).with_slot(slot);
-                        return Some((Ok(conn), (listener, backoff, slots, warned)));
+                    Ok(slot) => {
+                        let tcp = Tcp::new(conn, Some(slot));
+                        return Some((tcp, (listener, backoff, slots, warned)));
                     }
-                    None => {
-                        let now = std::time::Instant::now();
-                        if warned
-                            .is_none_or(|t: std::time::Instant| now - t >= Duration::from_secs(10))
-                        {
-                            warned = Some(now);
-                            tracing::warn!(
-                                peer = %peer.ip(),
-                                cap = slots.max(),
-                                "refusing connections from {}: it holds {} already (--max-connections-per-peer)",
-                                peer.ip(),
-                                slots.max()
-                            );
-                        }
-                    }
+                    Err(full) => warned.refused(full, peer.ip(), &slots),
                 }
             }
         },
     )
+}
+
+/// When the last warning about refused connections was given, per reason.
+#[derive(Debug)]
+struct Warned {
+    caps: Caps,
+    peer: Option<std::time::Instant>,
+    all: Option<std::time::Instant>,
+    /// Refused since the last warning.
+    refused: u64,
+}
+
+impl Default for Warned {
+    fn default() -> Warned {
+        Warned {
+            caps: Caps::Flags,
+            peer: None,
+            all: None,
+            refused: 0,
+        }
+    }
+}
+
+impl Warned {
+    const EVERY: Duration = Duration::from_secs(10);
+
+    fn refused(&mut self, full: Full, ip: std::net::IpAddr, slots: &PeerSlots) {
+        self.refused += 1;
+        let last = match full {
+            Full::Peer => &mut self.peer,
+            Full::All => &mut self.all,
+        };
+        if last.is_some_and(|t| t.elapsed() < Self::EVERY) {
+            return;
+        }
+        *last = Some(std::time::Instant::now());
+        let refused = std::mem::take(&mut self.refused);
+        if self.caps == Caps::Metrics {
+            tracing::warn!(
+                peer = %ip,
+                refused,
+                "/metrics: refusing connections from {ip}: {} are open from it and {} in all; \
+                 the listener takes at most {} per address and {} in all, so that it cannot \
+                 take the gRPC port's descriptors",
+                slots.held_by(ip),
+                slots.held(),
+                slots.per_peer(),
+                slots.total(),
+            );
+            return;
+        }
+        match full {
+            Full::Peer => tracing::warn!(
+                peer = %ip,
+                cap = slots.per_peer(),
+                refused,
+                "refusing connections from {ip}: it holds {} already (--max-connections-per-peer)",
+                slots.per_peer()
+            ),
+            Full::All => {
+                let (soft, _) = open_files_limit();
+                tracing::warn!(
+                    peer = %ip,
+                    held = slots.held(),
+                    cap = slots.total(),
+                    open_files_limit = soft,
+                    refused,
+                    "cannot accept connections: {} are open, the most this server takes \
+                     (--max-connections; by default the open-files limit less what the process \
+                     needs for itself), and the last {} go only to addresses holding fewer \
+                     than {}. Each agent holds a connection, and each worker one for its job: \
+                     raise the limit (`ulimit -n`, systemd `LimitNOFILE=`) or --max-connections; \
+                     closing the newest",
+                    slots.held(),
+                    slots.reserve(),
+                    crate::conn::FEW,
+                )
+            }
+        }
+    }
+}
+
+/// The default `--max-connections` under an open-files limit of `soft`:
+/// all but what the process needs besides (its store and logs, etcd,
+/// `/metrics` and its own connections), at least half of it. Accepting
+/// past the limit fails (EMFILE) and leaves the operator's CLI waiting in
+/// the listen backlog behind the flood; refused under it, the newest is
+/// closed at once and the reserve (crate::conn) stays open to others.
+pub fn max_connections_for(soft: u64) -> usize {
+    if soft == 0 {
+        return usize::MAX; // unknown: the accept backoff is all there is
+    }
+    let soft = usize::try_from(soft).unwrap_or(usize::MAX);
+    let besides = (soft / 16).max(256);
+    soft.saturating_sub(besides).max(soft / 2).max(1)
 }
 
 /// The next connection on `listener`, made [`ready`]. An accept that fails
@@ -247,7 +382,11 @@ mod tests {
         use tokio::io::AsyncReadExt;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let mut incoming = std::pin::pin!(super::incoming_capped(listener, 1));
+        let limits = crate::conn::Limits {
+            per_peer: 1,
+            ..crate::conn::Limits::unlimited()
+        };
+        let mut incoming = std::pin::pin!(super::incoming_limited(listener, limits));
         let _first = tokio::net::TcpStream::connect(addr).await.unwrap();
         let held = incoming.next().await.unwrap().unwrap();
         let mut second = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -269,11 +408,8 @@ mod tests {
         let mut incoming = std::pin::pin!(super::incoming(listener));
         let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
         let accepted = incoming.next().await.unwrap().unwrap();
-        assert!(accepted.tcp().nodelay().unwrap());
-        assert_eq!(
-            super::congestion(accepted.tcp()),
-            "cubic",
-            "a loopback peer"
-        );
+        let tcp = accepted.get_ref().tcp();
+        assert!(tcp.nodelay().unwrap());
+        assert_eq!(super::congestion(tcp), "cubic", "a loopback peer");
     }
 }

@@ -232,7 +232,10 @@ async fn the_fleet_comes_back_after_a_coordinator_restart_and_its_job_ends() {
     assert_eq!(results, nodes * 2, "every rank's result in the report");
     // Every node heard from since the restart, each session opened again.
     let listed = jobs
-        .list_nodes(ListNodesRequest { brief: true })
+        .list_nodes(ListNodesRequest {
+            brief: true,
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner()

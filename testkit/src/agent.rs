@@ -46,6 +46,17 @@ pub async fn register(
     .await
 }
 
+/// Registers with `req` over `channel` (a TLS one, with a node's own
+/// certificate) and opens the session, as [`FakeAgent::start`] does.
+pub async fn start_on(channel: Channel, req: RegisterRequest) -> FakeAgent {
+    let name = req.name.clone();
+    let mut client = AgentServiceClient::new(channel)
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(64 << 20);
+    client.register(req).await.unwrap();
+    FakeAgent::session(client, &name).await
+}
+
 /// Sends `req` as a registration; panics where the coordinator refuses it.
 pub async fn register_with(
     url: &str,

@@ -3,12 +3,18 @@
 //! In a job the coordinator serves it (`WorkerService.RendezvousPut/Get`, keys
 //! scoped by job and attempt, see `client.rs`). [`MemoryRendezvous`] is the same
 //! contract inside one process, for ranks run as threads (tests, local tries).
+//!
+//! Every key names the one rank that may write it
+//! (`gpuctl_core::rendezvous_keys`): the coordinator refuses anyone else, so
+//! a reader asks for the key of the rank it trusts, and a rank of a node
+//! under test cannot plant another's address.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
+use gpuctl_core::rendezvous_keys;
 
 use crate::client::Progress;
 
@@ -22,28 +28,50 @@ pub trait Rendezvous: Send + Sync {
 /// Another rendezvous seen under a key prefix, so that communicators of
 /// different rank groups in one job (the pairs of `--pattern pairs`) use their
 /// usual keys (`tcp/addr/{rank}`, `nccl/id`) without meeting each other.
+/// Ranks in those keys are group ranks: a key's writer, group rank g, becomes
+/// the job rank `members[g]` in the key's writer suffix, so that only g's own
+/// worker may write it.
 pub struct Scoped<'a> {
     inner: &'a dyn Rendezvous,
     prefix: String,
+    /// The job rank of each group rank.
+    members: Vec<u32>,
 }
 
 impl<'a> Scoped<'a> {
-    /// Keys become `{prefix}/{key}`.
-    pub fn new(inner: &'a dyn Rendezvous, prefix: &str) -> Self {
+    /// Keys `k` written by group rank g become `{prefix}/{k}@{members[g]}`.
+    pub fn new(inner: &'a dyn Rendezvous, prefix: &str, members: Vec<u32>) -> Self {
         Scoped {
             inner,
             prefix: format!("{prefix}/"),
+            members,
         }
+    }
+
+    fn key(&self, key: &str) -> Result<String> {
+        let (base, g) = rendezvous_keys::split(key)
+            .ok_or_else(|| anyhow!("rendezvous key `{key}` names no writer"))?;
+        let rank = self.members.get(g as usize).ok_or_else(|| {
+            anyhow!(
+                "rendezvous key `{key}` is group rank {g}'s; the group under `{}` has {} ranks",
+                self.prefix,
+                self.members.len()
+            )
+        })?;
+        Ok(rendezvous_keys::owned(
+            &format!("{}{base}", self.prefix),
+            *rank,
+        ))
     }
 }
 
 impl Rendezvous for Scoped<'_> {
     fn put(&self, key: &str, value: &[u8]) -> Result<()> {
-        self.inner.put(&format!("{}{key}", self.prefix), value)
+        self.inner.put(&self.key(key)?, value)
     }
 
     fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
-        self.inner.get(&format!("{}{key}", self.prefix), timeout)
+        self.inner.get(&self.key(key)?, timeout)
     }
 }
 
@@ -102,6 +130,8 @@ pub fn barrier(
 type Shared = Arc<(Mutex<HashMap<String, Vec<u8>>>, Condvar)>;
 
 /// In-process rendezvous shared by ranks that are threads of one process.
+/// It trusts its threads, but refuses keys that name no writer, as the
+/// coordinator does: a unit test finds such a key before a job does.
 #[derive(Clone, Default)]
 pub struct MemoryRendezvous {
     inner: Shared,
@@ -115,6 +145,7 @@ impl MemoryRendezvous {
 
 impl Rendezvous for MemoryRendezvous {
     fn put(&self, key: &str, value: &[u8]) -> Result<()> {
+        writable(key)?;
         let (map, cv) = &*self.inner;
         map.lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -124,6 +155,7 @@ impl Rendezvous for MemoryRendezvous {
     }
 
     fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        writable(key)?;
         let deadline = Instant::now() + timeout;
         let (map, cv) = &*self.inner;
         let mut guard = map.lock().unwrap_or_else(|e| e.into_inner());
@@ -146,6 +178,14 @@ impl Rendezvous for MemoryRendezvous {
     }
 }
 
+/// Refuses a key no rank may write (the coordinator would refuse it).
+fn writable(key: &str) -> Result<()> {
+    match rendezvous_keys::writer(key) {
+        Some(_) => Ok(()),
+        None => bail!("rendezvous key `{key}` names no writer: no rank may write it"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,11 +193,29 @@ mod tests {
     #[test]
     fn scoped_keys_do_not_meet_and_the_barrier_waits_for_everyone() {
         let m = MemoryRendezvous::new();
-        Scoped::new(&m, "a").put("k", b"1").unwrap();
-        Scoped::new(&m, "b").put("k", b"2").unwrap();
-        assert_eq!(m.get("a/k", Duration::ZERO).unwrap(), b"1");
-        assert_eq!(Scoped::new(&m, "b").get("k", Duration::ZERO).unwrap(), b"2");
-        assert!(m.get("k", Duration::ZERO).is_err());
+        let (a, b) = (
+            Scoped::new(&m, "a", vec![4, 6]),
+            Scoped::new(&m, "b", vec![5, 7]),
+        );
+        a.put("tcp/addr/1", b"1").unwrap();
+        b.put("tcp/addr/1", b"2").unwrap();
+        a.put("nccl/id", b"3").unwrap();
+        a.put("k@1", b"4").unwrap();
+        // Group ranks become the job ranks that own the keys.
+        assert_eq!(m.get("a/tcp/addr/1@6", Duration::ZERO).unwrap(), b"1");
+        assert_eq!(m.get("a/nccl/id@4", Duration::ZERO).unwrap(), b"3");
+        assert_eq!(m.get("a/k@6", Duration::ZERO).unwrap(), b"4");
+        assert_eq!(b.get("tcp/addr/1", Duration::ZERO).unwrap(), b"2");
+        assert!(m.get("tcp/addr/1", Duration::ZERO).is_err());
+        // Keys that name no writer, or a rank outside the group, go nowhere.
+        let e = a.put("k", b"").unwrap_err().to_string();
+        assert!(e.contains("names no writer"), "{e}");
+        let e = a.put("tcp/addr/2", b"").unwrap_err().to_string();
+        assert!(
+            e.contains("group rank 2's") && e.contains("has 2 ranks"),
+            "{e}"
+        );
+        assert!(m.put("pairs/shape", b"").is_err());
 
         let arrived = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let hs: Vec<_> = (0..4)

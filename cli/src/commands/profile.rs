@@ -2,7 +2,8 @@
 //! (ddp, fsdp): every rank's top 10 operators by self CPU time, GPU time and
 //! memory, and where each rank's Chrome trace lies. `--trace DIR` fetches
 //! the traces through the coordinator from the agents whose nodes keep them
-//! (in the agent's folder of the job), whatever host the CLI runs on.
+//! (in the agent's folder of the job), whatever host the CLI runs on, each
+//! under a name gpuctl makes ([`trace_names`]), never one a node sent.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -56,7 +57,7 @@ pub async fn run(c: &mut Coordinator, a: &ProfileArgs, out: OutputFormat) -> Res
     if let Some(dir) = &a.trace {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("--trace: cannot create {}", dir.display()))?;
-        copied = fetch_all(c, &a.job, &all, dir).await;
+        copied = fetch_all(c, &a.job, &report.workload, &all, dir).await;
     }
     match out {
         OutputFormat::Json => {
@@ -95,21 +96,63 @@ pub async fn run(c: &mut Coordinator, a: &ProfileArgs, out: OutputFormat) -> Res
 /// the agent reads two pieces at a time however many ask.
 const FETCHES_AT_ONCE: usize = 4;
 
+type Profiled<'a> = (&'a str, u32, String, &'a gpuctl_core::pb::OperatorProfile);
+
+/// The file name of each rank's trace in `--trace DIR`, in the order of
+/// `all`: `profile-WORKLOAD-MODEL-rankN.json`, as the worker names it on
+/// its node, but made of the catalogue's words and the rank's number, so
+/// that a node (whose result named its trace `/home/op/.bashrc`) chooses
+/// no file of the operator's. A model the catalogue does not know is
+/// `model`; a name met twice gets `-2`, `-3`.
+fn trace_names(workload: &str, all: &[Profiled]) -> Vec<String> {
+    use gpuctl_core::catalogue::{workloads, GPT_SIZES, MODELS};
+    let workload = workloads()
+        .into_iter()
+        .find(|w| *w == workload)
+        .unwrap_or("train");
+    let model = |label: &str| {
+        let (name, size) = label
+            .split_once(' ')
+            .map_or((label, None), |(n, s)| (n, Some(s)));
+        let name = MODELS.iter().find(|m| **m == name);
+        match (name, size.map(|s| GPT_SIZES.iter().find(|g| **g == s))) {
+            (Some(m), None) => m.to_string(),
+            (Some(m), Some(Some(s))) => format!("{m}-{s}"),
+            _ => "model".to_string(),
+        }
+    };
+    let mut seen = std::collections::HashSet::new();
+    all.iter()
+        .map(|(_, rank, label, _)| {
+            let stem = format!("profile-{workload}-{}-rank{rank}", model(label));
+            let mut name = format!("{stem}.json");
+            let mut k = 1;
+            while !seen.insert(name.clone()) {
+                k += 1;
+                name = format!("{stem}-{k}.json");
+            }
+            name
+        })
+        .collect()
+}
+
 /// Fetches every rank's trace through the coordinator into `dir`, saying
 /// on stderr how each went as it ends.
 async fn fetch_all(
     c: &Coordinator,
     job: &str,
-    all: &[(&str, u32, String, &gpuctl_core::pb::OperatorProfile)],
+    workload: &str,
+    all: &[Profiled<'_>],
     dir: &Path,
 ) -> Vec<Result<PathBuf, String>> {
     let n = all.len();
     let done = std::sync::atomic::AtomicUsize::new(0);
-    futures::stream::iter(all)
-        .map(|(node, rank, _, p)| {
+    let names = trace_names(workload, all);
+    futures::stream::iter(all.iter().zip(&names))
+        .map(|((node, rank, _, p), name)| {
             let done = &done;
             async move {
-                let r = fetch(c, job, *rank, &p.trace_path, dir).await;
+                let r = fetch(c, job, *rank, &p.trace_path, &dir.join(name)).await;
                 let k = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
                 let r = r.map_err(|e| {
                     let e = if e.contains(&format!("rank {rank} "))
@@ -154,25 +197,22 @@ struct Fetched {
     secs: f64,
 }
 
-/// One rank's trace into `dir`, under its name on its node: written to a
-/// hidden part file and renamed once whole, so a file of that name is a
-/// whole trace.
+/// One rank's trace into the file `to` (of [`trace_names`]): written to a
+/// hidden part file beside it and renamed once whole, so a file of that
+/// name is a whole trace.
 async fn fetch(
     c: &Coordinator,
     job: &str,
     rank: u32,
     path: &str,
-    dir: &Path,
+    to: &Path,
 ) -> Result<Fetched, String> {
     if path.is_empty() {
         return Err(format!("rank {rank}: no trace was written"));
     }
-    let name = Path::new(path)
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| format!("profile-rank{rank}.json"));
-    let to = dir.join(&name);
-    let part = dir.join(format!(".{name}.part"));
+    let to = to.to_path_buf();
+    let name = to.file_name().unwrap_or_default().to_string_lossy();
+    let part = to.with_file_name(format!(".{name}.part"));
     let t0 = std::time::Instant::now();
     let r = receive(c, job, rank, path, &part).await;
     let r = r.and_then(|(bytes, wire)| {
@@ -250,6 +290,52 @@ async fn receive(
                 ));
             }
             return Ok((written, wire));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuctl_core::pb::OperatorProfile;
+
+    #[test]
+    fn trace_files_are_named_by_gpuctl_not_by_the_node() {
+        let p = OperatorProfile {
+            trace_path: "/whatever/.bashrc".into(),
+            ..Default::default()
+        };
+        let all: Vec<Profiled> = [
+            (0, "cnn"),
+            (1, "gpt 1.3b"),
+            (2, "/whatever/.bashrc"),
+            (3, "../../.ssh/authorized_keys"),
+            (3, "resnet50 ../x"),
+            (3, "cnn"),
+            (3, "cnn"),
+        ]
+        .into_iter()
+        .map(|(rank, model)| ("node-a", rank, model.to_string(), &p))
+        .collect();
+        assert_eq!(
+            trace_names("ddp", &all),
+            [
+                "profile-ddp-cnn-rank0.json",
+                "profile-ddp-gpt-1.3b-rank1.json",
+                "profile-ddp-model-rank2.json",
+                "profile-ddp-model-rank3.json",
+                "profile-ddp-model-rank3-2.json",
+                "profile-ddp-cnn-rank3.json",
+                "profile-ddp-cnn-rank3-2.json",
+            ]
+        );
+        let odd = trace_names("../../etc", &all[..1]);
+        assert_eq!(odd, ["profile-train-cnn-rank0.json"]);
+        for name in trace_names("fsdp", &all) {
+            assert!(
+                !name.contains('/') && name.starts_with("profile-fsdp-"),
+                "{name}"
+            );
         }
     }
 }

@@ -17,3 +17,4 @@ pub mod search;
 pub mod series;
 pub mod telemetry;
 pub mod thin;
+pub mod votes;

@@ -19,7 +19,7 @@ use gpuctl_core::pb::{Baseline, Finding, Verdict};
 
 pub use super::figures::{Expected, Figure, JobFigures, Metric, RankFigures};
 use super::rules::{MetricRule, PerfRules};
-use gpuctl_core::stats::median;
+use super::votes::{name_nodes, Basis, Votes, MIN_OTHER_NODES};
 
 /// Findings and the sentences that say which references applied.
 #[derive(Debug, Default)]
@@ -217,56 +217,73 @@ fn fleet(ranks: &[RankFigures], rules: &PerfRules, out: &mut Judgement) {
         ));
     }
     let min = rules.fleet_min_ranks.max(2);
-    for (class, n) in &classes {
-        let has_figures = groups.keys().any(|(c, _, _)| c == class);
-        if !has_figures {
-            continue;
-        }
-        if *n < min {
-            out.notes.push(format!(
-                "fleet reference not used for `{class}`: {n} rank{} of that class, it needs {min} or more",
-                if *n == 1 { "" } else { "s" }
-            ));
-        } else {
-            out.notes.push(format!(
-                "fleet reference: each rank against the median of the {n} ranks of `{class}`"
-            ));
-        }
-    }
+    // One note per class: how its references were made.
+    let mut said: BTreeSet<&str> = BTreeSet::new();
     for ((class, metric, key), members) in groups {
-        if members.len() < min {
-            continue;
-        }
-        let values: Vec<f64> = members.iter().map(|(_, v)| *v).collect();
-        let reference = median(values.clone()).unwrap_or(0.0);
-        if reference <= 0.0 {
-            continue;
+        let votes = Votes::new(members.iter().map(|(r, v)| (r.node.as_str(), *v)));
+        if said.insert(class) {
+            out.notes
+                .push(class_note(class, classes[&class], &votes, min));
         }
         let rule: &MetricRule = rules.metric(metric);
         for (r, value) in members {
-            let s = score(metric, value, reference);
+            let Some(reference) = votes.reference(&r.node, min) else {
+                continue;
+            };
+            if reference.value <= 0.0 {
+                continue;
+            }
+            let s = score(metric, value, reference.value);
             let (fail, warn) = rule.fleet_ratios(r.gpu_index.is_none());
             if let Some(level) = level_of(s, fail, warn) {
                 let subject = Subject::of(r);
+                let of = match &reference.basis {
+                    Basis::Nodes(nodes) => format!(
+                        "the median of {} nodes' medians of `{class}` ({})",
+                        nodes.len(),
+                        name_nodes(nodes)
+                    ),
+                    Basis::OwnNode(n) => {
+                        format!("the median of node {}'s {n} ranks of `{class}`", r.node)
+                    }
+                };
                 out.findings.push(finding(Miss {
                     subject: &subject,
                     metric,
                     key,
                     value: Some(value),
-                    reference,
+                    reference: reference.value,
                     kind: "fleet",
                     level,
-                    rule: ratio_rule(
-                        "fleet",
-                        metric,
-                        fail,
-                        warn,
-                        &format!("the median of {} ranks of `{class}`", values.len()),
-                    ),
+                    rule: ratio_rule("fleet", metric, fail, warn, &of),
                 }));
             }
         }
     }
+}
+
+/// How a class's fleet references were made, said once in the report: one
+/// vote per node, and which nodes voted.
+fn class_note(class: &str, ranks: usize, votes: &Votes, min: usize) -> String {
+    let nodes = votes.nodes();
+    let plural = |n: usize| if n == 1 { "" } else { "s" };
+    if votes.across_nodes() {
+        return format!(
+            "fleet reference: each rank of `{class}` against the median of {nodes} nodes' medians, one vote per node ({})",
+            name_nodes(&votes.node_names())
+        );
+    }
+    let why = format!(
+        "{nodes} node{} with figures, and a reference across nodes needs {MIN_OTHER_NODES} besides the node judged",
+        plural(nodes)
+    );
+    if votes.largest_node() < min {
+        return format!(
+            "fleet reference not used for `{class}`: {why}; no node has {min} or more of its {ranks} rank{}",
+            plural(ranks)
+        );
+    }
+    format!("fleet reference for `{class}`: {why}; each rank against its own node's ranks where that node has {min} or more")
 }
 
 /// Reference 2: a saved baseline, per device class.
@@ -576,7 +593,9 @@ mod tests {
 
     #[test]
     fn fleet_names_the_slow_rank_only() {
-        let ranks: Vec<_> = [650.0, 655.0, 648.0, 320.0]
+        // Four nodes of two GPUs: one vote per node, the median of
+        // 652.5, 484, 650.5 and 650.5.
+        let ranks: Vec<_> = [650.0, 655.0, 648.0, 320.0, 650.0, 651.0, 649.0, 652.0]
             .iter()
             .enumerate()
             .map(|(i, v)| rank(i as u32, &format!("n{}", i / 2), *v))
@@ -597,8 +616,17 @@ mod tests {
         assert_eq!(fails[0].rank, Some(3));
         assert_eq!(fails[0].node, "n1");
         assert_eq!(fails[0].reference_kind, "fleet");
-        assert!((fails[0].reference - 649.0).abs() < 1e-9);
+        assert!((fails[0].reference - 650.5).abs() < 1e-9);
         assert!(fails[0].detail.contains("rank 3 on node n1 (GPU 1)"));
+        assert!(
+            fails[0].rule.contains("4 nodes' medians"),
+            "{}",
+            fails[0].rule
+        );
+        assert!(j
+            .notes
+            .iter()
+            .any(|n| n.contains("one vote per node (n0, n1, n2, n3)")));
     }
 
     /// What the README's local fleet saw: 8 CPU ranks on 2 cores, two of

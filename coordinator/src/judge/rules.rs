@@ -15,8 +15,8 @@ use super::perf::Metric;
 /// The built-in rules, shipped with the binary.
 pub const BUILTIN: &str = include_str!("../../rules/performance.toml");
 
-/// Largest rules text accepted from a job spec.
-pub const MAX_RULES_BYTES: usize = 64 * 1024;
+/// Largest rules text accepted from a job spec or a suite.
+pub use gpuctl_core::limits::MAX_RULES_BYTES;
 
 /// How one metric is judged against the fleet and a baseline.
 #[derive(Debug, Clone, PartialEq)]

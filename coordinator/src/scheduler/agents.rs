@@ -71,6 +71,7 @@ impl Scheduler {
                 max: self.cfg.max_nodes,
             });
         }
+        self.admit(&name, &req)?;
         let now = self.cfg.clock.now_ms();
         let entry = self
             .nodes
@@ -79,6 +80,7 @@ impl Scheduler {
         // The job this node was part of: kept across a lost session and a
         // coordinator restart, so that the agent can hand its workers back.
         let prior = std::mem::take(&mut entry.node_mut().current_job);
+        let changed = super::inventory::change(&entry.node, &req);
         let mut node = Node {
             name: name.clone(),
             facts: req.facts,
@@ -144,7 +146,11 @@ impl Scheduler {
             entry.node_mut().current_job = prior.clone();
         }
         entry.refresh_state();
-        let batch = Batch::default().node(&entry.node);
+        let mut batch = Batch::default().node(&entry.node);
+        if let Some(why) = changed {
+            warn!(node = %name, "{why}");
+            batch = batch.acceptance(&super::inventory::finding(&name, &why, now));
+        }
         info!(node = %name, slots = entry.node.slots, gpus = entry.node.gpus.len(), ?adopted, ?refused, "agent registered");
         self.save(batch);
         for id in &adopted {
@@ -216,7 +222,7 @@ impl Scheduler {
             return;
         }
         e.heard(now);
-        if !hb.preflight.is_empty() {
+        if !hb.preflight.is_empty() && self.budget.checks(&self.cfg, e, &hb.preflight) {
             // Kept in memory: the next registration or state change stores it.
             e.node_mut().preflight = hb.preflight;
         }
@@ -273,6 +279,22 @@ impl Scheduler {
     }
 
     async fn assignment_ack(&mut self, node: String, ack: AssignmentAck) {
+        // Only a node the job was assigned to may say how its start went.
+        if self
+            .jobs
+            .get(&ack.job_id)
+            .is_some_and(|j| j.job.attempt == ack.attempt && !j.has_node(&node))
+        {
+            self.cfg.refusals.refuse(
+                crate::refusals::Refused::Ack,
+                &node,
+                &format!(
+                    "node {node} acknowledged {} attempt {}, which was not assigned to it",
+                    ack.job_id, ack.attempt
+                ),
+            );
+            return;
+        }
         let running = match self.jobs.get_mut(&ack.job_id) {
             Some(j) if j.state() == JobState::Running && j.job.attempt == ack.attempt => {
                 // The node's preflight at job start replaces the one from registration.

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use gpuctl_core::pb::ListNodesResponse;
+use gpuctl_core::pb::{ListNodesRequest, ListNodesResponse, Node};
 use tokio::sync::{mpsc, oneshot};
 use tracing::debug;
 
@@ -23,6 +23,8 @@ pub struct SchedulerHandle {
     /// The scheduler's clock, for handlers that stamp what they store
     /// beside it (a baseline).
     pub(super) clock: Clock,
+    /// Where every service counts what a node may not say.
+    pub(super) refusals: crate::refusals::Refusals,
 }
 
 impl SchedulerHandle {
@@ -38,7 +40,8 @@ impl SchedulerHandle {
         rx.await.map_err(|_| CoordinatorError::ShuttingDown)
     }
 
-    /// Every node, each whole or as `gpuctl nodes` shows it (`brief`).
+    /// Every node, each whole or as `gpuctl nodes` shows it (`brief`);
+    /// whole nodes a page at a time where `req.page_bytes` asks ([`page`]).
     ///
     /// The caller's worker thread waits for the scheduler and copies whole
     /// nodes out of the runtime's rotation (`block_in_place`), not on the
@@ -46,24 +49,25 @@ impl SchedulerHandle {
     /// fleet calls were queued, and a handler woken from another thread
     /// waited 35-60 ms behind them with its listing already built. A brief
     /// listing's table comes built from the scheduler's task.
-    pub async fn list_nodes(&self, brief: bool) -> Result<ListNodesResponse, CoordinatorError> {
+    pub async fn list_nodes(
+        &self,
+        req: ListNodesRequest,
+    ) -> Result<ListNodesResponse, CoordinatorError> {
         let (tx, rx) = oneshot::channel();
+        let brief = req.brief;
         self.lane(Query::ListNodes { brief, reply: tx }.into())
             .await
             .map_err(|_| CoordinatorError::ShuttingDown)?;
         let listing = background::recv_in_place(rx)
             .await
             .map_err(|_| CoordinatorError::ShuttingDown)?;
-        Ok(match listing {
-            Listing::Table(t) => ListNodesResponse {
+        match listing {
+            Listing::Table(t) => Ok(ListNodesResponse {
                 table: Some(*t),
                 ..Default::default()
-            },
-            Listing::Nodes(nodes) => background::in_place(move || ListNodesResponse {
-                nodes: nodes.into_iter().map(Arc::unwrap_or_clone).collect(),
-                table: None,
             }),
-        })
+            Listing::Nodes(nodes) => background::in_place(move || page(nodes, &req)),
+        }
     }
 
     /// Sends an event that needs no answer.
@@ -83,10 +87,53 @@ impl SchedulerHandle {
         &self.clock
     }
 
+    pub fn refusals(&self) -> &crate::refusals::Refusals {
+        &self.refusals
+    }
+
     async fn lane(&self, ev: Event) -> Result<(), mpsc::error::SendError<Event>> {
         match ev.about().lane {
             Lane::People => self.people.send(ev).await,
             Lane::Fleet => self.tx.send(ev).await,
         }
     }
+}
+
+/// The page of `nodes` (by name) that `req` asks for, copied out of their
+/// `Arc`s: only those nodes are measured and copied. Without `page_bytes`
+/// (a gpuctl older than paging) every node, unless they outgrow one answer:
+/// that is refused saying so, where the message's limit would have cut the
+/// call with a byte count.
+fn page(
+    mut nodes: Vec<Arc<Node>>,
+    req: &ListNodesRequest,
+) -> Result<ListNodesResponse, CoordinatorError> {
+    let bytes = |n: &Arc<Node>| prost::encoding::message::encoded_len(1, n.as_ref());
+    let next_after = if req.page_bytes == 0 {
+        let total: usize = nodes.iter().map(bytes).sum();
+        let most = gpuctl_core::server::MAX_MESSAGE_BYTES;
+        if total > most {
+            return Err(CoordinatorError::Refused(format!(
+                "the {} nodes take {total} bytes, more than one answer holds ({most}): ask page by page (ListNodesRequest.page_bytes, as `gpuctl nodes -o json` of this version does)",
+                nodes.len()
+            )));
+        }
+        String::new()
+    } else {
+        let (range, next) = gpuctl_core::limits::page(
+            &nodes,
+            |n| n.name.as_str(),
+            bytes,
+            &req.after,
+            req.page_bytes,
+        );
+        nodes.truncate(range.end);
+        nodes.drain(..range.start);
+        next
+    };
+    Ok(ListNodesResponse {
+        nodes: nodes.into_iter().map(Arc::unwrap_or_clone).collect(),
+        table: None,
+        next_after,
+    })
 }

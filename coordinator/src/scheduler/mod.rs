@@ -14,6 +14,7 @@
 //!   whether it may start jobs); what they carry; how to add an RPC.
 //! - `agents.rs`: [`AgentEvent`]s: registration and adoption, sessions,
 //!   heartbeats, acknowledgements, lost nodes, node removal.
+//! - `budget.rs`: what nodes may make the coordinator keep, each and all.
 //! - `jobs.rs`: [`JobEvent`]s: submit, start, assignments sent, finish,
 //!   cancel, deadlines, hangs.
 //! - `ranks.rs`: [`RankEvent`]s: progress, results, exits, logs, telemetry.
@@ -47,8 +48,11 @@
 mod agents;
 mod assign;
 mod background;
+mod budget;
+mod device;
 pub mod events;
 mod handle;
+mod inventory;
 mod jobs;
 mod planning;
 mod ranks;
@@ -110,6 +114,8 @@ pub struct SchedulerConfig {
     pub max_nodes: usize,
     /// Where every time-dependent rule reads the time.
     pub clock: Clock,
+    /// What nodes sent that they may not say, counted for `/metrics`.
+    pub refusals: crate::refusals::Refusals,
 }
 
 fn human(d: Duration) -> String {
@@ -122,6 +128,8 @@ pub struct Scheduler {
     rdv: Rendezvous,
     logs: LogSink,
     nodes: BTreeMap<String, NodeEntry>,
+    /// What the nodes keep, against their budgets (`budget.rs`).
+    budget: budget::Budget,
     jobs: BTreeMap<String, JobEntry>,
     job_seq: u64,
     /// Jobs found running at load whose nodes have not all come back yet:
@@ -259,6 +267,7 @@ impl Scheduler {
             rdv,
             logs,
             nodes,
+            budget: budget::Budget::default(),
             jobs,
             job_seq,
             adopting,
@@ -296,8 +305,17 @@ impl Scheduler {
         // yielded while a big job's fleet calls kept its lanes full. Tried
         // at 4,096 nodes: no gain told apart from run-to-run spread.
         let clock = self.cfg.clock.clone();
+        let refusals = self.cfg.refusals.clone();
         let task = on.spawn(self.run(rx, people_rx, shutdown));
-        (SchedulerHandle { tx, people, clock }, task)
+        (
+            SchedulerHandle {
+                tx,
+                people,
+                clock,
+                refusals,
+            },
+            task,
+        )
     }
 
     async fn run(

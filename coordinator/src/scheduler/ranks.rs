@@ -8,12 +8,14 @@ use gpuctl_core::pb::{
 use gpuctl_core::timeline;
 use tracing::debug;
 
+use super::device;
 use super::events::RankEvent;
 use super::Scheduler;
 use crate::error::CoordinatorError;
 use crate::judge::report;
 use crate::judge::series::GpuSeries;
 use crate::logs::LogBatch;
+use crate::refusals::Refused;
 use crate::store::{Batch, Durable};
 
 /// What a worker hears back about its result: now (refused), or once the
@@ -143,34 +145,31 @@ impl Scheduler {
             ));
         }
         if let Some(p) = placement {
-            let device = p.device_label();
-            for (field, planned) in [
-                (&mut result.node, p.node),
-                (&mut result.device, device),
-                (&mut result.device_name, p.device_name),
-                (&mut result.gpu_uuid, p.gpu_uuid),
-            ] {
-                if field.is_empty() {
-                    *field = planned;
-                }
+            if let Err(why) = device::from_plan(&mut result, &p) {
+                let sender = format!("rank {} of {}", result.rank, result.job_id);
+                self.cfg.refusals.refuse(Refused::Result, &sender, &why);
+                return Answer::Now((false, why));
             }
         }
         let id = result.job_id.clone();
         let rank = result.rank;
+        // After the end a result is evidence only while it can still be in
+        // flight: never for a cancelled job (a rank's secret stays valid,
+        // and results posted after a cancel turned its ranks to pass).
+        if entry.state() == JobState::Cancelled && !entry.results.contains_key(&rank) {
+            return Answer::Now((
+                false,
+                format!("job {id} was cancelled: its results are no longer taken"),
+            ));
+        }
         let ending = entry.pending.is_some() || entry.state().is_terminal();
         if ending && entry.mark_stored(rank) {
             // Sent again (its first call timed out): answered once the first
             // copy is durable, which everything queued so far will be.
             return Answer::WhenStored(self.store.flush(), "stored already".into());
         }
-        // After the end a result is evidence only while it can still be in
-        // flight: never for a cancelled job (a rank's secret stays valid,
-        // and results posted after a cancel turned its ranks to pass).
         if entry.state() == JobState::Cancelled {
-            return Answer::Now((
-                false,
-                format!("job {id} was cancelled: its results are no longer taken"),
-            ));
+            return Answer::WhenStored(self.store.flush(), "stored already".into());
         }
         let ended_ms = self
             .cfg
@@ -218,6 +217,17 @@ impl Scheduler {
         if ex.attempt != entry.job.attempt {
             return;
         }
+        if !entry.holds(&node, ex.rank) {
+            self.cfg.refusals.refuse(
+                Refused::WorkerExit,
+                &node,
+                &format!(
+                    "node {node} reported the exit of rank {} of {}, which the plan does not put on it",
+                    ex.rank, ex.job_id
+                ),
+            );
+            return;
+        }
         let has_result = entry.results.contains_key(&ex.rank);
         entry.exits.insert(ex.rank, ex.clone());
         if entry.state() != JobState::Running || has_result || entry.judging() {
@@ -239,7 +249,21 @@ impl Scheduler {
     }
 
     fn worker_log(&mut self, node: String, log: WorkerLog) {
-        if !self.jobs.contains_key(&log.job_id) || log.lines.is_empty() {
+        let Some(entry) = self.jobs.get(&log.job_id) else {
+            return;
+        };
+        if log.lines.is_empty() {
+            return;
+        }
+        if !entry.holds(&node, log.rank) {
+            self.cfg.refusals.refuse(
+                Refused::Log,
+                &node,
+                &format!(
+                    "node {node} sent log lines of rank {} of {}, which the plan does not put on it",
+                    log.rank, log.job_id
+                ),
+            );
             return;
         }
         self.counts.log_lines += log.lines.len() as u64;
@@ -255,6 +279,17 @@ impl Scheduler {
     fn telemetry(&mut self, node: String, batch: TelemetryBatch) {
         if let Some(entry) = self.jobs.get_mut(&batch.job_id) {
             if entry.state() == JobState::Running && entry.job.attempt == batch.attempt {
+                if !entry.has_node(&node) {
+                    self.cfg.refusals.refuse(
+                        Refused::Telemetry,
+                        &node,
+                        &format!(
+                            "node {node} sent telemetry for {}, which does not run on it",
+                            batch.job_id
+                        ),
+                    );
+                    return;
+                }
                 self.counts.samples +=
                     entry.telemetry.add(&node, batch, self.cfg.clock.now_ms()) as u64;
             }

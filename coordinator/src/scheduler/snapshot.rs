@@ -20,6 +20,8 @@ pub struct Snapshot {
     /// Ended jobs deleted from the store past `--keep-jobs`.
     pub jobs_deleted: u64,
     pub rendezvous_keys: u64,
+    /// Messages refused by kind (`crate::refusals`), every kind listed.
+    pub refused: Vec<(&'static str, u64)>,
     /// Each node's last verdict and figures from the fleet history (filled
     /// by the metrics server, not the scheduler, which holds no history).
     pub fleet: std::sync::Arc<Vec<gpuctl_core::pb::FleetRow>>,
@@ -48,6 +50,7 @@ impl Scheduler {
                 .jobs_deleted
                 .load(std::sync::atomic::Ordering::Relaxed),
             rendezvous_keys: self.rdv.key_count() as u64,
+            refused: self.cfg.refusals.counts(),
             ..Default::default()
         };
         for (name, e) in &self.nodes {

@@ -407,6 +407,25 @@ impl JobEntry {
         self.job.plan.as_ref()?.placement(rank)
     }
 
+    /// Whether the plan puts `rank` on `node`: what a node's session says
+    /// of a rank (its exit, its log) counts only from the node holding it.
+    /// A retired job keeps no placements: any of its nodes then, for a rank
+    /// of its world.
+    pub fn holds(&self, node: &str, rank: u32) -> bool {
+        match self.placement(rank) {
+            Some(p) => p.node == node,
+            None => self.retired && rank < self.world_size() && self.has_node(node),
+        }
+    }
+
+    /// Whether the plan has `node` in this job at all.
+    pub fn has_node(&self, node: &str) -> bool {
+        self.job
+            .plan
+            .as_ref()
+            .is_some_and(|p| p.nodes.iter().any(|n| n == node))
+    }
+
     /// The `CancelJob.kind` for this job's workers when it ends now.
     pub fn cancel_kind(&self) -> StopReason {
         if self.watch.hung.is_some() {

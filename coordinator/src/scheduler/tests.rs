@@ -44,6 +44,7 @@ impl Fixture {
             keep_jobs: 100,
             max_nodes: 16,
             clock: clock.clone(),
+            refusals: Default::default(),
         };
         let sched = Scheduler::load(cfg, store, Rendezvous::default(), logs)
             .await

@@ -1,10 +1,17 @@
 //! `AgentService`: registration and the long-lived session. Each session gets
 //! an id so that a replaced session's late close cannot detach the new one.
+//!
+//! A session must say who it is (its first Heartbeat) within the node
+//! timeout, and one that sends nothing for that long is closed: 1,000
+//! Session streams that never spoke once stayed open for good, each with
+//! its task (issue 46). Both count as refused sessions on `/metrics`. A
+//! live agent heartbeats several times per node timeout (`heartbeat_interval`).
 
 use std::future::poll_fn;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::Stream;
 use gpuctl_core::pb::agent_message::Msg;
@@ -13,6 +20,7 @@ use gpuctl_core::pb::{AgentMessage, CoordinatorMessage, RegisterRequest, Registe
 use gpuctl_core::PROTOCOL_VERSION;
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
@@ -21,6 +29,7 @@ use tracing::warn;
 use super::auth::{PeerCerts, Security};
 use super::inbox::Inbox;
 use super::trace::Fetches;
+use crate::refusals::Refused;
 use crate::scheduler::{AgentEvent, Event, RankEvent, SchedulerHandle, SessionTx};
 
 /// Refuses an agent that speaks another protocol version, naming both.
@@ -43,6 +52,9 @@ pub struct AgentSvc {
     fleet: Handle,
     /// Pieces of traces go to the `GetTrace` call that asked for them.
     fetches: Fetches,
+    /// `--node-timeout`: how long a session may be silent, the first
+    /// heartbeat included.
+    node_timeout: Duration,
 }
 
 impl AgentSvc {
@@ -52,6 +64,7 @@ impl AgentSvc {
         security: Security,
         fleet: Handle,
         fetches: Fetches,
+        node_timeout: Duration,
     ) -> Self {
         AgentSvc {
             sched,
@@ -60,6 +73,7 @@ impl AgentSvc {
             security,
             fleet,
             fetches,
+            node_timeout,
         }
     }
 }
@@ -111,6 +125,9 @@ impl AgentService for AgentSvc {
         // wait for the response before it sends anything. Refusals then come
         // down the stream as its error.
         let certs = req.peer_certs();
+        let peer = req
+            .remote_addr()
+            .map_or_else(|| "an unknown address".to_string(), |a| a.to_string());
         let inbound = req.into_inner();
         let session = self.next_session.fetch_add(1, Ordering::Relaxed);
         // The stream carries what the scheduler sends, then why the session
@@ -124,7 +141,11 @@ impl AgentService for AgentSvc {
             inbound,
             tx,
             refuse,
-            session,
+            Id {
+                session,
+                peer,
+                silent_for: self.node_timeout,
+            },
             self.fetches.clone(),
         ));
         let refusal = futures::stream::once(let_go(refusal, session)).filter_map(|r| r.map(Err));
@@ -155,6 +176,14 @@ async fn let_go(refusal: oneshot::Receiver<Status>, session: u64) -> Option<Stat
     }
 }
 
+/// Which session: its number, where it comes from, and how long it may be
+/// silent (the node timeout).
+struct Id {
+    session: u64,
+    peer: String,
+    silent_for: Duration,
+}
+
 /// Reads the session's first message and has the scheduler attach `tx` to
 /// the node it names; returns the node's name.
 async fn open(
@@ -162,11 +191,22 @@ async fn open(
     (security, certs): &(Security, Option<PeerCerts>),
     inbound: &mut Streaming<AgentMessage>,
     tx: SessionTx,
-    session: u64,
+    id: &Id,
 ) -> Result<String, Status> {
-    let first = inbound
-        .message()
-        .await?
+    let session = id.session;
+    let first = match tokio::time::timeout(id.silent_for, inbound.message()).await {
+        Ok(first) => first?,
+        Err(_) => {
+            let why = format!(
+                "no first heartbeat within the node timeout ({}) of opening the session: closed; \
+                 an agent sends one at once",
+                humantime::format_duration(id.silent_for)
+            );
+            sched.refusals().refuse(Refused::Session, &id.peer, &why);
+            return Err(Status::deadline_exceeded(why));
+        }
+    };
+    let first = first
         .ok_or_else(|| Status::invalid_argument("the session ended before its first heartbeat"))?;
     let Some(Msg::Heartbeat(hb)) = first.msg else {
         return Err(Status::failed_precondition(
@@ -197,16 +237,20 @@ async fn run_session(
     mut inbound: Streaming<AgentMessage>,
     tx: SessionTx,
     refuse: oneshot::Sender<Status>,
-    session: u64,
+    id: Id,
     fetches: Fetches,
 ) {
+    let session = id.session;
     // Boxed, as the end below: the task of each of thousands of sessions
     // lives as long as its agent, and was ~6 KB a session with the first
     // message's and the last events' futures laid out in it.
-    let node = match Box::pin(open(&sched, &auth, &mut inbound, tx, session)).await {
+    let node = match Box::pin(open(&sched, &auth, &mut inbound, tx, &id)).await {
         Ok(node) => node,
         Err(status) => {
-            warn!("session refused: {}", status.message());
+            // A silent one is logged, at a bounded rate, as a refusal.
+            if status.code() != tonic::Code::DeadlineExceeded {
+                warn!("session refused: {}", status.message());
+            }
             let _ = refuse.send(status);
             return;
         }
@@ -214,7 +258,14 @@ async fn run_session(
     let mut lane = sched.fleet_lane();
     let mut inbox = Inbox::default();
     let mut why = "the agent ended it".to_string();
+    // Silence counts only while the session is read: with the inbox full,
+    // the agent's messages wait in the connection, not in the agent.
+    let silence = tokio::time::sleep(id.silent_for);
+    tokio::pin!(silence);
     loop {
+        if !inbox.has_room() {
+            silence.as_mut().reset(Instant::now() + id.silent_for);
+        }
         tokio::select! {
             // Handing on first: reading is only for what the scheduler
             // cannot take yet.
@@ -226,6 +277,7 @@ async fn run_session(
                 let _ = lane.send_item(ev);
             }
             msg = inbound.message(), if inbox.has_room() => {
+                silence.as_mut().reset(Instant::now() + id.silent_for);
                 let msg = match msg {
                     Ok(Some(m)) => m,
                     Ok(None) => break,
@@ -241,6 +293,16 @@ async fn run_session(
                     let _ = refuse.send(status);
                     break;
                 }
+            }
+            () = &mut silence, if inbox.has_room() => {
+                why = format!(
+                    "nothing from the agent for the node timeout ({}): closed; a live agent \
+                     heartbeats several times in it",
+                    humantime::format_duration(id.silent_for)
+                );
+                sched.refusals().refuse(Refused::Session, &node, &why);
+                let _ = refuse.send(Status::deadline_exceeded(why.clone()));
+                break;
             }
         }
     }

@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use gpuctl_core::auth::{RankKey, AUTHORIZATION, RANK_SECRET};
+use gpuctl_core::server::ServerTls;
 use subtle::ConstantTimeEq;
-use tonic::transport::ServerTlsConfig;
 use tonic::{Request, Status};
 use tracing::{info, warn};
 
@@ -157,7 +157,7 @@ impl Security {
     }
 
     /// The server's TLS from `--tls-cert/--tls-key/--client-ca`, if any.
-    pub fn server_tls(cfg: &Config) -> anyhow::Result<Option<ServerTlsConfig>> {
+    pub fn server_tls(cfg: &Config) -> anyhow::Result<Option<ServerTls>> {
         match (&cfg.tls_cert, &cfg.tls_key) {
             (Some(cert), Some(key)) => {
                 gpuctl_core::server::tls_config(cert, key, cfg.client_ca.as_deref())
@@ -323,24 +323,6 @@ fn cert_names(der: &[u8]) -> Vec<String> {
     names
 }
 
-/// The rank a rendezvous key belongs to, for the keys whose shape says so
-/// (worker/src/rendezvous.rs, comm/tcp.rs, comm/nccl.rs): `tcp/addr/N`,
-/// `barrier/NAME/N`, and rank 0's `nccl/id` and `barrier/NAME/done`. Keys
-/// under a group's prefix (pairs, bisect) carry group ranks: `None`.
-pub fn key_rank(key: &str) -> Option<u32> {
-    if key == "nccl/id" {
-        return Some(0);
-    }
-    if let Some(r) = key.strip_prefix("tcp/addr/") {
-        return r.parse().ok();
-    }
-    let (_, last) = key.strip_prefix("barrier/")?.rsplit_once('/')?;
-    if last == "done" {
-        return Some(0);
-    }
-    last.parse().ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -360,17 +342,5 @@ mod tests {
         let e = Tokens::parse("read short").unwrap_err();
         assert!(e.to_string().contains("shorter than 16"), "{e}");
         assert!(Tokens::parse("# nothing\n").is_err());
-    }
-
-    #[test]
-    fn rendezvous_keys_name_their_rank_where_their_shape_does() {
-        assert_eq!(key_rank("tcp/addr/3"), Some(3));
-        assert_eq!(key_rank("nccl/id"), Some(0));
-        assert_eq!(key_rank("barrier/start/5"), Some(5));
-        assert_eq!(key_rank("barrier/pairs-2/done"), Some(0));
-        assert_eq!(key_rank("pairs/0/1-2/tcp/addr/1"), None);
-        assert_eq!(key_rank("bisect/0/1"), None);
-        assert_eq!(key_rank("all_reduce/shape"), None);
-        assert_eq!(key_rank("tcp/addr/x"), None);
     }
 }

@@ -7,13 +7,14 @@
 use gpuctl_core::pb::job_service_server::JobService;
 use gpuctl_core::pb::GetTraceRequest;
 use gpuctl_core::pb::{
-    Baseline, CancelJobRequest, GetBaselineRequest, GetFleetRequest, GetFleetResponse,
+    Baseline, CancelJobRequest, FleetRow, GetBaselineRequest, GetFleetRequest, GetFleetResponse,
     GetJobRequest, GetLogsRequest, GetLogsResponse, GetReportRequest, GetSuiteRequest,
     GetTelemetryRequest, GetTelemetryResponse, GetTimelineRequest, Job, ListBaselinesRequest,
     ListBaselinesResponse, ListJobsRequest, ListJobsResponse, ListNodesRequest, ListNodesResponse,
     Node, Plan, PlanRequest, RemoveNodeRequest, Report, SaveBaselineRequest, SubmitRequest,
     SubmitSuiteRequest, Suite, Timeline,
 };
+use prost::Message;
 use tonic::{Request, Response, Status};
 
 use std::sync::Arc;
@@ -221,8 +222,9 @@ impl JobService for JobSvc {
         req: Request<ListNodesRequest>,
     ) -> Result<Response<ListNodesResponse>, Status> {
         self.security.allow(&req, Role::Read)?;
-        let brief = req.into_inner().brief;
-        Ok(Response::new(self.sched.list_nodes(brief).await?))
+        Ok(Response::new(
+            self.sched.list_nodes(req.into_inner()).await?,
+        ))
     }
 
     async fn save_baseline(
@@ -269,8 +271,10 @@ impl JobService for JobSvc {
         req: Request<GetFleetRequest>,
     ) -> Result<Response<GetFleetResponse>, Status> {
         self.security.allow(&req, Role::Read)?;
-        let r = history::fleet(&self.store, req.into_inner(), self.rules.drift_tolerance).await?;
-        Ok(Response::new(r))
+        let req = req.into_inner();
+        let (after, page_bytes) = (req.after.clone(), req.page_bytes);
+        let r = history::fleet(&self.store, req, self.rules.drift_tolerance).await?;
+        Ok(Response::new(fleet_page(r, &after, page_bytes)?))
     }
 
     async fn submit_suite(
@@ -279,6 +283,9 @@ impl JobService for JobSvc {
     ) -> Result<Response<Suite>, Status> {
         self.security.allow(&req, Role::Operate)?;
         let req = req.into_inner();
+        // Here, before the scheduler: the suite and each stage's job keep
+        // a copy of the rules (30 MiB of them grew the store by 500 MB).
+        gpuctl_core::limits::suite(&req).map_err(CoordinatorError::from)?;
         Ok(Response::new(
             self.sched
                 .ask(|reply| SuiteEvent::SubmitSuite { req, reply })
@@ -314,5 +321,89 @@ impl JobService for JobSvc {
             .ask(|reply| AgentEvent::RemoveNode { name, reply })
             .await??;
         Ok(Response::new(node))
+    }
+}
+
+/// The page of `gpuctl fleet`'s rows that was asked for: built whole, then
+/// cut, since a node's row needs its whole history; the runs and links come
+/// with the first page. Unpaged (an older gpuctl), an answer past one
+/// message is refused saying so.
+fn fleet_page(
+    mut r: GetFleetResponse,
+    after: &str,
+    page_bytes: u32,
+) -> Result<GetFleetResponse, CoordinatorError> {
+    if page_bytes == 0 {
+        let (total, most) = (r.encoded_len(), gpuctl_core::server::MAX_MESSAGE_BYTES);
+        if total > most {
+            return Err(CoordinatorError::Refused(format!(
+                "the fleet's {} rows take {total} bytes, more than one answer holds ({most}): ask page by page (GetFleetRequest.page_bytes, as `gpuctl fleet` of this version does)",
+                r.rows.len()
+            )));
+        }
+        return Ok(r);
+    }
+    let bytes = |row: &FleetRow| prost::encoding::message::encoded_len(1, row);
+    let (range, next) =
+        gpuctl_core::limits::page(&r.rows, |row| row.node.as_str(), bytes, after, page_bytes);
+    r.rows.truncate(range.end);
+    r.rows.drain(..range.start);
+    if !after.is_empty() {
+        r.runs.clear();
+        r.links.clear();
+    }
+    r.next_after = next;
+    Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuctl_core::limits::MAX_LIST_PAGE;
+    use gpuctl_core::pb::{GpuRow, Link, NodeRun};
+
+    /// A fleet of 40 rows of ~2 MiB: 80 MiB, past one answer.
+    fn big_fleet() -> GetFleetResponse {
+        let row = |i: usize| FleetRow {
+            node: format!("node-{i:02}"),
+            gpus: vec![GpuRow {
+                gpu_uuid: "u".repeat((2 << 20) - 64),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        GetFleetResponse {
+            rows: (0..40).map(row).collect(),
+            runs: vec![NodeRun::default()],
+            links: vec![Link::default()],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn fleet_rows_come_page_by_page_and_whole_answers_past_a_message_are_refused() {
+        let e = fleet_page(big_fleet(), "", 0).unwrap_err();
+        assert!(e.to_string().contains("page by page"), "{e}");
+        let (mut after, mut rows, mut pages) = (String::new(), Vec::new(), 0);
+        loop {
+            let p = fleet_page(big_fleet(), &after, MAX_LIST_PAGE as u32).unwrap();
+            assert!(
+                p.encoded_len() <= MAX_LIST_PAGE + 4096,
+                "{}",
+                p.encoded_len()
+            );
+            // The runs and links once, with the first page.
+            assert_eq!(p.links.len(), usize::from(pages == 0));
+            assert_eq!(p.runs.len(), usize::from(pages == 0));
+            rows.extend(p.rows.into_iter().map(|r| r.node));
+            pages += 1;
+            if p.next_after.is_empty() {
+                break;
+            }
+            after = p.next_after;
+        }
+        let want: Vec<String> = (0..40).map(|i| format!("node-{i:02}")).collect();
+        assert_eq!(rows, want);
+        assert_eq!(pages, 10, "4 rows of 2 MiB a page");
     }
 }

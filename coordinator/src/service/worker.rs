@@ -1,7 +1,10 @@
 //! `WorkerService`: rendezvous straight from the shared map (it may wait), and
 //! progress and results through the scheduler (they change job state). Every
 //! call must carry a secret of the job attempt it names; writes for a rank
-//! (results, progress, a rank's rendezvous keys) that rank's own secret.
+//! (results, progress, rendezvous keys) that rank's own secret. Every
+//! rendezvous key has one writer, named by the key
+//! (`gpuctl_core::rendezvous_keys`); a rank writing another's key, or a key
+//! that names no writer, is refused, logged and counted.
 
 use std::time::Duration;
 
@@ -12,7 +15,10 @@ use gpuctl_core::pb::{
 };
 use tonic::{Request, Response, Status};
 
-use super::auth::{key_rank, Security};
+use gpuctl_core::rendezvous_keys;
+
+use super::auth::Security;
+use crate::refusals::Refused;
 use crate::rendezvous::{Lookup, Put, Rendezvous};
 use crate::scheduler::{RankEvent, SchedulerHandle};
 
@@ -120,11 +126,47 @@ impl WorkerService for WorkerSvc {
         let m = req.get_ref();
         gpuctl_core::limits::rendezvous(&m.key, &m.value)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        let writer = self
+        let owner = rendezvous_keys::writer(&m.key);
+        let checked = self
             .security
-            .check_worker(&req, &m.job_id, m.attempt, key_rank(&m.key))?;
+            .check_worker(&req, &m.job_id, m.attempt, owner);
+        let refused = match (owner, checked) {
+            (Some(_), Ok(_)) => None,
+            (None, Err(denied)) => return Err(denied),
+            (None, Ok(writer)) => Some((
+                writer,
+                format!(
+                    "refused: rendezvous key `{}` names no writer (`…@RANK`, `tcp/addr/RANK`, `barrier/NAME/RANK`), so no rank may write it; rank {writer} tried",
+                    m.key
+                ),
+            )),
+            // Only a rank of this job attempt writing another's key is
+            // counted: a call without such a secret is from no rank at all.
+            (Some(owner), Err(denied)) => {
+                let writer = self
+                    .security
+                    .check_worker(&req, &m.job_id, m.attempt, None)
+                    .map_err(|_| denied)?;
+                Some((
+                    writer,
+                    format!(
+                        "refused, not from rank {owner}'s worker: rendezvous key `{}` is rank {owner}'s to write; rank {writer} may not",
+                        m.key
+                    ),
+                ))
+            }
+        };
+        if let Some((writer, why)) = refused {
+            let why = super::clip(format!("{why} ({} attempt {})", m.job_id, m.attempt));
+            self.sched.refusals().refuse(
+                Refused::Rendezvous,
+                &format!("rank {writer} of {}", m.job_id),
+                &why,
+            );
+            return Err(Status::permission_denied(why));
+        }
         let r = req.into_inner();
-        match self.rdv.put(&r.job_id, r.attempt, writer, &r.key, r.value) {
+        match self.rdv.put(&r.job_id, r.attempt, &r.key, r.value) {
             Put::Stored => Ok(ack((true, String::new()))),
             Put::NotRunning => Ok(ack((
                 false,
@@ -133,10 +175,6 @@ impl WorkerService for WorkerSvc {
                     r.job_id, r.attempt
                 )),
             ))),
-            Put::Owned(owner) => Err(Status::permission_denied(super::clip(format!(
-                "refused: rendezvous key `{}` is rank {owner}'s, written first by it; rank {writer} may not change it",
-                r.key
-            )))),
         }
     }
 

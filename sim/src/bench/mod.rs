@@ -210,7 +210,13 @@ async fn cli_load(
 ) {
     loop {
         let t = Instant::now();
-        let ok = c.list_nodes(ListNodesRequest { brief: true }).await.is_ok();
+        let ok = c
+            .list_nodes(ListNodesRequest {
+                brief: true,
+                ..Default::default()
+            })
+            .await
+            .is_ok();
         record(&lat, "nodes", t, ok);
         let t = Instant::now();
         let ok = c.list_jobs(ListJobsRequest { limit: 50 }).await.is_ok();

@@ -13,13 +13,15 @@
 //! Every figure is measured in two passes, so that the coordinator blames a
 //! link only when both are slow (one noisy pass is not a slow link). The
 //! ranks of a node meet in a communicator of their own (rendezvous prefix
-//! `p2p/{node}`), so the nodes of a job measure at the same time, each alone.
+//! `p2p/{node}`, each key owned by the job rank of its local rank), so the
+//! nodes of a job measure at the same time, each alone.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use gpuctl_core::catalogue::P2pParams;
 use gpuctl_core::pb::{rank_result::Detail, P2pResult, PeerCopy};
+use gpuctl_core::rendezvous_keys::owned;
 use tch::{Device, Kind, Tensor};
 
 use super::Outcome;
@@ -50,7 +52,8 @@ pub fn run(ctx: &Ctx, p: &P2pParams) -> Result<Outcome> {
         ctx.env.local_rank,
         ctx.env.group_rank,
     );
-    let scoped = Scoped::new(ctx.rdzv.as_ref(), &format!("p2p/{node}"));
+    let ranks = node_ranks(ctx.env.rank, me, l)?;
+    let scoped = Scoped::new(ctx.rdzv.as_ref(), &format!("p2p/{node}"), ranks.clone());
     let mut comm = if l >= 2 {
         let c = ctx
             .make_comm_in(me, l, &scoped)
@@ -68,7 +71,6 @@ pub fn run(ctx: &Ctx, p: &P2pParams) -> Result<Outcome> {
     let mut version = None;
     let mut wrong = 0;
     if let Some(comm) = comm.as_mut() {
-        let ranks = job_ranks(&scoped, me, ctx.env.rank, l, ctx.rendezvous_timeout)?;
         out.backend = comm.backend().to_string();
         version = Some(comm.version());
         out.peers = pairs(comm.as_mut(), n, p, ctx.dev.device, &ranks, &|done, g| {
@@ -188,8 +190,8 @@ fn host_copies(ctx: &Ctx, n: usize, p: &P2pParams) -> Result<HostCopies> {
 }
 
 /// The largest `value` any rank of the job gives, through the rendezvous:
-/// each rank puts its own, rank 0 reads them all and puts the answer (a key
-/// per rank, as [`barrier`]).
+/// each rank puts its own (`{name}@{rank}`), rank 0 reads them all and puts
+/// the answer (`{name}/max@0`): a key per rank, as [`barrier`].
 fn job_max(
     rdzv: &dyn Rendezvous,
     name: &str,
@@ -204,13 +206,13 @@ fn job_max(
             .parse()
             .with_context(|| format!("`{key}` holds no number"))
     };
-    rdzv.put(&format!("{name}/{rank}"), value.to_string().as_bytes())?;
-    let answer = format!("{name}/max");
+    rdzv.put(&owned(name, rank as u32), value.to_string().as_bytes())?;
+    let answer = owned(&format!("{name}/max"), 0);
     if rank == 0 {
         let mut max = value;
         for r in 1..world {
             max =
-                max.max(read(&format!("{name}/{r}")).with_context(|| {
+                max.max(read(&owned(name, r as u32)).with_context(|| {
                     format!("waiting for rank {r}'s number of ranks on its node")
                 })?);
         }
@@ -220,26 +222,14 @@ fn job_max(
     read(&answer).context("waiting for rank 0's largest node")
 }
 
-/// The job rank of every local rank of this node, through the node's
-/// rendezvous (ranks need not be numbered node by node).
-fn job_ranks(
-    rdzv: &dyn Rendezvous,
-    local: usize,
-    rank: usize,
-    l: usize,
-    timeout: Duration,
-) -> Result<Vec<u32>> {
-    rdzv.put(&format!("rank/{local}"), rank.to_string().as_bytes())?;
-    (0..l)
-        .map(|k| {
-            let v = rdzv
-                .get(&format!("rank/{k}"), timeout)
-                .with_context(|| format!("waiting for local rank {k}'s job rank"))?;
-            String::from_utf8_lossy(&v)
-                .parse()
-                .with_context(|| format!("local rank {k} published no rank"))
-        })
-        .collect()
+/// The job rank of every local rank of this node, `local` being this
+/// rank's: the planner numbers ranks node by node, so a node's ranks follow
+/// each other from its local rank 0.
+fn node_ranks(rank: usize, local: usize, l: usize) -> Result<Vec<u32>> {
+    let Some(first) = rank.checked_sub(local) else {
+        bail!("RANK={rank} is below LOCAL_RANK={local}: ranks are not numbered node by node");
+    };
+    Ok((first..first + l).map(|r| r as u32).collect())
 }
 
 /// The value local rank `s` sends to `d`: every pair its own, so that a copy

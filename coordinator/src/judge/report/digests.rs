@@ -10,10 +10,11 @@ use std::collections::BTreeMap;
 
 use gpuctl_core::pb::{rank_result::Detail, JobSpec, RankResult};
 
-use super::ranks::RankStates;
+use super::ranks::{RankStates, Source};
 
-/// Ranks and their digests, by the class they are compared within.
-type Groups = BTreeMap<String, Vec<(u32, String)>>;
+/// Ranks (with their node) and their digests, by the class they are
+/// compared within.
+type Groups = BTreeMap<String, Vec<(u32, String, String)>>;
 
 pub(super) fn short(digest: &str) -> &str {
     &digest[..digest.len().min(16)]
@@ -36,10 +37,11 @@ pub(super) fn stress(results: &BTreeMap<u32, RankResult>, states: &mut RankState
                 }
             }
             if !s.digest.is_empty() {
-                groups
-                    .entry(s.device_class.clone())
-                    .or_default()
-                    .push((*rank, s.digest.clone()));
+                groups.entry(s.device_class.clone()).or_default().push((
+                    *rank,
+                    r.node.clone(),
+                    s.digest.clone(),
+                ));
             }
         }
     }
@@ -85,10 +87,11 @@ pub(super) fn params(
                 } else {
                     r.device_name.clone()
                 };
-                groups
-                    .entry(group)
-                    .or_default()
-                    .push((*rank, t.param_digest.clone()));
+                groups.entry(group).or_default().push((
+                    *rank,
+                    r.node.clone(),
+                    t.param_digest.clone(),
+                ));
             }
         }
     }
@@ -118,8 +121,13 @@ pub(super) fn leaders<'a>(digests: impl Iterator<Item = &'a str>) -> (usize, Vec
     (best, leaders)
 }
 
-/// Majority vote of digests within groups. Returns, per group, a sentence for
-/// the report; fails the ranks that disagree.
+/// Majority vote of digests within groups, one vote per node: each node
+/// votes its own ranks' most common digest (a node split evenly abstains),
+/// so a node that offers many ranks cannot outvote the others (issue 46).
+/// Ranks that differ from the winner fail. Where nodes tie, no node is
+/// blamed for another's digest: each is held to its own ranks' majority,
+/// and every rank of the group is warned. Returns, per group, a sentence
+/// for the report.
 fn vote(groups: Groups, states: &mut RankStates, what: &str) -> Vec<String> {
     let mut notes = Vec::new();
     for (class, members) in groups {
@@ -133,29 +141,44 @@ fn vote(groups: Groups, states: &mut RankStates, what: &str) -> Vec<String> {
             notes.push(format!("`{label}`: 1 rank, nothing to compare against"));
             continue;
         }
-        let (best, leaders) = leaders(members.iter().map(|(_, d)| d.as_str()));
-        if leaders.len() == 1 {
-            let winner = leaders[0];
-            let odd: Vec<&(u32, String)> = members.iter().filter(|(_, d)| d != winner).collect();
-            for (rank, d) in &odd {
+        let mut by_node: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for (_, node, d) in &members {
+            by_node.entry(node).or_default().push(d);
+        }
+        let own: BTreeMap<&str, Option<&str>> = by_node
+            .iter()
+            .map(|(node, ds)| {
+                let (_, l) = leaders(ds.iter().copied());
+                (*node, (l.len() == 1).then(|| l[0]))
+            })
+            .collect();
+        let nodes = by_node.len();
+        let (best, winners, among) = if nodes == 1 {
+            let (best, l) = leaders(members.iter().map(|(_, _, d)| d.as_str()));
+            (best, l, format!("{n} ranks"))
+        } else {
+            let (best, l) = leaders(own.values().flatten().copied());
+            (best, l, format!("{nodes} nodes' majorities"))
+        };
+        if winners.len() == 1 {
+            let winner = winners[0];
+            let odd = members.iter().filter(|(_, _, d)| d != winner).count();
+            for (rank, _, d) in members.iter().filter(|(_, _, d)| d != winner) {
                 if let Some(s) = states.get_mut(rank) {
                     s.fail(format!(
-                        "silent data corruption: {what} {} differs from {} shared by {best} of {n} ranks in class `{label}`",
+                        "silent data corruption: {what} {} differs from {} shared by {best} of {among} in class `{label}`",
                         short(d),
                         short(winner)
                     ));
                 }
             }
-            notes.push(if odd.is_empty() {
+            notes.push(if odd == 0 {
                 format!("`{label}`: {n} ranks agree")
             } else {
-                format!(
-                    "`{label}`: {} of {n} ranks differ from the majority",
-                    odd.len()
-                )
+                format!("`{label}`: {odd} of {n} ranks differ from the majority of {among}")
             });
-        } else {
-            for (rank, d) in &members {
+        } else if nodes == 1 {
+            for (rank, _, d) in &members {
                 if let Some(s) = states.get_mut(rank) {
                     s.fail(format!(
                         "{what}s disagree with no majority in class `{label}` (this rank: {}); rerun on more GPUs to find the odd one",
@@ -164,6 +187,34 @@ fn vote(groups: Groups, states: &mut RankStates, what: &str) -> Vec<String> {
                 }
             }
             notes.push(format!("`{label}`: {n} ranks, no majority"));
+        } else {
+            let split: Vec<String> = own
+                .iter()
+                .map(|(node, d)| format!("{node}: {}", d.map_or("split", short)))
+                .collect();
+            for (rank, node, d) in &members {
+                let Some(s) = states.get_mut(rank) else {
+                    continue;
+                };
+                match own[node.as_str()] {
+                    Some(mine) if mine != d => s.fail(format!(
+                        "silent data corruption: {what} {} differs from {} shared by the other ranks of node {node} in class `{label}`",
+                        short(d),
+                        short(mine)
+                    )),
+                    _ => s.warn_from(
+                        Source::Result,
+                        format!(
+                            "{what}s disagree between nodes with no majority of nodes in class `{label}` ({}); one node's digest does not fail another's: rerun on more nodes to find the odd one",
+                            split.join(", ")
+                        ),
+                    ),
+                }
+            }
+            notes.push(format!(
+                "`{label}`: {nodes} nodes disagree with no majority of nodes ({})",
+                split.join(", ")
+            ));
         }
     }
     notes

@@ -81,6 +81,73 @@ fn rank(report: &Report, rank: u32) -> &RankReport {
         .unwrap()
 }
 
+/// Issue 46: a node that offers many ranks has one vote on the digest, as
+/// on the fleet median; with no majority of nodes no node fails another.
+#[test]
+fn sdc_is_one_vote_per_node() {
+    let mut j = job(JobState::Succeeded, 3, 1);
+    let plan = j.plan.as_mut().unwrap();
+    for l in 1..8 {
+        plan.ranks.push(RankPlacement {
+            rank: 2 + l,
+            local_rank: l,
+            node_rank: 2,
+            node: "node-2".into(),
+            gpu_index: Some(l),
+            ..Default::default()
+        });
+    }
+    plan.world_size = 10;
+    let on = |node: &str, mut r: RankResult| {
+        r.node = node.into();
+        r
+    };
+    let mut results = vec![
+        on("node-0", stress(0, "H200", "aaaa")),
+        on("node-1", stress(1, "H200", "aaaa")),
+    ];
+    results.extend((2..10).map(|r| on("node-2", stress(r, "H200", "ffff"))));
+    let r = build_with(&j, results.clone());
+    for honest in [0, 1] {
+        assert_eq!(
+            rank(&r, honest).verdict(),
+            Verdict::Pass,
+            "{}",
+            rank(&r, honest).reason
+        );
+    }
+    assert_eq!(rank(&r, 5).verdict(), Verdict::Fail);
+    assert!(
+        rank(&r, 5).reason.contains("2 of 3 nodes' majorities"),
+        "{}",
+        rank(&r, 5).reason
+    );
+
+    // Two nodes that disagree: neither fails the other; both are warned.
+    let r = build_with(&j, results[1..].to_vec());
+    assert_eq!(
+        rank(&r, 1).verdict(),
+        Verdict::Warn,
+        "{}",
+        rank(&r, 1).reason
+    );
+    assert!(rank(&r, 1).reason.contains("no majority of nodes"));
+    assert_eq!(rank(&r, 4).verdict(), Verdict::Warn);
+    // Inside one node its own ranks still outvote its odd one.
+    let mut odd = results[1..].to_vec();
+    odd[3] = on("node-2", stress(4, "H200", "eeee"));
+    let r = build_with(&j, odd);
+    assert_eq!(
+        rank(&r, 4).verdict(),
+        Verdict::Fail,
+        "{}",
+        rank(&r, 4).reason
+    );
+    assert!(rank(&r, 4)
+        .reason
+        .contains("the other ranks of node node-2"));
+}
+
 #[test]
 fn sdc_majority_wins_within_a_class() {
     let j = job(JobState::Succeeded, 2, 2);

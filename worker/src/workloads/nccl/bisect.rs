@@ -6,7 +6,8 @@
 //! `position of the node in the group × L + local rank`) open a communicator of
 //! their own under the rendezvous prefix `bisect/{round}/{group}/comm`, and run
 //! all_reduce at `max_bytes`, out-of-place. The group's rank 0 publishes its
-//! busbw under `bisect/{round}/{group}`; after the round's barrier of all ranks
+//! busbw under `bisect/{round}/{group}@{its job rank}`, a key only that rank
+//! may write; after the round's barrier of all ranks
 //! (`barrier/bisect-{round}`, where nodes outside every group wait) each rank
 //! reads every group's figure and takes the same decision.
 
@@ -18,6 +19,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use gpuctl_core::catalogue::{NcclParams, NcclPattern};
 use gpuctl_core::pb::{rank_result::Detail, BisectGroup, BisectRound, CollectiveResult};
+use gpuctl_core::rendezvous_keys::owned;
 use gpuctl_core::units::format_bytes;
 use tch::Device;
 
@@ -170,7 +172,8 @@ pub struct RoundsEnv<'a> {
 
 /// Measures the rounds `search` names until it is over. Keys live under the
 /// pattern's name: a group's communicator under `{name}/{round}/{group}/comm`,
-/// its busbw at `{name}/{round}/{group}`, the round's barrier `{name}-{round}`.
+/// its busbw at `{name}/{round}/{group}@{job rank of its group rank 0}`, the
+/// round's barrier `{name}-{round}`.
 pub fn run_rounds(
     env: &RoundsEnv,
     search: &mut dyn Rounds,
@@ -211,9 +214,13 @@ pub fn run_rounds(
         let frac = |k: usize| (k as f64 / (expect + 1.0)).min(0.95);
         progress(&phase, frac(r), None);
         let mut mine = None;
+        // Each group's figure, owned by the job rank of its group rank 0.
+        let figure =
+            |gi: usize| owned(&format!("{name}/{r}/{gi}"), place.first_rank(groups[gi][0]));
         if let Some((gi, g, n)) = my_group(&groups, place) {
             let what = format!("{phase}, nodes {:?}", groups[gi]);
-            let scoped = Scoped::new(rdzv, &format!("{name}/{r}/{gi}/comm"));
+            let members = place.members(&groups[gi]);
+            let scoped = Scoped::new(rdzv, &format!("{name}/{r}/{gi}/comm"), members);
             let mut comm = open(g, n, &scoped)
                 .with_context(|| format!("{what}: opening their communicator"))?;
             backend.get_or_insert(comm.backend());
@@ -241,7 +248,7 @@ pub fn run_rounds(
                 );
                 // Display of an f64 reads back to the same f64: every rank
                 // decides on the very same number.
-                rdzv.put(&format!("{name}/{r}/{gi}"), bus.to_string().as_bytes())?;
+                rdzv.put(&figure(gi), bus.to_string().as_bytes())?;
             }
             if wrong > 0 {
                 tracing::error!("{what}: all_reduce has {wrong} wrong elements");
@@ -262,7 +269,7 @@ pub fn run_rounds(
         let busbw = (0..groups.len())
             .map(|gi| {
                 let v = rdzv
-                    .get(&format!("{name}/{r}/{gi}"), round_timeout)
+                    .get(&figure(gi), round_timeout)
                     .with_context(|| format!("{phase}: group {gi}'s busbw"))?;
                 let v = String::from_utf8_lossy(&v);
                 v.parse::<f64>()

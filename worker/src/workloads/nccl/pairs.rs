@@ -5,7 +5,8 @@
 //! sitting out each), not N(N−1)/2 one after the other. In a round, the 2×L ranks
 //! of each pair of nodes (a, b) open a communicator of their own — group rank
 //! `side × L + local rank`, node a's ranks first — meeting under the rendezvous
-//! prefix `pairs/{round}/{a}-{b}`, so the pairs of a round run at the same time
+//! prefix `pairs/{round}/{a}-{b}` (each key owned by the job rank of its group
+//! rank, [`Place::members`]), so the pairs of a round run at the same time
 //! without meeting each other. Each pair measures, at `max_bytes`, out-of-place:
 //!
 //! * sendrecv: local rank i of a and local rank i of b send to each other at
@@ -27,6 +28,7 @@ use anyhow::{bail, Context, Result};
 use gpuctl_core::catalogue::{NcclParams, NcclPattern};
 use gpuctl_core::pairs::{pair_of, round_robin};
 use gpuctl_core::pb::{rank_result::Detail, CollectiveResult, LinkResult};
+use gpuctl_core::rendezvous_keys::owned;
 use gpuctl_core::units::format_bytes;
 use tch::Device;
 
@@ -88,6 +90,23 @@ impl Place {
             local_rank,
             local_world,
         })
+    }
+
+    /// Node `k`'s local rank 0, as a job rank. The planner numbers ranks
+    /// node by node, and every node has L of them ([`check_shape`]), so
+    /// node k's local rank i is rank k × L + i.
+    pub fn first_rank(&self, k: usize) -> u32 {
+        (k * self.local_world) as u32
+    }
+
+    /// The job ranks of `nodes`' ranks, node by node: group rank
+    /// `position × L + local rank` is `members[group rank]`.
+    pub fn members(&self, nodes: &[usize]) -> Vec<u32> {
+        let l = self.local_world as u32;
+        nodes
+            .iter()
+            .flat_map(|&k| self.first_rank(k)..self.first_rank(k) + l)
+            .collect()
     }
 
     pub fn from_env(pattern: NcclPattern, env: &RankEnv) -> Result<Place> {
@@ -171,7 +190,8 @@ pub(super) fn round_timeout(ctx: &Ctx) -> Duration {
 /// Checks, once before the rounds, that every node runs as many ranks as this
 /// one: node ranks' local rank 0 publish theirs, rank 0 compares and publishes
 /// the verdict every rank reads (a key per node and per rank, not per pair).
-/// Keys live under the pattern's name (`pairs/ranks/{node}`, `pairs/shape`).
+/// Keys live under the pattern's name (`pairs/ranks/{node}@{rank}`,
+/// `pairs/shape@0`).
 pub(super) fn check_shape(
     pattern: NcclPattern,
     place: &Place,
@@ -179,37 +199,43 @@ pub(super) fn check_shape(
     timeout: Duration,
 ) -> Result<()> {
     let name = pattern.name();
+    let l = place.local_world;
+    let count = |k: usize, rank: u32| owned(&format!("{name}/ranks/{k}"), rank);
     if place.local_rank == 0 {
+        // Under its own rank: the node's first rank whether or not the
+        // nodes before it have L ranks.
         rdzv.put(
-            &format!("{name}/ranks/{}", place.node),
-            place.local_world.to_string().as_bytes(),
+            &count(place.node, place.rank as u32),
+            l.to_string().as_bytes(),
         )?;
     }
+    let shape = owned(&format!("{name}/shape"), 0);
     if place.rank == 0 {
-        let mut odd = Vec::new();
+        // Node k starts at rank k × L while the nodes before it have L ranks
+        // each: past the first node that differs, rank 0 cannot tell which
+        // rank publishes a node's count, so it stops there.
+        let mut odd = None;
         for k in 0..place.nnodes {
             let v = rdzv
-                .get(&format!("{name}/ranks/{k}"), timeout)
+                .get(&count(k, place.first_rank(k)), timeout)
                 .with_context(|| format!("waiting for node {k}'s rank count"))?;
             let v = String::from_utf8_lossy(&v).into_owned();
-            if v != place.local_world.to_string() {
-                odd.push(format!("node {k} has {v}"));
+            if v != l.to_string() {
+                odd = Some(format!("node {k} has {v}"));
+                break;
             }
         }
-        let verdict = if odd.is_empty() {
-            String::new()
-        } else {
-            format!(
+        let verdict = match odd {
+            None => String::new(),
+            Some(odd) => format!(
                 "--pattern {name} needs the same number of ranks on every node (GPU i meets \
-                 GPU i): node 0 has {}, {}",
-                place.local_world,
-                odd.join(", ")
-            )
+                 GPU i): node 0 has {l}, {odd}"
+            ),
         };
-        rdzv.put(&format!("{name}/shape"), verdict.as_bytes())?;
+        rdzv.put(&shape, verdict.as_bytes())?;
     }
     let verdict = rdzv
-        .get(&format!("{name}/shape"), timeout)
+        .get(&shape, timeout)
         .context("waiting for rank 0's check of the nodes")?;
     if !verdict.is_empty() {
         bail!("{}", String::from_utf8_lossy(&verdict));
@@ -254,7 +280,7 @@ pub fn pairs(
             let side = usize::from(place.node == b);
             let g = side * l + place.local_rank;
             let what = format!("{phase}, nodes {a} and {b}");
-            let scoped = Scoped::new(rdzv, &format!("pairs/{r}/{a}-{b}"));
+            let scoped = Scoped::new(rdzv, &format!("pairs/{r}/{a}-{b}"), place.members(&[a, b]));
             let mut comm = open(g, n, &scoped)
                 .with_context(|| format!("{what}: opening their communicator"))?;
             backend.get_or_insert(comm.backend());
@@ -369,5 +395,7 @@ mod tests {
                 .nnodes,
             3
         );
+        // Group ranks, node by node, as the job's ranks.
+        assert_eq!(p.members(&[2, 0]), [4, 5, 0, 1]);
     }
 }

@@ -1,0 +1,156 @@
+//! One node, one vote: the fleet reference a rank is judged against is
+//! built from per-node figures (each node's median), and only from at least
+//! [`MIN_OTHER_NODES`] nodes besides the rank's own. A node under test is
+//! not trusted: one that offered 64 fake ranks at 0.5 TFLOP/s once made the
+//! median, and the honest nodes failed against it (issue 46). With fewer
+//! nodes a rank is compared with its own node's ranks only: a node's word
+//! then counts for that node alone.
+
+use std::collections::BTreeMap;
+
+use gpuctl_core::stats::median;
+
+/// Nodes besides the judged one whose figures a fleet reference needs.
+pub const MIN_OTHER_NODES: usize = 3;
+
+/// What a reference was made of, for the report's note.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Basis {
+    /// The median of these nodes' medians.
+    Nodes(Vec<String>),
+    /// The median of the judged rank's own node's ranks (this many).
+    OwnNode(usize),
+}
+
+/// The reference one rank is judged against.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reference {
+    pub value: f64,
+    pub basis: Basis,
+}
+
+/// One figure's values in one device class, grouped by node.
+#[derive(Debug, Default)]
+pub struct Votes {
+    by_node: BTreeMap<String, Vec<f64>>,
+    /// The median of every node's median, when enough nodes voted.
+    across: Option<f64>,
+}
+
+impl Votes {
+    /// `values`: (node, value) per rank. `min_ranks`: ranks a node needs for
+    /// a reference of its own (the rules' `fleet.min_ranks`).
+    pub fn new<'a>(values: impl IntoIterator<Item = (&'a str, f64)>) -> Votes {
+        let mut by_node: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+        for (node, v) in values {
+            by_node.entry(node.to_string()).or_default().push(v);
+        }
+        let across = if by_node.len() > MIN_OTHER_NODES {
+            let medians: Vec<f64> = by_node.values().filter_map(|v| median(v.clone())).collect();
+            median(medians)
+        } else {
+            None
+        };
+        Votes { by_node, across }
+    }
+
+    /// The reference for a rank of `node`, if one can be made.
+    pub fn reference(&self, node: &str, min_ranks: usize) -> Option<Reference> {
+        if let Some(value) = self.across {
+            return Some(Reference {
+                value,
+                basis: Basis::Nodes(self.node_names()),
+            });
+        }
+        let own = self.by_node.get(node)?;
+        if own.len() < min_ranks.max(2) {
+            return None;
+        }
+        Some(Reference {
+            value: median(own.clone())?,
+            basis: Basis::OwnNode(own.len()),
+        })
+    }
+
+    /// The names of the nodes that voted.
+    pub fn node_names(&self) -> Vec<String> {
+        self.by_node.keys().cloned().collect()
+    }
+
+    /// The most ranks one node has.
+    pub fn largest_node(&self) -> usize {
+        self.by_node.values().map(Vec::len).max().unwrap_or(0)
+    }
+
+    /// Nodes that voted.
+    pub fn nodes(&self) -> usize {
+        self.by_node.len()
+    }
+
+    /// Whether the reference is the fleet's rather than each node's own.
+    pub fn across_nodes(&self) -> bool {
+        self.across.is_some()
+    }
+}
+
+/// `nodes` for a sentence: every name up to 8, then how many more.
+pub fn name_nodes(nodes: &[String]) -> String {
+    const SHOWN: usize = 8;
+    let mut s = nodes
+        .iter()
+        .take(SHOWN)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if nodes.len() > SHOWN {
+        s.push_str(&format!(" and {} more", nodes.len() - SHOWN));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn many_fake_ranks_on_one_node_are_one_vote() {
+        // Issue 46's probe: c offered 64 ranks at 0.5, a and b are honest.
+        let mut values = vec![("a", 0.085), ("b", 0.079)];
+        values.extend(std::iter::repeat_n(("c", 0.5), 64));
+        let votes = Votes::new(values.clone());
+        assert!(!votes.across_nodes(), "3 nodes: 2 others each, not enough");
+        // a and b have one rank each: no reference for them at all.
+        assert_eq!(votes.reference("a", 3), None);
+        // c is judged by its own ranks only.
+        assert_eq!(votes.reference("c", 3).unwrap().basis, Basis::OwnNode(64));
+
+        // With a fourth honest node the fleet reference is the median of the
+        // four node medians: c moves it no further than one node can.
+        values.push(("d", 0.082));
+        let votes = Votes::new(values);
+        let r = votes.reference("a", 3).unwrap();
+        assert!((r.value - (0.082 + 0.085) / 2.0).abs() < 1e-12, "{r:?}");
+        assert_eq!(
+            r.basis,
+            Basis::Nodes(vec!["a".into(), "b".into(), "c".into(), "d".into()])
+        );
+    }
+
+    #[test]
+    fn a_node_alone_is_compared_with_itself() {
+        let votes = Votes::new([("a", 650.0), ("a", 655.0), ("a", 648.0), ("a", 320.0)]);
+        let r = votes.reference("a", 3).unwrap();
+        assert_eq!(r.basis, Basis::OwnNode(4));
+        assert!((r.value - 649.0).abs() < 1e-9);
+        assert_eq!(votes.reference("b", 3), None);
+    }
+
+    #[test]
+    fn long_node_lists_are_cut() {
+        let nodes: Vec<String> = (0..10).map(|i| format!("n{i}")).collect();
+        assert_eq!(
+            name_nodes(&nodes),
+            "n0, n1, n2, n3, n4, n5, n6, n7 and 2 more"
+        );
+    }
+}
