@@ -226,10 +226,14 @@ fn fetches_every_trace_through_the_coordinator(mut c: Cluster, id: &str, all: &[
 
 #[test]
 fn a_node_that_cannot_feed_its_device_fails_on_its_loader_rate_named() {
-    let c = Cluster::start(3, 1);
+    // Four nodes: a fleet reference needs three besides the node judged
+    // (one vote per node, issue 46).
+    let c = Cluster::start(4, 1);
     let slow = Cluster::agent_name(2);
     let _quota = CpuQuota::apply("gpuctl-test-loader", c.agent_pid(2), 0.03);
-    let r = run_job(&c, SWEEP, Duration::from_secs(300));
+    let mut args = SWEEP.to_vec();
+    args[2] = "4";
+    let r = run_job(&c, &args, Duration::from_secs(300));
     let loader: Vec<&Value> = fails(&r["findings"])
         .into_iter()
         .filter(|f| f["metric"] == "loader_samples_per_s")

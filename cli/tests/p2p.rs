@@ -91,11 +91,13 @@ fn every_pair_of_each_node_is_measured_twice_and_a_healthy_fleet_passes() {
 #[test]
 fn a_node_slowed_for_real_is_named_on_its_copies_and_the_others_pass() {
     let _g = serial();
-    let c = Cluster::start(3, 2);
+    // Four nodes: a fleet reference needs three besides the node judged
+    // (one vote per node, issue 46).
+    let c = Cluster::start(4, 2);
     let slow = Cluster::agent_name(2);
     // A tenth of one core for the node's agent and the workers it starts.
     let _quota = CpuQuota::apply("gpuctl-test-p2p", c.agent_pid(2), 0.1);
-    let r = run_job(&c, &["p2p", "--nodes", "3", "--bytes", "16M"]);
+    let r = run_job(&c, &["p2p", "--nodes", "4", "--bytes", "16M"]);
     assert_eq!(r["verdict"], "fail", "{r:#}");
     for n in r["nodes"].as_array().unwrap() {
         let name = n["name"].as_str().unwrap();

@@ -711,9 +711,9 @@ fn accept(c: &Cluster, s: &Slurm, extra: &[&str], uid: Option<u32>) -> (i32, Val
 fn drain_takes_out_the_failed_node_resumes_only_its_own_and_reports_a_slurm_that_refuses() {
     let _g = serial();
     let mut s = Slurm::start();
-    // Three agents, named as three of the four Slurm nodes: CPU ranks share
-    // this machine's two cores, fewer of them vary less.
-    let c = Cluster::start(3, 1);
+    // Four agents, named as the four Slurm nodes: a fleet reference needs
+    // three nodes besides the one judged (one vote per node, issue 46).
+    let c = Cluster::start(4, 1);
     let slow = node_name(1);
     let by_hand = node_name(2);
     s.run(
@@ -823,7 +823,7 @@ fn drain_takes_out_the_failed_node_resumes_only_its_own_and_reports_a_slurm_that
     assert_eq!(suite["verdict"], "pass");
     assert!(
         err.contains(
-            "warning: drain: cannot read the Slurm state of node-0, node-1, node-2: `sinfo"
+            "warning: drain: cannot read the Slurm state of node-0, node-1, node-2, node-3: `sinfo"
         ),
         "{err}"
     );

@@ -243,7 +243,7 @@ fn healthy_runs_are_never_blamed() {
         let judged = r["notes"].as_array().unwrap().iter().any(|n| {
             n.as_str()
                 .unwrap()
-                .contains("fleet reference: each rank against")
+                .contains("fleet reference: each rank of")
         });
         assert!(
             judged,

@@ -19,7 +19,7 @@ use gpuctl_core::pb::{Baseline, Finding, Verdict};
 
 pub use super::figures::{Expected, Figure, JobFigures, Metric, RankFigures};
 use super::rules::{MetricRule, PerfRules};
-use super::votes::{name_nodes, Basis, Votes, MIN_OTHER_NODES};
+use super::votes::{name_nodes, Basis, Votes};
 
 /// Findings and the sentences that say which references applied.
 #[derive(Debug, Default)]
@@ -260,30 +260,6 @@ fn fleet(ranks: &[RankFigures], rules: &PerfRules, out: &mut Judgement) {
             }
         }
     }
-}
-
-/// How a class's fleet references were made, said once in the report: one
-/// vote per node, and which nodes voted.
-fn class_note(class: &str, ranks: usize, votes: &Votes, min: usize) -> String {
-    let nodes = votes.nodes();
-    let plural = |n: usize| if n == 1 { "" } else { "s" };
-    if votes.across_nodes() {
-        return format!(
-            "fleet reference: each rank of `{class}` against the median of {nodes} nodes' medians, one vote per node ({})",
-            name_nodes(&votes.node_names())
-        );
-    }
-    let why = format!(
-        "{nodes} node{} with figures, and a reference across nodes needs {MIN_OTHER_NODES} besides the node judged",
-        plural(nodes)
-    );
-    if votes.largest_node() < min {
-        return format!(
-            "fleet reference not used for `{class}`: {why}; no node has {min} or more of its {ranks} rank{}",
-            plural(ranks)
-        );
-    }
-    format!("fleet reference for `{class}`: {why}; each rank against its own node's ranks where that node has {min} or more")
 }
 
 /// Reference 2: a saved baseline, per device class.

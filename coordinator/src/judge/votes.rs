@@ -87,6 +87,30 @@ impl Votes {
         self.by_node.len()
     }
 
+    /// How a class's fleet references were made, said once in the report: one
+    /// vote per node, and which nodes voted.
+    pub fn note(&self, class: &str, ranks: usize, min: usize) -> String {
+        let nodes = self.nodes();
+        let plural = |n: usize| if n == 1 { "" } else { "s" };
+        if self.across_nodes() {
+            return format!(
+                "fleet reference: each rank of `{class}` against the median of {nodes} nodes' medians, one vote per node ({})",
+                name_nodes(&self.node_names())
+            );
+        }
+        let why = format!(
+            "{nodes} node{} with figures, and a reference across nodes needs {MIN_OTHER_NODES} besides the node judged",
+            plural(nodes)
+        );
+        if self.largest_node() < min {
+            return format!(
+                "fleet reference not used for `{class}`: {why}; no node has {min} or more of its {ranks} rank{}",
+                plural(ranks)
+            );
+        }
+        format!("fleet reference for `{class}`: {why}; each rank against its own node's ranks where that node has {min} or more")
+    }
+
     /// Whether the reference is the fleet's rather than each node's own.
     pub fn across_nodes(&self) -> bool {
         self.across.is_some()
