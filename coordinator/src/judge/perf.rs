@@ -222,8 +222,7 @@ fn fleet(ranks: &[RankFigures], rules: &PerfRules, out: &mut Judgement) {
     for ((class, metric, key), members) in groups {
         let votes = Votes::new(members.iter().map(|(r, v)| (r.node.as_str(), *v)));
         if said.insert(class) {
-            out.notes
-                .push(class_note(class, classes[&class], &votes, min));
+            out.notes.push(votes.note(class, classes[&class], min));
         }
         let rule: &MetricRule = rules.metric(metric);
         for (r, value) in members {
