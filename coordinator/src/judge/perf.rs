@@ -472,6 +472,7 @@ fn floors(
         .map(|r| r.model.as_str())
         .collect();
     let mut used: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    let mut lone = false;
     for floor in &rules.floors {
         let Some(metric) = Metric::from_name(&floor.metric) else {
             continue; // refused when the rules were loaded
@@ -484,6 +485,12 @@ fn floors(
             continue;
         };
         if floor.single_node && job.single_node.is_none() {
+            continue;
+        }
+        // One rank moves nothing over a link: nccl-tests' bus bandwidth is 0
+        // by its formula (2(n-1)/n), and a healthy one-GPU host failed on it.
+        if metric == Metric::Busbw && ranks.len() < 2 {
+            lone |= expected.iter().any(|(m, _)| *m == Metric::Busbw);
             continue;
         }
         used.entry(model)
@@ -523,6 +530,11 @@ fn floors(
                 rule,
             },
             out,
+        );
+    }
+    if lone {
+        out.notes.push(
+            "bus bandwidth floors not used: one rank moves nothing over a link (busbw is 0 by nccl-tests' formula); run on 2 GPUs or more to judge links".into(),
         );
     }
     for (m, checked) in &used {
@@ -789,6 +801,44 @@ mod tests {
             .notes
             .iter()
             .any(|n| n.contains("fleet reference not used")));
+    }
+
+    /// A healthy one-GPU H200 failed `nccl` on its busbw floor (0 GB/s by
+    /// the formula with one rank).
+    #[test]
+    fn busbw_floors_need_two_ranks() {
+        let rules = PerfRules {
+            floors: vec![Floor {
+                gpu: "test gpu".into(),
+                metric: "busbw".into(),
+                key: "all_reduce 1073741824 float".into(),
+                fail: 280.0,
+                warn: None,
+                single_node: false,
+                source: "test".into(),
+            }],
+            ..PerfRules::default()
+        };
+        let job = |busbw: f64| JobFigures {
+            class: Some("Test GPU · torch 2.11".into()),
+            model: Some("Test GPU".into()),
+            single_node: Some("n".into()),
+            figures: vec![Figure {
+                metric: Metric::Busbw,
+                key: "all_reduce 1073741824 float".into(),
+                value: busbw,
+            }],
+        };
+        let want = expected(&[(Metric::Busbw, "all_reduce 1073741824 float")]);
+        let one = judge(&[rank(0, "n", 0.0)], &job(0.0), &want, &rules, None);
+        assert!(one.findings.is_empty(), "{:#?}", one.findings);
+        assert!(one
+            .notes
+            .iter()
+            .any(|n| n.contains("one rank moves nothing")));
+        let two = [rank(0, "n", 0.0), rank(1, "n", 0.0)];
+        let slow = judge(&two, &job(100.0), &want, &rules, None);
+        assert_eq!(slow.findings.len(), 1, "{:#?}", slow.findings);
     }
 
     #[test]
