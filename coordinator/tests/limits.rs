@@ -308,3 +308,42 @@ async fn sizes_a_host_cannot_hold_are_refused_at_plan_time_with_the_numbers() {
     assert!(!job.id.is_empty());
     coord.shutdown().await;
 }
+
+/// Issue 47: `--pattern search --nodes all` on two nodes was accepted, ran,
+/// and failed both healthy nodes in the fleet history. The count `all`
+/// stands for is known at plan time: the request is refused then, naming
+/// the flag, and nothing runs or is stored.
+#[tokio::test]
+async fn a_pattern_the_fleet_is_too_small_for_is_refused_at_submit_with_all_nodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let coord = start(dir.path(), Duration::from_secs(15)).await;
+    let _a = FakeAgent::cpu(&coord.url, "a").await;
+    let _b = FakeAgent::cpu(&coord.url, "b").await;
+    let mut jobs = coord.jobs().await;
+    for pattern in ["search", "bisect"] {
+        let mut s = spec("nccl", 0);
+        let j = s.spec.as_mut().unwrap();
+        j.all_nodes = true;
+        j.params.insert("pattern".into(), pattern.into());
+        let e = jobs.submit(s).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e}");
+        assert!(
+            e.message()
+                .contains(&format!("--pattern {pattern} needs 3 nodes")),
+            "{e}"
+        );
+    }
+    let jl = jobs
+        .list_jobs(ListJobsRequest { limit: 0 })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(jl.jobs.is_empty(), "nothing of a refused request is stored");
+    // pairs runs on two.
+    let mut s = spec("nccl", 0);
+    let j = s.spec.as_mut().unwrap();
+    j.all_nodes = true;
+    j.params.insert("pattern".into(), "pairs".into());
+    assert!(!jobs.submit(s).await.unwrap().into_inner().id.is_empty());
+    coord.shutdown().await;
+}

@@ -43,6 +43,14 @@ impl Planning {
             Some(c) => c,
             None => planner::likely(&self.spec, &cands),
         };
+        // With `--nodes all` the count is known only now: a request that
+        // cannot run on it is refused before anything runs, not failed on
+        // healthy nodes by its workers (issue 47).
+        gpuctl_core::catalogue::check_shape(
+            &self.spec.workload,
+            &self.spec.params,
+            Some(chosen.len() as u32),
+        )?;
         Ok(planner::plan(&self.spec, &chosen))
     }
 }

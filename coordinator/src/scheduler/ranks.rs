@@ -98,12 +98,11 @@ impl Scheduler {
                 next_report_ms,
             };
         };
-        if p.node.is_empty() {
-            p.node = entry
-                .placement(p.rank)
-                .map(|pl| pl.node.clone())
-                .unwrap_or_default();
-        }
+        // The plan says where a rank runs, not the rank (issue 46).
+        p.node = entry
+            .placement(p.rank)
+            .map(|pl| pl.node.clone())
+            .unwrap_or_default();
         if p.unix_ms == 0 {
             p.unix_ms = self.cfg.clock.now_ms();
         }

@@ -288,7 +288,7 @@ async fn run_session(
                         break;
                     }
                 };
-                if let Err(status) = read(&node, session, msg, &mut inbox, &fetches) {
+                if let Err(status) = read(&node, session, msg, &mut inbox, (&fetches, &sched)) {
                     warn!(node = %node, "{}", status.message());
                     let _ = refuse.send(status);
                     break;
@@ -336,7 +336,7 @@ fn read(
     session: u64,
     msg: AgentMessage,
     inbox: &mut Inbox,
-    fetches: &Fetches,
+    (fetches, sched): (&Fetches, &SchedulerHandle),
 ) -> Result<(), Status> {
     let node = node.to_string();
     let event: Event = match msg.msg {
@@ -349,7 +349,12 @@ fn read(
         Some(Msg::Ack(ack)) => AgentEvent::AssignmentAck { node, ack }.into(),
         // Not the scheduler's: it goes straight to the fetch that asked.
         Some(Msg::TraceChunk(piece)) => {
-            fetches.answer(&node, piece);
+            let id = piece.request_id;
+            if fetches.answer(&node, piece) {
+                let why =
+                    format!("node {node} answered trace fetch {id}, which asked another node");
+                sched.refusals().refuse(Refused::Trace, &node, &why);
+            }
             return Ok(());
         }
         Some(Msg::Telemetry(batch)) => {

@@ -53,15 +53,20 @@ impl Fetches {
 
     /// Hands a piece to the fetch that asked `node` for it; a piece from
     /// another node, or for no request, is dropped.
-    pub fn answer(&self, node: &str, piece: TraceChunk) {
+    /// Hands `piece` to the fetch that asked `node` for it. Whether it was
+    /// not `node`'s to answer (a fetch asked another node); a piece nobody
+    /// waits for any more (the fetch ended) is dropped quietly.
+    pub fn answer(&self, node: &str, piece: TraceChunk) -> bool {
         let mut waiting = self.lock();
-        if waiting
-            .get(&piece.request_id)
-            .is_some_and(|w| w.node == node)
-        {
-            if let Some(w) = waiting.remove(&piece.request_id) {
-                let _ = w.answer.send(piece);
+        match waiting.get(&piece.request_id) {
+            Some(w) if w.node == node => {
+                if let Some(w) = waiting.remove(&piece.request_id) {
+                    let _ = w.answer.send(piece);
+                }
+                false
             }
+            Some(_) => true,
+            None => false,
         }
     }
 
@@ -327,14 +332,17 @@ mod tests {
             raw_bytes: 3,
             ..Default::default()
         };
-        f.answer("b", piece(id));
+        assert!(f.answer("b", piece(id)), "another node's answer is refused");
         assert!(
             rx.try_recv().is_err(),
             "a piece from another node was taken"
         );
-        f.answer("a", piece(id + 1));
+        assert!(
+            !f.answer("a", piece(id + 1)),
+            "one nobody waits for is dropped"
+        );
         assert!(rx.try_recv().is_err());
-        f.answer("a", piece(id));
+        assert!(!f.answer("a", piece(id)));
         assert_eq!(rx.try_recv().unwrap().raw_bytes, 3);
         let (_, mut gone) = f.ask("a");
         f.session_closed("a");

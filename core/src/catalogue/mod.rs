@@ -483,10 +483,10 @@ fn check_sizes(min_bytes: u64, max_bytes: u64) -> Result<(), SpecError> {
     Ok(())
 }
 
-/// The rules between a workload's parameters and the job's size that can be
-/// judged before nodes are chosen: `--pattern pairs` on one node, `--pattern
-/// bisect` on fewer than three (with `--nodes all` the count is known only when
-/// the job starts; the worker refuses then).
+/// The rules between a workload's parameters and the job's size: `--pattern
+/// pairs` on one node, `--pattern bisect` or `search` on fewer than three.
+/// Checked at submit with the count asked for, and again by the coordinator's
+/// planner with the nodes chosen (`--nodes all`).
 pub fn check_shape(
     workload: &str,
     params: &std::collections::HashMap<String, String>,
