@@ -756,6 +756,10 @@ fn prometheus_scrapes_the_fleet_series_an_operator_alerts_on() {
     assert!(prom
         .query("ALERTS{alertname=\"GpuctlNodeLost\"}")
         .is_empty());
+    // Honest agents send nothing the coordinator refuses.
+    assert!(prom
+        .query("ALERTS{alertname=\"GpuctlRefusedMessages\"}")
+        .is_empty());
     let failed: BTreeSet<&str> = accepted
         .iter()
         .filter(|(_, v)| *v >= 2.0)

@@ -1,18 +1,16 @@
 //! Flag values the verbs share: `--nodes`, durations, `K=V` pairs and the
 //! `--rules` file. Each error names the flag to fix.
 
+use gpuctl_core::limits::MAX_RULES_BYTES;
 use gpuctl_core::units;
 
 use crate::error::{usage, UsageError};
-
-/// Largest `--rules` file sent with a job (the coordinator refuses more).
-const MAX_RULES_BYTES: u64 = 64 * 1024;
 
 /// The text of a `--rules` file, bounded; the coordinator parses it.
 pub(crate) fn read_rules(path: &std::path::Path) -> Result<String, UsageError> {
     let meta = std::fs::metadata(path)
         .map_err(|e| usage(format!("--rules: cannot read {}: {e}", path.display())))?;
-    if meta.len() > MAX_RULES_BYTES {
+    if meta.len() > MAX_RULES_BYTES as u64 {
         return Err(usage(format!(
             "--rules: {} is {} bytes; a rules file may hold at most {MAX_RULES_BYTES}",
             path.display(),
