@@ -7,7 +7,7 @@
 #                                   stress, stress --with-comm, the nccl sweep, ddp,
 #                                   fsdp, maxbatch and p2p (JOBS picks some; `p2phog`
 #                                   is a fault: p2p while another process copies
-#                                   GPU 2 -> GPU 3 without pause; `cotenant-comm` one too:
+#                                   the second-last GPU -> the last without pause; `cotenant-comm` one too:
 #                                   stress --with-comm while another process runs GEMMs
 #                                   on the last GPU)
 #   bench/falsealarm.sh split OUT   one agent per GPU, each with its own NCCL_HOSTID
@@ -125,12 +125,13 @@ one)
           kill "$OTHER"; wait "$OTHER" 2>/dev/null; OTHER="" ;;
         p2phog)
           "$PY" -c '
-import torch
-a = torch.ones(2**28, device="cuda:2"); b = torch.empty_like(a, device="cuda:3")
+import sys, torch
+src, dst = int(sys.argv[1]), int(sys.argv[2])
+a = torch.ones(2**28, device=f"cuda:{src}"); b = torch.empty_like(a, device=f"cuda:{dst}")
 print("copying", flush=True)
 while True:
     for _ in range(20): b.copy_(a)
-    torch.cuda.synchronize(3)' > "$OUT/p2phog.txt" 2>&1 &
+    torch.cuda.synchronize(dst)' $((LAST - 1)) $LAST > "$OUT/p2phog.txt" 2>&1 &
           OTHER=$!; started "$OUT/p2phog.txt" copying
           job "f$r-p2phog" 120 p2p --nodes 1
           kill "$OTHER"; wait "$OTHER" 2>/dev/null; OTHER="" ;;
