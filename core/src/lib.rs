@@ -20,6 +20,7 @@ pub mod pairs;
 pub mod rendezvous_keys;
 pub mod search;
 pub mod server;
+pub mod server_tls;
 pub mod shutdown;
 pub mod spec;
 pub mod stats;

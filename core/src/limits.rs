@@ -58,6 +58,8 @@ pub const NODE_SHARE_BYTES: usize = 8 << 10;
 pub const MAX_LIST_PAGE: usize = 8 << 20;
 /// A `--rules` text (a job's, a suite's).
 pub const MAX_RULES_BYTES: usize = 64 * 1024;
+/// A suite file's size (`--suite FILE` travels to the coordinator).
+pub const MAX_SUITE_BYTES: usize = 64 * 1024;
 /// The largest piece of a trace one `FetchTrace` may ask an agent for
 /// (`gpuctl profile --trace`): the coordinator refuses more, the agent reads
 /// no more.
@@ -289,13 +291,13 @@ pub fn rendezvous(key: &str, value: &[u8]) -> Result<(), SpecError> {
 /// it, since each stage's job and the suite itself keep a copy.
 pub fn suite(req: &SubmitSuiteRequest) -> Result<(), SpecError> {
     text("--level", &req.level, MAX_JOB_NAME)?;
-    if req.suite_toml.len() > crate::suite::MAX_SUITE_BYTES {
+    if req.suite_toml.len() > MAX_SUITE_BYTES {
         return Err(err(
             "--suite",
             format!(
                 "{} bytes; a suite file holds at most {}",
                 req.suite_toml.len(),
-                crate::suite::MAX_SUITE_BYTES
+                MAX_SUITE_BYTES
             ),
         ));
     }
@@ -483,7 +485,7 @@ mod tests {
         assert_eq!(e.field, "--rules");
         assert!(e.message.contains("at most 65536"), "{e}");
         req.rules.clear();
-        req.suite_toml = "#".repeat(crate::suite::MAX_SUITE_BYTES + 1);
+        req.suite_toml = "#".repeat(MAX_SUITE_BYTES + 1);
         assert_eq!(suite(&req).unwrap_err().field, "--suite");
         let s = JobSpec {
             rules: "#".repeat(MAX_RULES_BYTES + 1),

@@ -4,7 +4,7 @@
 //! (Prometheus' `tls_config: {cert_file, key_file}`). The same files and
 //! rules as the gRPC port, so that a fleet protected by mutual TLS does not
 //! hand its node inventory and figures to whoever reaches the metrics port.
-//! (The gRPC port's rustls configuration is made here too: crate::server.)
+//! (Both ports' rustls configurations come from the same files: crate::server_tls.)
 //!
 //! The listener shares the process's descriptors with gRPC, so it has caps
 //! of its own ([`LIMITS`]), and every connection must open in time
@@ -12,7 +12,6 @@
 //! within [`crate::conn::OPENING`]. Partial `GET /metrics` requests from a
 //! few addresses once held every descriptor and starved gRPC (issue 46).
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,10 +20,7 @@ use hyper_util::rt::TokioTimer;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::service::TowerToHyperService;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::server::WebPkiClientVerifier;
-use rustls::{RootCertStore, ServerConfig};
+use rustls::ServerConfig;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tokio_stream::StreamExt as _;
@@ -45,71 +41,15 @@ pub const LIMITS: Limits = Limits {
 /// A metrics server's TLS, as [`MetricsTlsFiles::config`] makes it.
 pub type TlsConfig = Arc<ServerConfig>;
 
-/// Where the metrics server's TLS comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MetricsTlsFiles {
-    pub cert: PathBuf,
-    pub key: PathBuf,
-    /// Scrapers must present a certificate this CA signed.
-    pub client_ca: Option<PathBuf>,
-}
-
-fn certs(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs: Result<Vec<_>, _> = CertificateDer::pem_file_iter(path)
-        .map_err(|e| format!("{what} {}: {e}", path.display()))?
-        .collect();
-    let certs = certs.map_err(|e| format!("{what} {}: {e}", path.display()))?;
-    if certs.is_empty() {
-        return Err(format!(
-            "{what} {}: no PEM certificate in it",
-            path.display()
-        ));
-    }
-    Ok(certs)
-}
+/// Where the metrics server's TLS comes from: the same files as the gRPC
+/// port's.
+pub use crate::server_tls::ServerTlsFiles as MetricsTlsFiles;
 
 impl MetricsTlsFiles {
     /// The rustls configuration of `/metrics`, or a sentence naming the
     /// file at fault.
     pub fn config(&self) -> Result<TlsConfig, String> {
         self.server_config(false, &[b"h2", b"http/1.1"])
-    }
-
-    /// A server's rustls configuration offering `alpn`; with a client CA,
-    /// a client certificate is `optional` or required.
-    pub fn server_config(&self, optional: bool, alpn: &[&[u8]]) -> Result<TlsConfig, String> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let chain = certs(&self.cert, "--tls-cert")?;
-        let key = PrivateKeyDer::from_pem_file(&self.key)
-            .map_err(|e| format!("--tls-key {}: {e}", self.key.display()))?;
-        let builder = ServerConfig::builder_with_provider(provider.clone())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| format!("TLS: {e}"))?;
-        let builder = match &self.client_ca {
-            Some(ca) => {
-                let mut roots = RootCertStore::empty();
-                for c in certs(ca, "the client CA")? {
-                    roots
-                        .add(c)
-                        .map_err(|e| format!("the client CA {}: {e}", ca.display()))?;
-                }
-                let mut verifier =
-                    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
-                if optional {
-                    verifier = verifier.allow_unauthenticated();
-                }
-                let verifier = verifier
-                    .build()
-                    .map_err(|e| format!("the client CA {}: {e}", ca.display()))?;
-                builder.with_client_cert_verifier(verifier)
-            }
-            None => builder.with_no_client_auth(),
-        };
-        let mut config = builder
-            .with_single_cert(chain, key)
-            .map_err(|e| format!("--tls-cert/--tls-key: {e}"))?;
-        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-        Ok(Arc::new(config))
     }
 }
 

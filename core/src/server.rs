@@ -43,7 +43,7 @@ impl std::fmt::Debug for ServerTls {
 /// at the handshake (the CLI and workers authenticate otherwise); the
 /// services that need one check `Request::peer_certs`.
 pub fn tls_config(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result<ServerTls, String> {
-    let files = crate::metrics_tls::MetricsTlsFiles {
+    let files = crate::server_tls::ServerTlsFiles {
         cert: cert.to_path_buf(),
         key: key.to_path_buf(),
         client_ca: client_ca.map(Path::to_path_buf),

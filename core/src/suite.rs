@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde::Deserialize;
 
 use crate::catalogue::{err, NcclPattern, SpecError, TypedParams};
+pub use crate::limits::MAX_SUITE_BYTES;
 use crate::limits::{MAX_DURATION_MS, MAX_TEXT};
 use crate::pb::JobSpec;
 use crate::spec::{normalize, workload, workload_names};
@@ -29,8 +30,6 @@ const BUILTIN: &[(&str, &str)] = &[
 pub const PREFLIGHT: &str = "preflight";
 /// Stages in one suite: each is a job, and a suite is read by people.
 pub const MAX_STAGES: usize = 32;
-/// A suite file's size (`--suite FILE` travels to the coordinator).
-pub const MAX_SUITE_BYTES: usize = 64 * 1024;
 /// A suite's or a stage's name.
 pub const MAX_NAME: usize = 64;
 /// The shortest timed stage: below a second a stress run measures nothing

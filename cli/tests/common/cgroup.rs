@@ -146,10 +146,27 @@ fn descendants(pid: u32) -> Vec<u32> {
 }
 
 impl Drop for CpuQuota {
+    /// The quota is lifted first, so that a process the quota'd one forks
+    /// while the others are moved out (an agent prestarts a worker as a job
+    /// ends) is not left throttled: once, one stayed behind, the cgroup
+    /// could not be removed, and the next job of a "healthy again" node ran
+    /// at 0.07x. Processes are then moved out until none is left.
     fn drop(&mut self) {
-        let procs = std::fs::read_to_string(self.dir.join("cgroup.procs")).unwrap_or_default();
-        for pid in procs.split_whitespace() {
-            let _ = std::fs::write(self.root.join("cgroup.procs"), pid);
+        let v1 = self.dir.join("cpu.cfs_quota_us");
+        let _ = if v1.exists() {
+            std::fs::write(v1, "-1")
+        } else {
+            std::fs::write(self.dir.join("cpu.max"), "max")
+        };
+        for _ in 0..50 {
+            let procs = std::fs::read_to_string(self.dir.join("cgroup.procs")).unwrap_or_default();
+            if procs.trim().is_empty() {
+                break;
+            }
+            for pid in procs.split_whitespace() {
+                let _ = std::fs::write(self.root.join("cgroup.procs"), pid);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
         }
         let _ = std::fs::remove_dir(&self.dir);
     }
