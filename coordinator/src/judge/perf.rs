@@ -237,10 +237,10 @@ fn fleet(ranks: &[RankFigures], rules: &PerfRules, out: &mut Judgement) {
             if let Some(level) = level_of(s, fail, warn) {
                 let subject = Subject::of(r);
                 let of = match &reference.basis {
-                    Basis::Nodes(nodes) => format!(
+                    Basis::Nodes => format!(
                         "the median of {} nodes' medians of `{class}` ({})",
-                        nodes.len(),
-                        name_nodes(nodes)
+                        votes.nodes(),
+                        name_nodes(&votes.node_names())
                     ),
                     Basis::OwnNode(n) => {
                         format!("the median of node {}'s {n} ranks of `{class}`", r.node)

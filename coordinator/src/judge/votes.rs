@@ -16,8 +16,9 @@ pub const MIN_OTHER_NODES: usize = 3;
 /// What a reference was made of, for the report's note.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Basis {
-    /// The median of these nodes' medians.
-    Nodes(Vec<String>),
+    /// The median of the voting nodes' medians ([`Votes::node_names`]):
+    /// named only where a finding quotes them, not once per rank judged.
+    Nodes,
     /// The median of the judged rank's own node's ranks (this many).
     OwnNode(usize),
 }
@@ -31,19 +32,19 @@ pub struct Reference {
 
 /// One figure's values in one device class, grouped by node.
 #[derive(Debug, Default)]
-pub struct Votes {
-    by_node: BTreeMap<String, Vec<f64>>,
+pub struct Votes<'a> {
+    by_node: BTreeMap<&'a str, Vec<f64>>,
     /// The median of every node's median, when enough nodes voted.
     across: Option<f64>,
 }
 
-impl Votes {
+impl<'a> Votes<'a> {
     /// `values`: (node, value) per rank. `min_ranks`: ranks a node needs for
     /// a reference of its own (the rules' `fleet.min_ranks`).
-    pub fn new<'a>(values: impl IntoIterator<Item = (&'a str, f64)>) -> Votes {
-        let mut by_node: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    pub fn new(values: impl IntoIterator<Item = (&'a str, f64)>) -> Votes<'a> {
+        let mut by_node: BTreeMap<&'a str, Vec<f64>> = BTreeMap::new();
         for (node, v) in values {
-            by_node.entry(node.to_string()).or_default().push(v);
+            by_node.entry(node).or_default().push(v);
         }
         let across = if by_node.len() > MIN_OTHER_NODES {
             let medians: Vec<f64> = by_node.values().filter_map(|v| median(v.clone())).collect();
@@ -59,7 +60,7 @@ impl Votes {
         if let Some(value) = self.across {
             return Some(Reference {
                 value,
-                basis: Basis::Nodes(self.node_names()),
+                basis: Basis::Nodes,
             });
         }
         let own = self.by_node.get(node)?;
@@ -74,7 +75,7 @@ impl Votes {
 
     /// The names of the nodes that voted.
     pub fn node_names(&self) -> Vec<String> {
-        self.by_node.keys().cloned().collect()
+        self.by_node.keys().map(|n| n.to_string()).collect()
     }
 
     /// The most ranks one node has.
@@ -154,10 +155,8 @@ mod tests {
         let votes = Votes::new(values);
         let r = votes.reference("a", 3).unwrap();
         assert!((r.value - (0.082 + 0.085) / 2.0).abs() < 1e-12, "{r:?}");
-        assert_eq!(
-            r.basis,
-            Basis::Nodes(vec!["a".into(), "b".into(), "c".into(), "d".into()])
-        );
+        assert_eq!(r.basis, Basis::Nodes);
+        assert_eq!(votes.node_names(), ["a", "b", "c", "d"]);
     }
 
     #[test]
