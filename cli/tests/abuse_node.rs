@@ -13,12 +13,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{bin, free_port, stderr};
+use common::{bin, free_port, stderr, Procs};
 use gpuctl_core::pb::agent_message::Msg as Up;
 use gpuctl_core::pb::worker_service_client::WorkerServiceClient;
 use gpuctl_core::pb::{
@@ -29,18 +28,6 @@ use serde_json::Value;
 
 const READ: &str = "read-token-0123456789abcdef";
 const OPERATE: &str = "operate-token-0123456789abcdef";
-
-/// Kills the children on the way out, also when an assertion fails.
-struct Procs(Vec<Child>);
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 fn gpuctl(url: &str, certs: &Path, token: &str, args: &[&str]) -> Output {
     Command::new(bin("gpuctl"))
@@ -172,16 +159,8 @@ fn a_node_with_its_own_certificate_cannot_decide_other_nodes_verdicts() {
         .stderr(std::fs::File::create(d.join("coordinator.log")).unwrap())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(coord.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let url = common::listening_url(&mut coord);
     let mut procs = Procs(vec![coord]);
-    let url = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("first line: {line}"))
-        .to_string();
     procs.0.push(agent(d, &url, "a"));
     procs.0.push(agent(d, &url, "b"));
 

@@ -9,38 +9,18 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{bin, stderr};
+use common::{bin, stderr, Procs};
 use gpuctl_core::pb::worker_service_client::WorkerServiceClient;
 use gpuctl_core::pb::{RankResult, RendezvousPutRequest};
 use serde_json::Value;
 
 const READ: &str = "read-token-0123456789abcdef";
 const OPERATE: &str = "operate-token-0123456789abcdef";
-
-/// Kills the children on the way out, also when an assertion fails.
-struct Procs(Vec<Child>);
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in self.0.iter_mut().rev() {
-            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-        }
-        let deadline = Instant::now() + Duration::from_secs(5);
-        for c in self.0.iter_mut().rev() {
-            while Instant::now() < deadline && !matches!(c.try_wait(), Ok(Some(_))) {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 fn gpuctl(url: &str, certs: &Path, token: Option<&str>, args: &[&str]) -> Output {
     let mut cmd = Command::new(bin("gpuctl"));
@@ -159,16 +139,8 @@ fn tls_certificates_tokens_and_worker_secrets_guard_the_coordinator() {
         .stderr(log)
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(coord.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let url = common::listening_url(&mut coord);
     let mut procs = Procs(vec![coord]);
-    let url = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("first line: {line}"))
-        .to_string();
     assert!(url.starts_with("https://127.0.0.1:"), "{url}");
 
     // The CLI without a token, then with a bad one: refused, saying why.

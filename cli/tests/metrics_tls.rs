@@ -6,28 +6,16 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{bin, free_port, stderr};
+use common::{bin, free_port, stderr, Procs};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-
-/// Kills the children on the way out, also when an assertion fails.
-struct Procs(Vec<Child>);
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in self.0.iter_mut() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 /// A rustls client trusting the gpuctl CA, with the CLI's certificate or none.
 fn client(certs: &Path, with_cert: bool) -> Arc<rustls::ClientConfig> {
@@ -126,16 +114,8 @@ fn metrics_answer_only_scrapers_with_a_certificate_of_the_ca() {
         .stderr(log)
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(coord.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let url = common::listening_url(&mut coord);
     let mut procs = Procs(vec![coord]);
-    let url = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("first line: {line}"))
-        .to_string();
     let alog = std::fs::File::create(d.join("agent.log")).unwrap();
     let agent = Command::new(bin("gpuctl-agent"))
         .args([

@@ -341,7 +341,15 @@ fn spawn_coordinator(dir: &Path, listen: &str, node_timeout: &str) -> (Child, St
         .stderr(log)
         .spawn()
         .expect("start gpuctl-coordinator");
-    let stdout = child.stdout.take().unwrap();
+    let url = listening_url(&mut child);
+    let port = url.rsplit(':').next().unwrap().parse().expect("port");
+    (child, url, port)
+}
+
+/// The URL a just-started coordinator prints on its first stdout line
+/// (`listening on URL`); its other lines are read and dropped.
+pub fn listening_url(child: &mut Child) -> String {
+    let stdout = child.stdout.take().expect("the coordinator's stdout piped");
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let mut lines = BufReader::new(stdout).lines();
@@ -353,13 +361,30 @@ fn spawn_coordinator(dir: &Path, listen: &str, node_timeout: &str) -> (Child, St
     let line = rx
         .recv_timeout(Duration::from_secs(30))
         .expect("coordinator printed no `listening on` line");
-    let url = line
-        .strip_prefix("listening on ")
+    line.strip_prefix("listening on ")
         .unwrap_or_else(|| panic!("unexpected first line from coordinator: {line}"))
         .trim()
-        .to_string();
-    let port = url.rsplit(':').next().unwrap().parse().expect("port");
-    (child, url, port)
+        .to_string()
+}
+
+/// Processes a test started itself: stopped with SIGTERM on the way out
+/// (also when an assertion fails), killed after 5 s.
+pub struct Procs(pub Vec<Child>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in self.0.iter_mut().rev() {
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        for c in self.0.iter_mut().rev() {
+            while Instant::now() < deadline && !matches!(c.try_wait(), Ok(Some(_))) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }
 
 pub fn parse_json(out: &Output, args: &[&str]) -> Value {
