@@ -298,7 +298,7 @@ fn start_fleet(dir: &Path, procs: &mut Procs, agents: usize) -> Fleet {
     let url = line
         .trim()
         .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("coordinator's first line: {line}"))
+        .unwrap_or_else(|| panic!("coordinator's first line: {line:?}\n{}", logs(dir)))
         .to_string();
     let mut agent_metrics = Vec::new();
     for i in 0..agents {

@@ -9,6 +9,7 @@
 //!   coordinator sent.
 //! - [`gpu`] and [`host`]: fixtures, a healthy H200 (sample, inventory) and
 //!   hosts, overridden field by field with struct update syntax.
+//! - [`ports`]: loopback ports for servers a test starts by number.
 //!
 //! Only `gpuctl-core` underneath: the crates whose tests use this one take it
 //! as a dev-dependency without a cycle. `gpuctl-sim` takes it as a plain
@@ -18,6 +19,8 @@ pub mod agent;
 pub mod coordinator;
 pub mod gpu;
 pub mod host;
+pub mod ports;
 
 pub use agent::FakeAgent;
 pub use coordinator::{FakeCoordinator, FakeSession};
+pub use ports::free_port;

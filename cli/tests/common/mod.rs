@@ -538,13 +538,7 @@ pub fn json_at(url: &str, args: &[&str]) -> Value {
     parse_json(&gpuctl_at(url, &all), &all)
 }
 
-/// A loopback port free now (the OS picks it), for a server a test starts.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-        .port()
-}
+pub use gpuctl_testkit::free_port;
 
 /// The last `n` lines of each file, headed by its path: what a failing
 /// test prints of the logs of the processes it started.

@@ -4,7 +4,6 @@
 //! etcd must be installed: tests that use it fail (they do not skip) without it.
 
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -16,13 +15,7 @@ const INSTALL: &str = "etcd is not installed (no `etcd` on PATH): these tests ne
      Install it with `apt-get install -y etcd-server` (Debian/Ubuntu; .ci/run does this), \
      or put an etcd v3 binary on PATH";
 
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+pub use gpuctl_testkit::free_port;
 
 /// One etcd server, killed on drop.
 pub struct Etcd {
