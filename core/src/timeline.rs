@@ -60,7 +60,7 @@ fn evenly<T: Clone>(v: &mut Vec<T>, max: usize) -> bool {
     true
 }
 
-/// Keeps the first and last mark and every phase change; the marks within
+/// Keeps the first and last mark and every change of phase or kind; the marks within
 /// a phase share what is left, evenly.
 fn phases(marks: &mut Vec<PhaseMark>, max: usize) -> bool {
     if marks.len() <= max {
@@ -68,7 +68,12 @@ fn phases(marks: &mut Vec<PhaseMark>, max: usize) -> bool {
     }
     let last = marks.len() - 1;
     let must: Vec<bool> = (0..marks.len())
-        .map(|i| i == 0 || i == last || marks[i].phase != marks[i - 1].phase)
+        .map(|i| {
+            i == 0
+                || i == last
+                || marks[i].phase != marks[i - 1].phase
+                || marks[i].kind != marks[i - 1].kind
+        })
         .collect();
     let required = must.iter().filter(|m| **m).count();
     let room = max.saturating_sub(required);
@@ -105,6 +110,7 @@ mod tests {
             phase: phase.into(),
             unix_ms: t,
             iterations: t,
+            ..Default::default()
         }
     }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 use gpuctl_core::client::Channel;
 use gpuctl_core::now_ms;
 use gpuctl_core::pb::{
-    rank_result::Detail, worker_service_client::WorkerServiceClient, JobSpec, PhaseMark,
+    rank_result::Detail, worker_service_client::WorkerServiceClient, JobSpec, PhaseKind, PhaseMark,
     RankPlacement, RankProgress, RankProgressReport, RankResult, StressResult,
 };
 use gpuctl_core::shutdown::Shutdown;
@@ -72,11 +72,13 @@ pub async fn run(
             phase: "starting".into(),
             unix_ms: start,
             iterations: 0,
+            kind: PhaseKind::Setup as i32,
         },
         PhaseMark {
             phase: PHASE.into(),
             unix_ms: start,
             iterations: 0,
+            kind: PhaseKind::Measured as i32,
         },
     ];
     // Intervals are played when the rank next wakes (to report, or at the
@@ -107,6 +109,7 @@ pub async fn run(
                     phase: PHASE.into(),
                     unix_ms: now_ms().saturating_sub(behind),
                     iterations,
+                    kind: PhaseKind::Measured as i32,
                 });
             }
             played += 1;
@@ -156,6 +159,7 @@ pub async fn run(
         phase: "done".into(),
         unix_ms: end,
         iterations,
+        kind: PhaseKind::Measured as i32,
     });
     let mut sorted = tflops.clone();
     sorted.sort_by(f64::total_cmp);

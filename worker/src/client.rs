@@ -391,6 +391,17 @@ impl Progress {
         }
     }
 
+    /// The workload enters a phase of `kind` (set-up until it says
+    /// otherwise): rules judge the phases they name, so a workload says
+    /// when it measures and when it only checks what it measured.
+    pub fn enter(&self, kind: gpuctl_core::pb::PhaseKind) {
+        if let Some(i) = &self.inner {
+            let mut s = i.snap.lock().unwrap_or_else(|e| e.into_inner());
+            let iterations = i.iterations.load(Ordering::Relaxed);
+            s.timeline.enter(kind, gpuctl_core::now_ms(), iterations);
+        }
+    }
+
     /// Counts `n` units of work done; the counter only grows while the rank
     /// makes progress, which is what hang detection watches.
     pub fn tick(&self, n: u64) {

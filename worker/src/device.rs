@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use cudarc::driver::CudaContext;
-use tch::{Device, Tensor};
+use tch::Device;
 
 /// `dlopen("libtorch_cuda.so", RTLD_NOW | RTLD_GLOBAL)`: registers libtorch's
 /// CUDA hooks in a binary linked only against the CPU libraries (DESIGN.md).
@@ -263,78 +263,9 @@ fn first_non_loopback() -> Option<String> {
     }
 }
 
-/// FNV-1a, 64 bits: the digest of a product's bytes.
-pub fn fnv1a64(bytes: &[u8]) -> u64 {
-    let mut h = Fnv::default();
-    h.write(bytes);
-    h.0
-}
-
-/// FNV-1a 64, fed in pieces (a model's parameters, unit by unit).
-#[derive(Clone, Copy, Debug)]
-pub struct Fnv(u64);
-
-impl Default for Fnv {
-    fn default() -> Self {
-        Fnv(0xcbf2_9ce4_8422_2325)
-    }
-}
-
-impl Fnv {
-    pub fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 ^= *b as u64;
-            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-
-    /// Feeds a tensor's bytes (copied to the host, contiguous).
-    pub fn tensor(&mut self, t: &Tensor) -> Result<()> {
-        let c = t.f_to_device(Device::Cpu)?.f_contiguous()?;
-        let n = c.numel() * c.kind().elt_size_in_bytes();
-        let mut bytes = vec![0u8; n];
-        c.f_copy_data_u8(&mut bytes, c.numel())?;
-        self.write(&bytes);
-        Ok(())
-    }
-
-    pub fn hex(&self) -> String {
-        format!("{:016x}", self.0)
-    }
-}
-
-/// FNV-1a 64 of a tensor's bytes, as 16 hex digits.
-pub fn digest(t: &Tensor) -> Result<String> {
-    let mut h = Fnv::default();
-    h.tensor(t)?;
-    Ok(h.hex())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn fnv_matches_reference_values() {
-        assert_eq!(fnv1a64(b""), 0xcbf29ce484222325);
-        assert_eq!(fnv1a64(b"a"), 0xaf63dc4c8601ec8c);
-        assert_eq!(fnv1a64(b"foobar"), 0x85944171f73967e8);
-        // In pieces, and through a tensor's bytes, it is the same digest.
-        let mut h = Fnv::default();
-        h.write(b"foo");
-        h.write(b"bar");
-        assert_eq!(h.0, fnv1a64(b"foobar"));
-        let t = Tensor::from_slice(&[1.0f32, 2.0, 3.0]);
-        let mut p = Fnv::default();
-        p.tensor(&t.narrow(0, 0, 1)).unwrap();
-        p.tensor(&t.narrow(0, 1, 2)).unwrap();
-        let bytes: Vec<u8> = [1.0f32, 2.0, 3.0]
-            .iter()
-            .flat_map(|x| x.to_le_bytes())
-            .collect();
-        assert_eq!(p.hex(), format!("{:016x}", fnv1a64(&bytes)));
-        assert_eq!(digest(&t).unwrap(), p.hex());
-    }
 
     #[test]
     fn loopback_master_advertises_loopback() {

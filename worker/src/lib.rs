@@ -10,6 +10,7 @@ pub mod client;
 pub mod comm;
 pub mod context;
 pub mod device;
+pub mod digest;
 pub mod partial;
 pub mod prestart;
 pub mod profile;

@@ -7,7 +7,7 @@
 //! keeps what a reader needs: every phase change, the first and last marks,
 //! and an even spread of the rest.
 
-use gpuctl_core::pb::PhaseMark;
+use gpuctl_core::pb::{PhaseKind, PhaseMark};
 use gpuctl_core::stats::thin_evenly;
 
 /// Marks of one rank's timeline at most.
@@ -57,6 +57,8 @@ fn clip(s: &str) -> &str {
 pub struct Timeline {
     marks: Vec<PhaseMark>,
     max: usize,
+    /// What the workload said it entered last; every mark carries it.
+    kind: PhaseKind,
 }
 
 impl Default for Timeline {
@@ -70,7 +72,24 @@ impl Timeline {
         Timeline {
             marks: Vec::new(),
             max: max.max(2),
+            kind: PhaseKind::Setup,
         }
+    }
+
+    /// The workload enters a phase of `kind`: a mark at once (with the
+    /// phase text so far), so the phase starts when the workload said, not
+    /// at its next progress line.
+    pub fn enter(&mut self, kind: PhaseKind, unix_ms: u64, iterations: u64) {
+        if kind == self.kind {
+            return;
+        }
+        self.kind = kind;
+        let phase = self
+            .marks
+            .last()
+            .map(|m| m.phase.clone())
+            .unwrap_or_default();
+        self.push(phase, unix_ms, iterations);
     }
 
     /// Notes the progress `phase` at `unix_ms`; allocates only when a mark is
@@ -82,13 +101,18 @@ impl Timeline {
                 return;
             }
         }
+        self.push(key.to_string(), unix_ms, iterations);
+    }
+
+    fn push(&mut self, phase: String, unix_ms: u64, iterations: u64) {
         if self.marks.len() >= self.max {
             self.thin();
         }
         self.marks.push(PhaseMark {
-            phase: key.to_string(),
+            phase,
             unix_ms,
             iterations,
+            kind: self.kind as i32,
         });
     }
 
@@ -97,12 +121,15 @@ impl Timeline {
     }
 
     /// Makes room: drops every other within-phase mark (the first and last
-    /// mark and every phase change stay); a timeline of phase changes only
-    /// is thinned evenly instead.
+    /// mark and every change of phase or kind stay); a timeline of changes
+    /// only is thinned evenly instead.
     fn thin(&mut self) {
         let n = self.marks.len();
         let within: Vec<usize> = (1..n.saturating_sub(1))
-            .filter(|&i| self.marks[i].phase == self.marks[i - 1].phase)
+            .filter(|&i| {
+                let (a, b) = (&self.marks[i - 1], &self.marks[i]);
+                a.phase == b.phase && a.kind == b.kind
+            })
             .collect();
         if within.is_empty() {
             self.marks = thin_evenly(&self.marks, self.max / 2 + 1);
@@ -176,6 +203,29 @@ mod tests {
             ]
         );
         assert_eq!(t.marks()[2].iterations, 11);
+    }
+
+    #[test]
+    fn entering_a_kind_marks_at_once_and_every_later_mark_carries_it() {
+        let mut t = Timeline::default();
+        t.record("train step 1/2", 1_000, 1);
+        t.record("train step 2/2", 1_100, 2);
+        t.enter(PhaseKind::Verify, 1_200, 2);
+        t.enter(PhaseKind::Verify, 1_300, 2);
+        t.record("verifying parameters", 1_400, 2);
+        let got: Vec<(&str, u64, PhaseKind)> = t
+            .marks()
+            .iter()
+            .map(|m| (m.phase.as_str(), m.unix_ms, m.kind()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("train step", 1_000, PhaseKind::Setup),
+                ("train step", 1_200, PhaseKind::Verify),
+                ("verifying parameters", 1_400, PhaseKind::Verify),
+            ]
+        );
     }
 
     #[test]

@@ -11,7 +11,7 @@ use common::with_ranks;
 use gpuctl_worker::workloads::memory::Memory;
 use gpuctl_worker::workloads::models::{gpt::GptConfig, ModelConfig, Precision};
 use gpuctl_worker::workloads::train::{
-    train, LoaderSweep, Mode, ProfileRun, TrainConfig, TrainOutput,
+    train, LoaderSweep, Mode, ProfileRun, Quiet, TrainConfig, TrainOutput,
 };
 use tch::Device;
 
@@ -50,7 +50,7 @@ fn cfg(mode: Mode, dir: Option<&std::path::Path>) -> TrainConfig {
 fn run(world: usize, c: TrainConfig) -> Vec<TrainOutput> {
     with_ranks(world, move |comm| {
         let mem = Memory::cpu();
-        train(&c, Device::Cpu, Some(comm), &mem, &|_, _, _| {})
+        train(&c, Device::Cpu, Some(comm), &mem, &Quiet)
             .unwrap_or_else(|e| panic!("rank {}: {e:#}", comm.rank()))
     })
 }

@@ -9,7 +9,7 @@ use common::with_ranks;
 use gpuctl_worker::workloads::maxbatch::{recommended, run_search};
 use gpuctl_worker::workloads::memory::Memory;
 use gpuctl_worker::workloads::models::{gpt::GptConfig, ModelConfig, Precision};
-use gpuctl_worker::workloads::train::{train, Mode, TrainConfig, TrainOutput};
+use gpuctl_worker::workloads::train::{train, Mode, Quiet, TrainConfig, TrainOutput};
 use tch::{Device, Kind};
 
 fn cfg(mode: Mode, model: &str, precision: Precision, baseline: u64) -> TrainConfig {
@@ -41,7 +41,7 @@ fn cfg(mode: Mode, model: &str, precision: Precision, baseline: u64) -> TrainCon
 fn run(world: usize, c: TrainConfig) -> Vec<TrainOutput> {
     with_ranks(world, move |comm| {
         let mem = Memory::cpu();
-        let out = train(&c, Device::Cpu, Some(comm), &mem, &|_, _, _| {})
+        let out = train(&c, Device::Cpu, Some(comm), &mem, &Quiet)
             .unwrap_or_else(|e| panic!("rank {}: {e:#}", comm.rank()));
         out
     })
@@ -149,7 +149,7 @@ fn ddp_and_fsdp_train_as_one_rank_on_the_whole_batch() {
         single.data_ranks = world;
         single.steps = 6;
         let one = with_ranks(1, move |_| {
-            train(&single, Device::Cpu, None, &Memory::cpu(), &|_, _, _| {}).unwrap()
+            train(&single, Device::Cpu, None, &Memory::cpu(), &Quiet).unwrap()
         });
         let want = &one[0].losses;
         assert!(

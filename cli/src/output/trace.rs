@@ -154,8 +154,10 @@ fn rank_events(
             args["algbw_gbps"] = json!(row.algbw_gbps);
             args["busbw_gbps"] = json!(row.busbw_gbps);
         }
+        // The category is what the workload declared the stretch to be; the
+        // health rules judge the measured stretches alone.
         ev.push(json!({
-            "name": span.phase, "cat": "phase", "ph": "X", "pid": pid, "tid": tid,
+            "name": span.phase, "cat": kind_name(span.kind), "ph": "X", "pid": pid, "tid": tid,
             "ts": us(span.start_ms), "dur": (span.end_ms.saturating_sub(span.start_ms)) as f64 * 1000.0,
             "args": args,
         }));
@@ -172,9 +174,24 @@ fn rank_events(
     }
 }
 
-/// One phase from its first mark to the next phase's first mark.
+/// What a stretch's kind is called in a trace: `phase` where the worker
+/// declared none.
+fn kind_name(kind: pb::PhaseKind) -> &'static str {
+    match kind {
+        pb::PhaseKind::Unspecified => "phase",
+        pb::PhaseKind::Setup => "setup",
+        pb::PhaseKind::Warmup => "warmup",
+        pb::PhaseKind::Measured => "measured",
+        pb::PhaseKind::Verify => "verify",
+        pb::PhaseKind::Sweep => "sweep",
+    }
+}
+
+/// One phase from its first mark to the next phase's first mark (a change
+/// of kind within a phase starts a span too).
 struct Span<'a> {
     phase: &'a str,
+    kind: pb::PhaseKind,
     start_ms: u64,
     end_ms: u64,
     iterations_at_start: u64,
@@ -185,11 +202,16 @@ struct Span<'a> {
 fn spans(marks: &[pb::PhaseMark], end_ms: u64) -> Vec<Span<'_>> {
     let mut out: Vec<Span> = Vec::new();
     for (i, m) in marks.iter().enumerate() {
-        if out.last().is_some_and(|s| s.phase == m.phase) {
+        if out
+            .last()
+            .is_some_and(|s| s.phase == m.phase && s.kind == m.kind())
+        {
             continue;
         }
-        // The span runs until the next mark of another phase.
-        let next = marks[i..].iter().find(|n| n.phase != m.phase);
+        // The span runs until the next mark of another phase or kind.
+        let next = marks[i..]
+            .iter()
+            .find(|n| n.phase != m.phase || n.kind != m.kind);
         let (end, end_iter) = match next {
             Some(n) => (n.unix_ms, n.iterations),
             None => (
@@ -199,6 +221,7 @@ fn spans(marks: &[pb::PhaseMark], end_ms: u64) -> Vec<Span<'_>> {
         };
         out.push(Span {
             phase: &m.phase,
+            kind: m.kind(),
             start_ms: m.unix_ms,
             end_ms: end.max(m.unix_ms),
             iterations_at_start: m.iterations,
@@ -296,6 +319,7 @@ mod tests {
             phase: phase.into(),
             unix_ms,
             iterations,
+            ..Default::default()
         }
     }
 

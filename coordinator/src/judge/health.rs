@@ -500,7 +500,7 @@ impl HealthRules {
                     self.idle,
                     "idle",
                     format!(
-                        "under 10 % utilisation in {:.0} % of the {} samples taken while the workload ran its measured phase (its own set-up not counted)",
+                        "under 10 % utilisation in {:.0} % of the {} samples taken while the workload ran its measured phase (set-up, warm-up, verification and sweeps not counted)",
                         m.util_low as f64 * 100.0 / m.n as f64,
                         m.n
                     ),

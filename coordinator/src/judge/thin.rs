@@ -55,6 +55,7 @@ mod tests {
                         phase: "gemm".into(),
                         unix_ms: t,
                         iterations: t,
+                        ..Default::default()
                     })
                     .collect(),
                 ..Default::default()

@@ -257,6 +257,7 @@ mod tests {
             phase: phase.into(),
             unix_ms,
             iterations: unix_ms,
+            ..Default::default()
         }
     }
 

@@ -9,11 +9,11 @@
 
 use anyhow::{Context, Result};
 use gpuctl_core::catalogue::{TrainModel, TrainParams};
-use gpuctl_core::pb::{rank_result::Detail, TrainResult};
+use gpuctl_core::pb::{rank_result::Detail, PhaseKind, TrainResult};
 
 use super::memory::Memory;
 use super::models::{gpt::GptConfig, ModelConfig, Precision};
-use super::train::{train, LoaderSweep, Mode, ProfileRun, TrainConfig};
+use super::train::{train, LoaderSweep, Mode, ProfileRun, Reporter, TrainConfig};
 use super::Outcome;
 use crate::context::Ctx;
 
@@ -89,16 +89,11 @@ pub fn run_mode(ctx: &Ctx, params: &TrainParams, mode: Mode) -> Result<Outcome> 
             mem.empty_cache();
             mem.reset_all_peaks();
         }
-        // train() calls this once a step: each call is a unit of progress.
-        let progress = |phase: &str, frac: f64, metrics: &[(&str, f64)]| {
-            ctx.progress.tick(1);
-            let frac = (i as f64 + frac) / n as f64;
-            if n > 1 {
-                ctx.progress
-                    .update(&format!("{name}: {phase}"), frac, metrics);
-            } else {
-                ctx.progress.update(phase, frac, metrics);
-            }
+        let progress = ModelProgress {
+            ctx,
+            model: (n > 1).then_some(name),
+            done: i as f64 / n as f64,
+            share: 1.0 / n as f64,
         };
         let out = train(
             &cfg,
@@ -140,4 +135,30 @@ pub fn run_mode(ctx: &Ctx, params: &TrainParams, mode: Mode) -> Result<Outcome> 
 
 pub fn run(ctx: &Ctx, params: &TrainParams) -> Result<Outcome> {
     run_mode(ctx, params, Mode::Ddp)
+}
+
+/// One model's progress within a list: its phases prefixed with its name
+/// when there are several, its fraction a share of the whole.
+struct ModelProgress<'a> {
+    ctx: &'a Ctx,
+    model: Option<&'a str>,
+    done: f64,
+    share: f64,
+}
+
+impl Reporter for ModelProgress<'_> {
+    /// train() calls this once a step: each call is a unit of progress.
+    fn update(&self, phase: &str, frac: f64, metrics: &[(&str, f64)]) {
+        let p = &self.ctx.progress;
+        p.tick(1);
+        let frac = self.done + frac * self.share;
+        match self.model {
+            Some(name) => p.update(&format!("{name}: {phase}"), frac, metrics),
+            None => p.update(phase, frac, metrics),
+        }
+    }
+
+    fn enter(&self, kind: PhaseKind) {
+        self.ctx.progress.enter(kind);
+    }
 }

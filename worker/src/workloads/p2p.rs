@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use gpuctl_core::catalogue::P2pParams;
-use gpuctl_core::pb::{rank_result::Detail, P2pResult, PeerCopy};
+use gpuctl_core::pb::{rank_result::Detail, P2pResult, PeerCopy, PhaseKind};
 use gpuctl_core::rendezvous_keys::owned;
 use tch::{Device, Kind, Tensor};
 
@@ -36,6 +36,9 @@ pub fn run(ctx: &Ctx, p: &P2pParams) -> Result<Outcome> {
     let n = elements(p.bytes)?;
     let progress = |phase: &str, frac: f64, gbps: Option<f64>| {
         ctx.sample_memory();
+        if gbps.is_some() {
+            ctx.progress.enter(PhaseKind::Measured);
+        }
         match gbps {
             Some(g) => ctx.progress.update(phase, frac, &[("gbps", g)]),
             None => ctx.progress.update(phase, frac, &[]),

@@ -12,12 +12,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use gpuctl_core::catalogue::{MemoryTarget, StressParams};
-use gpuctl_core::pb::{rank_result::Detail, StressResult};
+use gpuctl_core::pb::{rank_result::Detail, PhaseKind, StressResult};
 use tch::{Device, Kind, Tensor};
 
 use super::Outcome;
 use crate::context::Ctx;
-use crate::device::digest;
+use crate::digest::digest;
 
 fn kind_of(precision: &str, gpu: bool) -> Result<Kind> {
     Ok(match (precision, gpu) {
@@ -176,6 +176,7 @@ pub fn run(ctx: &Ctx, cfg: &StressParams) -> Result<Outcome> {
                      label: &str|
      -> Result<()> {
         ctx.dev.synchronize();
+        ctx.progress.enter(PhaseKind::Measured);
         let start = Instant::now();
         let end = start + run;
         let mut interval_start = start;

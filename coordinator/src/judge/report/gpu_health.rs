@@ -7,44 +7,45 @@
 use std::collections::BTreeMap;
 
 use gpuctl_core::pb::{
-    Finding, GpuTelemetrySummary, HealthFinding, PhaseMark, Plan, RankResult, Verdict,
+    Finding, GpuTelemetrySummary, HealthFinding, PhaseKind, PhaseMark, Plan, RankResult, Verdict,
 };
 
 use super::ranks::{RankStates, Source};
 use crate::judge::health::{HealthRules, Level};
 use crate::judge::telemetry::Windows;
 
-/// When each GPU's rank ran its measured phase, from its timeline:
-/// - stress and nccl: from the first mark with work counted (a GEMM or a
-///   collective, after libtorch and NCCL were set up) to the last mark;
-/// - ddp and fsdp: the timed steps (`train step`, `baseline step`) alone. A
-///   first step that autotunes cuDNN took 13-15 s at low utilisation on
-///   H100s (docs/benchmarks.md, 2026-11-26): set-up, not an idle GPU;
-/// - maxbatch: none. Its search is trials of new shapes, each mostly
-///   allocation and autotuning: bursty by design, not a load to judge;
-/// - p2p: none. Its copies run on the copy engines and NCCL's small copy
-///   kernels, which NVML's utilisation barely counts: a busy link on an
-///   "idle" GPU.
+/// When each GPU's rank ran its measured phase, from its timeline: from
+/// the first mark the workload declared measured to the mark that ends its
+/// last measured stretch (set-up, warm-up, verification and sweeps are not
+/// judged: a GPT-1.3B job's parameter comparison after training left both
+/// GPUs "idle" in 90 % of their samples, issue 47). Two workloads are not
+/// judged at all:
+/// - maxbatch: its search is trials of new shapes, each mostly allocation
+///   and autotuning: bursty by design, not a load to judge;
+/// - p2p: its copies run on the copy engines and NCCL's small copy kernels,
+///   which NVML's utilisation barely counts: a busy link on an "idle" GPU.
 ///
-/// A rank with no such stretch gives none, and its GPU's `idle` is not judged.
+/// Marks of an older worker or the simulator say no kind; their stretch is
+/// read from the phase names as before ([`unmarked`]). A rank with no
+/// measured stretch gives none, and its GPU's `idle` is not judged.
 pub(super) fn measured_windows(
     workload: &str,
     plan: &Plan,
     results: &BTreeMap<u32, RankResult>,
 ) -> Windows {
     let mut out = Windows::new();
+    if matches!(workload, "maxbatch" | "p2p") {
+        return out;
+    }
     for p in &plan.ranks {
         let (Some(gpu), Some(r)) = (p.gpu_index, results.get(&p.rank)) else {
             continue;
         };
-        let window = match workload {
-            "maxbatch" | "p2p" => None,
-            "ddp" | "fsdp" => timed_steps(&r.phases),
-            _ => r
-                .phases
-                .iter()
-                .find(|m| m.iterations > 0)
-                .map(|from| (from.unix_ms, r.phases.last().map_or(0, |m| m.unix_ms))),
+        let declared = r.phases.iter().any(|m| m.kind() != PhaseKind::Unspecified);
+        let window = if declared {
+            stretch(&r.phases, |m| m.kind() == PhaseKind::Measured)
+        } else {
+            unmarked(workload, &r.phases)
         };
         if let Some((from, to)) = window.filter(|(from, to)| to > from) {
             out.insert((p.node.clone(), gpu), (from, to));
@@ -53,12 +54,24 @@ pub(super) fn measured_windows(
     out
 }
 
-/// From the first timed-step mark to the mark that ends the last stretch of
-/// them (or the last such mark).
-fn timed_steps(marks: &[PhaseMark]) -> Option<(u64, u64)> {
-    let timed = |m: &PhaseMark| m.phase == "step" || m.phase.ends_with(" step");
-    let first = marks.iter().position(timed)?;
-    let last = marks.iter().rposition(timed)?;
+/// An older worker's measured stretch, from its phase names: ddp and fsdp's
+/// timed steps (`train step`, `baseline step`), else from the first mark
+/// with work counted to the last mark.
+fn unmarked(workload: &str, marks: &[PhaseMark]) -> Option<(u64, u64)> {
+    match workload {
+        "ddp" | "fsdp" => stretch(marks, |m| m.phase == "step" || m.phase.ends_with(" step")),
+        _ => marks
+            .iter()
+            .find(|m| m.iterations > 0)
+            .map(|from| (from.unix_ms, marks.last().map_or(0, |m| m.unix_ms))),
+    }
+}
+
+/// From the first mark `inside` takes to the mark that ends the last
+/// stretch of them (or the last such mark).
+fn stretch(marks: &[PhaseMark], inside: impl Fn(&PhaseMark) -> bool) -> Option<(u64, u64)> {
+    let first = marks.iter().position(&inside)?;
+    let last = marks.iter().rposition(&inside)?;
     let end = marks.get(last + 1).unwrap_or(&marks[last]);
     Some((marks[first].unix_ms, end.unix_ms))
 }
@@ -162,6 +175,7 @@ mod tests {
             phase: phase.into(),
             unix_ms,
             iterations,
+            ..Default::default()
         }
     }
 
@@ -206,6 +220,41 @@ mod tests {
         let w = measured_windows("stress", &plan(), &results);
         assert_eq!(w[&("n0".to_string(), 2)], (3_000, 22_100));
         assert!(measured_windows("maxbatch", &plan(), &results).is_empty());
+    }
+
+    #[test]
+    fn declared_phases_judge_the_measured_stretch_alone() {
+        // As the GPT-1.3B fsdp rank of issue 47: 20 steps in 1.8 s, then the
+        // parameter comparison until the end, which no rule may call idle.
+        let m = |phase: &str, unix_ms: u64, kind: PhaseKind| PhaseMark {
+            kind: kind as i32,
+            ..mark(phase, unix_ms, 0)
+        };
+        let phases = vec![
+            m("starting", 1_000, PhaseKind::Setup),
+            m("building the model", 3_000, PhaseKind::Setup),
+            m("building the model", 8_000, PhaseKind::Warmup),
+            m("warmup", 8_100, PhaseKind::Warmup),
+            m("warmup", 9_000, PhaseKind::Measured),
+            m("train step", 9_100, PhaseKind::Measured),
+            m("train step", 10_100, PhaseKind::Measured),
+            m("train step", 10_800, PhaseKind::Verify),
+            m("comparing parameters", 10_800, PhaseKind::Verify),
+            m("trained", 40_000, PhaseKind::Verify),
+            m("done", 40_100, PhaseKind::Verify),
+        ];
+        let results = BTreeMap::from([(
+            0,
+            RankResult {
+                phases,
+                ..Default::default()
+            },
+        )]);
+        for workload in ["fsdp", "ddp", "stress"] {
+            let w = measured_windows(workload, &plan(), &results);
+            assert_eq!(w[&("n0".to_string(), 2)], (9_000, 10_800), "{workload}");
+        }
+        assert!(measured_windows("p2p", &plan(), &results).is_empty());
     }
 
     #[test]

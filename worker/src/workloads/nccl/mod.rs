@@ -19,6 +19,7 @@ pub mod sweep;
 
 use anyhow::Result;
 use gpuctl_core::catalogue::{NcclParams, NcclPattern};
+use gpuctl_core::pb::PhaseKind;
 use tch::{Device, Kind, Tensor};
 
 use super::Outcome;
@@ -42,6 +43,10 @@ pub fn run(ctx: &Ctx, params: &NcclParams) -> Result<Outcome> {
 fn report_progress(ctx: &Ctx) -> impl Fn(&str, f64, Option<f64>) + '_ {
     move |phase, frac, busbw| {
         ctx.sample_memory();
+        if busbw.is_some() {
+            // The first figure: what came before was set-up.
+            ctx.progress.enter(PhaseKind::Measured);
+        }
         match busbw {
             Some(b) => ctx.progress.update(phase, frac, &[("busbw_gbps", b)]),
             None => ctx.progress.update(phase, frac, &[]),

@@ -16,11 +16,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, Result};
+use gpuctl_core::pb::LoaderSetting;
+use gpuctl_core::stats::median;
 use tch::{Device, Kind, Tensor};
 
-use super::super::models::{channels_last, Batch, SplitMix64};
+use super::super::models::{channels_last, Batch, Model, SplitMix64};
+use super::{rank_seed, LoaderSweep, Reporter, TrainConfig, Trainer};
 
 /// What every batch of one loader looks like.
 #[derive(Clone, Debug)]
@@ -256,6 +260,83 @@ fn clock_ticks() -> f64 {
     } else {
         100.0
     }
+}
+
+/// The loader sweep: for each worker count, a warmup step and `l.steps`
+/// timed steps on batches the loader makes, with no communication, so each
+/// rank's figures are its own host's.
+pub(super) fn sweep(
+    cfg: &TrainConfig,
+    l: &LoaderSweep,
+    tr: &mut Trainer,
+    model: &Model,
+    rank: usize,
+    progress: &dyn Reporter,
+) -> Result<Vec<LoaderSetting>> {
+    let dev = model.device;
+    let shape = Shape {
+        batch: cfg.batch_size,
+        side: model.side(),
+        classes: model.classes(),
+        work: l.work,
+        seed: rank_seed(cfg.seed ^ 0x10ad, rank),
+        device: dev,
+        kind: cfg.model.precision.kind(),
+        channels_last: model.uses_channels_last(),
+    };
+    let mut rows = Vec::with_capacity(l.workers.len());
+    for (k, &workers) in l.workers.iter().enumerate() {
+        let mut ld = Loader::start(shape.clone(), workers as usize);
+        let b = ld.next_batch()?;
+        tr.step(&b, None)?;
+        let (c0, t0, ms0) = (CpuClock::now(), Instant::now(), unix_ms());
+        let (mut wait, mut times) = (0.0, Vec::with_capacity(l.steps as usize));
+        for i in 0..l.steps {
+            let w = Instant::now();
+            let b = ld.next_batch()?;
+            wait += w.elapsed().as_secs_f64();
+            let s = tr.step(&b, None)?;
+            times.push(w.elapsed().as_secs_f64());
+            progress.update(
+                &format!("loader {workers} workers {}/{}", i + 1, l.steps),
+                1.0,
+                &[("samples_per_s", cfg.batch_size as f64 / s.seconds.max(1e-9))],
+            );
+        }
+        let wall = t0.elapsed().as_secs_f64();
+        let (cores, host) = CpuClock::now().since(&c0, wall);
+        drop(ld);
+        let row = LoaderSetting {
+            workers,
+            work: l.work,
+            steps: l.steps,
+            samples_per_s: (cfg.batch_size as f64 * l.steps as f64) / wall.max(1e-9),
+            data_wait_share: (wait / wall.max(1e-9)).clamp(0.0, 1.0),
+            step_ms_p50: median(times).unwrap_or(0.0) * 1e3,
+            cpu_cores: cores,
+            host_cpu_share: host,
+            start_unix_ms: ms0,
+            end_unix_ms: unix_ms(),
+        };
+        tracing::info!(
+            setting = k,
+            workers,
+            per_s = row.samples_per_s,
+            data_wait = row.data_wait_share,
+            cpu_cores = row.cpu_cores,
+            host_cpu = row.host_cpu_share,
+            "loader setting"
+        );
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 #[cfg(test)]

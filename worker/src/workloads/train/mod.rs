@@ -25,15 +25,16 @@
 pub mod flat;
 pub mod loader;
 pub mod optim;
+mod profile;
 mod replicated;
 mod sharded;
 pub mod staged;
 
 use std::path::PathBuf;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use anyhow::{bail, Result};
-use gpuctl_core::pb::{LoaderSetting, OperatorProfile, TrainResult};
+use gpuctl_core::pb::{PhaseKind, TrainResult};
 use tch::{Device, Kind, Tensor};
 
 pub use optim::LossScaler;
@@ -44,7 +45,7 @@ use self::sharded::Sharded;
 use super::memory::Memory;
 use super::models::{Batch, Model, ModelConfig, Precision};
 use crate::comm::Collectives;
-use crate::device::digest;
+use crate::digest::digest;
 use gpuctl_core::stats::{median, quantile_sorted, thin_evenly};
 
 use crate::timeline::MAX_STEP_TIMES;
@@ -138,7 +139,22 @@ pub struct TrainOutput {
 /// Progress: phase, fraction of the whole run, metrics.
 pub type ProgressFn<'a> = &'a dyn Fn(&str, f64, &[(&str, f64)]);
 
-fn sync(dev: Device) {
+/// Where training reports: a line a step, and the phases it enters, so
+/// that the rules judge its timed steps and not what it checks after them.
+pub trait Reporter {
+    fn update(&self, phase: &str, fraction: f64, metrics: &[(&str, f64)]);
+    fn enter(&self, kind: PhaseKind);
+}
+
+/// Reports nowhere (tests, tools).
+pub struct Quiet;
+
+impl Reporter for Quiet {
+    fn update(&self, _: &str, _: f64, _: &[(&str, f64)]) {}
+    fn enter(&self, _: PhaseKind) {}
+}
+
+pub(super) fn sync(dev: Device) {
     if let Device::Cuda(o) = dev {
         tch::Cuda::synchronize(o as i64);
     }
@@ -259,7 +275,7 @@ fn reference_batch(model: &Model, size: i64, seed: u64, ranks: usize) -> Result<
 }
 
 /// Each rank its own data: seed, rank.
-fn rank_seed(seed: u64, rank: usize) -> u64 {
+pub(super) fn rank_seed(seed: u64, rank: usize) -> u64 {
     seed.wrapping_mul(1_000_003).wrapping_add(rank as u64 + 1)
 }
 
@@ -270,7 +286,7 @@ pub fn train(
     device: Device,
     mut comm: Option<&mut dyn Collectives>,
     mem: &Memory,
-    progress: ProgressFn,
+    progress: &dyn Reporter,
 ) -> Result<TrainOutput> {
     let (rank, world) = comm
         .as_ref()
@@ -279,7 +295,7 @@ pub fn train(
     if let Some(c) = comm.as_deref() {
         c.bind_thread()?;
     }
-    progress("building the model", 0.0, &[]);
+    progress.update("building the model", 0.0, &[]);
     let model = Model::build(&cfg.model, device, cfg.seed)?;
     let nparams = model.parameter_count();
     let mut tr = Trainer::new(cfg, &model, comm.as_deref_mut())?;
@@ -329,8 +345,9 @@ pub fn train(
             bail!("internal: a baseline needs the replicated state");
         };
         let saved = r.save()?;
+        progress.enter(PhaseKind::Warmup);
         for i in 0..cfg.warmup_steps {
-            progress(
+            progress.update(
                 &format!("baseline warmup {}/{}", i + 1, cfg.warmup_steps),
                 done as f64 / total,
                 &[],
@@ -339,11 +356,12 @@ pub fn train(
             done += 1;
         }
         let mut secs = Vec::with_capacity(baseline_steps as usize);
+        progress.enter(PhaseKind::Measured);
         for i in 0..baseline_steps {
             let s = tr.step(&batch, None)?;
             secs.push(s.seconds);
             done += 1;
-            progress(
+            progress.update(
                 &format!("baseline step {}/{}", i + 1, baseline_steps),
                 done as f64 / total,
                 &[("samples_per_s", units / s.seconds)],
@@ -365,8 +383,9 @@ pub fn train(
     }
 
     let mut losses = Vec::new();
+    progress.enter(PhaseKind::Warmup);
     for i in 0..cfg.warmup_steps {
-        progress(
+        progress.update(
             &format!("warmup {}/{}", i + 1, cfg.warmup_steps),
             done as f64 / total,
             &[],
@@ -378,6 +397,7 @@ pub fn train(
     mem.sample();
     let mut times = Vec::with_capacity(cfg.steps as usize);
     let (mut comm_s, mut exposed_s) = (0.0, 0.0);
+    progress.enter(PhaseKind::Measured);
     for i in 0..cfg.steps {
         let s = tr.step(&batch, comm.as_deref_mut())?;
         if !s.loss.is_finite() && cfg.model.precision != Precision::Fp16 {
@@ -391,7 +411,7 @@ pub fn train(
         if i % 8 == 0 || i + 1 == cfg.steps {
             mem.sample();
         }
-        progress(
+        progress.update(
             &format!("train step {}/{}", i + 1, cfg.steps),
             done as f64 / total,
             &[("samples_per_s", units / s.seconds), ("loss", s.loss)],
@@ -399,6 +419,8 @@ pub fn train(
     }
     // Read before the digests gather anything.
     let (peak, driver_peak) = (mem.peak(), mem.driver_peak());
+    progress.enter(PhaseKind::Verify);
+    progress.update("comparing parameters", 1.0, &[]);
     if let Some(s) = mem.stats() {
         tracing::info!(
             installed = installed.unwrap_or(0),
@@ -468,13 +490,15 @@ pub fn train(
     // After the digests: these steps change the parameters, and every rank
     // takes the same number of them, so the collectives still pair up.
     if let Some(p) = &cfg.profile {
-        result.profile = Some(Box::new(profile_steps(
+        progress.enter(PhaseKind::Sweep);
+        result.profile = Some(Box::new(profile::profile_steps(
             cfg, p, &mut tr, &batch, rank, comm, progress,
         )?));
     }
     // The loader makes images: a GPT of a `--model cnn,gpt` list has no sweep.
     if let Some(l) = cfg.loader.as_ref().filter(|_| !model.is_gpt()) {
-        result.loader = loader_sweep(cfg, l, &mut tr, &model, rank, progress)?;
+        progress.enter(PhaseKind::Sweep);
+        result.loader = loader::sweep(cfg, l, &mut tr, &model, rank, progress)?;
     }
     let scaling_efficiency = baseline_per_s.map(|b| per_s / b);
     tracing::info!(
@@ -503,148 +527,6 @@ pub fn train(
         steps_skipped: tr.skipped(),
         final_loss_scale: tr.loss_scale(),
     })
-}
-
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
-/// Profiles `p.steps` steps with libtorch's profiler. A profiler that fails
-/// says so in the result and costs the run nothing else; a step that fails
-/// fails the run, as any training step does.
-fn profile_steps<'c>(
-    cfg: &TrainConfig,
-    p: &ProfileRun,
-    tr: &mut Trainer,
-    batch: &Batch,
-    rank: usize,
-    mut comm: Option<&mut (dyn Collectives + 'c)>,
-    progress: ProgressFn,
-) -> Result<OperatorProfile> {
-    let dev = tr.model.device;
-    let mut out = OperatorProfile {
-        steps: p.steps as u32,
-        ..Default::default()
-    };
-    let name = format!(
-        "profile-{}-{}-rank{rank}.json",
-        cfg.mode.name(),
-        gpuctl_core::catalogue::model_label(
-            &cfg.model.name,
-            if tr.model.is_gpt() { &cfg.variant } else { "" }
-        )
-        .replace(' ', "-")
-    );
-    let path = p.dir.join(name);
-    sync(dev);
-    // The steps run even without a profiler: the other ranks' collectives
-    // wait for this rank's.
-    let started = crate::profile::start(dev.is_cuda());
-    let t0 = Instant::now();
-    for i in 0..p.steps {
-        progress(&format!("profile step {}/{}", i + 1, p.steps), 1.0, &[]);
-        if let Err(e) = tr.step(batch, comm.as_deref_mut()) {
-            if started.is_ok() {
-                let _ = crate::profile::stop(None);
-            }
-            return Err(e.context(format!("profiled step {}", i + 1)));
-        }
-    }
-    sync(dev);
-    out.step_ms = t0.elapsed().as_secs_f64() * 1e3 / p.steps.max(1) as f64;
-    match started.and_then(|()| crate::profile::stop(Some(&path))) {
-        Ok(events) => {
-            let t = crate::profile::rank(&events);
-            out.top_cpu = t.cpu;
-            out.top_cuda = t.cuda;
-            out.top_memory = t.memory;
-            let abs = std::path::absolute(&path).unwrap_or(path.clone());
-            out.trace_bytes = std::fs::metadata(&abs).map(|m| m.len()).unwrap_or(0);
-            out.trace_path = abs.display().to_string();
-        }
-        Err(e) => out.error = format!("{e:#}"),
-    }
-    tracing::info!(
-        steps = p.steps,
-        trace = %out.trace_path,
-        top_cpu = out.top_cpu.first().map(|o| o.name.as_str()).unwrap_or(""),
-        error = %out.error,
-        "profiled"
-    );
-    Ok(out)
-}
-
-/// The loader sweep: for each worker count, a warmup step and `l.steps`
-/// timed steps on batches the loader makes, with no communication, so each
-/// rank's figures are its own host's.
-fn loader_sweep(
-    cfg: &TrainConfig,
-    l: &LoaderSweep,
-    tr: &mut Trainer,
-    model: &Model,
-    rank: usize,
-    progress: ProgressFn,
-) -> Result<Vec<LoaderSetting>> {
-    let dev = model.device;
-    let shape = loader::Shape {
-        batch: cfg.batch_size,
-        side: model.side(),
-        classes: model.classes(),
-        work: l.work,
-        seed: rank_seed(cfg.seed ^ 0x10ad, rank),
-        device: dev,
-        kind: cfg.model.precision.kind(),
-        channels_last: model.uses_channels_last(),
-    };
-    let mut rows = Vec::with_capacity(l.workers.len());
-    for (k, &workers) in l.workers.iter().enumerate() {
-        let mut ld = loader::Loader::start(shape.clone(), workers as usize);
-        let b = ld.next_batch()?;
-        tr.step(&b, None)?;
-        let (c0, t0, ms0) = (loader::CpuClock::now(), Instant::now(), unix_ms());
-        let (mut wait, mut times) = (0.0, Vec::with_capacity(l.steps as usize));
-        for i in 0..l.steps {
-            let w = Instant::now();
-            let b = ld.next_batch()?;
-            wait += w.elapsed().as_secs_f64();
-            let s = tr.step(&b, None)?;
-            times.push(w.elapsed().as_secs_f64());
-            progress(
-                &format!("loader {workers} workers {}/{}", i + 1, l.steps),
-                1.0,
-                &[("samples_per_s", cfg.batch_size as f64 / s.seconds.max(1e-9))],
-            );
-        }
-        let wall = t0.elapsed().as_secs_f64();
-        let (cores, host) = loader::CpuClock::now().since(&c0, wall);
-        drop(ld);
-        let row = LoaderSetting {
-            workers,
-            work: l.work,
-            steps: l.steps,
-            samples_per_s: (cfg.batch_size as f64 * l.steps as f64) / wall.max(1e-9),
-            data_wait_share: (wait / wall.max(1e-9)).clamp(0.0, 1.0),
-            step_ms_p50: median(times).unwrap_or(0.0) * 1e3,
-            cpu_cores: cores,
-            host_cpu_share: host,
-            start_unix_ms: ms0,
-            end_unix_ms: unix_ms(),
-        };
-        tracing::info!(
-            setting = k,
-            workers,
-            per_s = row.samples_per_s,
-            data_wait = row.data_wait_share,
-            cpu_cores = row.cpu_cores,
-            host_cpu = row.host_cpu_share,
-            "loader setting"
-        );
-        rows.push(row);
-    }
-    Ok(rows)
 }
 
 #[cfg(test)]

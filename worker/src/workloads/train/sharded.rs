@@ -25,7 +25,7 @@ use super::flat::{cast_buffers, initial_values, install, Layout};
 use super::optim::{found_inf, CommClock, LossScaler, Sgd};
 use super::staged::{forward_backward, Hooks, Stage};
 use crate::comm::{Collectives, Ticket};
-use crate::device::Fnv;
+use crate::digest::Digest;
 use crate::workloads::models::{Batch, Model};
 
 pub(crate) struct Sharded {
@@ -190,6 +190,11 @@ impl Sharded {
     /// Unit `u`'s fp32 parameters whole, on the host (gathered from every
     /// rank's shard).
     fn unit_on_host(&self, u: usize, comm: Option<&mut (dyn Collectives + '_)>) -> Result<Tensor> {
+        Ok(self.unit_whole(u, comm)?.f_to_device(Device::Cpu)?)
+    }
+
+    /// Unit `u`'s fp32 parameters, every rank's shard, where they live.
+    fn unit_whole(&self, u: usize, comm: Option<&mut (dyn Collectives + '_)>) -> Result<Tensor> {
         let mine = self.shard_of(&self.master, u)?;
         let whole = match comm {
             Some(cm) => {
@@ -203,28 +208,28 @@ impl Sharded {
             }
             None => mine,
         };
-        Ok(whole.f_to_device(Device::Cpu)?)
+        Ok(whole)
     }
 
     /// Digests of the full fp32 parameters (gathered unit by unit, so the
     /// whole model never sits on one rank), of this rank's own shard, and of
     /// every rank's shard as gathered here.
     pub fn digests(&self, mut comm: Option<&mut (dyn Collectives + '_)>) -> Result<ShardDigests> {
-        let (mut full, mut own) = (Fnv::default(), Fnv::default());
-        let mut gathered = vec![Fnv::default(); self.world];
+        let (mut full, mut own) = (Digest::default(), Digest::default());
+        let mut gathered = vec![Digest::default(); self.world];
         for u in 0..self.layout.units.len() {
             own.tensor(&self.shard_of(&self.master, u)?)?;
             let c = self.layout.units[u].shard(self.world);
-            let host = self.unit_on_host(u, comm.as_deref_mut())?;
-            full.tensor(&host)?;
+            let whole = self.unit_whole(u, comm.as_deref_mut())?;
+            full.tensor(&whole)?;
             for (r, h) in gathered.iter_mut().enumerate() {
-                h.tensor(&host.f_narrow(0, r as i64 * c, c)?)?;
+                h.tensor(&whole.f_narrow(0, r as i64 * c, c)?)?;
             }
         }
         Ok(ShardDigests {
             full: full.hex(),
             own: own.hex(),
-            gathered: gathered.iter().map(Fnv::hex).collect(),
+            gathered: gathered.iter().map(Digest::hex).collect(),
         })
     }
 
