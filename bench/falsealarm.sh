@@ -10,6 +10,7 @@
 #                                   the second-last GPU -> the last without pause; `cotenant-comm` one too:
 #                                   stress --with-comm while another process runs GEMMs
 #                                   on the last GPU)
+#                                   (JOBS_FILE: the jobs from a file instead, bench/matrix.sh)
 #   bench/falsealarm.sh split OUT   one agent per GPU, each with its own NCCL_HOSTID
 #                                   (NCCL takes its socket path between them, as between
 #                                   hosts): REPEATS rounds of `accept --level quick`
@@ -108,7 +109,16 @@ cotenant() {
 
 case "$MODE" in
 one)
-  JOBS=${JOBS:-stress stress-comm nccl ddp fsdp maxbatch p2p}
+  # JOBS_FILE: one job a line, "NAME TIMEOUT SUBMIT-ARGS..." (bench/matrix.sh).
+  if [ -n "${JOBS_FILE:-}" ]; then
+    while read -r name t args; do
+      case "$name" in ''|'#'*) continue ;; esac
+      # shellcheck disable=SC2086
+      job "$name" "$t" $args < /dev/null
+    done < "$JOBS_FILE"
+    JOBS=""; REPEATS=0
+  fi
+  JOBS=${JOBS-stress stress-comm nccl ddp fsdp maxbatch p2p}
   for r in $(seq 1 "$REPEATS"); do
     for j in $JOBS; do
       case $j in

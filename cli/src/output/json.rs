@@ -338,6 +338,7 @@ pub fn rank_report(node: &str, r: &pb::RankReport) -> Value {
                             "phase": p.phase,
                             "unix_ms": p.unix_ms,
                             "iterations": p.iterations,
+                            "kind": super::trace::kind_name(p.kind()),
                         })
                     })
                     .collect(),

@@ -176,7 +176,7 @@ fn rank_events(
 
 /// What a stretch's kind is called in a trace: `phase` where the worker
 /// declared none.
-fn kind_name(kind: pb::PhaseKind) -> &'static str {
+pub(super) fn kind_name(kind: pb::PhaseKind) -> &'static str {
     match kind {
         pb::PhaseKind::Unspecified => "phase",
         pb::PhaseKind::Setup => "setup",

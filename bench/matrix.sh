@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The healthy-run matrix on a GPU host (issue 47): every workload, the models
+# and sizes gpuctl offers, several dtypes, run healthy on one agent owning every
+# GPU, then `accept --level quick` and pairs on one-GPU agents. Each job must
+# pass with no finding; the table counts FAIL and WARN per host kind, and for
+# each job the share of its ranks' time in measured phases against set-up,
+# warm-up and verification (the budget: non-measured phases under 10 % of a
+# training job's wall time at every model size, on GPU).
+#
+#   bench/matrix.sh OUT           the whole matrix (~25 jobs, ~12 min on 2 x H200)
+#   SET=train bench/matrix.sh OUT only the training rows
+#
+# Runs through bench/falsealarm.sh (JOBS_FILE), which samples NVML directly
+# beside it. OUT/matrix.txt is the table.
+set -u
+OUT=${1:-/tmp/gpuctl-matrix}; mkdir -p "$OUT"
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PY=${GPUCTL_PY:-/opt/torch/.venv/bin/python3}
+SET=${SET:-all}
+JOBS_FILE="$OUT/jobs.txt"
+{
+  if [ "$SET" = all ]; then
+    for p in bf16 fp16 tf32 fp32 fp8; do echo "stress-$p 120 stress --nodes 1 --duration 10s --precision $p"; done
+    echo "stress-comm 120 stress --nodes 1 --duration 10s --with-comm"
+    echo "nccl 180 nccl --nodes 1 --min-bytes 64M --max-bytes 1G"
+    echo "p2p 120 p2p --nodes 1"
+    echo "maxbatch-resnet50 240 maxbatch --nodes 1 --model resnet50 --limit 512"
+  fi
+  for m in "resnet50 bf16" "resnet50 fp32" "resnet18 fp16" "mobilenet_v2 bf16" "resnet152 bf16"; do
+    set -- $m; echo "ddp-$1-$2 240 ddp --nodes 1 --model $1 --precision $2 --steps 30"
+  done
+  for g in 124m 350m 1.3b; do
+    echo "ddp-gpt$g 300 ddp --nodes 1 --model gpt --gpt-size $g --precision bf16 --batch-size 4 --steps 20"
+  done
+  for g in 350m 1.3b 2.7b; do
+    echo "fsdp-gpt$g 300 fsdp --nodes 1 --model gpt --gpt-size $g --precision bf16 --batch-size 4 --steps 20"
+  done
+  echo "fsdp-resnet50 240 fsdp --nodes 1 --model resnet50 --precision bf16 --steps 20"
+} > "$JOBS_FILE"
+JOBS_FILE="$JOBS_FILE" bash "$ROOT/bench/falsealarm.sh" one "$OUT/one"
+[ "$SET" = all ] && REPEATS=1 bash "$ROOT/bench/falsealarm.sh" split "$OUT/split"
+"$PY" "$ROOT/bench/matrix_summary.py" "$OUT" | tee "$OUT/matrix.txt"

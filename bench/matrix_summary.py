@@ -1,0 +1,47 @@
+"""The table of bench/matrix.sh: per job its verdict, FAIL and WARN findings, wall time, and the
+share of rank 0's timeline in each declared phase kind (measured, set-up, warm-up, verify, sweep).
+Usage: matrix_summary.py OUT"""
+import collections
+import glob
+import json
+import os
+import sys
+
+out = sys.argv[1]
+verdicts = collections.Counter()
+findings = collections.Counter()
+rows = []
+for path in sorted(glob.glob(f"{out}/*/*.json")):
+    name = os.path.basename(path)[:-5]
+    if name.endswith(".suite") or name.startswith("nvml-links"):
+        continue
+    try:
+        r = json.load(open(path))
+    except Exception as e:  # a job that did not answer is said, not skipped
+        rows.append(f"{name:24} no report ({e})")
+        verdicts["no report"] += 1
+        continue
+    if "verdict" not in r:
+        rows.append(f"{name:24} no verdict")
+        verdicts["no report"] += 1
+        continue
+    verdicts[r["verdict"]] += 1
+    bad = [f for f in r.get("findings", []) if f["level"] in ("fail", "warn")]
+    for f in bad:
+        findings[(f["level"], f["rule"] or f["metric"])] += 1
+    wall = (r.get("finished_unix_ms", 0) - r.get("started_unix_ms", 0)) / 1e3
+    kinds = collections.Counter()
+    ranks = [k for n in r.get("nodes", []) for k in n.get("ranks", [])]
+    marks = ranks[0].get("phases", []) if ranks else []
+    for a, b in zip(marks, marks[1:]):
+        kinds[a.get("kind", "phase")] += b["unix_ms"] - a["unix_ms"]
+    span = sum(kinds.values()) or 1
+    share = " ".join(f"{k} {v / span:.0%}" for k, v in sorted(kinds.items()))
+    rows.append(f"{name:24} {r['verdict']:5} {wall:6.1f}s  {share}")
+    for f in bad:
+        where = f"{f['node']}" + (f" gpu {f['gpu_index']}" if f.get("gpu_index") is not None else "")
+        rows.append(f"{'':26}{f['level']} {f['rule'] or f['metric']} {where}: {f['detail'][:160]}")
+print("\n".join(rows))
+print("\n" + ", ".join(f"{v} {k}" for k, v in sorted(verdicts.items())) + f" of {sum(verdicts.values())} jobs")
+for (level, rule), n in sorted(findings.items()):
+    print(f"  {n:3} {level} {rule}")
