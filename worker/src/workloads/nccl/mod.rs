@@ -39,14 +39,14 @@ pub fn run(ctx: &Ctx, params: &NcclParams) -> Result<Outcome> {
 }
 
 /// What the patterns send as progress: the phase, and the busbw of the step
-/// just done when there is one.
+/// just done when there is one. The first call starts the measured phase.
 fn report_progress(ctx: &Ctx) -> impl Fn(&str, f64, Option<f64>) + '_ {
     move |phase, frac, busbw| {
         ctx.sample_memory();
-        if busbw.is_some() {
-            // The first figure: what came before was set-up.
-            ctx.progress.enter(PhaseKind::Measured);
-        }
+        // The patterns call this from their measuring loops alone (a sweep's
+        // step, a round of pairs or of the search): what came before the
+        // first call was set-up.
+        ctx.progress.enter(PhaseKind::Measured);
         match busbw {
             Some(b) => ctx.progress.update(phase, frac, &[("busbw_gbps", b)]),
             None => ctx.progress.update(phase, frac, &[]),
