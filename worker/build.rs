@@ -71,13 +71,14 @@ fn link_libtorch_stub(sp: &std::path::Path) {
     println!("cargo:rustc-link-search=native={}", out.display());
 }
 
-/// `csrc/`: backward with a given gradient, the CUDA allocator's figures
-/// and the Kineto profiler, against the same libtorch headers that torch-sys compiles its
+/// `csrc/`: backward with a given gradient, the CUDA allocator's figures,
+/// the Kineto profiler and the cap on CPU tensors' host memory, against the same libtorch headers that torch-sys compiles its
 /// own C++ against.
 fn compile_autograd_shim() {
     println!("cargo:rerun-if-changed=csrc/autograd.cpp");
     println!("cargo:rerun-if-changed=csrc/allocator.cpp");
     println!("cargo:rerun-if-changed=csrc/profiler.cpp");
+    println!("cargo:rerun-if-changed=csrc/host_cap.cpp");
     let Some(lt) = std::env::var_os("LIBTORCH").map(PathBuf::from) else {
         panic!("gpuctl-worker: LIBTORCH is not set (scripts/install-libtorch.sh sets it up)");
     };
@@ -88,6 +89,7 @@ fn compile_autograd_shim() {
         .file("csrc/autograd.cpp")
         .file("csrc/allocator.cpp")
         .file("csrc/profiler.cpp")
+        .file("csrc/host_cap.cpp")
         .include(&inc)
         .include(inc.join("torch/csrc/api/include"))
         .flag("-std=c++17")

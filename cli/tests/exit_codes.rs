@@ -61,7 +61,7 @@ fn every_verb_follows_one_exit_code_scheme() {
     // every verb's exit code.
     let failed = cluster.submit(&["stress", "--duration", "5m", "--nodes", "1"]);
     cluster.wait_workers(&failed, 2, Duration::from_secs(30));
-    let victim = worker_pids(&failed)[0];
+    let victim = cluster.worker_pids(&failed)[0];
     // SAFETY: kill(2) on a pid we just read; at worst it is already gone.
     unsafe { libc::kill(victim as i32, libc::SIGKILL) };
     cluster.wait_state(&failed, &["failed"], Duration::from_secs(30));
@@ -69,7 +69,9 @@ fn every_verb_follows_one_exit_code_scheme() {
         expect(&cluster, &[verb, &failed], 1);
     }
     assert!(
-        wait_workers_gone(&failed, Duration::from_secs(10)).is_ok(),
+        cluster
+            .wait_workers_gone(&failed, Duration::from_secs(10))
+            .is_ok(),
         "workers of {failed} outlived it"
     );
 

@@ -60,7 +60,8 @@ fn history_survives_a_restart_and_drift_names_the_slowed_node() {
 
     // The last job's workers gone first, so that what runs next on the
     // slowed node starts under its quota.
-    wait_workers_gone(&second, Duration::from_secs(30)).expect("workers of the second job");
+    c.wait_workers_gone(&second, Duration::from_secs(30))
+        .expect("workers of the second job");
     let slow = Cluster::agent_name(1);
     let third = {
         let _quota = CpuQuota::apply("gpuctl-test-fleet", c.agent_pid(1), 0.15);

@@ -6,6 +6,7 @@
 
 mod common;
 
+use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -23,11 +24,13 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 struct Stopped {
     pid: u32,
     job: String,
+    /// The fleet's folder: its workers' working folders are below it.
+    dir: PathBuf,
 }
 
 impl Drop for Stopped {
     fn drop(&mut self) {
-        if worker_pids(&self.job).contains(&self.pid) {
+        if worker_pids_under(&self.dir, &self.job).contains(&self.pid) {
             // SAFETY: signals to a worker process this test started.
             unsafe {
                 libc::kill(self.pid as i32, libc::SIGCONT);
@@ -49,7 +52,8 @@ fn stop_one_worker(args: &[&str]) -> String {
     cluster.wait_all_progress(&id, 4);
 
     // The highest rank of node-1, so that neither the first rank nor the first node is blamed by luck.
-    let (pid, rank, node) = worker_pids(&id)
+    let (pid, rank, node) = cluster
+        .worker_pids(&id)
         .into_iter()
         .map(|pid| {
             let (rank, node) = rank_and_node(pid);
@@ -63,6 +67,7 @@ fn stop_one_worker(args: &[&str]) -> String {
     let _guard = Stopped {
         pid,
         job: id.clone(),
+        dir: cluster.dir.path().to_path_buf(),
     };
     let stopped = Instant::now();
 
@@ -85,7 +90,7 @@ fn stop_one_worker(args: &[&str]) -> String {
     assert!(message.contains(&culprit), "{culprit}? {message}");
     assert!(message.contains("stopped (SIGSTOP?)"), "{message}");
 
-    let gone = wait_workers_gone(&id, Duration::from_secs(15));
+    let gone = cluster.wait_workers_gone(&id, Duration::from_secs(15));
     assert!(gone.is_ok(), "workers left after the hang: {gone:?}");
 
     let out = cluster.gpuctl(&["report", &id, "--output", "json"]);
@@ -199,7 +204,8 @@ fn links_measured_before_a_hang_stay_in_the_report() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    let (pid, rank, node) = worker_pids(&id)
+    let (pid, rank, node) = cluster
+        .worker_pids(&id)
         .into_iter()
         .map(|pid| {
             let (rank, node) = rank_and_node(pid);
@@ -212,6 +218,7 @@ fn links_measured_before_a_hang_stay_in_the_report() {
     let _guard = Stopped {
         pid,
         job: id.clone(),
+        dir: cluster.dir.path().to_path_buf(),
     };
     cluster.wait_state(&id, &["failed"], Duration::from_secs(60));
     let message = job_field(&cluster.job(&id), "message")

@@ -137,7 +137,8 @@ fn wait_and_watch_draw_the_same_view_and_mark_a_silent_rank_stale() {
     ]);
     c.wait_workers(&id, 2, Duration::from_secs(30));
     std::thread::sleep(Duration::from_secs(2));
-    let (pid, rank) = worker_pids(&id)
+    let (pid, rank) = c
+        .worker_pids(&id)
         .into_iter()
         .map(|pid| (pid, rank_and_node(pid).0 as u32))
         .find(|(_, rank)| *rank == 1)

@@ -70,7 +70,7 @@ fn jobs_run_on_prestarted_workers_and_nothing_is_left_behind() {
     // showing the job's command line like a worker started cold.
     let id = cluster.submit(&["stress", "--duration", "3s", "--nodes", "1"]);
     cluster.wait_workers(&id, 2, Duration::from_secs(20));
-    let mut workers = worker_pids(&id);
+    let mut workers = cluster.worker_pids(&id);
     workers.sort();
     assert_eq!(
         workers, before,
@@ -104,7 +104,7 @@ fn jobs_run_on_prestarted_workers_and_nothing_is_left_behind() {
     cluster.wait_workers(&id, 2, Duration::from_secs(20));
     let out = cluster.gpuctl(&["cancel", &id]);
     assert!(out.status.success(), "cancel: {}", stderr(&out));
-    let gone = wait_workers_gone(&id, Duration::from_secs(10));
+    let gone = cluster.wait_workers_gone(&id, Duration::from_secs(10));
     assert!(gone.is_ok(), "workers alive after cancel: {gone:?}");
     assert_eq!(cluster.job_state(&id), "cancelled");
     let idle = wait_prestarted(agent, 2, Duration::from_secs(20));

@@ -72,13 +72,15 @@ fn socket_inodes(pid: u32) -> HashSet<u64> {
 
 /// What the coordinator's port sees now: connections it accepted, and how
 /// many of them belong to workers of the job.
-fn connections(port: u16, job: &str) -> (usize, usize) {
+fn connections(cluster: &Cluster, job: &str) -> (usize, usize) {
+    let port = cluster.port;
     let all = sockets();
     let accepted = all
         .iter()
         .filter(|s| s.established && s.local_port == port)
         .count();
-    let workers: HashSet<u64> = worker_pids(job)
+    let workers: HashSet<u64> = cluster
+        .worker_pids(job)
         .into_iter()
         .flat_map(socket_inodes)
         .collect();
@@ -100,7 +102,7 @@ fn sample_during_a_job(agent_args: &[&str]) -> Vec<(usize, usize)> {
     let mut samples = Vec::new();
     let until = Instant::now() + Duration::from_secs(2);
     while Instant::now() < until {
-        samples.push(connections(cluster.port, &id));
+        samples.push(connections(&cluster, &id));
         std::thread::sleep(Duration::from_millis(200));
     }
     let state = cluster.wait_state(

@@ -51,13 +51,13 @@ fn a_job_survives_a_coordinator_killed_mid_run() {
     // ratios for CPU ranks (a healthy one ran at 0.86x of the others here).
     let id = cluster.submit(&["stress", "--duration", "20s", "--nodes", "4"]);
     cluster.wait_workers(&id, 8, Duration::from_secs(30));
-    let before: BTreeSet<u32> = worker_pids(&id).into_iter().collect();
+    let before: BTreeSet<u32> = cluster.worker_pids(&id).into_iter().collect();
     std::thread::sleep(Duration::from_secs(5));
 
     cluster.kill_coordinator();
     let killed = Instant::now();
     std::thread::sleep(Duration::from_secs(4));
-    let during: BTreeSet<u32> = worker_pids(&id).into_iter().collect();
+    let during: BTreeSet<u32> = cluster.worker_pids(&id).into_iter().collect();
     assert_eq!(
         during, before,
         "the workers run on while the coordinator is away"

@@ -156,7 +156,7 @@ fn main() -> Result<()> {
         print!(
             "{}",
             gpuctl_sim::search::table(
-                &[64, 256, 1024, 4096],
+                &[7, 16, 64, 256, 1024, 4096],
                 &[0, 1, 2, 4, 8],
                 *noise,
                 *draws as usize,

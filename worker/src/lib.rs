@@ -132,7 +132,8 @@ fn execute(
     );
     let given = args.params.iter().cloned().collect();
     let ctx = Ctx {
-        params: TypedParams::build(&args.workload, &given, dev.is_cuda())?,
+        params: TypedParams::build(&args.workload, &given, dev.is_cuda())
+            .map_err(gpuctl_core::request::RequestError::from)?,
         args: args.clone(),
         env,
         dev,
@@ -230,12 +231,17 @@ pub fn run_worker(args: Args) -> i32 {
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         execute(&args, &client, &progress, &mut res)
     }));
+    // Whether the error is the request's (the coordinator then blames no node).
+    let mut request = false;
     let error = match outcome {
         Ok(Ok(())) => None,
         Ok(Err(e)) => {
             // Ended by the coordinator while it waited: what it measured is
             // evidence, its error no fault of its own.
             res.partial = e.chain().any(|c| c.is::<client::JobOver>());
+            request = e
+                .chain()
+                .any(|c| c.is::<gpuctl_core::request::RequestError>());
             Some(format!("{e:#}"))
         }
         Err(p) => Some(format!("crashed: {}", panic_message(p))),
@@ -246,6 +252,9 @@ pub fn run_worker(args: Args) -> i32 {
         let who = format!("node {} rank {}", res.node, res.rank);
         tracing::error!("{who}: {e}");
         res.error = format!("{who} ({}): {e}", res.device);
+        if request {
+            res.error = gpuctl_core::request::rank_error(&res.error);
+        }
         progress.message(&res.error);
     }
     progress.update(if res.ok { "done" } else { "failed" }, 1.0, &[]);

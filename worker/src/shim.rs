@@ -1,6 +1,7 @@
 //! The C++ shim (`csrc/`, built by build.rs against libtorch's headers): what
 //! libtorch has only as C++ — backward with a given gradient, the CUDA
-//! caching allocator's figures. Every function catches C++ exceptions and
+//! caching allocator's figures, a cap on the host memory CPU tensors hold.
+//! Every function catches C++ exceptions and
 //! hands back their message, so none crosses into Rust.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
@@ -14,6 +15,10 @@ extern "C" {
     fn gpuctl_alloc_stats(device: c_int, out: *mut i64, err: *mut *mut c_char) -> c_int;
     fn gpuctl_alloc_reset_peak(device: c_int, err: *mut *mut c_char) -> c_int;
     fn gpuctl_alloc_empty_cache(err: *mut *mut c_char) -> c_int;
+    fn gpuctl_cpu_cap_install(err: *mut *mut c_char) -> c_int;
+    fn gpuctl_cpu_cap_set(bytes: i64);
+    fn gpuctl_cpu_cap_stats(out: *mut i64);
+    fn gpuctl_cpu_cap_reset_peak();
 }
 
 /// Turns a shim return code and its malloc'd message into a `Result`.
@@ -87,6 +92,38 @@ pub fn alloc_empty_cache() -> Result<()> {
     // SAFETY: plain call; the shim catches everything.
     let rc = unsafe { gpuctl_alloc_empty_cache(&mut err) };
     check("emptying the CUDA allocator's cache", rc, err)
+}
+
+/// Wraps libtorch's CPU allocator (once) so that CPU tensors allocated from
+/// now on count against [`cpu_cap_set`]'s cap: an allocation past it fails
+/// with an out-of-memory error instead of growing the process.
+pub fn cpu_cap_install() -> Result<()> {
+    let mut err = std::ptr::null_mut();
+    // SAFETY: plain call; the shim catches everything.
+    let rc = unsafe { gpuctl_cpu_cap_install(&mut err) };
+    check("capping the CPU allocator", rc, err)
+}
+
+/// The bytes CPU tensors may hold at once (counted since the install);
+/// 0 lifts the cap.
+pub fn cpu_cap_set(bytes: u64) {
+    // SAFETY: an atomic store in the shim.
+    unsafe { gpuctl_cpu_cap_set(bytes.min(i64::MAX as u64) as i64) }
+}
+
+/// (bytes CPU tensors hold now, their highest since [`cpu_cap_reset_peak`]),
+/// counted since [`cpu_cap_install`].
+pub fn cpu_cap_stats() -> (u64, u64) {
+    let mut out = [0i64; 2];
+    // SAFETY: `out` has the 2 slots the shim writes.
+    unsafe { gpuctl_cpu_cap_stats(out.as_mut_ptr()) };
+    (out[0].max(0) as u64, out[1].max(0) as u64)
+}
+
+/// Starts a new peak from what CPU tensors hold now.
+pub fn cpu_cap_reset_peak() {
+    // SAFETY: atomic loads and a store in the shim.
+    unsafe { gpuctl_cpu_cap_reset_peak() }
 }
 
 #[cfg(test)]

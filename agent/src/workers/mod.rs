@@ -4,7 +4,8 @@
 //! it started too (SIGTERM to the group, SIGKILL after the grace period). A
 //! supervising task per rank forwards the worker's stdout and stderr lines as
 //! `WorkerLog` batches, keeps the last stderr lines, and reports
-//! `WorkerExited` when the worker ends, with why it was stopped if it was (`StopReason`).
+//! `WorkerExited` when the worker ends, with why it was stopped if it was
+//! (`StopReason`), or a line saying the kernel's OOM killer ended it (`oom.rs`).
 //!
 //! Workers are killed on `CancelJob`, when the assignment's deadline passes,
 //! when the coordinator has been away for the agent's grace (or refuses a job
@@ -16,6 +17,7 @@
 mod command;
 mod events;
 mod logs;
+mod oom;
 mod prestart;
 mod process;
 mod procstat;
@@ -523,6 +525,7 @@ impl Workers {
         deadline: Option<Instant>,
     ) {
         let pgid = child.id().unwrap_or(0) as i32;
+        let oom = oom::OomWatch::start(child.id());
         let (line_tx, line_rx) = mpsc::channel(1024);
         let mut readers = Vec::new();
         if let Some(out) = child.stdout.take() {
@@ -569,7 +572,7 @@ impl Workers {
         for r in &readers {
             r.abort();
         }
-        let tail = batcher.await.unwrap_or_default();
+        let mut tail = batcher.await.unwrap_or_default();
 
         let (exit_code, signal) = match &status {
             Ok(s) => match (s.code(), s.signal()) {
@@ -582,6 +585,7 @@ impl Workers {
                 (-1, String::new())
             }
         };
+        tail.extend(oom.verdict(&signal, killed));
         tracing::info!(job = %key.0, attempt = key.1, rank, exit_code, signal = %signal, stopped_by = killed.label(), "worker exited");
         self.events.send(Msg::WorkerExited(WorkerExited {
             job_id: key.0.clone(),

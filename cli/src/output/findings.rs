@@ -52,6 +52,25 @@ fn place(f: &pb::Finding) -> String {
     }
 }
 
+/// A finding's level as shown: `fail`, `warn`, or `note` for one that only
+/// says what a figure was judged against (level pass).
+pub fn level(f: &pb::Finding) -> &'static str {
+    match f.level() {
+        pb::Verdict::Fail | pb::Verdict::Warn => f.level().label(),
+        _ => "note",
+    }
+}
+
+/// `1 fail, 0 warn` (and `, 1 note` when there are notes): the findings' heading.
+pub fn counts(findings: &[pb::Finding]) -> String {
+    let n = |l: &str| findings.iter().filter(|f| level(f) == l).count();
+    let mut s = format!("{} fail, {} warn", n("fail"), n("warn"));
+    if n("note") > 0 {
+        s.push_str(&format!(", {} note", n("note")));
+    }
+    s
+}
+
 /// One row per finding, worst first as the coordinator sorted them.
 pub fn findings_table(findings: &[pb::Finding]) -> String {
     findings_grid(findings).render()
@@ -98,7 +117,7 @@ pub fn findings_grid(findings: &[pb::Finding]) -> Table {
         };
         let rule = if perf { &f.rule } else { &f.detail };
         t.row([
-            f.level().label().to_string(),
+            level(f).to_string(),
             if f.node.is_empty() {
                 "(job)".to_string()
             } else {

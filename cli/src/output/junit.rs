@@ -20,7 +20,7 @@ fn sentences<'a>(findings: impl Iterator<Item = &'a pb::Finding>) -> String {
         } else {
             &f.detail
         };
-        s.push_str(&format!("{}: {text}\n", f.level().label()));
+        s.push_str(&format!("{}: {text}\n", crate::output::findings::level(f)));
     }
     s
 }

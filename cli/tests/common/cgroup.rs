@@ -1,14 +1,26 @@
 //! A real CPU quota on a process tree, the way a throttled or oversubscribed
 //! host looks from inside: cgroup v1's `cpu.cfs_quota_us` where the machine
-//! mounts the v1 cpu controller, cgroup v2's `cpu.max` otherwise. Processes
-//! the quota'd process starts afterwards (an agent's workers) inherit it.
-//! Needs root; a machine without either fails the test saying so.
+//! mounts the v1 cpu controller, cgroup v2's `cpu.max` otherwise; and a real
+//! memory limit, the way a small host or a container looks (v1's
+//! `memory.limit_in_bytes`, v2's `memory.max`). Processes the limited process
+//! starts afterwards (an agent's workers) inherit it. Each group's name ends
+//! with this test process's id and a count, so that tests of two runs on one
+//! machine never share a group. Needs root; a machine without either
+//! fails the test saying so.
 
 use std::path::{Path, PathBuf};
 
 const V1_CPU: &str = "/sys/fs/cgroup/cpu";
+const V1_MEMORY: &str = "/sys/fs/cgroup/memory";
 const V2_ROOT: &str = "/sys/fs/cgroup";
 const PERIOD_US: u64 = 100_000;
+
+/// `name` made this process's own: `name-PID-N`.
+fn unique(name: &str) -> String {
+    static COUNT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{name}-{}-{n}", std::process::id())
+}
 
 /// A cgroup with a CPU quota; its processes go back to the root cgroup and
 /// the cgroup is removed when this is dropped.
@@ -20,7 +32,7 @@ pub struct CpuQuota {
 fn write(path: &Path, text: &str) {
     std::fs::write(path, text).unwrap_or_else(|e| {
         panic!(
-            "cannot write `{text}` to {}: {e} (a CPU quota needs root and a writable cgroup cpu controller)",
+            "cannot write `{text}` to {}: {e} (a cgroup limit needs root and a writable cgroup controller)",
             path.display()
         )
     });
@@ -30,6 +42,7 @@ impl CpuQuota {
     /// Limits `pid`, its children and what it starts later to `cores` of CPU
     /// time, e.g. 0.25 for a quarter of one core.
     pub fn apply(name: &str, pid: u32, cores: f64) -> CpuQuota {
+        let name = &unique(name);
         let quota = ((cores * PERIOD_US as f64) as u64).max(1_000);
         let v1 = Path::new(V1_CPU).join("cpu.cfs_quota_us");
         let (root, dir) = if v1.exists() {
@@ -61,50 +74,55 @@ impl CpuQuota {
                 "this machine has neither cgroup v1's {V1_CPU}/cpu.cfs_quota_us nor cgroup v2's {V2_ROOT}/cgroup.controllers: a CPU quota cannot be set"
             );
         };
-        // The whole tree: an agent keeps pre-started workers, which must
-        // run under the quota like the workers it starts later. Sweeps
-        // repeat until every live process of the tree is in the group by
-        // its own /proc/PID/cgroup: a move can fail for a process in the
-        // middle of exiting or being started (a CI run saw one left in the
-        // root group after two blind sweeps), and a child forked since the
-        // last listing is in the group by inheritance or caught next time.
-        write(&dir.join("cgroup.procs"), &pid.to_string());
-        let name = format!("/{}", dir.file_name().unwrap_or_default().to_string_lossy());
-        let outside = || -> Vec<(u32, String)> {
-            std::iter::once(pid)
-                .chain(descendants(pid))
-                .filter_map(|p| {
-                    let groups = std::fs::read_to_string(format!("/proc/{p}/cgroup")).ok()?;
-                    let inside = groups.lines().any(|l| l.ends_with(&name));
-                    (!inside && !zombie(p)).then_some((p, groups))
-                })
-                .collect()
-        };
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        loop {
-            let left = outside();
-            if left.is_empty() {
-                // Once more after a pause, for a child forked by a process
-                // the listing had not reached yet.
-                std::thread::sleep(std::time::Duration::from_millis(200));
-                if outside().is_empty() {
-                    break;
-                }
-                continue;
-            }
-            if std::time::Instant::now() > deadline {
-                let (p, groups) = &left[0];
-                panic!(
-                    "process {p} (of {pid}'s tree) is not in cgroup {} after 10 s of moving it: {groups}",
-                    dir.display()
-                );
-            }
-            for (p, _) in &left {
-                let _ = std::fs::write(dir.join("cgroup.procs"), p.to_string());
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
+        move_tree(&dir, pid);
         CpuQuota { dir, root }
+    }
+}
+
+/// Moves `pid` and every process of its tree into the group at `dir`.
+fn move_tree(dir: &Path, pid: u32) {
+    // The whole tree: an agent keeps pre-started workers, which must
+    // run under the limit like the workers it starts later. Sweeps
+    // repeat until every live process of the tree is in the group by
+    // its own /proc/PID/cgroup: a move can fail for a process in the
+    // middle of exiting or being started (a CI run saw one left in the
+    // root group after two blind sweeps), and a child forked since the
+    // last listing is in the group by inheritance or caught next time.
+    write(&dir.join("cgroup.procs"), &pid.to_string());
+    let name = format!("/{}", dir.file_name().unwrap_or_default().to_string_lossy());
+    let outside = || -> Vec<(u32, String)> {
+        std::iter::once(pid)
+            .chain(descendants(pid))
+            .filter_map(|p| {
+                let groups = std::fs::read_to_string(format!("/proc/{p}/cgroup")).ok()?;
+                let inside = groups.lines().any(|l| l.ends_with(&name));
+                (!inside && !zombie(p)).then_some((p, groups))
+            })
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let left = outside();
+        if left.is_empty() {
+            // Once more after a pause, for a child forked by a process
+            // the listing had not reached yet.
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            if outside().is_empty() {
+                break;
+            }
+            continue;
+        }
+        if std::time::Instant::now() > deadline {
+            let (p, groups) = &left[0];
+            panic!(
+                "process {p} (of {pid}'s tree) is not in cgroup {} after 10 s of moving it: {groups}",
+                dir.display()
+            );
+        }
+        for (p, _) in &left {
+            let _ = std::fs::write(dir.join("cgroup.procs"), p.to_string());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
 
@@ -145,6 +163,85 @@ fn descendants(pid: u32) -> Vec<u32> {
         .collect()
 }
 
+/// A memory cgroup with a limit; its processes go back to the root group
+/// and the group is removed when this is dropped.
+pub struct MemoryLimit {
+    pub dir: PathBuf,
+    root: PathBuf,
+    /// The group's path as `/proc/PID/cgroup` shows it.
+    pub path: String,
+}
+
+impl MemoryLimit {
+    /// Limits what `pid`, its children and what it starts later may hold
+    /// together to `bytes`, the kernel's OOM killer ending one past it.
+    pub fn apply(name: &str, pid: u32, bytes: u64) -> MemoryLimit {
+        let name = unique(name);
+        let v1 = Path::new(V1_MEMORY);
+        let (root, file) = if v1.join("memory.limit_in_bytes").exists() {
+            (v1.to_path_buf(), "memory.limit_in_bytes")
+        } else if Path::new(V2_ROOT).join("cgroup.controllers").exists() {
+            let root = PathBuf::from(V2_ROOT);
+            let controllers =
+                std::fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
+            assert!(
+                controllers.split_whitespace().any(|c| c == "memory"),
+                "cgroup v2 at {V2_ROOT} has no memory controller (controllers: {controllers}); a memory limit cannot be set"
+            );
+            let _ = std::fs::write(root.join("cgroup.subtree_control"), "+memory");
+            (root, "memory.max")
+        } else {
+            panic!(
+                "this machine has neither cgroup v1's {V1_MEMORY} nor cgroup v2's {V2_ROOT}/cgroup.controllers: a memory limit cannot be set"
+            );
+        };
+        let dir = root.join(&name);
+        std::fs::create_dir_all(&dir)
+            .unwrap_or_else(|e| panic!("cannot create cgroup {}: {e}", dir.display()));
+        write(&dir.join(file), &bytes.to_string());
+        move_tree(&dir, pid);
+        MemoryLimit {
+            dir,
+            root,
+            path: format!("/{name}"),
+        }
+    }
+
+    /// How many processes of the group the kernel's OOM killer ended.
+    pub fn oom_kills(&self) -> u64 {
+        let file = if self.dir.join("memory.oom_control").exists() {
+            "memory.oom_control"
+        } else {
+            "memory.events"
+        };
+        let text = std::fs::read_to_string(self.dir.join(file)).unwrap_or_default();
+        text.lines()
+            .find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no oom_kill count in {}: {text}", self.dir.display()))
+    }
+}
+
+impl Drop for MemoryLimit {
+    fn drop(&mut self) {
+        drain(&self.dir, &self.root);
+    }
+}
+
+/// Moves every process of the group at `dir` to `root`, then removes it.
+fn drain(dir: &Path, root: &Path) {
+    for _ in 0..50 {
+        let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+        if procs.trim().is_empty() {
+            break;
+        }
+        for pid in procs.split_whitespace() {
+            let _ = std::fs::write(root.join("cgroup.procs"), pid);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
 impl Drop for CpuQuota {
     /// The quota is lifted first, so that a process the quota'd one forks
     /// while the others are moved out (an agent prestarts a worker as a job
@@ -158,16 +255,6 @@ impl Drop for CpuQuota {
         } else {
             std::fs::write(self.dir.join("cpu.max"), "max")
         };
-        for _ in 0..50 {
-            let procs = std::fs::read_to_string(self.dir.join("cgroup.procs")).unwrap_or_default();
-            if procs.trim().is_empty() {
-                break;
-            }
-            for pid in procs.split_whitespace() {
-                let _ = std::fs::write(self.root.join("cgroup.procs"), pid);
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        let _ = std::fs::remove_dir(&self.dir);
+        drain(&self.dir, &self.root);
     }
 }

@@ -221,14 +221,25 @@ impl Cluster {
         }
     }
 
+    /// PIDs of this fleet's live workers of job `id`.
+    pub fn worker_pids(&self, id: &str) -> Vec<u32> {
+        worker_pids_under(self.dir.path(), id)
+    }
+
+    /// Waits until no worker of this fleet's job `id` is left; returns how
+    /// long it took, or the ones still there.
+    pub fn wait_workers_gone(&self, id: &str, limit: Duration) -> Result<Duration, Vec<u32>> {
+        wait_workers_gone_under(self.dir.path(), id, limit)
+    }
+
     /// Waits until `n` worker processes of the job are alive.
     pub fn wait_workers(&self, id: &str, n: usize, limit: Duration) {
         let start = Instant::now();
-        while worker_pids(id).len() < n {
+        while self.worker_pids(id).len() < n {
             if start.elapsed() > limit {
                 panic!(
                     "only {} of {n} workers of {id} started after {limit:?}\n{}",
-                    worker_pids(id).len(),
+                    self.worker_pids(id).len(),
                     self.logs()
                 );
             }
@@ -467,8 +478,13 @@ pub fn job_field(job: &Value, key: &str) -> Value {
         .unwrap_or(Value::Null)
 }
 
-/// PIDs of live `gpuctl-worker` processes of one job, read from /proc.
-pub fn worker_pids(job: &str) -> Vec<u32> {
+/// PIDs of live `gpuctl-worker` processes of job `job` whose working folder
+/// is under `dir` (a cluster's folder: its agents' work dirs), read from
+/// /proc. Job ids repeat from fleet to fleet (every fleet's first job is
+/// `job-000001`): a test beside another fleet on the machine, or beside
+/// another test of its own binary, must not count that fleet's workers.
+pub fn worker_pids_under(dir: &Path, job: &str) -> Vec<u32> {
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
     let mut pids = Vec::new();
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return pids;
@@ -493,18 +509,26 @@ pub fn worker_pids(job: &str) -> Vec<u32> {
                     .starts_with('Z')
             })
             .unwrap_or(false);
-        if is_worker && for_job && !zombie {
+        let ours = || {
+            std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd.starts_with(&dir))
+        };
+        if is_worker && for_job && !zombie && ours() {
             pids.push(pid);
         }
     }
     pids
 }
 
-/// Waits until no worker process of the job is left; returns how long it took.
-pub fn wait_workers_gone(job: &str, limit: Duration) -> Result<Duration, Vec<u32>> {
+/// Waits until no worker process of the job under `dir` is left; returns
+/// how long it took.
+pub fn wait_workers_gone_under(
+    dir: &Path,
+    job: &str,
+    limit: Duration,
+) -> Result<Duration, Vec<u32>> {
     let start = Instant::now();
     loop {
-        let pids = worker_pids(job);
+        let pids = worker_pids_under(dir, job);
         if pids.is_empty() {
             return Ok(start.elapsed());
         }
@@ -538,6 +562,8 @@ pub fn json_at(url: &str, args: &[&str]) -> Value {
     parse_json(&gpuctl_at(url, &all), &all)
 }
 
+// Not every test binary that takes this module starts a server by port.
+#[allow(unused_imports)]
 pub use gpuctl_testkit::free_port;
 
 /// The last `n` lines of each file, headed by its path: what a failing

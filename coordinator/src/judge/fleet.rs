@@ -12,7 +12,7 @@ use gpuctl_core::stats::median;
 
 use super::figures::{of_report, Figures, Metric};
 
-/// The runs a finished report leaves in the history, one per node.
+/// The runs a finished report leaves in the history, one per node it judged.
 pub fn runs_of(report: &Report) -> Vec<NodeRun> {
     runs(report, &of_report(report))
 }
@@ -56,6 +56,9 @@ pub fn runs(report: &Report, figures: &Figures) -> Vec<NodeRun> {
     report
         .nodes
         .iter()
+        // A node the job did not judge (its request could not run) has no
+        // run: the fleet shows what the node last did.
+        .filter(|n| n.verdict() != Verdict::Unspecified)
         .map(|n| {
             let mut mine = ranks_of.get(n.name.as_str()).cloned().unwrap_or_default();
             mine.sort_by_key(|r| r.rank);

@@ -123,6 +123,8 @@ struct LinksFile {
 struct P2pFile {
     slow: Option<f64>,
     cpu_slow: Option<f64>,
+    direction: Option<f64>,
+    cpu_direction: Option<f64>,
 }
 
 /// One rules file as written: everything optional, laid over what is there.
@@ -173,6 +175,8 @@ impl PerfRules {
             p2p: crate::judge::p2p::Ratios {
                 slow: 0.8,
                 cpu_slow: 0.3,
+                direction: 0.6,
+                cpu_direction: 0.0,
             },
             drift_tolerance: 0.9,
             metrics: Metric::ALL
@@ -241,6 +245,21 @@ impl PerfRules {
             if let Some(s) = v {
                 if !(s > 0.0 && s <= 1.0) {
                     bail!("[p2p] {field} = {s}: a ratio between 0 and 1 (0.8 means 80 % of the job's upper-quartile pair)");
+                }
+                *into = s;
+            }
+        }
+        for (field, v, into) in [
+            ("direction", file.p2p.direction, &mut out.p2p.direction),
+            (
+                "cpu_direction",
+                file.p2p.cpu_direction,
+                &mut out.p2p.cpu_direction,
+            ),
+        ] {
+            if let Some(s) = v {
+                if !(0.0..=1.0).contains(&s) {
+                    bail!("[p2p] {field} = {s}: a ratio between 0 and 1 (0.6: a direction under 60 % of its reverse is slow; 0: not compared)");
                 }
                 *into = s;
             }

@@ -11,9 +11,8 @@ use gpuctl_core::catalogue::TypedParams;
 use gpuctl_core::pb::{Finding, JobSpec, Link, Plan, RankResult, Verdict};
 
 use super::bisect::{name, named_rounds, Judged};
-use gpuctl_core::stats::upper_quartile;
 
-const RULE: &str = "search: groups below the slow share of the search's upper-quartile group are split until a node or link is left; a node is blamed when slow with two different cleared partners, a link when slow twice";
+const RULE: &str = "search: groups below the slow share of their round's fastest group (or of half the search's fastest) are split until a node or link is left; a node is blamed when slow with two different cleared partners, a link when slow twice; a node is cleared only by a group that is fast against that reference as it ends";
 
 /// What the search measured at: all_reduce of `bytes` in `dtype`.
 #[derive(Debug, Clone, Default)]
@@ -37,6 +36,28 @@ impl Size {
     }
 }
 
+/// What a healthy group reached: the median of the groups with no blamed
+/// node and no blamed link in them. A median of every group was a
+/// culprit's once half a round was slow; the search itself judged each
+/// group against its own round ([`gpuctl_core::search`]).
+fn healthy_median(out: &Judged, blamed: &[gpuctl_core::pb::SearchBlame]) -> f64 {
+    let bad = |nodes: &[u32]| {
+        blamed.iter().any(|b| match (b.node, b.link_a, b.link_b) {
+            (Some(n), _, _) => nodes.contains(&n),
+            (None, Some(a), Some(z)) => nodes.contains(&a) && nodes.contains(&z),
+            _ => false,
+        })
+    };
+    let v: Vec<f64> = out
+        .rounds
+        .iter()
+        .flat_map(|r| r.groups.iter())
+        .filter(|g| !bad(&g.nodes))
+        .map(|g| g.busbw_gbps)
+        .collect();
+    gpuctl_core::stats::median(v).unwrap_or(0.0)
+}
+
 /// The search's verdict, as the lowest rank that reported it tells it.
 pub fn judge(results: &BTreeMap<u32, RankResult>, nodes: &[String], size: &Size) -> Judged {
     let Some((mut out, steps, c)) = named_rounds(results, nodes) else {
@@ -44,14 +65,7 @@ pub fn judge(results: &BTreeMap<u32, RankResult>, nodes: &[String], size: &Size)
     };
     let tests: usize = out.rounds.iter().map(|r| r.groups.len()).sum();
     let rounds = out.rounds.len();
-    // What a healthy group reached: the upper quartile of the search's figures.
-    let reference = upper_quartile(
-        out.rounds
-            .iter()
-            .flat_map(|r| r.groups.iter().map(|g| g.busbw_gbps))
-            .collect(),
-    )
-    .unwrap_or(0.0);
+    let reference = healthy_median(&out, &c.search_blamed);
     for b in &c.search_blamed {
         // What every culprit's finding says alike: its confirming figure
         // against the search's healthy groups, by the search's rule.
@@ -260,6 +274,12 @@ mod tests {
             .detail
             .contains("with n0 (0.30 GB/s) and again with n1 (0.31 GB/s)"));
         assert_eq!(j.findings[1].node, "", "a link fails the job, not a node");
+        // Against the groups with no culprit in them: [n0 n1] alone here.
+        assert!(
+            j.findings.iter().all(|f| f.reference == 1.1),
+            "{:?}",
+            j.findings
+        );
         assert!(j.findings[1].detail.contains("n1 <-> n3"));
         assert!(j
             .notes

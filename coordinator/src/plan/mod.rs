@@ -7,7 +7,33 @@ pub mod nccl_env;
 pub mod planner;
 pub mod preflight;
 
-use gpuctl_core::pb::{PreflightCheck, Verdict};
+use std::collections::HashMap;
+
+use gpuctl_core::catalogue::{check_placed, Placed, SpecError};
+use gpuctl_core::pb::{JobSpec, Plan, PreflightCheck, Verdict};
+
+/// The rules of the request that only its nodes tell
+/// (`catalogue::check_placed`: ranks per node, each device's defaults),
+/// on a plan: what refuses it naming the flag, before anything runs.
+pub fn check_request(spec: &JobSpec, plan: &Plan) -> Result<(), SpecError> {
+    let mut per_node: HashMap<&str, (u32, bool)> = HashMap::new();
+    for r in &plan.ranks {
+        let e = per_node.entry(r.node.as_str()).or_default();
+        e.0 += 1;
+        e.1 |= r.gpu_index.is_some();
+    }
+    let placed = Placed {
+        nodes: plan
+            .nodes
+            .iter()
+            .map(|n| {
+                let (ranks, gpu) = per_node.get(n.as_str()).copied().unwrap_or_default();
+                (n.clone(), ranks, gpu)
+            })
+            .collect(),
+    };
+    check_placed(&spec.workload, &spec.params, &placed)
+}
 
 /// One check's finding; `node` is empty for a finding about the whole plan.
 fn check(node: &str, name: &str, verdict: Verdict, detail: String, fix: &str) -> PreflightCheck {

@@ -191,6 +191,19 @@ impl Scheduler {
                 planner::plan(&spec, &chosen)
             }
         };
+        // Checked at submit on the nodes it would most likely get; it may
+        // start on others. It fails as a whole then: no node is to blame.
+        if let Err(e) = crate::plan::check_request(&spec, &plan) {
+            if let Some(j) = self.jobs.get_mut(id) {
+                j.job.plan = Some(plan);
+            }
+            let why = gpuctl_core::request::job_message(
+                &format!("{e}; on the nodes it was to start on"),
+                "",
+            );
+            self.finish(id, JobState::Failed, why, None).await;
+            return;
+        }
         if let Some(err) = preflight::preflight_error(&plan) {
             if let Some(j) = self.jobs.get_mut(id) {
                 j.job.plan = Some(plan);

@@ -43,15 +43,13 @@ impl Planning {
             Some(c) => c,
             None => planner::likely(&self.spec, &cands),
         };
-        // With `--nodes all` the count is known only now: a request that
-        // cannot run on it is refused before anything runs, not failed on
-        // healthy nodes by its workers (issue 47).
-        gpuctl_core::catalogue::check_shape(
-            &self.spec.workload,
-            &self.spec.params,
-            Some(chosen.len() as u32),
-        )?;
-        Ok(planner::plan(&self.spec, &chosen))
+        let plan = planner::plan(&self.spec, &chosen);
+        // What only the nodes tell (their count with `--nodes all`, ranks
+        // per node, GPU or CPU ranks and their defaults): a request that
+        // cannot run on them is refused before anything runs, not failed
+        // on healthy nodes by its workers (issue 47).
+        crate::plan::check_request(&self.spec, &plan)?;
+        Ok(plan)
     }
 }
 

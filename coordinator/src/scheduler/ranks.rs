@@ -203,9 +203,19 @@ impl Scheduler {
             entry.mark_stale(self.cfg.clock.now_ms());
             return Answer::WhenStored(durable, format!("stored; job {id} had already ended"));
         }
+        // A rank that found the request cannot run ends the job at once:
+        // its peers may wait for it in a rendezvous until a hang blames one.
+        let request = (!result.ok)
+            .then(|| gpuctl_core::request::of_rank(&result.error))
+            .flatten()
+            .map(|why| gpuctl_core::request::job_message(why, ""));
         entry.results.insert(rank, result);
         entry.job.results_in = entry.results.len() as u32;
-        self.judge_if_complete(&id);
+        if !self.judge_if_complete(&id) {
+            if let Some(why) = request {
+                self.finish(&id, JobState::Failed, why, None).await;
+            }
+        }
         Answer::WhenStored(durable, "stored".into())
     }
 

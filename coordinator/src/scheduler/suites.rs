@@ -26,6 +26,10 @@ use gpuctl_core::suite::PREFLIGHT;
 /// The note of a stage whose job failed without naming a node.
 const UNNAMED_FAILURE: &str = "failed without naming a node";
 
+/// The note of a stage refused, or failed, for its request (issue 47): no
+/// node was measured, and no node's acceptance state changes for it.
+const REQUEST_FAILURE: &str = "failed for its request, no node judged";
+
 /// `acc-000001`.
 fn suite_id(seq: u64) -> String {
     format!("acc-{seq:06}")
@@ -61,6 +65,15 @@ fn mark(suite: &mut Suite, node: &str, verdict: Verdict, stage: &str, reason: St
         n.stage = stage.to_string();
         n.reason = reason;
     }
+}
+
+/// Adds `line` to the suite's message.
+fn add_message(suite: &mut Suite, line: String) {
+    suite.message = if suite.message.is_empty() {
+        line
+    } else {
+        format!("{}; {line}", suite.message)
+    };
 }
 
 /// Each stage's name and job spec (none for a preflight stage).
@@ -292,6 +305,19 @@ impl Scheduler {
                     self.save(batch);
                     return;
                 }
+                Err(e @ CoordinatorError::InvalidField { .. }) => {
+                    // The stage's request cannot run on these nodes: said,
+                    // no node marked, and the later stages go on.
+                    let suite = self.suites.get_mut(id).expect("the suite is there");
+                    let stage = &mut suite.stages[i];
+                    stage.set_state(JobState::Failed);
+                    stage.finished_unix_ms = self.cfg.clock.now_ms();
+                    stage.note = format!("{REQUEST_FAILURE}: refused: {e}");
+                    let line = format!("stage {name} {}", stage.note);
+                    warn!(suite = %id, "{line}");
+                    add_message(suite, line);
+                    suite.current += 1;
+                }
                 Err(e) => {
                     let suite = self.suites.get_mut(id).expect("the suite is there");
                     let stage = &mut suite.stages[i];
@@ -447,16 +473,21 @@ impl Scheduler {
         let stage = &mut suite.stages[i];
         stage.set_state(state);
         stage.finished_unix_ms = self.cfg.clock.now_ms();
-        if state == JobState::Failed && !named {
+        let request = report
+            .findings
+            .iter()
+            .any(|f| f.metric == gpuctl_core::request::FINDING_METRIC);
+        if state == JobState::Failed && (request || !named) {
             // Failed as a whole (a job figure under its floor, say) without
             // naming a node: no node is blamed, and the suite cannot pass.
-            stage.note = format!("{UNNAMED_FAILURE}: {}", report.reason);
-            let line = format!("stage {name} {}", stage.note);
-            suite.message = if suite.message.is_empty() {
-                line
+            let kind = if request {
+                REQUEST_FAILURE
             } else {
-                format!("{}; {line}", suite.message)
+                UNNAMED_FAILURE
             };
+            stage.note = format!("{kind}: {}", report.reason);
+            let line = format!("stage {name} {}", stage.note);
+            add_message(suite, line);
         }
         if suite.current as usize == i {
             suite.current += 1;
@@ -480,7 +511,13 @@ impl Scheduler {
         let stage_failed = suite
             .stages
             .iter()
-            .any(|s| s.note.starts_with(UNNAMED_FAILURE));
+            .any(|s| s.note.starts_with(UNNAMED_FAILURE) || s.note.starts_with(REQUEST_FAILURE));
+        // One that failed for its request measured nothing: the nodes it
+        // did not blame keep the acceptance state they had.
+        let request_failed = suite
+            .stages
+            .iter()
+            .any(|s| s.note.starts_with(REQUEST_FAILURE));
         let state = if failed.is_empty() && !stage_failed {
             JobState::Succeeded
         } else {
@@ -498,6 +535,9 @@ impl Scheduler {
         suite.current = suite.stages.len() as u32;
         let mut batch = Batch::default().suite(suite);
         for n in &suite.verdicts {
+            if request_failed && !out(n) {
+                continue;
+            }
             // A node no stage blamed in a suite that failed as a whole is not
             // accepted either, but not failed: incomplete, with the reason.
             let (verdict, reason) = if stage_failed && !out(n) {

@@ -5,6 +5,7 @@
 //! job's parameters into the typed structs of [`typed`] with it, so a rule or a
 //! default lives in one place only.
 
+pub mod shape;
 pub mod sizes;
 pub mod typed;
 
@@ -12,6 +13,7 @@ use std::time::Duration;
 
 use crate::units::{parse_bytes, parse_duration};
 
+pub use shape::{check_placed, check_shape, check_values, Placed};
 pub use sizes::{
     default_batch, gpt_block_parameters, gpt_parameters, gpt_shape, model_label, model_parameters,
     model_variant, GptShape,
@@ -209,7 +211,7 @@ pub const PARAMS: &[Param] = &[
     // stress
     p("size", int(16, 65536), "elements", dev("8192", "256"), "matrix side", STRESS),
     p("precision", Kind::Choice(PRECISIONS_GEMM), "", dev("bf16", "fp32"),
-      "GEMM precision: bf16, fp16, tf32, fp32 or fp8", STRESS),
+      "GEMM precision: bf16, fp16, tf32 (GPU only) or fp32 (fp8: refused, not supported yet)", STRESS),
     p("interval", Kind::Duration, "", DefaultValue::Same("1s"), "TFLOP/s sampling interval", STRESS),
     p("target_memory", Kind::Memory, "", DefaultValue::None,
       "GPU memory to fill first: GiB (20), size (20G) or fraction (0.8)", STRESS),
@@ -483,25 +485,6 @@ fn check_sizes(min_bytes: u64, max_bytes: u64) -> Result<(), SpecError> {
     Ok(())
 }
 
-/// The rules between a workload's parameters and the job's size: `--pattern
-/// pairs` on one node, `--pattern bisect` or `search` on fewer than three.
-/// Checked at submit with the count asked for, and again by the coordinator's
-/// planner with the nodes chosen (`--nodes all`).
-pub fn check_shape(
-    workload: &str,
-    params: &std::collections::HashMap<String, String>,
-    node_count: Option<u32>,
-) -> Result<(), SpecError> {
-    let pattern = params.get("pattern").and_then(|v| NcclPattern::parse(v));
-    if let (Some(p), Some(n), "nccl") = (pattern, node_count, workload) {
-        let (least, why) = p.min_nodes();
-        if n < least {
-            return Err(err("--pattern", why));
-        }
-    }
-    Ok(())
-}
-
 /// Checks the parameters a job gives (not the defaults: the device is not
 /// known yet) and returns them with booleans written `true`/`false`.
 pub fn check_given(
@@ -531,6 +514,7 @@ pub fn check_given(
     {
         check_sizes(*lo, *hi)?;
     }
+    check_values(workload, given)?;
     Ok(out)
 }
 

@@ -265,12 +265,13 @@ impl TypedParams {
         for key in given.keys() {
             known(workload, key)?;
         }
+        super::check_values(workload, given)?;
         let r = Reader {
             workload,
             given,
             gpu,
         };
-        Ok(match workload {
+        let typed = match workload {
             "stress" => TypedParams::Stress(StressParams {
                 size: r.get("size")?,
                 precision: r.get("precision")?,
@@ -321,7 +322,9 @@ impl TypedParams {
                     ),
                 ))
             }
-        })
+        };
+        super::shape::check_device(&typed, gpu)?;
+        Ok(typed)
     }
 }
 

@@ -9,13 +9,15 @@
 //! ring, which is the group's nodes in the order given). Tests of one round
 //! are disjoint and run at the same time. The search:
 //!
-//! 1. **Groups.** All nodes in groups of about √N (at least 8): a fast group
-//!    clears its nodes and its ring's links in bulk.
+//! 1. **Groups.** All nodes in groups of about √N (at least 8) and never of
+//!    one node, which has no link to measure: a fast group clears its nodes
+//!    and its ring's links in bulk. Three nodes are measured as their three
+//!    pairs, one a round: fewer than two groups leave nothing to compare.
 //! 2. **Halves.** A slow group of 4 or more is measured as two halves at once;
 //!    a slow half goes on the same way, a fast half is cleared. The ring's two
 //!    links that cross the halves are measured as pairs once their ends are
 //!    cleared (both halves fast: the slowness was there).
-//! 3. **Suspects.** A slow group of 2 or 3: each node meets a cleared node. A
+//! 3. **Suspects.** A slow group of 1 to 3: each node meets a cleared node. A
 //!    fast pair clears it. A slow pair is measured again with a *different*
 //!    cleared node: slow again and the node is blamed (both figures are the
 //!    evidence); fast, and the first pair's link is measured once more, blamed
@@ -26,9 +28,25 @@
 //!    blamed.
 //!
 //! "Slow" is below `slow ×` the reference: a baseline or floor when given,
-//! else the upper quartile of every figure of the search so far, which holds
-//! while fewer than a quarter of the tests are slow; the ratio goes down
-//! (to half at most) where healthy tests spread wider ([`Search::threshold`]).
+//! else the fastest test of the same round, or half the fastest test of the
+//! search where that is higher ([`Search::reference`]). The tests of a round
+//! run at the same time under the same load, and a bandwidth has a ceiling
+//! no healthy test passes while any number may fall under it: the fastest of
+//! a round is what a healthy test read then, however many of the others are
+//! slow. The upper quartile of all figures, used before, fell to the slow
+//! groups' level once half of a round was slow and cleared a node 20 times
+//! slower than the healthy group; the fastest of all rounds alone failed
+//! healthy pairs of a busy round against a quiet one's (CPU ranks sharing
+//! cores read 0.27 GB/s three pairs at a time, 0.61 beside a starved one).
+//! Half the fastest judges a round of slow tests only: a node under a third
+//! of the healthy (sockets; under 0.4 over NVLink) is slow however it is
+//! measured, a milder one when measured beside a healthy test. The ratio
+//! goes down (to half at most) for the fabric's healthy spread
+//! ([`Search::line`]). A node is cleared only by a test that would have
+//! shown it slow: a clearing slow against the reference as it stands (a
+//! faster test raised it) clears nothing any more, and its nodes are looked
+//! at again as a slow group; a suspect's slow pair counts only while its
+//! partner is cleared.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -91,7 +109,16 @@ struct Test {
     work: usize,
 }
 
-/// A slow group of 2 or 3 whose nodes are being looked at one by one.
+/// A fast test: its figure, its nodes in ring order, and the fastest test
+/// of its round.
+#[derive(Debug, Clone)]
+struct Clearing {
+    figure: f64,
+    nodes: Vec<usize>,
+    round_max: f64,
+}
+
+/// A slow group of 1 to 3 whose nodes are being looked at one by one.
 #[derive(Debug, Clone)]
 struct Leaf {
     nodes: Vec<usize>,
@@ -108,8 +135,12 @@ pub struct Search {
     reference: Option<f64>,
     spread: f64,
     cleared: Vec<bool>,
+    /// Every test that cleared nodes and still does, looked at again as
+    /// the fastest test rises.
+    clearings: Vec<Clearing>,
+    /// The fastest test so far.
+    fastest: f64,
     blamed_node: Vec<bool>,
-    figures: Vec<f64>,
     queue: VecDeque<Work>,
     round_tests: Vec<Test>,
     round_work: Vec<Work>,
@@ -118,10 +149,27 @@ pub struct Search {
 }
 
 /// Group size of the first round: about √N, at least 8 (fewer tests when
-/// all is well; each halving costs one round), but at most N/4, so that the
-/// first round has four figures or more to take a reference from.
+/// all is well; each halving costs one round), but at most N/4 and at least
+/// 2: the more groups, the likelier some of them are healthy to make the
+/// reference when several nodes are slow.
 pub fn group_size(n: usize) -> usize {
     ((n as f64).sqrt().ceil() as usize).max(8).min(n / 4).max(2)
+}
+
+/// The first round's groups, as `Search::new` cuts them: `N / group_size`
+/// groups of even size (the remainder spread, so no group of one), node
+/// ranks in order; three nodes as their three pairs.
+pub fn first_groups(n: usize) -> Vec<Vec<usize>> {
+    match n {
+        0 | 1 => Vec::new(),
+        3 => vec![vec![0, 1], vec![1, 2], vec![0, 2]],
+        _ => {
+            let count = (n / group_size(n)).max(1);
+            (0..count)
+                .map(|k| (k * n / count..(k + 1) * n / count).collect())
+                .collect()
+        }
+    }
 }
 
 impl Search {
@@ -134,22 +182,17 @@ impl Search {
             reference,
             spread: 0.05,
             cleared: vec![false; n],
+            clearings: Vec::new(),
+            fastest: 0.0,
             blamed_node: vec![false; n],
-            figures: Vec::new(),
             queue: VecDeque::new(),
             round_tests: Vec::new(),
             round_work: Vec::new(),
             leaves: Vec::new(),
             out: Outcome::default(),
         };
-        if n >= 2 {
-            let g = group_size(n);
-            let count = n.div_ceil(g);
-            // Even groups: no group of one left over.
-            for k in 0..count {
-                let (from, to) = (k * n / count, (k + 1) * n / count);
-                s.queue.push_back(Work::Group((from..to).collect()));
-            }
+        for g in first_groups(n) {
+            s.queue.push_back(Work::Group(g));
         }
         s
     }
@@ -240,34 +283,31 @@ impl Search {
     }
 
     /// The healthy spread of one measurement on this fabric (±0.05 over
-    /// NVLink or InfiniBand, ±0.2 over sockets, as measured runs show); the
-    /// search widens it where its own figures spread wider.
+    /// NVLink or InfiniBand, ±0.2 over sockets, as measured runs show).
     pub fn with_spread(mut self, spread: f64) -> Search {
         self.spread = spread.clamp(0.0, 0.5);
         self
     }
 
-    /// The figure under which a test is slow: `slow ×` the reference, or
-    /// lower where healthy tests spread so wide that the slowest of them
-    /// would fall under it (the spread told, or read from the search's own
-    /// figures: twice the gap between upper quartile and median), but not
-    /// below half the reference for the spread's sake, so a test at a third
-    /// of the others is slow on any fabric; a lower `slow` is kept.
-    fn threshold(&self) -> f64 {
-        let mut v = self.figures.clone();
-        v.sort_by(f64::total_cmp);
-        let at = |q: f64| crate::stats::quantile_sorted(&v, q).unwrap_or(0.0);
-        let (upper, median) = (at(0.75), at(0.5));
-        let reference = self.reference.unwrap_or(upper);
-        let seen = if upper > 0.0 {
-            2.0 * (upper - median) / upper
-        } else {
-            0.0
-        };
-        let w = self.spread.max(seen);
-        // The slowest healthy test against the upper quartile, less a margin.
-        let healthy_low = (1.0 - w) / (1.0 + w / 2.0) - 0.05;
-        reference * self.slow.min(healthy_low.max(0.5))
+    /// The share of the reference under which a test is slow: `slow`, or
+    /// lower where the fabric's healthy spread would put its slowest test
+    /// under that against its fastest, but not below half, so a test at a
+    /// third of the others is slow on any fabric; a lower `slow` is kept.
+    fn line(&self) -> f64 {
+        let w = self.spread;
+        // The slowest healthy test against the fastest, less a margin.
+        let healthy_low = (1.0 - w) / (1.0 + w) - 0.05;
+        self.slow.min(healthy_low.max(0.5))
+    }
+
+    /// What a healthy test reads, for a test of a round whose fastest test
+    /// read `round_max`: the baseline or floor when given, else that
+    /// fastest test, or half the fastest of the whole search where that is
+    /// higher (a round of slow tests only). Half: a healthy test of a busy
+    /// round may read half of a quiet round's, and a round's tests are
+    /// compared with each other first.
+    fn reference(&self, round_max: f64) -> f64 {
+        self.reference.unwrap_or(round_max.max(0.5 * self.fastest))
     }
 
     /// Takes the figures of this round's tests, in the order [`Search::tests`]
@@ -275,13 +315,34 @@ impl Search {
     pub fn decide(&mut self, figures: &[f64]) -> String {
         let tests = std::mem::take(&mut self.round_tests);
         let work = std::mem::take(&mut self.round_work);
-        self.figures
-            .extend(figures.iter().copied().filter(|f| f.is_finite()));
-        let threshold = self.threshold();
+        let round_max = figures
+            .iter()
+            .copied()
+            .filter(|f| f.is_finite())
+            .fold(0.0, f64::max);
+        self.fastest = self.fastest.max(round_max);
+        let threshold = self.line() * self.reference(round_max);
         // A figure that is not a number (a failed test) is slow too.
         let slow = move |f: f64| f.is_nan() || f < threshold;
         let blamed_before = self.out.blamed.len();
         let slow_tests = figures.iter().filter(|f| slow(**f)).count();
+        let mut words = format!(
+            "{slow_tests} of {} tests slow (below {threshold:.2})",
+            figures.len()
+        );
+        // A fast test clears every node in it: none of them is slow.
+        for (t, f) in tests.iter().zip(figures) {
+            if !slow(*f) {
+                self.clear_by(&t.nodes, *f, round_max);
+            }
+        }
+        // Then the clearings under the line now, before the steps: a slow
+        // pair with a partner whose clearing no longer holds is no evidence.
+        for (nodes, f) in self.reopen() {
+            words.push_str(&format!(
+                "; {nodes:?} cleared at {f:.2}, slow against a faster test since: looked at again"
+            ));
+        }
         let mut by_work: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
         for (t, f) in tests.iter().zip(figures) {
             by_work.entry(t.work).or_default().push(*f);
@@ -291,10 +352,6 @@ impl Search {
             let partner = tests.iter().find(|t| t.work == i).map(|t| t.nodes.clone());
             self.step(w, &f, partner.as_deref(), &slow);
         }
-        let mut words = format!(
-            "{slow_tests} of {} tests slow (below {threshold:.2})",
-            figures.len()
-        );
         for b in &self.out.blamed[blamed_before..] {
             words.push_str(&match b {
                 Blame::Node {
@@ -318,31 +375,57 @@ impl Search {
         words
     }
 
-    fn clear(&mut self, nodes: &[usize]) {
-        for n in nodes {
-            if !self.blamed_node[*n] {
-                self.cleared[*n] = true;
+    /// Clearings that are slow against the reference as it stands now (a
+    /// faster test since raised it past them): their nodes that no standing
+    /// clearing holds are uncleared and looked at again as a slow group, in
+    /// the order of the test's ring. Returns each such group with its figure.
+    fn reopen(&mut self) -> Vec<(Vec<usize>, f64)> {
+        let line = self.line();
+        let (stale, kept): (Vec<Clearing>, Vec<Clearing>) = std::mem::take(&mut self.clearings)
+            .into_iter()
+            .partition(|c| c.figure < line * self.reference(c.round_max));
+        self.clearings = kept;
+        let mut out = Vec::new();
+        for c in stale {
+            let again: Vec<usize> = c
+                .nodes
+                .into_iter()
+                .filter(|n| self.cleared[*n] && !self.clearings.iter().any(|k| k.nodes.contains(n)))
+                .collect();
+            for n in &again {
+                self.cleared[*n] = false;
+            }
+            if !again.is_empty() {
+                out.push((again.clone(), c.figure));
+                self.slow_group(again);
             }
         }
+        out
+    }
+
+    /// A fast test's nodes (but a blamed one) are cleared, and the test
+    /// kept as a clearing.
+    fn clear_by(&mut self, nodes: &[usize], figure: f64, round_max: f64) {
+        for n in nodes.iter().filter(|n| !self.blamed_node[**n]) {
+            self.cleared[*n] = true;
+        }
+        self.clearings.push(Clearing {
+            figure,
+            nodes: nodes.to_vec(),
+            round_max,
+        });
     }
 
     fn step(&mut self, w: Work, f: &[f64], measured: Option<&[usize]>, slow: &dyn Fn(f64) -> bool) {
         match w {
+            // A fast test's nodes are cleared already (`decide`).
             Work::Group(g) => {
-                if !slow(f[0]) {
-                    self.clear(&g);
-                } else {
+                if slow(f[0]) {
                     self.slow_group(g);
                 }
             }
             Work::Split(a, b) => {
                 let (sa, sb) = (slow(f[0]), slow(f[1]));
-                if !sa {
-                    self.clear(&a);
-                }
-                if !sb {
-                    self.clear(&b);
-                }
                 // The parent ring was slow: besides the halves, one of the
                 // ring's two links between them may be. They are measured
                 // once their ends are decided (a link to a slow node is
@@ -384,8 +467,15 @@ impl Search {
             },
             Work::Suspect { node, first, leaf } => {
                 let p = measured.map_or(node, |m| m[1]);
+                // A slow pair is evidence against the node only while its
+                // partner is cleared: a partner cleared against a lower
+                // reference may be the slow one.
+                let first = first.filter(|(p1, _)| self.cleared[*p1]);
                 match (slow(f[0]), first) {
-                    (false, None) => self.leaf_node_cleared(node, leaf),
+                    (false, None) => self.leaf_done(leaf),
+                    (true, _) if !self.cleared[p] => {
+                        self.queue.push_back(Work::Suspect { node, first, leaf })
+                    }
                     (true, None) => self.queue.push_back(Work::Suspect {
                         node,
                         first: Some((p, f[0])),
@@ -412,7 +502,7 @@ impl Search {
                             b: p1,
                             first: None,
                         });
-                        self.leaf_node_cleared(node, leaf);
+                        self.leaf_done(leaf);
                     }
                 }
             }
@@ -421,8 +511,8 @@ impl Search {
 
     fn slow_group(&mut self, g: Vec<usize>) {
         match g.len() {
-            0 | 1 => {}
-            2 | 3 => {
+            0 => {}
+            1..=3 => {
                 let leaf = self.leaves.len();
                 self.leaves.push(Leaf {
                     nodes: g.clone(),
@@ -442,11 +532,6 @@ impl Search {
                 self.queue.push_back(Work::Split(a.to_vec(), b.to_vec()));
             }
         }
-    }
-
-    fn leaf_node_cleared(&mut self, node: usize, leaf: usize) {
-        self.clear(&[node]);
-        self.leaf_done(leaf);
     }
 
     /// Once every node of a small slow group is decided and none was

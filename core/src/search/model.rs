@@ -1,10 +1,11 @@
 //! A model fleet for the search: node and link speeds, a spread per
-//! measurement, bad nodes and links. The search's tests and `gpuctl-sim
-//! search` drive the real [`super::Search`] against it.
+//! measurement, bad nodes and links each slow at a rate of its own, anywhere
+//! or one to a first-round group. The search's tests and `gpuctl-sim search`
+//! drive the real [`super::Search`] against it.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{group_size, Outcome, Search};
+use super::{first_groups, Outcome, Search};
 
 /// A modelled fleet: a test's figure is its slowest node or ring link,
 /// times the measurement's noise.
@@ -38,6 +39,20 @@ pub mod fastrand_lite {
 }
 
 impl Model {
+    /// A fleet of these node speeds and bad links (healthy is 1.0), each
+    /// measurement within ±`noise`.
+    pub fn new(node: Vec<f64>, links: &[((usize, usize), f64)], noise: f64, seed: u64) -> Model {
+        Model {
+            node,
+            links: links
+                .iter()
+                .map(|((a, b), v)| ((*a.min(b), *a.max(b)), *v))
+                .collect(),
+            noise,
+            rng: fastrand_lite::Rng::new(seed ^ 0xABCD),
+        }
+    }
+
     pub fn link(&self, a: usize, b: usize) -> f64 {
         *self.links.get(&(a.min(b), a.max(b))).unwrap_or(&1.0)
     }
@@ -74,15 +89,42 @@ pub fn run(m: &mut Model) -> Outcome {
     s.outcome().clone()
 }
 
-/// `k` culprits: bad nodes and bad links alternately, on distinct nodes. A
-/// bad link joins two neighbours of a first-round ring: a link is found
-/// where the search's tests cross it, and the search measures rings of
-/// neighbours, not every pair (that is `--pattern pairs`).
+/// Where a draw puts its culprits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// Anywhere: at fleet scale most first-round groups stay healthy.
+    Random,
+    /// Each in a first-round group of its own, so that with `k` at half
+    /// the groups, half of the first round is slow: the case where a
+    /// reference taken from the middle of the figures is a culprit's.
+    Groups,
+}
+
+/// The slowest and the fastest a culprit is drawn at, against a healthy
+/// 1.0: 60 Mbit/s against a healthy ~4 Gbit/s socket is 0.015; a quarter is
+/// under what [`super::Search`] calls slow however it is measured (a third
+/// of the fastest over sockets, with their ±20 %).
+pub const CULPRIT_SPEEDS: (f64, f64) = (0.015, 0.25);
+
+/// A culprit's speed: log-uniform over [`CULPRIT_SPEEDS`], so that the
+/// culprits of one draw are slow at different rates, as two bad nodes of a
+/// new rack are.
+fn culprit_speed(rng: &mut fastrand_lite::Rng) -> f64 {
+    let (lo, hi) = CULPRIT_SPEEDS;
+    lo * (hi / lo).powf(rng.f64())
+}
+
+/// `k` culprits: bad nodes and bad links alternately, on distinct nodes,
+/// each at a speed of its own. A bad link joins two neighbours of a
+/// first-round ring: a link is found where the search's tests cross it, and
+/// the search measures rings of neighbours, not every pair (that is
+/// `--pattern pairs`).
 pub fn draw(
     n: usize,
     k: usize,
     noise: f64,
     seed: u64,
+    placement: Placement,
 ) -> (Model, BTreeSet<usize>, BTreeSet<(usize, usize)>) {
     let mut rng = fastrand_lite::Rng::new(seed);
     let mut m = Model {
@@ -91,43 +133,52 @@ pub fn draw(
         noise,
         rng: fastrand_lite::Rng::new(seed ^ 0xABCD),
     };
+    let groups = first_groups(n);
+    let group_of = |x: usize| groups.iter().position(|g| g.contains(&x));
     let (mut nodes, mut links) = (BTreeSet::new(), BTreeSet::new());
     let mut used = BTreeSet::new();
+    let mut used_groups = BTreeSet::new();
+    assert!(
+        placement == Placement::Random || k <= groups.len(),
+        "{k} culprits in groups of their own among {} groups",
+        groups.len()
+    );
+    // A node (and, for a link, its neighbour) free to take a culprit.
+    let free = |x: usize, used: &BTreeSet<usize>, used_groups: &BTreeSet<Option<usize>>| {
+        !used.contains(&x)
+            && (placement == Placement::Random || !used_groups.contains(&group_of(x)))
+    };
     for i in 0..k {
+        let speed = culprit_speed(&mut rng);
         if i % 2 == 0 {
             let x = loop {
                 let x = rng.below(n);
-                if used.insert(x) {
+                if free(x, &used, &used_groups) {
                     break x;
                 }
             };
-            m.node[x] = 0.3;
+            used.insert(x);
+            m.node[x] = speed;
             nodes.insert(x);
+            used_groups.insert(group_of(x));
         } else {
             let a = loop {
                 let a = rng.below(n);
                 if a + 1 < n
-                    && !used.contains(&a)
+                    && free(a, &used, &used_groups)
                     && !used.contains(&(a + 1))
-                    && same_group(n, a, a + 1)
+                    && group_of(a) == group_of(a + 1)
                 {
-                    used.insert(a);
-                    used.insert(a + 1);
                     break a;
                 }
             };
-            m.links.insert((a, a + 1), 0.3);
+            used.extend([a, a + 1]);
+            m.links.insert((a, a + 1), speed);
             links.insert((a, a + 1));
+            used_groups.insert(group_of(a));
         }
     }
     (m, nodes, links)
-}
-
-/// Whether `a` and `b` share a first-round group (as `Search::new` cuts them).
-fn same_group(n: usize, a: usize, b: usize) -> bool {
-    let count = n.div_ceil(group_size(n));
-    let of = |x: usize| (0..count).find(|k| x < (k + 1) * n / count).unwrap();
-    of(a) == of(b)
 }
 
 /// How a search did against one draw.
@@ -144,8 +195,8 @@ pub struct Scored {
 }
 
 /// One draw of `k` culprits among `n` nodes, searched and scored.
-pub fn score(n: usize, k: usize, noise: f64, seed: u64) -> Scored {
-    let (mut m, nodes, links) = draw(n, k, noise, seed);
+pub fn score(n: usize, k: usize, noise: f64, seed: u64, placement: Placement) -> Scored {
+    let (mut m, nodes, links) = draw(n, k, noise, seed, placement);
     let out = run(&mut m);
     let mut s = Scored {
         rounds: out.rounds,

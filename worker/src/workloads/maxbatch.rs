@@ -11,9 +11,12 @@
 //! emptied, and the search goes on. Every trial is a `MaxBatchPoint` with its
 //! peak memory (libtorch's peak allocated bytes on a GPU).
 //!
-//! A CPU has no out-of-memory to find (the kernel would kill the process), so
-//! there the search stops at `limit` (default 64) and says so in the log and the
-//! progress message; `MaxBatchResult` has no field for it.
+//! A CPU has no out-of-memory of its own to find: the kernel's OOM killer
+//! would end the worker, or any other process of the host. There the search
+//! runs inside a host-memory budget ([`super::budget`]: the host's available
+//! memory and each cgroup limit, shared by the job's CPU ranks on them), which
+//! fails an allocation past it as out of memory, and stops at `limit`
+//! (default 64) when every batch fits; the note says which ended it and why.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -22,6 +25,7 @@ use gpuctl_core::catalogue::MaxBatchParams;
 use gpuctl_core::pb::{rank_result::Detail, MaxBatchPoint, MaxBatchResult};
 use tch::Device;
 
+use super::budget;
 use super::memory::Memory;
 use super::models::{Model, ModelConfig, Precision};
 use super::train::{Mode, ProgressFn, TrainConfig, Trainer};
@@ -173,7 +177,12 @@ pub fn run_search(
             &[],
         );
         mem.empty_cache();
-        mem.reset_peak();
+        // A CPU trial's peak is its own (resident peak reset), and its
+        // budget what the host has now.
+        mem.reset_all_peaks();
+        if device == Device::Cpu {
+            budget::before_trial();
+        }
         let outcome = catch_unwind(AssertUnwindSafe(|| -> Result<f64> {
             let batch = model.batch(b as i64, cfg.seed ^ b as u64)?;
             let mut secs = 0.0;
@@ -265,30 +274,32 @@ pub fn run(ctx: &Ctx, p: &MaxBatchParams) -> Result<Outcome> {
         ctx.progress.update(phase, frac, metrics);
         ctx.sample_memory();
     };
-    let s = run_search(&cfg, ctx.dev.device, start, limit, &mem, &progress)?;
+    let env = &ctx.env;
+    let budget = budget::install(
+        ctx.rdzv.as_ref(),
+        env.rank,
+        env.world_size,
+        !gpu,
+        ctx.rendezvous_timeout,
+    )?;
+    let within = |e: anyhow::Error| match &budget {
+        Some(b) if budget::is_budget(&format!("{e:#}")) => e.context(b.why.clone()),
+        _ => e,
+    };
+    let s = run_search(&cfg, ctx.dev.device, start, limit, &mem, &progress).map_err(within)?;
     if s.max_batch == 0 {
+        let why = budget.as_ref().map(|b| format!(" ({})", b.why));
         bail!(
-            "model {name} in {} does not fit even at batch 1",
-            precision.name()
+            "model {name} in {} does not fit even at batch 1{}",
+            precision.name(),
+            why.unwrap_or_default()
         );
     }
     let rec = recommended(s.max_batch, margin);
-    let mut note = String::new();
-    if s.capped {
-        let why = if gpu {
-            format!(
-                "batch {} (the limit) still fit: raise --limit to search further",
-                s.max_batch
-            )
-        } else {
-            format!(
-                "stopped at limit {} on a CPU: host memory has no out-of-memory to find",
-                s.max_batch
-            )
-        };
-        tracing::info!("{why}");
-        ctx.progress.message(&why);
-        note = why;
+    let note = stop_note(&s, budget.as_ref());
+    if !note.is_empty() {
+        tracing::info!("{note}");
+        ctx.progress.message(&note);
     }
     tracing::info!(
         max_batch = s.max_batch,
@@ -312,6 +323,39 @@ pub fn run(ctx: &Ctx, p: &MaxBatchParams) -> Result<Outcome> {
         error: None,
         more_train: Vec::new(),
     })
+}
+
+/// Why the search stopped where it did, when that needs saying: the limit
+/// reached with every batch fitting, or, on a CPU, the host-memory budget.
+fn stop_note(s: &Search, budget: Option<&budget::Budget>) -> String {
+    if s.capped {
+        return match budget {
+            None => format!(
+                "batch {} (the limit) still fit: raise --limit to search further",
+                s.max_batch
+            ),
+            Some(b) => format!(
+                "stopped at limit {} on a CPU, inside the host-memory budget ({}): raise --limit to search further",
+                s.max_batch, b.why
+            ),
+        };
+    }
+    let Some(b) = budget else {
+        return String::new();
+    };
+    let over = s
+        .points
+        .iter()
+        .filter(|p| !p.fits && budget::is_budget(&p.error))
+        .map(|p| p.batch_size)
+        .min();
+    match over {
+        Some(first) => format!(
+            "stopped by the host-memory budget: batch {first} did not fit, batch {} did ({})",
+            s.max_batch, b.why
+        ),
+        None => String::new(),
+    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,8 @@
 //! The workloads one rank can run. Each takes the rank's [`Ctx`] and returns the
 //! workload's part of the `RankResult`.
 
+pub mod budget;
+pub mod busy;
 pub mod ddp;
 pub mod fsdp;
 pub mod maxbatch;

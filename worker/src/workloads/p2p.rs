@@ -317,10 +317,10 @@ pub fn pairs(
             // CPU ranks' pairs are TCP between processes on cores the whole
             // host shares: a try that either rank spent waiting for a core
             // is made again, the node's ranks deciding together.
-            let tries = if dev == Device::Cpu { busy::TRIES } else { 1 };
             let mut figures = [0.0f64; PASSES];
             for f in figures.iter_mut() {
-                for _ in 0..tries {
+                let start = Instant::now();
+                for tries in 1.. {
                     comm.barrier()?;
                     let (delay, t0) = (busy::run_delay_ns(), Instant::now());
                     for _ in 0..p.iters {
@@ -329,8 +329,12 @@ pub fn pairs(
                     comm.synchronize()?;
                     let secs = t0.elapsed().as_secs_f64();
                     *f = f.max(gbps(n, p.iters, secs));
-                    let busy = role.is_some() && busy::waited(delay, secs) > busy::DISTURBED;
-                    if tries == 1 || !any_rank(comm, busy)? {
+                    if dev != Device::Cpu {
+                        break;
+                    }
+                    let waited = busy::waited(delay, secs);
+                    let mine = role.is_some() && busy::again(waited, start, tries);
+                    if !any_rank(comm, mine)? {
                         break;
                     }
                 }

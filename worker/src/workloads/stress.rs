@@ -10,7 +10,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use gpuctl_core::catalogue::{MemoryTarget, StressParams};
 use gpuctl_core::pb::{rank_result::Detail, PhaseKind, StressResult};
 use tch::{Device, Kind, Tensor};
@@ -19,17 +19,25 @@ use super::Outcome;
 use crate::context::Ctx;
 use crate::digest::digest;
 
+/// The GEMMs' type; a precision this rank cannot run is the request's error
+/// (refused at submit and plan time; here for a coordinator that knew less).
 fn kind_of(precision: &str, gpu: bool) -> Result<Kind> {
+    let request = |why: String| Err(gpuctl_core::request::RequestError(why).into());
     Ok(match (precision, gpu) {
         ("bf16", _) => Kind::BFloat16,
         ("fp16", _) => Kind::Half,
         ("fp32", _) => Kind::Float,
         ("tf32", true) => Kind::Float,
-        ("tf32", false) => bail!("precision tf32 needs a GPU; use fp32 or bf16 on CPU"),
-        ("fp8", _) => {
-            bail!("precision fp8 is not supported by this worker yet; use bf16, fp16, tf32 or fp32")
+        ("tf32", false) => {
+            return request("precision tf32 needs a GPU; use fp32 or bf16 on CPU".into())
         }
-        (p, _) => bail!("unknown precision `{p}`"),
+        ("fp8", _) => {
+            return request(
+                "precision fp8 is not supported by this worker yet; use bf16, fp16, tf32 or fp32"
+                    .into(),
+            )
+        }
+        (p, _) => return request(format!("unknown precision `{p}`")),
     })
 }
 

@@ -111,20 +111,15 @@ fn findings(r: &pb::Report) -> String {
     if r.findings.is_empty() {
         return "<h2 id=\"findings\">Findings</h2>\n<p>No finding failed or warned.</p>\n".into();
     }
-    let fails = r
-        .findings
-        .iter()
-        .filter(|f| f.level() == pb::Verdict::Fail)
-        .count();
     let mut s = format!(
-        "<h2 id=\"findings\">Findings ({fails} fail, {} warn)</h2>\n<ol class=\"findings\">\n",
-        r.findings.len() - fails
+        "<h2 id=\"findings\">Findings ({})</h2>\n<ol class=\"findings\">\n",
+        crate::output::findings::counts(&r.findings)
     );
     let grid = crate::output::findings::findings_grid(&r.findings);
     for (f, row) in r.findings.iter().zip(grid.rows()) {
         // LEVEL, NODE, WHERE, WHAT, VALUE, REFERENCE, RULE.
         let cell = |i: usize| row.get(i).map(String::as_str).unwrap_or("-");
-        let level = f.level().label();
+        let level = crate::output::findings::level(f);
         let mut place = vec![cell(1)];
         place.extend([cell(2), cell(3)].into_iter().filter(|c| *c != "-"));
         let sentence = if f.detail.is_empty() {

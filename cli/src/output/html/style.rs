@@ -15,7 +15,7 @@ h3 { font-size: 16px; margin: 0 0 4px; }
 .banner p { margin: 6px 0 0; font-size: 16px; }
 .banner .sub { opacity: .9; font-size: 14px; }
 .v-pass { background: var(--pass); } .v-warn { background: var(--warn); }
-.v-fail { background: var(--fail); } .v-incomplete, .v-unknown { background: #57606a; }
+.v-fail { background: var(--fail); } .v-incomplete, .v-unknown, .v-note { background: #57606a; }
 .badge { display: inline-block; min-width: 44px; text-align: center; border-radius: 4px; color: #fff;
          font-size: 12px; font-weight: 600; padding: 1px 6px; margin-right: 6px; text-transform: uppercase; }
 ol.findings { padding-left: 0; list-style: none; margin: 0; }

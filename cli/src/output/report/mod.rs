@@ -46,15 +46,7 @@ pub fn render(r: &pb::Report) -> String {
     // person reads before anything else.
     let mut s = findings::verdict_line(r);
     if !r.findings.is_empty() {
-        let fails = r
-            .findings
-            .iter()
-            .filter(|f| f.level() == pb::Verdict::Fail)
-            .count();
-        s.push_str(&format!(
-            "\nFINDINGS ({fails} fail, {} warn)\n",
-            r.findings.len() - fails
-        ));
+        s.push_str(&format!("\nFINDINGS ({})\n", findings::counts(&r.findings)));
         s.push_str(&findings::findings_table(&r.findings));
     }
     s.push('\n');

@@ -1,7 +1,8 @@
 //! One list of everything that failed or warned, in the [`Finding`] form, so
 //! that a report leads with the same rows whatever found them: a rank's own
 //! failure (crash, corruption, wrong elements), a performance figure, a GPU
-//! health rule, a preflight check at job start. Worst first.
+//! health rule, a preflight check at job start. Worst first; a finding of
+//! level pass only says what a figure could not be judged against.
 
 use gpuctl_core::pb::{Finding, HealthFinding, Plan, PreflightCheck, Verdict};
 
@@ -91,10 +92,30 @@ pub(super) fn of_preflight(checks: &[PreflightCheck]) -> Vec<Finding> {
         .collect()
 }
 
-/// Fail before warn; then by node (the job's own first), rank and GPU.
+/// The job's own failure when it failed for its request (`why`, the job's
+/// message): the job's, naming no node.
+pub(super) fn of_request(why: &str) -> Finding {
+    let mut f = base(
+        "",
+        Verdict::Fail,
+        gpuctl_core::request::FINDING_METRIC,
+        "",
+        why.to_string(),
+    );
+    f.rule = "a request that cannot run fails its job and no node: fix the request".into();
+    f
+}
+
+/// Fail before warn, and both before what is only said (a pass-level
+/// finding: what a figure was and was not judged against); then by node
+/// (the job's own first), rank and GPU.
 pub(super) fn sort(findings: &mut [Finding]) {
     findings.sort_by(|a, b| {
-        let rank = |f: &Finding| if f.level() == Verdict::Fail { 0 } else { 1 };
+        let rank = |f: &Finding| match f.level() {
+            Verdict::Fail => 0,
+            Verdict::Warn => 1,
+            _ => 2,
+        };
         rank(a)
             .cmp(&rank(b))
             .then_with(|| a.node.cmp(&b.node))

@@ -19,6 +19,10 @@
 //! - [`hang`]: the rank blamed when the job hung (decided by the scheduler,
 //!   applied by [`ranks`]), and where every rank was.
 //!
+//! A job that failed for its request (`gpuctl_core::request`) judges no
+//! node: its ranks and nodes are not judged (unspecified) unless their own
+//! GPUs or figures failed, and one job finding says what the request was.
+//!
 //! Judges only ever fail a rank further, so a reason added early stays first.
 
 mod collectives;
@@ -122,13 +126,21 @@ fn assemble(inp: &Inputs, with_results: bool) -> (Report, Figures) {
     let no_plan = Plan::default();
     let plan = job.plan.as_ref().unwrap_or(&no_plan);
 
+    let request = request_failure(job, inp.results);
     let windows = gpu_health::measured_windows(&spec.workload, plan, inp.results);
     let (mut states, sdc_note, mut notes, (mut telemetry, mut health)) = std::thread::scope(|s| {
         // At 32,768 GPUs the telemetry summary is a third of judging, and
         // needs nothing the ranks' own checks make: it is made beside them.
         let beside = (inp.telemetry.gpus() >= SUMMARY_BESIDE_GPUS)
             .then(|| s.spawn(|| inp.telemetry.summarise(inp.rules, &windows)));
-        let mut states = ranks::from_results(job, plan, inp.results, inp.exits, &inp.watch.hung);
+        let mut states = ranks::from_results(
+            job,
+            plan,
+            inp.results,
+            inp.exits,
+            &inp.watch.hung,
+            request.is_some(),
+        );
         let sdc_note = digests::stress(inp.results, &mut states);
         plausible::stress(inp.results, &mut states);
         let notes: Vec<String> = digests::params(inp.results, &spec, &mut states)
@@ -155,6 +167,13 @@ fn assemble(inp: &Inputs, with_results: bool) -> (Report, Figures) {
     let perf = performance::judge(inp, &spec, plan, &table, &rules, &mut states);
     let links = links::judge(all, &plan.nodes, rules.link_slow_ratio);
     let pairs = p2p::judge(inp.results, plan, rules.p2p);
+    // A pair finding that names a rank (a culprit GPU, a slow direction's
+    // sender) fails it, and so its node, as performance findings do.
+    for f in pairs.findings.iter().filter(|f| f.level() == Verdict::Fail) {
+        if let Some(st) = f.rank.and_then(|r| states.get_mut(&r)) {
+            st.fail_from(ranks::Source::Performance, f.detail.clone());
+        }
+    }
     // A link down fails its GPU only where the job's own bandwidth agrees.
     gpu_health::confirm_nvlink(
         &mut health,
@@ -180,10 +199,14 @@ fn assemble(inp: &Inputs, with_results: bool) -> (Report, Figures) {
     found.extend(findings::of_health(&health));
     let preflight = start_checks(job);
     found.extend(findings::of_preflight(&preflight));
+    found.extend(request.as_deref().map(findings::of_request));
     findings::sort(&mut found);
     // A partial result is shown on its rank: what it measured, and why it stopped.
     let attached = with_results.then_some(all);
     let mut nodes = nodes::verdicts(plan, &states, attached, gpu_faults, &found);
+    if request.is_some() {
+        nodes::not_judged(&mut nodes);
+    }
     hang::fill_ranks(&mut nodes, inp.progress, inp.watch);
     notes.extend(notes::mixed_torch(inp.results));
     notes.extend(perf.notes);
@@ -226,6 +249,20 @@ fn assemble(inp: &Inputs, with_results: bool) -> (Report, Figures) {
     };
     verdict::judge_job(&mut report, job, inp.results.len());
     (report, perf.figures)
+}
+
+/// Why the job could not run, when it failed for its request: its message
+/// says so once it ended for it, a rank's result as soon as it is in.
+fn request_failure(job: &Job, results: &BTreeMap<u32, RankResult>) -> Option<String> {
+    use gpuctl_core::request;
+    if request::is_job_message(&job.message) {
+        return Some(job.message.clone());
+    }
+    results
+        .values()
+        .filter(|r| !r.ok)
+        .find_map(|r| request::of_rank(&r.error))
+        .map(|why| request::job_message(why, ""))
 }
 
 /// The preflight checks of the job: the plan's, with each node's replaced by

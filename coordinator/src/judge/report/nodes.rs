@@ -130,6 +130,16 @@ pub(super) fn verdicts(
     nodes
 }
 
+/// In a job that failed for its request no node was measured: every node
+/// that its own GPUs or figures did not fail is not judged (unspecified),
+/// which leaves it out of the fleet history and of acceptance.
+pub(super) fn not_judged(nodes: &mut [NodeReport]) {
+    for n in nodes.iter_mut().filter(|n| n.verdict() != Verdict::Fail) {
+        n.verdict = Verdict::Unspecified as i32;
+        n.reason = "not judged: the job's request could not run".into();
+    }
+}
+
 fn ranks_word(ranks: &[String]) -> String {
     if ranks.len() == 1 {
         format!("rank {}", ranks[0])

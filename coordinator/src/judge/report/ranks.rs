@@ -110,18 +110,36 @@ fn last_error_line(stderr: &str) -> Option<&str> {
 /// Pass for an ok result, fail for an error result, incomplete without one
 /// (why: the worker's exit if one was seen, else the job's state). When the
 /// job hung, the blamed rank fails and the others without a result were only
-/// stopped.
+/// stopped. In a job that failed for its request (`request`) nothing a rank
+/// did is its own: a rank without an ok result is not judged (unspecified),
+/// whatever it said (a peer's error once the one that found the request
+/// left, a stop).
 pub(super) fn from_results(
     job: &Job,
     plan: &Plan,
     results: &BTreeMap<u32, RankResult>,
     exits: &BTreeMap<u32, WorkerExited>,
     hung: &Option<Hung>,
+    request: bool,
 ) -> RankStates {
     let mut states = RankStates::new();
     for p in &plan.ranks {
         let st = match results.get(&p.rank) {
             Some(r) if r.ok => RankState::new(Verdict::Pass, vec![]),
+            Some(r) if request => {
+                let why = gpuctl_core::request::of_rank(&r.error).unwrap_or(&r.error);
+                RankState::new(
+                    Verdict::Unspecified,
+                    vec![(Source::Result, format!("not judged: {why}"))],
+                )
+            }
+            None if request => RankState::new(
+                Verdict::Unspecified,
+                vec![(
+                    Source::Result,
+                    "not judged: no result, the job's request could not run".into(),
+                )],
+            ),
             Some(r) => RankState::new(
                 Verdict::Fail,
                 vec![(

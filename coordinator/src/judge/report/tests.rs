@@ -608,3 +608,99 @@ fn a_hung_job_fails_only_the_blamed_rank_and_shows_where_each_rank_was() {
         gpuctl_core::spec::DEFAULT_HANG_TIMEOUT_MS
     );
 }
+
+/// Issue 47: `--pattern search` on two nodes failed both healthy nodes. A
+/// job that fails for its request judges no node, whatever its ranks said
+/// after the one that found it, and leaves no run in the fleet history.
+#[test]
+fn a_job_that_failed_for_its_request_judges_no_node() {
+    use gpuctl_core::request;
+    let why = "node node-0 rank 0 (cuda:0): --pattern search needs 3 nodes or more";
+    let failed = |rank: u32, error: String| RankResult {
+        rank,
+        ok: false,
+        error,
+        ..Default::default()
+    };
+    let results = vec![
+        failed(0, request::rank_error(why)),
+        failed(
+            1,
+            "node node-0 rank 1 (cuda:1): connection reset by peer".into(),
+        ),
+    ];
+    // Ended by the scheduler at the first such result: ranks 2 and 3 were stopped.
+    let mut ended = job(JobState::Failed, 2, 2);
+    ended.message = request::job_message(why, "");
+    // Every rank in and judged: the results alone say it.
+    let mut complete = job(JobState::Running, 2, 2);
+    complete.finished_unix_ms = 0;
+    let all = [
+        results.clone(),
+        vec![
+            failed(2, request::rank_error(why)),
+            failed(3, request::rank_error(why)),
+        ],
+    ]
+    .concat();
+    for (j, results) in [(&ended, results), (&complete, all)] {
+        let r = build_with(j, results);
+        assert_eq!(r.verdict(), Verdict::Fail, "{r:#?}");
+        assert!(request::is_job_message(&r.reason), "{}", r.reason);
+        assert!(r.reason.contains("needs 3 nodes"), "{}", r.reason);
+        let fails: Vec<_> = r
+            .findings
+            .iter()
+            .filter(|f| f.level() == Verdict::Fail)
+            .collect();
+        assert_eq!(fails.len(), 1, "{:#?}", r.findings);
+        assert_eq!(
+            (fails[0].metric.as_str(), fails[0].node.as_str()),
+            (request::FINDING_METRIC, "")
+        );
+        for n in &r.nodes {
+            assert_eq!(n.verdict(), Verdict::Unspecified, "{n:#?}");
+            assert!(n.reason.starts_with("not judged"), "{}", n.reason);
+            assert!(n.ranks.iter().all(|k| k.verdict() == Verdict::Unspecified));
+        }
+        assert!(rank(&r, 1).reason.contains("connection reset"));
+        assert!(crate::judge::fleet::runs_of(&r).is_empty());
+    }
+}
+
+/// A pair's halved direction fails its sender's rank, and so its node.
+#[test]
+fn a_slow_p2p_direction_fails_its_senders_rank_and_node() {
+    use gpuctl_core::pb::{P2pResult, PeerCopy};
+    let mut j = job(JobState::Succeeded, 1, 2);
+    j.spec.as_mut().unwrap().workload = "p2p".into();
+    let copy = |s: u32, d: u32, gbps: f64| PeerCopy {
+        src_rank: s,
+        dst_rank: d,
+        src_local: s,
+        dst_local: d,
+        gbps,
+        repeat_gbps: gbps,
+        wrong: 0,
+    };
+    let results = (0..2)
+        .map(|r| RankResult {
+            rank: r,
+            ok: true,
+            device_name: "NVIDIA H200".into(),
+            detail: Some(Detail::P2p(P2pResult {
+                bytes: 1 << 28,
+                method: "pinned".into(),
+                peers: vec![copy(0, 1, 163.5), copy(1, 0, 314.0)],
+                ..Default::default()
+            })),
+            ..Default::default()
+        })
+        .collect();
+    let r = build_with(&j, results);
+    assert_eq!(r.verdict(), Verdict::Fail, "{}", r.reason);
+    assert_eq!(rank(&r, 0).verdict(), Verdict::Fail);
+    assert!(rank(&r, 0).reason.contains("GPU 0 -> GPU 1 163.50 GB/s"));
+    assert_eq!(r.nodes[0].verdict(), Verdict::Fail);
+    assert!(r.findings.iter().any(|f| f.metric == "p2p_direction"));
+}

@@ -16,7 +16,7 @@ pub mod plan;
 use std::cell::RefCell;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use gpuctl_core::catalogue::{NcclParams, NcclPattern};
 use gpuctl_core::pb::{rank_result::Detail, BisectGroup, BisectRound, CollectiveResult};
 use gpuctl_core::rendezvous_keys::owned;
@@ -193,11 +193,11 @@ pub fn run_rounds(
     let (l, es) = (place.local_world, cfg.kind.elt_size_in_bytes());
     // The smallest group is two nodes.
     if sizes(Op::AllReduce, cfg.max_bytes, es, 2 * l).count == 0 {
-        bail!(
+        return Err(gpuctl_core::request::RequestError(format!(
             "--max-bytes {} holds no {} element; give at least {es} bytes",
-            cfg.max_bytes,
-            cfg.dtype
-        );
+            cfg.max_bytes, cfg.dtype
+        ))
+        .into());
     }
     let mut out = Bisected {
         result: CollectiveResult {

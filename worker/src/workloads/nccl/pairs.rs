@@ -29,6 +29,7 @@ use gpuctl_core::catalogue::{NcclParams, NcclPattern};
 use gpuctl_core::pairs::{pair_of, round_robin};
 use gpuctl_core::pb::{rank_result::Detail, CollectiveResult, LinkResult};
 use gpuctl_core::rendezvous_keys::owned;
+use gpuctl_core::request::RequestError;
 use gpuctl_core::units::format_bytes;
 use tch::Device;
 
@@ -65,16 +66,17 @@ impl Place {
     ) -> Result<Place> {
         let name = pattern.name();
         if local_world == 0 || !world.is_multiple_of(local_world) {
-            bail!(
+            return Err(RequestError(format!(
                 "--pattern {name} needs the same number of ranks on every node (GPU i meets \
                  GPU i): WORLD_SIZE={world} is not a multiple of this node's \
                  LOCAL_WORLD_SIZE={local_world}"
-            );
+            ))
+            .into());
         }
         let nnodes = world / local_world;
         let (least, why) = pattern.min_nodes();
         if nnodes < least as usize {
-            bail!("{why}");
+            return Err(RequestError(why.into()).into());
         }
         if node >= nnodes || local_rank >= local_world {
             bail!(
@@ -238,7 +240,7 @@ pub(super) fn check_shape(
         .get(&shape, timeout)
         .context("waiting for rank 0's check of the nodes")?;
     if !verdict.is_empty() {
-        bail!("{}", String::from_utf8_lossy(&verdict));
+        return Err(RequestError(String::from_utf8_lossy(&verdict).into_owned()).into());
     }
     Ok(())
 }
@@ -260,11 +262,11 @@ pub fn pairs(
     let (l, es) = (place.local_world, cfg.kind.elt_size_in_bytes());
     let n = 2 * l;
     if sizes(Op::AllReduce, cfg.max_bytes, es, n).count == 0 {
-        bail!(
+        return Err(RequestError(format!(
             "--max-bytes {} holds no {} element; give at least {es} bytes",
-            cfg.max_bytes,
-            cfg.dtype
-        );
+            cfg.max_bytes, cfg.dtype
+        ))
+        .into());
     }
     check_shape(NcclPattern::Pairs, place, rdzv, round_timeout)?;
     let pat = Pattern::new(cfg.kind, n);
@@ -376,9 +378,10 @@ mod tests {
     fn places_need_two_nodes_of_equal_size() {
         let p = Place::new(NcclPattern::Pairs, 5, 6, 2, 1, 2).unwrap();
         assert_eq!((p.nnodes, p.node, p.local_rank), (3, 2, 1));
-        let e = Place::new(NcclPattern::Pairs, 0, 2, 0, 0, 2)
-            .unwrap_err()
-            .to_string();
+        let e = Place::new(NcclPattern::Pairs, 0, 2, 0, 0, 2).unwrap_err();
+        // The request's error, not the node's: the coordinator blames no node.
+        assert!(e.is::<RequestError>(), "{e:#}");
+        let e = e.to_string();
         assert!(e.contains("2 nodes or more"), "{e}");
         let e = Place::new(NcclPattern::Pairs, 0, 6, 0, 0, 4)
             .unwrap_err()
