@@ -44,8 +44,10 @@ fn flagged(row: &Value) -> Vec<String> {
 #[test]
 fn history_survives_a_restart_and_drift_names_the_slowed_node() {
     // CPU ranks on a shared 2-core machine move 20 % run to run (a CI run saw
-    // a healthy node at 0.80 of its own median); the node held to 0.15 of a
-    // core drops far below either tolerance.
+    // a healthy node at 0.80 of its own median); the node held to 0.05 of a
+    // core drops far below either tolerance. At 0.15 it did not stand out
+    // while other tests loaded the machine: four nodes sharing two busy
+    // cores get about that much each.
     let rules = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(rules.path(), "[fleet]\ndrift = 0.6\n").unwrap();
     // The only test of this binary: the coordinator it starts inherits it.
@@ -64,7 +66,7 @@ fn history_survives_a_restart_and_drift_names_the_slowed_node() {
         .expect("workers of the second job");
     let slow = Cluster::agent_name(1);
     let third = {
-        let _quota = CpuQuota::apply("gpuctl-test-fleet", c.agent_pid(1), 0.15);
+        let _quota = CpuQuota::apply("gpuctl-test-fleet", c.agent_pid(1), 0.05);
         finish(&c, &stress)
     };
 
