@@ -100,3 +100,24 @@ class Fleet:
 
 def ratio(a, b):
     return a / b if b else float("nan")
+
+
+def job_reports(pattern):
+    """Each job report a bench script saved under `pattern` (suites' own files and NVML samples
+    left out), sorted: (name, report, why) with report None and why said where a job did not
+    answer with a verdict, so that a summary says it rather than skipping it."""
+    import glob
+
+    for path in sorted(glob.glob(pattern)):
+        name = os.path.basename(path)[:-5]
+        if name.endswith(".suite") or name.startswith("nvml-links"):
+            continue
+        try:
+            r = json.load(open(path))
+        except Exception as e:
+            yield name, None, f"no report ({e})"
+            continue
+        if "verdict" not in r:
+            yield name, None, "no verdict in the answer"
+            continue
+        yield name, r, ""

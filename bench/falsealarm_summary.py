@@ -2,27 +2,20 @@
 node, GPU, the detail's start), the findings tallied per rule, the NVLink counters and readings
 the agent reported beside what NVML answered directly. Usage: falsealarm_summary.py OUT MODE"""
 import collections
-import glob
 import json
 import os
 import sys
+
+from common import job_reports
 
 out, mode = sys.argv[1], sys.argv[2]
 tally = collections.Counter()
 jobs = 0
 verdicts = collections.Counter()
 print(f"== mode {mode}")
-for path in sorted(glob.glob(f"{out}/*.json")):
-    name = os.path.basename(path)[:-5]
-    if name.endswith(".suite") or name.startswith("nvml-links"):
-        continue
-    try:
-        r = json.load(open(path))
-    except Exception as e:  # a job that did not answer is said, not skipped
-        print(f"{name}: no report ({e})")
-        continue
-    if "verdict" not in r:
-        print(f"{name}: no verdict in the answer")
+for name, r, why in job_reports(f"{out}/*.json"):
+    if r is None:  # a job that did not answer is said, not skipped
+        print(f"{name}: {why}")
         continue
     jobs += 1
     verdicts[r["verdict"]] += 1

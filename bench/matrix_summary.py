@@ -2,27 +2,17 @@
 share of rank 0's timeline in each declared phase kind (measured, set-up, warm-up, verify, sweep).
 Usage: matrix_summary.py OUT"""
 import collections
-import glob
-import json
-import os
 import sys
+
+from common import job_reports
 
 out = sys.argv[1]
 verdicts = collections.Counter()
 findings = collections.Counter()
 rows = []
-for path in sorted(glob.glob(f"{out}/*/*.json")):
-    name = os.path.basename(path)[:-5]
-    if name.endswith(".suite") or name.startswith("nvml-links"):
-        continue
-    try:
-        r = json.load(open(path))
-    except Exception as e:  # a job that did not answer is said, not skipped
-        rows.append(f"{name:24} no report ({e})")
-        verdicts["no report"] += 1
-        continue
-    if "verdict" not in r:
-        rows.append(f"{name:24} no verdict")
+for name, r, why in job_reports(f"{out}/*/*.json"):
+    if r is None:  # a job that did not answer is said, not skipped
+        rows.append(f"{name:24} {why}")
         verdicts["no report"] += 1
         continue
     verdicts[r["verdict"]] += 1

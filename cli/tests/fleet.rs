@@ -22,15 +22,6 @@ fn finish(c: &Cluster, args: &[&str]) -> String {
     id
 }
 
-fn row<'a>(fleet: &'a Value, node: &str) -> &'a Value {
-    fleet["nodes"]
-        .as_array()
-        .expect("nodes[]")
-        .iter()
-        .find(|r| r["node"] == node)
-        .unwrap_or_else(|| panic!("no row for {node}: {fleet:#}"))
-}
-
 fn flagged(row: &Value) -> Vec<String> {
     row["drift"]
         .as_array()
@@ -73,7 +64,7 @@ fn history_survives_a_restart_and_drift_names_the_slowed_node() {
     let fleet = c.json(&["fleet"]);
     for i in 0..4 {
         let name = Cluster::agent_name(i);
-        let r = row(&fleet, &name);
+        let r = fleet_row(&fleet, &name);
         assert_eq!(r["runs"], 3, "{name}: {r:#}");
         assert_eq!(r["last_job"], third.as_str(), "{name}: {r:#}");
         assert!(r["stress_tflops_median"].as_f64().unwrap() > 0.0, "{r:#}");

@@ -134,15 +134,6 @@ fn wrapper(dir: &std::path::Path, flag: &std::path::Path) -> String {
     path.to_str().unwrap().to_string()
 }
 
-fn row<'a>(fleet: &'a Value, node: &str) -> &'a Value {
-    fleet["nodes"]
-        .as_array()
-        .expect("nodes[]")
-        .iter()
-        .find(|r| r["node"] == node)
-        .unwrap_or_else(|| panic!("no row for {node}: {fleet:#}"))
-}
-
 #[test]
 fn a_request_found_only_when_running_fails_the_job_and_no_node() {
     let _g = serial();
@@ -197,7 +188,7 @@ fn a_request_found_only_when_running_fails_the_job_and_no_node() {
     let fleet = c.json(&["fleet"]);
     for i in 0..2 {
         let name = Cluster::agent_name(i);
-        let row = row(&fleet, &name);
+        let row = fleet_row(&fleet, &name);
         assert_eq!(row["last_job"], healthy_id.as_str(), "{name}: {row:#}");
         assert_eq!(row["last_verdict"], "pass", "{name}: {row:#}");
         assert_eq!(row["runs"], 1, "{name}: {row:#}");
@@ -247,7 +238,7 @@ fn a_request_found_only_when_running_fails_the_job_and_no_node() {
         Cluster::agent_name(1),
         "node-9".into(),
     ] {
-        let row = row(&fleet, &name);
+        let row = fleet_row(&fleet, &name);
         assert!(row["acceptance"].is_null(), "no acceptance state: {row:#}");
         assert_eq!(row["last_job"], stress_job.as_str(), "{name}: {row:#}");
         assert_eq!(row["last_verdict"], "pass", "{name}: {row:#}");

@@ -430,6 +430,16 @@ pub fn run_job(c: &Cluster, args: &[&str], limit: Duration) -> Value {
     })
 }
 
+/// The row of `node` in `gpuctl fleet -o json`.
+pub fn fleet_row<'a>(fleet: &'a Value, node: &str) -> &'a Value {
+    fleet["nodes"]
+        .as_array()
+        .expect("nodes[]")
+        .iter()
+        .find(|r| r["node"] == node)
+        .unwrap_or_else(|| panic!("no row for {node}: {fleet:#}"))
+}
+
 /// The failed findings of a `findings[]` array.
 pub fn fails(findings: &Value) -> Vec<&Value> {
     findings

@@ -5,6 +5,11 @@
 use super::*;
 use gpuctl_core::pb::{CollectiveResult, LinkResult};
 
+/// The nodes the judged job's findings name, in their order.
+fn named_nodes(j: &Judged) -> Vec<&str> {
+    j.findings.iter().map(|f| f.node.as_str()).collect()
+}
+
 /// Rank `r` (one per node) reports every link it took part in.
 fn results(n: u32, bw: impl Fn(u32, u32) -> f64) -> BTreeMap<u32, RankResult> {
     let mut out = BTreeMap::new();
@@ -48,7 +53,7 @@ fn a_slow_node_is_named_and_its_peers_are_not() {
     let r = results(4, |a, b| if a == 2 || b == 2 { 1.0 } else { 10.0 });
     let j = judge(&r, &nodes(4), 0.8);
     assert_eq!(j.links.len(), 6);
-    let nodes_failed: Vec<&str> = j.findings.iter().map(|f| f.node.as_str()).collect();
+    let nodes_failed = named_nodes(&j);
     assert_eq!(nodes_failed, vec!["node-2"], "{:#?}", j.findings);
     assert!(j.findings[0]
         .detail
@@ -126,7 +131,7 @@ fn a_third_of_the_nodes_slow_are_all_named() {
         }
     });
     let j = judge(&r, &nodes(9), 0.8);
-    let mut named: Vec<&str> = j.findings.iter().map(|f| f.node.as_str()).collect();
+    let mut named = named_nodes(&j);
     named.sort();
     assert_eq!(named, ["node-1", "node-4", "node-7"], "{:#?}", j.findings);
     assert!(
@@ -137,7 +142,7 @@ fn a_third_of_the_nodes_slow_are_all_named() {
     // Half the nodes slow: three quarters of the links; still named.
     let r = results(8, |a, b| if a % 2 == 1 || b % 2 == 1 { 1.0 } else { 10.0 });
     let j = judge(&r, &nodes(8), 0.8);
-    let named: Vec<&str> = j.findings.iter().map(|f| f.node.as_str()).collect();
+    let named = named_nodes(&j);
     assert_eq!(
         named,
         ["node-1", "node-3", "node-5", "node-7"],
@@ -169,7 +174,7 @@ fn two_slow_nodes_at_different_rates_are_named_and_no_healthy_one() {
         _ => healthy(a, b),
     });
     let j = judge(&r, &nodes(7), 0.8);
-    let named: Vec<&str> = j.findings.iter().map(|f| f.node.as_str()).collect();
+    let named = named_nodes(&j);
     assert_eq!(named, ["node-2", "node-5"], "{:#?}", j.findings);
     let l = &j.links[0];
     assert!(
@@ -201,7 +206,7 @@ fn half_the_nodes_slow_at_different_rates_are_all_named() {
         10.0 * rate(a).min(rate(b)) * spread
     });
     let j = judge(&r, &nodes(8), 0.8);
-    let named: Vec<&str> = j.findings.iter().map(|f| f.node.as_str()).collect();
+    let named = named_nodes(&j);
     assert_eq!(
         named,
         ["node-1", "node-3", "node-5", "node-7"],
@@ -302,7 +307,7 @@ fn healthy_links_of_a_busy_round_are_not_slow_against_a_quiet_one() {
         }
     }
     let j = judge(&r, &nodes(7), 0.8);
-    let named: Vec<&str> = j.findings.iter().map(|f| f.node.as_str()).collect();
+    let named = named_nodes(&j);
     assert_eq!(named, ["node-2", "node-5"], "{:#?}", j.findings);
     for l in &j.links {
         let culprit = ["node-2", "node-5"].iter().any(|n| l.a == *n || l.b == *n);
