@@ -176,8 +176,39 @@ pub fn normalize(spec: &JobSpec) -> Result<JobSpec, SpecError> {
                 format!("`{key}` is not an environment variable name; use K=V with K made of letters, digits and _"),
             ));
         }
+        if let Some(why) = reserved_env(key) {
+            return Err(err("--env", format!("`{key}` {why}; remove it")));
+        }
     }
     Ok(spec)
+}
+
+/// The names the agent sets for every worker: torchrun's, the GPU it owns,
+/// and how it reaches the coordinator with its own credentials. A user's
+/// value would give a rank another rank's identity, another GPU or another
+/// coordinator, so `--env` may not set them.
+pub const RESERVED_ENV: &[&str] = &[
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "CUDA_VISIBLE_DEVICES",
+    "GPUCTL_COORDINATOR",
+    "GPUCTL_COORDINATOR_URLS",
+    crate::auth::RANK_SECRET_ENV,
+    crate::client::TLS_CA_ENV,
+    crate::client::TLS_CERT_ENV,
+    crate::client::TLS_KEY_ENV,
+];
+
+/// Why `--env` may not set `key`, if it may not.
+pub fn reserved_env(key: &str) -> Option<&'static str> {
+    RESERVED_ENV
+        .contains(&key)
+        .then_some("is set by the agent for each rank (its rank, its GPU, its coordinator and credentials)")
 }
 
 /// How a selector compares.
@@ -261,6 +292,21 @@ mod tests {
             node_count: 1,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn env_may_not_set_what_the_agent_sets_for_a_rank() {
+        for key in ["RANK", "CUDA_VISIBLE_DEVICES", "GPUCTL_RANK_SECRET"] {
+            let mut s = spec("stress");
+            s.env.insert(key.into(), "3".into());
+            let e = normalize(&s).unwrap_err();
+            assert_eq!(e.field, "--env", "{key}");
+            assert!(e.to_string().contains(key) && e.to_string().contains("remove it"), "{e}");
+        }
+        let mut s = spec("stress");
+        s.env.insert("NCCL_DEBUG".into(), "INFO".into());
+        s.env.insert("GPUCTL_NO_ALLOC_STATS".into(), "1".into());
+        assert!(normalize(&s).is_ok());
     }
 
     #[test]

@@ -99,7 +99,12 @@ pub fn worker_command(
     let mut planned: Vec<_> = a.env.iter().collect();
     planned.sort();
     env.extend(planned.into_iter().map(|(k, v)| (k.clone(), v.clone())));
-    let mut user: Vec<_> = spec.env.iter().collect();
+    // The coordinator refuses these at submit; an older one may not have.
+    let mut user: Vec<_> = spec
+        .env
+        .iter()
+        .filter(|(k, _)| gpuctl_core::spec::reserved_env(k).is_none())
+        .collect();
     user.sort();
     env.extend(user.into_iter().map(|(k, v)| (k.clone(), v.clone())));
     if let Some(u) = uuid {

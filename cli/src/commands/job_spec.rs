@@ -39,7 +39,8 @@ pub struct JobArgs {
     #[arg(long, allow_hyphen_values = true)]
     pub hang_timeout: Option<String>,
 
-    /// Environment override for every worker, K=V; repeatable; wins over the plan.
+    /// Environment override for every worker, K=V; repeatable; wins over the plan (not the
+    /// names the agent sets for each rank: RANK, WORLD_SIZE, MASTER_ADDR, CUDA_VISIBLE_DEVICES, …).
     #[arg(long = "env", short = 'e', value_name = "K=V")]
     pub env: Vec<String>,
 

@@ -26,6 +26,8 @@ use super::votes::{name_nodes, Basis, Votes};
 pub struct Judgement {
     pub findings: Vec<Finding>,
     pub notes: Vec<String>,
+    /// The figures some reference judged, by (metric, key).
+    judged: BTreeSet<(Metric, String)>,
 }
 
 /// How good `value` is against `reference`, 1.0 = equal, lower = worse.
@@ -182,7 +184,52 @@ pub fn judge(
         against_baseline(ranks, job, expected, rules, b, &mut out);
     }
     floors(ranks, job, expected, rules, &mut out);
+    if let Some(note) = unjudged(ranks, job, &out.judged, rules) {
+        // First: what a reader must not take for a pass.
+        out.notes.insert(0, note);
+    }
     out
+}
+
+/// The figures no reference judged (no fleet of enough ranks, no baseline,
+/// no floor for the GPU model): said in the report's first lines, since a
+/// figure judged against nothing passes by default. A p2p median is left
+/// out: its pairs are judged against each other (`judge::p2p`).
+fn unjudged(
+    ranks: &[RankFigures],
+    job: &JobFigures,
+    judged: &BTreeSet<(Metric, String)>,
+    rules: &PerfRules,
+) -> Option<String> {
+    let mut left: BTreeSet<(Metric, &str)> = BTreeSet::new();
+    let figures = ranks
+        .iter()
+        .filter(|r| r.reported)
+        .flat_map(|r| &r.figures)
+        .chain(&job.figures);
+    for f in figures.filter(|f| f.metric != Metric::P2pGbps) {
+        if !judged.contains(&(f.metric, f.key.clone())) {
+            left.insert((f.metric, &f.key));
+        }
+    }
+    if left.is_empty() {
+        return None;
+    }
+    let names: Vec<String> = left
+        .iter()
+        .map(|(m, k)| {
+            if k.is_empty() {
+                m.name().to_string()
+            } else {
+                format!("{} `{k}`", m.name())
+            }
+        })
+        .collect();
+    Some(format!(
+        "judged against nothing (fewer than {} ranks of a device class for a fleet reference, no baseline, no floor for this GPU model): {}; save a baseline of a healthy run (`gpuctl baseline save`) or give floors (--rules) to judge them",
+        rules.fleet_min_ranks.max(2),
+        names.join(", ")
+    ))
 }
 
 /// Per-rank figures by (device class, metric, key), each with its rank.
@@ -232,6 +279,7 @@ fn fleet(ranks: &[RankFigures], rules: &PerfRules, out: &mut Judgement) {
             if reference.value <= 0.0 {
                 continue;
             }
+            out.judged.insert((metric, key.to_string()));
             let s = score(metric, value, reference.value);
             let (fail, warn) = rule.fleet_ratios(r.gpu_index.is_none());
             if let Some(level) = level_of(s, fail, warn) {
@@ -437,6 +485,7 @@ fn compare(
     };
     let mut check = |subject: Subject, figures: &[Figure]| match find(figures) {
         Some(v) => {
+            out.judged.insert((metric, key.to_string()));
             if let Some(level) = reference.level(v) {
                 out.findings.push(reference.miss(&subject, Some(v), level));
             }
@@ -801,6 +850,31 @@ mod tests {
             .notes
             .iter()
             .any(|n| n.contains("fleet reference not used")));
+        // Nothing else judged them: the first note says so, by name.
+        assert!(
+            j.notes[0].starts_with("judged against nothing")
+                && j.notes[0].contains("stress_tflops `bf16 8192`"),
+            "{:?}",
+            j.notes
+        );
+        // Four nodes make a fleet reference: nothing is left unjudged.
+        let ranks: Vec<_> = ["a", "b", "c", "d"]
+            .iter()
+            .enumerate()
+            .map(|(i, n)| rank(i as u32, n, 600.0))
+            .collect();
+        let j = judge(
+            &ranks,
+            &JobFigures::default(),
+            &Expected::new(),
+            &PerfRules::default(),
+            None,
+        );
+        assert!(
+            !j.notes.iter().any(|n| n.starts_with("judged against nothing")),
+            "{:?}",
+            j.notes
+        );
     }
 
     /// A healthy one-GPU H200 failed `nccl` on its busbw floor (0 GB/s by

@@ -32,6 +32,8 @@ use super::train::{Mode, ProgressFn, TrainConfig, Trainer};
 use super::Outcome;
 use crate::context::Ctx;
 
+const GIB: f64 = (1u64 << 30) as f64;
+
 /// What one trial found.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TrialResult {
@@ -286,14 +288,32 @@ pub fn run(ctx: &Ctx, p: &MaxBatchParams) -> Result<Outcome> {
         Some(b) if budget::is_budget(&format!("{e:#}")) => e.context(b.why.clone()),
         _ => e,
     };
+    // What the GPU held before the search: with it almost empty, a model
+    // that does not fit at batch 1 is too large for this GPU model, which
+    // is the request's (a smaller size fits); with much held by others, the
+    // node's.
+    let held_at_start = ctx.dev.gpu_memory();
     let s = run_search(&cfg, ctx.dev.device, start, limit, &mem, &progress).map_err(within)?;
     if s.max_batch == 0 {
-        let why = budget.as_ref().map(|b| format!(" ({})", b.why));
-        bail!(
-            "model {name} in {} does not fit even at batch 1{}",
-            precision.name(),
-            why.unwrap_or_default()
-        );
+        let what = format!("model {name} in {} does not fit even at batch 1", precision.name());
+        if let Some((used, total)) = held_at_start.filter(|(u, t)| *u < t / 10) {
+            return Err(gpuctl_core::request::RequestError(format!(
+                "{what} on this GPU's {:.0} GiB ({:.1} GiB in use before the search); choose a smaller model, --gpt-size or --seq-len",
+                total as f64 / GIB,
+                used as f64 / GIB
+            ))
+            .into());
+        }
+        let why = match (&budget, held_at_start) {
+            (Some(b), _) => format!(" ({})", b.why),
+            (None, Some((used, total))) => format!(
+                " ({:.1} of {:.0} GiB were in use before the search)",
+                used as f64 / GIB,
+                total as f64 / GIB
+            ),
+            (None, None) => String::new(),
+        };
+        bail!("{what}{why}");
     }
     let rec = recommended(s.max_batch, margin);
     let note = stop_note(&s, budget.as_ref());
