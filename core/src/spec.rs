@@ -206,9 +206,9 @@ pub const RESERVED_ENV: &[&str] = &[
 
 /// Why `--env` may not set `key`, if it may not.
 pub fn reserved_env(key: &str) -> Option<&'static str> {
-    RESERVED_ENV
-        .contains(&key)
-        .then_some("is set by the agent for each rank (its rank, its GPU, its coordinator and credentials)")
+    RESERVED_ENV.contains(&key).then_some(
+        "is set by the agent for each rank (its rank, its GPU, its coordinator and credentials)",
+    )
 }
 
 /// How a selector compares.
@@ -301,7 +301,10 @@ mod tests {
             s.env.insert(key.into(), "3".into());
             let e = normalize(&s).unwrap_err();
             assert_eq!(e.field, "--env", "{key}");
-            assert!(e.to_string().contains(key) && e.to_string().contains("remove it"), "{e}");
+            assert!(
+                e.to_string().contains(key) && e.to_string().contains("remove it"),
+                "{e}"
+            );
         }
         let mut s = spec("stress");
         s.env.insert("NCCL_DEBUG".into(), "INFO".into());

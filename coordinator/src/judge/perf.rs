@@ -871,7 +871,9 @@ mod tests {
             None,
         );
         assert!(
-            !j.notes.iter().any(|n| n.starts_with("judged against nothing")),
+            !j.notes
+                .iter()
+                .any(|n| n.starts_with("judged against nothing")),
             "{:?}",
             j.notes
         );

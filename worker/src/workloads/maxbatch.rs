@@ -295,7 +295,10 @@ pub fn run(ctx: &Ctx, p: &MaxBatchParams) -> Result<Outcome> {
     let held_at_start = ctx.dev.gpu_memory();
     let s = run_search(&cfg, ctx.dev.device, start, limit, &mem, &progress).map_err(within)?;
     if s.max_batch == 0 {
-        let what = format!("model {name} in {} does not fit even at batch 1", precision.name());
+        let what = format!(
+            "model {name} in {} does not fit even at batch 1",
+            precision.name()
+        );
         if let Some((used, total)) = held_at_start.filter(|(u, t)| *u < t / 10) {
             return Err(gpuctl_core::request::RequestError(format!(
                 "{what} on this GPU's {:.0} GiB ({:.1} GiB in use before the search); choose a smaller model, --gpt-size or --seq-len",
