@@ -13,10 +13,10 @@ use gpuctl_core::pb::{FleetRow, GetFleetRequest, GetFleetResponse, NodeRun};
 use gpuctl_core::shutdown::Shutdown;
 use tracing::{info, warn};
 
-use crate::clock::Clock;
 use crate::error::CoordinatorError;
 use crate::judge::fleet;
 use crate::store::{Batch, StateStore, StoreError};
+use gpuctl_core::clock::Clock;
 
 /// How long runs are kept, and how many per node.
 #[derive(Debug, Clone, Copy)]

@@ -2,7 +2,6 @@
 //! rendezvous for workers, results and reports, with state behind the
 //! [`store::Store`] trait. `main.rs` only parses flags and calls [`server::run`].
 
-pub mod clock;
 pub mod config;
 pub mod error;
 pub mod history;

@@ -9,6 +9,7 @@
 pub mod auth;
 pub mod catalogue;
 pub mod client;
+pub mod clock;
 pub mod codec;
 pub mod conn;
 pub mod host_memory;

@@ -9,8 +9,8 @@ use tracing::debug;
 
 use super::background;
 use super::events::{Event, Lane, Listing, Query, Reply};
-use crate::clock::Clock;
 use crate::error::CoordinatorError;
+use gpuctl_core::clock::Clock;
 
 /// People's requests (the CLI's) have a lane of their own that the task
 /// serves first: at thousands of nodes the fleet's own stream (heartbeats,

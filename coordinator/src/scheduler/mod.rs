@@ -86,13 +86,13 @@ use snapshot::Counts;
 pub use snapshot::Snapshot;
 use state::{JobEntry, NodeEntry};
 
-pub use crate::clock::Clock;
 use crate::judge::health::HealthRules;
 use crate::judge::rules::PerfRules;
 use crate::judge::telemetry::Telemetry;
 use crate::logs::LogSink;
 use crate::rendezvous::Rendezvous;
 use crate::store::{Batch, StateStore, StoreError};
+pub use gpuctl_core::clock::Clock;
 
 /// An event that holds the scheduler this long is logged.
 const SLOW_EVENT: Duration = Duration::from_millis(200);

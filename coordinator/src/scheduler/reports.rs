@@ -29,7 +29,6 @@ use super::events::{Built, Reply, ReportEvent};
 use super::recent;
 use super::state::{JobEntry, Pending, RETIRE_OVER_RANKS};
 use super::{Scheduler, SchedulerConfig};
-use crate::clock::Clock;
 use crate::error::CoordinatorError;
 use crate::history;
 use crate::judge::figures::Figures;
@@ -39,6 +38,7 @@ use crate::judge::report::{self, hang::Watch};
 use crate::judge::rules::PerfRules;
 use crate::judge::telemetry::Telemetry;
 use crate::store::{Batch, Durable, StateStore, StoreError, StoreResult};
+use gpuctl_core::clock::Clock;
 
 /// Late results are folded in once none came for this long…
 pub const STALE_QUIET_MS: u64 = 2_000;

@@ -1,8 +1,9 @@
-//! The coordinator's one source of wall-clock time (Unix ms). Everything
-//! that decides by time (lost nodes, hang clocks, deadlines, late results,
-//! retention, the history's age, timestamps written to the store) reads it
-//! here, so that a test can hold time still and move it on by hand instead
-//! of sleeping past a timeout.
+//! The one source of wall-clock time (Unix ms) of every gpuctl process.
+//! Everything that decides by time (the coordinator's lost nodes, hang
+//! clocks, deadlines, late results, retention; an agent's or worker's
+//! deadlines; the ages a CLI table shows) reads it here, so that a test can
+//! hold time still and move it on by hand instead of sleeping past a
+//! timeout.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -33,7 +34,7 @@ impl Clock {
     pub fn now_ms(&self) -> u64 {
         match &self.manual {
             Some(t) => t.load(Ordering::SeqCst),
-            None => gpuctl_core::now_ms(),
+            None => crate::now_ms(),
         }
     }
 
