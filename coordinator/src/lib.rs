@@ -4,6 +4,7 @@
 
 pub mod config;
 pub mod error;
+pub mod fleet;
 pub mod history;
 pub mod judge;
 pub mod logs;

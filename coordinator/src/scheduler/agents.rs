@@ -14,6 +14,7 @@ use super::events::{AgentEvent, SessionTx};
 use super::state::{NodeEntry, Session};
 use super::{human, Scheduler};
 use crate::error::CoordinatorError;
+use crate::fleet::NodeEvent;
 use crate::plan::planner;
 use crate::store::Batch;
 
@@ -142,10 +143,8 @@ impl Scheduler {
                 .get(&prior)
                 .is_some_and(|j| j.state() == JobState::Running);
         let entry = self.nodes.get_mut(&name).expect("inserted above");
-        if keep {
-            entry.node_mut().current_job = prior.clone();
-        }
-        entry.refresh_state();
+        let job = if keep { prior.as_str() } else { "" };
+        entry.on(NodeEvent::Registered { job }, now);
         let mut batch = Batch::default().node(&entry.node);
         if let Some(why) = changed {
             warn!(node = %name, "{why}");
@@ -195,12 +194,15 @@ impl Scheduler {
             )));
         }
         e.session = Some(Session { id, tx });
-        e.heard(first.unix_ms.max(self.cfg.clock.now_ms()));
-        if e.lost() {
-            let n = e.node_mut();
-            n.set_state(NodeState::Ready);
-            n.state_reason.clear();
-            e.refresh_state();
+        let heard = first.unix_ms;
+        if e.on(
+            NodeEvent::SessionOpened {
+                heard_unix_ms: heard,
+            },
+            self.cfg.clock.now_ms(),
+        )
+        .save
+        {
             let batch = Batch::default().node(&e.node);
             self.save(batch);
         }
@@ -221,17 +223,15 @@ impl Scheduler {
             warn!(node = %node, "heartbeat refused: {why}");
             return;
         }
-        e.heard(now);
+        let fx = e.on(NodeEvent::Heard, now);
         if !hb.preflight.is_empty() && self.budget.checks(&self.cfg, e, &hb.preflight) {
             // Kept in memory: the next registration or state change stores it.
             e.node_mut().preflight = hb.preflight;
         }
-        if e.lost() {
-            info!(node = %node, "heartbeats resumed");
-            let n = e.node_mut();
-            n.set_state(NodeState::Ready);
-            n.state_reason.clear();
-            e.refresh_state();
+        if let Some(what) = &fx.log {
+            info!(node = %node, "{what}");
+        }
+        if fx.save {
             let batch = Batch::default().node(&e.node);
             self.save(batch);
         }
@@ -352,21 +352,18 @@ impl Scheduler {
         let timeout = self.cfg.node_timeout;
         let mut lost = Vec::new();
         for (name, e) in self.nodes.iter_mut() {
-            if !e.lost()
-                && now.saturating_sub(e.node.last_heartbeat_unix_ms) > timeout.as_millis() as u64
-            {
-                e.session = None;
-                let n = e.node_mut();
-                n.set_state(NodeState::Lost);
-                n.state_reason = format!("no heartbeat for {}", human(timeout));
-                lost.push((name.clone(), std::mem::take(&mut n.current_job), n.clone()));
+            let fx = e.on(NodeEvent::Tick { timeout }, now);
+            if fx.save {
+                lost.push((name.clone(), fx, e.node.clone()));
             }
         }
-        for (name, job, node) in lost {
-            warn!(node = %name, "node lost: no heartbeat for {}", human(timeout));
+        for (name, fx, node) in lost {
+            if let Some(what) = &fx.log {
+                warn!(node = %name, "{what}");
+            }
             self.save(Batch::default().node(&node));
-            if !job.is_empty() {
-                let msg = format!("node {name} lost: no heartbeat for {}", human(timeout));
+            if let Some((job, why)) = fx.fail_job {
+                let msg = format!("node {name} lost: {why}");
                 self.finish(&job, JobState::Failed, msg, Some(&name)).await;
             }
         }

@@ -13,6 +13,7 @@ use super::reports;
 use super::state::{self, job_id, JobEntry};
 use super::{human, Scheduler};
 use crate::error::CoordinatorError;
+use crate::fleet::NodeEvent;
 use crate::judge::report;
 use crate::plan::{planner, preflight};
 use crate::store::Batch;
@@ -235,7 +236,7 @@ impl Scheduler {
         // start and again at its end.
         for name in &plan.nodes {
             if let Some(n) = self.nodes.get_mut(name) {
-                n.set_job(id);
+                n.on(NodeEvent::JobSet { job: id }, now);
             }
         }
         self.save(batch);
@@ -389,7 +390,7 @@ impl Scheduler {
             };
             // Not stored: see `start`.
             if n.node.current_job == id {
-                n.set_job("");
+                n.on(NodeEvent::JobSet { job: "" }, now);
             }
             if state != JobState::Succeeded && skip != Some(name.as_str()) {
                 n.send_cancel_as(id, attempt, &message, kind);

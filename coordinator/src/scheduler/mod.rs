@@ -70,7 +70,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpuctl_core::pb::{JobState, NodeState, Suite};
+use gpuctl_core::pb::{JobState, Suite};
 use gpuctl_core::shutdown::Shutdown;
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
@@ -86,6 +86,7 @@ use snapshot::Counts;
 pub use snapshot::Snapshot;
 use state::{JobEntry, NodeEntry};
 
+use crate::fleet::NodeEvent;
 use crate::judge::health::HealthRules;
 use crate::judge::rules::PerfRules;
 use crate::judge::telemetry::Telemetry;
@@ -227,13 +228,13 @@ impl Scheduler {
         }
         let mut batch = Batch::default();
         let mut nodes = BTreeMap::new();
-        for mut node in store.nodes().await? {
-            node.set_state(NodeState::Lost);
-            node.state_reason =
-                "coordinator restarted; waiting for the agent to register again".into();
-            node.current_job = running_on.get(&node.name).cloned().unwrap_or_default();
-            batch = batch.node(&node);
-            nodes.insert(node.name.clone(), NodeEntry::detached(node));
+        let now = cfg.clock.now_ms();
+        for node in store.nodes().await? {
+            let job = running_on.get(&node.name).cloned().unwrap_or_default();
+            let mut e = NodeEntry::detached(node);
+            e.on(NodeEvent::Restarted { job: &job }, now);
+            batch = batch.node(&e.node);
+            nodes.insert(e.node.name.clone(), e);
         }
         store.write(batch).await?;
         info!(

@@ -15,6 +15,7 @@ use super::background::drop_later;
 use super::events::{Reply, SessionTx};
 use super::SchedulerConfig;
 use crate::error::CoordinatorError;
+use crate::fleet::{self, Effects, Life, NodeEvent};
 use crate::judge::report;
 use crate::judge::report::hang::Watch;
 use crate::judge::telemetry::Telemetry;
@@ -106,17 +107,29 @@ impl NodeEntry {
         self.node = Arc::new(node);
     }
 
-    /// Notes a heartbeat.
-    pub fn heard(&mut self, unix_ms: u64) {
-        self.node_mut().last_heartbeat_unix_ms = unix_ms;
-    }
-
-    /// Sets the job this node runs (empty: none) and its state with it.
-    pub fn set_job(&mut self, job: &str) {
-        if self.node.current_job != job {
-            self.node_mut().current_job = job.to_string();
+    /// What happened to the node, through its state machine
+    /// ([`crate::fleet::node`]); the node is copied only when its life
+    /// changed. The caller carries out the effects that reach beyond the
+    /// node (storing it, failing its job); the session is dropped here.
+    pub fn on(&mut self, event: NodeEvent<'_>, now: u64) -> Effects {
+        let life = Life {
+            state: self.node.state(),
+            reason: self.node.state_reason.clone(),
+            job: self.node.current_job.clone(),
+            heard_unix_ms: self.node.last_heartbeat_unix_ms,
+        };
+        let (next, fx) = fleet::transition(&life, event, now);
+        if next != life {
+            let n = self.node_mut();
+            n.set_state(next.state);
+            n.state_reason = next.reason;
+            n.current_job = next.job;
+            n.last_heartbeat_unix_ms = next.heard_unix_ms;
         }
-        self.refresh_state();
+        if fx.close_session {
+            self.session = None;
+        }
+        fx
     }
 
     pub fn lost(&self) -> bool {
@@ -155,20 +168,6 @@ impl NodeEntry {
                 stopped_by: why as i32,
             })),
         })
-    }
-
-    /// Ready or Busy by whether it runs a job; Lost stays Lost.
-    pub fn refresh_state(&mut self) {
-        if !self.lost() {
-            let s = if self.node.current_job.is_empty() {
-                NodeState::Ready
-            } else {
-                NodeState::Busy
-            };
-            if self.node.state() != s {
-                self.node_mut().set_state(s);
-            }
-        }
     }
 }
 

@@ -1,0 +1,9 @@
+//! The nodes' life. [`node`] is the pure state machine that decides a
+//! node's state (Ready, Busy, Lost) from what happens to it; the scheduler
+//! owns the nodes (`scheduler/state.rs`) and applies what the machine says.
+//! A newcomer looking for where a node goes lost or comes back reads
+//! `fleet/node.rs` alone.
+
+pub mod node;
+
+pub use node::{transition, Effects, Life, NodeEvent};
