@@ -6,6 +6,7 @@ pub mod config;
 pub mod error;
 pub mod fleet;
 pub mod history;
+pub mod jobs;
 pub mod judge;
 pub mod logs;
 pub mod metrics;

@@ -14,12 +14,10 @@ use super::state::{self, job_id, JobEntry};
 use super::{human, Scheduler};
 use crate::error::CoordinatorError;
 use crate::fleet::NodeEvent;
-use crate::judge::report;
+use crate::jobs::{hang, timing};
+
 use crate::plan::{planner, preflight};
 use crate::store::Batch;
-
-pub use gpuctl_core::spec::job_budget_ms;
-use gpuctl_core::spec::DEADLINE_GRACE_MS;
 
 impl Scheduler {
     /// People submit and cancel jobs; the scheduler's threads bring back
@@ -213,7 +211,7 @@ impl Scheduler {
                 .await;
             return;
         }
-        let deadline = now.saturating_add(job_budget_ms(&spec));
+        let deadline = timing::deadline(now, &spec);
         // This job's results will want the memory.
         self.recent.forget();
         let Some(entry) = self.jobs.get_mut(id) else {
@@ -439,8 +437,7 @@ impl Scheduler {
             .filter(|j| {
                 j.state() == JobState::Running
                     && !j.judging()
-                    && j.deadline_unix_ms > 0
-                    && now > j.deadline_unix_ms.saturating_add(DEADLINE_GRACE_MS)
+                    && timing::overdue(j.deadline_unix_ms, now)
             })
             .map(|j| {
                 let missing: Vec<String> = j
@@ -470,7 +467,7 @@ impl Scheduler {
     }
 
     /// Running jobs with a rank that made no progress for the job's hang
-    /// timeout fail, naming the rank to blame (`report::hang::find`); every
+    /// timeout fail, naming the rank to blame (`jobs::hang::find`); every
     /// worker of the job is then stopped with `CancelJob.kind` hang.
     pub(super) async fn fail_hung_jobs(&mut self) {
         let now = self.cfg.clock.now_ms();
@@ -484,14 +481,11 @@ impl Scheduler {
                 // this coordinator saw it.
                 e.watch.since_ms = now;
             }
-            let timeout = e.job.spec.as_ref().map_or(
-                gpuctl_core::spec::DEFAULT_HANG_TIMEOUT_MS,
-                gpuctl_core::spec::hang_timeout_ms,
-            );
+            let timeout = timing::hang_timeout(e.job.spec.as_ref());
             if !e.watch.may_have_hung(e.world_size(), now, timeout) {
                 continue;
             }
-            if let Some(h) = report::hang::find(&e.progress_clocks(), now, timeout) {
+            if let Some(h) = hang::find(&e.progress_clocks(), now, timeout) {
                 hung.push((e.job.id.clone(), h));
             }
         }

@@ -81,7 +81,6 @@ pub use events::{
     AgentEvent, Event, JobEvent, Query, RankEvent, Reply, ReportEvent, SessionTx, SuiteEvent,
 };
 pub use handle::SchedulerHandle;
-pub use jobs::job_budget_ms;
 use snapshot::Counts;
 pub use snapshot::Snapshot;
 use state::{JobEntry, NodeEntry};
@@ -169,7 +168,7 @@ impl Scheduler {
         logs: LogSink,
     ) -> Result<Scheduler, StoreError> {
         let now = cfg.clock.now_ms();
-        let adopt_by = now.saturating_add(cfg.adopt_grace.as_millis() as u64);
+        let adopt_by = crate::jobs::timing::adopt_by(now, cfg.adopt_grace);
         let mut job_seq = store.job_seq().await?;
         let mut jobs = BTreeMap::new();
         let mut adopting = BTreeMap::new();
@@ -207,7 +206,7 @@ impl Scheduler {
                 entry.telemetry = Telemetry::from_stored(series);
                 // The deadline the agents were given with the assignment.
                 let spec = job.spec.clone().unwrap_or_default();
-                entry.deadline_unix_ms = job.started_unix_ms.saturating_add(job_budget_ms(&spec));
+                entry.deadline_unix_ms = crate::jobs::timing::deadline(job.started_unix_ms, &spec);
                 for n in job.plan.iter().flat_map(|p| &p.nodes) {
                     running_on.insert(n.clone(), job.id.clone());
                 }

@@ -16,8 +16,8 @@ use super::events::{Reply, SessionTx};
 use super::SchedulerConfig;
 use crate::error::CoordinatorError;
 use crate::fleet::{self, Effects, Life, NodeEvent};
+use crate::jobs::hang::{RankClock, Watch};
 use crate::judge::report;
-use crate::judge::report::hang::Watch;
 use crate::judge::telemetry::Telemetry;
 use crate::plan::planner::Candidate;
 
@@ -436,13 +436,13 @@ impl JobEntry {
 
     /// The ranks still expected to make progress: planned, without a
     /// result, worker not exited; each with when it last progressed.
-    pub fn progress_clocks(&self) -> Vec<report::hang::Clock<'_>> {
+    pub fn progress_clocks(&self) -> Vec<RankClock<'_>> {
         self.job
             .plan
             .iter()
             .flat_map(|p| &p.ranks)
             .filter(|p| !self.results.contains_key(&p.rank) && !self.exits.contains_key(&p.rank))
-            .map(|p| report::hang::Clock {
+            .map(|p| RankClock {
                 rank: p.rank,
                 node: &p.node,
                 last_growth_ms: self.watch.last_growth(p.rank),

@@ -16,8 +16,8 @@
 //! - [`nodes`]: node verdicts from their ranks, GPUs and findings;
 //! - [`notes`]: library versions the ranks ran with;
 //! - [`verdict`]: the job's verdict and reason;
-//! - [`hang`]: the rank blamed when the job hung (decided by the scheduler,
-//!   applied by [`ranks`]), and where every rank was.
+//! - the rank blamed when the job hung is decided by the job's timing rules
+//!   ([`crate::jobs::hang`]), applied by [`ranks`], with where every rank was.
 //!
 //! A job that failed for its request (`gpuctl_core::request`) judges no
 //! node: its ranks and nodes are not judged (unspecified) unless their own
@@ -25,11 +25,12 @@
 //!
 //! Judges only ever fail a rank further, so a reason added early stays first.
 
+use crate::jobs::hang;
+
 mod collectives;
 mod digests;
 mod findings;
 mod gpu_health;
-pub mod hang;
 mod loader;
 mod nodes;
 mod notes;
@@ -207,7 +208,7 @@ fn assemble(inp: &Inputs, with_results: bool) -> (Report, Figures) {
     if request.is_some() {
         nodes::not_judged(&mut nodes);
     }
-    hang::fill_ranks(&mut nodes, inp.progress, inp.watch);
+    ranks::fill_where(&mut nodes, inp.progress, inp.watch);
     notes.extend(notes::mixed_torch(inp.results));
     notes.extend(perf.notes);
     notes.extend(links.notes);

@@ -1,14 +1,16 @@
 //! Each planned rank's starting verdict, from its own result: pass, fail
 //! with the worker's error, or incomplete with why there is no result. The
-//! later judges only ever fail a rank further.
+//! later judges only ever fail a rank further. Where each rank was when
+//! the report was made ([`fill_where`]) is shown beside it.
 
 use std::collections::BTreeMap;
 
 use gpuctl_core::pb::{
-    Job, JobState, Plan, RankPlacement, RankResult, StopReason, Verdict, WorkerExited,
+    Job, JobState, NodeReport, Plan, RankPlacement, RankProgress, RankResult, StopReason, Verdict,
+    WorkerExited,
 };
 
-use super::hang::Hung;
+use crate::jobs::hang::{Hung, Watch};
 
 /// Where a rank's failure was found: findings of the worker's own result
 /// are listed as such; health and performance list their own findings.
@@ -198,5 +200,28 @@ mod tests {
         );
         assert_eq!(last_error_line("a\nb\n\n"), Some("b"));
         assert_eq!(last_error_line(""), None);
+    }
+}
+
+/// Where each rank was when the report was made: last phase, iterations,
+/// last progress and process state.
+pub(super) fn fill_where(
+    nodes: &mut [NodeReport],
+    progress: &BTreeMap<u32, RankProgress>,
+    watch: &Watch,
+) {
+    for r in nodes.iter_mut().flat_map(|n| n.ranks.iter_mut()) {
+        if let Some(p) = progress.get(&r.rank) {
+            r.last_phase = if p.waiting_for.is_empty() {
+                p.phase.clone()
+            } else {
+                format!("{} (waiting for `{}`)", p.phase, p.waiting_for)
+            };
+            r.iterations = p.iterations;
+        }
+        r.last_progress_unix_ms = watch.grew_ms.get(&r.rank).copied().unwrap_or(0);
+        if let Some(p) = watch.processes.get(&r.rank) {
+            r.process_state = p.state_name.clone();
+        }
     }
 }

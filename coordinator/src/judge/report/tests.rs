@@ -504,7 +504,7 @@ fn a_hung_job_fails_only_the_blamed_rank_and_shows_where_each_rank_was() {
     let mut j = job(JobState::Failed, 2, 2);
     j.spec.as_mut().unwrap().hang_timeout_ms = 30_000;
     let h = hang::find(
-        &[hang::Clock {
+        &[hang::RankClock {
             rank: 3,
             node: "node-1",
             last_growth_ms: 2_000,

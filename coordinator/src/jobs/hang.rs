@@ -3,7 +3,7 @@
 //! [`find`] names the rank to blame: one whose process its agent reads as
 //! stopped, traced, a zombie or in uninterruptible sleep (the others only wait
 //! on it), else the rank whose progress stopped first. The report then fails
-//! that rank alone, and shows where every rank was ([`fill_ranks`]). When
+//! that rank alone, and shows where every rank was. When
 //! every rank stopped at once and no process says why, they all wait on one
 //! another (a transfer too slow to finish, a peer outside the job): the job
 //! fails as hung and no rank is blamed. A rank that says it waits at the
@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 
-use gpuctl_core::pb::{NodeReport, RankProcess, RankProgress};
+use gpuctl_core::pb::RankProcess;
 
 /// What the coordinator follows of a running job's ranks, besides their last
 /// progress report.
@@ -75,7 +75,7 @@ pub struct Hung {
 
 /// A rank still expected to make progress (no result, worker not exited).
 #[derive(Debug, Clone)]
-pub struct Clock<'a> {
+pub struct RankClock<'a> {
     pub rank: u32,
     pub node: &'a str,
     pub last_growth_ms: u64,
@@ -114,9 +114,9 @@ fn secs(ms: u64) -> String {
 
 /// The hung rank of a job, if some rank of `ranks` has made no progress for
 /// `timeout_ms` at `now_ms`.
-pub fn find(ranks: &[Clock], now_ms: u64, timeout_ms: u64) -> Option<Hung> {
-    let age = |c: &Clock| now_ms.saturating_sub(c.last_growth_ms);
-    let stalled: Vec<&Clock> = ranks.iter().filter(|c| age(c) >= timeout_ms).collect();
+pub fn find(ranks: &[RankClock], now_ms: u64, timeout_ms: u64) -> Option<Hung> {
+    let age = |c: &RankClock| now_ms.saturating_sub(c.last_growth_ms);
+    let stalled: Vec<&RankClock> = ranks.iter().filter(|c| age(c) >= timeout_ms).collect();
     if stalled.is_empty() {
         return None;
     }
@@ -129,7 +129,7 @@ pub fn find(ranks: &[Clock], now_ms: u64, timeout_ms: u64) -> Option<Hung> {
         .min_by_key(|(order, grew, rank, _, _)| (*order, *grew, *rank));
     // A rank waiting at the rendezvous for another is never the culprit: the
     // rank it waits for is, or nobody while that one still progresses.
-    let stalled: Vec<&Clock> = if by_state.is_some() {
+    let stalled: Vec<&RankClock> = if by_state.is_some() {
         stalled
     } else {
         stalled.into_iter().filter(|c| !c.waiting).collect()
@@ -209,29 +209,6 @@ pub fn find(ranks: &[Clock], now_ms: u64, timeout_ms: u64) -> Option<Hung> {
     })
 }
 
-/// Where each rank was when the report was made: last phase, iterations,
-/// last progress and process state.
-pub(super) fn fill_ranks(
-    nodes: &mut [NodeReport],
-    progress: &BTreeMap<u32, RankProgress>,
-    watch: &Watch,
-) {
-    for r in nodes.iter_mut().flat_map(|n| n.ranks.iter_mut()) {
-        if let Some(p) = progress.get(&r.rank) {
-            r.last_phase = if p.waiting_for.is_empty() {
-                p.phase.clone()
-            } else {
-                format!("{} (waiting for `{}`)", p.phase, p.waiting_for)
-            };
-            r.iterations = p.iterations;
-        }
-        r.last_progress_unix_ms = watch.grew_ms.get(&r.rank).copied().unwrap_or(0);
-        if let Some(p) = watch.processes.get(&r.rank) {
-            r.process_state = p.state_name.clone();
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -246,8 +223,8 @@ mod tests {
         }
     }
 
-    fn clock<'a>(rank: u32, grew: u64, p: Option<&'a RankProcess>) -> Clock<'a> {
-        Clock {
+    fn clock<'a>(rank: u32, grew: u64, p: Option<&'a RankProcess>) -> RankClock<'a> {
+        RankClock {
             rank,
             node: if rank < 2 { "node-a" } else { "node-b" },
             last_growth_ms: grew,
@@ -256,8 +233,8 @@ mod tests {
         }
     }
 
-    fn waiting(rank: u32, grew: u64) -> Clock<'static> {
-        Clock {
+    fn waiting(rank: u32, grew: u64) -> RankClock<'static> {
+        RankClock {
             waiting: true,
             ..clock(rank, grew, None)
         }
@@ -297,7 +274,7 @@ mod tests {
         let t = proc(1, "T");
         let ranks = [
             waiting(0, 1_000),
-            Clock {
+            RankClock {
                 waiting: true,
                 ..clock(1, 1_000, Some(&t))
             },
