@@ -480,7 +480,7 @@ fn heartbeat(name: &str, workers: &Workers) -> AgentMessage {
         msg: Some(Msg::Heartbeat(Heartbeat {
             node: name.to_string(),
             protocol_version: PROTOCOL_VERSION,
-            unix_ms: gpuctl_core::now_ms(),
+            unix_ms: workers.clock().now_ms(),
             running: workers.running(),
             preflight: Vec::new(),
         })),

@@ -19,6 +19,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use gpuctl_core::clock::Clock;
 use gpuctl_core::pb::{GpuSample, TelemetryBatch};
 use nvml_wrapper::Nvml;
 use tokio_util::sync::CancellationToken;
@@ -156,6 +157,9 @@ pub struct Telemetry {
     xids: Arc<XidLog>,
     /// Per GPU (NVML index): which links were seen, and their counters.
     links: Mutex<BTreeMap<u32, links::LinkHistory>>,
+    /// Stamps the readings. Always the system clock: a reading says when
+    /// real GPUs were read, which no test has reason to hold still.
+    clock: Clock,
 }
 
 impl std::fmt::Debug for Telemetry {
@@ -176,6 +180,7 @@ impl Telemetry {
             latest: Mutex::new(BTreeMap::new()),
             xids: Arc::new(XidLog::default()),
             links: Mutex::new(BTreeMap::new()),
+            clock: Clock::system(),
         })
     }
 
@@ -206,7 +211,7 @@ impl Telemetry {
         let Some(nvml) = &self.nvml else {
             return Vec::new();
         };
-        let now = gpuctl_core::now_ms();
+        let now = self.clock.now_ms();
         let mut links = self.links.lock().unwrap();
         self.gpus
             .iter()

@@ -286,23 +286,17 @@ impl Workers {
     /// start from (prestart.rs).
     pub fn prestart(self: &Arc<Self>, slots: usize) {
         self.prestarted.set_slots(slots);
-        self.prestarted.refill(self.busy_slots());
+        self.prestarted.refill(self.jobs.busy_slots());
         let me = Arc::downgrade(self);
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(TICK).await;
                 match me.upgrade() {
-                    Some(w) if w.prestarted.enabled() => w.prestarted.refill(w.busy_slots()),
+                    Some(w) if w.prestarted.enabled() => w.prestarted.refill(w.jobs.busy_slots()),
                     _ => return,
                 }
             }
         });
-    }
-
-    /// Ranks with a live worker, all jobs together.
-    pub(super) fn busy_slots(&self) -> usize {
-        let jobs = self.jobs.lock().unwrap();
-        jobs.values().map(|j| j.alive.len()).sum()
     }
 }
 
