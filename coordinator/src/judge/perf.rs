@@ -17,7 +17,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use gpuctl_core::pb::{Baseline, Finding, Verdict};
 
-pub use super::figures::{Expected, Figure, JobFigures, Metric, RankFigures};
+pub use super::figures::{Expected, Figure, JobFigures, RankFigures};
+pub use super::metric::Metric;
 use super::rules::{MetricRule, PerfRules};
 use super::votes::{name_nodes, Basis, Votes};
 
