@@ -9,6 +9,7 @@ pub mod figures;
 pub mod fleet;
 pub mod health;
 pub mod links;
+pub mod metric;
 pub mod p2p;
 pub mod perf;
 pub mod report;

@@ -10,7 +10,7 @@ use std::path::Path;
 use anyhow::{bail, Context};
 use serde::Deserialize;
 
-use super::perf::Metric;
+use super::metric::Metric;
 
 /// The built-in rules, shipped with the binary.
 pub const BUILTIN: &str = include_str!("../../rules/performance.toml");
