@@ -308,3 +308,21 @@ fn progress_loop(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn marks_read_the_ranks_clock_and_a_held_one_takes_no_second_mark() {
+        let clock = Clock::manual(1_000);
+        let progress = Progress::local_on(clock.clone());
+        progress.update("gemm", 0.1, &[]);
+        // Time held still: the same phase is not marked again.
+        progress.update("gemm", 0.2, &[]);
+        clock.advance(Duration::from_secs(5));
+        progress.update("gemm", 0.3, &[]);
+        let at: Vec<u64> = progress.phases().iter().map(|m| m.unix_ms).collect();
+        assert_eq!(at, [1_000, 6_000]);
+    }
+}
