@@ -5,25 +5,29 @@
 //! assigned rank a fake worker ([`crate::ranks`]) that sends progress and a
 //! result through the WorkerService with its rank secret. Nothing here
 //! touches a GPU: the point is the coordinator's cost, not the workers'.
+//! What a node describes (GPUs, host facts, telemetry) is `crate::host`;
+//! what the bench counts, `crate::counters`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use gpuctl_core::client::Channel;
+use gpuctl_core::clock::Clock;
 use gpuctl_core::pb::{
     agent_message::Msg, agent_service_client::AgentServiceClient, coordinator_message,
-    worker_service_client::WorkerServiceClient, AgentMessage, Assignment, AssignmentAck, GpuInfo,
-    GpuSample, Heartbeat, HostFacts, NetInterface, RankProcess, RegisterRequest, RunningJob,
-    StopReason, TelemetryBatch, WorkerExited,
+    worker_service_client::WorkerServiceClient, AgentMessage, Assignment, AssignmentAck, Heartbeat,
+    RankProcess, RegisterRequest, RunningJob, StopReason, TelemetryBatch, WorkerExited,
 };
 use gpuctl_core::shutdown::Shutdown;
-use gpuctl_core::{now_ms, PROTOCOL_VERSION};
+use gpuctl_core::PROTOCOL_VERSION;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
+use crate::counters::Stats;
+use crate::host;
 use crate::ranks::{self, RankJob};
 
 /// What the simulated fleet looks like.
@@ -63,63 +67,6 @@ pub enum RankConnections {
     Rank,
 }
 
-/// Counts the bench reads while the fleet runs.
-#[derive(Default)]
-pub struct Stats {
-    pub registered: AtomicU64,
-    pub ranks_started: AtomicU64,
-    pub results_sent: AtomicU64,
-    pub results_refused: AtomicU64,
-    pub rpc_errors: AtomicU64,
-    /// Sessions that ended while the fleet ran, and sessions opened again.
-    pub sessions_lost: AtomicU64,
-    pub reconnects: AtomicU64,
-    jobs: Mutex<HashMap<String, JobTimes>>,
-}
-
-/// When a job's assignments and results arrived at the fleet.
-#[derive(Debug, Clone, Copy)]
-pub struct JobTimes {
-    pub first_assignment: Instant,
-    pub last_assignment: Instant,
-    pub assignments: u64,
-    pub last_result: Option<Instant>,
-    pub results: u64,
-}
-
-impl Stats {
-    pub fn job(&self, id: &str) -> Option<JobTimes> {
-        self.jobs.lock().unwrap().get(id).copied()
-    }
-
-    /// Forgets finished jobs' times (the bench keeps what it needs).
-    pub fn forget(&self, id: &str) {
-        self.jobs.lock().unwrap().remove(id);
-    }
-
-    fn assigned(&self, id: &str) {
-        let now = Instant::now();
-        let mut jobs = self.jobs.lock().unwrap();
-        let t = jobs.entry(id.to_string()).or_insert(JobTimes {
-            first_assignment: now,
-            last_assignment: now,
-            assignments: 0,
-            last_result: None,
-            results: 0,
-        });
-        t.last_assignment = now;
-        t.assignments += 1;
-    }
-
-    pub(crate) fn result_sent(&self, id: &str) {
-        self.results_sent.fetch_add(1, Ordering::Relaxed);
-        if let Some(t) = self.jobs.lock().unwrap().get_mut(id) {
-            t.last_result = Some(Instant::now());
-            t.results += 1;
-        }
-    }
-}
-
 /// A running simulated fleet; dropping it does not stop it, `shutdown` does.
 pub struct Fleet {
     pub stats: Arc<Stats>,
@@ -129,6 +76,7 @@ pub struct Fleet {
 /// Starts every agent; returns once all are registered.
 pub async fn start(cfg: FleetConfig, shutdown: Shutdown) -> Result<Fleet> {
     let stats = Arc::new(Stats::default());
+    let clock = Clock::system();
     let mut channels = Vec::new();
     for _ in 0..cfg.connections.clamp(1, cfg.nodes.max(1)) {
         channels.push(
@@ -152,6 +100,7 @@ pub async fn start(cfg: FleetConfig, shutdown: Shutdown) -> Result<Fleet> {
             channel: channels[i % channels.len()].clone(),
             stats: stats.clone(),
             shutdown: shutdown.clone(),
+            clock: clock.clone(),
         };
         let (tx, rx) = tokio::sync::oneshot::channel();
         tokio::spawn(agent.run(tx));
@@ -170,63 +119,14 @@ struct Agent {
     channel: Channel,
     stats: Arc<Stats>,
     shutdown: Shutdown,
+    /// The time its messages and its ranks' carry.
+    clock: Clock,
 }
 
 /// The ranks one agent runs now, by job.
 type Running = Arc<Mutex<BTreeMap<String, RunningJob>>>;
 
 impl Agent {
-    fn gpus(&self) -> Vec<GpuInfo> {
-        (0..self.cfg.gpus)
-            .map(|g| GpuInfo {
-                index: g,
-                uuid: format!("GPU-sim-{:05}-{g}", self.index),
-                name: "NVIDIA H200".into(),
-                memory_total_bytes: 150_754_820_096,
-                pci_bus_id: format!("00000000:{:02X}:00.0", 0x18 + g),
-                pcie_gen_max: 5,
-                pcie_width_max: 16,
-                nvlinks_active: 18,
-                compute_capability: "9.0".into(),
-                sm_count: 132,
-            })
-            .collect()
-    }
-
-    fn facts(&self) -> HostFacts {
-        let ip = format!(
-            "10.{}.{}.{}",
-            1 + self.index / 65536,
-            (self.index / 256) % 256,
-            self.index % 256
-        );
-        HostFacts {
-            hostname: self.name.clone(),
-            addresses: vec![ip.clone()],
-            cpu_count: 224,
-            memory_total_bytes: 2 << 40,
-            shm_bytes: 1 << 40,
-            cpu_model: "Intel(R) Xeon(R) Platinum 8480C".into(),
-            driver_version: "580.95.05".into(),
-            cuda_driver_version: "13.0".into(),
-            nvml_status: "ok".into(),
-            agent_version: format!("gpuctl-sim {}", env!("CARGO_PKG_VERSION")),
-            libtorch: "simulated".into(),
-            os: "Debian GNU/Linux 12".into(),
-            kernel: "6.8.0".into(),
-            interfaces: vec![NetInterface {
-                name: "eth0".into(),
-                ipv4: ip,
-                mtu: 9000,
-                speed_mbps: 400_000,
-            }],
-            nccl_version: "2.28.3".into(),
-            torch_version: "2.11.0+cu130".into(),
-            memlock_bytes: u64::MAX,
-            ..Default::default()
-        }
-    }
-
     /// Registers and keeps a session open for the fleet's life: a session
     /// that ends (the coordinator restarted, or a starved simulator missed
     /// its keepalives) is opened again, as `gpuctl-agent` does, with the
@@ -304,8 +204,8 @@ impl Agent {
         let req = RegisterRequest {
             protocol_version: PROTOCOL_VERSION,
             name: self.name.clone(),
-            facts: Some(self.facts()),
-            gpus: self.gpus(),
+            facts: Some(host::facts(&self.name, self.index)),
+            gpus: host::gpus(self.index, self.cfg.gpus),
             running: jobs.clone(),
             ..Default::default()
         };
@@ -342,7 +242,7 @@ impl Agent {
             msg: Some(Msg::Heartbeat(Heartbeat {
                 node: self.name.clone(),
                 protocol_version: PROTOCOL_VERSION,
-                unix_ms: now_ms(),
+                unix_ms: self.clock.now_ms(),
                 running,
                 preflight: vec![],
             })),
@@ -380,9 +280,9 @@ impl Agent {
                 .map(|j| (j.job_id.clone(), j.attempt, j.ranks.clone()))
                 .collect();
             for (job_id, attempt, ranks) in jobs {
-                let now = now_ms();
+                let now = self.clock.now_ms();
                 let samples = (0..ranks.len() as u32)
-                    .map(|g| busy_sample(self.index, g, now, &mut rng))
+                    .map(|g| host::busy_sample(self.index, g, now, &mut rng))
                     .collect();
                 let msg = AgentMessage {
                     msg: Some(Msg::Telemetry(TelemetryBatch {
@@ -533,6 +433,7 @@ impl Agent {
                 spec: a.spec.clone().unwrap_or_default(),
                 interval: self.cfg.interval,
                 world_size: a.world_size,
+                clock: self.clock.clone(),
             };
             let (tx, running, left, stats, stop, client) = (
                 tx.clone(),
@@ -602,20 +503,5 @@ async fn forward(
             _ = ended.cancelled() => return outbox,
             r = session.send(m) => if r.is_err() { return outbox },
         }
-    }
-}
-
-/// A loaded H200 at its power cap (the tests' healthy H200), with a little
-/// noise on its gauges so that the coordinator's series are not constant.
-fn busy_sample(node: u32, gpu: u32, now: u64, rng: &mut fastrand::Rng) -> GpuSample {
-    GpuSample {
-        uuid: format!("GPU-sim-{node:05}-{gpu}"),
-        unix_ms: now,
-        util_gpu: 97.0 + rng.f64() * 3.0,
-        util_mem: 60.0 + rng.f64() * 10.0,
-        temperature_c: 62.0 + rng.f64() * 6.0,
-        power_w: 680.0 + rng.f64() * 20.0,
-        sm_clock_mhz: 1_830 + rng.u32(0..150),
-        ..gpuctl_testkit::gpu::healthy(gpu)
     }
 }

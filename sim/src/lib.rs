@@ -3,7 +3,9 @@
 //! (docs/benchmarks.md, "Coordinator at fleet scale").
 
 pub mod bench;
+pub mod counters;
 pub mod fleet;
+pub mod host;
 pub mod probe;
 pub mod ranks;
 pub mod search;

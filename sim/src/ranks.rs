@@ -8,14 +8,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpuctl_core::client::Channel;
-use gpuctl_core::now_ms;
+use gpuctl_core::clock::Clock;
 use gpuctl_core::pb::{
     rank_result::Detail, worker_service_client::WorkerServiceClient, JobSpec, PhaseKind, PhaseMark,
     RankPlacement, RankProgress, RankProgressReport, RankResult, StressResult,
 };
 use gpuctl_core::shutdown::Shutdown;
 
-use crate::fleet::Stats;
+use crate::counters::Stats;
 
 /// One rank's assignment.
 #[derive(Debug, Clone)]
@@ -27,6 +27,8 @@ pub struct RankJob {
     pub spec: JobSpec,
     pub interval: Duration,
     pub world_size: u32,
+    /// The time its messages carry: its agent's.
+    pub clock: Clock,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,7 +61,7 @@ pub async fn run(
     stop: Shutdown,
 ) -> Outcome {
     let rank = job.placement.rank;
-    let start = now_ms();
+    let start = job.clock.now_ms();
     let duration = Duration::from_millis(job.spec.duration_ms.max(1_000));
     let intervals = (duration.as_secs_f64() / job.interval.as_secs_f64())
         .round()
@@ -107,7 +109,7 @@ pub async fn run(
                 let behind = now_at.saturating_duration_since(at(played)).as_millis() as u64;
                 marks.push(PhaseMark {
                     phase: PHASE.into(),
-                    unix_ms: now_ms().saturating_sub(behind),
+                    unix_ms: job.clock.now_ms().saturating_sub(behind),
                     iterations,
                     kind: PhaseKind::Measured as i32,
                 });
@@ -117,7 +119,7 @@ pub async fn run(
         if played >= intervals || now_at < next_report {
             continue;
         }
-        let now = now_ms();
+        let now = job.clock.now_ms();
         let progress = RankProgressReport {
             job_id: job.job_id.clone(),
             attempt: job.attempt,
@@ -154,15 +156,17 @@ pub async fn run(
             }
         }
     }
-    let end = now_ms();
+    let end = job.clock.now_ms();
     marks.push(PhaseMark {
         phase: "done".into(),
         unix_ms: end,
         iterations,
         kind: PhaseKind::Measured as i32,
     });
-    let mut sorted = tflops.clone();
-    sorted.sort_by(f64::total_cmp);
+    // At least one interval is played, so none of these is empty.
+    let tflops_min = tflops.iter().copied().fold(f64::INFINITY, f64::min);
+    let tflops_max = tflops.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let tflops_median = gpuctl_core::stats::median(tflops.clone()).unwrap_or_default();
     let result = RankResult {
         job_id: job.job_id.clone(),
         attempt: job.attempt,
@@ -181,9 +185,9 @@ pub async fn run(
             dtype: "bf16".into(),
             matrix_size: 8192,
             iterations,
-            tflops_min: sorted[0],
-            tflops_median: sorted[sorted.len() / 2],
-            tflops_max: sorted[sorted.len() - 1],
+            tflops_min,
+            tflops_median,
+            tflops_max,
             tflops_per_interval: tflops,
             // The seeded product's checksum: the same on every healthy rank.
             digest: "9d3b1f0c5e7a2468".into(),

@@ -7,10 +7,11 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Parser;
 use gpuctl_core::catalogue::TypedParams;
+use gpuctl_core::clock::Clock;
 
-use crate::client::Progress;
 use crate::comm::{nccl::NcclComm, tcp::TcpComm, Collectives};
 use crate::device::{advertise_host, DeviceInfo};
+use crate::progress::Progress;
 use crate::rendezvous::Rendezvous;
 
 /// One rank of one workload (docs/architecture.md, "Worker process").
@@ -137,6 +138,8 @@ pub struct Ctx {
     pub rendezvous_timeout: Duration,
     /// Highest GPU memory use seen (bytes), for the result.
     pub peak_gpu_bytes: AtomicU64,
+    /// Where the rank's deadlines read the time, so that a test can hold it.
+    pub clock: Clock,
 }
 
 impl Ctx {
@@ -186,7 +189,7 @@ impl Ctx {
             let left = self
                 .args
                 .deadline_unix_ms
-                .saturating_sub(gpuctl_core::now_ms())
+                .saturating_sub(self.clock.now_ms())
                 .saturating_sub(gpuctl_core::spec::WORKER_END_MARGIN_MS);
             d = d.min(Duration::from_millis(left));
         }

@@ -8,12 +8,14 @@
 
 pub mod client;
 pub mod comm;
+mod connect;
 pub mod context;
 pub mod device;
 pub mod digest;
 pub mod partial;
 pub mod prestart;
 pub mod profile;
+pub mod progress;
 pub mod rendezvous;
 pub mod shim;
 pub mod timeline;
@@ -27,11 +29,13 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Result};
 use gpuctl_core::pb::{rank_result::Detail, RankResult};
 
-use crate::client::{CoordinatorClient, Progress, ProgressTarget};
+use crate::client::CoordinatorClient;
 use crate::context::{Args, Ctx, RankEnv};
 use crate::device::DeviceInfo;
+use crate::progress::{Progress, ProgressTarget};
 use crate::rendezvous::Watched;
 use gpuctl_core::catalogue::TypedParams;
+use gpuctl_core::clock::Clock;
 
 /// Logs to stderr (the agent forwards it); `RUST_LOG` filters, default info.
 pub fn init_logging() {
@@ -92,6 +96,7 @@ fn execute(
     args: &Args,
     client: &Arc<CoordinatorClient>,
     progress: &Progress,
+    clock: &Clock,
     res: &mut RankResult,
 ) -> Result<()> {
     let env = RankEnv::from_env()?;
@@ -146,6 +151,7 @@ fn execute(
                 .unwrap_or(300),
         ),
         peak_gpu_bytes: AtomicU64::new(0),
+        clock: clock.clone(),
     };
     partial::arm(client.clone(), res.clone());
     let outcome = workloads::run(&ctx);
@@ -200,14 +206,20 @@ pub fn run_worker(args: Args) -> i32 {
             return 1;
         }
     };
-    let progress = match Progress::start(ProgressTarget {
-        url: args.coordinator.clone(),
-        job_id: args.job_id.clone(),
-        attempt: args.attempt,
-        rank: rank_hint,
-        node: args.node.clone(),
-        deadline_unix_ms: args.deadline_unix_ms,
-    }) {
+    // One clock for the whole rank: its deadline, its marks and its
+    // workloads' time left all read the same time.
+    let clock = Clock::system();
+    let progress = match Progress::start(
+        ProgressTarget {
+            url: args.coordinator.clone(),
+            job_id: args.job_id.clone(),
+            attempt: args.attempt,
+            rank: rank_hint,
+            node: args.node.clone(),
+            deadline_unix_ms: args.deadline_unix_ms,
+        },
+        clock.clone(),
+    ) {
         Ok(p) => p,
         Err(e) => {
             tracing::warn!("{who}: progress reports are off: {e:#}");
@@ -229,7 +241,7 @@ pub fn run_worker(args: Args) -> i32 {
         ..Default::default()
     };
     let outcome = catch_unwind(AssertUnwindSafe(|| {
-        execute(&args, &client, &progress, &mut res)
+        execute(&args, &client, &progress, &clock, &mut res)
     }));
     // Whether the error is the request's (the coordinator then blames no node).
     let mut request = false;

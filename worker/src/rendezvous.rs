@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Result};
 use gpuctl_core::rendezvous_keys;
 
-use crate::client::Progress;
+use crate::progress::Progress;
 
 /// Put a value under a key; get it, waiting until some rank has put it.
 pub trait Rendezvous: Send + Sync {

@@ -4,7 +4,8 @@ use serde_json::{json, Value};
 
 use clap::ValueEnum as _;
 
-use super::{BenchReport, PLAN_CALLS};
+use super::figures::BenchReport;
+use super::PLAN_CALLS;
 use crate::fleet::RankConnections;
 
 const MB: f64 = 1e6;

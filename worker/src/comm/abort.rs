@@ -9,11 +9,19 @@
 //! The TCP backend needs nothing more: the kernel closes its sockets with the
 //! process, and the peers' reads fail at once. First, what the rank measured
 //! so far goes to the coordinator (`crate::partial`).
+//!
+//! A backend registers each communicator with the call that aborts it, so
+//! this watcher knows handles and callbacks only, never the backend: the
+//! NCCL module depends on it, not the other way round.
 
 use std::sync::{Mutex, Once};
 
-/// Raw `ncclComm_t` pointers of the communicators alive now.
-static LIVE: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+/// Ends a communicator's work at once, given its raw handle.
+pub type Abort = fn(usize);
+
+/// The communicators alive now: each raw handle (an `ncclComm_t` pointer)
+/// with the call that aborts it.
+static LIVE: Mutex<Vec<(usize, Abort)>> = Mutex::new(Vec::new());
 static WATCH: Once = Once::new();
 
 /// Installs the SIGTERM watcher (once per process); called when a
@@ -67,8 +75,8 @@ fn stop_now() -> ! {
             live.len()
         );
     }
-    for &comm in live.iter() {
-        super::nccl::abort(comm as _);
+    for &(comm, abort) in live.iter() {
+        abort(comm);
     }
     // SAFETY: plain libc calls; restoring the default action makes the agent
     // see death by SIGTERM, as without this watcher. _exit is the fallback.
@@ -79,17 +87,19 @@ fn stop_now() -> ! {
     }
 }
 
-/// A communicator to abort on SIGTERM.
-pub fn register(comm: usize) {
+/// A communicator to abort on SIGTERM, by `abort`.
+pub fn register(comm: usize, abort: Abort) {
     watch_sigterm();
-    LIVE.lock().unwrap_or_else(|e| e.into_inner()).push(comm);
+    LIVE.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push((comm, abort));
 }
 
 /// Forgets a communicator before it is destroyed.
 pub fn unregister(comm: usize) {
     LIVE.lock()
         .unwrap_or_else(|e| e.into_inner())
-        .retain(|&c| c != comm);
+        .retain(|&(c, _)| c != comm);
 }
 
 /// How many communicators are registered (for tests).

@@ -7,7 +7,7 @@ use anyhow::Result;
 use tch::Tensor;
 
 use super::{Collectives, Op, SideTimes, Ticket};
-use crate::client::Progress;
+use crate::progress::Progress;
 
 pub struct Counted {
     inner: Box<dyn Collectives>,

@@ -137,7 +137,7 @@ impl NcclComm {
                 .map_err(|e| nccl_err("ncclCommInitRank", e))?;
             comm.assume_init()
         };
-        super::abort::register(comm as usize);
+        super::abort::register(comm as usize, abort);
         Ok(Self {
             comm,
             rank,
@@ -205,11 +205,12 @@ fn overlaps(a: &Tensor, b: &Tensor) -> bool {
     la > 0 && lb > 0 && a0 < b0 + lb && b0 < a0 + la
 }
 
-/// `ncclCommAbort` for the SIGTERM watcher ([`super::abort`]).
-pub(super) fn abort(comm: sys::ncclComm_t) {
+/// `ncclCommAbort` for the SIGTERM watcher ([`super::abort`]), which
+/// knows the communicator by its raw handle only.
+fn abort(comm: usize) {
     // SAFETY: a communicator registered by `NcclComm::new` and not yet
     // destroyed (Drop unregisters it first, under the same lock).
-    if let Err(e) = unsafe { result::comm_abort(comm) } {
+    if let Err(e) = unsafe { result::comm_abort(comm as sys::ncclComm_t) } {
         eprintln!("gpuctl-worker: ncclCommAbort failed: NCCL error {:?}", e.0);
     }
 }

@@ -182,10 +182,7 @@ pub(super) fn opener<'a>(
 /// groups' measurements there, up to the job's deadline (the agent stops the
 /// worker then anyway).
 pub(super) fn round_timeout(ctx: &Ctx) -> Duration {
-    let left_ms = ctx
-        .args
-        .deadline_unix_ms
-        .saturating_sub(gpuctl_core::now_ms());
+    let left_ms = ctx.args.deadline_unix_ms.saturating_sub(ctx.clock.now_ms());
     ctx.rendezvous_timeout.max(Duration::from_millis(left_ms))
 }
 

@@ -188,8 +188,8 @@ pub(super) fn measure(
         comm.synchronize()?;
         times.push(t0.elapsed().as_secs_f64() * 1e6 / cfg.iters as f64);
     }
-    times.sort_by(f64::total_cmp);
-    let time_us = times[times.len() / 2];
+    // At least one timed run, so there is always a median.
+    let time_us = gpuctl_core::stats::median(times).unwrap_or_default();
     drop((send, recv));
     // Correctness on fresh inputs.
     let (send, recv) = make(true)?;

@@ -1,0 +1,114 @@
+//! The CLI's calls during a run (`nodes`, `jobs`, `status`), made from a
+//! thread of their own as a person's CLI would, and their latencies. Apart
+//! from the run because they go on beside it, on their own runtime, until
+//! the run stops them.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use gpuctl_core::client::Channel;
+use gpuctl_core::pb::{
+    job_service_client::JobServiceClient, GetJobRequest, ListJobsRequest, ListNodesRequest,
+};
+use gpuctl_core::shutdown::Shutdown;
+
+/// CLI latencies, by call, for the phase running now.
+#[derive(Default)]
+pub(super) struct Latencies {
+    pub(super) by_call: BTreeMap<String, Vec<f64>>,
+    /// Every call of the phase: (when it began, name, ms), for the slowest.
+    pub(super) calls: Vec<(Instant, String, f64)>,
+    /// The job `status` asks for.
+    pub(super) job: String,
+}
+
+/// The nearest-rank quantile `p` (0..1), 0 for none.
+pub(super) fn percentile(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    gpuctl_core::stats::quantile_sorted(v, p).unwrap_or(0.0)
+}
+
+/// Calls `nodes`, `jobs` and `status` over and over, as people and scripts
+/// do during a run, each on the same connection the CLI would open.
+async fn cli_load(
+    mut c: JobServiceClient<Channel>,
+    lat: Arc<Mutex<Latencies>>,
+    every: Duration,
+    stop: Shutdown,
+) {
+    loop {
+        let t = Instant::now();
+        let ok = c
+            .list_nodes(ListNodesRequest {
+                brief: true,
+                ..Default::default()
+            })
+            .await
+            .is_ok();
+        record(&lat, "nodes", t, ok);
+        let t = Instant::now();
+        let ok = c.list_jobs(ListJobsRequest { limit: 50 }).await.is_ok();
+        record(&lat, "jobs", t, ok);
+        let job = lat.lock().unwrap().job.clone();
+        if !job.is_empty() {
+            let t = Instant::now();
+            let req = GetJobRequest {
+                job_id: job,
+                max_ranks: gpuctl_core::VIEW_RANKS,
+            };
+            let ok = c.get_job(req).await.is_ok();
+            record(&lat, "status", t, ok);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.cancelled() => return,
+        }
+    }
+}
+
+/// Runs [`cli_load`] on a thread and runtime of its own, as the CLI is a
+/// process of its own: on the simulator's runtime, busy with 32,768 ranks
+/// at a job's end, its calls waited for the simulator and not only for the
+/// coordinator.
+pub(super) fn cli_thread(
+    url: String,
+    lat: Arc<Mutex<Latencies>>,
+    every: Duration,
+    stop: Shutdown,
+) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("a runtime for the CLI calls")?;
+    std::thread::Builder::new()
+        .name("cli-calls".into())
+        .spawn(move || {
+            rt.block_on(async move {
+                let builder =
+                    gpuctl_core::client::builder(&url).request_timeout(Duration::from_secs(60));
+                match builder.connect().await {
+                    Ok(ch) => {
+                        let c = JobServiceClient::new(ch).max_decoding_message_size(256 << 20);
+                        cli_load(c, lat, every, stop).await;
+                    }
+                    Err(e) => eprintln!("the CLI calls could not connect: {e}"),
+                }
+            })
+        })
+        .context("starting the CLI calls' thread")?;
+    Ok(())
+}
+
+fn record(lat: &Mutex<Latencies>, call: &str, t: Instant, ok: bool) {
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    let key = if ok {
+        call.to_string()
+    } else {
+        format!("{call} (error)")
+    };
+    let mut l = lat.lock().unwrap();
+    l.calls.push((t, key.clone(), ms));
+    l.by_call.entry(key).or_default().push(ms);
+}
