@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use etcd_client::{Certificate, ConnectOptions, Identity, TlsOptions};
 
-use super::{StoreError, StoreResult};
+use super::backend::{StoreError, StoreResult};
 
 /// The flags that say how to reach etcd; all optional.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -12,7 +12,8 @@ use tracing::warn;
 
 use gpuctl_core::auth::{RankKey, KEY_BYTES};
 
-use super::{keys, Store, StoreError, StoreResult};
+use super::backend::{Store, StoreError, StoreResult};
+use super::keys;
 
 /// The key in `path`: read, or moved there from `store` (where an older
 /// coordinator kept it), or made.

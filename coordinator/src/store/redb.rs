@@ -10,7 +10,7 @@ use futures::future::BoxFuture;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tracing::debug;
 
-use super::{Entries, SharedEntries, Store, StoreError, StoreResult};
+use super::backend::{Entries, SharedEntries, Store, StoreError, StoreResult};
 
 const KV: TableDefinition<&str, &[u8]> = TableDefinition::new("kv");
 

@@ -23,7 +23,7 @@ use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
 
-use super::{SharedEntries, Store, StoreError, StoreResult};
+use super::backend::{SharedEntries, Store, StoreError, StoreResult};
 
 /// A transaction takes what is queued up to about this many bytes: the
 /// store holds a transaction's pages in memory until it commits.
@@ -405,7 +405,7 @@ mod tests {
         fn scan_prefix(
             &self,
             prefix: String,
-        ) -> futures::future::BoxFuture<'_, StoreResult<super::super::Entries>> {
+        ) -> futures::future::BoxFuture<'_, StoreResult<crate::store::Entries>> {
             self.inner.scan_prefix(prefix)
         }
     }

@@ -1,0 +1,132 @@
+//! [`Batch`]: the typed builder of one atomic write. It knows which key each
+//! message goes under and how it is encoded (a job without its progress, a
+//! report without its ranks' results), so that callers hand the store
+//! messages, never keys and bytes.
+
+use gpuctl_core::pb::{Acceptance, Job, Node, NodeRun, RankReport, Report, Suite};
+use prost::Message;
+
+use super::keys;
+use crate::judge::series::GpuSeries;
+
+/// One write of a typed batch; see [`StateStore::write`].
+///
+/// [`StateStore::write`]: crate::store::StateStore::write
+#[derive(Default)]
+// The entries are open to `store/` alone: the typed layer hands them to the
+// writer as they are, and no caller outside builds a key by hand.
+pub struct Batch(pub(super) Vec<(String, Vec<u8>)>);
+
+impl std::fmt::Debug for Batch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Batch({} keys)", self.0.len())
+    }
+}
+
+impl Batch {
+    pub fn node(mut self, node: &Node) -> Self {
+        self.0.push((keys::node(&node.name), node.encode_to_vec()));
+        self
+    }
+    pub fn job(mut self, job: &Job) -> Self {
+        // Progress changes every second; it is served from memory, not
+        // stored. The scheduler keeps it apart, so a copy of a 32,768-rank
+        // plan is rarely needed to leave it out.
+        let bytes = if job.progress.is_empty() {
+            job.encode_to_vec()
+        } else {
+            let mut job = job.clone();
+            job.progress.clear();
+            job.encode_to_vec()
+        };
+        self.0.push((keys::job(&job.id), bytes));
+        self
+    }
+    /// The report without its ranks' results: each is under its own key
+    /// already, and [`StateStore::report`] puts them back. At 32,768 ranks
+    /// they were most of a 40 MB value, encoded and written again at the
+    /// job's end, when memory peaks.
+    ///
+    /// [`StateStore::report`]: crate::store::StateStore::report
+    pub fn report(mut self, report: &mut Report) -> Self {
+        let results: Vec<_> = ranks_of(report).map(|r| r.result.take()).collect();
+        self = self.bare_report(report);
+        for (rank, result) in ranks_of(report).zip(results) {
+            rank.result = result;
+        }
+        self
+    }
+    /// As [`Batch::report`], for a report whose ranks carry no results
+    /// yet (the judge attaches them after): encoded from a shared borrow,
+    /// beside other work.
+    pub fn bare_report(mut self, report: &Report) -> Self {
+        debug_assert!(report
+            .nodes
+            .iter()
+            .flat_map(|n| &n.ranks)
+            .all(|r| r.result.is_none()));
+        self.0
+            .push((keys::report(&report.job_id), report.encode_to_vec()));
+        self
+    }
+    pub fn suite(mut self, suite: &Suite) -> Self {
+        self.0.push((keys::suite(&suite.id), suite.encode_to_vec()));
+        self
+    }
+    pub fn acceptance(mut self, a: &Acceptance) -> Self {
+        self.0.push((keys::acceptance(&a.node), a.encode_to_vec()));
+        self
+    }
+    /// Marks `job`'s runs as due: written with its report, deleted once
+    /// they are committed too.
+    pub fn history_due(mut self, job: &str) -> Self {
+        self.0.push((keys::history_due(job), Vec::new()));
+        self
+    }
+    pub fn run(mut self, run: &NodeRun) -> Self {
+        let key = keys::history(&run.node, run.finished_unix_ms, &run.job_id);
+        self.0.push((key, run.encode_to_vec()));
+        self
+    }
+    pub fn telemetry(mut self, job: &str, series: &GpuSeries) -> Self {
+        self.0.push((
+            keys::telemetry(job, &series.node, series.index),
+            series.encode_to_vec(),
+        ));
+        self
+    }
+    pub fn job_seq(mut self, seq: u64) -> Self {
+        self.0
+            .push((keys::JOB_SEQ.to_string(), seq.to_string().into_bytes()));
+        self
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Each of `series` under `job`, handed to `write` in batches of about
+    /// `max_bytes` as each fills.
+    pub fn telemetry_parts(
+        job: &str,
+        series: impl Iterator<Item = GpuSeries>,
+        max_bytes: usize,
+        mut write: impl FnMut(Batch),
+    ) {
+        let (mut part, mut bytes) = (Batch::default(), 0);
+        for s in series {
+            if bytes >= max_bytes {
+                write(std::mem::take(&mut part));
+                bytes = 0;
+            }
+            part = part.telemetry(job, &s);
+            bytes += part.0.last().map_or(0, |(k, v)| k.len() + v.len());
+        }
+        if !part.is_empty() {
+            write(part);
+        }
+    }
+}
+
+pub(super) fn ranks_of(report: &mut Report) -> impl Iterator<Item = &mut RankReport> {
+    report.nodes.iter_mut().flat_map(|n| &mut n.ranks)
+}

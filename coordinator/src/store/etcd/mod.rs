@@ -1,0 +1,307 @@
+//! The etcd store (`--store etcd`): the same keys as the embedded store, each
+//! under `--etcd-prefix` (default `/gpuctl/`), in an etcd v3 cluster.
+//!
+//! - `put_many` is one etcd transaction. etcd refuses a transaction of more
+//!   than `--max-txn-ops` operations (128 by default) or a request over
+//!   `--max-request-bytes` (1.5 MiB by default), so a larger batch is written
+//!   as consecutive transactions of at most [`MAX_TXN_OPS`] keys and about
+//!   [`MAX_TXN_BYTES`], in order. Each is atomic; a failure stops the rest.
+//! - `scan_prefix` reads a range in pages of [`PAGE`] keys, every page at the
+//!   revision of the first, so a scan is one consistent snapshot however many
+//!   keys it spans.
+//! - A coordinator leads through `{prefix}leader`, a key bound to a lease it
+//!   keeps alive ([`EtcdStore::lead`]). A second coordinator on the same
+//!   prefix waits as a standby until that key is gone (the leader stopped and
+//!   revoked its lease, or its lease expired). Every write of the leader is
+//!   fenced by a compare on that key, so a coordinator that lost its lease
+//!   cannot write over its successor's state; it stops instead.
+//!
+//! `conn.rs` holds the connection and its request timeout, `lead.rs` the leader
+//! key and the fence; this file, the key-value operations on top of both.
+
+use std::time::Duration;
+
+use etcd_client::{DeleteOptions, GetOptions, TxnOp, TxnOpResponse, TxnResponse};
+use futures::future::BoxFuture;
+use gpuctl_core::shutdown::Shutdown;
+use tokio::sync::watch;
+
+use self::conn::Conn;
+use self::lead::Lead;
+use crate::store::backend::{Entries, Store, StoreError, StoreResult};
+use crate::store::etcd_access::EtcdAccess;
+
+mod conn;
+mod lead;
+
+pub use self::conn::{normalize_prefix, CONNECT_TIMEOUT, REQUEST_TIMEOUT};
+pub use self::lead::{leader_key, LEADER_TTL};
+
+/// Keys per transaction: etcd's default `--max-txn-ops`.
+pub const MAX_TXN_OPS: usize = 128;
+/// Bytes of keys and values per transaction, under etcd's default
+/// `--max-request-bytes` (1.5 MiB) with room for the framing.
+pub const MAX_TXN_BYTES: usize = 1024 * 1024;
+/// Keys per range request of a scan.
+pub const PAGE: i64 = 500;
+
+/// The first key after every key that starts with `prefix` (etcd's range end);
+/// `\0` (to the end of the key space) when there is none.
+fn range_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+pub struct EtcdStore {
+    conn: Conn,
+    lead: Lead,
+}
+
+impl EtcdStore {
+    /// Connects to `endpoints` (comma-separated URLs) and checks that etcd
+    /// answers, so that a wrong address fails at startup with the fix.
+    pub async fn connect(endpoints: &str, prefix: &str) -> StoreResult<EtcdStore> {
+        Self::connect_with(endpoints, prefix, &EtcdAccess::default()).await
+    }
+
+    /// As [`EtcdStore::connect`], over TLS and with etcd's authentication
+    /// as `access` says; a read under the prefix checks both at startup.
+    pub async fn connect_with(
+        endpoints: &str,
+        prefix: &str,
+        access: &EtcdAccess,
+    ) -> StoreResult<EtcdStore> {
+        Ok(EtcdStore {
+            conn: Conn::open(endpoints, prefix, access).await?,
+            lead: Lead::new(),
+        })
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.conn.prefix
+    }
+
+    /// The leader key's value while [`EtcdStore::lead`] stands by: what a
+    /// standby tells clients about the leader (crate::standby).
+    pub fn holder(&self) -> watch::Receiver<Option<String>> {
+        self.lead.holder()
+    }
+
+    /// Takes the leader key `{prefix}leader`, waiting as a standby while another
+    /// coordinator holds it. `identity` is stored in the key: the leader's
+    /// URL first, which standbys hand to clients (crate::standby). Returns `None` when `shutdown` trips first; otherwise a child of
+    /// `shutdown` that also trips when the leadership is lost.
+    pub async fn lead(
+        &self,
+        identity: &str,
+        ttl: Duration,
+        shutdown: Shutdown,
+    ) -> StoreResult<Option<Shutdown>> {
+        self.lead.lead(&self.conn, identity, ttl, shutdown).await
+    }
+
+    /// A transaction of `ops`, fenced on the leader key once this store leads.
+    async fn fenced_txn(&self, what: &str, ops: Vec<TxnOp>) -> StoreResult<TxnResponse> {
+        self.lead.fenced_txn(&self.conn, what, ops).await
+    }
+
+    fn full(&self, key: &str) -> String {
+        self.conn.full(key)
+    }
+}
+
+impl Store for EtcdStore {
+    fn put_many(&self, entries: Vec<(String, Vec<u8>)>) -> BoxFuture<'_, StoreResult<()>> {
+        Box::pin(async move {
+            let mut chunk: Vec<TxnOp> = Vec::new();
+            let mut bytes = 0;
+            let total = entries.len();
+            let mut iter = entries.into_iter().peekable();
+            while let Some((k, v)) = iter.next() {
+                let size = self.conn.prefix.len() + k.len() + v.len() + 16;
+                bytes += size;
+                chunk.push(TxnOp::put(self.full(&k), v, None));
+                let full = match iter.peek() {
+                    None => true,
+                    Some((nk, nv)) => {
+                        chunk.len() >= MAX_TXN_OPS
+                            || bytes + self.conn.prefix.len() + nk.len() + nv.len() + 16
+                                > MAX_TXN_BYTES
+                    }
+                };
+                if full {
+                    let what = if total == 1 {
+                        format!("writing {}", self.full(&k))
+                    } else {
+                        format!("writing {total} keys under {}", self.conn.prefix)
+                    };
+                    self.fenced_txn(&what, std::mem::take(&mut chunk))
+                        .await
+                        .map_err(|e| match e {
+                            StoreError::Backend(m) if m.contains("too large") => StoreError::Backend(
+                                format!("{m} (a value over etcd's --max-request-bytes, 1.5 MiB by default)"),
+                            ),
+                            e => e,
+                        })?;
+                    bytes = 0;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn get(&self, key: String) -> BoxFuture<'_, StoreResult<Option<Vec<u8>>>> {
+        Box::pin(async move {
+            let full = self.full(&key);
+            let mut resp = self
+                .conn
+                .call(
+                    &format!("reading {full}"),
+                    self.conn.kv.clone().get(full.clone(), None),
+                )
+                .await?;
+            Ok(resp
+                .take_kvs()
+                .into_iter()
+                .next()
+                .map(|kv| kv.into_key_value().1))
+        })
+    }
+
+    fn delete(&self, key: String) -> BoxFuture<'_, StoreResult<bool>> {
+        Box::pin(async move {
+            let full = self.full(&key);
+            let resp = self
+                .fenced_txn(
+                    &format!("deleting {full}"),
+                    vec![TxnOp::delete(full.clone(), None::<DeleteOptions>)],
+                )
+                .await?;
+            Ok(resp.op_responses().into_iter().any(|r| match r {
+                TxnOpResponse::Delete(d) => d.deleted() > 0,
+                _ => false,
+            }))
+        })
+    }
+
+    fn delete_prefix(&self, prefix: String) -> BoxFuture<'_, StoreResult<usize>> {
+        Box::pin(async move {
+            let full = self.full(&prefix);
+            let resp = self
+                .fenced_txn(
+                    &format!("deleting {full}*"),
+                    vec![TxnOp::delete(
+                        full.clone(),
+                        Some(DeleteOptions::new().with_prefix()),
+                    )],
+                )
+                .await?;
+            Ok(resp
+                .op_responses()
+                .into_iter()
+                .map(|r| match r {
+                    TxnOpResponse::Delete(d) => d.deleted() as usize,
+                    _ => 0,
+                })
+                .sum())
+        })
+    }
+
+    fn scan_prefix(&self, prefix: String) -> BoxFuture<'_, StoreResult<Entries>> {
+        Box::pin(async move {
+            let full = self.full(&prefix);
+            // A page read at a revision compacted meanwhile fails: start over.
+            let mut tries = 0;
+            loop {
+                tries += 1;
+                match self.scan_once(&full).await {
+                    Err(StoreError::Backend(m)) if m.contains("compacted") && tries < 3 => continue,
+                    r => return r,
+                }
+            }
+        })
+    }
+
+    fn close(&self) -> BoxFuture<'_, StoreResult<()>> {
+        let stepping_down = self.lead.step_down(&self.conn);
+        Box::pin(async move {
+            stepping_down.await;
+            self.conn.close();
+            if self.lead.is_lost() {
+                return Err(self.lead.lost_error(&self.conn));
+            }
+            Ok(())
+        })
+    }
+}
+
+impl EtcdStore {
+    async fn scan_once(&self, full_prefix: &str) -> StoreResult<Entries> {
+        let (mut start, end) = if full_prefix.is_empty() {
+            (vec![0u8], vec![0u8])
+        } else {
+            (
+                full_prefix.as_bytes().to_vec(),
+                range_end(full_prefix.as_bytes()),
+            )
+        };
+        let what = format!("reading keys under {full_prefix}");
+        let mut revision = 0;
+        let mut out = Vec::new();
+        loop {
+            let mut options = GetOptions::new().with_range(end.clone()).with_limit(PAGE);
+            if revision > 0 {
+                options = options.with_revision(revision);
+            }
+            let mut resp = self
+                .conn
+                .call(
+                    &what,
+                    self.conn.kv.clone().get(start.clone(), Some(options)),
+                )
+                .await?;
+            if revision == 0 {
+                revision = resp.header().map(|h| h.revision()).unwrap_or_default();
+            }
+            let more = resp.more();
+            let kvs = resp.take_kvs();
+            let Some(last) = kvs.last() else { break };
+            start = last.key().to_vec();
+            start.push(0);
+            for kv in kvs {
+                let (k, v) = kv.into_key_value();
+                let k = String::from_utf8(k).map_err(|e| self.conn.err(&what, e))?;
+                let k = k
+                    .strip_prefix(self.conn.prefix.as_str())
+                    .map(str::to_string)
+                    .unwrap_or(k);
+                out.push((k, v));
+            }
+            if !more {
+                break;
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn range_ends() {
+        assert_eq!(range_end(b"/gpuctl/jobs/"), b"/gpuctl/jobs0".to_vec());
+        assert_eq!(range_end(b"a\xff"), b"b".to_vec());
+        assert_eq!(range_end(b"\xff\xff"), vec![0]);
+        assert_eq!(normalize_prefix("/gpuctl"), "/gpuctl/");
+        assert_eq!(normalize_prefix("/gpuctl/"), "/gpuctl/");
+        assert_eq!(normalize_prefix(""), "");
+    }
+}

@@ -1,0 +1,76 @@
+//! The key space of docs/architecture.md ("Stored state"), in one place: every
+//! key the coordinator stores is built here, so that the layout can be read
+//! (and changed) without hunting through the code that writes it.
+
+pub const JOB_SEQ: &str = "meta/job_seq";
+/// The key of the workers' per-rank secrets (gpuctl_core::auth::RankKey).
+pub const RANK_KEY: &str = "meta/rank_key";
+pub const NODES: &str = "nodes/";
+pub const JOBS: &str = "jobs/";
+pub const BASELINES: &str = "baselines/";
+pub const HISTORY: &str = "history/";
+pub const SUITES: &str = "suites/";
+pub const ACCEPTANCE: &str = "acceptance/";
+
+/// One node's run of one job; the time first so a node's runs sort by age.
+pub fn history(node: &str, finished_ms: u64, job: &str) -> String {
+    format!("history/{node}/{finished_ms:013}-{job}")
+}
+pub fn history_of(node: &str) -> String {
+    format!("history/{node}/")
+}
+/// Jobs whose report is stored and whose runs may not be: see
+/// [`crate::history::store_runs`].
+pub const HISTORY_DUE: &str = "history-due/";
+pub fn history_due(job: &str) -> String {
+    format!("history-due/{job}")
+}
+
+pub fn baseline(name: &str) -> String {
+    format!("baselines/{name}")
+}
+
+pub fn suite(id: &str) -> String {
+    format!("suites/{id}")
+}
+/// A node's last acceptance suite.
+pub fn acceptance(node: &str) -> String {
+    format!("acceptance/{node}")
+}
+
+pub fn node(name: &str) -> String {
+    format!("nodes/{name}")
+}
+pub fn job(id: &str) -> String {
+    format!("jobs/{id}")
+}
+pub fn result(job: &str, attempt: u32, rank: u32) -> String {
+    format!("results/{job}/{attempt}/{rank:06}")
+}
+/// The trailing slash keeps `job-1` from matching `job-10`.
+pub fn results(job: &str, attempt: u32) -> String {
+    format!("results/{job}/{attempt}/")
+}
+/// Every attempt's results of a job.
+pub fn results_of(job: &str) -> String {
+    format!("results/{job}/")
+}
+pub fn report(job: &str) -> String {
+    format!("reports/{job}")
+}
+pub fn log(job: &str, rank: u32, seq: u64) -> String {
+    format!("logs/{job}/{rank:06}/{seq:010}")
+}
+/// One GPU's downsampled telemetry series of a job.
+pub fn telemetry(job: &str, node: &str, gpu: u32) -> String {
+    format!("telemetry/{job}/{node}/{gpu:03}")
+}
+pub fn telemetry_of(job: &str) -> String {
+    format!("telemetry/{job}/")
+}
+pub fn logs(job: &str, rank: Option<u32>) -> String {
+    match rank {
+        Some(r) => format!("logs/{job}/{r:06}/"),
+        None => format!("logs/{job}/"),
+    }
+}

@@ -1,0 +1,420 @@
+//! [`StateStore`]: typed access to the coordinator's state over any
+//! [`Store`]. Every write goes through the store's one [`Writer`], and every
+//! read sees what is queued there as well as what is committed, so that the
+//! scheduler can go on before a write is durable without reading stale state.
+//! It also keeps the workers' key and the version the fleet history caches by.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use gpuctl_core::auth::RankKey;
+use gpuctl_core::pb::{
+    Acceptance, Baseline, GetLogsResponse, Job, LogLine, Node, NodeRun, RankResult, Report, Suite,
+};
+use prost::Message;
+
+use super::backend::{Store, StoreError, StoreResult};
+use super::batch::{ranks_of, Batch};
+use super::key_file;
+use super::keys;
+use super::writer::{Durable, Writer};
+use crate::judge::series::GpuSeries;
+
+/// Reads bigger than this are decoded on a blocking thread: a 32,768-rank
+/// report or its results take hundreds of milliseconds to decode, and on
+/// the runtime's threads that would hold up every connection, HTTP/2
+/// keepalive pings included.
+const DECODE_OFF_BYTES: usize = 1 << 20;
+
+async fn decode_off<T: Send + 'static>(
+    size: usize,
+    decode: impl FnOnce() -> StoreResult<T> + Send + 'static,
+) -> StoreResult<T> {
+    if size < DECODE_OFF_BYTES {
+        return decode();
+    }
+    tokio::task::spawn_blocking(decode)
+        .await
+        .map_err(|e| StoreError::Backend(format!("decoding failed: {e}")))?
+}
+
+/// Typed access to the coordinator's state.
+#[derive(Clone)]
+pub struct StateStore {
+    inner: Arc<dyn Store>,
+    /// Every write goes through it, in order.
+    writer: Writer,
+    /// Read (or made) once: it never changes while the store lives.
+    rank_key: Arc<tokio::sync::OnceCell<RankKey>>,
+    /// Where the key lives when it lives outside the store
+    /// ([`StateStore::with_key_file`]).
+    key_file: Option<std::path::PathBuf>,
+    /// Counts the writes that change what the fleet history reads (runs,
+    /// acceptances, the inventory): a copy made when it read `v` is current
+    /// while it still reads `v`.
+    history_version: Arc<AtomicU64>,
+}
+
+/// Prefixes of the keys the fleet history reads (see `history_version`).
+const HISTORY_INPUTS: [&str; 3] = [keys::HISTORY, keys::ACCEPTANCE, keys::NODES];
+
+impl StateStore {
+    /// Starts the store's writer task: call inside a tokio runtime.
+    pub fn new(inner: Arc<dyn Store>) -> Self {
+        StateStore {
+            writer: Writer::start(inner.clone()),
+            inner,
+            rank_key: Default::default(),
+            key_file: None,
+            history_version: Default::default(),
+        }
+    }
+
+    /// Keeps the workers' key in `path` (owner-only, hex) instead of the
+    /// store: a reader of the store or of etcd then holds nothing that forges
+    /// a result. A key an older coordinator stored is moved there.
+    pub fn with_key_file(mut self, path: std::path::PathBuf) -> Self {
+        self.key_file = Some(path);
+        self
+    }
+
+    /// Changes with every write of a run, an acceptance or a node, queued or
+    /// deleted. Bumped once readers see the write: a reader that took the
+    /// old value may have read either side of it, and is told so.
+    pub fn history_version(&self) -> u64 {
+        self.history_version.load(Ordering::Acquire)
+    }
+
+    fn history_input(key: &str) -> bool {
+        HISTORY_INPUTS.iter().any(|p| key.starts_with(p))
+    }
+
+    fn bump_history(&self, changed: bool) {
+        if changed {
+            self.history_version.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// The key of the workers' secrets: the stored one, else a new random
+    /// one, stored. Only the leading coordinator writes, so a get and a put
+    /// suffice; a standby that takes over reads the same key and derives the
+    /// same secrets for the jobs it adopts.
+    pub async fn rank_key(&self) -> StoreResult<RankKey> {
+        self.rank_key
+            .get_or_try_init(|| async {
+                if let Some(path) = &self.key_file {
+                    return key_file::load(self.inner.as_ref(), path).await;
+                }
+                let key = keys::RANK_KEY.to_string();
+                if let Some(bytes) = self.inner.get(key.clone()).await? {
+                    return RankKey::from_bytes(&bytes).ok_or_else(|| {
+                        StoreError::Backend(format!(
+                            "`{key}` holds {} bytes, not a key of {}",
+                            bytes.len(),
+                            gpuctl_core::auth::KEY_BYTES
+                        ))
+                    });
+                }
+                let fresh = RankKey::generate()
+                    .map_err(|e| StoreError::Backend(format!("no random bytes for a key: {e}")))?;
+                self.inner.put(key, fresh.as_bytes().to_vec()).await?;
+                Ok(fresh)
+            })
+            .await
+            .cloned()
+    }
+
+    /// Commits what is queued, then releases the backend.
+    pub async fn close(&self) -> StoreResult<()> {
+        let flushed = match self.writer.flush().wait().await {
+            Ok(()) => self.writer.flush_later().wait().await,
+            Err(e) => Err(e),
+        };
+        self.inner.close().await?;
+        flushed
+    }
+
+    pub fn raw(&self) -> &dyn Store {
+        self.inner.as_ref()
+    }
+
+    /// Hands a batch to the writer and returns at once: readers see it now,
+    /// and it is committed atomically, after everything handed over before.
+    /// Wait on the returned [`Durable`] before telling anyone it is stored.
+    pub fn queue(&self, batch: Batch) -> Durable {
+        let history = batch.0.iter().any(|(k, _)| Self::history_input(k));
+        let durable = self.writer.write(batch.0);
+        self.bump_history(history);
+        durable
+    }
+
+    /// As [`StateStore::queue`], in the writer's second lane: committed
+    /// after what is queued now, in small transactions while nothing else
+    /// waits (see [`Writer::write_later`]); not atomically.
+    pub fn queue_later(&self, batch: Batch) -> Durable {
+        let history = batch.0.iter().any(|(k, _)| Self::history_input(k));
+        let durable = self.writer.write_later(batch.0);
+        self.bump_history(history);
+        durable
+    }
+
+    /// Resolves once everything queued before is durable.
+    pub fn flush(&self) -> Durable {
+        self.writer.flush()
+    }
+
+    /// Writes a batch atomically and waits until it is durable.
+    pub async fn write(&self, batch: Batch) -> StoreResult<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.queue(batch).wait().await
+    }
+
+    /// A value, queued or committed.
+    async fn get_raw(&self, key: String) -> StoreResult<Option<Vec<u8>>> {
+        if let Some(v) = self.writer.get(&key) {
+            return Ok(Some(v.as_ref().clone()));
+        }
+        self.inner.get(key).await
+    }
+
+    async fn get_msg<M: Message + Default + 'static>(&self, key: String) -> StoreResult<Option<M>> {
+        let Some(bytes) = self.get_raw(key.clone()).await? else {
+            return Ok(None);
+        };
+        let size = bytes.len();
+        decode_off(size, move || {
+            M::decode(bytes.as_slice())
+                .map(Some)
+                .map_err(|source| StoreError::Decode { key, source })
+        })
+        .await
+    }
+
+    async fn scan_msgs<M: Message + Default + 'static>(
+        &self,
+        prefix: String,
+    ) -> StoreResult<Vec<M>> {
+        let all = self.scan_raw(prefix).await?;
+        let size = all.values().map(Vec::len).sum();
+        decode_off(size, move || {
+            all.into_iter()
+                .map(|(key, bytes)| {
+                    M::decode(bytes.as_slice()).map_err(|source| StoreError::Decode { key, source })
+                })
+                .collect()
+        })
+        .await
+    }
+
+    /// Every entry under `prefix`, committed or queued, by key.
+    async fn scan_raw(
+        &self,
+        prefix: String,
+    ) -> StoreResult<std::collections::BTreeMap<String, Vec<u8>>> {
+        let mut all: std::collections::BTreeMap<String, Vec<u8>> = self
+            .inner
+            .scan_prefix(prefix.clone())
+            .await?
+            .into_iter()
+            .collect();
+        // Queued writes are newer than what is committed.
+        for (k, v) in self.writer.scan(&prefix) {
+            all.insert(k, v.as_ref().clone());
+        }
+        Ok(all)
+    }
+
+    /// Deletes after every queued write is committed, so that a queued
+    /// write of the key cannot bring it back.
+    async fn delete(&self, key: String) -> StoreResult<bool> {
+        self.writer.flush().wait().await?;
+        let history = Self::history_input(&key);
+        let gone = self.inner.delete(key).await;
+        self.bump_history(history);
+        gone
+    }
+
+    /// Deletes job `id` whole: its results, logs, telemetry, report, the
+    /// mark that its fleet history is due, and last its record, so that a
+    /// crash halfway leaves a job that is deleted again at the next start.
+    /// Waits first for both of the writer's lanes, so that no queued write
+    /// of the job brings a key back. Returns how many keys went.
+    pub async fn delete_job(&self, id: &str) -> StoreResult<usize> {
+        self.writer.flush().wait().await?;
+        self.writer.flush_later().wait().await?;
+        let mut gone = 0;
+        for prefix in [
+            keys::results_of(id),
+            keys::logs(id, None),
+            keys::telemetry_of(id),
+        ] {
+            gone += self.inner.delete_prefix(prefix).await?;
+        }
+        for key in [keys::report(id), keys::history_due(id), keys::job(id)] {
+            gone += usize::from(self.inner.delete(key).await?);
+        }
+        Ok(gone)
+    }
+
+    pub async fn job_seq(&self) -> StoreResult<u64> {
+        match self.get_raw(keys::JOB_SEQ.to_string()).await? {
+            None => Ok(0),
+            Some(bytes) => String::from_utf8_lossy(&bytes).trim().parse().map_err(|_| {
+                StoreError::Backend(format!(
+                    "`{}` holds {:?}, not a number",
+                    keys::JOB_SEQ,
+                    String::from_utf8_lossy(&bytes)
+                ))
+            }),
+        }
+    }
+
+    pub async fn nodes(&self) -> StoreResult<Vec<Node>> {
+        self.scan_msgs(keys::NODES.to_string()).await
+    }
+
+    pub async fn jobs(&self) -> StoreResult<Vec<Job>> {
+        self.scan_msgs(keys::JOBS.to_string()).await
+    }
+
+    pub async fn suites(&self) -> StoreResult<Vec<Suite>> {
+        self.scan_msgs(keys::SUITES.to_string()).await
+    }
+
+    /// Every node's last acceptance suite.
+    pub async fn acceptances(&self) -> StoreResult<Vec<Acceptance>> {
+        self.scan_msgs(keys::ACCEPTANCE.to_string()).await
+    }
+
+    pub async fn job(&self, id: &str) -> StoreResult<Option<Job>> {
+        self.get_msg(keys::job(id)).await
+    }
+
+    /// Queues a result; durable when the returned [`Durable`] resolves.
+    pub fn put_result(&self, result: &RankResult) -> Durable {
+        let key = keys::result(&result.job_id, result.attempt, result.rank);
+        self.writer.write(vec![(key, result.encode_to_vec())])
+    }
+
+    pub async fn results(&self, job: &str, attempt: u32) -> StoreResult<Vec<RankResult>> {
+        self.scan_msgs(keys::results(job, attempt)).await
+    }
+
+    /// Every kept run (of one node when `node` is given), oldest first.
+    pub async fn history(&self, node: Option<&str>) -> StoreResult<Vec<NodeRun>> {
+        let prefix = match node {
+            Some(n) => keys::history_of(n),
+            None => keys::HISTORY.to_string(),
+        };
+        self.scan_msgs(prefix).await
+    }
+
+    /// Jobs whose runs are due ([`Batch::history_due`]).
+    pub async fn history_due(&self) -> StoreResult<Vec<String>> {
+        let marks = self.scan_raw(keys::HISTORY_DUE.to_string()).await?;
+        Ok(marks
+            .into_keys()
+            .filter_map(|k| k.strip_prefix(keys::HISTORY_DUE).map(str::to_string))
+            .collect())
+    }
+
+    /// `job`'s runs are committed: no longer due.
+    pub async fn history_done(&self, job: &str) -> StoreResult<bool> {
+        self.delete(keys::history_due(job)).await
+    }
+
+    pub async fn delete_node(&self, name: &str) -> StoreResult<bool> {
+        self.delete(keys::node(name)).await
+    }
+
+    pub async fn delete_run(&self, run: &NodeRun) -> StoreResult<bool> {
+        let key = keys::history(&run.node, run.finished_unix_ms, &run.job_id);
+        // Runs are written in the second lane: a run still queued there
+        // would come back after this delete.
+        self.writer.flush_later().wait().await?;
+        self.delete(key).await
+    }
+
+    pub async fn baseline(&self, name: &str) -> StoreResult<Option<Baseline>> {
+        self.get_msg(keys::baseline(name)).await
+    }
+
+    pub async fn baselines(&self) -> StoreResult<Vec<Baseline>> {
+        self.scan_msgs(keys::BASELINES.to_string()).await
+    }
+
+    pub async fn put_baseline(&self, b: &Baseline) -> StoreResult<()> {
+        self.writer
+            .write(vec![(keys::baseline(&b.name), b.encode_to_vec())])
+            .wait()
+            .await
+    }
+
+    /// Whether there was one to delete.
+    pub async fn delete_baseline(&self, name: &str) -> StoreResult<bool> {
+        self.delete(keys::baseline(name)).await
+    }
+
+    /// A stored report with its ranks' results put back (see
+    /// [`Batch::report`]).
+    pub async fn report(&self, job: &str) -> StoreResult<Option<Report>> {
+        let Some(mut report) = self.get_msg::<Report>(keys::report(job)).await? else {
+            return Ok(None);
+        };
+        // Reports stored before `attempt` was kept carry their results.
+        if report.attempt > 0 {
+            let mut results: std::collections::BTreeMap<u32, RankResult> = self
+                .results(job, report.attempt)
+                .await?
+                .into_iter()
+                .map(|r| (r.rank, r))
+                .collect();
+            for rank in ranks_of(&mut report) {
+                rank.result = results.remove(&rank.rank);
+            }
+        }
+        Ok(Some(report))
+    }
+
+    /// A job's stored telemetry, one series per GPU in (node, index) order.
+    pub async fn telemetry(&self, job: &str) -> StoreResult<Vec<GpuSeries>> {
+        self.scan_msgs(keys::telemetry_of(job)).await
+    }
+
+    /// Stores log batches, each under its own sequence number.
+    pub async fn put_logs(
+        &self,
+        batches: Vec<(String, u32, u64, Vec<LogLine>)>,
+    ) -> StoreResult<()> {
+        let entries = batches
+            .into_iter()
+            .map(|(job, rank, seq, lines)| {
+                (
+                    keys::log(&job, rank, seq),
+                    GetLogsResponse { lines }.encode_to_vec(),
+                )
+            })
+            .collect();
+        self.inner.put_many(entries).await
+    }
+
+    /// The highest log sequence number stored for one rank, if any.
+    pub async fn last_log_seq(&self, job: &str, rank: u32) -> StoreResult<Option<u64>> {
+        let entries = self.inner.scan_prefix(keys::logs(job, Some(rank))).await?;
+        Ok(entries
+            .last()
+            .and_then(|(k, _)| k.rsplit('/').next())
+            .and_then(|s| s.parse().ok()))
+    }
+
+    /// Log lines of a job in (rank, arrival) order.
+    pub async fn logs(&self, job: &str, rank: Option<u32>) -> StoreResult<Vec<LogLine>> {
+        let batches: Vec<GetLogsResponse> = self.scan_msgs(keys::logs(job, rank)).await?;
+        Ok(batches.into_iter().flat_map(|b| b.lines).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests;
