@@ -13,6 +13,7 @@ mod exit;
 mod output;
 
 use clap::{CommandFactory, FromArgMatches};
+use gpuctl_core::clock::Clock;
 use tracing_subscriber::EnvFilter;
 
 use crate::args::Cli;
@@ -52,7 +53,7 @@ fn main() {
             std::process::exit(Exit::Failed.code());
         }
     };
-    let exit = match rt.block_on(commands::run(cli)) {
+    let exit = match rt.block_on(commands::run(cli, &Clock::system())) {
         Ok(exit) => exit,
         Err(e) => {
             // A usage error is one sentence naming the flag; no cause chain.

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use clap::Args;
+use gpuctl_core::clock::Clock;
 use gpuctl_core::pb;
 use gpuctl_core::suite::{Suite as SuiteDef, LEVELS, MAX_SUITE_BYTES};
 use serde_json::json;
@@ -145,6 +146,7 @@ pub async fn run(
     req: pb::SubmitSuiteRequest,
     actions: Actions,
     out: OutputFormat,
+    clock: &Clock,
 ) -> Result<Exit> {
     let mut suite = c.submit_suite(req).await?;
     eprintln!(
@@ -160,7 +162,7 @@ pub async fn run(
     while !suite.state().is_terminal() {
         tokio::time::sleep(POLL).await;
         suite = c.suite(&suite.id).await?;
-        let line = progress(&suite, gpuctl_core::now_ms());
+        let line = progress(&suite, clock.now_ms());
         if tty {
             eprint!("\r\x1b[2K{line}");
             let _ = std::io::stderr().flush();

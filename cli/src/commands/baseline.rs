@@ -4,6 +4,7 @@
 
 use anyhow::Result;
 use clap::{Args, Subcommand};
+use gpuctl_core::clock::Clock;
 
 use crate::client::Coordinator;
 use crate::exit::Exit;
@@ -38,7 +39,12 @@ pub struct BaselineName {
     pub name: String,
 }
 
-pub async fn run(c: &mut Coordinator, cmd: BaselineCommand, out: OutputFormat) -> Result<Exit> {
+pub async fn run(
+    c: &mut Coordinator,
+    cmd: BaselineCommand,
+    out: OutputFormat,
+    clock: &Clock,
+) -> Result<Exit> {
     match cmd {
         BaselineCommand::Save(a) => {
             let b = c.save_baseline(&a.job, &a.name, a.replace).await?;
@@ -61,14 +67,14 @@ pub async fn run(c: &mut Coordinator, cmd: BaselineCommand, out: OutputFormat) -
                 OutputFormat::Json => output::print_json(&serde_json::Value::Array(
                     all.iter().map(output::json::baseline).collect(),
                 )),
-                _ => output::print_text(&output::baseline::list_table(&all)),
+                _ => output::print_text(&output::baseline::list_table(&all, clock.now_ms())),
             }
         }
         BaselineCommand::Show(a) => {
             let b = c.get_baseline(&a.name).await?;
             match out {
                 OutputFormat::Json => output::print_json(&output::json::baseline(&b)),
-                _ => output::print_text(&output::baseline::render(&b)),
+                _ => output::print_text(&output::baseline::render(&b, clock.now_ms())),
             }
         }
         BaselineCommand::Delete(a) => {

@@ -7,6 +7,7 @@
 
 use anyhow::Result;
 use clap::{Args, Subcommand};
+use gpuctl_core::clock::Clock;
 use serde_json::json;
 
 use crate::client::Coordinator;
@@ -44,6 +45,7 @@ pub async fn run(
     a: &FleetArgs,
     since_unix_ms: u64,
     out: OutputFormat,
+    clock: &Clock,
 ) -> Result<Exit> {
     let node = a.node.as_deref().unwrap_or("");
     let f = c.fleet(since_unix_ms, node).await?;
@@ -52,7 +54,7 @@ pub async fn run(
             "no runs of node `{node}` in the fleet history (`gpuctl fleet` lists the nodes)"
         );
     }
-    let now = gpuctl_core::now_ms();
+    let now = clock.now_ms();
     match (out, &a.view) {
         (OutputFormat::Json, Some(FleetView::Links)) => output::print_json(
             &json!({ "links": f.links.iter().map(|l| link(l, now)).collect::<Vec<_>>() }),

@@ -2,6 +2,7 @@
 
 use anyhow::Result;
 use clap::Args;
+use gpuctl_core::clock::Clock;
 
 use crate::client::Coordinator;
 use crate::exit::Exit;
@@ -14,7 +15,12 @@ pub struct JobsArgs {
     pub limit: u32,
 }
 
-pub async fn run(c: &mut Coordinator, limit: u32, out: OutputFormat) -> Result<Exit> {
+pub async fn run(
+    c: &mut Coordinator,
+    limit: u32,
+    out: OutputFormat,
+    clock: &Clock,
+) -> Result<Exit> {
     let mut jobs = c.jobs(limit).await?;
     // The coordinator's order is not part of the contract; newest first is what people expect.
     jobs.sort_by(|a, b| {
@@ -27,13 +33,13 @@ pub async fn run(c: &mut Coordinator, limit: u32, out: OutputFormat) -> Result<E
             jobs.iter().map(output::json::job).collect(),
         )),
         out if out.is_grid() => {
-            output::grid::print(&output::jobs::grid(&jobs, gpuctl_core::now_ms()), out)?
+            output::grid::print(&output::jobs::grid(&jobs, clock.now_ms()), out)?
         }
         _ => {
             if jobs.is_empty() {
                 eprintln!("no jobs yet; submit one with `gpuctl submit stress --duration 30s`");
             } else {
-                output::print_text(&output::jobs::render(&jobs, gpuctl_core::now_ms()));
+                output::print_text(&output::jobs::render(&jobs, clock.now_ms()));
             }
         }
     }

@@ -28,6 +28,7 @@ pub mod watch;
 
 use anyhow::Result;
 use clap::{CommandFactory, ValueEnum};
+use gpuctl_core::clock::Clock;
 
 use self::certs::CertsCommand;
 use self::local::LocalCommand;
@@ -71,7 +72,9 @@ fn check_format(cmd: &Command, out: OutputFormat) -> Result<()> {
     .into())
 }
 
-pub async fn run(cli: Cli) -> Result<Exit> {
+/// `clock` is the one every verb reads the time from (the system's in
+/// `main`): the ages a table shows and `--since` are told from it.
+pub async fn run(cli: Cli, clock: &Clock) -> Result<Exit> {
     let out = cli.output;
     check_format(&cli.command, out)?;
     let url = cli.coordinator.as_str();
@@ -80,12 +83,13 @@ pub async fn run(cli: Cli) -> Result<Exit> {
         // Validation comes before connecting: bad input must send nothing.
         Command::Accept(a) => {
             let req = a.to_request()?;
-            accept::run(&mut Coordinator::connect(url).await?, req, a.actions(), out).await
+            let mut c = Coordinator::connect(url).await?;
+            accept::run(&mut c, req, a.actions(), out, clock).await
         }
         Command::Submit(a) => {
             let spec = a.job.to_spec()?;
             let mut c = Coordinator::connect(url).await?;
-            submit::run(&mut c, spec, a.wait, out).await
+            submit::run(&mut c, spec, a.wait, out, clock).await
         }
         Command::Plan(a) => {
             let spec = a.to_spec()?;
@@ -98,14 +102,19 @@ pub async fn run(cli: Cli) -> Result<Exit> {
                 Some(nodes::NodesAction::Remove { name }) => {
                     nodes::remove(&mut c, &name, out).await
                 }
-                None => nodes::run(&mut c, out).await,
+                None => nodes::run(&mut c, out, clock).await,
             }
         }
-        Command::Jobs(a) => jobs::run(&mut Coordinator::connect(url).await?, a.limit, out).await,
-        Command::Status(a) => status::run(&mut Coordinator::connect(url).await?, &a.job, out).await,
+        Command::Jobs(a) => {
+            jobs::run(&mut Coordinator::connect(url).await?, a.limit, out, clock).await
+        }
+        Command::Status(a) => {
+            status::run(&mut Coordinator::connect(url).await?, &a.job, out, clock).await
+        }
         Command::Watch(a) => {
             let interval = parse::parse_interval("--interval", &a.interval)?;
-            watch::run(&mut Coordinator::connect(url).await?, &a.job, interval, out).await
+            let mut c = Coordinator::connect(url).await?;
+            watch::run(&mut c, &a.job, interval, out, clock).await
         }
         Command::Cancel(a) => {
             cancel::run(
@@ -134,18 +143,18 @@ pub async fn run(cli: Cli) -> Result<Exit> {
                 logs::run(&mut c, &a.job, a.rank, a.tail, out).await
             }
         }
-        Command::Local(LocalCommand::Up(a)) => Ok(Exit::failed_if(local::up(a).await? != 0)),
+        Command::Local(LocalCommand::Up(a)) => Ok(Exit::failed_if(local::up(a, clock).await? != 0)),
         Command::Doctor(a) => doctor::run(&a, out),
         Command::Fleet(a) => {
             let since = match &a.since {
                 Some(s) => {
                     let d = parse::parse_interval("--since", s)?;
-                    gpuctl_core::now_ms().saturating_sub(d.as_millis() as u64)
+                    clock.now_ms().saturating_sub(d.as_millis() as u64)
                 }
                 None => 0,
             };
             let mut c = Coordinator::connect(url).await?;
-            fleet::run(&mut c, &a, since, out).await
+            fleet::run(&mut c, &a, since, out, clock).await
         }
         Command::Certs(CertsCommand::Init(a)) => certs::init(&a),
         Command::Completion { shell } => {
@@ -153,7 +162,7 @@ pub async fn run(cli: Cli) -> Result<Exit> {
             Ok(Exit::Ok)
         }
         Command::Baseline(cmd) => {
-            baseline::run(&mut Coordinator::connect(url).await?, cmd, out).await
+            baseline::run(&mut Coordinator::connect(url).await?, cmd, out, clock).await
         }
     }
 }

@@ -3,6 +3,7 @@
 
 use anyhow::Result;
 use clap::{Args, Subcommand};
+use gpuctl_core::clock::Clock;
 use gpuctl_core::listing::NodeRow;
 
 use crate::client::Coordinator;
@@ -37,8 +38,8 @@ pub async fn remove(c: &mut Coordinator, name: &str, out: OutputFormat) -> Resul
     Ok(Exit::Ok)
 }
 
-pub async fn run(c: &mut Coordinator, out: OutputFormat) -> Result<Exit> {
-    let now = gpuctl_core::now_ms();
+pub async fn run(c: &mut Coordinator, out: OutputFormat, clock: &Clock) -> Result<Exit> {
+    let now = clock.now_ms();
     // JSON carries every fact and check; a table needs far less.
     if matches!(out, OutputFormat::Json) {
         let mut nodes = c.nodes().await?;

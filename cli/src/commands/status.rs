@@ -3,6 +3,7 @@
 
 use anyhow::Result;
 use clap::Args;
+use gpuctl_core::clock::Clock;
 
 use crate::client::Coordinator;
 use crate::exit::Exit;
@@ -14,7 +15,7 @@ pub struct StatusArgs {
     pub job: String,
 }
 
-pub async fn run(c: &mut Coordinator, id: &str, out: OutputFormat) -> Result<Exit> {
+pub async fn run(c: &mut Coordinator, id: &str, out: OutputFormat, clock: &Clock) -> Result<Exit> {
     // A person's table shows the ranks furthest behind; JSON has them all.
     let max_ranks = match out {
         OutputFormat::Json => 0,
@@ -32,7 +33,7 @@ pub async fn run(c: &mut Coordinator, id: &str, out: OutputFormat) -> Result<Exi
             };
             output::print_text(&output::status::render(
                 &job,
-                gpuctl_core::now_ms(),
+                clock.now_ms(),
                 &output::status::telemetry_columns(&job, &latest),
             ))
         }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use clap::Args;
+use gpuctl_core::clock::Clock;
 use gpuctl_core::pb;
 use tonic::Code;
 
@@ -47,6 +48,7 @@ pub async fn run(
     spec: pb::JobSpec,
     wait: bool,
     out: OutputFormat,
+    clock: &Clock,
 ) -> Result<Exit> {
     let job = c.submit(spec).await?;
     if !wait {
@@ -59,14 +61,14 @@ pub async fn run(
     }
     eprintln!("submitted {} ({})", job.id, output::job_state(&job));
     let job = tokio::select! {
-        r = follow(c, job) => r?,
+        r = follow(c, job, clock) => r?,
         _ = tokio::signal::ctrl_c() => {
             // Detach, don't cancel: a long burn-in should survive a closed laptop lid.
             eprintln!("\nstopped waiting; the job goes on. Follow it with `gpuctl watch ID`, stop it with `gpuctl cancel ID`");
             return Ok(Exit::Interrupted);
         }
     };
-    finish(c, &job, out).await
+    finish(c, &job, out, clock).await
 }
 
 /// The live view on stderr (terminal) or periodic plain lines (no terminal).
@@ -75,10 +77,12 @@ struct Display {
     screen: Option<live::Screen>,
     last_plain: Option<Instant>,
     last_state: i32,
+    /// What the views' ages are told from.
+    clock: Clock,
 }
 
 impl Display {
-    fn new() -> Self {
+    fn new(clock: &Clock) -> Self {
         // Redraws only where a person watches: piped into a file or CI, a line
         // now and then is history a log can keep.
         let tty = std::io::stdout().is_terminal() && std::io::stderr().is_terminal();
@@ -86,6 +90,7 @@ impl Display {
             screen: tty.then(live::Screen::default),
             last_plain: None,
             last_state: -1,
+            clock: clock.clone(),
         }
     }
 
@@ -94,7 +99,7 @@ impl Display {
     }
 
     fn update(&mut self, job: &pb::Job, latest: &[pb::TelemetryBatch]) {
-        let now = gpuctl_core::now_ms();
+        let now = self.clock.now_ms();
         if let Some(screen) = &mut self.screen {
             let rows = live::rows_for(console::Term::stderr().size_checked().map(|s| s.0));
             screen.draw(
@@ -122,8 +127,8 @@ impl Display {
 }
 
 /// Polls until the job is terminal; tolerates a coordinator restart for a while.
-async fn follow(c: &mut Coordinator, mut job: pb::Job) -> Result<pb::Job> {
-    let mut display = Display::new();
+async fn follow(c: &mut Coordinator, mut job: pb::Job, clock: &Clock) -> Result<pb::Job> {
+    let mut display = Display::new(clock);
     let mut unreachable_since: Option<Instant> = None;
     let mut latest = Vec::new();
     loop {
@@ -154,7 +159,12 @@ async fn follow(c: &mut Coordinator, mut job: pb::Job) -> Result<pb::Job> {
     }
 }
 
-async fn finish(c: &mut Coordinator, job: &pb::Job, out: OutputFormat) -> Result<Exit> {
+async fn finish(
+    c: &mut Coordinator,
+    job: &pb::Job,
+    out: OutputFormat,
+    clock: &Clock,
+) -> Result<Exit> {
     let deadline = Instant::now() + REPORT_GRACE;
     loop {
         match c.report_raw(&job.id).await {
@@ -177,7 +187,7 @@ async fn finish(c: &mut Coordinator, job: &pb::Job, out: OutputFormat) -> Result
                     OutputFormat::Json => output::print_json(&output::json::job(job)),
                     _ => output::print_text(&output::status::render(
                         job,
-                        gpuctl_core::now_ms(),
+                        clock.now_ms(),
                         &Default::default(),
                     )),
                 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use clap::Args;
+use gpuctl_core::clock::Clock;
 use gpuctl_core::pb;
 
 use crate::client::Coordinator;
@@ -38,6 +39,7 @@ pub async fn run(
     id: &str,
     interval: Duration,
     out: OutputFormat,
+    clock: &Clock,
 ) -> Result<Exit> {
     let tty = std::io::stdout().is_terminal();
     let mut last = String::new();
@@ -48,7 +50,7 @@ pub async fn run(
             _ => 0,
         };
         let job = c.job(id, max_ranks).await?;
-        let now = gpuctl_core::now_ms();
+        let now = clock.now_ms();
         let done = job.state().is_terminal();
         let fp = fingerprint(&job);
         match out {

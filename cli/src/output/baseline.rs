@@ -5,7 +5,8 @@ use gpuctl_core::pb;
 
 use crate::output::{self, table::Table};
 
-pub fn list_table(all: &[pb::Baseline]) -> String {
+/// `now`: the Unix ms each SAVED age is told from.
+pub fn list_table(all: &[pb::Baseline], now: u64) -> String {
     let mut t = Table::new(&[
         "NAME",
         "JOB",
@@ -25,7 +26,7 @@ pub fn list_table(all: &[pb::Baseline]) -> String {
             b.workload.clone(),
             b.figures.len().to_string(),
             output::dash(&classes.join("; ")),
-            output::age(b.created_unix_ms, gpuctl_core::now_ms()),
+            output::age(b.created_unix_ms, now),
         ]);
     }
     t.render()
@@ -49,15 +50,12 @@ pub fn figures_table(b: &pb::Baseline) -> String {
     t.render()
 }
 
-pub fn render(b: &pb::Baseline) -> String {
+pub fn render(b: &pb::Baseline, now: u64) -> String {
     let mut s = output::table::key_values(&[
         ("NAME", b.name.clone()),
         ("FROM JOB", b.job_id.clone()),
         ("WORKLOAD", b.workload.clone()),
-        (
-            "SAVED",
-            output::age(b.created_unix_ms, gpuctl_core::now_ms()),
-        ),
+        ("SAVED", output::age(b.created_unix_ms, now)),
     ]);
     s.push_str("\nFIGURES\n");
     s.push_str(&figures_table(b));

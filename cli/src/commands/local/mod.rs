@@ -18,6 +18,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
+use gpuctl_core::clock::Clock;
 use gpuctl_core::pb;
 use gpuctl_core::shutdown::Shutdown;
 
@@ -172,19 +173,31 @@ fn find_bin(over: Option<PathBuf>, name: &str, flag: &str) -> Result<PathBuf> {
     )
 }
 
-fn open_log(path: &Path, cmd: &Command) -> Result<File> {
-    let mut f = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .with_context(|| format!("opening log {}", path.display()))?;
-    let _ = writeln!(
-        f,
-        "--- gpuctl local up, unix_ms {}: {:?}",
-        gpuctl_core::now_ms(),
-        cmd
-    );
-    Ok(f)
+/// Where the children's logs go. It carries the clock so that the line each
+/// log opens with is stamped by the CLI's one clock, not by the system's
+/// behind its back.
+struct Logs {
+    dir: PathBuf,
+    clock: Clock,
+}
+
+impl Logs {
+    /// Opens (appends to) `file` in the folder, stamped with what runs.
+    fn open(&self, file: &str, cmd: &Command) -> Result<(PathBuf, File)> {
+        let path = self.dir.join(file);
+        let mut f = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("opening log {}", path.display()))?;
+        let _ = writeln!(
+            f,
+            "--- gpuctl local up, unix_ms {}: {:?}",
+            self.clock.now_ms(),
+            cmd
+        );
+        Ok((path, f))
+    }
 }
 
 /// Own process group, and SIGTERM when this (single-threaded runtime's main)
@@ -209,7 +222,7 @@ fn start_coordinator(
     bin: &Path,
     host: std::net::Ipv4Addr,
     data_dir: &Path,
-    logs: &Path,
+    logs: &Logs,
 ) -> Result<(Proc, String)> {
     let mut cmd = Command::new(bin);
     cmd.arg("--listen")
@@ -221,8 +234,7 @@ fn start_coordinator(
     pass_through(&mut cmd, &a.coordinator_arg);
     // Its output goes to a file: no colour escapes there.
     cmd.env("NO_COLOR", "1");
-    let log = logs.join("coordinator.log");
-    let mut log_file = open_log(&log, &cmd)?;
+    let (log, mut log_file) = logs.open("coordinator.log", &cmd)?;
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::from(log_file.try_clone()?));
@@ -287,7 +299,7 @@ fn start_agent(
     name: &str,
     net: Option<&netns::Network>,
     data_dir: &Path,
-    logs: &Path,
+    logs: &Logs,
 ) -> Result<Proc> {
     let work = data_dir.join("agents").join(name);
     fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
@@ -305,8 +317,7 @@ fn start_agent(
         .arg(&work);
     pass_through(&mut cmd, &a.agent_arg);
     cmd.env("NO_COLOR", "1");
-    let log = logs.join(format!("{name}.log"));
-    let f = open_log(&log, &cmd)?;
+    let (log, f) = logs.open(&format!("{name}.log"), &cmd)?;
     cmd.stdin(Stdio::null())
         .stdout(Stdio::from(f.try_clone()?))
         .stderr(Stdio::from(f));
@@ -375,7 +386,7 @@ async fn wait_for_agents(
     }
 }
 
-pub async fn up(a: LocalUpArgs) -> Result<i32> {
+pub async fn up(a: LocalUpArgs, clock: &Clock) -> Result<i32> {
     // Check what we can before starting anything.
     parse_interval("--node-timeout", &a.node_timeout)?;
     if a.netns && a.agents > netns::MAX_AGENTS {
@@ -410,11 +421,14 @@ pub async fn up(a: LocalUpArgs) -> Result<i32> {
         };
         std::env::temp_dir().join(format!("gpuctl-local-{tag}"))
     });
-    let logs = data_dir.join("logs");
+    let logs = Logs {
+        dir: data_dir.join("logs"),
+        clock: clock.clone(),
+    };
     for d in [
         data_dir.join("coordinator"),
         data_dir.join("agents"),
-        logs.clone(),
+        logs.dir.clone(),
     ] {
         fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
     }
@@ -469,7 +483,7 @@ pub async fn up(a: LocalUpArgs) -> Result<i32> {
         names.len(),
         a.cpu_ranks,
         data_dir.display(),
-        logs.display()
+        logs.dir.display()
     );
     if a.netns && a.agents > 0 {
         eprintln!(
