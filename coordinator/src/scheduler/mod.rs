@@ -57,6 +57,7 @@ mod jobs;
 mod planning;
 mod ranks;
 mod recent;
+mod report_inputs;
 mod reports;
 mod retention;
 pub mod snapshot;

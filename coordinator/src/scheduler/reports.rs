@@ -17,29 +17,23 @@
 //! At 32,768 ranks one rebuild takes seconds, and a fleet whose calls time
 //! out sends its results again by the thousand.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use gpuctl_core::pb::{Job, JobState, RankProgress, RankResult, Report, Verdict, WorkerExited};
+use gpuctl_core::pb::{JobState, Report};
 use tracing::{debug, info, warn};
 
 use super::background;
 use super::events::{Built, Reply, ReportEvent};
 use super::recent;
-use super::state::{JobEntry, Pending, RETIRE_OVER_RANKS};
-use super::{Scheduler, SchedulerConfig};
+use super::report_inputs::{from_store, ReportInputs};
+use super::state::{JobEntry, Pending};
+use super::Scheduler;
 use crate::error::CoordinatorError;
 use crate::history;
-use crate::jobs::hang::Watch;
-use crate::judge::figures::Figures;
 use crate::judge::fleet;
-use crate::judge::health::HealthRules;
-use crate::judge::report;
-use crate::judge::rules::PerfRules;
 use crate::judge::telemetry::Telemetry;
-use crate::store::{Batch, Durable, StateStore, StoreError, StoreResult};
-use gpuctl_core::clock::Clock;
+use crate::store::{Batch, Durable, StateStore, StoreError};
 
 /// Late results are folded in once none came for this long…
 pub const STALE_QUIET_MS: u64 = 2_000;
@@ -50,182 +44,6 @@ pub const STALE_MAX_MS: u64 = 10_000;
 /// size: the store holds a transaction's pages in memory until it commits,
 /// and a job's end was one of 100 MB.
 const TELEMETRY_WRITE_BYTES: usize = 8 << 20;
-
-/// Everything a report is made of, owned, so that it can go to another
-/// thread: the owned counterpart of `report::Inputs`.
-struct ReportInputs {
-    /// See [`Built::since`].
-    since: Instant,
-    job: Job,
-    results: BTreeMap<u32, RankResult>,
-    exits: BTreeMap<u32, WorkerExited>,
-    progress: BTreeMap<u32, RankProgress>,
-    watch: Watch,
-    telemetry: Telemetry,
-    health: Arc<HealthRules>,
-    perf: Arc<PerfRules>,
-    /// When a verdict or a rebuilt report is made, off the task.
-    clock: Clock,
-}
-
-impl ReportInputs {
-    /// Takes the results and telemetry of `entry` (a job keeps neither once
-    /// its report is made) and copies the rest. A big job's exits, progress
-    /// and clocks are taken too: it drops them once it ends
-    /// ([`JobEntry::retire`]), and copying them held the scheduler 30-60 ms
-    /// at 32,768 ranks, every other request waiting.
-    fn take(entry: &mut JobEntry, cfg: &SchedulerConfig) -> ReportInputs {
-        let ranks: Vec<u32> = entry.results.keys().copied().collect();
-        for rank in ranks {
-            entry.mark_stored(rank);
-        }
-        let big = entry.world_size() > RETIRE_OVER_RANKS;
-        fn part<T: Clone + Default>(v: &mut T, take: bool) -> T {
-            if take {
-                std::mem::take(v)
-            } else {
-                v.clone()
-            }
-        }
-        ReportInputs {
-            since: Instant::now(),
-            job: entry.job.clone(),
-            results: std::mem::take(&mut entry.results),
-            exits: part(&mut entry.exits, big),
-            progress: part(&mut entry.progress, big),
-            watch: part(&mut entry.watch, big),
-            telemetry: std::mem::take(&mut entry.telemetry),
-            health: cfg.health_rules.clone(),
-            perf: cfg.perf_rules.clone(),
-            clock: cfg.clock.clone(),
-        }
-    }
-
-    /// What `entry` has in memory, copied, without its results and
-    /// telemetry: [`from_store`] reads those.
-    fn copy(entry: &JobEntry, cfg: &SchedulerConfig) -> ReportInputs {
-        ReportInputs {
-            since: Instant::now(),
-            job: entry.job.clone(),
-            results: BTreeMap::new(),
-            exits: entry.exits.clone(),
-            progress: entry.progress.clone(),
-            watch: entry.watch.clone(),
-            telemetry: Telemetry::default(),
-            health: cfg.health_rules.clone(),
-            perf: cfg.perf_rules.clone(),
-            clock: cfg.clock.clone(),
-        }
-    }
-
-    /// The report without the ranks' results, which [`ReportInputs::finish`] moves
-    /// in, and the figures it was judged with.
-    fn build(&self, job: &Job, now: u64) -> (Report, Figures) {
-        report::build_bare(&report::Inputs {
-            job,
-            results: &self.results,
-            exits: &self.exits,
-            progress: &self.progress,
-            watch: &self.watch,
-            telemetry: &self.telemetry,
-            rules: &self.health,
-            perf: &self.perf,
-            now_ms: now,
-        })
-    }
-
-    /// The report with what is stored beside it. What `self` keeps (the
-    /// ranks' progress, exits and clocks) is for the caller to drop once
-    /// the report is on its way: at 32,768 ranks freeing them took ~15 %
-    /// of the judge's time.
-    fn finish(&mut self, judged: (Report, Figures), at_ms: u64, telemetry_bytes: u64) -> Built {
-        let (mut report, figures) = judged;
-        report.telemetry_bytes = telemetry_bytes;
-        // At tens of thousands of ranks the results are a hundred MB or
-        // more: the store gets the report without them (it has each), and
-        // they are moved into it, not copied, for those who wait.
-        // Encoding the report and making the runs each take a tenth of
-        // judging 32,768 ranks, and neither needs the other.
-        let (mut batch, history) = std::thread::scope(|s| {
-            let runs = s.spawn(|| {
-                fleet::runs(&report, &figures)
-                    .iter()
-                    .fold(Batch::default(), Batch::run)
-            });
-            let batch = Batch::default().bare_report(&report);
-            let history = runs.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
-            (batch, history)
-        });
-        report::attach(&mut report, std::mem::take(&mut self.results));
-        if !history.is_empty() {
-            batch = batch.history_due(&report.job_id);
-        }
-        Built {
-            report,
-            at_ms,
-            since: self.since,
-            batch,
-            history,
-            telemetry: std::mem::take(&mut self.telemetry),
-        }
-    }
-
-    /// The report of a job that ended for any reason but its verdict.
-    fn ended(&mut self) -> Built {
-        let now = self.job.finished_unix_ms.max(1);
-        let (judged, bytes) = self.measuring_telemetry(|w| w.build(&w.job, now));
-        self.finish(judged, now, bytes)
-    }
-
-    /// The verdict of a job whose every rank reported, and its report.
-    fn judge(&mut self) -> (JobState, String, Built) {
-        let now = self.clock.now_ms();
-        let ((state, message, judged), bytes) = self.measuring_telemetry(|w| w.verdict(now));
-        (state, message, self.finish(judged, now, bytes))
-    }
-
-    /// `make`'s result, with what the job's telemetry takes in the store
-    /// (`Report.telemetry_bytes`) measured on a second thread meanwhile:
-    /// at 32,768 GPUs that is ~30 ms of encoded lengths.
-    fn measuring_telemetry<T: Send>(
-        &self,
-        make: impl FnOnce(&ReportInputs) -> T + Send,
-    ) -> (T, u64) {
-        std::thread::scope(|s| {
-            let bytes = s.spawn(|| self.telemetry.stored_bytes(&self.job.id));
-            let made = make(self);
-            let bytes = bytes
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-            (made, bytes)
-        })
-    }
-
-    /// Built once as if the job succeeded (what almost every complete job
-    /// does); a job that does not pass is judged as a running job, as always
-    /// (a succeeded job is also held to the figures it was expected to
-    /// produce, a running one not yet), and built again with its failure.
-    fn verdict(&self, now: u64) -> (JobState, String, (Report, Figures)) {
-        let mut job = self.job.clone();
-        job.set_state(JobState::Succeeded);
-        job.finished_unix_ms = now;
-        job.results_in = self.results.len() as u32;
-        let judged = self.build(&job, now);
-        if report::ranks_verdict(&judged.0).0 == Verdict::Pass {
-            return (JobState::Succeeded, String::new(), judged);
-        }
-        let (running, _) = self.build(&self.job, now);
-        let (verdict, why) = report::ranks_verdict(&running);
-        let (state, message) = if verdict == Verdict::Pass {
-            (JobState::Succeeded, String::new())
-        } else {
-            (JobState::Failed, why)
-        };
-        job.set_state(state);
-        job.message = message.clone();
-        (state, message, self.build(&job, now))
-    }
-}
 
 /// Queues a job's last telemetry to `store` after its report, in writes
 /// of [`TELEMETRY_WRITE_BYTES`] (the store holds a transaction's pages in
@@ -574,35 +392,4 @@ impl Scheduler {
         }
         let _ = reply.send(self.report(id).await);
     }
-}
-
-/// An ended job's report from its stored job, results and telemetry, with
-/// the rest of `work`, built on a blocking thread.
-async fn from_store(
-    mut work: ReportInputs,
-    retired: bool,
-    store: &StateStore,
-) -> StoreResult<Report> {
-    if retired {
-        // A retired job keeps no plan in memory; the stored one has it.
-        if let Some(job) = store.job(&work.job.id).await? {
-            work.job = job;
-        }
-    }
-    let (id, attempt) = (work.job.id.clone(), work.job.attempt);
-    work.results = store
-        .results(&id, attempt)
-        .await?
-        .into_iter()
-        .map(|r| (r.rank, r))
-        .collect();
-    work.telemetry = Telemetry::from_stored(store.telemetry(&id).await?);
-    tokio::task::spawn_blocking(move || {
-        let (mut report, _) = work.build(&work.job, work.clock.now_ms());
-        report.telemetry_bytes = work.telemetry.stored_bytes(&id);
-        report::attach(&mut report, std::mem::take(&mut work.results));
-        report
-    })
-    .await
-    .map_err(|e| StoreError::Backend(format!("building the report failed: {e}")))
 }
