@@ -1,4 +1,5 @@
-//! A job's time rules. [`timing`] owns every deadline the coordinator keeps
+//! A job's life and its time rules. [`life`] says which step may move a job
+//! from which state (Pending, Running, ended). [`timing`] owns every deadline the coordinator keeps
 //! for a running job (its budget from start, the grace after it, how long a
 //! restarted coordinator waits for agents to hand jobs back) and which hang
 //! timeout applies; [`hang`] decides which rank hung. Both are pure: the
@@ -7,4 +8,5 @@
 //! own timeout (silence) is the node machine's (`crate::fleet::node`).
 
 pub mod hang;
+pub mod life;
 pub mod timing;

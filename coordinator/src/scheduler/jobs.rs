@@ -14,6 +14,7 @@ use super::state::{self, job_id, JobEntry};
 use super::{human, Scheduler};
 use crate::error::CoordinatorError;
 use crate::fleet::NodeEvent;
+use crate::jobs::life::{self, JobStep};
 use crate::jobs::{hang, timing};
 
 use crate::plan::{planner, preflight};
@@ -217,7 +218,10 @@ impl Scheduler {
         let Some(entry) = self.jobs.get_mut(id) else {
             return;
         };
-        entry.job.set_state(JobState::Running);
+        let Ok(running) = life::transition(entry.life(), JobStep::Start) else {
+            return;
+        };
+        entry.job.set_state(running);
         entry.job.started_unix_ms = now;
         // The assignments need no preflight checks (one or more per node).
         let checks = std::mem::take(&mut plan.checks);
@@ -341,12 +345,14 @@ impl Scheduler {
         let Some(entry) = self.jobs.get_mut(id) else {
             return;
         };
-        if entry.state().is_terminal() {
-            return;
-        }
-        if entry.pending.as_ref().is_some_and(|p| p.judging) && prebuilt.is_none() {
-            // Every rank has reported and the verdict is being made; what
-            // happens now (a node lost, a deadline) changes nothing.
+        let step = JobStep::End {
+            state,
+            verdict: prebuilt.is_some(),
+        };
+        // An ended job, or one whose verdict is being made (what happens
+        // meanwhile, a node lost or a deadline, changes nothing).
+        if let Err(why) = life::transition(entry.life(), step) {
+            debug!(job = %id, to = state.label(), "not ended: {why}");
             return;
         }
         let now = prebuilt

@@ -17,6 +17,7 @@ use super::SchedulerConfig;
 use crate::error::CoordinatorError;
 use crate::fleet::{self, Effects, Life, NodeEvent};
 use crate::jobs::hang::{RankClock, Watch};
+use crate::jobs::life::JobLife;
 use crate::judge::report;
 use crate::judge::telemetry::Telemetry;
 use crate::plan::planner::Candidate;
@@ -272,6 +273,14 @@ impl JobEntry {
     /// runs, but nothing that happens to it now changes its end.
     pub fn judging(&self) -> bool {
         self.pending.as_ref().is_some_and(|p| p.judging)
+    }
+
+    /// What the job machine ([`crate::jobs::life`]) reads of this job.
+    pub fn life(&self) -> JobLife {
+        JobLife {
+            state: self.state(),
+            judging: self.judging(),
+        }
     }
 
     /// Drops what only a running job needs once its report is built: the
