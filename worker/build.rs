@@ -79,6 +79,7 @@ fn compile_autograd_shim() {
     println!("cargo:rerun-if-changed=csrc/allocator.cpp");
     println!("cargo:rerun-if-changed=csrc/profiler.cpp");
     println!("cargo:rerun-if-changed=csrc/host_cap.cpp");
+    println!("cargo:rerun-if-changed=csrc/pinned.cpp");
     let Some(lt) = std::env::var_os("LIBTORCH").map(PathBuf::from) else {
         panic!("gpuctl-worker: LIBTORCH is not set (scripts/install-libtorch.sh sets it up)");
     };
@@ -90,6 +91,7 @@ fn compile_autograd_shim() {
         .file("csrc/allocator.cpp")
         .file("csrc/profiler.cpp")
         .file("csrc/host_cap.cpp")
+        .file("csrc/pinned.cpp")
         .include(&inc)
         .include(inc.join("torch/csrc/api/include"))
         .flag("-std=c++17")

@@ -1,6 +1,7 @@
 //! The C++ shim (`csrc/`, built by build.rs against libtorch's headers): what
 //! libtorch has only as C++ — backward with a given gradient, the CUDA
-//! caching allocator's figures, a cap on the host memory CPU tensors hold.
+//! caching allocator's figures, a cap on the host memory CPU tensors hold,
+//! an empty tensor in pinned host memory.
 //! Every function catches C++ exceptions and
 //! hands back their message, so none crosses into Rust.
 
@@ -19,6 +20,13 @@ extern "C" {
     fn gpuctl_cpu_cap_set(bytes: i64);
     fn gpuctl_cpu_cap_stats(out: *mut i64);
     fn gpuctl_cpu_cap_reset_peak();
+    fn gpuctl_empty_pinned(
+        sizes: *const i64,
+        ndim: c_int,
+        kind: c_int,
+        out: *mut *mut c_void,
+        err: *mut *mut c_char,
+    ) -> c_int;
 }
 
 /// Turns a shim return code and its malloc'd message into a `Result`.
@@ -160,4 +168,19 @@ mod tests {
         assert!(e.starts_with("CUDA allocator statistics:"), "{e}");
         assert!(alloc_empty_cache().is_err());
     }
+}
+
+/// An empty float32 tensor of `sizes` in pinned host memory, from the CUDA
+/// caching host allocator (a GPU host only): written in place, then copied
+/// to the device without blocking the host.
+pub fn empty_pinned(sizes: &[i64]) -> Result<Tensor> {
+    let mut out = std::ptr::null_mut();
+    let mut err = std::ptr::null_mut();
+    // SAFETY: `sizes` is live for the call; on success `out` is a new
+    // `at::Tensor*` whose ownership passes to the returned tch tensor.
+    let rc =
+        unsafe { gpuctl_empty_pinned(sizes.as_ptr(), sizes.len() as c_int, 0, &mut out, &mut err) };
+    check("allocating pinned host memory", rc, err)?;
+    // SAFETY: see above; tch frees it when the tensor drops.
+    Ok(unsafe { Tensor::from_ptr(out as *mut _) })
 }

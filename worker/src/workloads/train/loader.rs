@@ -8,7 +8,8 @@
 //! the host work per sample is the parameter, and no data set is downloaded.
 //! Worker threads each make whole batches, as PyTorch's DataLoader workers
 //! do, into a queue of two batches per worker; on a GPU host each batch is
-//! pinned so that its copy to the device does not block the host. With 0
+//! written straight into pinned memory ([`Maker`]) so that its copy to the
+//! device does not block the host. With 0
 //! workers the training thread makes every batch itself, between steps, and
 //! the GPU idles meanwhile: the reference the other settings are read against.
 
@@ -56,48 +57,85 @@ unsafe impl Send for HostBatch {}
 const MEAN: [f32; 3] = [0.485, 0.456, 0.406];
 const STD: [f32; 3] = [0.229, 0.224, 0.225];
 
-/// Makes batch `index` on the host: decode and augment every sample.
-pub fn make_batch(s: &Shape, index: u64) -> Result<HostBatch> {
-    let side = s.side as usize;
-    let full = side * 8 / 7;
-    let plane = side * side;
-    let mut rng = SplitMix64::new(s.seed ^ index.wrapping_mul(0x2545_f491_4f6c_dd1d));
-    let mut images = vec![0f32; s.batch as usize * 3 * plane];
-    let mut decoded = vec![0u8; full * full * 3];
-    let mut labels = Vec::with_capacity(s.batch as usize);
-    for out in images.chunks_mut(3 * plane) {
-        // The decode: bytes in HWC order, 8 at a time from the generator.
-        for c in decoded.chunks_mut(8) {
-            let r = rng.next_u64().to_le_bytes();
-            c.copy_from_slice(&r[..c.len()]);
+/// Makes batches on the host, one at a time, reusing its own scratch: a
+/// loader worker holds one for its life. Nothing of batch size is allocated
+/// from the heap per batch: on a GPU host each batch is written straight
+/// into pinned memory from the CUDA caching host allocator, which hands the
+/// same blocks round again (a fresh pageable batch, mmapped, faulted in,
+/// pinned by a copy and unmapped, made more worker threads slower).
+pub struct Maker {
+    shape: Shape,
+    /// One decoded image, HWC bytes.
+    decoded: Vec<u8>,
+    labels: Vec<i64>,
+}
+
+impl Maker {
+    pub fn new(shape: Shape) -> Maker {
+        let full = shape.side as usize * 8 / 7;
+        Maker {
+            decoded: vec![0u8; full * full * 3],
+            labels: Vec::with_capacity(shape.batch as usize),
+            shape,
         }
-        for _ in 0..s.work.max(1) {
-            let slack = (full - side + 1) as u64;
-            let (top, left) = (
-                (rng.next_u64() % slack) as usize,
-                (rng.next_u64() % slack) as usize,
-            );
-            let flip = rng.next_u64() & 1 == 1;
-            for y in 0..side {
-                let row = &decoded[((top + y) * full + left) * 3..][..side * 3];
-                for x in 0..side {
-                    let sx = if flip { side - 1 - x } else { x };
-                    for c in 0..3 {
-                        let v = row[sx * 3 + c] as f32 / 255.0;
-                        out[c * plane + y * side + x] = (v - MEAN[c]) / STD[c];
+    }
+
+    /// Makes batch `index`: decode and augment every sample.
+    pub fn make(&mut self, index: u64) -> Result<HostBatch> {
+        let s = &self.shape;
+        let side = s.side as usize;
+        let full = side * 8 / 7;
+        let plane = side * side;
+        let dims = [s.batch, 3, s.side, s.side];
+        let x = if s.device.is_cuda() {
+            crate::shim::empty_pinned(&dims)?
+        } else {
+            Tensor::f_empty(dims, (Kind::Float, Device::Cpu))?
+        };
+        let len = s.batch as usize * 3 * plane;
+        // SAFETY: `x` is a new contiguous float32 tensor of `len` elements that
+        // nothing else sees until this batch is handed over.
+        let images = unsafe { std::slice::from_raw_parts_mut(x.data_ptr() as *mut f32, len) };
+        let mut rng = SplitMix64::new(s.seed ^ index.wrapping_mul(0x2545_f491_4f6c_dd1d));
+        self.labels.clear();
+        for out in images.chunks_mut(3 * plane) {
+            // The decode: bytes in HWC order, 8 at a time from the generator.
+            for c in self.decoded.chunks_mut(8) {
+                let r = rng.next_u64().to_le_bytes();
+                c.copy_from_slice(&r[..c.len()]);
+            }
+            for _ in 0..s.work.max(1) {
+                let slack = (full - side + 1) as u64;
+                let (top, left) = (
+                    (rng.next_u64() % slack) as usize,
+                    (rng.next_u64() % slack) as usize,
+                );
+                let flip = rng.next_u64() & 1 == 1;
+                for y in 0..side {
+                    let row = &self.decoded[((top + y) * full + left) * 3..][..side * 3];
+                    for x in 0..side {
+                        let sx = if flip { side - 1 - x } else { x };
+                        for c in 0..3 {
+                            let v = row[sx * 3 + c] as f32 / 255.0;
+                            out[c * plane + y * side + x] = (v - MEAN[c]) / STD[c];
+                        }
                     }
                 }
             }
+            self.labels
+                .push((rng.next_u64() % s.classes.max(1) as u64) as i64);
         }
-        labels.push((rng.next_u64() % s.classes.max(1) as u64) as i64);
+        let mut y = Tensor::f_from_slice(&self.labels)?;
+        if s.device.is_cuda() {
+            y = y.f_pin_memory(s.device)?;
+        }
+        Ok(HostBatch { x, y })
     }
-    let mut x = Tensor::f_from_slice(&images)?.f_view([s.batch, 3, s.side, s.side])?;
-    let mut y = Tensor::f_from_slice(&labels)?;
-    if s.device.is_cuda() {
-        x = x.f_pin_memory(s.device)?;
-        y = y.f_pin_memory(s.device)?;
-    }
-    Ok(HostBatch { x, y })
+}
+
+/// Makes batch `index` on the host with a scratch of its own.
+pub fn make_batch(s: &Shape, index: u64) -> Result<HostBatch> {
+    Maker::new(s.clone()).make(index)
 }
 
 /// Copies a host batch to the device without blocking the host (from pinned
@@ -125,6 +163,8 @@ pub fn to_device(s: &Shape, b: HostBatch) -> Result<Batch> {
 /// A loader of `workers` threads (0: none, [`Loader::next_batch`] makes the batch).
 pub struct Loader {
     shape: Shape,
+    /// The training thread's own, with 0 workers.
+    maker: Maker,
     next_index: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
     rx: Option<Receiver<Result<HostBatch>>>,
@@ -137,6 +177,7 @@ impl Loader {
         let stop = Arc::new(AtomicBool::new(false));
         if workers == 0 {
             return Loader {
+                maker: Maker::new(shape.clone()),
                 shape,
                 next_index,
                 stop,
@@ -151,9 +192,10 @@ impl Loader {
                 let (tx, s, next, stop) =
                     (tx.clone(), shape.clone(), next_index.clone(), stop.clone());
                 std::thread::spawn(move || {
+                    let mut maker = Maker::new(s);
                     while !stop.load(Ordering::Relaxed) {
                         let i = next.fetch_add(1, Ordering::Relaxed);
-                        if tx.send(make_batch(&s, i)).is_err() {
+                        if tx.send(maker.make(i)).is_err() {
                             break;
                         }
                     }
@@ -161,6 +203,7 @@ impl Loader {
             })
             .collect();
         Loader {
+            maker: Maker::new(shape.clone()),
             shape,
             next_index,
             stop,
@@ -172,7 +215,9 @@ impl Loader {
     /// The next batch on the device.
     pub fn next_batch(&mut self) -> Result<Batch> {
         let host = match &self.rx {
-            None => make_batch(&self.shape, self.next_index.fetch_add(1, Ordering::Relaxed))?,
+            None => self
+                .maker
+                .make(self.next_index.fetch_add(1, Ordering::Relaxed))?,
             Some(rx) => rx
                 .recv()
                 .map_err(|_| anyhow!("the loader's workers stopped"))??,
