@@ -5,8 +5,8 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use gpuctl_core::pb::{EnvVar, JobSpec, Node, Plan, RankPlacement};
 use gpuctl_core::spec::{parse_selector, Selector};
+use gpuctl_proto::pb::{EnvVar, JobSpec, Node, Plan, RankPlacement};
 
 use super::{memory, nccl_env, preflight};
 use crate::error::CoordinatorError;
@@ -287,8 +287,8 @@ pub fn env(mut out: Vec<EnvVar>, spec: &JobSpec, nodes: &[&Node]) -> Vec<EnvVar>
 mod tests {
     use super::*;
     use crate::plan::preflight::preflight_error;
-    use gpuctl_core::pb::HostFacts;
-    use gpuctl_core::pb::{PreflightCheck, Verdict};
+    use gpuctl_proto::pb::HostFacts;
+    use gpuctl_proto::pb::{PreflightCheck, Verdict};
 
     fn cpu_node(name: &str, cpu_ranks: u32, cpus: u32, ib: bool) -> Node {
         Node {
@@ -561,7 +561,7 @@ mod tests {
             f.nccl_version = "2.28.9".into();
             f.interfaces = ifs
                 .iter()
-                .map(|i| gpuctl_core::pb::NetInterface {
+                .map(|i| gpuctl_proto::pb::NetInterface {
                     name: (*i).into(),
                     ..Default::default()
                 })

@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use gpuctl_core::pb::{Job, JobState, RankProgress, RankResult, Report, Verdict, WorkerExited};
+use gpuctl_proto::pb::{Job, JobState, RankProgress, RankResult, Report, Verdict, WorkerExited};
 use tracing::{debug, info, warn};
 
 use super::background;

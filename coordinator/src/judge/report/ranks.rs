@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use gpuctl_core::pb::{
+use gpuctl_proto::pb::{
     Job, JobState, NodeReport, Plan, RankPlacement, RankProgress, RankResult, StopReason, Verdict,
     WorkerExited,
 };
