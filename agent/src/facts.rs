@@ -10,7 +10,7 @@ use std::ffi::CString;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
-use gpuctl_core::pb::{HostFacts, NetInterface};
+use gpuctl_proto::pb::{HostFacts, NetInterface};
 
 /// Where the host's `/proc`, `/sys`, `/etc` and `/dev/shm` are found.
 #[derive(Debug, Clone)]

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use gpuctl_core::pb::GpuInfo;
+use gpuctl_proto::pb::GpuInfo;
 use nvml_wrapper::Nvml;
 
 /// NVML's `NVML_NVLINK_MAX_LINKS` (18 on Hopper), not re-exported by nvml-wrapper.

@@ -20,13 +20,13 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use gpuctl_core::client::Channel;
-use gpuctl_core::pb::worker_service_client::WorkerServiceClient;
-use gpuctl_core::pb::worker_service_server::{WorkerService, WorkerServiceServer};
-use gpuctl_core::pb::{
+use gpuctl_core::server::MAX_MESSAGE_BYTES;
+use gpuctl_proto::pb::worker_service_client::WorkerServiceClient;
+use gpuctl_proto::pb::worker_service_server::{WorkerService, WorkerServiceServer};
+use gpuctl_proto::pb::{
     Ack, RankProgressReport, RankResult, RendezvousGetRequest, RendezvousGetResponse,
     RendezvousPutRequest,
 };
-use gpuctl_core::server::MAX_MESSAGE_BYTES;
 use tonic::{Request, Response, Status};
 
 /// How long a passed-on call may take when the worker named no limit

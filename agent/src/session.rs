@@ -15,12 +15,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpuctl_core::client::Channel;
-use gpuctl_core::pb::{
+use gpuctl_core::shutdown::Shutdown;
+use gpuctl_proto::pb::{
     agent_message::Msg, agent_service_client::AgentServiceClient, coordinator_message,
     AgentMessage, Assignment, GpuInfo, Heartbeat, HostFacts, PreflightCheck, RegisterRequest,
 };
-use gpuctl_core::shutdown::Shutdown;
-use gpuctl_core::PROTOCOL_VERSION;
+use gpuctl_proto::PROTOCOL_VERSION;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;

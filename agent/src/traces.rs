@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use flate2::write::GzEncoder;
 use flate2::Compression;
 use gpuctl_core::limits::MAX_TRACE_PIECE;
-use gpuctl_core::pb::{FetchTrace, TraceChunk};
+use gpuctl_proto::pb::{FetchTrace, TraceChunk};
 use tokio::sync::Semaphore;
 
 use crate::workers::job_folder;

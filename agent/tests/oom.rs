@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::assignment;
 use gpuctl_agent::workers::{WorkerSettings, Workers};
-use gpuctl_core::pb::{agent_message::Msg, coordinator_message};
+use gpuctl_proto::pb::{agent_message::Msg, coordinator_message};
 
 const LIMIT: u64 = 64 << 20;
 

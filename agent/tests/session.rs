@@ -14,7 +14,7 @@ use gpuctl_agent::facts::HostRoot;
 use gpuctl_agent::gpus::GpuInventory;
 use gpuctl_agent::preflight::Preflight;
 use gpuctl_agent::session::{self, SessionConfig};
-use gpuctl_core::pb::{
+use gpuctl_proto::pb::{
     agent_message::Msg, coordinator_message, CancelJob, CoordinatorMessage, HostFacts,
     RankPlacement,
 };
@@ -55,13 +55,13 @@ async fn session_contract_loss_and_shutdown() {
     let reg = coord.registration().await;
     assert_eq!(
         (reg.name.as_str(), reg.protocol_version),
-        ("test-node", gpuctl_core::PROTOCOL_VERSION)
+        ("test-node", gpuctl_proto::PROTOCOL_VERSION)
     );
     let mut s = coord.session().await;
     match s.next().await {
         Msg::Heartbeat(h) => {
             assert_eq!(h.node, "test-node");
-            assert_eq!(h.protocol_version, gpuctl_core::PROTOCOL_VERSION);
+            assert_eq!(h.protocol_version, gpuctl_proto::PROTOCOL_VERSION);
             assert!(h.running.is_empty());
         }
         other => panic!("first message must be a heartbeat, got {other:?}"),

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use anyhow::{anyhow, Result};
 use gpuctl_core::client::Channel;
 use gpuctl_core::leader;
-use gpuctl_core::pb::{self, job_service_client::JobServiceClient};
+use gpuctl_proto::pb::{self, job_service_client::JobServiceClient};
 use tonic::{Code, Status};
 
 use crate::error::UsageError;
@@ -190,7 +190,7 @@ impl Coordinator {
     }
 
     /// A job; `max_ranks` > 0 bounds a big one to the ranks furthest behind
-    /// (`GetJobRequest.max_ranks`; views use `gpuctl_core::VIEW_RANKS`).
+    /// (`GetJobRequest.max_ranks`; views use `gpuctl_proto::VIEW_RANKS`).
     pub async fn job(&mut self, id: &str, max_ranks: u32) -> Result<pb::Job> {
         let req = pb::GetJobRequest {
             job_id: id.into(),

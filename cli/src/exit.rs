@@ -3,7 +3,7 @@
 //! Verbs say what happened as an [`Exit`]; errors are classified by
 //! [`Exit::of_error`]; `main` turns either into the process status.
 
-use gpuctl_core::pb;
+use gpuctl_proto::pb;
 use tonic::Code;
 
 use crate::error::UsageError;

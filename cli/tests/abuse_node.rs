@@ -18,9 +18,9 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{bin, free_port, stderr, Procs};
-use gpuctl_core::pb::agent_message::Msg as Up;
-use gpuctl_core::pb::worker_service_client::WorkerServiceClient;
-use gpuctl_core::pb::{
+use gpuctl_proto::pb::agent_message::Msg as Up;
+use gpuctl_proto::pb::worker_service_client::WorkerServiceClient;
+use gpuctl_proto::pb::{
     rank_result, AssignmentAck, RankResult, StressResult, WorkerExited, WorkerLog,
 };
 use gpuctl_testkit::{agent::start_on, gpu, host};

@@ -15,8 +15,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{bin, stderr, Procs};
-use gpuctl_core::pb::worker_service_client::WorkerServiceClient;
-use gpuctl_core::pb::{RankResult, RendezvousPutRequest};
+use gpuctl_proto::pb::worker_service_client::WorkerServiceClient;
+use gpuctl_proto::pb::{RankResult, RendezvousPutRequest};
 use serde_json::Value;
 
 const READ: &str = "read-token-0123456789abcdef";

@@ -173,10 +173,10 @@ fn fetches_every_trace_through_the_coordinator(mut c: Cluster, id: &str, all: &[
     );
     let pieces = tokio::runtime::Runtime::new().unwrap().block_on(async {
         let mut client =
-            gpuctl_core::pb::job_service_client::JobServiceClient::connect(c.url.clone())
+            gpuctl_proto::pb::job_service_client::JobServiceClient::connect(c.url.clone())
                 .await
                 .unwrap();
-        let req = gpuctl_core::pb::GetTraceRequest {
+        let req = gpuctl_proto::pb::GetTraceRequest {
             job_id: id.into(),
             rank: rank["rank"].as_u64().unwrap() as u32,
             path: src.clone(),

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use futures::StreamExt as _;
 
-use gpuctl_core::pb::{FleetRow, GetFleetRequest, GetFleetResponse, NodeRun};
 use gpuctl_core::shutdown::Shutdown;
+use gpuctl_proto::pb::{FleetRow, GetFleetRequest, GetFleetResponse, NodeRun};
 use tracing::{info, warn};
 
 use crate::error::CoordinatorError;
@@ -219,7 +219,7 @@ pub async fn keep_bounded(store: StateStore, r: Retention, clock: Clock, shutdow
 mod tests {
     use std::sync::Arc;
 
-    use gpuctl_core::pb::{NodeReport, Report, Verdict};
+    use gpuctl_proto::pb::{NodeReport, Report, Verdict};
 
     use super::*;
     use crate::store::RedbStore;
@@ -312,7 +312,7 @@ mod tests {
         };
         let mut batch = Batch::default();
         for name in ["a", "b"] {
-            batch = batch.node(&gpuctl_core::pb::Node {
+            batch = batch.node(&gpuctl_proto::pb::Node {
                 name: name.into(),
                 ..Default::default()
             });

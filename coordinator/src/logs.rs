@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use gpuctl_core::pb::LogLine;
+use gpuctl_proto::pb::LogLine;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 

@@ -18,7 +18,7 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tracing::debug;
 
-use gpuctl_core::pb::{FleetRow, GetFleetRequest, GpuRow, Verdict};
+use gpuctl_proto::pb::{FleetRow, GetFleetRequest, GpuRow, Verdict};
 
 use crate::scheduler::{Query, SchedulerHandle, Snapshot};
 use crate::store::StateStore;
@@ -433,7 +433,7 @@ mod tests {
                     last_verdict: Verdict::Fail as i32,
                     stress_tflops_median: 600.0,
                     stress_tflops_worst: 300.0,
-                    drift: vec![gpuctl_core::pb::Drift {
+                    drift: vec![gpuctl_proto::pb::Drift {
                         flagged: true,
                         ..Default::default()
                     }],
@@ -468,7 +468,7 @@ mod tests {
             fleet: Arc::new(vec![FleetRow {
                 node: "a".into(),
                 last_unix_ms: 1_700_000_000_500,
-                acceptance: Some(gpuctl_core::pb::Acceptance {
+                acceptance: Some(gpuctl_proto::pb::Acceptance {
                     node: "a".into(),
                     level: "quick".into(),
                     verdict: Verdict::Fail as i32,

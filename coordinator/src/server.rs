@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use gpuctl_core::pb::agent_service_server::AgentServiceServer;
-use gpuctl_core::pb::job_service_server::JobServiceServer;
-use gpuctl_core::pb::worker_service_server::WorkerServiceServer;
 use gpuctl_core::server::MAX_MESSAGE_BYTES;
 use gpuctl_core::shutdown::Shutdown;
+use gpuctl_proto::pb::agent_service_server::AgentServiceServer;
+use gpuctl_proto::pb::job_service_server::JobServiceServer;
+use gpuctl_proto::pb::worker_service_server::WorkerServiceServer;
 use tokio::net::TcpListener;
 use tracing::{info, warn};
 

@@ -10,8 +10,8 @@ mod common;
 use std::time::Duration;
 
 use common::{job, list_nodes, spec, start_cfg, wait_state};
-use gpuctl_core::pb::agent_service_client::AgentServiceClient;
-use gpuctl_core::pb::*;
+use gpuctl_proto::pb::agent_service_client::AgentServiceClient;
+use gpuctl_proto::pb::*;
 use gpuctl_testkit::agent::{register, register_with};
 use gpuctl_testkit::{host, FakeAgent};
 use tonic::transport::Channel;

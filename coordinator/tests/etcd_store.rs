@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 use common::etcd::{coordinator_bin, free_port, Coordinator, Etcd};
 use gpuctl_coordinator::store::etcd::{leader_key, EtcdStore, LEADER_TTL};
 use gpuctl_coordinator::store::{keys, Batch, StateStore, Store};
-use gpuctl_core::pb::job_service_client::JobServiceClient;
-use gpuctl_core::pb::*;
 use gpuctl_core::shutdown::Shutdown;
+use gpuctl_proto::pb::job_service_client::JobServiceClient;
+use gpuctl_proto::pb::*;
 use gpuctl_testkit::host;
 
 #[tokio::test]

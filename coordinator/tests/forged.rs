@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::{as_rank, running_stress, stress_result, wait_state, RunningJob};
-use gpuctl_core::pb::*;
+use gpuctl_proto::pb::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_impossible_figure_fails_its_rank_as_corrupt() {

@@ -13,9 +13,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::{list_nodes, spec, start};
-use gpuctl_core::pb::agent_service_client::AgentServiceClient;
-use gpuctl_core::pb::*;
-use gpuctl_core::PROTOCOL_VERSION;
+use gpuctl_proto::pb::agent_service_client::AgentServiceClient;
+use gpuctl_proto::pb::*;
+use gpuctl_proto::PROTOCOL_VERSION;
 use gpuctl_testkit::{host, FakeAgent};
 use prost::Message;
 use tokio_stream::wrappers::ReceiverStream;

@@ -10,10 +10,11 @@ use common::{
     as_rank, job, latest_telemetry, list_nodes, secrets, spec, start, start_cfg, stress_result,
     stress_to_end, wait_state,
 };
-use gpuctl_core::pb::agent_message::Msg as Up;
-use gpuctl_core::pb::agent_service_client::AgentServiceClient;
-use gpuctl_core::pb::*;
-use gpuctl_core::{now_ms, PROTOCOL_VERSION};
+use gpuctl_core::now_ms;
+use gpuctl_proto::pb::agent_message::Msg as Up;
+use gpuctl_proto::pb::agent_service_client::AgentServiceClient;
+use gpuctl_proto::pb::*;
+use gpuctl_proto::PROTOCOL_VERSION;
 use gpuctl_testkit::agent::{heartbeat, register};
 use gpuctl_testkit::{gpu, host, FakeAgent};
 use tokio::sync::mpsc;

@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::{as_rank, running_stress, start, stress_result, wait_state, RunningJob};
 use gpuctl_coordinator::server::STORE_FILE;
 use gpuctl_coordinator::store::{Batch, RedbStore, StateStore};
-use gpuctl_core::pb::*;
+use gpuctl_proto::pb::*;
 use tonic::transport::Channel;
 
 /// Each node's last job and verdict, as `gpuctl fleet` lists them.

@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::{list_nodes, start};
-use gpuctl_core::pb::NodeState;
+use gpuctl_proto::pb::NodeState;
 use gpuctl_testkit::{host, FakeAgent};
 use tonic::Code;
 

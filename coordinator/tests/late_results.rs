@@ -9,7 +9,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{as_rank, running_stress, stress_result, wait_state, RunningJob};
-use gpuctl_core::pb::*;
+use gpuctl_proto::pb::*;
 
 /// Whether `rank`'s result is in the report.
 fn has_result(report: &Report, rank: u32) -> bool {

@@ -8,8 +8,8 @@ mod common;
 use std::time::Duration;
 
 use common::{list_nodes, spec, start};
-use gpuctl_core::pb::agent_service_client::AgentServiceClient;
-use gpuctl_core::pb::*;
+use gpuctl_proto::pb::agent_service_client::AgentServiceClient;
+use gpuctl_proto::pb::*;
 use gpuctl_testkit::agent::register;
 use gpuctl_testkit::{host, FakeAgent};
 use tonic::Code;

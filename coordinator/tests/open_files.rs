@@ -13,8 +13,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::etcd::coordinator_bin;
-use gpuctl_core::pb::job_service_client::JobServiceClient;
-use gpuctl_core::pb::ListNodesRequest;
+use gpuctl_proto::pb::job_service_client::JobServiceClient;
+use gpuctl_proto::pb::ListNodesRequest;
 
 const LIMIT: u64 = 64;
 

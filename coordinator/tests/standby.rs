@@ -17,10 +17,10 @@ use std::time::{Duration, Instant};
 use common::etcd::{bin, free_port, gpuctl, Coordinator, Etcd};
 use gpuctl_coordinator::store::etcd::LEADER_TTL;
 use gpuctl_core::leader::{leader_of, LEADER_METADATA};
-use gpuctl_core::pb::agent_service_client::AgentServiceClient;
-use gpuctl_core::pb::job_service_client::JobServiceClient;
-use gpuctl_core::pb::worker_service_client::WorkerServiceClient;
-use gpuctl_core::pb::*;
+use gpuctl_proto::pb::agent_service_client::AgentServiceClient;
+use gpuctl_proto::pb::job_service_client::JobServiceClient;
+use gpuctl_proto::pb::worker_service_client::WorkerServiceClient;
+use gpuctl_proto::pb::*;
 use serde_json::Value;
 use tonic::Code;
 

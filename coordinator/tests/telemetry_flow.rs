@@ -11,8 +11,8 @@ use common::{latest_telemetry, submit_request, wait_state, Coord};
 use gpuctl_coordinator::config::MetricsListen;
 use gpuctl_coordinator::Config;
 use gpuctl_core::now_ms;
-use gpuctl_core::pb::worker_service_client::WorkerServiceClient;
-use gpuctl_core::pb::*;
+use gpuctl_proto::pb::worker_service_client::WorkerServiceClient;
+use gpuctl_proto::pb::*;
 use gpuctl_testkit::{gpu, host, FakeAgent};
 
 /// A coordinator on `dir/data` with a health rules file and a metrics listener.

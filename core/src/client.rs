@@ -381,8 +381,8 @@ fn grpc_timeout(headers: &http::HeaderMap) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pb::job_service_client::JobServiceClient;
-    use crate::pb::ListNodesRequest;
+    use gpuctl_proto::pb::job_service_client::JobServiceClient;
+    use gpuctl_proto::pb::ListNodesRequest;
     use std::time::Instant;
 
     /// Accepts connections and never answers, like a standby coordinator

@@ -6,7 +6,7 @@
 use crate::catalogue::SpecError;
 use prost::Message;
 
-use crate::pb::{
+use gpuctl_proto::pb::{
     Heartbeat, JobSpec, PreflightCheck, RegisterRequest, RunningJob, SubmitSuiteRequest,
 };
 
@@ -375,7 +375,7 @@ pub fn spec(s: &JobSpec) -> Result<(), SpecError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pb::{GpuInfo, HostFacts};
+    use gpuctl_proto::pb::{GpuInfo, HostFacts};
 
     #[test]
     fn registrations_are_bounded_field_by_field() {
@@ -435,7 +435,7 @@ mod tests {
     /// Issue 46: fields a node fills that had no bound of their own.
     #[test]
     fn boot_ids_check_nodes_and_process_states_are_bounded() {
-        use crate::pb::RankProcess;
+        use gpuctl_proto::pb::RankProcess;
         let long = "z".repeat(1 << 20);
         let ok = RegisterRequest {
             name: "n1".into(),

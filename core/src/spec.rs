@@ -4,7 +4,7 @@
 //! same clear error wherever it is caught.
 
 use crate::catalogue::{check_given, check_shape, err};
-use crate::pb::{JobSpec, Node};
+use gpuctl_proto::pb::{JobSpec, Node};
 
 pub use crate::catalogue::{parse_memory, MemoryTarget, SpecError, COLLECTIVE_OPS, MODELS};
 
@@ -444,7 +444,7 @@ mod tests {
             .unwrap()
             .labels
             .insert("rack".into(), "a1".into());
-        node.gpus.push(crate::pb::GpuInfo {
+        node.gpus.push(gpuctl_proto::pb::GpuInfo {
             name: "NVIDIA H200".into(),
             ..Default::default()
         });

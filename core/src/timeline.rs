@@ -11,7 +11,7 @@
 //! Workers thin their result before they send it, knowing the world size;
 //! the coordinator thins again whatever arrives (an older worker's).
 
-use crate::pb::{rank_result::Detail, PhaseMark, RankResult};
+use gpuctl_proto::pb::{rank_result::Detail, PhaseMark, RankResult};
 
 /// Points of each series a whole job keeps.
 pub const POINTS_PER_JOB: usize = 1 << 18;
@@ -103,7 +103,7 @@ fn phases(marks: &mut Vec<PhaseMark>, max: usize) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pb::{StressResult, TrainResult};
+    use gpuctl_proto::pb::{StressResult, TrainResult};
 
     fn mark(phase: &str, t: u64) -> PhaseMark {
         PhaseMark {

@@ -16,13 +16,13 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use gpuctl_core::client::Channel;
 use gpuctl_core::clock::Clock;
-use gpuctl_core::pb::{
+use gpuctl_core::shutdown::Shutdown;
+use gpuctl_proto::pb::{
     agent_message::Msg, agent_service_client::AgentServiceClient, coordinator_message,
     worker_service_client::WorkerServiceClient, AgentMessage, Assignment, AssignmentAck, Heartbeat,
     RankProcess, RegisterRequest, RunningJob, StopReason, TelemetryBatch, WorkerExited,
 };
-use gpuctl_core::shutdown::Shutdown;
-use gpuctl_core::PROTOCOL_VERSION;
+use gpuctl_proto::PROTOCOL_VERSION;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -196,7 +196,7 @@ impl Agent {
         running: &Running,
         cancels: &mut HashMap<String, Shutdown>,
     ) -> Result<(
-        tonic::Streaming<gpuctl_core::pb::CoordinatorMessage>,
+        tonic::Streaming<gpuctl_proto::pb::CoordinatorMessage>,
         mpsc::Sender<AgentMessage>,
     )> {
         let mut client = AgentServiceClient::new(self.channel.clone());
@@ -319,7 +319,7 @@ impl Agent {
     /// Answers what the coordinator sends until the session ends.
     async fn listen(
         self: Arc<Self>,
-        mut inbound: tonic::Streaming<gpuctl_core::pb::CoordinatorMessage>,
+        mut inbound: tonic::Streaming<gpuctl_proto::pb::CoordinatorMessage>,
         tx: &mpsc::Sender<AgentMessage>,
         running: &Running,
         cancels: &mut HashMap<String, Shutdown>,
@@ -360,7 +360,7 @@ impl Agent {
                     }
                 }
                 Some(coordinator_message::Msg::FetchTrace(f)) => {
-                    let piece = gpuctl_core::pb::TraceChunk {
+                    let piece = gpuctl_proto::pb::TraceChunk {
                         request_id: f.request_id,
                         error: "a simulated node keeps no traces".into(),
                         ..Default::default()

@@ -3,7 +3,7 @@
 //! agent talks to the coordinator (sessions, heartbeats, assignments); this
 //! is the hardware it describes, the same at every registration.
 
-use gpuctl_core::pb::{GpuInfo, GpuSample, HostFacts, NetInterface};
+use gpuctl_proto::pb::{GpuInfo, GpuSample, HostFacts, NetInterface};
 
 /// The `count` GPUs of the `index`th node, their UUIDs unique in the fleet.
 pub fn gpus(index: u32, count: u32) -> Vec<GpuInfo> {

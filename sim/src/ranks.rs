@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use gpuctl_core::client::Channel;
 use gpuctl_core::clock::Clock;
-use gpuctl_core::pb::{
+use gpuctl_core::shutdown::Shutdown;
+use gpuctl_proto::pb::{
     rank_result::Detail, worker_service_client::WorkerServiceClient, JobSpec, PhaseKind, PhaseMark,
     RankPlacement, RankProgress, RankProgressReport, RankResult, StressResult,
 };
-use gpuctl_core::shutdown::Shutdown;
 
 use crate::counters::Stats;
 

@@ -135,7 +135,7 @@ fn start_coordinator(port: u16, dir: &std::path::Path) -> (Killed, String) {
 /// their running ranks, and the job they run ends with every result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fleet_comes_back_after_a_coordinator_restart_and_its_job_ends() {
-    use gpuctl_core::pb::{
+    use gpuctl_proto::pb::{
         job_service_client::JobServiceClient, GetJobRequest, GetReportRequest, JobSpec, JobState,
         ListNodesRequest, SubmitRequest,
     };

@@ -5,14 +5,15 @@
 
 use std::time::Duration;
 
-use gpuctl_core::pb::agent_message::Msg as Up;
-use gpuctl_core::pb::agent_service_client::AgentServiceClient;
-use gpuctl_core::pb::coordinator_message::Msg as Down;
-use gpuctl_core::pb::{
+use gpuctl_core::now_ms;
+use gpuctl_proto::pb::agent_message::Msg as Up;
+use gpuctl_proto::pb::agent_service_client::AgentServiceClient;
+use gpuctl_proto::pb::coordinator_message::Msg as Down;
+use gpuctl_proto::pb::{
     AgentMessage, Assignment, AssignmentAck, CancelJob, CoordinatorMessage, GpuInfo, Heartbeat,
     HostFacts, RegisterRequest, RegisterResponse, TelemetryBatch,
 };
-use gpuctl_core::{now_ms, PROTOCOL_VERSION};
+use gpuctl_proto::PROTOCOL_VERSION;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;

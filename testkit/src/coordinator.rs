@@ -9,13 +9,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gpuctl_core::pb::agent_message::Msg as Up;
-use gpuctl_core::pb::agent_service_server::{AgentService, AgentServiceServer};
-use gpuctl_core::pb::{
+use gpuctl_proto::pb::agent_message::Msg as Up;
+use gpuctl_proto::pb::agent_service_server::{AgentService, AgentServiceServer};
+use gpuctl_proto::pb::{
     AgentMessage, AssignmentAck, CoordinatorMessage, RegisterRequest, RegisterResponse,
     WorkerExited, WorkerLog,
 };
-use gpuctl_core::PROTOCOL_VERSION;
+use gpuctl_proto::PROTOCOL_VERSION;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tokio_stream::Stream;

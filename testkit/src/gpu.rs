@@ -3,7 +3,7 @@
 //! `GpuSample { xids: vec![79], ..gpu::healthy(0) }`, so that what a test
 //! sets is what it is about and everything else is a GPU no rule objects to.
 
-use gpuctl_core::pb::{GpuInfo, GpuSample, TelemetryBatch};
+use gpuctl_proto::pb::{GpuInfo, GpuSample, TelemetryBatch};
 
 /// An H200's memory as NVML reports it: 143,771 MiB.
 pub const MEMORY_BYTES: u64 = 150_754_820_096;

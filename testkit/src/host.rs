@@ -1,8 +1,8 @@
 //! Host fixtures: the facts and the registration an agent sends, for a host
 //! of CPU ranks and for a GPU host.
 
-use gpuctl_core::pb::{HostFacts, RegisterRequest};
-use gpuctl_core::PROTOCOL_VERSION;
+use gpuctl_proto::pb::{HostFacts, RegisterRequest};
+use gpuctl_proto::PROTOCOL_VERSION;
 
 /// A host of `cpu_count` 4, reachable on loopback, that runs `cpu_ranks`
 /// CPU ranks (no GPU).

@@ -2,13 +2,13 @@
 //! is what the fake coordinator hands the test, and the other way round. The
 //! agent's and the coordinator's tests lean on both; this pins them alone.
 
-use gpuctl_core::pb::agent_message::Msg as Up;
-use gpuctl_core::pb::agent_service_client::AgentServiceClient;
-use gpuctl_core::pb::coordinator_message::Msg as Down;
-use gpuctl_core::pb::{
+use gpuctl_proto::pb::agent_message::Msg as Up;
+use gpuctl_proto::pb::agent_service_client::AgentServiceClient;
+use gpuctl_proto::pb::coordinator_message::Msg as Down;
+use gpuctl_proto::pb::{
     Assignment, CancelJob, CoordinatorMessage, GpuSample, RegisterRequest, RunningJob,
 };
-use gpuctl_core::PROTOCOL_VERSION;
+use gpuctl_proto::PROTOCOL_VERSION;
 use gpuctl_testkit::coordinator::Replies;
 use gpuctl_testkit::{agent, gpu, host, FakeAgent, FakeCoordinator};
 

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Result};
 use gpuctl_core::leader::Failover;
-use gpuctl_core::pb::{
+use gpuctl_proto::pb::{
     worker_service_client::WorkerServiceClient, Ack, RankResult, RendezvousGetRequest,
     RendezvousPutRequest,
 };

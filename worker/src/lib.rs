@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Result};
-use gpuctl_core::pb::{rank_result::Detail, RankResult};
+use gpuctl_proto::pb::{rank_result::Detail, RankResult};
 
 use crate::client::CoordinatorClient;
 use crate::context::{Args, Ctx, RankEnv};
@@ -231,7 +231,7 @@ pub fn run_worker(args: Args) -> i32 {
         attempt: args.attempt,
         rank: rank_hint,
         node: args.node.clone(),
-        device: gpuctl_core::device_label(args.gpu_index),
+        device: gpuctl_proto::device_label(args.gpu_index),
         gpu_uuid: args.gpu_uuid.clone().unwrap_or_default(),
         nccl_version: if args.gpu_index.is_none() {
             "tcp-ring".into()

@@ -8,7 +8,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gpuctl_core::pb::{rank_result::Detail, RankResult};
+use gpuctl_proto::pb::{rank_result::Detail, RankResult};
 
 use crate::client::CoordinatorClient;
 

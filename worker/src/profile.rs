@@ -9,7 +9,7 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::path::Path;
 
 use anyhow::Result;
-use gpuctl_core::pb::ProfileOp;
+use gpuctl_proto::pb::ProfileOp;
 
 use crate::shim::check;
 

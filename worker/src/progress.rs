@@ -16,7 +16,7 @@ use std::time::Duration;
 use anyhow::Result;
 use gpuctl_core::clock::Clock;
 use gpuctl_core::leader::Failover;
-use gpuctl_core::pb::{
+use gpuctl_proto::pb::{
     worker_service_client::WorkerServiceClient, RankProgress, RankProgressReport,
 };
 use tokio::runtime::Runtime;
@@ -150,7 +150,7 @@ impl Progress {
     /// The workload enters a phase of `kind` (set-up until it says
     /// otherwise): rules judge the phases they name, so a workload says
     /// when it measures and when it only checks what it measured.
-    pub fn enter(&self, kind: gpuctl_core::pb::PhaseKind) {
+    pub fn enter(&self, kind: gpuctl_proto::pb::PhaseKind) {
         if let Some(i) = &self.inner {
             let mut s = i.snap.lock().unwrap_or_else(|e| e.into_inner());
             let iterations = i.iterations.load(Ordering::Relaxed);
@@ -167,7 +167,7 @@ impl Progress {
     }
 
     /// The rank's phase marks so far (none when progress is off).
-    pub fn phases(&self) -> Vec<gpuctl_core::pb::PhaseMark> {
+    pub fn phases(&self) -> Vec<gpuctl_proto::pb::PhaseMark> {
         self.inner.as_ref().map_or_else(Vec::new, |i| {
             let s = i.snap.lock().unwrap_or_else(|e| e.into_inner());
             s.timeline.marks().to_vec()

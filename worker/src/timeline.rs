@@ -7,8 +7,8 @@
 //! keeps what a reader needs: every phase change, the first and last marks,
 //! and an even spread of the rest.
 
-use gpuctl_core::pb::{PhaseKind, PhaseMark};
 use gpuctl_core::stats::thin_evenly;
+use gpuctl_proto::pb::{PhaseKind, PhaseMark};
 
 /// Marks of one rank's timeline at most.
 pub const MAX_PHASES: usize = 1024;

@@ -11,7 +11,7 @@ use std::thread;
 use std::time::Duration;
 
 use gpuctl_core::catalogue::NcclPattern;
-use gpuctl_core::pb::CollectiveResult;
+use gpuctl_proto::pb::CollectiveResult;
 use gpuctl_worker::comm::tcp::TcpComm;
 use gpuctl_worker::comm::{Collectives, Op};
 use gpuctl_worker::rendezvous::{MemoryRendezvous, Rendezvous};

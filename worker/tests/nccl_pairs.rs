@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::Context;
 use gpuctl_core::catalogue::NcclPattern;
 use gpuctl_core::pairs::{pair_of, round_robin};
-use gpuctl_core::pb::CollectiveResult;
+use gpuctl_proto::pb::CollectiveResult;
 use gpuctl_worker::comm::tcp::TcpComm;
 use gpuctl_worker::comm::{Collectives, Op};
 use gpuctl_worker::rendezvous::{MemoryRendezvous, Rendezvous};

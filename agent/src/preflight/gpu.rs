@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use gpuctl_core::pb::GpuInfo;
+use gpuctl_proto::pb::GpuInfo;
 use nvml_wrapper::enum_wrappers::device::TopologyLevel;
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::Nvml;

@@ -22,7 +22,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use gpuctl_core::pb::{GpuInfo, HostFacts, PreflightCheck, Verdict};
+use gpuctl_proto::pb::{GpuInfo, HostFacts, PreflightCheck, Verdict};
 use nvml_wrapper::Nvml;
 
 use crate::facts::{self, HostRoot, IbPort};

@@ -1,6 +1,6 @@
 use std::collections::BTreeSet;
 
-use gpuctl_core::pb::{PreflightCheck, Verdict};
+use gpuctl_proto::pb::{PreflightCheck, Verdict};
 
 use super::checks::{self, MIN_SHM_BYTES};
 use super::*;
@@ -324,7 +324,7 @@ fn broken_nccl_in_libtorch_folders_is_found_and_reported() {
     );
     assert_eq!(v(by_name(&checks, "libtorch")), Verdict::Pass);
     assert_eq!(failures("fx", &checks), None);
-    let mut facts = gpuctl_core::pb::HostFacts::default();
+    let mut facts = gpuctl_proto::pb::HostFacts::default();
     s.apply_to_facts(&mut facts);
     assert_eq!(facts.torch_version, "2.11.0+cpu");
     assert_eq!(facts.nccl_version, "");

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gpuctl_core::clock::Clock;
-use gpuctl_core::pb::{GpuSample, TelemetryBatch};
+use gpuctl_proto::pb::{GpuSample, TelemetryBatch};
 use nvml_wrapper::Nvml;
 use tokio_util::sync::CancellationToken;
 

@@ -2,7 +2,7 @@
 //! ("Worker process") defines them. Pure functions, so the contract is tested
 //! without spawning anything.
 
-use gpuctl_core::pb::{Assignment, RankPlacement};
+use gpuctl_proto::pb::{Assignment, RankPlacement};
 
 use super::WorkerSettings;
 

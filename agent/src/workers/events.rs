@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use gpuctl_core::pb::{agent_message::Msg, AgentMessage, TelemetryBatch, WorkerLog};
+use gpuctl_proto::pb::{agent_message::Msg, AgentMessage, TelemetryBatch, WorkerLog};
 use tokio::sync::mpsc;
 
 /// Log lines waiting for the session to send them; beyond this, lines are

@@ -9,7 +9,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 
-use gpuctl_core::pb::{RunningJob, StopReason};
+use gpuctl_proto::pb::{RunningJob, StopReason};
 use tokio::sync::watch;
 
 use super::procstat;

@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 
-use gpuctl_core::pb::WorkerLog;
+use gpuctl_proto::pb::WorkerLog;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::sync::mpsc;
 use tokio::time::{sleep_until, Instant};

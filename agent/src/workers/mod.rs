@@ -48,7 +48,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gpuctl_core::clock::Clock;
-use gpuctl_core::pb::{RunningJob, TelemetryBatch};
+use gpuctl_proto::pb::{RunningJob, TelemetryBatch};
 use tokio::sync::watch;
 
 /// Time a worker gets between SIGTERM and SIGKILL.
@@ -70,10 +70,10 @@ pub const COORDINATOR_GRACE_ENV: &str = "GPUCTL_COORDINATOR_GRACE_MS";
 pub const SPAWN_FAILED_EXIT_CODE: i32 = 127;
 
 /// Why a worker is stopped: the protocol's one list.
-pub use gpuctl_core::pb::StopReason;
+pub use gpuctl_proto::pb::StopReason;
 
 /// What a `CancelJob` asks the workers' exits to say (unspecified: a cancel).
-pub fn stop_reason_of(c: &gpuctl_core::pb::CancelJob) -> StopReason {
+pub fn stop_reason_of(c: &gpuctl_proto::pb::CancelJob) -> StopReason {
     match c.stopped_by() {
         StopReason::Unspecified => StopReason::Cancel,
         r => r,

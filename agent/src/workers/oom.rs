@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gpuctl_core::host_memory::{host_oom_kills, mem_available, MemCgroup};
-use gpuctl_core::pb::StopReason;
 use gpuctl_core::units::format_bytes;
+use gpuctl_proto::pb::StopReason;
 
 /// How often a worker's resident peak and memory cgroup are read.
 const EVERY: Duration = Duration::from_millis(500);

@@ -368,7 +368,7 @@ mod tests {
 mod pool_tests {
     use super::super::tests::{assignment, collect, script, settings};
     use super::*;
-    use gpuctl_core::pb::agent_message::Msg;
+    use gpuctl_proto::pb::agent_message::Msg;
 
     async fn wait_prestarted(w: &Workers, n: usize) -> Vec<u32> {
         for _ in 0..100 {

@@ -3,7 +3,7 @@
 //! hung (stopped, traced, uninterruptible, zombie) from the ranks blocked
 //! waiting on it, which sleep.
 
-use gpuctl_core::pb::RankProcess;
+use gpuctl_proto::pb::RankProcess;
 
 /// The words for /proc's state letters, as `RankProcess.state_name` has them.
 pub fn state_name(state: char) -> &'static str {

@@ -13,7 +13,9 @@ use std::process::Stdio;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use gpuctl_core::pb::{agent_message::Msg, Assignment, AssignmentAck, RankPlacement, WorkerExited};
+use gpuctl_proto::pb::{
+    agent_message::Msg, Assignment, AssignmentAck, RankPlacement, WorkerExited,
+};
 use tokio::process::{Child, Command};
 
 use super::deadline::deadline_instant;

@@ -10,7 +10,7 @@
 use std::os::unix::process::ExitStatusExt;
 use std::sync::Arc;
 
-use gpuctl_core::pb::{agent_message::Msg, WorkerExited, WorkerLog};
+use gpuctl_proto::pb::{agent_message::Msg, WorkerExited, WorkerLog};
 use tokio::process::Child;
 use tokio::sync::{mpsc, watch};
 use tokio::time::{sleep_until, Instant};

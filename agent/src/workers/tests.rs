@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use gpuctl_core::clock::Clock;
-use gpuctl_core::pb::{
+use gpuctl_proto::pb::{
     agent_message::Msg, Assignment, JobSpec, RankPlacement, WorkerExited, WorkerLog,
 };
 
@@ -222,7 +222,7 @@ async fn cancel_kills_and_says_so() {
         !w.cancel("job-7", 0, StopReason::Cancel),
         "job forgotten once its ranks are gone"
     );
-    let ask = |why: StopReason| gpuctl_core::pb::CancelJob {
+    let ask = |why: StopReason| gpuctl_proto::pb::CancelJob {
         stopped_by: why as i32,
         ..Default::default()
     };

@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use gpuctl_agent::session::SessionConfig;
 use gpuctl_agent::workers::{EventReceiver, WorkerSettings, Workers};
-use gpuctl_core::pb::HostFacts;
+use gpuctl_proto::pb::HostFacts;
 
-use gpuctl_core::pb::{
+use gpuctl_proto::pb::{
     coordinator_message, Assignment, CoordinatorMessage, JobSpec, RankPlacement,
 };
 

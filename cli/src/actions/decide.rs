@@ -18,7 +18,7 @@
 
 use std::collections::BTreeMap;
 
-use gpuctl_core::pb;
+use gpuctl_proto::pb;
 
 /// Every Slurm reason gpuctl sets starts with this; it is how gpuctl tells
 /// its own drains from an operator's.

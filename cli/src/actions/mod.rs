@@ -15,7 +15,7 @@ pub mod slurm;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpuctl_core::pb;
+use gpuctl_proto::pb;
 
 /// What `accept` was asked to do with its verdicts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

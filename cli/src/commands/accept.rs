@@ -11,8 +11,8 @@ use std::time::Duration;
 use anyhow::Result;
 use clap::Args;
 use gpuctl_core::clock::Clock;
-use gpuctl_core::pb;
 use gpuctl_core::suite::{Suite as SuiteDef, LEVELS, MAX_SUITE_BYTES};
+use gpuctl_proto::pb;
 use serde_json::json;
 
 use super::parse::{parse_duration_flag, parse_nodes, read_rules};

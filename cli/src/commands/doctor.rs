@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::Args;
 use gpuctl_agent::preflight::{self, verdict_of};
-use gpuctl_core::pb::Verdict;
+use gpuctl_proto::pb::Verdict;
 
 use crate::exit::Exit;
 use crate::output::{self, OutputFormat};

@@ -7,8 +7,8 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 
 use clap::{Arg, ArgAction, ArgMatches, Args};
-use gpuctl_core::pb::JobSpec;
 use gpuctl_core::{catalogue, spec};
+use gpuctl_proto::pb::JobSpec;
 
 use super::parse::{parse_duration_flag, parse_nodes, read_rules, split_kv};
 use crate::error::{usage, UsageError};

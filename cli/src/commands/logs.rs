@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use anyhow::Result;
 use clap::Args;
-use gpuctl_core::pb::LogLine;
+use gpuctl_proto::pb::LogLine;
 
 use crate::client::Coordinator;
 use crate::error::UsageError;

@@ -4,7 +4,7 @@
 use anyhow::Result;
 use clap::{Args, Subcommand};
 use gpuctl_core::clock::Clock;
-use gpuctl_core::listing::NodeRow;
+use gpuctl_proto::listing::NodeRow;
 
 use crate::client::Coordinator;
 use crate::exit::Exit;

@@ -5,7 +5,7 @@
 //! JSON has the whole plan.
 
 use anyhow::Result;
-use gpuctl_core::pb;
+use gpuctl_proto::pb;
 
 use crate::client::Coordinator;
 use crate::exit::Exit;
@@ -14,7 +14,7 @@ use crate::output::{self, OutputFormat};
 pub async fn run(c: &mut Coordinator, spec: pb::JobSpec, out: OutputFormat) -> Result<Exit> {
     let max_ranks = match out {
         OutputFormat::Json => 0,
-        _ => gpuctl_core::VIEW_RANKS,
+        _ => gpuctl_proto::VIEW_RANKS,
     };
     let plan = c.plan(spec, max_ranks).await?;
     match out {

@@ -65,7 +65,7 @@ pub async fn run(c: &mut Coordinator, a: &ProfileArgs, out: OutputFormat) -> Res
                 .iter()
                 .zip(copied.iter().map(Some).chain(std::iter::repeat(None)))
                 .map(|((node, rank, model, p), copied)| {
-                    let t = gpuctl_core::pb::TrainResult {
+                    let t = gpuctl_proto::pb::TrainResult {
                         profile: Some(Box::new((*p).clone())),
                         ..Default::default()
                     };
@@ -96,7 +96,7 @@ pub async fn run(c: &mut Coordinator, a: &ProfileArgs, out: OutputFormat) -> Res
 /// the agent reads two pieces at a time however many ask.
 const FETCHES_AT_ONCE: usize = 4;
 
-type Profiled<'a> = (&'a str, u32, String, &'a gpuctl_core::pb::OperatorProfile);
+type Profiled<'a> = (&'a str, u32, String, &'a gpuctl_proto::pb::OperatorProfile);
 
 /// The file name of each rank's trace in `--trace DIR`, in the order of
 /// `all`: `profile-WORKLOAD-MODEL-rankN.json`, as the worker names it on
@@ -242,7 +242,7 @@ async fn receive(
     path: &str,
     part: &Path,
 ) -> Result<(u64, u64), String> {
-    let req = gpuctl_core::pb::GetTraceRequest {
+    let req = gpuctl_proto::pb::GetTraceRequest {
         job_id: job.to_string(),
         rank,
         path: path.to_string(),
@@ -297,7 +297,7 @@ async fn receive(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuctl_core::pb::OperatorProfile;
+    use gpuctl_proto::pb::OperatorProfile;
 
     #[test]
     fn trace_files_are_named_by_gpuctl_not_by_the_node() {

@@ -19,7 +19,7 @@ pub async fn run(c: &mut Coordinator, id: &str, out: OutputFormat, clock: &Clock
     // A person's table shows the ranks furthest behind; JSON has them all.
     let max_ranks = match out {
         OutputFormat::Json => 0,
-        _ => gpuctl_core::VIEW_RANKS,
+        _ => gpuctl_proto::VIEW_RANKS,
     };
     let job = c.job(id, max_ranks).await?;
     match out {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use clap::Args;
 use gpuctl_core::clock::Clock;
-use gpuctl_core::pb;
+use gpuctl_proto::pb;
 use tonic::Code;
 
 use crate::client::Coordinator;
@@ -138,7 +138,7 @@ async fn follow(c: &mut Coordinator, mut job: pb::Job, clock: &Clock) -> Result<
             return Ok(job);
         }
         tokio::time::sleep(POLL).await;
-        match c.job(&job.id, gpuctl_core::VIEW_RANKS).await {
+        match c.job(&job.id, gpuctl_proto::VIEW_RANKS).await {
             Ok(j) => {
                 job = j;
                 unreachable_since = None;

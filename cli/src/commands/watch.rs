@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::Result;
 use clap::Args;
 use gpuctl_core::clock::Clock;
-use gpuctl_core::pb;
+use gpuctl_proto::pb;
 
 use crate::client::Coordinator;
 use crate::exit::Exit;
@@ -46,7 +46,7 @@ pub async fn run(
     let mut screen = live::Screen::default();
     loop {
         let max_ranks = match out {
-            OutputFormat::Table if tty => gpuctl_core::VIEW_RANKS,
+            OutputFormat::Table if tty => gpuctl_proto::VIEW_RANKS,
             _ => 0,
         };
         let job = c.job(id, max_ranks).await?;

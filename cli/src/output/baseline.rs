@@ -1,7 +1,7 @@
 //! Saved baselines as tables: the list, and one baseline's figures per
 //! device class.
 
-use gpuctl_core::pb;
+use gpuctl_proto::pb;
 
 use crate::output::{self, table::Table};
 

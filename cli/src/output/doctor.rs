@@ -2,7 +2,7 @@
 //! JSON.
 
 use gpuctl_agent::preflight::{verdict_of, verdict_word, LocalRun};
-use gpuctl_core::pb::PreflightCheck;
+use gpuctl_proto::pb::PreflightCheck;
 use serde_json::json;
 
 use crate::output::{self, table::Table};
@@ -63,7 +63,7 @@ pub fn render(checks: &[PreflightCheck]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuctl_core::pb::Verdict;
+    use gpuctl_proto::pb::Verdict;
 
     #[test]
     fn table_has_every_check_and_its_fix() {

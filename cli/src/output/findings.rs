@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 
-use gpuctl_core::pb;
+use gpuctl_proto::pb;
 
 use super::table::Table;
 

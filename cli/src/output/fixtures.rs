@@ -2,7 +2,7 @@
 //! send them, so every format (table, JSON, CSV, Markdown, JUnit, HTML) is
 //! checked against the same jobs. Test support only: compiled for tests.
 
-use gpuctl_core::pb::{self, rank_result::Detail};
+use gpuctl_proto::pb::{self, rank_result::Detail};
 
 fn rank(rank: u32, local: u32, verdict: pb::Verdict, detail: Option<Detail>) -> pb::RankReport {
     pb::RankReport {

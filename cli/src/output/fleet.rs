@@ -2,7 +2,7 @@
 //! verdict, figures, drift), one node's runs, and the latest bandwidth of
 //! every pair of nodes; tables (also `-o csv|md`) and JSON.
 
-use gpuctl_core::pb;
+use gpuctl_proto::pb;
 use serde_json::{json, Value};
 
 use crate::output::{self, table::Table};

@@ -2,8 +2,8 @@
 //! had done, how long before the end it last made progress, and its process
 //! as its agent read it. The blamed rank's reason starts with "hung:".
 
-use gpuctl_core::pb;
 use gpuctl_core::units::format_duration_ms;
+use gpuctl_proto::pb;
 
 use super::table::Table;
 

@@ -1,7 +1,7 @@
 //! The jobs' listing (`gpuctl jobs`): a row per job with its state, nodes,
 //! age and duration; also `-o csv|md`.
 
-use gpuctl_core::pb;
+use gpuctl_proto::pb;
 
 use crate::output::{self, table::Table};
 

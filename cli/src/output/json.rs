@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use gpuctl_core::pb;
+use gpuctl_proto::pb;
 use serde_json::{json, Map, Value};
 
 fn sorted_map(m: &HashMap<String, String>) -> Value {

@@ -6,7 +6,7 @@
 //! `<system-out>`, so a dashboard shows it without turning red.
 
 use anyhow::Result;
-use gpuctl_core::pb;
+use gpuctl_proto::pb;
 use quick_junit::{NonSuccessKind, Report, TestCase, TestCaseStatus, TestSuite};
 
 use crate::output::report::ranks::{rank_reason, ranks_in_order};

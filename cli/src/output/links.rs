@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gpuctl_core::pb;
+use gpuctl_proto::pb;
 
 use super::table::Table;
 

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 
-use gpuctl_core::pb;
+use gpuctl_proto::pb;
 
 /// Progress is sent about once a second (less often in big jobs, as the
 /// coordinator asks): five missed reports is stale.

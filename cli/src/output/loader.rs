@@ -8,7 +8,7 @@
 
 use serde_json::{json, Value};
 
-use gpuctl_core::pb;
+use gpuctl_proto::pb;
 
 use super::models::{label, train_results};
 use super::table::Table;

@@ -1,7 +1,7 @@
 //! A job's worker log lines as text: as written for one rank, else each
 //! prefixed with its rank and node.
 
-use gpuctl_core::pb::LogLine;
+use gpuctl_proto::pb::LogLine;
 
 pub fn text(lines: &[LogLine], one_rank: bool) -> String {
     let mut text = String::new();

@@ -2,9 +2,9 @@
 //! out-of-memory trials marked, and why the search stopped (the old suites
 //! drew this curve with the out-of-memory point in red; here it is a table).
 
-use gpuctl_core::pb;
-use gpuctl_core::pb::rank_result::Detail;
 use gpuctl_core::units::format_bytes;
+use gpuctl_proto::pb;
+use gpuctl_proto::pb::rank_result::Detail;
 
 use super::table::Table;
 

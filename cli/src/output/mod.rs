@@ -37,8 +37,8 @@ pub mod trace;
 use std::collections::HashMap;
 use std::io::Write;
 
-use gpuctl_core::pb;
 use gpuctl_core::units::format_duration_ms;
+use gpuctl_proto::pb;
 
 /// How a command prints what it got (`-o`, `--output`): the variants' doc
 /// comments are the flag's help.

@@ -7,10 +7,10 @@
 //! one row: still the summary of the run. A GPT is named with its size
 //! (`gpt 1.3b`).
 
-use gpuctl_core::pb;
-use gpuctl_core::pb::rank_result::Detail;
 use gpuctl_core::stats::{median, quantile_sorted};
 use gpuctl_core::units::format_bytes;
+use gpuctl_proto::pb;
+use gpuctl_proto::pb::rank_result::Detail;
 
 use super::table::Table;
 

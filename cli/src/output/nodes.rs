@@ -1,8 +1,8 @@
 //! The nodes' listing (`gpuctl nodes`): a row per node with its state, what
 //! it runs ranks on, its heartbeat's age and its job; also `-o csv|md`.
 
-use gpuctl_core::listing::NodeRow;
 use gpuctl_core::units::format_bytes;
+use gpuctl_proto::listing::NodeRow;
 
 use crate::output::{self, table::Table};
 
@@ -51,7 +51,7 @@ pub fn grid(rows: &[NodeRow], now: u64) -> Table {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuctl_core::pb;
+    use gpuctl_proto::pb;
 
     #[test]
     fn cpu_and_gpu_nodes_render() {

@@ -5,9 +5,9 @@
 
 use std::collections::BTreeMap;
 
-use gpuctl_core::pb;
-use gpuctl_core::pb::rank_result::Detail;
 use gpuctl_core::stats::median;
+use gpuctl_proto::pb;
+use gpuctl_proto::pb::rank_result::Detail;
 
 use super::grid::Section;
 use super::table::Table;

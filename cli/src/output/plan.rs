@@ -3,7 +3,7 @@
 //! pass. The report reuses the environment and check tables. A big plan
 //! comes bounded: the tables say what was left out and that JSON has it all.
 
-use gpuctl_core::pb;
+use gpuctl_proto::pb;
 
 use crate::output::{self, table::Table};
 

@@ -5,8 +5,8 @@
 
 use serde_json::{json, Value};
 
-use gpuctl_core::pb;
 use gpuctl_core::units::format_bytes;
+use gpuctl_proto::pb;
 
 use super::models::{label, train_results};
 use super::table::Table;

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use gpuctl_core::pb;
+use gpuctl_proto::pb;
 
 use crate::output;
 

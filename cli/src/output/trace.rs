@@ -10,8 +10,8 @@
 
 use std::collections::BTreeMap;
 
-use gpuctl_core::pb;
 use gpuctl_core::units::format_bytes;
+use gpuctl_proto::pb;
 use serde_json::{json, Value};
 
 /// Builds the trace of a finished (or running) job from its report and its

@@ -23,7 +23,7 @@
 
 use std::time::Duration;
 
-use gpuctl_core::pb::NodeState;
+use gpuctl_proto::pb::NodeState;
 
 /// What the machine reads and writes of a node (the rest of `Node` is its
 /// registration, which no event changes).

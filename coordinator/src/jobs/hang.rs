@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 
-use gpuctl_core::pb::RankProcess;
+use gpuctl_proto::pb::RankProcess;
 
 /// What the coordinator follows of a running job's ranks, besides their last
 /// progress report.

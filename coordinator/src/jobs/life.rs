@@ -13,7 +13,7 @@
 //! Ended is final: a late End (a node lost after the job failed, a deadline
 //! after a cancel) is ignored.
 
-use gpuctl_core::pb::JobState;
+use gpuctl_proto::pb::JobState;
 
 /// What is asked of a job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

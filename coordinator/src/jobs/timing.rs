@@ -12,8 +12,8 @@
 
 use std::time::Duration;
 
-use gpuctl_core::pb::JobSpec;
 use gpuctl_core::spec::{self, DEADLINE_GRACE_MS};
+use gpuctl_proto::pb::JobSpec;
 
 /// When the agents kill a job's workers (Unix ms); the deadline the
 /// assignment carries.

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use gpuctl_core::pb::{
+use gpuctl_proto::pb::{
     rank_result::Detail, BisectRound, CollectiveResult, Finding, Link, RankResult, Verdict,
 };
 
@@ -114,7 +114,7 @@ pub fn judge(results: &BTreeMap<u32, RankResult>, nodes: &[String]) -> Judged {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuctl_core::pb::{BisectGroup, CollectiveResult};
+    use gpuctl_proto::pb::{BisectGroup, CollectiveResult};
 
     fn result(culprit: Option<u32>) -> BTreeMap<u32, RankResult> {
         let g = |nodes: Vec<u32>, bw: f64| BisectGroup {

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use gpuctl_core::pb::{Drift, FigureRecord, FleetRow, GpuRow, Link, NodeRun, Report, Verdict};
+use gpuctl_proto::pb::{Drift, FigureRecord, FleetRow, GpuRow, Link, NodeRun, Report, Verdict};
 
 use gpuctl_core::stats::median;
 
@@ -373,7 +373,7 @@ pub fn expired(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuctl_core::pb::Verdict;
+    use gpuctl_proto::pb::Verdict;
 
     fn run(node: &str, job: u64, tflops: &[f64]) -> NodeRun {
         NodeRun {

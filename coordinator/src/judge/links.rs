@@ -16,7 +16,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gpuctl_core::pb::{rank_result::Detail, Finding, Link, RankResult, Verdict};
+use gpuctl_proto::pb::{rank_result::Detail, Finding, Link, RankResult, Verdict};
 
 use gpuctl_core::stats::median;
 

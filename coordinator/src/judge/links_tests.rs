@@ -3,7 +3,7 @@
 //! rates, links below the floor, and busy rounds beside quiet ones.
 
 use super::*;
-use gpuctl_core::pb::{CollectiveResult, LinkResult};
+use gpuctl_proto::pb::{CollectiveResult, LinkResult};
 
 /// The nodes the judged job's findings name, in their order.
 fn named_nodes(j: &Judged) -> Vec<&str> {

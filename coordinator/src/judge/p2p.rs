@@ -19,7 +19,7 @@
 
 use std::collections::BTreeMap;
 
-use gpuctl_core::pb::{rank_result::Detail, Finding, GpuPair, Plan, RankResult, Verdict};
+use gpuctl_proto::pb::{rank_result::Detail, Finding, GpuPair, Plan, RankResult, Verdict};
 
 use gpuctl_core::stats::upper_quartile;
 

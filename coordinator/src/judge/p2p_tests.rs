@@ -2,7 +2,7 @@
 //! pair, a slow direction, and the healthy hosts of docs/benchmarks.md.
 
 use super::*;
-use gpuctl_core::pb::{P2pResult, PeerCopy, RankPlacement};
+use gpuctl_proto::pb::{P2pResult, PeerCopy, RankPlacement};
 
 /// One node of `l` GPUs (rank = local rank = GPU index); every rank
 /// reports its pairs with `bw(src, dst, pass)`.

@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use gpuctl_core::catalogue::TypedParams;
-use gpuctl_core::pb::{Finding, JobSpec, Link, Plan, RankResult, Verdict};
+use gpuctl_proto::pb::{Finding, JobSpec, Link, Plan, RankResult, Verdict};
 
 use super::bisect::{name, named_rounds, Judged};
 
@@ -40,7 +40,7 @@ impl Size {
 /// node and no blamed link in them. A median of every group was a
 /// culprit's once half a round was slow; the search itself judged each
 /// group against its own round ([`gpuctl_core::search`]).
-fn healthy_median(out: &Judged, blamed: &[gpuctl_core::pb::SearchBlame]) -> f64 {
+fn healthy_median(out: &Judged, blamed: &[gpuctl_proto::pb::SearchBlame]) -> f64 {
     let bad = |nodes: &[u32]| {
         blamed.iter().any(|b| match (b.node, b.link_a, b.link_b) {
             (Some(n), _, _) => nodes.contains(&n),
@@ -151,7 +151,7 @@ pub fn judge(results: &BTreeMap<u32, RankResult>, nodes: &[String], size: &Size)
 /// one of its nodes.
 fn links(
     out: &Judged,
-    blamed: &[gpuctl_core::pb::SearchBlame],
+    blamed: &[gpuctl_proto::pb::SearchBlame],
     nodes: &[String],
     size: &Size,
     reference: f64,
@@ -196,7 +196,7 @@ fn links(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuctl_core::pb::{
+    use gpuctl_proto::pb::{
         rank_result::Detail, BisectGroup, BisectRound, CollectiveResult, SearchBlame,
     };
 

@@ -14,7 +14,7 @@
 
 use std::collections::BTreeSet;
 
-use gpuctl_core::pb::{GpuSample, GpuTimeline, TelemetryPoint};
+use gpuctl_proto::pb::{GpuSample, GpuTimeline, TelemetryPoint};
 
 /// Most buckets per GPU per job.
 pub const MAX_BUCKETS: usize = 300;

@@ -7,11 +7,11 @@ use gpuctl_core::timeline::thin;
 /// the ranks' timelines (phase marks, per-interval series, step times) are
 /// left out, then the whole results of the ranks that passed; each step is
 /// said in the report's notes. Returns whether anything was left out.
-pub fn report_to_send(report: &mut gpuctl_core::pb::Report, max_bytes: usize) -> bool {
-    use gpuctl_core::pb::Verdict;
+pub fn report_to_send(report: &mut gpuctl_proto::pb::Report, max_bytes: usize) -> bool {
+    use gpuctl_proto::pb::Verdict;
     use prost::Message;
     // Headroom for the message framing and the notes added here.
-    let fits = |r: &gpuctl_core::pb::Report| r.encoded_len() + 4096 <= max_bytes;
+    let fits = |r: &gpuctl_proto::pb::Report| r.encoded_len() + 4096 <= max_bytes;
     if fits(report) {
         return false;
     }
@@ -41,11 +41,11 @@ pub fn report_to_send(report: &mut gpuctl_core::pb::Report, max_bytes: usize) ->
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuctl_core::pb::{PhaseMark, RankResult};
+    use gpuctl_proto::pb::{PhaseMark, RankResult};
 
     #[test]
     fn a_report_too_big_to_send_is_cut_and_says_so() {
-        use gpuctl_core::pb::{NodeReport, RankReport, Report, Verdict};
+        use gpuctl_proto::pb::{NodeReport, RankReport, Report, Verdict};
         let rank = |i: u32, v: Verdict| RankReport {
             rank: i,
             verdict: v as i32,

@@ -13,8 +13,8 @@
 use std::collections::HashMap;
 
 use gpuctl_core::catalogue::typed::TypedParams;
-use gpuctl_core::pb::{JobSpec, Node, PreflightCheck, RankPlacement, Verdict};
 use gpuctl_core::units::format_bytes;
+use gpuctl_proto::pb::{JobSpec, Node, PreflightCheck, RankPlacement, Verdict};
 
 use super::check;
 
@@ -228,7 +228,7 @@ pub fn checks(spec: &JobSpec, nodes: &[&Node], ranks: &[RankPlacement]) -> Vec<P
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuctl_core::pb::{GpuInfo, HostFacts};
+    use gpuctl_proto::pb::{GpuInfo, HostFacts};
 
     fn node(name: &str, host_gib: u64, gpus: &[u64]) -> Node {
         Node {

@@ -10,7 +10,7 @@ pub mod preflight;
 use std::collections::HashMap;
 
 use gpuctl_core::catalogue::{check_placed, Placed, SpecError};
-use gpuctl_core::pb::{JobSpec, Plan, PreflightCheck, Verdict};
+use gpuctl_proto::pb::{JobSpec, Plan, PreflightCheck, Verdict};
 
 /// The rules of the request that only its nodes tell
 /// (`catalogue::check_placed`: ranks per node, each device's defaults),

@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use gpuctl_core::pb::{EnvVar, Node, PreflightCheck, Verdict};
+use gpuctl_proto::pb::{EnvVar, Node, PreflightCheck, Verdict};
 
 use super::check;
 
@@ -293,7 +293,7 @@ fn groups(m: &BTreeMap<String, Vec<&str>>) -> String {
 /// break collectives (protocol changes between NCCL releases hang them) and
 /// make results incomparable: fail. Drivers may differ within a branch: warn.
 pub fn consistency(nodes: &[&Node]) -> Vec<PreflightCheck> {
-    let fact = |f: fn(&gpuctl_core::pb::HostFacts) -> &String| {
+    let fact = |f: fn(&gpuctl_proto::pb::HostFacts) -> &String| {
         move |n: &Node| n.facts.as_ref().map(|x| f(x).clone()).unwrap_or_default()
     };
     let mut out = Vec::new();
@@ -434,7 +434,7 @@ fn check_ifname(value: &str, nodes: &[&Node]) -> Vec<PreflightCheck> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuctl_core::pb::{HostFacts, NetInterface};
+    use gpuctl_proto::pb::{HostFacts, NetInterface};
 
     fn node(name: &str, ib: bool, ifaces: &[&str], nccl: &str, torch: &str, driver: &str) -> Node {
         Node {

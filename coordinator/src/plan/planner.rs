@@ -5,8 +5,8 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use gpuctl_core::pb::{EnvVar, JobSpec, Node, Plan, RankPlacement};
 use gpuctl_core::spec::{parse_selector, Selector};
+use gpuctl_proto::pb::{EnvVar, JobSpec, Node, Plan, RankPlacement};
 
 use super::{memory, nccl_env, preflight};
 use crate::error::CoordinatorError;

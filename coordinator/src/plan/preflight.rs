@@ -2,7 +2,7 @@
 //! nodes (room in /dev/shm, mixed GPU models, NCCL and libtorch versions that
 //! must agree), and which failures stop a job from starting.
 
-use gpuctl_core::pb::{Node, Plan, PreflightCheck, Verdict};
+use gpuctl_proto::pb::{Node, Plan, PreflightCheck, Verdict};
 
 use super::{check, nccl_env};
 use crate::error::CoordinatorError;

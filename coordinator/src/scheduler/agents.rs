@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use gpuctl_core::pb::{
+use gpuctl_proto::pb::{
     AssignmentAck, Heartbeat, JobState, Node, NodeState, RegisterRequest, RegisterResponse,
 };
 use tracing::{debug, info, warn};
@@ -169,7 +169,7 @@ impl Scheduler {
         Ok(RegisterResponse {
             name,
             heartbeat_interval_ms: self.cfg.heartbeat_interval.as_millis() as u32,
-            protocol_version: gpuctl_core::PROTOCOL_VERSION,
+            protocol_version: gpuctl_proto::PROTOCOL_VERSION,
             coordinator_url: url,
             adopted,
             refused,

@@ -8,8 +8,8 @@
 use std::collections::HashMap;
 
 use gpuctl_core::auth::JobSecrets;
-use gpuctl_core::pb::coordinator_message::Msg;
-use gpuctl_core::pb::{Assignment, CoordinatorMessage, JobSpec, Plan};
+use gpuctl_proto::pb::coordinator_message::Msg;
+use gpuctl_proto::pb::{Assignment, CoordinatorMessage, JobSpec, Plan};
 
 /// What every node's assignment of one job attempt is made of.
 pub struct AssignmentInputs {

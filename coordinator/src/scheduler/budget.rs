@@ -9,7 +9,7 @@
 //! nothing.
 
 use gpuctl_core::limits::{MAX_NODE_BYTES, NODE_SHARE_BYTES};
-use gpuctl_core::pb::{GpuInfo, HostFacts, Node, PreflightCheck, RegisterRequest};
+use gpuctl_proto::pb::{GpuInfo, HostFacts, Node, PreflightCheck, RegisterRequest};
 use prost::encoding::{encoded_len_varint, key_len, message};
 
 use super::state::NodeEntry;

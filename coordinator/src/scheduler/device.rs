@@ -5,7 +5,7 @@
 //! result says; a result that names another kind of device, another GPU or
 //! another node is refused, naming both.
 
-use gpuctl_core::pb::{RankPlacement, RankResult};
+use gpuctl_proto::pb::{RankPlacement, RankResult};
 
 /// Sets `result`'s node, device, device name and GPU UUID to `planned`'s;
 /// why not, when the result says it ran somewhere else.

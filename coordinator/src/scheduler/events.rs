@@ -33,7 +33,7 @@
 
 use std::time::Instant;
 
-use gpuctl_core::pb::{
+use gpuctl_proto::pb::{
     Ack, AssignmentAck, CoordinatorMessage, Heartbeat, Job, JobSpec, JobState, Node, NodeTable,
     Plan, RankProgressReport, RankResult, RegisterRequest, RegisterResponse, Report,
     SubmitSuiteRequest, Suite, TelemetryBatch, WorkerExited, WorkerLog,

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use gpuctl_core::pb::{ListNodesRequest, ListNodesResponse, Node};
+use gpuctl_proto::pb::{ListNodesRequest, ListNodesResponse, Node};
 use tokio::sync::{mpsc, oneshot};
 use tracing::debug;
 

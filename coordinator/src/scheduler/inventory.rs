@@ -4,7 +4,7 @@
 //! and a GPU swapped or gone since acceptance means the acceptance no
 //! longer describes the node (issue 46).
 
-use gpuctl_core::pb::{Acceptance, Node, RegisterRequest, Verdict};
+use gpuctl_proto::pb::{Acceptance, Node, RegisterRequest, Verdict};
 
 /// Names shown of the GPUs that went or came.
 const SHOWN: usize = 4;
@@ -15,7 +15,7 @@ pub fn change(before: &Node, req: &RegisterRequest) -> Option<String> {
     if before.gpus.is_empty() && before.facts.is_none() {
         return None;
     }
-    let uuids = |g: &[gpuctl_core::pb::GpuInfo]| {
+    let uuids = |g: &[gpuctl_proto::pb::GpuInfo]| {
         let mut v: Vec<String> = g.iter().map(|g| g.uuid.to_ascii_lowercase()).collect();
         v.sort();
         v
@@ -32,7 +32,7 @@ pub fn change(before: &Node, req: &RegisterRequest) -> Option<String> {
             names(&new)
         ));
     }
-    let ranks = |f: Option<&gpuctl_core::pb::HostFacts>| f.map_or(0, |f| f.cpu_ranks);
+    let ranks = |f: Option<&gpuctl_proto::pb::HostFacts>| f.map_or(0, |f| f.cpu_ranks);
     let (was, now) = (ranks(before.facts.as_ref()), ranks(req.facts.as_ref()));
     if before.gpus.is_empty() && was != now {
         return Some(format!(
@@ -76,7 +76,7 @@ pub fn finding(node: &str, why: &str, now_ms: u64) -> Acceptance {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuctl_core::pb::{GpuInfo, HostFacts};
+    use gpuctl_proto::pb::{GpuInfo, HostFacts};
 
     fn gpus(ids: &[&str]) -> Vec<GpuInfo> {
         ids.iter()

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use gpuctl_core::pb::{CoordinatorMessage, Job, JobSpec, JobState, Node, Plan, Report};
+use gpuctl_proto::pb::{CoordinatorMessage, Job, JobSpec, JobState, Node, Plan, Report};
 use tracing::{debug, info, warn};
 
 use super::assign::AssignmentInputs;
@@ -144,7 +144,7 @@ impl Scheduler {
         }
         // Bounded, as `gpuctl status` shows it: a 4,096-node job whole is
         // tens of megabytes to copy, and the CLI prints its id.
-        Ok(self.job(&id)?.view_of(gpuctl_core::VIEW_RANKS))
+        Ok(self.job(&id)?.view_of(gpuctl_proto::VIEW_RANKS))
     }
 
     /// Starts waiting jobs, oldest first, on whatever nodes are free.
@@ -430,7 +430,7 @@ impl Scheduler {
             self.finish(&id, JobState::Cancelled, msg, None).await;
         }
         // Bounded, as for `Submit`: the CLI prints the id and state.
-        Ok(self.job(&id)?.view_of(gpuctl_core::VIEW_RANKS))
+        Ok(self.job(&id)?.view_of(gpuctl_proto::VIEW_RANKS))
     }
 
     /// Running jobs past their deadline (and its grace) fail, naming the ranks

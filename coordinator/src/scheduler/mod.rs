@@ -71,8 +71,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpuctl_core::pb::{JobState, Suite};
 use gpuctl_core::shutdown::Shutdown;
+use gpuctl_proto::pb::{JobState, Suite};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;

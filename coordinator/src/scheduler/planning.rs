@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use gpuctl_core::pb::{JobSpec, Node, Plan, Verdict};
+use gpuctl_proto::pb::{JobSpec, Node, Plan, Verdict};
 
 use super::background::{self, off_task};
 use super::events::{JobEvent, Reply};
@@ -127,7 +127,7 @@ impl Scheduler {
     pub(super) fn submit_later(
         &self,
         spec: JobSpec,
-        reply: Reply<Result<gpuctl_core::pb::Job, CoordinatorError>>,
+        reply: Reply<Result<gpuctl_proto::pb::Job, CoordinatorError>>,
     ) {
         let planning = match self.planning(spec) {
             Ok(p) => p,
@@ -143,7 +143,7 @@ impl Scheduler {
 
 #[cfg(test)]
 mod tests {
-    use gpuctl_core::pb::{PreflightCheck, RankPlacement};
+    use gpuctl_proto::pb::{PreflightCheck, RankPlacement};
 
     use super::*;
 

@@ -1,11 +1,11 @@
 //! What running ranks send: progress, results, exits, log lines and GPU
 //! telemetry, and the telemetry series written while a job runs.
 
-use gpuctl_core::pb::{
+use gpuctl_core::timeline;
+use gpuctl_proto::pb::{
     Ack, JobState, RankProgressReport, RankResult, StopReason, TelemetryBatch, WorkerExited,
     WorkerLog,
 };
-use gpuctl_core::timeline;
 use tracing::debug;
 
 use super::device;

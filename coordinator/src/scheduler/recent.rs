@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use gpuctl_core::pb::Report;
+use gpuctl_proto::pb::Report;
 
 use super::background::{drop_later, off_task};
 use super::events::Reply;

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use gpuctl_core::pb::{Job, JobState, RankProgress, RankResult, Report, Verdict, WorkerExited};
+use gpuctl_proto::pb::{Job, JobState, RankProgress, RankResult, Report, Verdict, WorkerExited};
 
 use super::events::Built;
 use super::state::{JobEntry, RETIRE_OVER_RANKS};

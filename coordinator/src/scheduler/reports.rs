@@ -20,7 +20,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use gpuctl_core::pb::{JobState, Report};
+use gpuctl_proto::pb::{JobState, Report};
 use tracing::{debug, info, warn};
 
 use super::background;

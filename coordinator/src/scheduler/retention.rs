@@ -69,7 +69,7 @@ pub fn past_keeping(jobs: &BTreeMap<String, JobEntry>, keep: usize) -> Vec<Strin
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuctl_core::pb::JobState;
+    use gpuctl_proto::pb::JobState;
 
     fn entry(id: &str, state: JobState, finished: u64) -> (String, JobEntry) {
         let mut e = JobEntry::default();

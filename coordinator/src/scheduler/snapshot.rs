@@ -24,7 +24,7 @@ pub struct Snapshot {
     pub refused: Vec<(&'static str, u64)>,
     /// Each node's last verdict and figures from the fleet history (filled
     /// by the metrics server, not the scheduler, which holds no history).
-    pub fleet: std::sync::Arc<Vec<gpuctl_core::pb::FleetRow>>,
+    pub fleet: std::sync::Arc<Vec<gpuctl_proto::pb::FleetRow>>,
 }
 
 /// Counters since this coordinator started.

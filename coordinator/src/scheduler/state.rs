@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use fixedbitset::FixedBitSet;
 
-use gpuctl_core::pb::{
+use gpuctl_proto::pb::{
     coordinator_message::Msg, CancelJob, CoordinatorMessage, Job, JobState, Node, NodeState, Plan,
     RankPlacement, RankProgress, RankResult, Report, StopReason, WorkerExited,
 };
@@ -311,7 +311,7 @@ impl JobEntry {
         }
         // The store keeps no progress: the view read back from it has none.
         let progress = std::mem::take(&mut self.progress);
-        self.retired_view = Some(self.view_of(gpuctl_core::VIEW_RANKS));
+        self.retired_view = Some(self.view_of(gpuctl_proto::VIEW_RANKS));
         drop_later(progress);
         self.drop_parts();
     }

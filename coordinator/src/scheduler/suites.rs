@@ -8,11 +8,11 @@
 use std::collections::BTreeMap;
 
 use gpuctl_core::catalogue::NcclPattern;
-use gpuctl_core::pb::{
+use gpuctl_core::suite::Suite as SuiteDef;
+use gpuctl_proto::pb::{
     Acceptance, JobSpec, JobState, NodeState, Report, SubmitSuiteRequest, Suite, SuiteNode,
     SuiteStage, Verdict,
 };
-use gpuctl_core::suite::Suite as SuiteDef;
 use tracing::{info, warn};
 
 use super::events::SuiteEvent;

@@ -6,11 +6,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpuctl_core::pb::{
+use gpuctl_core::spec::DEADLINE_GRACE_MS;
+use gpuctl_proto::pb::{
     CoordinatorMessage, Heartbeat, HostFacts, JobSpec, JobState, NodeState, RankProgress,
     RankProgressReport, RankResult, RegisterRequest,
 };
-use gpuctl_core::spec::DEADLINE_GRACE_MS;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::oneshot;
 
@@ -61,7 +61,7 @@ impl Fixture {
     /// as its agent would.
     async fn join(&mut self, name: &str) {
         let req = RegisterRequest {
-            protocol_version: gpuctl_core::PROTOCOL_VERSION,
+            protocol_version: gpuctl_proto::PROTOCOL_VERSION,
             name: name.into(),
             facts: Some(HostFacts {
                 hostname: name.into(),

@@ -7,8 +7,8 @@
 
 use std::cmp::Reverse;
 
-use gpuctl_core::listing::{NodeRow, TableBuilder};
-use gpuctl_core::pb::{Job, Node, NodeTable, PreflightCheck, RankProgress, Verdict};
+use gpuctl_proto::listing::{NodeRow, TableBuilder};
+use gpuctl_proto::pb::{Job, Node, NodeTable, PreflightCheck, RankProgress, Verdict};
 
 use super::events::{Listing, Query, Reply};
 use super::state::{Fixed, JobEntry, PlanFaults};
@@ -89,7 +89,7 @@ impl Scheduler {
             return;
         }
         if let Some(view) = entry.retired_view.as_ref() {
-            if max_ranks == gpuctl_core::VIEW_RANKS {
+            if max_ranks == gpuctl_proto::VIEW_RANKS {
                 let _ = reply.send(Ok(view.clone()));
                 return;
             }
@@ -274,7 +274,7 @@ pub fn table<'a>(nodes: impl ExactSizeIterator<Item = (&'a Node, &'a Fixed)>) ->
 mod tests {
     use super::*;
     use crate::scheduler::state::LISTED_NODES;
-    use gpuctl_core::pb::{GpuInfo, HostFacts, NodeState, Plan, RankPlacement};
+    use gpuctl_proto::pb::{GpuInfo, HostFacts, NodeState, Plan, RankPlacement};
     use prost::Message as _;
 
     fn job(world: u32) -> JobEntry {
@@ -377,9 +377,9 @@ mod tests {
 
     #[test]
     fn a_retired_job_keeps_the_view_the_store_would_give() {
-        use gpuctl_core::VIEW_RANKS;
+        use gpuctl_proto::VIEW_RANKS;
         let mut e = job(2048);
-        e.job.set_state(gpuctl_core::pb::JobState::Succeeded);
+        e.job.set_state(gpuctl_proto::pb::JobState::Succeeded);
         e.job.start_checks = vec![PreflightCheck {
             node: "n3".into(),
             verdict: Verdict::Fail as i32,
@@ -400,7 +400,7 @@ mod tests {
         assert_eq!(kept.start_checks.len(), 1);
         // A small job keeps its parts and needs no kept view.
         let mut small = job(16);
-        small.job.set_state(gpuctl_core::pb::JobState::Succeeded);
+        small.job.set_state(gpuctl_proto::pb::JobState::Succeeded);
         small.retire();
         assert!(!small.retired && small.retired_view.is_none());
     }
@@ -410,13 +410,13 @@ mod tests {
         let mut small = job(16);
         small.let_go();
         assert!(!small.retired, "a running job is kept whole");
-        small.job.set_state(gpuctl_core::pb::JobState::Failed);
+        small.job.set_state(gpuctl_proto::pb::JobState::Failed);
         small.let_go();
         assert!(small.retired && small.retired_view.is_none());
         assert!(small.job.plan.as_ref().unwrap().ranks.is_empty());
         assert_eq!(small.world_size(), 16, "its size stays known");
         let mut big = job(2048);
-        big.job.set_state(gpuctl_core::pb::JobState::Succeeded);
+        big.job.set_state(gpuctl_proto::pb::JobState::Succeeded);
         big.retire();
         assert!(big.retired_view.is_some());
         big.let_go();

@@ -14,10 +14,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::Stream;
-use gpuctl_core::pb::agent_message::Msg;
-use gpuctl_core::pb::agent_service_server::AgentService;
-use gpuctl_core::pb::{AgentMessage, CoordinatorMessage, RegisterRequest, RegisterResponse};
-use gpuctl_core::PROTOCOL_VERSION;
+use gpuctl_proto::pb::agent_message::Msg;
+use gpuctl_proto::pb::agent_service_server::AgentService;
+use gpuctl_proto::pb::{AgentMessage, CoordinatorMessage, RegisterRequest, RegisterResponse};
+use gpuctl_proto::PROTOCOL_VERSION;
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;

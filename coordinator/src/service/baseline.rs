@@ -3,7 +3,7 @@
 //! jobs; a job submitted with `--baseline NAME` copies the baseline as it is
 //! then (see the scheduler's submit).
 
-use gpuctl_core::pb::{Baseline, JobState, Verdict};
+use gpuctl_proto::pb::{Baseline, JobState, Verdict};
 
 use crate::error::CoordinatorError;
 use crate::judge::figures;

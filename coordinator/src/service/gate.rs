@@ -90,7 +90,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuctl_core::pb::worker_service_server::SERVICE_NAME;
+    use gpuctl_proto::pb::worker_service_server::SERVICE_NAME;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     #[test]

@@ -13,7 +13,7 @@
 
 use std::collections::VecDeque;
 
-use gpuctl_core::pb::TelemetryBatch;
+use gpuctl_proto::pb::TelemetryBatch;
 
 use crate::scheduler::{AgentEvent, Event, RankEvent};
 
@@ -121,7 +121,7 @@ impl Inbox {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuctl_core::pb::{AssignmentAck, GpuSample, Heartbeat};
+    use gpuctl_proto::pb::{AssignmentAck, GpuSample, Heartbeat};
 
     fn hb(session: u64, seq: u64) -> Event {
         AgentEvent::Heartbeat {

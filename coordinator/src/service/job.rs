@@ -4,9 +4,9 @@
 //! the `read` role and changes (submit, cancel, baselines, removing a node)
 //! the `operate` role.
 
-use gpuctl_core::pb::job_service_server::JobService;
-use gpuctl_core::pb::GetTraceRequest;
-use gpuctl_core::pb::{
+use gpuctl_proto::pb::job_service_server::JobService;
+use gpuctl_proto::pb::GetTraceRequest;
+use gpuctl_proto::pb::{
     Baseline, CancelJobRequest, FleetRow, GetBaselineRequest, GetFleetRequest, GetFleetResponse,
     GetJobRequest, GetLogsRequest, GetLogsResponse, GetReportRequest, GetSuiteRequest,
     GetTelemetryRequest, GetTelemetryResponse, GetTimelineRequest, Job, ListBaselinesRequest,
@@ -360,7 +360,7 @@ fn fleet_page(
 mod tests {
     use super::*;
     use gpuctl_core::limits::MAX_LIST_PAGE;
-    use gpuctl_core::pb::{GpuRow, Link, NodeRun};
+    use gpuctl_proto::pb::{GpuRow, Link, NodeRun};
 
     /// A fleet of 40 rows of ~2 MiB: 80 MiB, past one answer.
     fn big_fleet() -> GetFleetResponse {

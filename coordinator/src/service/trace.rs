@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gpuctl_core::limits::MAX_TRACE_PIECE;
-use gpuctl_core::pb::coordinator_message::Msg;
-use gpuctl_core::pb::{CoordinatorMessage, FetchTrace, GetTraceRequest, Report, TraceChunk};
+use gpuctl_proto::pb::coordinator_message::Msg;
+use gpuctl_proto::pb::{CoordinatorMessage, FetchTrace, GetTraceRequest, Report, TraceChunk};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
@@ -259,8 +259,8 @@ impl Fetch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuctl_core::pb::rank_result::Detail;
-    use gpuctl_core::pb::{NodeReport, OperatorProfile, RankReport, RankResult, TrainResult};
+    use gpuctl_proto::pb::rank_result::Detail;
+    use gpuctl_proto::pb::{NodeReport, OperatorProfile, RankReport, RankResult, TrainResult};
 
     fn report() -> Report {
         let train = |path: &str| TrainResult {

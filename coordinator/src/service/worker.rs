@@ -8,8 +8,8 @@
 
 use std::time::Duration;
 
-use gpuctl_core::pb::worker_service_server::WorkerService;
-use gpuctl_core::pb::{
+use gpuctl_proto::pb::worker_service_server::WorkerService;
+use gpuctl_proto::pb::{
     rank_result::Detail, Ack, RankProgress, RankProgressReport, RankResult, RendezvousGetRequest,
     RendezvousGetResponse, RendezvousPutRequest,
 };
@@ -250,7 +250,7 @@ impl WorkerService for WorkerSvc {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuctl_core::pb::{PhaseMark, TrainResult};
+    use gpuctl_proto::pb::{PhaseMark, TrainResult};
 
     fn mark(phase: &str, unix_ms: u64) -> PhaseMark {
         PhaseMark {

@@ -3,7 +3,7 @@
 //! report without its ranks' results), so that callers hand the store
 //! messages, never keys and bytes.
 
-use gpuctl_core::pb::{Acceptance, Job, Node, NodeRun, RankReport, Report, Suite};
+use gpuctl_proto::pb::{Acceptance, Job, Node, NodeRun, RankReport, Report, Suite};
 use prost::Message;
 
 use super::keys;

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use gpuctl_core::auth::RankKey;
-use gpuctl_core::pb::{
+use gpuctl_proto::pb::{
     Acceptance, Baseline, GetLogsResponse, Job, LogLine, Node, NodeRun, RankResult, Report, Suite,
 };
 use prost::Message;

@@ -10,10 +10,10 @@
 use std::time::Duration;
 
 use gpuctl_coordinator::Config;
-use gpuctl_core::pb::job_service_client::JobServiceClient;
-use gpuctl_core::pb::worker_service_client::WorkerServiceClient;
-use gpuctl_core::pb::*;
 use gpuctl_core::shutdown::Shutdown;
+use gpuctl_proto::pb::job_service_client::JobServiceClient;
+use gpuctl_proto::pb::worker_service_client::WorkerServiceClient;
+use gpuctl_proto::pb::*;
 use gpuctl_testkit::FakeAgent;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;

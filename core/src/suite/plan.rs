@@ -9,9 +9,9 @@ use std::collections::HashMap;
 use super::{Stage, Suite, JOB_START_MS, MIN_TIMED_MS, PREFLIGHT_MS, UNTIMED_MS};
 use crate::catalogue::{err, SpecError};
 use crate::limits::MAX_DURATION_MS;
-use crate::pb::JobSpec;
 use crate::spec::normalize;
 use crate::units::format_duration_ms;
+use gpuctl_proto::pb::JobSpec;
 
 impl Stage {
     /// The expected time of any stage but the `rest` one, whose share

@@ -4,8 +4,8 @@
 
 use super::*;
 use crate::catalogue::{NcclParams, StressParams, TypedParams};
-use crate::pb::JobSpec;
 use crate::spec::normalize;
+use gpuctl_proto::pb::JobSpec;
 
 /// A suite of one stage: `stage` is the body of its `[[stage]]` table.
 fn one(stage: &str) -> Result<Suite, SpecError> {

@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use gpuctl_core::client::Channel;
-use gpuctl_core::pb::{
+use gpuctl_core::shutdown::Shutdown;
+use gpuctl_proto::pb::{
     job_service_client::JobServiceClient, GetJobRequest, ListJobsRequest, ListNodesRequest,
 };
-use gpuctl_core::shutdown::Shutdown;
 
 /// CLI latencies, by call, for the phase running now.
 #[derive(Default)]
@@ -56,7 +56,7 @@ async fn cli_load(
             let t = Instant::now();
             let req = GetJobRequest {
                 job_id: job,
-                max_ranks: gpuctl_core::VIEW_RANKS,
+                max_ranks: gpuctl_proto::VIEW_RANKS,
             };
             let ok = c.get_job(req).await.is_ok();
             record(&lat, "status", t, ok);

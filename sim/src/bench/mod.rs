@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use gpuctl_core::client::Channel;
-use gpuctl_core::pb::{
+use gpuctl_core::shutdown::Shutdown;
+use gpuctl_proto::pb::{
     job_service_client::JobServiceClient, GetJobRequest, GetReportRequest, JobSpec, PlanRequest,
     Report, SubmitRequest,
 };
-use gpuctl_core::shutdown::Shutdown;
 use prost::Message;
 
 use self::calls::{cli_thread, Latencies};
@@ -111,7 +111,7 @@ pub async fn run(cfg: &BenchConfig, dir: PathBuf) -> Result<BenchReport> {
     };
     // Alternated, so both see the same load.
     for _ in 0..PLAN_CALLS {
-        for max_ranks in [gpuctl_core::VIEW_RANKS, 0] {
+        for max_ranks in [gpuctl_proto::VIEW_RANKS, 0] {
             let t = Instant::now();
             let plan = jobs
                 .plan_job(PlanRequest {
@@ -173,7 +173,7 @@ pub async fn run(cfg: &BenchConfig, dir: PathBuf) -> Result<BenchReport> {
 }
 
 /// How long a job may take to have its report: its run time and five minutes.
-fn report_limit(job: &gpuctl_core::pb::Job) -> Duration {
+fn report_limit(job: &gpuctl_proto::pb::Job) -> Duration {
     let run = job.spec.as_ref().map_or(0, |s| s.duration_ms);
     Duration::from_millis(run) + Duration::from_secs(300)
 }
@@ -207,7 +207,7 @@ async fn one_job(
         let j = jobs
             .get_job(GetJobRequest {
                 job_id: job.id.clone(),
-                max_ranks: gpuctl_core::VIEW_RANKS,
+                max_ranks: gpuctl_proto::VIEW_RANKS,
             })
             .await?
             .into_inner();

@@ -9,7 +9,7 @@
 
 use anyhow::{Context, Result};
 use gpuctl_core::catalogue::{TrainModel, TrainParams};
-use gpuctl_core::pb::{rank_result::Detail, PhaseKind, TrainResult};
+use gpuctl_proto::pb::{rank_result::Detail, PhaseKind, TrainResult};
 
 use super::memory::Memory;
 use super::models::{gpt::GptConfig, ModelConfig, Precision};

@@ -22,7 +22,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use anyhow::{bail, Result};
 use gpuctl_core::catalogue::MaxBatchParams;
-use gpuctl_core::pb::{rank_result::Detail, MaxBatchPoint, MaxBatchResult};
+use gpuctl_proto::pb::{rank_result::Detail, MaxBatchPoint, MaxBatchResult};
 use tch::Device;
 
 use super::budget;

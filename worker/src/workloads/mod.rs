@@ -15,7 +15,7 @@ pub mod train;
 
 use anyhow::Result;
 use gpuctl_core::catalogue::TypedParams;
-use gpuctl_core::pb::{rank_result::Detail, TrainResult};
+use gpuctl_proto::pb::{rank_result::Detail, TrainResult};
 
 use crate::context::Ctx;
 

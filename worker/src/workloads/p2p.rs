@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use gpuctl_core::catalogue::P2pParams;
-use gpuctl_core::pb::{rank_result::Detail, P2pResult, PeerCopy, PhaseKind};
 use gpuctl_core::rendezvous_keys::owned;
+use gpuctl_proto::pb::{rank_result::Detail, P2pResult, PeerCopy, PhaseKind};
 use tch::{Device, Kind, Tensor};
 
 use super::{busy, Outcome};

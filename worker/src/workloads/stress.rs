@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use gpuctl_core::catalogue::{MemoryTarget, StressParams};
-use gpuctl_core::pb::{rank_result::Detail, PhaseKind, StressResult};
+use gpuctl_proto::pb::{rank_result::Detail, PhaseKind, StressResult};
 use tch::{Device, Kind, Tensor};
 
 use super::Outcome;

@@ -5,7 +5,7 @@
 //! libtorch, and the one that tells a CPU-only host from a GPU host whose
 //! GPUs the agent cannot see (each case with its own fix).
 
-use gpuctl_core::pb::{PreflightCheck, Verdict};
+use gpuctl_proto::pb::{PreflightCheck, Verdict};
 
 use super::{check, dash};
 use crate::preflight::{libs::major_minor, Snapshot};

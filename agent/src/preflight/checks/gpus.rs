@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use gpuctl_core::pb::{PreflightCheck, Verdict};
+use gpuctl_proto::pb::{PreflightCheck, Verdict};
 
 use super::{check, list};
 use crate::preflight::{GpuState, Snapshot};

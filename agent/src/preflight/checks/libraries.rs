@@ -5,7 +5,7 @@
 //! Together in one file because both judge what the worker will load at
 //! start, found through the same `--libtorch` folders.
 
-use gpuctl_core::pb::{PreflightCheck, Verdict};
+use gpuctl_proto::pb::{PreflightCheck, Verdict};
 
 use super::check;
 use crate::libtorch::TORCH_VERSION;

@@ -5,8 +5,8 @@
 //! (Docker's `--shm-size`, `--ulimit memlock`, systemd), not hardware, and
 //! both are fixed in the same place.
 
-use gpuctl_core::pb::{PreflightCheck, Verdict};
 use gpuctl_core::units::format_bytes;
+use gpuctl_proto::pb::{PreflightCheck, Verdict};
 
 use super::check;
 

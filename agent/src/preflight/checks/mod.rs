@@ -20,7 +20,7 @@ pub use limits::{memlock, shm, MIN_SHM_BYTES};
 pub use network::{gpudirect_rdma, infiniband};
 pub use topology::topology;
 
-use gpuctl_core::pb::{PreflightCheck, Verdict};
+use gpuctl_proto::pb::{PreflightCheck, Verdict};
 
 use super::Snapshot;
 use crate::facts::IbPort;

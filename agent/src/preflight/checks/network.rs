@@ -4,7 +4,7 @@
 //! Together in one file because both judge NCCL's way between nodes, from
 //! the ports `facts.rs` read.
 
-use gpuctl_core::pb::{PreflightCheck, Verdict};
+use gpuctl_proto::pb::{PreflightCheck, Verdict};
 
 use super::{check, dash};
 use crate::facts::IbPort;

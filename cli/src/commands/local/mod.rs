@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use gpuctl_core::clock::Clock;
-use gpuctl_core::pb;
 use gpuctl_core::shutdown::Shutdown;
+use gpuctl_proto::pb;
 
 use super::parse::parse_interval;
 use crate::client::Coordinator;

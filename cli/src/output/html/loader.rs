@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::Result;
-use gpuctl_core::pb;
+use gpuctl_proto::pb;
 
 use super::chart;
 use super::lines::{whole_number, Lines, Series};

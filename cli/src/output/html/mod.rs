@@ -14,7 +14,7 @@ mod style;
 mod telemetry;
 
 use anyhow::Result;
-use gpuctl_core::pb;
+use gpuctl_proto::pb;
 use html_escape::{encode_double_quoted_attribute as attr, encode_text as text};
 
 use self::chart::{Plot, Swatch};

@@ -3,7 +3,7 @@
 //! job judged against: green for a pass, red for a slow pair, none without a
 //! reference), each cell's passes in its tooltip; then the host↔device table.
 
-use gpuctl_core::pb;
+use gpuctl_proto::pb;
 use html_escape::{encode_double_quoted_attribute as attr, encode_text as text};
 
 use crate::output::p2p::{self, Matrix};

@@ -7,8 +7,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::Result;
-use gpuctl_core::pb::{self, rank_result::Detail};
 use gpuctl_core::units::format_bytes;
+use gpuctl_proto::pb::{self, rank_result::Detail};
 
 use super::chart::{self, Plot};
 use super::lines::{whole_number, Heatmap, Histogram, Lines, Series};

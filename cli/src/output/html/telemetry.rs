@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 
 use anyhow::Result;
-use gpuctl_core::pb;
+use gpuctl_proto::pb;
 
 use super::chart::{self, Key, Swatch};
 use super::lines::{Lines, Series};

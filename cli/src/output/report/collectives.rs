@@ -1,7 +1,7 @@
 //! The report's collectives: one table per operation, laid out like
 //! nccl-tests' own output so the two compare line by line.
 
-use gpuctl_core::pb;
+use gpuctl_proto::pb;
 
 /// nccl-tests prints times with fewer decimals as they grow; so do we, to match line by line.
 fn nccl_time(us: f64) -> String {

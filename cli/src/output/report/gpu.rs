@@ -1,6 +1,6 @@
 //! The report's GPU health findings and telemetry summary, a row per GPU.
 
-use gpuctl_core::pb;
+use gpuctl_proto::pb;
 
 use crate::output::{self, table::Table};
 

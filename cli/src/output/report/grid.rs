@@ -4,7 +4,7 @@
 //! into a spreadsheet or a ticket as it is. Markdown opens with the verdict.
 
 use anyhow::Result;
-use gpuctl_core::pb;
+use gpuctl_proto::pb;
 
 use super::header::header_pairs;
 use super::ranks::{nodes_grid, ranks_grid};

@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use gpuctl_core::pb;
 use gpuctl_core::units::format_duration_ms;
+use gpuctl_proto::pb;
 
 use crate::output;
 

@@ -14,8 +14,8 @@ pub mod ranks;
 mod tests;
 
 use anyhow::Result;
-use gpuctl_core::pb;
 use gpuctl_core::units::format_duration_ms;
+use gpuctl_proto::pb;
 
 use self::collectives::collectives_table;
 use self::gpu::{health_table, telemetry_table};

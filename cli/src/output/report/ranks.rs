@@ -1,7 +1,7 @@
 //! The report's node and rank tables: a rank's verdict beside the figures of
 //! its workload (stress, training, maxbatch), its peak memory and its reason.
 
-use gpuctl_core::pb::{self, rank_result::Detail};
+use gpuctl_proto::pb::{self, rank_result::Detail};
 
 use crate::output::{self, table::Table};
 

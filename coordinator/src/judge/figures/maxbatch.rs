@@ -2,7 +2,7 @@
 //! one rank.
 
 use gpuctl_core::catalogue::MaxBatchParams;
-use gpuctl_core::pb::MaxBatchResult;
+use gpuctl_proto::pb::MaxBatchResult;
 
 use super::{Expected, Figure, Metric};
 

@@ -21,10 +21,10 @@ mod tests;
 use std::collections::{BTreeMap, BTreeSet};
 
 use gpuctl_core::catalogue::TypedParams;
-use gpuctl_core::pb::{
+use gpuctl_core::stats::median;
+use gpuctl_proto::pb::{
     rank_result::Detail, BaselineFigure, CollectiveRow, JobSpec, RankResult, Report,
 };
-use gpuctl_core::stats::median;
 
 pub use maxbatch::maxbatch_key;
 pub use nccl::busbw_key;

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use gpuctl_core::catalogue::{judged_sizes, NcclParams, NcclPattern};
-use gpuctl_core::pb::CollectiveRow;
+use gpuctl_proto::pb::CollectiveRow;
 
 use super::{Expected, Figure, Metric};
 

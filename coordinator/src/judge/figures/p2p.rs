@@ -3,8 +3,8 @@
 //! each other by `judge::p2p`; here only what a rank's figures are.
 
 use gpuctl_core::catalogue::P2pParams;
-use gpuctl_core::pb::P2pResult;
 use gpuctl_core::stats::median;
+use gpuctl_proto::pb::P2pResult;
 
 use super::{Expected, Figure, Metric};
 

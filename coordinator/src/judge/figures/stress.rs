@@ -3,7 +3,7 @@
 //! all_reduce beside them.
 
 use gpuctl_core::catalogue::StressParams;
-use gpuctl_core::pb::{rank_result::Detail, RankResult, StressResult};
+use gpuctl_proto::pb::{rank_result::Detail, RankResult, StressResult};
 
 use super::{Expected, Figure, Metric};
 

@@ -1,7 +1,7 @@
 //! Figures read out of made-up results: device classes, keys and the models
 //! of a list, each as a baseline or floor would look them up.
 
-use gpuctl_core::pb::TrainResult;
+use gpuctl_proto::pb::TrainResult;
 
 use super::train::train_key_of;
 use super::*;
@@ -32,7 +32,7 @@ fn a_device_class_names_the_model_and_its_libraries() {
 
 #[test]
 fn a_loader_sweep_is_judged_on_its_best_setting() {
-    let setting = |workers, per_s| gpuctl_core::pb::LoaderSetting {
+    let setting = |workers, per_s| gpuctl_proto::pb::LoaderSetting {
         workers,
         work: 2,
         samples_per_s: per_s,

@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 
 use gpuctl_core::catalogue::TrainParams;
-use gpuctl_core::pb::{rank_result::Detail, LoaderSetting, RankResult, TrainResult};
 use gpuctl_core::stats::median;
+use gpuctl_proto::pb::{rank_result::Detail, LoaderSetting, RankResult, TrainResult};
 
 use super::{Expected, Figure, Metric};
 

@@ -189,7 +189,7 @@ fn idle_counts_only_the_measured_phase() {
 
 #[test]
 fn a_low_clock_with_no_reason_warns_and_a_power_capped_one_does_not() {
-    use gpuctl_core::pb::GpuSample;
+    use gpuctl_proto::pb::GpuSample;
     let r = HealthRules::default();
     let sample = |clock: u32, reasons: u64| GpuSample {
         sm_clock_mhz: clock,

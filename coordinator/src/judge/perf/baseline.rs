@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use gpuctl_core::pb::Baseline;
+use gpuctl_proto::pb::Baseline;
 
 use super::finding::ratio_rule;
 use super::reference::{compare, Reference, Scope};

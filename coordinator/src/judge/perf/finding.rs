@@ -1,7 +1,7 @@
 //! The findings and rule texts every reference writes: one sentence form for
 //! a miss, whichever reference it missed, so that reports read alike.
 
-use gpuctl_core::pb::{Finding, Verdict};
+use gpuctl_proto::pb::{Finding, Verdict};
 
 use super::{JobFigures, Metric, RankFigures};
 

@@ -29,7 +29,7 @@ mod tests;
 
 use std::collections::BTreeSet;
 
-use gpuctl_core::pb::{Baseline, Finding};
+use gpuctl_proto::pb::{Baseline, Finding};
 
 pub use super::figures::{Expected, Figure, JobFigures, RankFigures};
 pub use super::metric::Metric;

@@ -3,7 +3,7 @@
 //! a GPU model) and in whether their limits are ratios or absolute figures,
 //! not in how a miss or a missing figure is found.
 
-use gpuctl_core::pb::{Finding, Verdict};
+use gpuctl_proto::pb::{Finding, Verdict};
 
 use super::finding::{finding, level_of, score, Miss, Subject};
 use super::{Expected, Figure, JobFigures, Judgement, Metric, RankFigures};

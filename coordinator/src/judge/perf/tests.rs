@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use gpuctl_core::pb::Verdict;
+use gpuctl_proto::pb::Verdict;
 
 use super::finding::score;
 use super::*;
@@ -121,7 +121,7 @@ fn stress_beside_an_all_reduce_is_judged_by_its_own_ratios() {
 #[test]
 fn stress_with_comm_names_a_slow_gpu_by_its_gemms_alone() {
     use crate::judge::figures::{intervals, rank_figures};
-    use gpuctl_core::pb::{rank_result::Detail, RankResult, StressResult};
+    use gpuctl_proto::pb::{rank_result::Detail, RankResult, StressResult};
     let rules = PerfRules::default();
     let ranks: Vec<RankFigures> = [662.0, 668.0, 665.0, 301.0]
         .iter()

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use gpuctl_core::pb::{rank_result::Detail, CollectiveRow, RankResult, Verdict};
+use gpuctl_proto::pb::{rank_result::Detail, CollectiveRow, RankResult, Verdict};
 
 use super::ranks::RankStates;
 

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use gpuctl_core::pb::{rank_result::Detail, JobSpec, RankResult};
+use gpuctl_proto::pb::{rank_result::Detail, JobSpec, RankResult};
 
 use super::ranks::{RankStates, Source};
 

@@ -4,7 +4,7 @@
 //! health rule, a preflight check at job start. Worst first; a finding of
 //! level pass only says what a figure could not be judged against.
 
-use gpuctl_core::pb::{Finding, HealthFinding, Plan, PreflightCheck, Verdict};
+use gpuctl_proto::pb::{Finding, HealthFinding, Plan, PreflightCheck, Verdict};
 
 use super::ranks::{RankStates, Source};
 

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use gpuctl_core::pb::{
+use gpuctl_proto::pb::{
     Finding, GpuTelemetrySummary, HealthFinding, PhaseKind, PhaseMark, Plan, RankResult, Verdict,
 };
 
@@ -168,7 +168,7 @@ pub(super) fn apply(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuctl_core::pb::RankPlacement;
+    use gpuctl_proto::pb::RankPlacement;
 
     fn mark(phase: &str, unix_ms: u64, iterations: u64) -> PhaseMark {
         PhaseMark {

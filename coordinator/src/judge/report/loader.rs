@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use gpuctl_core::pb::{LoaderGpu, Plan, RankResult};
+use gpuctl_proto::pb::{LoaderGpu, Plan, RankResult};
 
 use super::super::figures::train_results;
 use super::super::series::{Bucket, GpuSeries};
@@ -99,7 +99,7 @@ fn window(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuctl_core::pb::GpuSample;
+    use gpuctl_proto::pb::GpuSample;
 
     #[test]
     fn a_window_keeps_the_buckets_it_overlaps() {

@@ -44,7 +44,7 @@ mod verdict;
 
 use std::collections::BTreeMap;
 
-use gpuctl_core::pb::{
+use gpuctl_proto::pb::{
     Job, Plan, PreflightCheck, RankProgress, RankResult, Report, Verdict, WorkerExited,
 };
 

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use gpuctl_core::pb::{Finding, NodeReport, Plan, RankReport, RankResult, Verdict};
+use gpuctl_proto::pb::{Finding, NodeReport, Plan, RankReport, RankResult, Verdict};
 
 use super::ranks::RankStates;
 

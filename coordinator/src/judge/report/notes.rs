@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use gpuctl_core::pb::RankResult;
+use gpuctl_proto::pb::RankResult;
 
 /// The first NCCL version any rank reported.
 pub(super) fn nccl_version(results: &BTreeMap<u32, RankResult>) -> String {

@@ -6,7 +6,7 @@
 
 use std::borrow::Cow;
 
-use gpuctl_core::pb::{CollectiveRow, Finding, JobSpec, JobState, Plan, RankResult, Verdict};
+use gpuctl_proto::pb::{CollectiveRow, Finding, JobSpec, JobState, Plan, RankResult, Verdict};
 
 use super::ranks::{RankStates, Source};
 use super::Inputs;

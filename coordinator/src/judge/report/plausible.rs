@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use gpuctl_core::pb::{rank_result::Detail, RankResult};
+use gpuctl_proto::pb::{rank_result::Detail, RankResult};
 
 use super::ranks::RankStates;
 

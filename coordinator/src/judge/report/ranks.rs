@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use gpuctl_core::pb::{
+use gpuctl_proto::pb::{
     Job, JobState, NodeReport, Plan, RankPlacement, RankProgress, RankResult, StopReason, Verdict,
     WorkerExited,
 };
@@ -185,24 +185,6 @@ pub(super) fn from_results(
     states
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_error_line_wins_over_later_info_lines() {
-        let tail = "2026-11-22T10:00:00Z  INFO worker starting\n\
-                    2026-11-22T10:00:01Z ERROR node n1 rank 3: NCCL error: unhandled system error\n\
-                    2026-11-22T10:00:01Z  INFO progress reporter stopped\n";
-        assert_eq!(
-            last_error_line(tail),
-            Some("2026-11-22T10:00:01Z ERROR node n1 rank 3: NCCL error: unhandled system error")
-        );
-        assert_eq!(last_error_line("a\nb\n\n"), Some("b"));
-        assert_eq!(last_error_line(""), None);
-    }
-}
-
 /// Where each rank was when the report was made: last phase, iterations,
 /// last progress and process state.
 pub(super) fn fill_where(
@@ -223,5 +205,23 @@ pub(super) fn fill_where(
         if let Some(p) = watch.processes.get(&r.rank) {
             r.process_state = p.state_name.clone();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_error_line_wins_over_later_info_lines() {
+        let tail = "2026-11-22T10:00:00Z  INFO worker starting\n\
+                    2026-11-22T10:00:01Z ERROR node n1 rank 3: NCCL error: unhandled system error\n\
+                    2026-11-22T10:00:01Z  INFO progress reporter stopped\n";
+        assert_eq!(
+            last_error_line(tail),
+            Some("2026-11-22T10:00:01Z ERROR node n1 rank 3: NCCL error: unhandled system error")
+        );
+        assert_eq!(last_error_line("a\nb\n\n"), Some("b"));
+        assert_eq!(last_error_line(""), None);
     }
 }

@@ -18,7 +18,7 @@
 
 use std::collections::BTreeMap;
 
-use gpuctl_core::pb::{JobSpec, RankResult};
+use gpuctl_proto::pb::{JobSpec, RankResult};
 
 use super::digests::{leaders, short};
 use super::ranks::RankStates;
@@ -185,7 +185,7 @@ fn judge_model(views: &Views, states: &mut RankStates) -> usize {
 mod tests {
     use super::super::ranks::RankState;
     use super::*;
-    use gpuctl_core::pb::{rank_result::Detail, TrainResult, Verdict};
+    use gpuctl_proto::pb::{rank_result::Detail, TrainResult, Verdict};
 
     /// A rank of an fsdp run: its own shard and the copies it gathered.
     fn rank(rank: u32, own: &str, gathered: &[&str]) -> (u32, RankResult) {

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use gpuctl_core::pb::{
+use gpuctl_proto::pb::{
     rank_result::Detail, CollectiveResult, CollectiveRow, Job, JobState, Plan, RankPlacement,
     RankProcess, RankProgress, RankReport, RankResult, Report, StressResult, Verdict, WorkerExited,
 };
@@ -32,7 +32,7 @@ fn job(state: JobState, nodes: usize, per_node: u32) -> Job {
     Job {
         id: "job-000007".into(),
         state: state as i32,
-        spec: Some(gpuctl_core::pb::JobSpec {
+        spec: Some(gpuctl_proto::pb::JobSpec {
             workload: "stress".into(),
             ..Default::default()
         }),
@@ -208,7 +208,7 @@ fn fsdp(rank: u32, params: &str, own: &str, gathered: &[&str]) -> RankResult {
     RankResult {
         rank,
         ok: true,
-        detail: Some(Detail::Train(gpuctl_core::pb::TrainResult {
+        detail: Some(Detail::Train(gpuctl_proto::pb::TrainResult {
             model: "gpt".into(),
             mode: "fsdp".into(),
             param_digest: params.into(),
@@ -359,7 +359,7 @@ fn collectives_take_the_slowest_rank_and_sum_wrong() {
 
 #[test]
 fn failing_gpus_fail_their_ranks_and_nodes() {
-    use gpuctl_core::pb::{GpuSample, TelemetryBatch};
+    use gpuctl_proto::pb::{GpuSample, TelemetryBatch};
     let j = job(JobState::Succeeded, 2, 2);
     let mut t = Telemetry::default();
     let bad = |index: u32, xid: u32| GpuSample {
@@ -552,7 +552,7 @@ fn a_hung_job_fails_only_the_blamed_rank_and_shows_where_each_rank_was() {
         WorkerExited {
             rank: 1,
             signal: "SIGTERM".into(),
-            stopped_by: gpuctl_core::pb::StopReason::Hang as i32,
+            stopped_by: gpuctl_proto::pb::StopReason::Hang as i32,
             ..Default::default()
         },
     )]
@@ -671,7 +671,7 @@ fn a_job_that_failed_for_its_request_judges_no_node() {
 /// A pair's halved direction fails its sender's rank, and so its node.
 #[test]
 fn a_slow_p2p_direction_fails_its_senders_rank_and_node() {
-    use gpuctl_core::pb::{P2pResult, PeerCopy};
+    use gpuctl_proto::pb::{P2pResult, PeerCopy};
     let mut j = job(JobState::Succeeded, 1, 2);
     j.spec.as_mut().unwrap().workload = "p2p".into();
     let copy = |s: u32, d: u32, gbps: f64| PeerCopy {

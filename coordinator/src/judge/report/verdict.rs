@@ -2,7 +2,7 @@
 //! that ran to the end succeeded), and for the whole report, where the job's
 //! own end (failed, cancelled, still running) has its say.
 
-use gpuctl_core::pb::{Job, JobState, NodeReport, RankReport, Report, Verdict};
+use gpuctl_proto::pb::{Job, JobState, NodeReport, RankReport, Report, Verdict};
 
 /// The findings of the job as a whole (a job figure of several nodes, a
 /// slow link between two good nodes) at `level`.

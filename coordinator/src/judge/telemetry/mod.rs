@@ -16,7 +16,7 @@ use std::ops::Bound::{Excluded, Included, Unbounded};
 
 use prost::Message;
 
-use gpuctl_core::pb::TelemetryBatch;
+use gpuctl_proto::pb::TelemetryBatch;
 
 use super::series::GpuSeries;
 use crate::store::keys;

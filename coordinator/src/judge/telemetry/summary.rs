@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use gpuctl_core::pb::{GpuTelemetrySummary, HealthFinding, Verdict};
+use gpuctl_proto::pb::{GpuTelemetrySummary, HealthFinding, Verdict};
 
 use super::Telemetry;
 use crate::judge::health::{self, HealthRules, Level};

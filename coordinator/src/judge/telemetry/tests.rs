@@ -4,7 +4,7 @@
 use super::*;
 use crate::judge::health::HealthRules;
 use crate::judge::series::{LOW_UTIL, MAX_BUCKETS};
-use gpuctl_core::pb::{GpuSample, Verdict};
+use gpuctl_proto::pb::{GpuSample, Verdict};
 use gpuctl_testkit::gpu;
 use prost::Message;
 

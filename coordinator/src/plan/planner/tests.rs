@@ -2,8 +2,8 @@
 
 use super::*;
 use crate::plan::preflight::preflight_error;
-use gpuctl_core::pb::HostFacts;
-use gpuctl_core::pb::{PreflightCheck, Verdict};
+use gpuctl_proto::pb::HostFacts;
+use gpuctl_proto::pb::{PreflightCheck, Verdict};
 
 fn cpu_node(name: &str, cpu_ranks: u32, cpus: u32, ib: bool) -> Node {
     Node {
@@ -276,7 +276,7 @@ fn nccl_plan_refuses_what_cannot_work_on_these_nodes() {
         f.nccl_version = "2.28.9".into();
         f.interfaces = ifs
             .iter()
-            .map(|i| gpuctl_core::pb::NetInterface {
+            .map(|i| gpuctl_proto::pb::NetInterface {
                 name: (*i).into(),
                 ..Default::default()
             })

@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::store::RedbStore;
-use gpuctl_core::pb::{JobState, RankReport};
+use gpuctl_proto::pb::{JobState, RankReport};
 
 fn open(dir: &std::path::Path) -> StateStore {
     StateStore::new(Arc::new(RedbStore::open(&dir.join("state.redb")).unwrap()))
@@ -179,7 +179,7 @@ async fn a_report_is_stored_without_its_results_and_read_with_them() {
     let mut report = Report {
         job_id: "job-000007".into(),
         attempt: 2,
-        nodes: vec![gpuctl_core::pb::NodeReport {
+        nodes: vec![gpuctl_proto::pb::NodeReport {
             name: "node-0".into(),
             ranks: vec![
                 rank(0),

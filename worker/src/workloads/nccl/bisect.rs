@@ -18,9 +18,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use gpuctl_core::catalogue::{NcclParams, NcclPattern};
-use gpuctl_core::pb::{rank_result::Detail, BisectGroup, BisectRound, CollectiveResult};
 use gpuctl_core::rendezvous_keys::owned;
 use gpuctl_core::units::format_bytes;
+use gpuctl_proto::pb::{rank_result::Detail, BisectGroup, BisectRound, CollectiveResult};
 use tch::Device;
 
 use super::pairs::{check_shape, opener, round_timeout, Opener, Place};

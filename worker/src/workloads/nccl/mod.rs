@@ -19,7 +19,7 @@ pub mod sweep;
 
 use anyhow::Result;
 use gpuctl_core::catalogue::{NcclParams, NcclPattern};
-use gpuctl_core::pb::PhaseKind;
+use gpuctl_proto::pb::PhaseKind;
 use tch::{Device, Kind, Tensor};
 
 use super::Outcome;

@@ -27,10 +27,10 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use gpuctl_core::catalogue::{NcclParams, NcclPattern};
 use gpuctl_core::pairs::{pair_of, round_robin};
-use gpuctl_core::pb::{rank_result::Detail, CollectiveResult, LinkResult};
 use gpuctl_core::rendezvous_keys::owned;
 use gpuctl_core::request::RequestError;
 use gpuctl_core::units::format_bytes;
+use gpuctl_proto::pb::{rank_result::Detail, CollectiveResult, LinkResult};
 use tch::Device;
 
 use super::sweep::{config, measure, Peer, SweepConfig};

@@ -8,8 +8,8 @@ use std::cell::RefCell;
 
 use anyhow::Result;
 use gpuctl_core::catalogue::{NcclParams, NcclPattern};
-use gpuctl_core::pb::SearchBlame;
 use gpuctl_core::search::{Blame, Search};
+use gpuctl_proto::pb::SearchBlame;
 
 use super::bisect::{run_rounds, Bisected, RoundsEnv};
 use super::pairs::{check_shape, opener, round_timeout, Place};

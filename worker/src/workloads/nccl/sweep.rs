@@ -11,8 +11,8 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use gpuctl_core::catalogue::NcclParams;
-use gpuctl_core::pb::{rank_result::Detail, CollectiveResult, CollectiveRow};
 use gpuctl_core::units::format_bytes;
+use gpuctl_proto::pb::{rank_result::Detail, CollectiveResult, CollectiveRow};
 use tch::{Device, Kind, Tensor};
 
 use super::{

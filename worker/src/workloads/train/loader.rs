@@ -20,8 +20,8 @@ use std::thread::JoinHandle;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, Result};
-use gpuctl_core::pb::LoaderSetting;
 use gpuctl_core::stats::median;
+use gpuctl_proto::pb::LoaderSetting;
 use tch::{Device, Kind, Tensor};
 
 use super::super::models::{channels_last, Batch, Model, SplitMix64};

@@ -34,7 +34,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
-use gpuctl_core::pb::{PhaseKind, TrainResult};
+use gpuctl_proto::pb::{PhaseKind, TrainResult};
 use tch::{Device, Kind, Tensor};
 
 pub use optim::LossScaler;

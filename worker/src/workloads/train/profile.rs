@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use anyhow::Result;
-use gpuctl_core::pb::OperatorProfile;
+use gpuctl_proto::pb::OperatorProfile;
 
 use super::{sync, ProfileRun, Reporter, TrainConfig, Trainer};
 use crate::comm::Collectives;

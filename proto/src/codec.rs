@@ -21,7 +21,7 @@ pub const BUFFER_BYTES: usize = 1024;
 /// A message batch handed on once this much is encoded: tonic's default.
 const YIELD_BYTES: usize = 32 * 1024;
 
-/// [`ProstCodec`] with [`BUFFER_BYTES`] buffers; named in `build.rs`.
+/// [`ProstCodec`] with [`BUFFER_BYTES`] buffers; named in `proto/build.rs`.
 #[derive(Debug, Clone)]
 pub struct SmallCodec<T, U>(PhantomData<(T, U)>);
 

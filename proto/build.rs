@@ -1,4 +1,4 @@
-//! Compiles `proto/gpuctl.proto` with a vendored protoc, so no system protoc is needed.
+//! Compiles `gpuctl.proto` with a vendored protoc, so no system protoc is needed.
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
     // SAFETY: build scripts are single-threaded.
@@ -6,12 +6,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
-        // prost's codec with smaller buffers (codec.rs).
+        // prost's codec with smaller buffers (src/codec.rs).
         .codec_path("crate::codec::SmallCodec")
         // Rarely set and large: boxed, so every RankResult does not carry
         // its size inline (the coordinator's events hold results by value).
         .boxed(".gpuctl.v1.TrainResult.profile")
-        .compile_protos(&["proto/gpuctl.proto"], &["proto"])?;
-    println!("cargo:rerun-if-changed=proto/gpuctl.proto");
+        .compile_protos(&["gpuctl.proto"], &["."])?;
+    println!("cargo:rerun-if-changed=gpuctl.proto");
     Ok(())
 }
