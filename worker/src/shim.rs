@@ -134,6 +134,21 @@ pub fn cpu_cap_reset_peak() {
     unsafe { gpuctl_cpu_cap_reset_peak() }
 }
 
+/// An empty float32 tensor of `sizes` in pinned host memory, from the CUDA
+/// caching host allocator (a GPU host only): written in place, then copied
+/// to the device without blocking the host.
+pub fn empty_pinned(sizes: &[i64]) -> Result<Tensor> {
+    let mut out = std::ptr::null_mut();
+    let mut err = std::ptr::null_mut();
+    // SAFETY: `sizes` is live for the call; on success `out` is a new
+    // `at::Tensor*` whose ownership passes to the returned tch tensor.
+    let rc =
+        unsafe { gpuctl_empty_pinned(sizes.as_ptr(), sizes.len() as c_int, 0, &mut out, &mut err) };
+    check("allocating pinned host memory", rc, err)?;
+    // SAFETY: see above; tch frees it when the tensor drops.
+    Ok(unsafe { Tensor::from_ptr(out as *mut _) })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -168,19 +183,4 @@ mod tests {
         assert!(e.starts_with("CUDA allocator statistics:"), "{e}");
         assert!(alloc_empty_cache().is_err());
     }
-}
-
-/// An empty float32 tensor of `sizes` in pinned host memory, from the CUDA
-/// caching host allocator (a GPU host only): written in place, then copied
-/// to the device without blocking the host.
-pub fn empty_pinned(sizes: &[i64]) -> Result<Tensor> {
-    let mut out = std::ptr::null_mut();
-    let mut err = std::ptr::null_mut();
-    // SAFETY: `sizes` is live for the call; on success `out` is a new
-    // `at::Tensor*` whose ownership passes to the returned tch tensor.
-    let rc =
-        unsafe { gpuctl_empty_pinned(sizes.as_ptr(), sizes.len() as c_int, 0, &mut out, &mut err) };
-    check("allocating pinned host memory", rc, err)?;
-    // SAFETY: see above; tch frees it when the tensor drops.
-    Ok(unsafe { Tensor::from_ptr(out as *mut _) })
 }
