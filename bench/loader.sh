@@ -19,7 +19,8 @@
 # is the acceptance question (can this host's CPUs feed all its GPUs?);
 # PyTorch's sweep stays on GPU $GPU.
 # Env: GPUCTL_BIN (.devbin), GPUCTL_SP, GPUCTL_PY, WORKERS (0,2,4,8), STEPS
-# (100), WORK (2), BATCH (64), GPU (0), GPUS ($GPU).
+# (100), WORK (2), BATCH (64), GPU (0), GPUS ($GPU); TORCH=0 runs gpuctl's
+# sweep alone (another build's beside one full run, in the same call).
 set -u
 OUT=${1:-/tmp/gpuctl-loader}; mkdir -p "$OUT"
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -57,6 +58,7 @@ mkdir -p "$OUT/traces"
 echo "== gpuctl (job $JOB)"
 sed -n '/^LOADER (/,/^$/p' "$OUT/gpuctl.txt"
 
+if [ "${TORCH:-1}" = 0 ]; then exit 0; fi
 echo "== torch DataLoader"
 "$PY" "$ROOT/bench/loader_torch.py" --workers "$WORKERS" --steps "$STEPS" --batch "$BATCH" \
   --work "$WORK" --gpu "$GPU" --json "$OUT/torch.json" 2>&1 | tee "$OUT/torch.txt"
