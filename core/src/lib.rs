@@ -17,6 +17,7 @@ pub mod leader;
 pub mod limits;
 pub mod metrics_http;
 pub mod metrics_tls;
+pub mod mfu;
 pub mod pairs;
 pub mod rendezvous_keys;
 pub mod request;

@@ -3,7 +3,8 @@
 //! "compare three models' memory" task printed: parameters, batch, peak memory
 //! as the allocator and as the driver saw it, step times, samples/s for the job
 //! and per rank, scaling efficiency, and the communication per step with the
-//! part compute waited for and the share hidden under compute. One model gets
+//! part compute waited for and the share hidden under compute, and a GPT's
+//! model FLOPs utilisation against its GPU's peak. One model gets
 //! one row: still the summary of the run. A GPT is named with its size
 //! (`gpt 1.3b`).
 
@@ -28,6 +29,28 @@ struct ModelRow<'a> {
     /// `gpt 1.3b`, `resnet50`.
     model: String,
     ranks: Vec<&'a pb::TrainResult>,
+    /// Each of `ranks`' GPU as NVML names it (empty: a CPU rank).
+    devices: Vec<&'a str>,
+}
+
+/// A rank's model FLOPs utilisation (`gpuctl_core::mfu`): a GPT on a GPU
+/// of the peak table; `None` otherwise (unknown, not zero).
+pub fn mfu(t: &pb::TrainResult, device_name: &str, seq_len: u64) -> Option<f64> {
+    if t.model != "gpt" || t.samples_per_s <= 0.0 {
+        return None;
+    }
+    let peak = gpuctl_core::mfu::peak_tflops(device_name, &t.precision)?;
+    let per_token = gpuctl_core::mfu::gpt_flops_per_token(&t.variant, t.parameters, seq_len)?;
+    Some(gpuctl_core::mfu::mfu(t.samples_per_s, per_token, peak))
+}
+
+/// The job's GPT sequence length: its spec's, else the GPU default.
+fn seq_len(r: &pb::Report) -> u64 {
+    r.spec
+        .as_ref()
+        .and_then(|s| s.params.get("seq_len"))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1024)
 }
 
 /// A model as the report names it: with its size where it has one.
@@ -92,14 +115,19 @@ fn rows(r: &pb::Report) -> Vec<ModelRow<'_>> {
     let mut out: Vec<ModelRow> = Vec::new();
     let mut ranks: Vec<&pb::RankReport> = r.nodes.iter().flat_map(|n| &n.ranks).collect();
     ranks.sort_by_key(|x| x.rank);
-    for res in ranks.iter().filter_map(|x| x.result.as_ref()) {
+    for (rank, res) in ranks.iter().filter_map(|x| Some((x, x.result.as_ref()?))) {
         for t in train_results(res) {
             let model = label(t);
+            let device = rank.device_name.as_str();
             match out.iter_mut().find(|m| m.model == model) {
-                Some(m) => m.ranks.push(t),
+                Some(m) => {
+                    m.ranks.push(t);
+                    m.devices.push(device);
+                }
                 None => out.push(ModelRow {
                     model,
                     ranks: vec![t],
+                    devices: vec![device],
                 }),
             }
         }
@@ -153,12 +181,14 @@ pub fn grid(r: &pb::Report) -> Option<Table> {
         "PER RANK",
         "UNIT",
         "SCALING",
+        "MFU",
         "COMM MS",
         "EXPOSED MS",
         "OVERLAP",
         "RANKS",
     ])
-    .right(&[1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14]);
+    .right(&[1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14, 15]);
+    let seq = seq_len(r);
     for m in rows {
         let ts = &m.ranks;
         let (p50, p99) = step_ms(ts);
@@ -175,6 +205,13 @@ pub fn grid(r: &pb::Report) -> Option<Table> {
         batches.sort();
         batches.dedup();
         let [comm_ms, exposed, overlap] = comm_cells(median_comm(ts));
+        // The ranks' median; a rank whose MFU is unknown is left out.
+        let mfu = median(
+            ts.iter()
+                .zip(&m.devices)
+                .filter_map(|(t, d)| mfu(t, d, seq))
+                .collect(),
+        );
         t.row([
             m.model,
             if params == 0 {
@@ -200,6 +237,7 @@ pub fn grid(r: &pb::Report) -> Option<Table> {
             num(per_rank, 1),
             super::dash(&ts[0].unit),
             scaling.map_or("-".into(), |e| format!("{:.1}%", e * 100.0)),
+            mfu.map_or("-".into(), |u| format!("{:.1}%", u * 100.0)),
             comm_ms,
             exposed,
             overlap,
@@ -213,7 +251,7 @@ pub fn grid(r: &pb::Report) -> Option<Table> {
 pub fn section(r: &pb::Report) -> Option<String> {
     let t = grid(r)?;
     Some(format!(
-        "\nMODELS (in the order trained; peaks: the highest rank's; step times: every rank's steps; communication per step: the ranks' median)\n{}",
+        "\nMODELS (in the order trained; peaks: the highest rank's; step times: every rank's steps; communication per step and MFU: the ranks' median; MFU of a GPT by 6N + 12LdT FLOPs a token against the GPU's dense peak, - where unknown)\n{}",
         t.render()
     ))
 }
@@ -345,6 +383,30 @@ mod tests {
             [cell("COMM MS"), cell("EXPOSED MS"), cell("OVERLAP")],
             ["9.0", "3.5", "62%"].map(String::from)
         );
+    }
+
+    #[test]
+    fn a_gpts_mfu_is_the_ranks_median_against_its_gpus_peak_and_unknown_elsewhere() {
+        let mut t = train("gpt", 45_949.0, &[10.0], 1 << 30);
+        (t.variant, t.precision, t.parameters, t.unit) =
+            ("1.3b".into(), "bf16".into(), 1_313_722_368, "tok".into());
+        let mut r = report(vec![rank(t.clone(), vec![]), rank(t, vec![])]);
+        r.nodes[0].ranks[0].device_name = "NVIDIA H200".into();
+        let mfu_cell = |r: &pb::Report| {
+            let g = grid(r).unwrap();
+            let c = g.headers().iter().position(|x| x == "MFU").unwrap();
+            g.rows()[0][c].clone()
+        };
+        // Rank 1 is a CPU rank (no device name): left out of the median.
+        assert_eq!(mfu_cell(&r), "39.4%");
+        r.spec = Some(pb::JobSpec {
+            params: [("seq_len".to_string(), "2048".to_string())].into(),
+            ..Default::default()
+        });
+        // Longer sequences cost more attention FLOPs a token.
+        assert_eq!(mfu_cell(&r), "42.2%");
+        let cnn = report(vec![rank(train("resnet50", 900.0, &[10.0], 1 << 30), vec![])]);
+        assert_eq!(mfu_cell(&cnn), "-");
     }
 
     #[test]
