@@ -12,9 +12,14 @@ master weights, SGD lr 0.05 momentum 0.9, mean cross-entropy in fp32.
 Peak memory is the allocator's (`torch.cuda.max_memory_allocated`, gpuctl's
 `peak_memory_bytes`), counted from the first training step, the largest rank.
 
-Targets (issue 15): gpuctl fsdp peak / gpuctl ddp peak <= 0.6; gpuctl fsdp
-tok/s / FSDP2 tok/s >= 0.95; gpuctl fsdp peak / FSDP2 peak <= 1.05; as
-PASS/FAIL lines. Usage: python3 bench/fsdp.py [--batch-size 8] [--seq-len 1024]
+The reference runs twice: eager (fully_shard per block and root, bf16
+parameters and reductions) and tuned as TorchTitan trains (each block
+compiled, the last block and the root kept after forward); MFU of each run
+by core/src/mfu.rs's formula against the GPU's bf16 dense peak.
+
+Targets (issues 15 and 49): gpuctl fsdp peak / gpuctl ddp peak <= 0.6;
+gpuctl fsdp and ddp tok/s / the faster FSDP2 run's >= 1.0; gpuctl's MFU >= 0.45;
+gpuctl fsdp peak / FSDP2 peak <= 1.05; as PASS/FAIL lines. Usage: python3 bench/fsdp.py [--batch-size 8] [--seq-len 1024]
 [--gpt-size 1.3b] [--no-ddp] [--json OUT]"""
 import argparse
 import json
@@ -39,7 +44,7 @@ TORCH_FSDP2 = r"""
 import math, sys, time, torch, torch.nn as nn, torch.nn.functional as F, torch.distributed as dist
 from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy
 dist.init_process_group("nccl"); r = dist.get_rank(); w = dist.get_world_size(); torch.cuda.set_device(r)
-bs, seq, steps, warmup, V, D, L, H = map(int, sys.argv[1:9])
+bs, seq, steps, warmup, V, D, L, H, tuned = map(int, sys.argv[1:10])
 
 class Block(nn.Module):
     def __init__(s):
@@ -74,8 +79,20 @@ torch.manual_seed(0)
 with torch.device("cuda"): m = GPT()
 params = sum(p.numel() for p in m.parameters())
 mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
-for blk in m.h: fully_shard(blk, mp_policy=mp)
-fully_shard(m, mp_policy=mp)
+if tuned:
+    # TorchTitan's settings (torchtitan/models/llama3/infra/parallelize.py):
+    # each block compiled on its own (`--compile.enable`), then sharded; the
+    # last block and the root not resharded after forward (backward needs
+    # them at once); bf16 parameters and reductions as above; SDPA's flash
+    # attention (bf16, causal). SGD stays, as gpuctl trains.
+    for i, blk in enumerate(m.h):
+        m.h[i] = torch.compile(blk)
+    for i, blk in enumerate(m.h):
+        fully_shard(blk, mp_policy=mp, reshard_after_forward=i < L - 1)
+    fully_shard(m, mp_policy=mp, reshard_after_forward=False)
+else:
+    for blk in m.h: fully_shard(blk, mp_policy=mp)
+    fully_shard(m, mp_policy=mp)
 opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
 g = torch.Generator(device="cuda"); g.manual_seed(1 + r)
 tok = torch.randint(0, V, (bs, seq + 1), device="cuda", generator=g)
@@ -100,13 +117,30 @@ dist.destroy_process_group()
 """
 
 
-def torch_fsdp2(n, a):
+def mfu(tokens_per_s, parameters, size, seq_len, peak):
+    """As core/src/mfu.rs: 6N + 12 L d T FLOPs a token against the dense peak (TFLOP/s)."""
+    if not parameters or not peak or tokens_per_s != tokens_per_s:
+        return None
+    _, d, layers, _ = GPT_SIZES[size]
+    return tokens_per_s * (6 * parameters + 12 * layers * d * seq_len) / (peak * 1e12)
+
+
+def peak_tflops(gpu):
+    """bf16 dense peak of NVIDIA's datasheets, as core/src/mfu.rs's table."""
+    for name, peak in (("H200 NVL", 835.5), ("H100 NVL", 835.5), ("H100 PCIe", 756.5), ("H100", 989.4),
+                       ("H200", 989.4), ("A100", 312.0)):
+        if name in gpu:
+            return peak
+    return None
+
+
+def torch_fsdp2(n, a, tuned):
     script = tempfile.NamedTemporaryFile("w", suffix=".py", delete=False)
     script.write(TORCH_FSDP2)
     script.close()
     torchrun = os.path.join(os.path.dirname(PY), "torchrun")
     v, d, layers, heads = GPT_SIZES[a.gpt_size]
-    args = [a.batch_size, a.seq_len, a.steps, a.warmup_steps, v, d, layers, heads]
+    args = [a.batch_size, a.seq_len, a.steps, a.warmup_steps, v, d, layers, heads, int(tuned)]
     out = subprocess.run([torchrun, "--standalone", f"--nproc_per_node={n}", script.name, *map(str, args)],
                          env=gpu_env(), capture_output=True, text=True)
     os.unlink(script.name)
@@ -172,16 +206,24 @@ def main():
     print(f"# fsdp gpt {a.gpt_size}, batch {a.batch_size}/GPU x seq {a.seq_len}, bf16, {n} GPUs: gpuctl fsdp and "
           f"ddp vs torch FSDP2 (fully_shard per block + root), {facts['gpus']} x {facts['gpu']}, "
           f"driver {facts['driver']}, {facts['date']}")
-    ref = torch_fsdp2(n, a)
+    eager = torch_fsdp2(n, a, False)
+    ref = torch_fsdp2(n, a, True)
     fsdp = summary(gpuctl_train("fsdp", n, a))
     ddp = summary(gpuctl_train("ddp", n, a)) if not a.no_ddp else None
-    print(f"torch FSDP2:  {ref['per_gpu']:.0f} tok/s/GPU, peak {gib(ref['peak'])}, {ref['parameters']} parameters, "
-          f"loss {ref['loss']}")
+    peak = peak_tflops(facts["gpu"])
+    u = lambda s: mfu(s["per_gpu"], s["parameters"], a.gpt_size, a.seq_len, peak)  # noqa: E731
+    pct = lambda x: "n/a" if x is None else f"{x:.1%}"  # noqa: E731
+    print(f"MFU against {peak} TFLOP/s bf16 dense (6N + 12LdT FLOPs a token, core/src/mfu.rs)")
+    print(f"torch FSDP2 eager:  {eager['per_gpu']:.0f} tok/s/GPU, MFU {pct(u(eager))}, peak {gib(eager['peak'])}")
+    print(f"torch FSDP2 tuned (TorchTitan: compiled blocks, last block and root kept after forward):  "
+          f"{ref['per_gpu']:.0f} tok/s/GPU, MFU {pct(u(ref))}, peak {gib(ref['peak'])}, "
+          f"{ref['parameters']} parameters, loss {ref['loss']}")
     for name, s in (("gpuctl fsdp", fsdp), ("gpuctl ddp", ddp)):
         if s is None:
             print(f"{name}: not run (--no-ddp)")
             continue
-        print(f"{name}: {s['per_gpu']:.0f} tok/s/GPU, peak {gib(s['peak'])}, {s['parameters']} parameters, "
+        print(f"{name}: {s['per_gpu']:.0f} tok/s/GPU, MFU {pct(u(s) if s['ran'] else None)}, "
+              f"peak {gib(s['peak'])}, {s['parameters']} parameters, "
               f"verdict {s['verdict']} {s['reason']}")
         print(f"  overlap share per rank {fmt_list(s['overlap_share_per_rank'], '.3f')}; comm "
               f"{fmt_list(s['comm_ms_per_step'], '.2f')} ms/step, exposed "
@@ -190,15 +232,28 @@ def main():
         print(f"WARNING: parameter counts differ (torch {ref['parameters']}, gpuctl {fsdp['parameters']}): "
               "the models are not the same")
     checks, skipped = [], []
-    if ddp and ddp["ran"] and fsdp["ran"]:
+    # The faster of the two references is the one to beat (on one H200 the
+    # compiled blocks were slower than eager: 32,586 against 45,099 tok/s).
+    best_name, best = max((("eager", eager), ("tuned", ref)), key=lambda r: r[1]["per_gpu"]
+                          if r[1]["per_gpu"] == r[1]["per_gpu"] else -1)
+    if n == 1:
+        skipped.append("fsdp peak / ddp peak (one GPU: fsdp shards nothing)")
+    elif ddp and ddp["ran"] and fsdp["ran"]:
         q = ratio(fsdp["peak"], ddp["peak"])
         checks.append((f"gpuctl fsdp peak / ddp peak {q:.3f} <= 0.6", q <= 0.6, q))
     else:
         why = "--no-ddp" if ddp is None else ("ddp did not run: " + (ddp["reason"] or str(ddp["state"]))
                                              if not ddp["ran"] else "fsdp did not run")
         skipped.append(f"fsdp peak / ddp peak ({why})")
-    q = ratio(fsdp["per_gpu"], ref["per_gpu"])
-    checks.append((f"gpuctl fsdp tok/s / FSDP2 tok/s {q:.3f} >= 0.95", q >= 0.95, q))
+    q = ratio(fsdp["per_gpu"], best["per_gpu"])
+    checks.append((f"gpuctl fsdp tok/s / FSDP2 ({best_name}, the faster) tok/s {q:.3f} >= 1.0", q >= 1.0, q))
+    if ddp and ddp["ran"]:
+        q = ratio(ddp["per_gpu"], best["per_gpu"])
+        checks.append((f"gpuctl ddp tok/s / FSDP2 ({best_name}, the faster) tok/s {q:.3f} >= 1.0", q >= 1.0, q))
+    for name, s in (("fsdp", fsdp), ("ddp", ddp)):
+        x = u(s) if s and s["ran"] else None
+        if x is not None:
+            checks.append((f"gpuctl {name} MFU {x:.3f} >= 0.45", x >= 0.45, x))
     if fsdp["peak"] and ref["peak"]:
         q = ratio(fsdp["peak"], ref["peak"])
         checks.append((f"gpuctl fsdp peak / FSDP2 peak {q:.3f} <= 1.05", q <= 1.05, q))
@@ -209,7 +264,8 @@ def main():
     for what in skipped:
         print(f"not checked: {what}")
     if a.json:
-        json.dump({"facts": facts, "config": vars(a), "torch_fsdp2": ref, "gpuctl_fsdp": fsdp, "gpuctl_ddp": ddp,
+        json.dump({"facts": facts, "config": vars(a), "torch_fsdp2": ref, "torch_fsdp2_eager": eager,
+                   "gpuctl_fsdp": fsdp, "gpuctl_ddp": ddp, "peak_tflops": peak,
                    "checks": [{"check": w, "pass": ok, "value": v} for w, ok, v in checks],
                    "not_checked": skipped}, open(a.json, "w"), indent=1)
     # Exit status: 0 when every check that ran passed (the lines say what was not checked).
