@@ -5,7 +5,6 @@
 
 use std::time::Duration;
 
-use gpuctl_core::now_ms;
 use gpuctl_proto::pb::agent_message::Msg as Up;
 use gpuctl_proto::pb::agent_service_client::AgentServiceClient;
 use gpuctl_proto::pb::coordinator_message::Msg as Down;
@@ -74,7 +73,7 @@ pub fn heartbeat(name: &str) -> AgentMessage {
         msg: Some(Up::Heartbeat(Heartbeat {
             node: name.into(),
             protocol_version: PROTOCOL_VERSION,
-            unix_ms: now_ms(),
+            unix_ms: gpuctl_core::clock::Clock::system().now_ms(),
             running: vec![],
             preflight: vec![],
         })),
