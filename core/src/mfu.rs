@@ -21,7 +21,8 @@ use crate::catalogue::gpt_shape;
 /// SXM5's), A100 datasheet; the datasheets give sparse figures, halved here.
 pub fn peak_tflops(device_name: &str, precision: &str) -> Option<f64> {
     // (bf16 / fp16, tf32, fp32)
-    let (half, tf32, fp32) = if device_name.contains("H200 NVL") || device_name.contains("H100 NVL") {
+    let (half, tf32, fp32) = if device_name.contains("H200 NVL") || device_name.contains("H100 NVL")
+    {
         (835.5, 417.5, 60.0)
     } else if device_name.contains("H100 PCIe") {
         (756.5, 378.0, 51.2)

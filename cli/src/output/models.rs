@@ -405,7 +405,10 @@ mod tests {
         });
         // Longer sequences cost more attention FLOPs a token.
         assert_eq!(mfu_cell(&r), "42.2%");
-        let cnn = report(vec![rank(train("resnet50", 900.0, &[10.0], 1 << 30), vec![])]);
+        let cnn = report(vec![rank(
+            train("resnet50", 900.0, &[10.0], 1 << 30),
+            vec![],
+        )]);
         assert_eq!(mfu_cell(&cnn), "-");
     }
 
