@@ -30,7 +30,8 @@ pub use sizes::{
 };
 pub use table::{
     flag_help, flag_params, is_bool, names, param, params_of, workloads, DefaultValue, Kind, Param,
-    COLLECTIVE_OPS, GPT_SIZES, MAX_LOADER_SETTINGS, MAX_MODELS, MODELS, NCCL_PATTERNS, PARAMS,
+    AUTO, COLLECTIVE_OPS, GPT_SIZES, MAX_LOADER_SETTINGS, MAX_MODELS, MODELS, NCCL_PATTERNS,
+    PARAMS,
 };
 pub use typed::{
     MaxBatchParams, ModelParams, NcclParams, P2pParams, StressParams, TrainModel, TrainParams,

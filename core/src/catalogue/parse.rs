@@ -110,12 +110,19 @@ pub fn parse_value(p: &Param, text: &str) -> Result<Value, String> {
             }
             Ok(Value::List(items))
         }
+        Kind::IntList { .. } if v.trim() == super::AUTO => {
+            Ok(Value::List(vec![super::AUTO.into()]))
+        }
         Kind::IntList { min, max, max_len } => {
             let mut items: Vec<String> = Vec::new();
             for item in v.split(',').map(str::trim) {
                 match item.parse::<u64>() {
                     Ok(n) if n >= min && n <= max => {}
-                    _ => return Err(format!("`{item}` is not a whole number in {min}..={max}")),
+                    _ => {
+                        return Err(format!(
+                            "`{item}` is not a whole number in {min}..={max} (or give `auto` alone)"
+                        ))
+                    }
                 }
                 if items.iter().any(|i| i == item) {
                     return Err(format!("`{item}` is given twice; name each once"));

@@ -23,7 +23,8 @@ pub enum Kind {
         max: usize,
     },
     /// Whole numbers in `[min, max]`, comma-separated, each once, at most
-    /// `max_len` (a sweep's settings, in the order given).
+    /// `max_len` (a sweep's settings, in the order given); or the word
+    /// [`AUTO`]: the rank chooses them from its host.
     IntList { min: u64, max: u64, max_len: usize },
     /// `true`/`false` (also `1`/`0`, `yes`/`no`).
     Bool,
@@ -139,6 +140,10 @@ const TRAIN: &[&str] = &["ddp", "fsdp"];
 const DDP: &[&str] = &["ddp"];
 /// Settings of one loader sweep at most (`--loader-workers 0,2,4,8`).
 pub const MAX_LOADER_SETTINGS: usize = 8;
+
+/// A sweep's settings left to the rank: `--loader-workers auto` sweeps 0 and
+/// the powers of two up to the cores the rank has on its host.
+pub const AUTO: &str = "auto";
 const MODEL_USERS: &[&str] = &["ddp", "fsdp", "maxbatch"];
 const MAXBATCH: &[&str] = &["maxbatch"];
 const P2P: &[&str] = &["p2p"];
@@ -215,7 +220,7 @@ pub const PARAMS: &[Param] = &[
     p("channels_last", Kind::Bool, "", dev("true", "false"), "channels_last layout for CNNs", TRAIN),
     p("bucket_bytes", Kind::Bytes, "", DefaultValue::Same("25M"), "gradient bucket size", TRAIN),
     p("loader_workers", Kind::IntList { min: 0, max: 64, max_len: MAX_LOADER_SETTINGS }, "workers", DefaultValue::None,
-      "after training, sweep the input pipeline over these worker counts (0,2,4,8): batches made on the host (decode and augment of synthetic images), pinned and copied to the device; per setting samples/s, data wait, CPU use and GPU utilisation, each rank alone (docs/workloads.md)", DDP),
+      "after training, sweep the input pipeline over these worker counts (0,2,4,8; auto: 0 and powers of two up to the rank's share of its host's cores): batches made on the host (decode and augment of synthetic images), pinned and copied to the device; per setting samples/s, data wait, CPU use and GPU utilisation, each rank alone (docs/workloads.md)", DDP),
     p("loader_work", int(1, 1000), "passes", dev("2", "1"), "loader: augment passes per sample (the host work each sample costs)", DDP),
     p("loader_steps", int(1, 1 << 20), "steps", dev("50", "4"), "loader: timed steps per worker count", DDP),
     p("profile", Kind::Bool, "", DefaultValue::Same("false"),

@@ -130,6 +130,25 @@ fn sequences_are_bounded() {
 }
 
 #[test]
+fn a_sweep_takes_its_settings_or_auto_alone() {
+    let p = param("ddp", "loader_workers").unwrap();
+    assert_eq!(
+        parse_value(p, "0,4").unwrap(),
+        Value::List(vec!["0".into(), "4".into()])
+    );
+    assert_eq!(
+        parse_value(p, "auto").unwrap(),
+        Value::List(vec![AUTO.into()])
+    );
+    let e = parse_value(p, "auto,4").unwrap_err();
+    assert!(
+        e.contains("`auto` is not a whole number") && e.contains("alone"),
+        "{e}"
+    );
+    assert!(parse_value(p, "65").is_err());
+}
+
+#[test]
 fn memory_targets() {
     assert_eq!(parse_memory("0.8").unwrap(), MemoryTarget::Fraction(0.8));
     assert_eq!(parse_memory("20").unwrap(), MemoryTarget::Bytes(20 << 30));

@@ -20,14 +20,45 @@ use crate::context::Ctx;
 /// Timed steps of the no-communication baseline at most.
 pub const BASELINE_STEPS: u64 = 10;
 
+/// The cores this rank may use for its loader: what the process may run on
+/// (its affinity and CPU quota, as the standard library reads them) shared
+/// evenly with the job's other ranks on this host.
+fn rank_cores(local_ranks: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores / local_ranks.max(1)).max(1)
+}
+
+/// `--loader-workers auto`: 0, then the powers of two up to `cores`, and
+/// `cores` itself; at most the sweep's bound of settings (the largest
+/// kept), so that the knee of the host's curve is inside the sweep.
+pub fn auto_loader_workers(cores: usize) -> Vec<u32> {
+    let max = gpuctl_core::catalogue::MAX_LOADER_SETTINGS;
+    let cores = cores.min(64) as u32;
+    let mut w: Vec<u32> = std::iter::once(0)
+        .chain((0..7).map(|k| 1u32 << k).take_while(|&n| n <= cores))
+        .collect();
+    if !w.contains(&cores) {
+        w.push(cores);
+    }
+    while w.len() > max {
+        w.remove(1);
+    }
+    w
+}
+
 /// The GPT shape of a job: its `gpt_size` (`toy` on a CPU by default).
 pub fn gpt_config(size: &str, seq_len: u64) -> Result<GptConfig> {
     GptConfig::sized(size, seq_len as i64)
 }
 
 /// The training configuration of one model of a job.
-pub fn config(_ctx: &Ctx, p: &TrainParams, tm: &TrainModel, mode: Mode) -> Result<TrainConfig> {
+pub fn config(ctx: &Ctx, p: &TrainParams, tm: &TrainModel, mode: Mode) -> Result<TrainConfig> {
     let m = &tm.model;
+    let loader_workers = if p.loader_auto {
+        auto_loader_workers(rank_cores(ctx.env.local_world_size))
+    } else {
+        p.loader_workers.clone()
+    };
     Ok(TrainConfig {
         mode,
         model: ModelConfig {
@@ -48,8 +79,8 @@ pub fn config(_ctx: &Ctx, p: &TrainParams, tm: &TrainModel, mode: Mode) -> Resul
         data_ranks: 0,
         keep_params: false,
         variant: m.gpt_size.clone(),
-        loader: (!p.loader_workers.is_empty()).then(|| LoaderSweep {
-            workers: p.loader_workers.clone(),
+        loader: (!loader_workers.is_empty()).then(|| LoaderSweep {
+            workers: loader_workers,
             work: p.loader_work.min(u32::MAX as u64) as u32,
             steps: p.loader_steps,
         }),
@@ -160,5 +191,22 @@ impl Reporter for ModelProgress<'_> {
 
     fn enter(&self, kind: PhaseKind) {
         self.ctx.progress.enter(kind);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_loader_workers_reach_the_ranks_cores_within_the_sweeps_bound() {
+        assert_eq!(auto_loader_workers(1), vec![0, 1]);
+        assert_eq!(auto_loader_workers(2), vec![0, 1, 2]);
+        assert_eq!(auto_loader_workers(6), vec![0, 1, 2, 4, 6]);
+        assert_eq!(auto_loader_workers(16), vec![0, 1, 2, 4, 8, 16]);
+        // 8 settings at most: the smallest counts after 0 give way.
+        assert_eq!(auto_loader_workers(100), vec![0, 1, 2, 4, 8, 16, 32, 64]);
+        assert_eq!(auto_loader_workers(96), vec![0, 1, 2, 4, 8, 16, 32, 64]);
+        assert_eq!(auto_loader_workers(48), vec![0, 1, 2, 4, 8, 16, 32, 48]);
     }
 }

@@ -105,8 +105,10 @@ pub struct TrainParams {
     pub channels_last: bool,
     pub bucket_bytes: u64,
     /// `--loader-workers`: the loader sweep's worker counts in the order
-    /// given (ddp; empty: no sweep).
+    /// given (ddp; empty: no sweep, unless `loader_auto`).
     pub loader_workers: Vec<u32>,
+    /// `--loader-workers auto`: the rank picks the counts from its host's cores.
+    pub loader_auto: bool,
     pub loader_work: u64,
     pub loader_steps: u64,
     /// `--profile`: steps to profile after training (0: none).

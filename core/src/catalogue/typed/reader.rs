@@ -110,21 +110,23 @@ impl Reader<'_> {
                 },
             })
             .collect();
+        let loader_workers: Vec<String> = if self.workload == "ddp" {
+            self.opt::<Vec<String>>("loader_workers")?
+                .unwrap_or_default()
+        } else {
+            Vec::new()
+        };
         Ok(TrainParams {
             models,
             steps: self.get("steps")?,
             warmup_steps: self.get("warmup_steps")?,
             channels_last: self.get("channels_last")?,
             bucket_bytes: self.get("bucket_bytes")?,
-            loader_workers: if self.workload == "ddp" {
-                self.opt::<Vec<String>>("loader_workers")?
-                    .unwrap_or_default()
-                    .iter()
-                    .filter_map(|w| w.parse().ok())
-                    .collect()
-            } else {
-                Vec::new()
-            },
+            loader_workers: loader_workers
+                .iter()
+                .filter_map(|w| w.parse().ok())
+                .collect(),
+            loader_auto: loader_workers.iter().any(|w| w == crate::catalogue::AUTO),
             loader_work: if self.workload == "ddp" {
                 self.get("loader_work")?
             } else {

@@ -134,6 +134,16 @@ fn model_lists_keep_their_order_and_batches() {
 }
 
 #[test]
+fn loader_workers_auto_is_left_to_the_rank() {
+    let sweep = |v: &str| match build("ddp", &[("loader_workers", v)], true).unwrap() {
+        TypedParams::Ddp(t) => (t.loader_workers, t.loader_auto),
+        _ => panic!(),
+    };
+    assert_eq!(sweep("0,2,8"), (vec![0, 2, 8], false));
+    assert_eq!(sweep("auto"), (vec![], true));
+}
+
+#[test]
 fn gpt_is_weighed_and_batched_by_its_size() {
     let TypedParams::Fsdp(t) = build(
         "fsdp",
