@@ -215,7 +215,7 @@ fn assemble(inp: &Inputs, with_results: bool) -> (Report, Figures) {
     notes.extend(pairs.notes);
     notes.extend(bisect.notes);
 
-    let hang_timeout_ms = gpuctl_core::spec::hang_timeout_ms(&spec);
+    let hang_timeout_ms = crate::jobs::timing::hang_timeout(Some(&spec));
     let mut report = Report {
         job_id: job.id.clone(),
         workload: spec.workload.clone(),

@@ -133,11 +133,6 @@ impl Maker {
     }
 }
 
-/// Makes batch `index` on the host with a scratch of its own.
-pub fn make_batch(s: &Shape, index: u64) -> Result<HostBatch> {
-    Maker::new(s.clone()).make(index)
-}
-
 /// Copies a host batch to the device without blocking the host (from pinned
 /// memory the copy engine reads it while the host goes on), then casts it to
 /// the model's type and layout there, where that is cheap.
@@ -162,8 +157,7 @@ pub fn to_device(s: &Shape, b: HostBatch) -> Result<Batch> {
 
 /// A loader of `workers` threads (0: none, [`Loader::next_batch`] makes the batch).
 pub struct Loader {
-    shape: Shape,
-    /// The training thread's own, with 0 workers.
+    /// The training thread's own, with 0 workers; its shape is every batch's.
     maker: Maker,
     next_index: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
@@ -177,8 +171,7 @@ impl Loader {
         let stop = Arc::new(AtomicBool::new(false));
         if workers == 0 {
             return Loader {
-                maker: Maker::new(shape.clone()),
-                shape,
+                maker: Maker::new(shape),
                 next_index,
                 stop,
                 rx: None,
@@ -203,8 +196,7 @@ impl Loader {
             })
             .collect();
         Loader {
-            maker: Maker::new(shape.clone()),
-            shape,
+            maker: Maker::new(shape),
             next_index,
             stop,
             rx: Some(rx),
@@ -222,7 +214,7 @@ impl Loader {
                 .recv()
                 .map_err(|_| anyhow!("the loader's workers stopped"))??,
         };
-        to_device(&self.shape, host)
+        to_device(&self.maker.shape, host)
     }
 }
 
@@ -403,7 +395,7 @@ mod tests {
 
     #[test]
     fn a_batch_is_normalised_images_and_labels_in_range() {
-        let b = to_device(&shape(2), make_batch(&shape(2), 3).unwrap()).unwrap();
+        let b = to_device(&shape(2), Maker::new(shape(2)).make(3).unwrap()).unwrap();
         assert_eq!(b.x.size(), vec![4, 3, 32, 32]);
         assert_eq!(b.y.size(), vec![4]);
         let max = b.x.abs().max().double_value(&[]);
