@@ -25,7 +25,7 @@ import sys, time, torch, torchvision, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 dist.init_process_group("nccl"); r = dist.get_rank(); w = dist.get_world_size(); torch.cuda.set_device(r)
 bs, steps, variant = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-torch.backends.cudnn.benchmark = True
+torch.backends.cudnn.benchmark = False  # as gpuctl (worker use_cudnn_heuristics)
 net = torchvision.models.resnet50().cuda().to(memory_format=torch.channels_last)
 extra = dict(static_graph=True, gradient_as_bucket_view=True) if variant == "static" else {}
 m = DDP(net, device_ids=[r], **extra)

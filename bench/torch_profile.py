@@ -41,7 +41,7 @@ def main():
     a = ap.parse_args()
     dev = torch.device("cuda", a.gpu)
     torch.cuda.set_device(dev)
-    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.benchmark = False  # as gpuctl (worker use_cudnn_heuristics)
     net = torchvision.models.mobilenet_v2().to(dev, memory_format=torch.channels_last)
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
