@@ -84,7 +84,10 @@ if tuned:
     # each block compiled on its own (`--compile.enable`), then sharded; the
     # last block and the root not resharded after forward (backward needs
     # them at once); bf16 parameters and reductions as above; SDPA's flash
-    # attention (bf16, causal). SGD stays, as gpuctl trains.
+    # attention (bf16, causal). SGD stays, as gpuctl trains, in its default
+    # foreach form: PyTorch 2.11 has no DTensor rule for the fused SGD kernel
+    # gpuctl uses ("aten._fused_sgd_.default does not have a sharding
+    # strategy registered", 1 x H200, 2026-11-29).
     for i, blk in enumerate(m.h):
         m.h[i] = torch.compile(blk)
     for i, blk in enumerate(m.h):

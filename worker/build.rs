@@ -80,6 +80,7 @@ fn compile_autograd_shim() {
     println!("cargo:rerun-if-changed=csrc/profiler.cpp");
     println!("cargo:rerun-if-changed=csrc/host_cap.cpp");
     println!("cargo:rerun-if-changed=csrc/pinned.cpp");
+    println!("cargo:rerun-if-changed=csrc/fused_sgd.cpp");
     let Some(lt) = std::env::var_os("LIBTORCH").map(PathBuf::from) else {
         panic!("gpuctl-worker: LIBTORCH is not set (scripts/install-libtorch.sh sets it up)");
     };
@@ -92,6 +93,7 @@ fn compile_autograd_shim() {
         .file("csrc/profiler.cpp")
         .file("csrc/host_cap.cpp")
         .file("csrc/pinned.cpp")
+        .file("csrc/fused_sgd.cpp")
         .include(&inc)
         .include(inc.join("torch/csrc/api/include"))
         .flag("-std=c++17")

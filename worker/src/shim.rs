@@ -1,7 +1,7 @@
 //! The C++ shim (`csrc/`, built by build.rs against libtorch's headers): what
 //! libtorch has only as C++ — backward with a given gradient, the CUDA
 //! caching allocator's figures, a cap on the host memory CPU tensors hold,
-//! an empty tensor in pinned host memory.
+//! an empty tensor in pinned host memory, the fused SGD step.
 //! Every function catches C++ exceptions and
 //! hands back their message, so none crosses into Rust.
 
@@ -25,6 +25,15 @@ extern "C" {
         ndim: c_int,
         kind: c_int,
         out: *mut *mut c_void,
+        err: *mut *mut c_char,
+    ) -> c_int;
+    fn gpuctl_fused_sgd(
+        master: *mut c_void,
+        momentum: *mut c_void,
+        grad: *mut c_void,
+        lr: f64,
+        mom: f64,
+        divisor: f64,
         err: *mut *mut c_char,
     ) -> c_int;
 }
@@ -147,6 +156,34 @@ pub fn empty_pinned(sizes: &[i64]) -> Result<Tensor> {
     check("allocating pinned host memory", rc, err)?;
     // SAFETY: see above; tch frees it when the tensor drops.
     Ok(unsafe { Tensor::from_ptr(out as *mut _) })
+}
+
+/// `momentum = m·momentum + grad/divisor; master -= lr·momentum` in one
+/// pass of PyTorch's fused SGD kernel (`csrc/fused_sgd.cpp`): master,
+/// momentum and grad of one float kind and shape.
+pub fn fused_sgd(
+    master: &Tensor,
+    momentum: &Tensor,
+    grad: &Tensor,
+    lr: f64,
+    mom: f64,
+    divisor: f64,
+) -> Result<()> {
+    let mut err = std::ptr::null_mut();
+    // SAFETY: the three pointers are live tch tensors (`torch::Tensor*`) for
+    // the call; the kernel writes through master's and momentum's storage.
+    let rc = unsafe {
+        gpuctl_fused_sgd(
+            master.as_ptr() as *mut c_void,
+            momentum.as_ptr() as *mut c_void,
+            grad.as_ptr() as *mut c_void,
+            lr,
+            mom,
+            divisor,
+            &mut err,
+        )
+    };
+    check("the fused SGD step", rc, err)
 }
 
 #[cfg(test)]

@@ -1,8 +1,8 @@
 //! The update and its bookkeeping, shared by the replicated (ddp) and
 //! sharded (fsdp) trainers: SGD with momentum as PyTorch writes it
-//! (`buf = m·buf + g; p -= lr·buf`, no dampening, no weight decay) with one
-//! rounding per operation, so that both modes compute bit-identical
-//! parameters when their gradient sums agree; dynamic loss scaling for fp16;
+//! (`buf = m·buf + g; p -= lr·buf`, no dampening, no weight decay) in
+//! PyTorch's fused kernel, each element alone, so that both modes compute
+//! bit-identical parameters when their gradient sums agree; dynamic loss scaling for fp16;
 //! and the clock of communication time.
 
 use std::time::Instant;
@@ -69,20 +69,34 @@ pub struct Sgd {
 }
 
 impl Sgd {
-    /// The fp32 gradient of a summed gradient `g` (any float kind) over
-    /// `ranks` ranks under loss scale `scale`.
-    pub fn mean_grad(g: &Tensor, ranks: usize, scale: f64) -> Result<Tensor> {
-        Ok(g.f_to_kind(Kind::Float)?
-            .f_mul_scalar(1.0 / (ranks as f64 * scale))?)
+    /// A summed gradient `g` (any float kind) in fp32, for [`Self::apply`].
+    pub fn grad32(g: &Tensor) -> Result<Tensor> {
+        Ok(g.f_to_kind(Kind::Float)?)
     }
 
-    /// `momentum = m·momentum + g32; master -= lr·momentum`.
-    pub fn apply(&self, master: &mut Tensor, momentum: &mut Tensor, g32: &Tensor) -> Result<()> {
-        let _ = momentum.f_mul_scalar_(self.momentum)?;
-        let _ = momentum.f_add_(g32)?;
-        let d = momentum.f_mul_scalar(self.lr)?;
-        let _ = master.f_sub_(&d)?;
-        Ok(())
+    /// `momentum = m·momentum + g32/(ranks·scale); master -= lr·momentum`,
+    /// where `g32` is the fp32 gradient summed over `ranks` ranks under loss
+    /// scale `scale`: one pass of PyTorch's fused kernel
+    /// (`SGD(fused=True)`), so the update reads and writes each parameter
+    /// once rather than once per operation. Both modes take it, each element
+    /// alone, so ddp and fsdp stay bit-identical when their sums agree.
+    /// The kernel leaves `g32` divided in place: each step passes its own.
+    pub fn apply(
+        &self,
+        master: &mut Tensor,
+        momentum: &mut Tensor,
+        g32: &Tensor,
+        ranks: usize,
+        scale: f64,
+    ) -> Result<()> {
+        crate::shim::fused_sgd(
+            master,
+            momentum,
+            g32,
+            self.lr,
+            self.momentum,
+            ranks as f64 * scale,
+        )
     }
 }
 
@@ -163,9 +177,16 @@ mod tests {
         };
         let mut p = Tensor::from_slice(&[1.0f32, 2.0]);
         let mut m = Tensor::from_slice(&[0.0f32, 0.0]);
-        let g = Sgd::mean_grad(&Tensor::from_slice(&[2.0f32, 4.0]), 2, 1.0).unwrap();
-        sgd.apply(&mut p, &mut m, &g).unwrap();
-        sgd.apply(&mut p, &mut m, &g).unwrap();
+        // The kernel leaves the gradient it was given unscaled in place, as
+        // PyTorch's does: each step takes its own.
+        let grad = || Sgd::grad32(&Tensor::from_slice(&[2.0f32, 4.0]));
+        sgd.apply(&mut p, &mut m, &grad().unwrap(), 2, 1.0).unwrap();
+        let g = grad().unwrap();
+        sgd.apply(&mut p, &mut m, &g, 2, 1.0).unwrap();
+        assert!(
+            (g.double_value(&[1]) - 2.0).abs() < 1e-6,
+            "unscaled in place"
+        );
         // buf: 1 → 1.9; p: 1 - 0.5 - 0.95
         assert!((p.double_value(&[0]) - (1.0 - 0.5 - 0.95)).abs() < 1e-6);
         assert!((m.double_value(&[1]) - 3.8).abs() < 1e-6);

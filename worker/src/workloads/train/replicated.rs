@@ -171,10 +171,10 @@ impl Replicated {
             for &(first, end) in &self.update_runs {
                 let off = self.layout.offsets[first];
                 let n = self.layout.end_of(end) - off;
-                let g32 = Sgd::mean_grad(&self.grad.f_narrow(0, off, n)?, ranks, scale)?;
+                let g32 = Sgd::grad32(&self.grad.f_narrow(0, off, n)?)?;
                 let mut master = self.master.f_narrow(0, off, n)?;
                 let mut momentum = self.momentum.f_narrow(0, off, n)?;
-                sgd.apply(&mut master, &mut momentum, &g32)?;
+                sgd.apply(&mut master, &mut momentum, &g32, ranks, scale)?;
                 if self.kind != Kind::Float {
                     self.compute.f_narrow(0, off, n)?.f_copy_(&master)?;
                 }

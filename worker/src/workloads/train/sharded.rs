@@ -174,11 +174,14 @@ impl Sharded {
         hooks.settle_all()?;
         drop(hooks);
         if let Some(gs) = self.grad_shard.as_ref() {
-            let g32 = Sgd::mean_grad(gs, self.world, scale)?;
+            let g32 = Sgd::grad32(gs)?;
             let scaler = self.scaler.as_mut().expect("fp16 has a scaler");
             let take = scaler.update(found_inf(&g32, comm)?);
             if take {
-                tch::no_grad(|| sgd.apply(&mut self.master, &mut self.momentum, &g32))?;
+                let world = self.world;
+                tch::no_grad(|| {
+                    sgd.apply(&mut self.master, &mut self.momentum, &g32, world, scale)
+                })?;
             } else {
                 self.skipped += 1;
                 tracing::debug!(scale, "inf/NaN gradients: step skipped, loss scale halved");
@@ -336,10 +339,10 @@ impl ShardHooks<'_, '_> {
                 st.shard_of(gs, u)?.f_copy_(&reduced)?;
                 return Ok(());
             }
-            let g32 = Sgd::mean_grad(&reduced, st.world, self.scale)?;
+            let g32 = Sgd::grad32(&reduced)?;
             let mut m = st.shard_of(&st.master, u)?;
             let mut mo = st.shard_of(&st.momentum, u)?;
-            self.sgd.apply(&mut m, &mut mo, &g32)
+            self.sgd.apply(&mut m, &mut mo, &g32, st.world, self.scale)
         })
     }
 
