@@ -8,8 +8,8 @@ use gpuctl_proto::pb::{
 };
 
 use super::*;
-use crate::judge::health::HealthRules;
-use crate::judge::rules::PerfRules;
+use crate::judge::checks::health::HealthRules;
+use crate::judge::checks::perf::rules::PerfRules;
 use crate::judge::telemetry::Telemetry;
 
 fn job(state: JobState, nodes: usize, per_node: u32) -> Job {

@@ -21,7 +21,7 @@ use gpuctl_proto::pb::TelemetryBatch;
 use super::series::GpuSeries;
 use crate::store::keys;
 
-pub use summary::Windows;
+pub use crate::judge::checks::idle::Windows;
 
 /// A job's telemetry while the coordinator holds it.
 #[derive(Debug, Default, Clone)]
