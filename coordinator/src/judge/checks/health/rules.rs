@@ -9,7 +9,7 @@ use anyhow::{bail, Context};
 use serde::Deserialize;
 
 use super::Severity;
-use crate::judge::checks::xid::CRITICAL_XIDS;
+use crate::judge::checks::{clocks, ecc, idle, nvlink, pcie, temperature, xid};
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -94,53 +94,50 @@ pub struct HealthRules {
     pub idle: Severity,
 }
 
+/// The defaults, each beside its rule in the rule's folder.
 impl Default for HealthRules {
     fn default() -> Self {
         HealthRules {
-            critical_xids: CRITICAL_XIDS.to_vec(),
-            critical_xid: Severity::Fail,
-            other_xid: Severity::Warn,
-            ecc_uncorrected: Severity::Fail,
-            ecc_uncorrected_before: Severity::Warn,
-            ecc_corrected_limit: 0,
-            ecc_corrected: Severity::Warn,
-            retired_pages_limit: 63,
-            retired_pages: Severity::Fail,
-            retired_pages_growth: Severity::Warn,
-            row_remap_failed: Severity::Fail,
-            pcie_link_min_share: 0.25,
-            pcie_gen_below_max: Severity::Warn,
-            pcie_width_below_max: Severity::Fail,
-            // DCGM's PCIe health watch warns above 8 replays a minute.
-            pcie_replays_per_min: 8.0,
-            pcie_replays: Severity::Warn,
-            nvlink_down_min_samples: 10,
-            nvlink_down: Severity::Fail,
-            nvlink_down_unconfirmed: Severity::Warn,
-            // dcgm_gpu_hardware_limits.h, DCGM_LIMIT_MAX_NVLINK_CRC_ERROR:
-            // "CRC errors only matter at rates of 100+ per second".
-            nvlink_crc_per_min: 6000.0,
-            nvlink_crc: Severity::Warn,
-            nvlink_crc_peer_ratio: 10.0,
-            nvlink_crc_peer_min_per_min: 600.0,
-            // DCGM_LIMIT_MAX_NVLINK_ERROR (1): any replay or recovery.
-            nvlink_replay_limit: 0,
-            nvlink_replay: Severity::Warn,
-            nvlink_recovery_limit: 0,
-            nvlink_recovery: Severity::Fail,
-            throttle_min_share: 0.05,
-            throttle_min_samples: 2,
-            hw_slowdown: Severity::Fail,
-            hw_thermal_slowdown: Severity::Fail,
-            sw_thermal_slowdown: Severity::Warn,
-            hw_power_brake: Severity::Fail,
-            clock_low_min_share: 0.2,
-            clock_low: Severity::Warn,
-            temperature_warn_c: 90.0,
-            temperature_fail_c: 95.0,
-            idle_share: 0.5,
-            idle_min_samples: 20,
-            idle: Severity::Warn,
+            critical_xids: xid::CRITICAL_XIDS.to_vec(),
+            critical_xid: xid::defaults::CRITICAL_XID,
+            other_xid: xid::defaults::OTHER_XID,
+            ecc_uncorrected: ecc::defaults::ECC_UNCORRECTED,
+            ecc_uncorrected_before: ecc::defaults::ECC_UNCORRECTED_BEFORE,
+            ecc_corrected_limit: ecc::defaults::ECC_CORRECTED_LIMIT,
+            ecc_corrected: ecc::defaults::ECC_CORRECTED,
+            retired_pages_limit: ecc::defaults::RETIRED_PAGES_LIMIT,
+            retired_pages: ecc::defaults::RETIRED_PAGES,
+            retired_pages_growth: ecc::defaults::RETIRED_PAGES_GROWTH,
+            row_remap_failed: ecc::defaults::ROW_REMAP_FAILED,
+            pcie_link_min_share: pcie::defaults::PCIE_LINK_MIN_SHARE,
+            pcie_gen_below_max: pcie::defaults::PCIE_GEN_BELOW_MAX,
+            pcie_width_below_max: pcie::defaults::PCIE_WIDTH_BELOW_MAX,
+            pcie_replays_per_min: pcie::defaults::PCIE_REPLAYS_PER_MIN,
+            pcie_replays: pcie::defaults::PCIE_REPLAYS,
+            nvlink_down_min_samples: nvlink::defaults::NVLINK_DOWN_MIN_SAMPLES,
+            nvlink_down: nvlink::defaults::NVLINK_DOWN,
+            nvlink_down_unconfirmed: nvlink::defaults::NVLINK_DOWN_UNCONFIRMED,
+            nvlink_crc_per_min: nvlink::defaults::NVLINK_CRC_PER_MIN,
+            nvlink_crc: nvlink::defaults::NVLINK_CRC,
+            nvlink_crc_peer_ratio: nvlink::defaults::NVLINK_CRC_PEER_RATIO,
+            nvlink_crc_peer_min_per_min: nvlink::defaults::NVLINK_CRC_PEER_MIN_PER_MIN,
+            nvlink_replay_limit: nvlink::defaults::NVLINK_REPLAY_LIMIT,
+            nvlink_replay: nvlink::defaults::NVLINK_REPLAY,
+            nvlink_recovery_limit: nvlink::defaults::NVLINK_RECOVERY_LIMIT,
+            nvlink_recovery: nvlink::defaults::NVLINK_RECOVERY,
+            throttle_min_share: clocks::defaults::THROTTLE_MIN_SHARE,
+            throttle_min_samples: clocks::defaults::THROTTLE_MIN_SAMPLES,
+            hw_slowdown: clocks::defaults::HW_SLOWDOWN,
+            hw_thermal_slowdown: clocks::defaults::HW_THERMAL_SLOWDOWN,
+            sw_thermal_slowdown: clocks::defaults::SW_THERMAL_SLOWDOWN,
+            hw_power_brake: clocks::defaults::HW_POWER_BRAKE,
+            clock_low_min_share: clocks::defaults::CLOCK_LOW_MIN_SHARE,
+            clock_low: clocks::defaults::CLOCK_LOW,
+            temperature_warn_c: temperature::defaults::TEMPERATURE_WARN_C,
+            temperature_fail_c: temperature::defaults::TEMPERATURE_FAIL_C,
+            idle_share: idle::defaults::IDLE_SHARE,
+            idle_min_samples: idle::defaults::IDLE_MIN_SAMPLES,
+            idle: idle::defaults::IDLE,
         }
     }
 }

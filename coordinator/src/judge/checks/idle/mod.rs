@@ -9,6 +9,16 @@ use super::health::{HealthRules, Sink};
 use super::Phase;
 use crate::judge::series::Bucket;
 
+/// The defaults of this family's settings (`--health-rules`, docs/reports.md);
+/// `HealthRules::default` reads them.
+pub(super) mod defaults {
+    use super::super::health::Severity;
+
+    pub const IDLE_SHARE: f64 = 0.5;
+    pub const IDLE_MIN_SAMPLES: u32 = 20;
+    pub const IDLE: Severity = Severity::Warn;
+}
+
 pub(super) fn check(r: &HealthRules, measured: &Bucket, out: &mut Sink) {
     let m = measured;
     if m.n >= r.idle_min_samples.max(1) && m.util_low as f64 / m.n as f64 > r.idle_share {

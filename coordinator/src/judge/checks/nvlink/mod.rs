@@ -12,6 +12,27 @@ pub use peers::{crc_per_min, peer_crc};
 use super::health::{HealthRules, Run, Sink};
 use crate::judge::series::{Bucket, Counters};
 
+/// The defaults of this family's settings (`--health-rules`, docs/reports.md);
+/// `HealthRules::default` reads them.
+pub(super) mod defaults {
+    use super::super::health::Severity;
+
+    pub const NVLINK_DOWN_MIN_SAMPLES: u32 = 10;
+    pub const NVLINK_DOWN: Severity = Severity::Fail;
+    pub const NVLINK_DOWN_UNCONFIRMED: Severity = Severity::Warn;
+    // dcgm_gpu_hardware_limits.h, DCGM_LIMIT_MAX_NVLINK_CRC_ERROR:
+    // "CRC errors only matter at rates of 100+ per second".
+    pub const NVLINK_CRC_PER_MIN: f64 = 6000.0;
+    pub const NVLINK_CRC: Severity = Severity::Warn;
+    pub const NVLINK_CRC_PEER_RATIO: f64 = 10.0;
+    pub const NVLINK_CRC_PEER_MIN_PER_MIN: f64 = 600.0;
+    // DCGM_LIMIT_MAX_NVLINK_ERROR (1): any replay or recovery.
+    pub const NVLINK_REPLAY_LIMIT: u64 = 0;
+    pub const NVLINK_REPLAY: Severity = Severity::Warn;
+    pub const NVLINK_RECOVERY_LIMIT: u64 = 0;
+    pub const NVLINK_RECOVERY: Severity = Severity::Fail;
+}
+
 pub(super) fn check(r: &HealthRules, run: &Run, out: &mut Sink) {
     let t = run.t;
     if t.nvlink_down_run >= r.nvlink_down_min_samples {

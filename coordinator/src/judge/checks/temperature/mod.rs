@@ -4,6 +4,13 @@
 
 use super::health::{HealthRules, Run, Severity, Sink};
 
+/// The defaults of this family's settings (`--health-rules`, docs/reports.md);
+/// `HealthRules::default` reads them.
+pub(super) mod defaults {
+    pub const TEMPERATURE_WARN_C: f64 = 90.0;
+    pub const TEMPERATURE_FAIL_C: f64 = 95.0;
+}
+
 pub(super) fn check(r: &HealthRules, run: &Run, out: &mut Sink) {
     let t = run.t;
     if t.n > 0 && t.temp_max >= r.temperature_fail_c {

@@ -4,6 +4,15 @@
 
 use super::health::{HealthRules, Run, Sink};
 
+/// The defaults of this family's settings (`--health-rules`, docs/reports.md);
+/// `HealthRules::default` reads them.
+pub(super) mod defaults {
+    use super::super::health::Severity;
+
+    pub const CRITICAL_XID: Severity = Severity::Fail;
+    pub const OTHER_XID: Severity = Severity::Warn;
+}
+
 /// XIDs that mean broken or degraded hardware rather than a faulting program
 /// (issue 4's list: ECC page retirement and row remap failures, NVLink, GPU
 /// fallen off the bus, GSP and uncontained errors).
