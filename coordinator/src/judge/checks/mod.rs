@@ -41,6 +41,7 @@ pub mod temperature;
 pub mod xid;
 
 use gpuctl_proto::pb::Verdict;
+use serde::Deserialize;
 
 /// What a check says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -71,6 +72,26 @@ impl Level {
             Verdict::Warn => Level::Warn,
             Verdict::Fail => Level::Fail,
             Verdict::Unspecified | Verdict::Incomplete => Level::Unknown,
+        }
+    }
+}
+
+/// What a rule does when it fires, as an operator sets it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    Fail,
+    Warn,
+    Off,
+}
+
+impl Severity {
+    /// The level a rule set so fires at; `None` when it is off.
+    pub fn level(self) -> Option<Level> {
+        match self {
+            Severity::Fail => Some(Level::Fail),
+            Severity::Warn => Some(Level::Warn),
+            Severity::Off => None,
         }
     }
 }

@@ -3,23 +3,11 @@
 //! counted in loaded samples where not, and a low SM clock that no reason
 //! explains.
 
-use super::health::{HealthRules, Run, Sink};
+pub mod defaults;
+
+use super::health::rules::HealthRules;
+use super::health::run::{Run, Sink};
 use crate::judge::series::{Bucket, CLOCK_LOW_RATIO};
-
-/// The defaults of this family's settings (`--health-rules`, docs/reports.md);
-/// `HealthRules::default` reads them.
-pub(super) mod defaults {
-    use super::super::health::Severity;
-
-    pub const THROTTLE_MIN_SHARE: f64 = 0.05;
-    pub const THROTTLE_MIN_SAMPLES: u32 = 2;
-    pub const HW_SLOWDOWN: Severity = Severity::Fail;
-    pub const HW_THERMAL_SLOWDOWN: Severity = Severity::Fail;
-    pub const SW_THERMAL_SLOWDOWN: Severity = Severity::Warn;
-    pub const HW_POWER_BRAKE: Severity = Severity::Fail;
-    pub const CLOCK_LOW_MIN_SHARE: f64 = 0.2;
-    pub const CLOCK_LOW: Severity = Severity::Warn;
-}
 
 /// NVML clock-event (throttle) reason bits that mean the GPU slowed itself
 /// down; the software power cap (0x4) is left out because a GPU at full load

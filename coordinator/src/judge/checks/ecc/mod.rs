@@ -2,22 +2,10 @@
 //! counted before the run are told apart from those during it, since the
 //! first were there before this job and the second came with it.
 
-use super::health::{HealthRules, Run, Sink};
+pub mod defaults;
 
-/// The defaults of this family's settings (`--health-rules`, docs/reports.md);
-/// `HealthRules::default` reads them.
-pub(super) mod defaults {
-    use super::super::health::Severity;
-
-    pub const ECC_UNCORRECTED: Severity = Severity::Fail;
-    pub const ECC_UNCORRECTED_BEFORE: Severity = Severity::Warn;
-    pub const ECC_CORRECTED_LIMIT: u64 = 0;
-    pub const ECC_CORRECTED: Severity = Severity::Warn;
-    pub const RETIRED_PAGES_LIMIT: u64 = 63;
-    pub const RETIRED_PAGES: Severity = Severity::Fail;
-    pub const RETIRED_PAGES_GROWTH: Severity = Severity::Warn;
-    pub const ROW_REMAP_FAILED: Severity = Severity::Fail;
-}
+use super::health::rules::HealthRules;
+use super::health::run::{Run, Sink};
 
 pub(super) fn check(r: &HealthRules, run: &Run, out: &mut Sink) {
     let ecc_u = run.delta(|c| c.ecc_uncorrected);

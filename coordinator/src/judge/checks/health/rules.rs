@@ -8,8 +8,14 @@ use std::path::Path;
 use anyhow::{bail, Context};
 use serde::Deserialize;
 
-use super::Severity;
-use crate::judge::checks::{clocks, ecc, idle, nvlink, pcie, temperature, xid};
+use crate::judge::checks::clocks::defaults as clocks;
+use crate::judge::checks::ecc::defaults as ecc;
+use crate::judge::checks::idle::defaults as idle;
+use crate::judge::checks::nvlink::defaults as nvlink;
+use crate::judge::checks::pcie::defaults as pcie;
+use crate::judge::checks::temperature::defaults as temperature;
+use crate::judge::checks::xid::defaults as xid;
+use crate::judge::checks::Severity;
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -99,45 +105,45 @@ impl Default for HealthRules {
     fn default() -> Self {
         HealthRules {
             critical_xids: xid::CRITICAL_XIDS.to_vec(),
-            critical_xid: xid::defaults::CRITICAL_XID,
-            other_xid: xid::defaults::OTHER_XID,
-            ecc_uncorrected: ecc::defaults::ECC_UNCORRECTED,
-            ecc_uncorrected_before: ecc::defaults::ECC_UNCORRECTED_BEFORE,
-            ecc_corrected_limit: ecc::defaults::ECC_CORRECTED_LIMIT,
-            ecc_corrected: ecc::defaults::ECC_CORRECTED,
-            retired_pages_limit: ecc::defaults::RETIRED_PAGES_LIMIT,
-            retired_pages: ecc::defaults::RETIRED_PAGES,
-            retired_pages_growth: ecc::defaults::RETIRED_PAGES_GROWTH,
-            row_remap_failed: ecc::defaults::ROW_REMAP_FAILED,
-            pcie_link_min_share: pcie::defaults::PCIE_LINK_MIN_SHARE,
-            pcie_gen_below_max: pcie::defaults::PCIE_GEN_BELOW_MAX,
-            pcie_width_below_max: pcie::defaults::PCIE_WIDTH_BELOW_MAX,
-            pcie_replays_per_min: pcie::defaults::PCIE_REPLAYS_PER_MIN,
-            pcie_replays: pcie::defaults::PCIE_REPLAYS,
-            nvlink_down_min_samples: nvlink::defaults::NVLINK_DOWN_MIN_SAMPLES,
-            nvlink_down: nvlink::defaults::NVLINK_DOWN,
-            nvlink_down_unconfirmed: nvlink::defaults::NVLINK_DOWN_UNCONFIRMED,
-            nvlink_crc_per_min: nvlink::defaults::NVLINK_CRC_PER_MIN,
-            nvlink_crc: nvlink::defaults::NVLINK_CRC,
-            nvlink_crc_peer_ratio: nvlink::defaults::NVLINK_CRC_PEER_RATIO,
-            nvlink_crc_peer_min_per_min: nvlink::defaults::NVLINK_CRC_PEER_MIN_PER_MIN,
-            nvlink_replay_limit: nvlink::defaults::NVLINK_REPLAY_LIMIT,
-            nvlink_replay: nvlink::defaults::NVLINK_REPLAY,
-            nvlink_recovery_limit: nvlink::defaults::NVLINK_RECOVERY_LIMIT,
-            nvlink_recovery: nvlink::defaults::NVLINK_RECOVERY,
-            throttle_min_share: clocks::defaults::THROTTLE_MIN_SHARE,
-            throttle_min_samples: clocks::defaults::THROTTLE_MIN_SAMPLES,
-            hw_slowdown: clocks::defaults::HW_SLOWDOWN,
-            hw_thermal_slowdown: clocks::defaults::HW_THERMAL_SLOWDOWN,
-            sw_thermal_slowdown: clocks::defaults::SW_THERMAL_SLOWDOWN,
-            hw_power_brake: clocks::defaults::HW_POWER_BRAKE,
-            clock_low_min_share: clocks::defaults::CLOCK_LOW_MIN_SHARE,
-            clock_low: clocks::defaults::CLOCK_LOW,
-            temperature_warn_c: temperature::defaults::TEMPERATURE_WARN_C,
-            temperature_fail_c: temperature::defaults::TEMPERATURE_FAIL_C,
-            idle_share: idle::defaults::IDLE_SHARE,
-            idle_min_samples: idle::defaults::IDLE_MIN_SAMPLES,
-            idle: idle::defaults::IDLE,
+            critical_xid: xid::CRITICAL_XID,
+            other_xid: xid::OTHER_XID,
+            ecc_uncorrected: ecc::ECC_UNCORRECTED,
+            ecc_uncorrected_before: ecc::ECC_UNCORRECTED_BEFORE,
+            ecc_corrected_limit: ecc::ECC_CORRECTED_LIMIT,
+            ecc_corrected: ecc::ECC_CORRECTED,
+            retired_pages_limit: ecc::RETIRED_PAGES_LIMIT,
+            retired_pages: ecc::RETIRED_PAGES,
+            retired_pages_growth: ecc::RETIRED_PAGES_GROWTH,
+            row_remap_failed: ecc::ROW_REMAP_FAILED,
+            pcie_link_min_share: pcie::PCIE_LINK_MIN_SHARE,
+            pcie_gen_below_max: pcie::PCIE_GEN_BELOW_MAX,
+            pcie_width_below_max: pcie::PCIE_WIDTH_BELOW_MAX,
+            pcie_replays_per_min: pcie::PCIE_REPLAYS_PER_MIN,
+            pcie_replays: pcie::PCIE_REPLAYS,
+            nvlink_down_min_samples: nvlink::NVLINK_DOWN_MIN_SAMPLES,
+            nvlink_down: nvlink::NVLINK_DOWN,
+            nvlink_down_unconfirmed: nvlink::NVLINK_DOWN_UNCONFIRMED,
+            nvlink_crc_per_min: nvlink::NVLINK_CRC_PER_MIN,
+            nvlink_crc: nvlink::NVLINK_CRC,
+            nvlink_crc_peer_ratio: nvlink::NVLINK_CRC_PEER_RATIO,
+            nvlink_crc_peer_min_per_min: nvlink::NVLINK_CRC_PEER_MIN_PER_MIN,
+            nvlink_replay_limit: nvlink::NVLINK_REPLAY_LIMIT,
+            nvlink_replay: nvlink::NVLINK_REPLAY,
+            nvlink_recovery_limit: nvlink::NVLINK_RECOVERY_LIMIT,
+            nvlink_recovery: nvlink::NVLINK_RECOVERY,
+            throttle_min_share: clocks::THROTTLE_MIN_SHARE,
+            throttle_min_samples: clocks::THROTTLE_MIN_SAMPLES,
+            hw_slowdown: clocks::HW_SLOWDOWN,
+            hw_thermal_slowdown: clocks::HW_THERMAL_SLOWDOWN,
+            sw_thermal_slowdown: clocks::SW_THERMAL_SLOWDOWN,
+            hw_power_brake: clocks::HW_POWER_BRAKE,
+            clock_low_min_share: clocks::CLOCK_LOW_MIN_SHARE,
+            clock_low: clocks::CLOCK_LOW,
+            temperature_warn_c: temperature::TEMPERATURE_WARN_C,
+            temperature_fail_c: temperature::TEMPERATURE_FAIL_C,
+            idle_share: idle::IDLE_SHARE,
+            idle_min_samples: idle::IDLE_MIN_SAMPLES,
+            idle: idle::IDLE,
         }
     }
 }

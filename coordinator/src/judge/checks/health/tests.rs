@@ -4,6 +4,7 @@
 
 use super::fixtures::{loaded, rules_of, want};
 use super::*;
+use crate::judge::checks::{Level, Severity};
 use crate::judge::checks::clocks::{HW_THERMAL, SW_THERMAL};
 
 #[test]

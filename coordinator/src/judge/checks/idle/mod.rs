@@ -5,19 +5,12 @@ mod phase;
 
 pub use phase::{measured_windows, Windows};
 
-use super::health::{HealthRules, Sink};
+pub mod defaults;
+
+use super::health::rules::HealthRules;
+use super::health::run::Sink;
 use super::Phase;
 use crate::judge::series::Bucket;
-
-/// The defaults of this family's settings (`--health-rules`, docs/reports.md);
-/// `HealthRules::default` reads them.
-pub(super) mod defaults {
-    use super::super::health::Severity;
-
-    pub const IDLE_SHARE: f64 = 0.5;
-    pub const IDLE_MIN_SAMPLES: u32 = 20;
-    pub const IDLE: Severity = Severity::Warn;
-}
 
 pub(super) fn check(r: &HealthRules, measured: &Bucket, out: &mut Sink) {
     let m = measured;

@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use super::super::health::HealthRules;
-use super::super::{Check, Level};
+use crate::judge::checks::health::rules::HealthRules;
+use crate::judge::checks::{Check, Level};
 
 /// Raises `nvlink` findings to the `nvlink_down` level on nodes whose
 /// bandwidth failed in this job (a job-wide figure counts for a job of one

@@ -4,34 +4,18 @@
 //! so they are counted one way for both.
 
 mod confirm;
+mod counters;
 mod peers;
 
 pub use confirm::confirm_nvlink;
+pub use counters::{nvlink_crc, nvlink_crc_flit};
 pub use peers::{crc_per_min, peer_crc};
 
-use super::health::{HealthRules, Run, Sink};
-use crate::judge::series::{Bucket, Counters};
+pub mod defaults;
 
-/// The defaults of this family's settings (`--health-rules`, docs/reports.md);
-/// `HealthRules::default` reads them.
-pub(super) mod defaults {
-    use super::super::health::Severity;
-
-    pub const NVLINK_DOWN_MIN_SAMPLES: u32 = 10;
-    pub const NVLINK_DOWN: Severity = Severity::Fail;
-    pub const NVLINK_DOWN_UNCONFIRMED: Severity = Severity::Warn;
-    // dcgm_gpu_hardware_limits.h, DCGM_LIMIT_MAX_NVLINK_CRC_ERROR:
-    // "CRC errors only matter at rates of 100+ per second".
-    pub const NVLINK_CRC_PER_MIN: f64 = 6000.0;
-    pub const NVLINK_CRC: Severity = Severity::Warn;
-    pub const NVLINK_CRC_PEER_RATIO: f64 = 10.0;
-    pub const NVLINK_CRC_PEER_MIN_PER_MIN: f64 = 600.0;
-    // DCGM_LIMIT_MAX_NVLINK_ERROR (1): any replay or recovery.
-    pub const NVLINK_REPLAY_LIMIT: u64 = 0;
-    pub const NVLINK_REPLAY: Severity = Severity::Warn;
-    pub const NVLINK_RECOVERY_LIMIT: u64 = 0;
-    pub const NVLINK_RECOVERY: Severity = Severity::Fail;
-}
+use super::health::rules::HealthRules;
+use super::health::run::{Run, Sink};
+use crate::judge::series::Bucket;
 
 pub(super) fn check(r: &HealthRules, run: &Run, out: &mut Sink) {
     let t = run.t;
@@ -75,35 +59,6 @@ pub(super) fn check(r: &HealthRules, run: &Run, out: &mut Sink) {
                 format!("{n} NVLink {what} during the run (limit {limit}): check the links with `nvidia-smi nvlink -e`; a GPU that keeps counting them needs service"),
             );
         }
-    }
-}
-
-/// NVLink flit CRC errors between two counter readings, link by link; an
-/// older agent's summed total where it sent no split.
-pub fn nvlink_crc_flit(first: &Counters, last: &Counters) -> u64 {
-    if has_split(first) || has_split(last) {
-        last.nvlink_crc_flit.saturating_sub(first.nvlink_crc_flit)
-    } else {
-        last.nvlink_crc_errors
-            .saturating_sub(first.nvlink_crc_errors)
-    }
-}
-
-fn has_split(c: &Counters) -> bool {
-    c.nvlink_crc_flit + c.nvlink_crc_data > 0
-}
-
-/// NVLink CRC errors (flit and data) between two counter readings: the
-/// link-by-link sums where the agent sent them, else (an older agent) its
-/// summed total.
-pub fn nvlink_crc(first: &Counters, last: &Counters) -> u64 {
-    let split = last.nvlink_crc_flit + last.nvlink_crc_data;
-    if split > 0 || first.nvlink_crc_flit + first.nvlink_crc_data > 0 {
-        last.nvlink_crc_flit.saturating_sub(first.nvlink_crc_flit)
-            + last.nvlink_crc_data.saturating_sub(first.nvlink_crc_data)
-    } else {
-        last.nvlink_crc_errors
-            .saturating_sub(first.nvlink_crc_errors)
     }
 }
 

@@ -3,15 +3,17 @@
 
 use gpuctl_proto::pb::GpuTelemetrySummary;
 
-use super::super::health::{gpu_check, name_gpu, rate_minutes, HealthRules};
-use super::super::{Check, Phase};
+use super::counters::nvlink_crc;
+use crate::judge::checks::health::rules::HealthRules;
+use crate::judge::checks::health::run::{gpu_check, name_gpu, rate_minutes};
+use crate::judge::checks::{Check, Phase};
 use crate::judge::series::Bucket;
 
 /// NVLink CRC errors a minute over the run (at least a minute, as the rules).
 pub fn crc_per_min(t: &Bucket) -> f64 {
     let first = t.first.clone().unwrap_or_default();
     let last = t.last.clone().unwrap_or_default();
-    super::nvlink_crc(&first, &last) as f64 / rate_minutes(t)
+    nvlink_crc(&first, &last) as f64 / rate_minutes(t)
 }
 
 /// `nvlink_crc` for a GPU far above its peers: its rate against the median

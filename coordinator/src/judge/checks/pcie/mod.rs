@@ -2,20 +2,10 @@
 //! was loaded (an idle GPU drops its link speed by design, so only loaded
 //! samples count), and replays, the link resending what it got wrong.
 
-use super::health::{HealthRules, Run, Sink};
+pub mod defaults;
 
-/// The defaults of this family's settings (`--health-rules`, docs/reports.md);
-/// `HealthRules::default` reads them.
-pub(super) mod defaults {
-    use super::super::health::Severity;
-
-    pub const PCIE_LINK_MIN_SHARE: f64 = 0.25;
-    pub const PCIE_GEN_BELOW_MAX: Severity = Severity::Warn;
-    pub const PCIE_WIDTH_BELOW_MAX: Severity = Severity::Fail;
-    // DCGM's PCIe health watch warns above 8 replays a minute.
-    pub const PCIE_REPLAYS_PER_MIN: f64 = 8.0;
-    pub const PCIE_REPLAYS: Severity = Severity::Warn;
-}
+use super::health::rules::HealthRules;
+use super::health::run::{Run, Sink};
 
 pub(super) fn check(r: &HealthRules, run: &Run, out: &mut Sink) {
     link(r, run, out);

@@ -2,14 +2,11 @@
 //! thresholds carry their levels themselves (the lower warns, the higher
 //! fails), so a rules file moves the temperatures, not the levels.
 
-use super::health::{HealthRules, Run, Severity, Sink};
+pub mod defaults;
 
-/// The defaults of this family's settings (`--health-rules`, docs/reports.md);
-/// `HealthRules::default` reads them.
-pub(super) mod defaults {
-    pub const TEMPERATURE_WARN_C: f64 = 90.0;
-    pub const TEMPERATURE_FAIL_C: f64 = 95.0;
-}
+use super::health::rules::HealthRules;
+use super::health::run::{Run, Sink};
+use super::Severity;
 
 pub(super) fn check(r: &HealthRules, run: &Run, out: &mut Sink) {
     let t = run.t;
