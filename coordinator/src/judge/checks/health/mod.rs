@@ -24,8 +24,8 @@ pub(super) mod fixtures;
 #[cfg(test)]
 mod tests;
 
-use super::{clocks, ecc, idle, nvlink, pcie, temperature, xid};
 use super::Check;
+use super::{clocks, ecc, idle, nvlink, pcie, temperature, xid};
 use crate::judge::series::Bucket;
 
 pub use rules::HealthRules;

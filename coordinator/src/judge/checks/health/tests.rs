@@ -4,8 +4,8 @@
 
 use super::fixtures::{loaded, rules_of, want};
 use super::*;
-use crate::judge::checks::{Level, Severity};
 use crate::judge::checks::clocks::{HW_THERMAL, SW_THERMAL};
+use crate::judge::checks::{Level, Severity};
 
 #[test]
 fn files_override_defaults_and_typos_are_refused() {

@@ -30,9 +30,9 @@ pub fn confirm_nvlink<'a>(
         slow.entry(node).or_insert_with(|| f.detail.clone());
     }
     for h in health.iter_mut().filter(|h| h.rule == "nvlink") {
-        match slow.get(h.node.as_str()) {
-            Some(why) if rules.nvlink_down.level().is_some() => {
-                h.level = rules.nvlink_down.level().unwrap_or(h.level);
+        match (slow.get(h.node.as_str()), rules.nvlink_down.level()) {
+            (Some(why), Some(level)) => {
+                h.level = level;
                 h.detail = format!("{}; confirmed by this job's bandwidth: {why}", h.detail);
             }
             _ => {
