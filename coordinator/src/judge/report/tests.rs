@@ -777,6 +777,6 @@ fn every_finding_says_the_phase_it_judged() {
     );
     assert_eq!(
         r.health[0].detail,
-        xid.detail.splitn(2, "`xid`: ").nth(1).unwrap()
+        xid.detail.split_once("`xid`: ").unwrap().1
     );
 }
