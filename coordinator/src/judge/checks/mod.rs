@@ -21,9 +21,10 @@
 //! | [`preflight`] | a host before the job: the plan's checks and the agent's at start | the check's own name (`shm`, `driver`, ...) |
 //!
 //! The GPU telemetry checks (the first seven) share one signature,
-//! `fn check(&HealthRules, &Run, &mut Sink)`, run in the order
-//! [`health`] lists; their settings (one operator file, `--health-rules`)
-//! are read in `health/rules.rs`, each default beside its rule.
+//! `fn check(&HealthRules, &Run, &mut Sink)` (`health/run.rs`), run in the
+//! order [`health`] lists; their settings (one operator file,
+//! `--health-rules`) are read in `health/rules.rs`, each default in the
+//! `defaults.rs` of its rule's folder.
 
 pub mod bisect;
 pub mod clocks;
