@@ -3,8 +3,9 @@
 //! agents registered with: /dev/shm, mixed GPU models, NCCL and libtorch
 //! versions) and the agent's own in `agent/src/preflight/checks/` (driver,
 //! GPUs, topology, libraries, limits, network), run again when an
-//! assignment arrives. Both travel as the wire's `PreflightCheck`; here they
-//! become [`Check`]s, the job's set picked from the two.
+//! assignment arrives. Both travel as the wire's `PreflightCheck` ([`wire`]:
+//! the plan's are made as [`Check`]s and stored so); here they become
+//! [`Check`]s again, the job's set picked from the two.
 
 use std::collections::BTreeSet;
 
@@ -36,6 +37,18 @@ pub fn of_job(job: &Job) -> Vec<PreflightCheck> {
 /// The job's preflight checks as [`Check`]s.
 pub fn checks(job: &Job) -> Vec<Check> {
     picked(job).map(|(c, phase)| check(c, phase)).collect()
+}
+
+/// A preflight check as the wire carries it (in the plan, from the agent).
+/// What the wire cannot say reads as unspecified: an unknown level.
+pub fn wire(c: &Check) -> PreflightCheck {
+    PreflightCheck {
+        node: c.node.clone(),
+        name: c.rule.clone(),
+        verdict: c.level.verdict() as i32,
+        detail: c.detail.clone(),
+        fix: c.fix.clone(),
+    }
 }
 
 /// One preflight check as a [`Check`]: `phase` says whether the plan or the
