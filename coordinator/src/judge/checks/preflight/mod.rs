@@ -66,3 +66,6 @@ pub fn check(c: &PreflightCheck, phase: Phase) -> Check {
         ..Default::default()
     }
 }
+
+#[cfg(test)]
+mod tests;

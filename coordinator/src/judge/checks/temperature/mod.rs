@@ -30,3 +30,6 @@ pub(super) fn check(r: &HealthRules, run: &Run, out: &mut Sink) {
         );
     }
 }
+
+#[cfg(test)]
+mod tests;
