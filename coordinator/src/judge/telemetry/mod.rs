@@ -1,7 +1,7 @@
 //! GPU telemetry of a job while the coordinator holds it: the latest batch
 //! per node (for `gpuctl watch`) and, per GPU, a downsampled [`GpuSeries`]
 //! that is stored with the job and summarised into the report with health
-//! findings ([`super::health`]).
+//! findings ([`super::checks::health`]).
 //!
 //! Here, the holding: batches in, changed series out to the store. The
 //! summaries and findings a report takes of them are [`summary`].

@@ -5,7 +5,7 @@
 //! remapping, degraded PCIe and NVLink, hardware slowdown, heat); an operator
 //! overrides any of them with `gpuctl-coordinator --health-rules FILE` (TOML or
 //! JSON, format in docs/reports.md). Rules read the per-GPU totals that
-//! [`super::series`] keeps, so they work the same on live and stored data.
+//! [`crate::judge::series`] keeps, so they work the same on live and stored data.
 //!
 //! One folder per rule family beside this one, named as the findings name
 //! it: [`xid`], [`ecc`] (ECC, retired pages, row remapping), [`pcie`],
