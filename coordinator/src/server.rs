@@ -18,8 +18,8 @@ use tokio::net::TcpListener;
 use tracing::{info, warn};
 
 use crate::config::{Config, MetricsListen, StoreKind, DEFAULT_METRICS_LISTEN};
-use crate::judge::health::HealthRules;
-use crate::judge::rules::PerfRules;
+use crate::judge::checks::health::HealthRules;
+use crate::judge::checks::perf::rules::PerfRules;
 use crate::logs::LogSink;
 use crate::rendezvous::Rendezvous;
 use crate::runtime::FleetRuntime;

@@ -476,6 +476,7 @@ pub fn finding(f: &pb::Finding) -> Value {
         "rule": f.rule,
         "level": f.level().label(),
         "detail": f.detail,
+        "phase": f.phase,
     })
 }
 

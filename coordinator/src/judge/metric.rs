@@ -33,7 +33,7 @@ pub enum Metric {
     D2hGbps,
     /// `p2p`: the median of the rank's GPU pairs (as sender and receiver),
     /// each the better of two passes. The pairs themselves are judged
-    /// against each other by `judge::p2p`.
+    /// against each other by `judge::checks::p2p`.
     P2pGbps,
     /// `ddp --loader-workers`: the rank's best samples/s over the loader
     /// sweep's worker counts, batches made on its own host with no

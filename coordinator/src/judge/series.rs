@@ -9,7 +9,7 @@
 //! [`JOB_BUCKETS`]: past 655 GPUs each series keeps fewer, wider buckets, so a
 //! 15-minute job on 4,096 nodes × 8 GPUs stores ~55 MB of telemetry, not 2 GB.
 //!
-//! Plain data: the health rules ([`super::health`]) read these types, and the
+//! Plain data: the health rules ([`super::checks::health`]) read these types, and the
 //! store writes them, without this module knowing either.
 
 use std::collections::BTreeSet;

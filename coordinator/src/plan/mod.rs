@@ -12,6 +12,9 @@ use std::collections::HashMap;
 use gpuctl_core::catalogue::{check_placed, Placed, SpecError};
 use gpuctl_proto::pb::{JobSpec, Plan, PreflightCheck, Verdict};
 
+use crate::judge::checks::preflight::wire;
+use crate::judge::checks::{Check, Level, Phase};
+
 /// The rules of the request that only its nodes tell
 /// (`catalogue::check_placed`: ranks per node, each device's defaults),
 /// on a plan: what refuses it naming the flag, before anything runs.
@@ -35,13 +38,19 @@ pub fn check_request(spec: &JobSpec, plan: &Plan) -> Result<(), SpecError> {
     check_placed(&spec.workload, &spec.params, &placed)
 }
 
-/// One check's finding; `node` is empty for a finding about the whole plan.
+/// One preflight check of the plan, made as every check is
+/// ([`Check`]) and stored as the wire's `PreflightCheck` in the
+/// plan; `node` is empty for a check about the whole plan.
 fn check(node: &str, name: &str, verdict: Verdict, detail: String, fix: &str) -> PreflightCheck {
-    PreflightCheck {
+    wire(&Check {
+        level: Level::of(verdict),
         node: node.into(),
-        name: name.into(),
-        verdict: verdict as i32,
+        metric: "preflight".into(),
+        key: name.into(),
+        rule: name.into(),
         detail,
         fix: fix.into(),
-    }
+        phase: Phase::Plan,
+        ..Default::default()
+    })
 }

@@ -87,8 +87,8 @@ pub use snapshot::Snapshot;
 use state::{JobEntry, NodeEntry};
 
 use crate::fleet::NodeEvent;
-use crate::judge::health::HealthRules;
-use crate::judge::rules::PerfRules;
+use crate::judge::checks::health::HealthRules;
+use crate::judge::checks::perf::rules::PerfRules;
 use crate::judge::telemetry::Telemetry;
 use crate::logs::LogSink;
 use crate::rendezvous::Rendezvous;

@@ -24,7 +24,7 @@ use super::baseline;
 use super::trace::{self, Fetches, TraceStream};
 use crate::error::CoordinatorError;
 use crate::history;
-use crate::judge::rules::PerfRules;
+use crate::judge::checks::perf::rules::PerfRules;
 use crate::scheduler::{AgentEvent, JobEvent, Query, SchedulerHandle, SuiteEvent};
 use crate::store::StateStore;
 

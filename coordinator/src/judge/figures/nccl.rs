@@ -1,7 +1,7 @@
 //! `nccl`: bus bandwidth per op and size, a job figure read from the job's
 //! collective table, since every rank of a collective moves at the slowest
 //! one's pace. Only the sweep (`--pattern all`) is judged here; pairs and
-//! bisect are judged against each other by `judge::links` and `judge::bisect`.
+//! bisect are judged against each other by `judge::checks::links` and `judge::checks::bisect`.
 
 use std::collections::BTreeMap;
 

@@ -1,6 +1,6 @@
 //! `p2p`: copies between host and GPU, and the median of a rank's GPU pairs,
 //! each the better of two passes. The pairs themselves are judged against
-//! each other by `judge::p2p`; here only what a rank's figures are.
+//! each other by `judge::checks::p2p`; here only what a rank's figures are.
 
 use gpuctl_core::catalogue::P2pParams;
 use gpuctl_core::stats::median;

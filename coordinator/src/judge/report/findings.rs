@@ -1,119 +1,129 @@
-//! One list of everything that failed or warned, in the [`Finding`] form, so
-//! that a report leads with the same rows whatever found them: a rank's own
-//! failure (crash, corruption, wrong elements), a performance figure, a GPU
-//! health rule, a preflight check at job start. Worst first; a finding of
-//! level pass only says what a figure could not be judged against.
+//! One list of everything that failed or warned, so that a report leads
+//! with the same rows whatever found them: a rank's own failure (crash,
+//! corruption, wrong elements), a performance figure, a GPU health rule, a
+//! preflight check at job start. Every one is a [`Check`]; here they become
+//! the wire's [`Finding`] (and a health check its GPU's [`HealthFinding`]),
+//! once and in one place. Worst first; a finding of level pass only says
+//! what a figure could not be judged against.
 
-use gpuctl_proto::pb::{Finding, HealthFinding, Plan, PreflightCheck, Verdict};
+use gpuctl_proto::pb::{Finding, HealthFinding, Plan};
 
 use super::ranks::{RankStates, Source};
+use crate::judge::checks::{Check, Level, Phase};
 
-fn base(node: &str, level: Verdict, metric: &str, key: &str, detail: String) -> Finding {
-    Finding {
-        node: node.to_string(),
-        metric: metric.to_string(),
-        key: key.to_string(),
-        level: level as i32,
-        detail,
-        ..Default::default()
-    }
-}
-
-/// Failures that ranks reported or that the result checks found.
-pub(super) fn of_ranks(plan: &Plan, states: &RankStates) -> Vec<Finding> {
-    let mut out = Vec::new();
-    for p in &plan.ranks {
-        let Some(st) = states.get(&p.rank) else {
-            continue;
-        };
-        if st.verdict != Verdict::Fail {
-            continue;
-        }
-        for (_, why) in st.reasons.iter().filter(|(s, _)| *s == Source::Result) {
-            let mut f = base(
-                &p.node,
-                Verdict::Fail,
-                "result",
-                "",
-                format!("rank {} on node {}: {why}", p.rank, p.node),
-            );
-            f.rank = Some(p.rank);
-            f.gpu_index = p.gpu_index;
-            f.gpu_uuid = p.gpu_uuid.clone();
-            out.push(f);
-        }
-    }
-    out
-}
-
-/// GPU health rules that fired (fail or warn).
-pub(super) fn of_health(health: &[HealthFinding]) -> Vec<Finding> {
-    health
-        .iter()
-        .filter(|h| matches!(h.verdict(), Verdict::Fail | Verdict::Warn))
-        .map(|h| {
-            let mut f = base(
-                &h.node,
-                h.verdict(),
-                "health",
-                &h.rule,
-                format!(
-                    "node {} GPU {}: health `{}`: {}",
-                    h.node, h.gpu_index, h.rule, h.detail
-                ),
-            );
-            f.gpu_index = Some(h.gpu_index);
-            f.gpu_uuid = h.uuid.clone();
-            f.rule = h.rule.clone();
-            f
-        })
-        .collect()
-}
-
-/// Preflight checks that did not pass.
-pub(super) fn of_preflight(checks: &[PreflightCheck]) -> Vec<Finding> {
-    checks
-        .iter()
-        .filter(|c| matches!(c.verdict(), Verdict::Fail | Verdict::Warn))
-        .map(|c| {
+/// A check as the wire's finding. Health and preflight checks say their
+/// sentence about what they looked at alone (the report shows them under
+/// their GPU and node); in the one list of findings they say whom.
+pub(super) fn finding(c: &Check) -> Finding {
+    let detail = match c.metric.as_str() {
+        "health" => format!(
+            "node {} GPU {}: health `{}`: {}",
+            c.node,
+            c.gpu_index.unwrap_or_default(),
+            c.rule,
+            c.detail
+        ),
+        "preflight" => {
             let at = if c.node.is_empty() {
                 "across nodes".to_string()
             } else {
                 format!("node {}", c.node)
             };
-            let mut detail = format!("{at}: preflight `{}`: {}", c.name, c.detail);
+            let mut d = format!("{at}: preflight `{}`: {}", c.rule, c.detail);
             if !c.fix.is_empty() {
-                detail.push_str(&format!(" (fix: {})", c.fix));
+                d.push_str(&format!(" (fix: {})", c.fix));
             }
-            let mut f = base(&c.node, c.verdict(), "preflight", &c.name, detail);
-            f.rule = c.name.clone();
-            f
-        })
-        .collect()
+            d
+        }
+        _ => c.detail.clone(),
+    };
+    Finding {
+        node: c.node.clone(),
+        rank: c.rank,
+        gpu_index: c.gpu_index,
+        gpu_uuid: c.gpu_uuid.clone(),
+        metric: c.metric.clone(),
+        key: c.key.clone(),
+        value: c.value,
+        missing: c.missing,
+        reference: c.reference,
+        reference_kind: c.reference_kind.clone(),
+        rule: c.rule.clone(),
+        level: c.level.verdict() as i32,
+        unit: c.unit.clone(),
+        detail,
+        phase: c.phase.name().to_string(),
+    }
+}
+
+/// A health check as its GPU's entry in the report's health list.
+pub(super) fn health(c: &Check) -> HealthFinding {
+    HealthFinding {
+        node: c.node.clone(),
+        gpu_index: c.gpu_index.unwrap_or_default(),
+        uuid: c.gpu_uuid.clone(),
+        verdict: c.level.verdict() as i32,
+        rule: c.rule.clone(),
+        detail: c.detail.clone(),
+    }
+}
+
+/// Failures that ranks reported or that the result checks found.
+pub(super) fn of_ranks(plan: &Plan, states: &RankStates) -> Vec<Check> {
+    let mut out = Vec::new();
+    for p in &plan.ranks {
+        let Some(st) = states.get(&p.rank) else {
+            continue;
+        };
+        if st.verdict != gpuctl_proto::pb::Verdict::Fail {
+            continue;
+        }
+        for (_, why) in st.reasons.iter().filter(|(s, _)| *s == Source::Result) {
+            out.push(Check {
+                level: Level::Fail,
+                node: p.node.clone(),
+                rank: Some(p.rank),
+                gpu_index: p.gpu_index,
+                gpu_uuid: p.gpu_uuid.clone(),
+                metric: "result".into(),
+                detail: format!("rank {} on node {}: {why}", p.rank, p.node),
+                phase: Phase::Result,
+                ..Default::default()
+            });
+        }
+    }
+    out
+}
+
+/// Only what failed or warned goes in the list.
+pub(super) fn fired(checks: &[Check]) -> impl Iterator<Item = Check> + '_ {
+    checks
+        .iter()
+        .filter(|c| matches!(c.level, Level::Fail | Level::Warn))
+        .cloned()
 }
 
 /// The job's own failure when it failed for its request (`why`, the job's
 /// message): the job's, naming no node.
-pub(super) fn of_request(why: &str) -> Finding {
-    let mut f = base(
-        "",
-        Verdict::Fail,
-        gpuctl_core::request::FINDING_METRIC,
-        "",
-        why.to_string(),
-    );
-    f.rule = "a request that cannot run fails its job and no node: fix the request".into();
-    f
+pub(super) fn of_request(why: &str) -> Check {
+    Check {
+        level: Level::Fail,
+        metric: gpuctl_core::request::FINDING_METRIC.into(),
+        rule: "a request that cannot run fails its job and no node: fix the request".into(),
+        detail: why.to_string(),
+        phase: Phase::Result,
+        ..Default::default()
+    }
 }
 
 /// Fail before warn, and both before what is only said (a pass-level
 /// finding: what a figure was and was not judged against); then by node
 /// (the job's own first), rank and GPU.
-pub(super) fn sort(findings: &mut [Finding]) {
+pub(super) fn sort(findings: &mut [Check]) {
     findings.sort_by(|a, b| {
-        let rank = |f: &Finding| match f.level() {
-            Verdict::Fail => 0,
-            Verdict::Warn => 1,
+        let rank = |f: &Check| match f.level {
+            Level::Fail => 0,
+            Level::Warn => 1,
             _ => 2,
         };
         rank(a)

@@ -5,14 +5,17 @@
 //! - [`ranks`]: each rank's own result (pass, fail, incomplete and why);
 //! - [`digests`]: silent data corruption, by majority vote of digests;
 //! - [`shards`]: fsdp shards against what every rank gathered of them;
-//! - [`gpu_health`]: failing GPUs fail their ranks, or their node;
 //! - [`collectives`]: wrong elements fail ranks; one bandwidth table;
-//! - [`performance`]: figures against the fleet, a baseline and the floors;
-//! - [`links`](super::links): node pairs' bandwidth against the median link;
-//! - [`bisect`](super::bisect): the node the workers' search isolated, or
-//!   [`search`](super::search): every node and link `--pattern search` blamed;
-//! - [`p2p`](super::p2p): GPU pairs inside nodes against the job's other pairs;
-//! - [`findings`]: everything that failed or warned, in one list;
+//! - the checks of [`super::checks`], each in its folder: performance
+//!   figures ([`perf`](super::checks::perf)), node pairs
+//!   ([`links`](super::checks::links)), GPU pairs ([`p2p`](super::checks::p2p)),
+//!   the workers' searches ([`bisect`](super::checks::bisect),
+//!   [`search`](super::checks::search)), the GPU telemetry checks (through
+//!   the telemetry summary) and preflight ([`preflight`](super::checks::preflight));
+//! - [`onto`]: their answers placed on ranks and nodes (a failing GPU fails
+//!   its ranks, or its node; a slow figure or pair its rank);
+//! - [`findings`]: everything that failed or warned, in one list, made into
+//!   the wire's findings once;
 //! - [`nodes`]: node verdicts from their ranks, GPUs and findings;
 //! - [`notes`]: library versions the ranks ran with;
 //! - [`verdict`]: the job's verdict and reason;
@@ -30,11 +33,10 @@ use crate::jobs::hang;
 mod collectives;
 mod digests;
 mod findings;
-mod gpu_health;
 mod loader;
 mod nodes;
 mod notes;
-mod performance;
+mod onto;
 mod plausible;
 mod ranks;
 mod shards;
@@ -44,15 +46,13 @@ mod verdict;
 
 use std::collections::BTreeMap;
 
-use gpuctl_proto::pb::{
-    Job, Plan, PreflightCheck, RankProgress, RankResult, Report, Verdict, WorkerExited,
-};
+use gpuctl_proto::pb::{Job, Plan, RankProgress, RankResult, Report, Verdict, WorkerExited};
 
+use super::checks::health::HealthRules;
+use super::checks::perf::rules::PerfRules;
+use super::checks::{bisect, idle, links, nvlink, p2p, perf, preflight, search};
 use super::figures::Figures;
-use super::health::HealthRules;
-use super::rules::PerfRules;
 use super::telemetry::Telemetry;
-use super::{bisect, links, p2p, search};
 
 pub use collectives::{aggregate_collectives, algbw_gbps, busbw_factor};
 pub use ranks::{exit_text, rank_label};
@@ -128,7 +128,7 @@ fn assemble(inp: &Inputs, with_results: bool) -> (Report, Figures) {
     let plan = job.plan.as_ref().unwrap_or(&no_plan);
 
     let request = request_failure(job, inp.results);
-    let windows = gpu_health::measured_windows(&spec.workload, plan, inp.results);
+    let windows = idle::measured_windows(&spec.workload, plan, inp.results);
     let (mut states, sdc_note, mut notes, (mut telemetry, mut health)) = std::thread::scope(|s| {
         // At 32,768 GPUs the telemetry summary is a third of judging, and
         // needs nothing the ranks' own checks make: it is made beside them.
@@ -164,19 +164,14 @@ fn assemble(inp: &Inputs, with_results: bool) -> (Report, Figures) {
         ));
     }
     let mut found = findings::of_ranks(plan, &states);
-    let rules = performance::rules(inp.perf, &spec, &mut notes);
-    let perf = performance::judge(inp, &spec, plan, &table, &rules, &mut states);
+    let rules = perf::job::rules(inp.perf, &spec, &mut notes);
+    let perf = perf::job::judge(job, inp.results, &spec, plan, &table, &rules);
+    onto::performance(&perf.findings, &mut states);
     let links = links::judge(all, &plan.nodes, rules.link_slow_ratio);
     let pairs = p2p::judge(inp.results, plan, rules.p2p);
-    // A pair finding that names a rank (a culprit GPU, a slow direction's
-    // sender) fails it, and so its node, as performance findings do.
-    for f in pairs.findings.iter().filter(|f| f.level() == Verdict::Fail) {
-        if let Some(st) = f.rank.and_then(|r| states.get_mut(&r)) {
-            st.fail_from(ranks::Source::Performance, f.detail.clone());
-        }
-    }
+    onto::pairs(&pairs.findings, &mut states);
     // A link down fails its GPU only where the job's own bandwidth agrees.
-    gpu_health::confirm_nvlink(
+    nvlink::confirm_nvlink(
         &mut health,
         perf.findings
             .iter()
@@ -185,8 +180,8 @@ fn assemble(inp: &Inputs, with_results: bool) -> (Report, Figures) {
         &plan.nodes,
         inp.rules,
     );
-    gpu_health::fail_summaries(&health, &mut telemetry);
-    let gpu_faults = gpu_health::apply(&health, plan, &mut states);
+    onto::fail_summaries(&health, &mut telemetry);
+    let gpu_faults = onto::health(&health, plan, &mut states);
     found.extend(perf.findings);
     found.extend(links.findings);
     found.extend(pairs.findings);
@@ -197,11 +192,12 @@ fn assemble(inp: &Inputs, with_results: bool) -> (Report, Figures) {
         bisect::judge(inp.results, &plan.nodes)
     };
     found.extend(bisect.findings);
-    found.extend(findings::of_health(&health));
-    let preflight = start_checks(job);
-    found.extend(findings::of_preflight(&preflight));
+    found.extend(findings::fired(&health));
+    found.extend(findings::fired(&preflight::checks(job)));
     found.extend(request.as_deref().map(findings::of_request));
     findings::sort(&mut found);
+    let found: Vec<_> = found.iter().map(findings::finding).collect();
+    let health = health.iter().map(findings::health).collect();
     // A partial result is shown on its rank: what it measured, and why it stopped.
     let attached = with_results.then_some(all);
     let mut nodes = nodes::verdicts(plan, &states, attached, gpu_faults, &found);
@@ -236,7 +232,7 @@ fn assemble(inp: &Inputs, with_results: bool) -> (Report, Figures) {
         notes,
         telemetry,
         health,
-        preflight,
+        preflight: preflight::of_job(job),
         findings: found,
         links: links.links.into_iter().chain(bisect.links).collect(),
         gpu_pairs: pairs.pairs,
@@ -264,23 +260,6 @@ fn request_failure(job: &Job, results: &BTreeMap<u32, RankResult>) -> Option<Str
         .filter(|r| !r.ok)
         .find_map(|r| request::of_rank(&r.error))
         .map(|why| request::job_message(why, ""))
-}
-
-/// The preflight checks of the job: the plan's, with each node's replaced by
-/// those its agent ran when the assignment arrived.
-fn start_checks(job: &Job) -> Vec<PreflightCheck> {
-    let plan = job.plan.as_ref();
-    let fresh: std::collections::BTreeSet<&str> =
-        job.start_checks.iter().map(|c| c.node.as_str()).collect();
-    let mut out: Vec<PreflightCheck> = plan
-        .map(|p| p.checks.as_slice())
-        .unwrap_or_default()
-        .iter()
-        .filter(|c| c.node.is_empty() || !fresh.contains(c.node.as_str()))
-        .cloned()
-        .collect();
-    out.extend(job.start_checks.iter().cloned());
-    out
 }
 
 /// From start to finish, or to `now` while the job runs; 0 before it starts.

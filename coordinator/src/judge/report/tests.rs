@@ -8,8 +8,8 @@ use gpuctl_proto::pb::{
 };
 
 use super::*;
-use crate::judge::health::HealthRules;
-use crate::judge::rules::PerfRules;
+use crate::judge::checks::health::HealthRules;
+use crate::judge::checks::perf::rules::PerfRules;
 use crate::judge::telemetry::Telemetry;
 
 fn job(state: JobState, nodes: usize, per_node: u32) -> Job {
@@ -703,4 +703,80 @@ fn a_slow_p2p_direction_fails_its_senders_rank_and_node() {
     assert!(rank(&r, 0).reason.contains("GPU 0 -> GPU 1 163.50 GB/s"));
     assert_eq!(r.nodes[0].verdict(), Verdict::Fail);
     assert!(r.findings.iter().any(|f| f.metric == "p2p_direction"));
+}
+
+/// Every finding is one check's answer and says the phase it judged: a
+/// preflight check of the plan or of the agent at start, a GPU health rule
+/// over the run, a rank's own result.
+#[test]
+fn every_finding_says_the_phase_it_judged() {
+    use gpuctl_proto::pb::{GpuSample, PreflightCheck, TelemetryBatch};
+    let mut j = job(JobState::Failed, 2, 1);
+    let check = |node: &str, name: &str, verdict: Verdict| PreflightCheck {
+        node: node.into(),
+        name: name.into(),
+        verdict: verdict as i32,
+        detail: format!("{name} said so"),
+        ..Default::default()
+    };
+    j.plan.as_mut().unwrap().checks = vec![check("node-0", "shm", Verdict::Warn)];
+    j.start_checks = vec![check("node-1", "driver", Verdict::Fail)];
+    let mut t = Telemetry::default();
+    t.add(
+        "node-0",
+        TelemetryBatch {
+            node: "node-0".into(),
+            samples: vec![GpuSample {
+                uuid: String::new(),
+                xids: vec![79],
+                ..gpuctl_testkit::gpu::healthy(0)
+            }],
+            ..Default::default()
+        },
+        1,
+    );
+    let crashed = RankResult {
+        rank: 1,
+        ok: false,
+        error: "CUDA error: an illegal memory access".into(),
+        ..Default::default()
+    };
+    let results: BTreeMap<u32, RankResult> = [(0, stress(0, "X", "aa")), (1, crashed)]
+        .into_iter()
+        .collect();
+    let r = build(&Inputs {
+        job: &j,
+        results: &results,
+        exits: &BTreeMap::new(),
+        progress: &BTreeMap::new(),
+        watch: &hang::Watch::default(),
+        telemetry: &t,
+        rules: &HealthRules::default(),
+        perf: &PerfRules::default(),
+        now_ms: 9_000,
+    });
+    let said: Vec<(&str, &str, &str)> = r
+        .findings
+        .iter()
+        .map(|f| (f.metric.as_str(), f.rule.as_str(), f.phase.as_str()))
+        .collect();
+    for want in [
+        ("preflight", "shm", "plan"),
+        ("preflight", "driver", "start"),
+        ("health", "xid", "run"),
+        ("result", "", "result"),
+    ] {
+        assert!(said.contains(&want), "{want:?} not in {said:?}");
+    }
+    let xid = r.findings.iter().find(|f| f.metric == "health").unwrap();
+    assert!(
+        xid.detail
+            .starts_with("node node-0 GPU 0: health `xid`: critical XID 79"),
+        "{}",
+        xid.detail
+    );
+    assert_eq!(
+        r.health[0].detail,
+        xid.detail.split_once("`xid`: ").unwrap().1
+    );
 }

@@ -1,7 +1,7 @@
 //! GPU telemetry of a job while the coordinator holds it: the latest batch
 //! per node (for `gpuctl watch`) and, per GPU, a downsampled [`GpuSeries`]
 //! that is stored with the job and summarised into the report with health
-//! findings ([`super::health`]).
+//! findings ([`super::checks::health`]).
 //!
 //! Here, the holding: batches in, changed series out to the store. The
 //! summaries and findings a report takes of them are [`summary`].
@@ -21,7 +21,7 @@ use gpuctl_proto::pb::TelemetryBatch;
 use super::series::GpuSeries;
 use crate::store::keys;
 
-pub use summary::Windows;
+pub use crate::judge::checks::idle::Windows;
 
 /// A job's telemetry while the coordinator holds it.
 #[derive(Debug, Default, Clone)]

@@ -1,14 +1,15 @@
 //! A job's telemetry turned into what its report shows: one summary per GPU
 //! (means, maxima, counter deltas) and the health findings, the per-GPU rules
-//! of [`crate::judge::health`] and the one rule that needs the job's other
+//! of [`crate::judge::checks::health`] and the one rule that needs the job's other
 //! GPUs, NVLink CRC errors far beyond the peers'.
 
-use std::collections::BTreeMap;
-
-use gpuctl_proto::pb::{GpuTelemetrySummary, HealthFinding, Verdict};
+use gpuctl_proto::pb::{GpuTelemetrySummary, Verdict};
 
 use super::Telemetry;
-use crate::judge::health::{self, HealthRules, Level};
+use crate::judge::checks::health::{name_gpu, HealthRules};
+use crate::judge::checks::idle::Windows;
+use crate::judge::checks::nvlink::{crc_per_min, nvlink_crc, peer_crc};
+use crate::judge::checks::{Check, Level};
 use crate::judge::series::{Bucket, Counters, GpuSeries};
 
 impl Telemetry {
@@ -18,7 +19,7 @@ impl Telemetry {
         &self,
         rules: &HealthRules,
         windows: &Windows,
-    ) -> (Vec<GpuTelemetrySummary>, Vec<HealthFinding>) {
+    ) -> (Vec<GpuTelemetrySummary>, Vec<Check>) {
         let mut summaries = Vec::new();
         let mut per_gpu = Vec::new();
         let mut rates = Vec::new();
@@ -37,72 +38,13 @@ impl Telemetry {
         for (s, mine) in summaries.iter_mut().zip(per_gpu) {
             s.verdict = mine
                 .iter()
-                .map(HealthFinding::verdict)
-                .max_by_key(|v| severity(*v))
-                .unwrap_or(Verdict::Pass) as i32;
+                .map(|c| c.level)
+                .filter(|l| matches!(l, Level::Warn | Level::Fail))
+                .max()
+                .map_or(Verdict::Pass, Level::verdict) as i32;
             findings.extend(mine);
         }
         (summaries, findings)
-    }
-}
-
-/// When each GPU's rank ran its measured phase: (node, NVML index) → (from,
-/// to) in unix ms.
-pub type Windows = BTreeMap<(String, u32), (u64, u64)>;
-
-/// NVLink CRC errors a minute over the run (at least a minute, as the rules).
-fn crc_per_min(t: &Bucket) -> f64 {
-    let first = t.first.clone().unwrap_or_default();
-    let last = t.last.clone().unwrap_or_default();
-    health::nvlink_crc(&first, &last) as f64 / health::rate_minutes(t)
-}
-
-/// `nvlink_crc` for a GPU far above its peers: its rate against the median
-/// of the job's other NVLink GPUs. Needs three GPUs to have a median of
-/// peers worth the name; a GPU the absolute rule already named is left alone.
-fn peer_crc(
-    rules: &HealthRules,
-    summaries: &[GpuTelemetrySummary],
-    rates: &[Option<f64>],
-    per_gpu: &mut [Vec<HealthFinding>],
-) {
-    if rules.nvlink_crc == Level::Off || rates.iter().flatten().count() < 3 {
-        return;
-    }
-    for (i, rate) in rates.iter().enumerate() {
-        let Some(rate) = *rate else { continue };
-        if rate <= rules.nvlink_crc_peer_min_per_min
-            || per_gpu[i].iter().any(|f| f.rule == "nvlink_crc")
-        {
-            continue;
-        }
-        let others: Vec<f64> = rates
-            .iter()
-            .enumerate()
-            .filter(|(j, _)| *j != i)
-            .filter_map(|(_, r)| *r)
-            .collect();
-        let Some(median) = gpuctl_core::stats::median(others) else {
-            continue;
-        };
-        if rate >= rules.nvlink_crc_peer_ratio * median {
-            let s = &summaries[i];
-            per_gpu[i].push(HealthFinding {
-                node: s.node.clone(),
-                gpu_index: s.index,
-                uuid: s.uuid.clone(),
-                verdict: match rules.nvlink_crc {
-                    Level::Fail => Verdict::Fail,
-                    _ => Verdict::Warn,
-                } as i32,
-                rule: "nvlink_crc".into(),
-                detail: format!(
-                    "{rate:.0} NVLink CRC errors a minute, {:.1}x the median of the job's other NVLink GPUs ({median:.0}/min; rule: {}x): one GPU's links erring far beyond its peers; check them with `nvidia-smi nvlink -e`",
-                    rate / median.max(f64::MIN_POSITIVE),
-                    rules.nvlink_crc_peer_ratio
-                ),
-            });
-        }
     }
 }
 
@@ -111,7 +53,7 @@ fn summary(
     t: &Bucket,
     measured: Option<&Bucket>,
     rules: &HealthRules,
-) -> (GpuTelemetrySummary, Vec<HealthFinding>) {
+) -> (GpuTelemetrySummary, Vec<Check>) {
     let n = t.n.max(1) as f64;
     let mean = |sum: f64| sum / n;
     let std = |sum: f64, sq: f64| (sq / n - (sum / n).powi(2)).max(0.0).sqrt();
@@ -139,7 +81,7 @@ fn summary(
         ecc_corrected_delta: delta(|c| c.ecc_corrected),
         ecc_uncorrected_delta: delta(|c| c.ecc_uncorrected),
         pcie_replays_delta: delta(|c| c.pcie_replays),
-        nvlink_crc_delta: health::nvlink_crc(&first, &last),
+        nvlink_crc_delta: nvlink_crc(&first, &last),
         xids: t.xids.clone(),
         verdict: Verdict::Pass as i32,
         nvlink_crc_flit_delta: delta(|c| c.nvlink_crc_flit),
@@ -158,26 +100,7 @@ fn summary(
     let findings = rules
         .evaluate_in(t, measured)
         .into_iter()
-        .map(|f| HealthFinding {
-            node: g.node.clone(),
-            gpu_index: g.index,
-            uuid: g.uuid.clone(),
-            verdict: match f.level {
-                Level::Fail => Verdict::Fail,
-                _ => Verdict::Warn,
-            } as i32,
-            rule: f.rule.into(),
-            detail: f.detail,
-        })
+        .map(|f| name_gpu(f, &g.node, g.index, &g.uuid))
         .collect();
     (s, findings)
-}
-
-fn severity(v: Verdict) -> u8 {
-    match v {
-        Verdict::Fail => 3,
-        Verdict::Warn => 2,
-        Verdict::Incomplete => 1,
-        _ => 0,
-    }
 }

@@ -2,7 +2,7 @@
 //! changed series go round the GPUs, and health findings come out per GPU.
 
 use super::*;
-use crate::judge::health::HealthRules;
+use crate::judge::checks::health::HealthRules;
 use crate::judge::series::{LOW_UTIL, MAX_BUCKETS};
 use gpuctl_proto::pb::{GpuSample, Verdict};
 use gpuctl_testkit::gpu;
@@ -59,7 +59,7 @@ fn unread_links_are_not_down_and_a_down_link_needs_a_stretch() {
     let (_, f) = t.summarise(&HealthRules::default(), &Windows::new());
     assert_eq!(f.len(), 1, "{f:?}");
     assert_eq!(
-        (f[0].rule.as_str(), f[0].verdict()),
+        (f[0].rule.as_str(), f[0].level.verdict()),
         ("nvlink", Verdict::Warn)
     );
     assert!(
@@ -88,7 +88,10 @@ fn a_gpu_erring_far_beyond_its_peers_is_named_alone() {
     }
     let (s, f) = t.summarise(&HealthRules::default(), &Windows::new());
     assert_eq!(f.len(), 1, "{f:?}");
-    assert_eq!((f[0].gpu_index, f[0].rule.as_str()), (2, "nvlink_crc"));
+    assert_eq!(
+        (f[0].gpu_index, f[0].rule.as_str()),
+        (Some(2), "nvlink_crc")
+    );
     assert!(f[0].detail.contains("12.0x the median"), "{}", f[0].detail);
     assert_eq!(s[0].nvlink_crc_data_delta, 300);
 }
@@ -142,7 +145,10 @@ fn ecc_and_critical_xids_fail_program_xids_warn() {
     assert_eq!(s[0].ecc_uncorrected_delta, 3);
     assert_eq!(s[0].xids, vec![13, 79]);
     assert_eq!(s[0].verdict(), Verdict::Fail);
-    let rules: Vec<(&str, Verdict)> = f.iter().map(|x| (x.rule.as_str(), x.verdict())).collect();
+    let rules: Vec<(&str, Verdict)> = f
+        .iter()
+        .map(|x| (x.rule.as_str(), x.level.verdict()))
+        .collect();
     assert_eq!(
         rules,
         vec![
@@ -152,7 +158,7 @@ fn ecc_and_critical_xids_fail_program_xids_warn() {
             ("ecc_uncorrected", Verdict::Warn),
         ]
     );
-    assert_eq!(f[0].uuid, "GPU-1");
+    assert_eq!(f[0].gpu_uuid, "GPU-1");
 }
 
 /// 15 minutes of 1 s samples on 4 × 8 GPUs: at most 300 buckets per GPU,
