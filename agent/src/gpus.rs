@@ -110,6 +110,11 @@ fn read_gpu(nvml: &Nvml, index: u32) -> Result<GpuInfo, nvml_wrapper::error::Nvm
         ..Default::default()
     };
     g.pci_bus_id = d.pci_info().map(|p| p.bus_id).unwrap_or_default();
+    // Identity for acceptance certificates: unreadable is empty (unknown).
+    g.serial = d.serial().unwrap_or_default();
+    g.board_part_number = d.board_part_number().unwrap_or_default();
+    g.vbios_version = d.vbios_version().unwrap_or_default();
+    g.inforom_image_version = d.info_rom_image_version().unwrap_or_default();
     g.pcie_gen_max = d.max_pcie_link_gen().unwrap_or(0);
     g.pcie_width_max = d.max_pcie_link_width().unwrap_or(0);
     g.nvlinks_active = (0..NVLINK_MAX_LINKS)

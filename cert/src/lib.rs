@@ -15,6 +15,7 @@ pub mod verify;
 #[cfg(test)]
 mod tests;
 
+pub use ed25519_dalek::{SigningKey, VerifyingKey};
 pub use model::{
     Certificate, EvidenceRecord, FigureRecord, FindingRecord, GpuIdentity, Identity, Issuer,
     RulesRecord, StageRecord, SuiteRecord,

@@ -101,7 +101,10 @@ fn a_changed_payload_fails_the_signature() {
     let payload = String::from_utf8(b64.decode(&env.payload).unwrap()).unwrap();
     env.payload = b64.encode(payload.replace("96.00.AF.00.01", "96.00.AF.00.02"));
     let text = serde_json::to_string(&env).unwrap();
-    assert_eq!(failed(&checks(text.as_bytes(), 5_000, None)), ["signature", "form"]);
+    assert_eq!(
+        failed(&checks(text.as_bytes(), 5_000, None)),
+        ["signature", "form"]
+    );
 }
 
 #[test]
@@ -123,7 +126,10 @@ fn a_figure_whose_verdict_was_edited_is_named_when_re_judged() {
     let mut c = cert();
     c.figures[1].verdict = "fail".into();
     let text = sign(&c, &key());
-    assert_eq!(failed(&checks(text.as_bytes(), 5_000, None)), ["figures", "verdict"]);
+    assert_eq!(
+        failed(&checks(text.as_bytes(), 5_000, None)),
+        ["figures", "verdict"]
+    );
     assert_eq!(judged(figure(80.0, 100.0)).verdict, "fail");
     assert_eq!(judged(figure(93.0, 100.0)).verdict, "warn");
     let none = judged(FigureRecord {

@@ -103,6 +103,9 @@ pub const TICK: Duration = Duration::from_millis(500);
 
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
+    /// Signs each node's acceptance certificate when a suite ends (issue
+    /// 50); `None` issues none.
+    pub certs: Option<Arc<crate::cert::Authority>>,
     pub node_timeout: Duration,
     /// How long jobs found running at load wait for their nodes to come back.
     pub adopt_grace: Duration,

@@ -17,6 +17,7 @@ use tracing::{info, warn};
 
 use super::events::SuiteEvent;
 use super::Scheduler;
+use crate::cert::{self, issue::Outcome};
 use crate::error::CoordinatorError;
 use crate::plan::planner;
 use crate::store::Batch;
@@ -534,8 +535,16 @@ impl Scheduler {
         suite.finished_unix_ms = now;
         suite.current = suite.stages.len() as u32;
         let mut batch = Batch::default().suite(suite);
+        let mut outcomes = Vec::new();
         for n in &suite.verdicts {
             if request_failed && !out(n) {
+                // Not judged, so not accepted: its certificate says so.
+                outcomes.push((
+                    n.node.clone(),
+                    Verdict::Incomplete,
+                    String::new(),
+                    suite.message.clone(),
+                ));
                 continue;
             }
             // A node no stage blamed in a suite that failed as a whole is not
@@ -545,6 +554,12 @@ impl Scheduler {
             } else {
                 (n.verdict, n.reason.clone())
             };
+            outcomes.push((
+                n.node.clone(),
+                Verdict::try_from(verdict).unwrap_or_default(),
+                n.stage.clone(),
+                reason.clone(),
+            ));
             batch = batch.acceptance(&Acceptance {
                 node: n.node.clone(),
                 suite_id: suite.id.clone(),
@@ -556,6 +571,39 @@ impl Scheduler {
             });
         }
         info!(suite = %id, state = state.label(), "suite ended");
+        let suite = suite.clone();
         self.save(batch);
+        self.issue_certs(suite, outcomes);
+    }
+
+    /// Each node's certificate, issued off the task once the suite's state
+    /// is written: signing and reading the stages' reports take time.
+    fn issue_certs(&self, suite: Suite, outcomes: Vec<(String, Verdict, String, String)>) {
+        let Some(authority) = self.cfg.certs.clone() else {
+            return;
+        };
+        let outcomes = outcomes
+            .into_iter()
+            .map(|(node, verdict, stage, reason)| Outcome {
+                identity: self
+                    .nodes
+                    .get(&node)
+                    .map(|e| cert::identity::of_node(&e.node)),
+                node,
+                verdict: verdict.label().to_string(),
+                stage,
+                reason,
+            })
+            .collect();
+        let (store, rules, now) = (
+            self.store.clone(),
+            self.cfg.perf_rules.clone(),
+            self.cfg.clock.now_ms(),
+        );
+        tokio::spawn(async move {
+            // After the suite's own write, so the stages' reports are in.
+            let _ = store.flush().wait().await;
+            cert::issue::issue_suite(store, authority, rules, suite, outcomes, now).await;
+        });
     }
 }

@@ -6,6 +6,7 @@
 pub mod agent;
 pub mod auth;
 pub mod baseline;
+pub mod cert;
 pub mod gate;
 pub mod inbox;
 pub mod job;

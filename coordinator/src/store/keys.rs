@@ -74,3 +74,17 @@ pub fn logs(job: &str, rank: Option<u32>) -> String {
         None => format!("logs/{job}/"),
     }
 }
+
+/// Acceptance certificates (issue 50, `crate::cert::records`): each node's
+/// latest, the evidence of each suite's stage jobs, the revoked ids.
+pub const CERTS_LATEST: &str = "certs/latest/";
+pub const CERTS_REVOKED: &str = "certs/revoked/";
+pub fn cert_latest(node: &str) -> String {
+    format!("certs/latest/{node}")
+}
+pub fn cert_evidence(suite: &str, job: &str) -> String {
+    format!("certs/evidence/{suite}/{job}")
+}
+pub fn cert_revoked(id: &str) -> String {
+    format!("certs/revoked/{id}")
+}
