@@ -9,6 +9,7 @@
 pub mod accept;
 pub mod baseline;
 pub mod cancel;
+pub mod cert;
 pub mod certs;
 pub mod doctor;
 pub mod fleet;
@@ -157,6 +158,7 @@ pub async fn run(cli: Cli, clock: &Clock) -> Result<Exit> {
             fleet::run(&mut c, &a, since, out, clock).await
         }
         Command::Certs(CertsCommand::Init(a)) => certs::init(&a),
+        Command::Cert(cmd) => cert::run(url, cmd, out, clock).await,
         Command::Completion { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "gpuctl", &mut std::io::stdout());
             Ok(Exit::Ok)
