@@ -40,12 +40,34 @@ pub async fn put(
         .into_iter()
         .map(|(job, bytes)| (keys::cert_evidence(suite, &job), bytes))
         .collect();
+    // The suites whose evidence these certificates supersede.
+    let mut before = std::collections::BTreeSet::new();
+    for (node, _) in &certs {
+        if let Some(c) = latest(store, node).await?.as_deref().and_then(read) {
+            before.insert(c.suite.id);
+        }
+    }
     entries.extend(
         certs
             .into_iter()
             .map(|(node, env)| (keys::cert_latest(&node), env.into_bytes())),
     );
-    store.raw().put_many(entries).await
+    store.raw().put_many(entries).await?;
+    // Evidence is kept while a node's latest certificate refers to it:
+    // one copy of each stage report per suite still certifying a node.
+    let kept: std::collections::BTreeSet<String> = all_latest(store)
+        .await?
+        .iter()
+        .filter_map(|e| read(e))
+        .map(|c| c.suite.id)
+        .collect();
+    for old in before.difference(&kept) {
+        store
+            .raw()
+            .delete_prefix(keys::cert_evidence_of(old))
+            .await?;
+    }
+    Ok(())
 }
 
 pub async fn revoke(store: &StateStore, r: &Revocation) -> StoreResult<()> {
@@ -70,4 +92,67 @@ pub fn read(envelope: &str) -> Option<Certificate> {
     gpuctl_cert::envelope::open(envelope.as_bytes())
         .ok()
         .map(|o| o.cert)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use gpuctl_cert::{envelope, Certificate};
+
+    use super::*;
+    use crate::store::RedbStore;
+
+    fn signed(node: &str, suite: &str) -> String {
+        let text = format!(
+            r#"{{"schema":"{}","id":"cert-{suite}-{node}","issued_unix_ms":1,"expires_unix_ms":2,
+            "issuer":{{"coordinator":"c","key_id":"k"}},"node":"{node}","status":"PASS","verdict":"pass",
+            "remediation":"","identity":{{"hostname":"{node}","product_serial":"","board_serial":"",
+            "boot_id":"","os":"","kernel":"","cpu_model":"","cpu_count":1,"cpu_ranks":1,
+            "memory_total_bytes":1,"driver_version":"","cuda_driver_version":"","nccl_version":"",
+            "torch_version":"","agent_version":"","ib_devices":[],"gpus":[]}},
+            "suite":{{"id":"{suite}","name":"quick","state":"succeeded","started_unix_ms":0,
+            "finished_unix_ms":0,"stages":[]}},"rules":{{"sha256":"","effective":"","suite_rules":""}},
+            "figures":[],"findings":[],"evidence":[]}}"#,
+            gpuctl_cert::model::SCHEMA
+        );
+        let cert: Certificate = serde_json::from_str(&text).unwrap();
+        envelope::sign(&cert, &gpuctl_cert::SigningKey::from_bytes(&[1; 32]))
+    }
+
+    #[tokio::test]
+    async fn evidence_goes_once_no_latest_certificate_refers_to_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let raw = RedbStore::open(&dir.path().join("s.redb")).unwrap();
+        let store = StateStore::new(Arc::new(raw));
+        let ev = |job: &str| vec![(job.to_string(), vec![1u8, 2, 3])];
+        let both = |s: &str| {
+            vec![
+                ("n0".into(), signed("n0", s)),
+                ("n1".into(), signed("n1", s)),
+            ]
+        };
+        put(&store, "acc-1", ev("job-1"), both("acc-1"))
+            .await
+            .unwrap();
+        put(
+            &store,
+            "acc-2",
+            ev("job-2"),
+            vec![("n0".into(), signed("n0", "acc-2"))],
+        )
+        .await
+        .unwrap();
+        // n1 still holds acc-1's certificate: its evidence stays.
+        assert!(evidence(&store, "acc-1", "job-1").await.unwrap().is_some());
+        put(&store, "acc-3", ev("job-3"), both("acc-3"))
+            .await
+            .unwrap();
+        assert!(evidence(&store, "acc-1", "job-1").await.unwrap().is_none());
+        assert!(evidence(&store, "acc-2", "job-2").await.unwrap().is_none());
+        assert!(evidence(&store, "acc-3", "job-3").await.unwrap().is_some());
+        let certs = all_latest(&store).await.unwrap();
+        assert_eq!(certs.len(), 2);
+        assert!(certs.iter().all(|c| read(c).unwrap().suite.id == "acc-3"));
+    }
 }

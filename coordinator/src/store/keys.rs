@@ -85,6 +85,10 @@ pub fn cert_latest(node: &str) -> String {
 pub fn cert_evidence(suite: &str, job: &str) -> String {
     format!("certs/evidence/{suite}/{job}")
 }
+/// The trailing slash keeps `acc-000001` from matching `acc-0000010`.
+pub fn cert_evidence_of(suite: &str) -> String {
+    format!("certs/evidence/{suite}/")
+}
 pub fn cert_revoked(id: &str) -> String {
     format!("certs/revoked/{id}")
 }

@@ -108,7 +108,7 @@ pub fn show(path: &Path, out: OutputFormat, now: u64) -> Result<Exit> {
 
 fn render(c: &Certificate, now: u64) -> String {
     let mut s = format!(
-        "{}  node {}  {} ({})\nissued {} by {} (key {}), expires in {}\n",
+        "{}  node {}  {} ({})\nissued {} by {} (key {}), {}\n",
         c.id,
         c.node,
         c.verdict.to_uppercase(),
@@ -116,9 +116,7 @@ fn render(c: &Certificate, now: u64) -> String {
         output::age(c.issued_unix_ms, now),
         c.issuer.coordinator,
         &c.issuer.key_id[..c.issuer.key_id.len().min(16)],
-        humantime::format_duration(std::time::Duration::from_secs(
-            c.expires_unix_ms.saturating_sub(now) / 1000
-        )),
+        expiry(c.expires_unix_ms, now),
     );
     if !c.remediation.is_empty() {
         s.push_str(&format!("remediation: {}\n", c.remediation));
@@ -191,6 +189,15 @@ fn render(c: &Certificate, now: u64) -> String {
     }
     s.push_str(&format!("\nevidence: {} job reports\n", c.evidence.len()));
     s
+}
+
+fn expiry(at: u64, now: u64) -> String {
+    const DAY: u64 = 24 * 3600 * 1000;
+    match at.saturating_sub(now) {
+        0 => "expired".into(),
+        left if left >= DAY => format!("expires in {} days", left / DAY),
+        left => format!("expires in {}", output::fmt_duration_opt(Some(left))),
+    }
 }
 
 fn or_dash(s: &str) -> &str {
