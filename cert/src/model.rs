@@ -1,8 +1,9 @@
 //! The certificate itself: what one node was, what it was judged by and
-//! what it scored, as the JSON a verifier reads. Plain serde structs whose
-//! field order is the JSON's, so that one certificate always serialises to
-//! the same bytes (the signature covers those bytes, and a verifier that
-//! re-serialises what it read must get them back).
+//! what it scored, as the JSON a verifier reads. Plain serde structs, put
+//! into the statement through `serde_json::Value`, whose objects keep their
+//! keys sorted: one certificate always serialises to the same bytes (sorted
+//! keys, no whitespace, shortest round-trip numbers), which the signature
+//! covers and a verifier that re-serialises what it read gets back.
 
 use serde::{Deserialize, Serialize};
 
