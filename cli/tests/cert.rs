@@ -4,7 +4,9 @@
 //! byte in the certificate or in an evidence file fails `verify`, naming
 //! the signature or the file; an agent restarted with another rank count
 //! fails `cert check`, naming the field; a revoked certificate fails
-//! `verify --revoked`; `gpuctl fleet` shows each node's certificate.
+//! `verify --revoked`; `gpuctl fleet` shows each node's certificate;
+//! `accept --kubernetes --dry-run --require-cert` lets in the nodes whose
+//! certificate of that suite is valid.
 
 mod common;
 
@@ -229,4 +231,36 @@ fn a_suite_issues_certificates_that_verify_offline_and_fail_when_anything_change
     assert_eq!(code, 0, "{out}");
     let fleet: Value = c.json(&["fleet"]);
     assert_eq!(fleet_row(&fleet, "node-2")["certificate"]["revoked"], true);
+
+    // accept --require-cert: the actions wait for this suite's certificates
+    // and let back in only nodes whose certificate is valid.
+    let out = c.gpuctl(&[
+        "accept",
+        "--nodes",
+        "all",
+        "--suite",
+        s(&suite),
+        "--rules",
+        &rules,
+        "-o",
+        "json",
+        "--kubernetes",
+        "--dry-run",
+        "--require-cert",
+    ]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    for i in 0..3 {
+        let node = Cluster::agent_name(i);
+        assert!(
+            err.contains(&format!(
+                "require-cert: {node}: certificate of acc-000002 valid"
+            )),
+            "{err}"
+        );
+        assert!(
+            err.contains(&format!("kubernetes (dry run): {node}: would label")),
+            "{err}"
+        );
+    }
 }

@@ -33,10 +33,7 @@ pub async fn get(
 ) -> Result<CertResponse, CoordinatorError> {
     let node = req.node.trim();
     let Some(envelope) = records::latest(store, node).await.map_err(store_err)? else {
-        return Err(CoordinatorError::InvalidField {
-            field: "node".into(),
-            message: format!("node `{node}` has no certificate: run `gpuctl accept` on it first"),
-        });
+        return Err(CoordinatorError::CertNotFound(node.to_string()));
     };
     let mut evidence = Vec::new();
     // One this coordinator signed always opens; a store edited by hand
@@ -95,7 +92,8 @@ pub async fn revoke(
         field: "id".into(),
         message: m.into(),
     };
-    if id.is_empty() || id.len() > 256 || id.contains('/') {
+    // Ids are `cert-<suite>-<node>`: anything else was never issued.
+    if !id.starts_with("cert-acc-") || id.len() > 256 || id.contains('/') {
         return Err(bad(
             "give a certificate id as `gpuctl cert show` prints it (cert-acc-000001-NODE)",
         ));
