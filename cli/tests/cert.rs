@@ -148,9 +148,15 @@ fn a_suite_issues_certificates_that_verify_offline_and_fail_when_anything_change
         );
         assert_eq!(cert["evidence"].as_array().unwrap().len(), 1, "{cert:#}");
         assert_eq!(cert["suite"]["stages"].as_array().unwrap().len(), 2);
-        // For a person too.
+        // For a person too, and as a page with the evidence's plots.
         let table = c.gpuctl(&["cert", "show", s(&file)]);
         assert!(String::from_utf8_lossy(&table.stdout).contains("stress_tflops"));
+        let html = c.gpuctl(&["cert", "show", s(&file), "-o", "html", "--evidence", ev]);
+        let html = String::from_utf8_lossy(&html.stdout);
+        assert!(
+            html.contains("CERTIFICATE PASS") && html.contains("<figure"),
+            "{html}"
+        );
         certs.push((node, file, evidence, cert));
     }
 

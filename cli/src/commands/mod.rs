@@ -46,7 +46,10 @@ fn check_format(cmd: &Command, out: OutputFormat) -> Result<()> {
     let ok = match out {
         OutputFormat::Table | OutputFormat::Json => true,
         // The page needs the job's telemetry timeline: `report` fetches it.
-        OutputFormat::Html => matches!(cmd, Command::Report(_)),
+        OutputFormat::Html => matches!(
+            cmd,
+            Command::Report(_) | Command::Cert(cert::CertCommand::Show(_))
+        ),
         _ if matches!(cmd, Command::Submit(a) if a.wait) => true,
         OutputFormat::Csv | OutputFormat::Md => matches!(
             cmd,
@@ -64,8 +67,10 @@ fn check_format(cmd: &Command, out: OutputFormat) -> Result<()> {
     Err(UsageError(format!(
         "--output {} is for {}; this command prints table or json",
         name.unwrap_or_default(),
-        if matches!(out, OutputFormat::Junit | OutputFormat::Html) {
+        if matches!(out, OutputFormat::Junit) {
             "`report`"
+        } else if matches!(out, OutputFormat::Html) {
+            "`report` and `cert show`"
         } else {
             "`report`, `jobs`, `nodes` and `fleet`"
         }

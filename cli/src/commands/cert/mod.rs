@@ -38,8 +38,8 @@ pub enum CertCommand {
     Export(ExportArgs),
     /// Check a certificate offline: signature, expiry, figures re-judged; evidence and revocations when given.
     Verify(VerifyArgs),
-    /// Print a certificate for a person (-o json: the certificate itself).
-    Show(FileArg),
+    /// Print a certificate for a person (-o json: the certificate itself; -o html: a page, with the evidence's plots).
+    Show(ShowArgs),
     /// Compare a live node with its latest certificate; exit 1 naming each difference.
     Check(CheckArgs),
     /// Revoke a certificate by id; `verify --revoked` then fails it.
@@ -75,8 +75,11 @@ pub struct VerifyArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct FileArg {
+pub struct ShowArgs {
     pub file: PathBuf,
+    /// With -o html: the folder `export --evidence` wrote, to plot each stage's report.
+    #[arg(long)]
+    pub evidence: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -97,7 +100,7 @@ pub struct RevokeArgs {
 /// Verbs that need no coordinator run without connecting.
 pub async fn run(url: &str, cmd: CertCommand, out: OutputFormat, clock: &Clock) -> Result<Exit> {
     match cmd {
-        CertCommand::Show(a) => offline::show(&a.file, out, clock.now_ms()),
+        CertCommand::Show(a) => offline::show(&a, out, clock.now_ms()),
         CertCommand::Verify(a) => {
             let key = match &a.key {
                 Some(p) => {

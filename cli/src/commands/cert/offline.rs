@@ -11,7 +11,7 @@ use gpuctl_cert::{identity, Certificate, Identity};
 use gpuctl_proto::pb;
 use serde_json::json;
 
-use super::VerifyArgs;
+use super::{ShowArgs, VerifyArgs};
 use crate::exit::Exit;
 use crate::output::{self, OutputFormat};
 
@@ -96,11 +96,14 @@ pub fn verify(a: &VerifyArgs, key_pem: &str, out: OutputFormat, now: u64) -> Res
     Ok(Exit::failed_if(!ok))
 }
 
-pub fn show(path: &Path, out: OutputFormat, now: u64) -> Result<Exit> {
-    let (_, opened) = read_cert(path)?;
+pub fn show(a: &ShowArgs, out: OutputFormat, now: u64) -> Result<Exit> {
+    let (_, opened) = read_cert(&a.file)?;
     let c = &opened.cert;
     match out {
         OutputFormat::Json => output::print_json(&c.to_json()),
+        OutputFormat::Html => {
+            output::print_text(&output::html::cert::page(c, a.evidence.as_deref())?)
+        }
         _ => output::print_text(&render(c, now)),
     }
     Ok(Exit::Ok)
