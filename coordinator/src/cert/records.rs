@@ -40,16 +40,28 @@ pub async fn put(
         .into_iter()
         .map(|(job, bytes)| (keys::cert_evidence(suite, &job), bytes))
         .collect();
-    // The suites whose evidence these certificates supersede.
+    // The suites whose evidence these certificates supersede; a node
+    // already certified by a later suite (issued first: each suite's
+    // certificates are signed on a task of their own) keeps that one.
     let mut before = std::collections::BTreeSet::new();
+    let mut newer = Vec::new();
     for (node, _) in &certs {
         if let Some(c) = latest(store, node).await?.as_deref().and_then(read) {
-            before.insert(c.suite.id);
+            if later(&c.suite.id, suite) {
+                newer.push(node.clone());
+            } else {
+                before.insert(c.suite.id);
+            }
         }
+    }
+    if newer.len() == certs.len() {
+        // No certificate of this suite is anyone's latest: no evidence either.
+        return Ok(());
     }
     entries.extend(
         certs
             .into_iter()
+            .filter(|(node, _)| !newer.contains(node))
             .map(|(node, env)| (keys::cert_latest(&node), env.into_bytes())),
     );
     store.raw().put_many(entries).await?;
@@ -68,6 +80,12 @@ pub async fn put(
             .await?;
     }
     Ok(())
+}
+
+/// Whether suite `a` was submitted after suite `b` (`acc-000010` after
+/// `acc-000009`; a longer number after a shorter one).
+fn later(a: &str, b: &str) -> bool {
+    (a.len(), a) > (b.len(), b)
 }
 
 pub async fn revoke(store: &StateStore, r: &Revocation) -> StoreResult<()> {
@@ -154,5 +172,14 @@ mod tests {
         let certs = all_latest(&store).await.unwrap();
         assert_eq!(certs.len(), 2);
         assert!(certs.iter().all(|c| read(c).unwrap().suite.id == "acc-3"));
+        // An earlier suite's certificates written late replace nothing,
+        // and leave no evidence behind.
+        put(&store, "acc-2", ev("job-2"), both("acc-2"))
+            .await
+            .unwrap();
+        let certs = all_latest(&store).await.unwrap();
+        assert!(certs.iter().all(|c| read(c).unwrap().suite.id == "acc-3"));
+        assert!(evidence(&store, "acc-2", "job-2").await.unwrap().is_none());
+        assert!(later("acc-000010", "acc-000009") && !later("acc-1", "acc-2"));
     }
 }
