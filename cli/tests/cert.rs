@@ -6,7 +6,8 @@
 //! fails `cert check`, naming the field; a revoked certificate fails
 //! `verify --revoked`; `gpuctl fleet` shows each node's certificate;
 //! `accept --kubernetes --dry-run --require-cert` lets in the nodes whose
-//! certificate of that suite is valid.
+//! certificate of that suite is valid; a restarted coordinator keeps its
+//! key and certificates.
 
 mod common;
 
@@ -269,4 +270,15 @@ fn a_suite_issues_certificates_that_verify_offline_and_fail_when_anything_change
             "{err}"
         );
     }
+
+    // A restarted coordinator keeps its key and its certificates, and
+    // issues none again.
+    let before = c.gpuctl(&["cert", "export", "node-0"]).stdout;
+    c.restart_coordinator();
+    let after = c.gpuctl(&["cert", "export", "node-0"]);
+    assert_eq!(after.stdout, before, "{}", stderr(&after));
+    let again = path(&c, "again.cert.json");
+    std::fs::write(&again, &after.stdout).unwrap();
+    let (code, out) = verify(&c, &again, &[]);
+    assert_eq!(code, 0, "{out}");
 }

@@ -84,7 +84,7 @@ pub async fn put(
 
 /// Whether suite `a` was submitted after suite `b` (`acc-000010` after
 /// `acc-000009`; a longer number after a shorter one).
-fn later(a: &str, b: &str) -> bool {
+pub fn later(a: &str, b: &str) -> bool {
     (a.len(), a) > (b.len(), b)
 }
 

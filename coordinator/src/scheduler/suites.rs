@@ -17,7 +17,6 @@ use tracing::{info, warn};
 
 use super::events::SuiteEvent;
 use super::Scheduler;
-use crate::cert::{self, issue::Outcome};
 use crate::error::CoordinatorError;
 use crate::plan::planner;
 use crate::store::Batch;
@@ -574,36 +573,5 @@ impl Scheduler {
         let suite = suite.clone();
         self.save(batch);
         self.issue_certs(suite, outcomes);
-    }
-
-    /// Each node's certificate, issued off the task once the suite's state
-    /// is written: signing and reading the stages' reports take time.
-    fn issue_certs(&self, suite: Suite, outcomes: Vec<(String, Verdict, String, String)>) {
-        let Some(authority) = self.cfg.certs.clone() else {
-            return;
-        };
-        let outcomes = outcomes
-            .into_iter()
-            .map(|(node, verdict, stage, reason)| Outcome {
-                identity: self
-                    .nodes
-                    .get(&node)
-                    .map(|e| cert::identity::of_node(&e.node)),
-                node,
-                verdict: verdict.label().to_string(),
-                stage,
-                reason,
-            })
-            .collect();
-        let (store, rules, now) = (
-            self.store.clone(),
-            self.cfg.perf_rules.clone(),
-            self.cfg.clock.now_ms(),
-        );
-        tokio::spawn(async move {
-            // After the suite's own write, so the stages' reports are in.
-            let _ = store.flush().wait().await;
-            cert::issue::issue_suite(store, authority, rules, suite, outcomes, now).await;
-        });
     }
 }
