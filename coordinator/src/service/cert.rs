@@ -32,6 +32,15 @@ pub async fn get(
     req: GetCertRequest,
 ) -> Result<CertResponse, CoordinatorError> {
     let node = req.node.trim();
+    if node.is_empty() || node.len() > gpuctl_core::limits::MAX_NODE_NAME {
+        return Err(CoordinatorError::InvalidField {
+            field: "node".into(),
+            message: format!(
+                "give a node's name as `gpuctl nodes` lists it (1 to {} bytes)",
+                gpuctl_core::limits::MAX_NODE_NAME
+            ),
+        });
+    }
     let Some(envelope) = records::latest(store, node).await.map_err(store_err)? else {
         return Err(CoordinatorError::CertNotFound(node.to_string()));
     };
@@ -98,10 +107,10 @@ pub async fn revoke(
             "give a certificate id as `gpuctl cert show` prints it (cert-acc-000001-NODE)",
         ));
     }
-    if req.reason.len() > 4096 {
+    if req.reason.len() > gpuctl_core::limits::MAX_TEXT {
         return Err(CoordinatorError::InvalidField {
             field: "reason".into(),
-            message: "at most 4096 bytes".into(),
+            message: format!("at most {} bytes", gpuctl_core::limits::MAX_TEXT),
         });
     }
     let r = Revoked {
