@@ -274,3 +274,106 @@ fn node_figures(rules: &PerfRules, stage: &str, report: &Report, node: &str) -> 
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use gpuctl_proto::pb::{
+        rank_result::Detail, NodeReport, RankReport, RankResult, StressResult, Verdict,
+    };
+
+    use super::*;
+
+    fn rank(i: u32, median: f64, intervals: f64) -> NodeReport {
+        NodeReport {
+            name: format!("n{i}"),
+            ranks: vec![RankReport {
+                rank: i,
+                gpu_index: Some(0),
+                gpu_uuid: format!("GPU-{i}"),
+                result: Some(RankResult {
+                    rank: i,
+                    ok: true,
+                    device_name: "NVIDIA H200".into(),
+                    detail: Some(Detail::Stress(StressResult {
+                        dtype: "bf16".into(),
+                        matrix_size: 8192,
+                        tflops_per_interval: vec![intervals; 10],
+                        tflops_median: median,
+                        ..Default::default()
+                    })),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn finding(node: &str, rank: u32, metric: &str, reference: f64, kind: &str) -> Finding {
+        Finding {
+            node: node.into(),
+            rank: Some(rank),
+            metric: metric.into(),
+            key: "bf16 8192".into(),
+            reference,
+            reference_kind: kind.into(),
+            level: Verdict::Fail as i32,
+            ..Default::default()
+        }
+    }
+
+    fn report() -> Report {
+        Report {
+            job_id: "job-000001".into(),
+            workload: "stress".into(),
+            nodes: vec![
+                rank(0, 700.0, 700.0),
+                rank(1, 710.0, 710.0),
+                rank(2, 690.0, 600.0),
+                rank(3, 500.0, 500.0),
+            ],
+            findings: vec![
+                finding("n3", 3, "stress_tflops", 700.0, "fleet"),
+                finding("n2", 2, "stress_tflops_worst", 680.0, "floor"),
+            ],
+            ..Default::default()
+        }
+    }
+
+    fn of<'a>(figs: &'a [FigureRecord], metric: &str) -> &'a FigureRecord {
+        figs.iter().find(|f| f.metric == metric).unwrap()
+    }
+
+    #[test]
+    fn each_figure_is_judged_against_the_judges_reference_where_it_missed_else_the_median() {
+        let rules = PerfRules::default();
+        let n0 = node_figures(&rules, "stress", &report(), "n0");
+        let tf = of(&n0, "stress_tflops");
+        assert_eq!((tf.reference_kind.as_str(), tf.reference), ("fleet", 695.0));
+        assert_eq!(tf.verdict, "pass");
+        assert_eq!(tf.rank, Some(0));
+        assert_eq!(tf.gpu_uuid, "GPU-0");
+        // The judge's finding gives the reference; the rules the thresholds.
+        let n3 = node_figures(&rules, "stress", &report(), "n3");
+        let tf = of(&n3, "stress_tflops");
+        assert_eq!((tf.reference, tf.verdict.as_str()), (700.0, "fail"));
+        let rule = rules.metric(Metric::StressTflops);
+        assert_eq!((tf.fail_below, tf.warn_below), rule.fleet_ratios(false));
+        assert!((tf.margin - (500.0 / 700.0 - 1.0)).abs() < 1e-12);
+        // A floor is met or not: both thresholds are 1.
+        let n2 = node_figures(&rules, "stress", &report(), "n2");
+        let worst = of(&n2, "stress_tflops_worst");
+        assert_eq!(
+            (
+                worst.reference_kind.as_str(),
+                worst.fail_below,
+                worst.verdict.as_str()
+            ),
+            ("floor", 1.0, "fail")
+        );
+        // Each figure's recorded verdict is what re-judging gives.
+        for f in n0.iter().chain(&n2).chain(&n3) {
+            assert_eq!(&judged(f.clone()), f);
+        }
+    }
+}
