@@ -84,6 +84,7 @@ pub fn probe() -> GpuInventory {
             }
         }
     }
+    pcie_paths(&nvml, &mut gpus);
     let status = if gpus.is_empty() {
         "ok: NVML found no GPU".to_string()
     } else {
@@ -117,9 +118,20 @@ fn read_gpu(nvml: &Nvml, index: u32) -> Result<GpuInfo, nvml_wrapper::error::Nvm
     g.inforom_image_version = d.info_rom_image_version().unwrap_or_default();
     g.pcie_gen_max = d.max_pcie_link_gen().unwrap_or(0);
     g.pcie_width_max = d.max_pcie_link_width().unwrap_or(0);
-    g.nvlinks_active = (0..NVLINK_MAX_LINKS)
+    let active: Vec<u32> = (0..NVLINK_MAX_LINKS)
         .filter(|&l| d.link_wrapper_for(l).is_active().unwrap_or(false))
-        .count() as u32;
+        .collect();
+    g.nvlinks_active = active.len() as u32;
+    // A remote end NVML cannot name is unknown (empty), not a failure.
+    g.nvlink_remotes = active
+        .iter()
+        .map(|&l| {
+            d.link_wrapper_for(l)
+                .remote_pci_info()
+                .map(|p| p.bus_id)
+                .unwrap_or_default()
+        })
+        .collect();
     if let Ok(cc) = d.cuda_compute_capability() {
         g.compute_capability = format!("{}.{}", cc.major, cc.minor);
         // NVML reports CUDA cores, not SMs; divide by cores per SM where the
@@ -129,6 +141,34 @@ fn read_gpu(nvml: &Nvml, index: u32) -> Result<GpuInfo, nvml_wrapper::error::Nvm
         }
     }
     Ok(g)
+}
+
+/// Each GPU's PCIe path to every other, as NVML's topology level: what
+/// `gpuctl cert check` compares. A pair NVML cannot place is left out.
+fn pcie_paths(nvml: &Nvml, gpus: &mut [GpuInfo]) {
+    use nvml_wrapper::enum_wrappers::device::TopologyLevel;
+    let word = |l: TopologyLevel| match l {
+        TopologyLevel::Internal => "internal",
+        TopologyLevel::Single => "single",
+        TopologyLevel::Multiple => "multiple",
+        TopologyLevel::HostBridge => "hostbridge",
+        TopologyLevel::Node => "node",
+        TopologyLevel::System => "system",
+    };
+    let ids: Vec<(u32, String)> = gpus.iter().map(|g| (g.index, g.uuid.clone())).collect();
+    for g in gpus.iter_mut() {
+        let Ok(d) = nvml.device_by_index(g.index) else {
+            continue;
+        };
+        for (index, uuid) in ids.iter().filter(|(i, _)| *i != g.index) {
+            let level = nvml
+                .device_by_index(*index)
+                .and_then(|other| d.topology_common_ancestor(other));
+            if let Ok(level) = level {
+                g.pcie_paths.push(format!("{uuid} {}", word(level)));
+            }
+        }
+    }
 }
 
 /// FP32 cores per SM by compute capability (CUDA programming guide table).

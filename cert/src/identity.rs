@@ -105,6 +105,12 @@ fn gpu_differences(certified: &[GpuIdentity], live: &[GpuIdentity]) -> Vec<Strin
                         c.nvlinks_active.to_string(),
                         l.nvlinks_active.to_string(),
                     ),
+                    (
+                        "nvlink_remotes",
+                        c.nvlink_remotes.join(","),
+                        l.nvlink_remotes.join(","),
+                    ),
+                    ("pcie_paths", c.pcie_paths.join(","), l.pcie_paths.join(",")),
                 ];
                 for (name, a, b) in pairs {
                     if a != b {

@@ -174,6 +174,14 @@ fn identity_differences_are_named() {
     assert!(d[1].contains("vbios_version"));
     assert!(d[2].contains("GPU-2") && d[2].contains("new"));
     assert!(identity::differences(&a, &a).is_empty());
+    // A link down: its remote end is gone from the list.
+    let mut linked = a.clone();
+    linked.gpus[0].nvlink_remotes = vec!["00000000:05:00.0".into(), "00000000:06:00.0".into()];
+    let mut down = linked.clone();
+    down.gpus[0].nvlink_remotes.pop();
+    let d = identity::differences(&linked, &down);
+    assert_eq!(d.len(), 1, "{d:?}");
+    assert!(d[0].contains("nvlink_remotes"), "{d:?}");
 }
 
 #[test]

@@ -41,6 +41,8 @@ pub fn of_node(n: &Node) -> Identity {
                 pcie_gen_max: g.pcie_gen_max,
                 pcie_width_max: g.pcie_width_max,
                 nvlinks_active: g.nvlinks_active,
+                nvlink_remotes: g.nvlink_remotes.clone(),
+                pcie_paths: g.pcie_paths.clone(),
             })
             .collect(),
     }

@@ -149,6 +149,12 @@ fn render(c: &Certificate, now: u64) -> String {
             g.pcie_width_max,
             g.nvlinks_active
         ));
+        if !g.nvlink_remotes.is_empty() {
+            s.push_str(&format!("  NVLinks to {}\n", g.nvlink_remotes.join(", ")));
+        }
+        if !g.pcie_paths.is_empty() {
+            s.push_str(&format!("  PCIe paths: {}\n", g.pcie_paths.join(", ")));
+        }
     }
     if !id.ib_devices.is_empty() {
         s.push_str(&format!("InfiniBand: {}\n", id.ib_devices.join(", ")));

@@ -121,7 +121,18 @@ fn identity(c: &Certificate) -> Table {
 
 fn gpus(c: &Certificate) -> Table {
     let mut t = Table::new(&[
-        "GPU", "UUID", "NAME", "SERIAL", "PART", "VBIOS", "INFOROM", "PCI", "PCIE", "NVLINKS",
+        "GPU",
+        "UUID",
+        "NAME",
+        "SERIAL",
+        "PART",
+        "VBIOS",
+        "INFOROM",
+        "PCI",
+        "PCIE",
+        "NVLINKS",
+        "NVLINKS TO",
+        "PCIE PATHS",
     ]);
     for g in &c.identity.gpus {
         t.row([
@@ -135,6 +146,8 @@ fn gpus(c: &Certificate) -> Table {
             g.pci_bus_id.clone(),
             format!("gen{} x{}", g.pcie_gen_max, g.pcie_width_max),
             g.nvlinks_active.to_string(),
+            g.nvlink_remotes.join(", "),
+            g.pcie_paths.join(", "),
         ]);
     }
     t
