@@ -126,10 +126,7 @@ fn a_figure_whose_verdict_was_edited_is_named_when_re_judged() {
     let mut c = cert();
     c.figures[1].verdict = "fail".into();
     let text = sign(&c, &key());
-    assert_eq!(
-        failed(&checks(text.as_bytes(), 5_000, None)),
-        ["figures"]
-    );
+    assert_eq!(failed(&checks(text.as_bytes(), 5_000, None)), ["figures"]);
     assert_eq!(judged(figure(80.0, 100.0)).verdict, "fail");
     assert_eq!(judged(figure(93.0, 100.0)).verdict, "warn");
     let none = judged(FigureRecord {

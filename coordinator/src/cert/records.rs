@@ -1,4 +1,5 @@
-//! Where certificates live in the store: each node's latest envelope, the
+//! Where certificates live in the store: each node's latest envelope (and
+//! its [`Summary`]), the
 //! evidence (each stage job's report, encoded once when the suite's
 //! certificates were issued, so that its hash holds whatever the store does
 //! to reports later) and the revocations. Raw keys under `certs/`, built in
@@ -6,6 +7,7 @@
 
 use gpuctl_cert::verify::Revocation;
 use gpuctl_cert::Certificate;
+use serde::{Deserialize, Serialize};
 
 use crate::store::{keys, StateStore, StoreError, StoreResult};
 
@@ -15,13 +17,43 @@ pub async fn latest(store: &StateStore, node: &str) -> StoreResult<Option<String
     Ok(bytes.map(|b| String::from_utf8_lossy(&b).into_owned()))
 }
 
-/// Every node's latest certificate.
-pub async fn all_latest(store: &StateStore) -> StoreResult<Vec<String>> {
-    let entries = store.raw().scan_prefix(keys::CERTS_LATEST.into()).await?;
-    Ok(entries
+/// What `gpuctl fleet` and the evidence's upkeep need of a node's latest
+/// certificate, kept beside it: a few hundred bytes, where the certificate
+/// is tens of KiB to read and parse (4,096 of them at every `fleet`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    pub node: String,
+    pub id: String,
+    pub suite: String,
+    pub verdict: String,
+    pub issued_unix_ms: u64,
+    pub expires_unix_ms: u64,
+}
+
+impl Summary {
+    fn of(c: &Certificate) -> Summary {
+        Summary {
+            node: c.node.clone(),
+            id: c.id.clone(),
+            suite: c.suite.id.clone(),
+            verdict: c.verdict.clone(),
+            issued_unix_ms: c.issued_unix_ms,
+            expires_unix_ms: c.expires_unix_ms,
+        }
+    }
+}
+
+/// Every node's latest certificate, summed up.
+pub async fn summaries(store: &StateStore) -> StoreResult<Vec<Summary>> {
+    let entries = store.raw().scan_prefix(keys::CERTS_SUMMARY.into()).await?;
+    entries
         .into_iter()
-        .map(|(_, v)| String::from_utf8_lossy(&v).into_owned())
-        .collect())
+        .map(|(k, v)| {
+            serde_json::from_slice(&v).map_err(|e| {
+                StoreError::Backend(format!("`{k}` is not a certificate summary: {e}"))
+            })
+        })
+        .collect()
 }
 
 /// The evidence of one job of one suite.
@@ -45,12 +77,17 @@ pub async fn put(
     // certificates are signed on a task of their own) keeps that one.
     let mut before = std::collections::BTreeSet::new();
     let mut newer = Vec::new();
+    let all = summaries(store).await?;
+    let suite_of: std::collections::BTreeMap<&str, &str> = all
+        .iter()
+        .map(|s| (s.node.as_str(), s.suite.as_str()))
+        .collect();
     for (node, _) in &certs {
-        if let Some(c) = latest(store, node).await?.as_deref().and_then(read) {
-            if later(&c.suite.id, suite) {
+        if let Some(&s) = suite_of.get(node.as_str()) {
+            if later(s, suite) {
                 newer.push(node.clone());
             } else {
-                before.insert(c.suite.id);
+                before.insert(s.to_string());
             }
         }
     }
@@ -58,20 +95,20 @@ pub async fn put(
         // No certificate of this suite is anyone's latest: no evidence either.
         return Ok(());
     }
-    entries.extend(
-        certs
-            .into_iter()
-            .filter(|(node, _)| !newer.contains(node))
-            .map(|(node, env)| (keys::cert_latest(&node), env.into_bytes())),
-    );
+    for (node, env) in certs.into_iter().filter(|(node, _)| !newer.contains(node)) {
+        if let Some(c) = read(&env) {
+            let summary = serde_json::to_vec(&Summary::of(&c)).expect("a summary serialises");
+            entries.push((keys::cert_summary(&node), summary));
+        }
+        entries.push((keys::cert_latest(&node), env.into_bytes()));
+    }
     store.raw().put_many(entries).await?;
     // Evidence is kept while a node's latest certificate refers to it:
     // one copy of each stage report per suite still certifying a node.
-    let kept: std::collections::BTreeSet<String> = all_latest(store)
+    let kept: std::collections::BTreeSet<String> = summaries(store)
         .await?
-        .iter()
-        .filter_map(|e| read(e))
-        .map(|c| c.suite.id)
+        .into_iter()
+        .map(|s| s.suite)
         .collect();
     for old in before.difference(&kept) {
         store
@@ -169,16 +206,18 @@ mod tests {
         assert!(evidence(&store, "acc-1", "job-1").await.unwrap().is_none());
         assert!(evidence(&store, "acc-2", "job-2").await.unwrap().is_none());
         assert!(evidence(&store, "acc-3", "job-3").await.unwrap().is_some());
-        let certs = all_latest(&store).await.unwrap();
+        let certs = summaries(&store).await.unwrap();
         assert_eq!(certs.len(), 2);
-        assert!(certs.iter().all(|c| read(c).unwrap().suite.id == "acc-3"));
+        assert!(certs.iter().all(|c| c.suite == "acc-3"));
+        let n0 = read(&latest(&store, "n0").await.unwrap().unwrap()).unwrap();
+        assert_eq!(certs[0], Summary::of(&n0));
         // An earlier suite's certificates written late replace nothing,
         // and leave no evidence behind.
         put(&store, "acc-2", ev("job-2"), both("acc-2"))
             .await
             .unwrap();
-        let certs = all_latest(&store).await.unwrap();
-        assert!(certs.iter().all(|c| read(c).unwrap().suite.id == "acc-3"));
+        let certs = summaries(&store).await.unwrap();
+        assert!(certs.iter().all(|c| c.suite == "acc-3"));
         assert!(evidence(&store, "acc-2", "job-2").await.unwrap().is_none());
         assert!(later("acc-000010", "acc-000009") && !later("acc-1", "acc-2"));
     }

@@ -70,16 +70,21 @@ impl Scheduler {
                 return;
             }
         };
+        let summaries = match records::summaries(&self.store).await {
+            Ok(s) => s,
+            Err(e) => {
+                warn!("certificates not checked at load: {e}");
+                return;
+            }
+        };
+        let suite_of: BTreeMap<&str, &str> = summaries
+            .iter()
+            .map(|s| (s.node.as_str(), s.suite.as_str()))
+            .collect();
         let mut due: BTreeMap<String, Vec<Outcome>> = BTreeMap::new();
         for a in acceptances {
-            let latest = match records::latest(&self.store, &a.node).await {
-                Ok(l) => l.as_deref().and_then(records::read),
-                Err(e) => {
-                    warn!(node = %a.node, "certificate unreadable at load: {e}");
-                    continue;
-                }
-            };
-            if latest.is_some_and(|c| !records::later(&a.suite_id, &c.suite.id)) {
+            let latest = suite_of.get(a.node.as_str());
+            if latest.is_some_and(|s| !records::later(&a.suite_id, s)) {
                 continue;
             }
             let o = self.outcome(

@@ -75,11 +75,10 @@ pub async fn get(
 
 pub async fn list(store: &StateStore) -> Result<Vec<CertSummary>, CoordinatorError> {
     let revoked = records::revoked(store).await.map_err(store_err)?;
-    Ok(records::all_latest(store)
+    Ok(records::summaries(store)
         .await
         .map_err(store_err)?
-        .iter()
-        .filter_map(|e| records::read(e))
+        .into_iter()
         .map(|c| CertSummary {
             revoked: revoked.iter().any(|r| r.id == c.id),
             node: c.node,

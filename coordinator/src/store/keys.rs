@@ -79,6 +79,10 @@ pub fn logs(job: &str, rank: Option<u32>) -> String {
 /// latest, the evidence of each suite's stage jobs, the revoked ids.
 pub const CERTS_LATEST: &str = "certs/latest/";
 pub const CERTS_REVOKED: &str = "certs/revoked/";
+pub const CERTS_SUMMARY: &str = "certs/summary/";
+pub fn cert_summary(node: &str) -> String {
+    format!("certs/summary/{node}")
+}
 pub fn cert_latest(node: &str) -> String {
     format!("certs/latest/{node}")
 }
