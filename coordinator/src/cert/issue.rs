@@ -114,13 +114,13 @@ fn build(
                 }),
         );
     }
-    let remediation = if o.verdict == "pass" || o.verdict == "warn" {
-        String::new()
-    } else {
-        format!(
-            "stage {}: {}; accept the node again once fixed",
-            o.stage, o.reason
-        )
+    let remediation = match (o.verdict.as_str(), o.stage.as_str()) {
+        ("pass" | "warn", _) => String::new(),
+        (_, "") => format!("{}; accept the node again once fixed", o.reason),
+        (_, stage) => format!(
+            "stage {stage}: {}; accept the node again once fixed",
+            o.reason
+        ),
     };
     Certificate {
         schema: SCHEMA.into(),

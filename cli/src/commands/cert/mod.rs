@@ -28,6 +28,7 @@ Examples:
   gpuctl cert check --node gpu-017                       # does the live node still match it?
   gpuctl cert revoke cert-acc-000003-gpu-017 --reason \"GPU 3 replaced\"
 
+`verify` exits 1 when a check fails (each printed), `check` when the node no longer matches.
 Not to be confused with `gpuctl certs`, which makes TLS certificates.";
 
 #[derive(Debug, Subcommand)]
