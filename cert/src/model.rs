@@ -88,9 +88,9 @@ pub struct GpuIdentity {
     pub pcie_gen_max: u32,
     pub pcie_width_max: u32,
     pub nvlinks_active: u32,
-    /// Each active NVLink's remote PCI bus id, in link order.
+    /// The active NVLinks' remote ends, `<PCI bus id>x<links>` by bus id.
     pub nvlink_remotes: Vec<String>,
-    /// `<uuid> <level>` to each other GPU: NVML's PCIe topology level.
+    /// `<index> <level>` to each other GPU: NVML's PCIe topology level.
     pub pcie_paths: Vec<String>,
 }
 

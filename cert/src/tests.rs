@@ -173,9 +173,9 @@ fn identity_differences_are_named() {
     assert!(identity::differences(&a, &a).is_empty());
     // A link down: its remote end is gone from the list.
     let mut linked = a.clone();
-    linked.gpus[0].nvlink_remotes = vec!["00000000:05:00.0".into(), "00000000:06:00.0".into()];
+    linked.gpus[0].nvlink_remotes = vec!["00000000:05:00.0x5".into(), "00000000:06:00.0x4".into()];
     let mut down = linked.clone();
-    down.gpus[0].nvlink_remotes.pop();
+    down.gpus[0].nvlink_remotes[1] = "00000000:06:00.0x3".into();
     let d = identity::differences(&linked, &down);
     assert_eq!(d.len(), 1, "{d:?}");
     assert!(d[0].contains("nvlink_remotes"), "{d:?}");
