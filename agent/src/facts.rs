@@ -101,9 +101,17 @@ pub fn gather(root: &HostRoot) -> HostFacts {
         .read("proc/sys/kernel/random/boot_id")
         .map(|s| s.trim().to_string())
         .unwrap_or_default();
+    // Root-only on most hosts: unreadable is unknown (empty), not a failure.
+    let dmi = |name: &str| {
+        root.read(&format!("sys/class/dmi/id/{name}"))
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    };
     HostFacts {
         hostname,
         boot_id,
+        product_serial: dmi("product_serial"),
+        board_serial: dmi("board_serial"),
         addresses,
         cpu_count,
         memory_total_bytes: root

@@ -84,6 +84,7 @@ pub fn probe() -> GpuInventory {
             }
         }
     }
+    pcie_paths(&nvml, &mut gpus);
     let status = if gpus.is_empty() {
         "ok: NVML found no GPU".to_string()
     } else {
@@ -110,11 +111,25 @@ fn read_gpu(nvml: &Nvml, index: u32) -> Result<GpuInfo, nvml_wrapper::error::Nvm
         ..Default::default()
     };
     g.pci_bus_id = d.pci_info().map(|p| p.bus_id).unwrap_or_default();
+    // Identity for acceptance certificates: unreadable is empty (unknown).
+    g.serial = d.serial().unwrap_or_default();
+    g.board_part_number = d.board_part_number().unwrap_or_default();
+    g.vbios_version = d.vbios_version().unwrap_or_default();
+    g.inforom_image_version = d.info_rom_image_version().unwrap_or_default();
     g.pcie_gen_max = d.max_pcie_link_gen().unwrap_or(0);
     g.pcie_width_max = d.max_pcie_link_width().unwrap_or(0);
-    g.nvlinks_active = (0..NVLINK_MAX_LINKS)
+    let active: Vec<u32> = (0..NVLINK_MAX_LINKS)
         .filter(|&l| d.link_wrapper_for(l).is_active().unwrap_or(false))
-        .count() as u32;
+        .collect();
+    g.nvlinks_active = active.len() as u32;
+    // A remote end NVML cannot name is unknown (empty), not a failure.
+    let remotes = active.iter().map(|&l| {
+        d.link_wrapper_for(l)
+            .remote_pci_info()
+            .map(|p| p.bus_id)
+            .unwrap_or_default()
+    });
+    g.nvlink_remotes = nvlink_ends(remotes);
     if let Ok(cc) = d.cuda_compute_capability() {
         g.compute_capability = format!("{}.{}", cc.major, cc.minor);
         // NVML reports CUDA cores, not SMs; divide by cores per SM where the
@@ -124,6 +139,50 @@ fn read_gpu(nvml: &Nvml, index: u32) -> Result<GpuInfo, nvml_wrapper::error::Nvm
         }
     }
     Ok(g)
+}
+
+/// Links to one remote end counted together, `<bus id>x<links>` by bus id:
+/// an H200's 18 links to 4 NVSwitches are 4 short strings, which keeps an
+/// 8-GPU host's registration near 4 KiB (`limits::NODE_SHARE_BYTES`).
+pub fn nvlink_ends(remotes: impl Iterator<Item = String>) -> Vec<String> {
+    let mut count = std::collections::BTreeMap::<String, u32>::new();
+    for r in remotes {
+        *count.entry(r).or_default() += 1;
+    }
+    count
+        .into_iter()
+        .map(|(bus, n)| format!("{bus}x{n}"))
+        .collect()
+}
+
+/// Each GPU's PCIe path to every other, `<index> <level>` with NVML's
+/// topology level: what `gpuctl cert check` compares (indices, not UUIDs,
+/// to keep the registration small; the UUIDs are compared beside). A pair
+/// NVML cannot place is left out.
+fn pcie_paths(nvml: &Nvml, gpus: &mut [GpuInfo]) {
+    use nvml_wrapper::enum_wrappers::device::TopologyLevel;
+    let word = |l: TopologyLevel| match l {
+        TopologyLevel::Internal => "internal",
+        TopologyLevel::Single => "single",
+        TopologyLevel::Multiple => "multiple",
+        TopologyLevel::HostBridge => "hostbridge",
+        TopologyLevel::Node => "node",
+        TopologyLevel::System => "system",
+    };
+    let ids: Vec<u32> = gpus.iter().map(|g| g.index).collect();
+    for g in gpus.iter_mut() {
+        let Ok(d) = nvml.device_by_index(g.index) else {
+            continue;
+        };
+        for index in ids.iter().filter(|i| **i != g.index) {
+            let level = nvml
+                .device_by_index(*index)
+                .and_then(|other| d.topology_common_ancestor(other));
+            if let Ok(level) = level {
+                g.pcie_paths.push(format!("{index} {}", word(level)));
+            }
+        }
+    }
 }
 
 /// FP32 cores per SM by compute capability (CUDA programming guide table).
@@ -142,6 +201,12 @@ pub fn cores_per_sm(major: i32, minor: i32) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nvlink_ends_count_the_links_to_each_remote() {
+        let links = ["b", "a", "b", "a", "b", ""].map(String::from);
+        assert_eq!(nvlink_ends(links.into_iter()), ["x1", "ax2", "bx3"]);
+    }
 
     #[test]
     fn sm_count_of_known_parts() {

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 use crate::commands::{
-    accept, baseline, cancel, certs, doctor, fleet, job_spec, jobs, local, logs, nodes, profile,
-    report, status, submit, trace, watch,
+    accept, baseline, cancel, cert, certs, doctor, fleet, job_spec, jobs, local, logs, nodes,
+    profile, report, status, submit, trace, watch,
 };
 use crate::output::OutputFormat;
 
@@ -95,9 +95,12 @@ pub enum Command {
     /// The fleet over time: each node's last verdict, figures and drift; `fleet links`: every pair.
     #[command(after_help = fleet::EXAMPLES)]
     Fleet(fleet::FleetArgs),
-    /// Certificates for mutual TLS between the coordinator, agents and CLI.
+    /// Certificates for mutual TLS between the coordinator, agents and CLI (acceptance certificates: `gpuctl cert`).
     #[command(subcommand)]
     Certs(certs::CertsCommand),
+    /// Signed per-node acceptance certificates: export, verify offline, show, check, revoke (TLS: `gpuctl certs`).
+    #[command(subcommand, after_help = cert::EXAMPLES)]
+    Cert(cert::CertCommand),
     /// Print a shell completion script: `gpuctl completion bash > /etc/bash_completion.d/gpuctl`.
     Completion {
         #[arg(value_enum)]

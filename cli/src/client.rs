@@ -6,6 +6,8 @@
 
 use std::path::PathBuf;
 
+mod cert;
+
 use anyhow::{anyhow, Result};
 use gpuctl_core::client::Channel;
 use gpuctl_core::leader;
@@ -113,7 +115,11 @@ impl Coordinator {
     /// Runs `call` on the leader; when it fails so that another URL may
     /// answer ([`may_retry`]), finds the leader again (the one a standby
     /// named first) and runs it once more there.
-    async fn call<T, F, Fut>(&mut self, reads: bool, mut call: F) -> std::result::Result<T, Status>
+    pub(crate) async fn call<T, F, Fut>(
+        &mut self,
+        reads: bool,
+        mut call: F,
+    ) -> std::result::Result<T, Status>
     where
         F: FnMut(JobServiceClient<Channel>) -> Fut,
         Fut: std::future::Future<Output = std::result::Result<tonic::Response<T>, Status>>,
@@ -160,7 +166,7 @@ impl Coordinator {
         &self.url
     }
 
-    fn status(&self, what: &str, s: Status) -> anyhow::Error {
+    pub(crate) fn status(&self, what: &str, s: Status) -> anyhow::Error {
         status_error(&self.url, what, s)
     }
 

@@ -217,6 +217,18 @@ fn tls_certificates_tokens_and_worker_secrets_guard_the_coordinator() {
     assert_eq!(listed.map(Vec::len), Some(0), "nothing stored: {jobs}");
     let job = json(&gpuctl(&url, &certs, Some(OPERATE), &submit));
     let id = common::job_id(&job).unwrap_or_else(|| panic!("no job id in {job}"));
+    // Revoking an acceptance certificate is an operator's change too.
+    let revoke = ["cert", "revoke", "cert-acc-000001-a", "--reason", "test"];
+    let out = gpuctl(&url, &certs, Some(READ), &revoke);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("`operate` role"), "{}", stderr(&out));
+    let listed = gpuctl(&url, &certs, Some(READ), &["cert", "revoked", "-o", "json"]);
+    assert_eq!(
+        String::from_utf8_lossy(&listed.stdout).trim(),
+        "[]",
+        "{}",
+        stderr(&listed)
+    );
 
     // A result for rank 0 from outside its worker: refused, nothing kept.
     let rt = tokio::runtime::Runtime::new().unwrap();

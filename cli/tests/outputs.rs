@@ -138,7 +138,10 @@ fn report_as_csv_markdown_and_junit_and_the_listings_as_csv() {
         "{nodes}"
     );
     let fleet = stdout(&c, &["fleet", "-o", "md"]);
-    assert!(fleet.starts_with("| NODE | ACCEPTANCE | LAST |"), "{fleet}");
+    assert!(
+        fleet.starts_with("| NODE | ACCEPTANCE | CERTIFICATE | LAST |"),
+        "{fleet}"
+    );
     // Not every verb has them: a usage error, before anything is sent.
     let bad = c.gpuctl(&["status", &id, "-o", "junit"]);
     assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));

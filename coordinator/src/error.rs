@@ -21,6 +21,11 @@ pub enum CoordinatorError {
     /// No saved baseline by that name.
     #[error("no baseline `{0}`; `gpuctl baseline list` lists them, `gpuctl baseline save JOB --name NAME` makes one")]
     BaselineNotFound(String),
+    /// No acceptance certificate for that node.
+    #[error(
+        "node `{0}` has no certificate: `gpuctl accept` issues one per node when its suite ends"
+    )]
+    CertNotFound(String),
     /// One field of a request is wrong; the message names it.
     #[error("{field}: {message}")]
     InvalidField { field: String, message: String },

@@ -192,7 +192,21 @@ pub async fn run_with(
     let (logs, log_task) = LogSink::spawn(store.clone());
     let perf_rules = Arc::new(perf_rules);
     let drift_tolerance = perf_rules.drift_tolerance;
+    // Beside the store, never in it (crate::cert::KEY_FILE).
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let issuer = format!(
+        "{} {}",
+        host.trim(),
+        advertise
+            .clone()
+            .unwrap_or_else(|| format!("http://{addr}"))
+    );
+    let certs = Arc::new(
+        crate::cert::Authority::load(&cfg.data_dir, issuer)
+            .context("the certificates' signing key")?,
+    );
     let sched_cfg = SchedulerConfig {
+        certs: Some(certs.clone()),
         node_timeout: cfg.node_timeout,
         adopt_grace: cfg.adopt_grace,
         heartbeat_interval: cfg.heartbeat_interval(),
@@ -232,6 +246,7 @@ pub async fn run_with(
         perf_rules,
         security.clone(),
         fetches,
+        certs,
     ))
     .max_decoding_message_size(MAX_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_MESSAGE_BYTES);

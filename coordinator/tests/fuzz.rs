@@ -464,7 +464,7 @@ async fn a_thousand_random_and_mutated_messages_break_nothing() {
     let short = Duration::from_secs(3);
     let started = std::time::Instant::now();
     while sent < total {
-        let kind = sent % 25;
+        let kind = sent % 28;
         let mutate = g.rng.u8(0..3) == 0;
         let what = format!("message {sent} (kind {kind}, seed {seed})");
         let call = async {
@@ -636,6 +636,21 @@ async fn a_thousand_random_and_mutated_messages_break_nothing() {
                     })
                     .await
                     .map(|_| ()),
+                25 => jobs
+                    .get_cert(GetCertRequest {
+                        node: g.string(),
+                        evidence: g.rng.bool(),
+                    })
+                    .await
+                    .map(|_| ()),
+                26 => jobs
+                    .revoke_cert(RevokeCertRequest {
+                        id: g.string(),
+                        reason: g.string(),
+                    })
+                    .await
+                    .map(|_| ()),
+                27 => jobs.list_certs(ListCertsRequest {}).await.map(|_| ()),
                 _ => {
                     let m = if mutate {
                         g.mutate(&valid_result)

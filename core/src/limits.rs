@@ -44,7 +44,10 @@ pub const MAX_AGENT_MESSAGE: usize = 4 << 20;
 /// everyone. Measured, a real agent's registration: 1,001 bytes (a CPU
 /// agent, 12 checks), 1,501 bytes (a 1-GPU H200 host, 12 checks); each
 /// further GPU adds ~100 bytes and each NIC ~50, so an 8-GPU host with
-/// 8 InfiniBand ports stays near 3 KiB. 64 KiB is 20 times that.
+/// 8 InfiniBand ports stays near 3 KiB, and the identity acceptance
+/// certificates tie to (each GPU's serial, part number, VBIOS and InfoROM
+/// versions, NVLink ends counted per remote, PCIe paths by index) adds
+/// about 1.5 KiB (estimated, not measured). 64 KiB is over 10 times that.
 pub const MAX_NODE_BYTES: usize = 64 << 10;
 /// The fleet's budget for what its nodes make the coordinator keep, per
 /// node it may hold: `--max-nodes` times this, 512 MiB at the default.

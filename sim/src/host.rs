@@ -19,6 +19,7 @@ pub fn gpus(index: u32, count: u32) -> Vec<GpuInfo> {
             nvlinks_active: 18,
             compute_capability: "9.0".into(),
             sm_count: 132,
+            ..Default::default()
         })
         .collect()
 }

@@ -10,6 +10,7 @@
 
 pub mod decide;
 pub mod kubernetes;
+pub mod require_cert;
 pub mod slurm;
 
 use std::process::{Command, Stdio};
@@ -26,6 +27,8 @@ pub struct Actions {
     pub kubernetes: bool,
     /// Print the commands, run none.
     pub dry_run: bool,
+    /// Resume / untaint only nodes with a valid certificate of the suite.
+    pub require_cert: bool,
 }
 
 impl Actions {

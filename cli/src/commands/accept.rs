@@ -64,6 +64,10 @@ pub struct AcceptArgs {
     /// With --drain or --kubernetes: print what would change, change nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// With --drain or --kubernetes: resume or untaint a node only with a valid
+    /// certificate of this suite that still matches it (`gpuctl cert check`).
+    #[arg(long)]
+    pub require_cert: bool,
 }
 
 fn usage(msg: String) -> UsageError {
@@ -119,6 +123,12 @@ impl AcceptArgs {
         if let Some(path) = &self.rules {
             req.rules = read_rules(path)?;
         }
+        if self.require_cert && !self.actions().any() {
+            return Err(usage(
+                "--require-cert: give --drain or --kubernetes too; it decides which nodes they let back in"
+                    .into(),
+            ));
+        }
         if self.dry_run && !self.actions().any() {
             return Err(usage(
                 "--dry-run: give --drain or --kubernetes too; it prints what they would change"
@@ -134,6 +144,7 @@ impl AcceptArgs {
             drain: self.drain,
             kubernetes: self.kubernetes,
             dry_run: self.dry_run,
+            require_cert: self.require_cert,
         }
     }
 }
@@ -188,7 +199,13 @@ pub async fn run(
     }
     // After the report, and whatever the scheduler says: same verdict, same exit.
     let stage_reports: Vec<pb::Report> = reports.iter().flatten().cloned().collect();
-    crate::actions::act(&suite, &stage_reports, actions).await;
+    // The gate changes what the actions see, never the verdict or the exit.
+    let acted = if actions.require_cert {
+        crate::actions::require_cert::gate(c, &suite, clock.now_ms()).await
+    } else {
+        suite.clone()
+    };
+    crate::actions::act(&acted, &stage_reports, actions).await;
     Ok(exit_of(&suite))
 }
 
@@ -437,6 +454,7 @@ mod tests {
             drain: false,
             kubernetes: false,
             dry_run: false,
+            require_cert: false,
         };
         let e = args("fast", "all").to_request().unwrap_err();
         assert!(

@@ -12,7 +12,9 @@ use serde_json::json;
 
 use crate::client::Coordinator;
 use crate::exit::Exit;
-use crate::output::fleet::{link, links_grid, links_table, node_run, row, rows_grid, runs_grid};
+use crate::output::fleet::{
+    cert_json, link, links_grid, links_table, node_run, row, rows_grid, runs_grid,
+};
 use crate::output::{self, OutputFormat};
 
 pub const EXAMPLES: &str = "\
@@ -54,13 +56,20 @@ pub async fn run(
             "no runs of node `{node}` in the fleet history (`gpuctl fleet` lists the nodes)"
         );
     }
+    // Each node's certificate (issue 50) beside its acceptance state.
+    let certs = c.certs().await?;
+    let cert_of = |node: &str| certs.iter().find(|c| c.node == node);
     let now = clock.now_ms();
     match (out, &a.view) {
         (OutputFormat::Json, Some(FleetView::Links)) => output::print_json(
             &json!({ "links": f.links.iter().map(|l| link(l, now)).collect::<Vec<_>>() }),
         ),
         (OutputFormat::Json, None) => output::print_json(&json!({
-            "nodes": f.rows.iter().map(row).collect::<Vec<_>>(),
+            "nodes": f.rows.iter().map(|r| {
+                let mut v = row(r);
+                v["certificate"] = cert_json(cert_of(&r.node), now);
+                v
+            }).collect::<Vec<_>>(),
             "runs": f.runs.iter().map(node_run).collect::<Vec<_>>(),
         })),
         // CSV and Markdown: the same tables; `fleet links` without its matrix.
@@ -68,13 +77,13 @@ pub async fn run(
             let t = match view {
                 Some(FleetView::Links) => links_grid(&f.links, now),
                 None if !node.is_empty() => runs_grid(&f.runs, now),
-                None => rows_grid(&f.rows, now),
+                None => rows_grid(&f.rows, &certs, now),
             };
             output::grid::print(&t, out)?
         }
         (_, Some(FleetView::Links)) => output::print_text(&links_table(&f.links, now)),
         (_, None) if !node.is_empty() => output::print_text(&runs_grid(&f.runs, now).render()),
-        (_, None) => output::print_text(&rows_grid(&f.rows, now).render()),
+        (_, None) => output::print_text(&rows_grid(&f.rows, &certs, now).render()),
     }
     Ok(Exit::Ok)
 }

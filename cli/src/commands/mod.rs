@@ -9,6 +9,7 @@
 pub mod accept;
 pub mod baseline;
 pub mod cancel;
+pub mod cert;
 pub mod certs;
 pub mod doctor;
 pub mod fleet;
@@ -45,7 +46,10 @@ fn check_format(cmd: &Command, out: OutputFormat) -> Result<()> {
     let ok = match out {
         OutputFormat::Table | OutputFormat::Json => true,
         // The page needs the job's telemetry timeline: `report` fetches it.
-        OutputFormat::Html => matches!(cmd, Command::Report(_)),
+        OutputFormat::Html => matches!(
+            cmd,
+            Command::Report(_) | Command::Cert(cert::CertCommand::Show(_))
+        ),
         _ if matches!(cmd, Command::Submit(a) if a.wait) => true,
         OutputFormat::Csv | OutputFormat::Md => matches!(
             cmd,
@@ -63,8 +67,10 @@ fn check_format(cmd: &Command, out: OutputFormat) -> Result<()> {
     Err(UsageError(format!(
         "--output {} is for {}; this command prints table or json",
         name.unwrap_or_default(),
-        if matches!(out, OutputFormat::Junit | OutputFormat::Html) {
+        if matches!(out, OutputFormat::Junit) {
             "`report`"
+        } else if matches!(out, OutputFormat::Html) {
+            "`report` and `cert show`"
         } else {
             "`report`, `jobs`, `nodes` and `fleet`"
         }
@@ -157,6 +163,7 @@ pub async fn run(cli: Cli, clock: &Clock) -> Result<Exit> {
             fleet::run(&mut c, &a, since, out, clock).await
         }
         Command::Certs(CertsCommand::Init(a)) => certs::init(&a),
+        Command::Cert(cmd) => cert::run(url, cmd, out, clock).await,
         Command::Completion { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "gpuctl", &mut std::io::stdout());
             Ok(Exit::Ok)

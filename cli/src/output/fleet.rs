@@ -37,10 +37,40 @@ fn drift_text(d: &[pb::Drift]) -> String {
     }
 }
 
-pub fn rows_grid(rows: &[pb::FleetRow], now: u64) -> Table {
+/// A node's latest acceptance certificate (issue 50): its verdict and how
+/// long it holds, or why it does not.
+pub fn cert_text(c: Option<&pb::CertSummary>, now: u64) -> String {
+    match c {
+        None => "-".into(),
+        Some(c) if c.revoked => format!("{} revoked", c.verdict),
+        Some(c) if c.expires_unix_ms <= now => format!("{} expired", c.verdict),
+        Some(c) => format!(
+            "{}, {}d left",
+            c.verdict,
+            (c.expires_unix_ms - now) / (24 * 3600 * 1000)
+        ),
+    }
+}
+
+/// As JSON: `null` without a certificate.
+pub fn cert_json(c: Option<&pb::CertSummary>, now: u64) -> Value {
+    c.map_or(Value::Null, |c| {
+        json!({
+            "id": c.id,
+            "verdict": c.verdict,
+            "issued_unix_ms": c.issued_unix_ms,
+            "expires_unix_ms": c.expires_unix_ms,
+            "revoked": c.revoked,
+            "valid": !c.revoked && c.expires_unix_ms > now,
+        })
+    })
+}
+
+pub fn rows_grid(rows: &[pb::FleetRow], certs: &[pb::CertSummary], now: u64) -> Table {
     let mut t = Table::new(&[
         "NODE",
         "ACCEPTANCE",
+        "CERTIFICATE",
         "LAST",
         "WHEN",
         "RUNS",
@@ -54,11 +84,12 @@ pub fn rows_grid(rows: &[pb::FleetRow], now: u64) -> Table {
         "D2H WORST",
         "DRIFT",
     ])
-    .right(&[4, 5, 6, 7, 8, 9, 10, 11, 12]);
+    .right(&[5, 6, 7, 8, 9, 10, 11, 12, 13]);
     for r in rows {
         t.row([
             r.node.clone(),
             acceptance_text(r.acceptance.as_ref(), now),
+            cert_text(certs.iter().find(|c| c.node == r.node), now),
             r.last_verdict().label().to_string(),
             output::age(r.last_unix_ms, now),
             r.runs.to_string(),
@@ -221,7 +252,7 @@ mod tests {
             fleet_row("gpu-1", 301.4, 53.12, 51.0),
             fleet_row("gpu-2", 0.0, 0.0, 0.0),
         ];
-        let t = rows_grid(&rows, 0);
+        let t = rows_grid(&rows, &[], 0);
         let col = |h: &str| t.headers().iter().position(|x| x == h).unwrap();
         let cells = |row: usize| -> Vec<&str> {
             ["P2P GB/S WORST", "H2D WORST", "D2H WORST"]
@@ -236,7 +267,7 @@ mod tests {
         assert_eq!(v["p2p_gbps_worst"], 301.4);
         assert_eq!(v["h2d_gbps_worst"], 53.12);
         assert_eq!(v["d2h_gbps_worst"], 51.0);
-        let csv = crate::output::grid::csv(&rows_grid(&rows, 0)).unwrap();
+        let csv = crate::output::grid::csv(&rows_grid(&rows, &[], 0)).unwrap();
         assert!(csv.contains(",301,53.12,51.00,"), "{csv}");
     }
 }

@@ -284,6 +284,14 @@ impl Cluster {
         }
     }
 
+    /// Starts agent `i` again (killed first) with `cpu_ranks` ranks: the
+    /// same node, now another identity.
+    pub fn restart_agent(&mut self, i: usize, cpu_ranks: u32) {
+        self.kill_agent(i);
+        let child = self.spawn_agent(i, cpu_ranks);
+        self.agents[i] = Some(child);
+    }
+
     /// Kills the coordinator hard (SIGKILL: nothing gets flushed on the way out).
     pub fn kill_coordinator(&mut self) {
         if let Some(mut c) = self.coordinator.take() {

@@ -21,7 +21,8 @@
 //! - `reports.rs`: [`ReportEvent`]s: reports judged and built off the task;
 //!   a report refolded with late results, and its nodes' runs again;
 //!   `GetReport`.
-//! - `suites.rs`: [`SuiteEvent`]s: acceptance suites.
+//! - `suites.rs`: [`SuiteEvent`]s: acceptance suites; `certs.rs`: their
+//!   signed certificates, handed off the task.
 //! - `views.rs`: [`Query`]s: every read; bounded views for people and the
 //!   nodes' table.
 //! - `planning.rs`: a job planned off the task.
@@ -49,6 +50,7 @@ mod agents;
 mod assign;
 mod background;
 mod budget;
+mod certs;
 mod device;
 pub mod events;
 mod handle;
@@ -103,6 +105,9 @@ pub const TICK: Duration = Duration::from_millis(500);
 
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
+    /// Signs each node's acceptance certificate when a suite ends (issue
+    /// 50); `None` issues none.
+    pub certs: Option<Arc<crate::cert::Authority>>,
     pub node_timeout: Duration,
     /// How long jobs found running at load wait for their nodes to come back.
     pub adopt_grace: Duration,
@@ -284,6 +289,7 @@ impl Scheduler {
             me.judge_if_complete(&id);
         }
         me.resume_suites().await;
+        me.certify_missing().await;
         // Waited for: a crash or a store error left them listed, or
         // `--keep-jobs` was lowered.
         if let Some(deleting) = me.delete_old_jobs() {

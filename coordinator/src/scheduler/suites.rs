@@ -534,8 +534,16 @@ impl Scheduler {
         suite.finished_unix_ms = now;
         suite.current = suite.stages.len() as u32;
         let mut batch = Batch::default().suite(suite);
+        let mut outcomes = Vec::new();
         for n in &suite.verdicts {
             if request_failed && !out(n) {
+                // Not judged, so not accepted: its certificate says so.
+                outcomes.push((
+                    n.node.clone(),
+                    Verdict::Incomplete,
+                    String::new(),
+                    suite.message.clone(),
+                ));
                 continue;
             }
             // A node no stage blamed in a suite that failed as a whole is not
@@ -545,6 +553,12 @@ impl Scheduler {
             } else {
                 (n.verdict, n.reason.clone())
             };
+            outcomes.push((
+                n.node.clone(),
+                Verdict::try_from(verdict).unwrap_or_default(),
+                n.stage.clone(),
+                reason.clone(),
+            ));
             batch = batch.acceptance(&Acceptance {
                 node: n.node.clone(),
                 suite_id: suite.id.clone(),
@@ -556,6 +570,8 @@ impl Scheduler {
             });
         }
         info!(suite = %id, state = state.label(), "suite ended");
+        let suite = suite.clone();
         self.save(batch);
+        self.issue_certs(suite, outcomes);
     }
 }

@@ -36,6 +36,7 @@ impl Fixture {
         let store = StateStore::new(Arc::new(raw));
         let (logs, _) = LogSink::spawn(store.clone());
         let cfg = SchedulerConfig {
+            certs: None,
             node_timeout,
             adopt_grace: Duration::from_secs(60),
             heartbeat_interval: Duration::from_secs(1),

@@ -14,6 +14,10 @@ use gpuctl_proto::pb::{
     Node, Plan, PlanRequest, RemoveNodeRequest, Report, SaveBaselineRequest, SubmitRequest,
     SubmitSuiteRequest, Suite, Timeline,
 };
+use gpuctl_proto::pb::{
+    CertKey, CertResponse, GetCertKeyRequest, GetCertRequest, ListCertsRequest, ListCertsResponse,
+    ListRevokedRequest, ListRevokedResponse, Revocation, RevokeCertRequest,
+};
 use prost::Message;
 use tonic::{Request, Response, Status};
 
@@ -21,7 +25,9 @@ use std::sync::Arc;
 
 use super::auth::{Role, Security};
 use super::baseline;
+use super::cert;
 use super::trace::{self, Fetches, TraceStream};
+use crate::cert::Authority;
 use crate::error::CoordinatorError;
 use crate::history;
 use crate::judge::checks::perf::rules::PerfRules;
@@ -37,6 +43,8 @@ pub struct JobSvc {
     /// `GetTrace`'s requests to agents (shared with `AgentSvc`, which
     /// receives the answers).
     fetches: Fetches,
+    /// Signs acceptance certificates; its public key is `GetCertKey`'s.
+    certs: Arc<Authority>,
 }
 
 impl JobSvc {
@@ -46,6 +54,7 @@ impl JobSvc {
         rules: Arc<PerfRules>,
         security: Security,
         fetches: Fetches,
+        certs: Arc<Authority>,
     ) -> Self {
         JobSvc {
             sched,
@@ -53,6 +62,7 @@ impl JobSvc {
             rules,
             security,
             fetches,
+            certs,
         }
     }
 }
@@ -311,6 +321,52 @@ impl JobService for JobSvc {
                 .ask(|reply| SuiteEvent::CancelSuite { id, reply })
                 .await??,
         ))
+    }
+
+    async fn get_cert_key(
+        &self,
+        req: Request<GetCertKeyRequest>,
+    ) -> Result<Response<CertKey>, Status> {
+        self.security.allow(&req, Role::Read)?;
+        Ok(Response::new(cert::key(&self.certs)))
+    }
+
+    async fn get_cert(
+        &self,
+        req: Request<GetCertRequest>,
+    ) -> Result<Response<CertResponse>, Status> {
+        self.security.allow(&req, Role::Read)?;
+        let req = req.into_inner();
+        Ok(Response::new(
+            cert::get(&self.store, &self.sched, req).await?,
+        ))
+    }
+
+    async fn list_certs(
+        &self,
+        req: Request<ListCertsRequest>,
+    ) -> Result<Response<ListCertsResponse>, Status> {
+        self.security.allow(&req, Role::Read)?;
+        let certs = cert::list(&self.store).await?;
+        Ok(Response::new(ListCertsResponse { certs }))
+    }
+
+    async fn revoke_cert(
+        &self,
+        req: Request<RevokeCertRequest>,
+    ) -> Result<Response<Revocation>, Status> {
+        self.security.allow(&req, Role::Operate)?;
+        let now = self.sched.clock().now_ms();
+        let req = req.into_inner();
+        Ok(Response::new(cert::revoke(&self.store, req, now).await?))
+    }
+
+    async fn list_revoked(
+        &self,
+        req: Request<ListRevokedRequest>,
+    ) -> Result<Response<ListRevokedResponse>, Status> {
+        self.security.allow(&req, Role::Read)?;
+        Ok(Response::new(cert::revoked(&self.store).await?))
     }
 
     async fn remove_node(&self, req: Request<RemoveNodeRequest>) -> Result<Response<Node>, Status> {

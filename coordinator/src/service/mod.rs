@@ -6,6 +6,7 @@
 pub mod agent;
 pub mod auth;
 pub mod baseline;
+pub mod cert;
 pub mod gate;
 pub mod inbox;
 pub mod job;
@@ -39,7 +40,8 @@ impl From<CoordinatorError> for Status {
             CoordinatorError::JobNotFound(_)
             | CoordinatorError::JobDeleted { .. }
             | CoordinatorError::NodeNotFound(_)
-            | CoordinatorError::BaselineNotFound(_) => Status::not_found(message),
+            | CoordinatorError::BaselineNotFound(_)
+            | CoordinatorError::CertNotFound(_) => Status::not_found(message),
             CoordinatorError::InvalidField { .. } => Status::invalid_argument(message),
             CoordinatorError::NotEnoughNodes(_)
             | CoordinatorError::PlanRefused(_)

@@ -74,3 +74,25 @@ pub fn logs(job: &str, rank: Option<u32>) -> String {
         None => format!("logs/{job}/"),
     }
 }
+
+/// Acceptance certificates (issue 50, `crate::cert::records`): each node's
+/// latest, the evidence of each suite's stage jobs, the revoked ids.
+pub const CERTS_LATEST: &str = "certs/latest/";
+pub const CERTS_REVOKED: &str = "certs/revoked/";
+pub const CERTS_SUMMARY: &str = "certs/summary/";
+pub fn cert_summary(node: &str) -> String {
+    format!("certs/summary/{node}")
+}
+pub fn cert_latest(node: &str) -> String {
+    format!("certs/latest/{node}")
+}
+pub fn cert_evidence(suite: &str, job: &str) -> String {
+    format!("certs/evidence/{suite}/{job}")
+}
+/// The trailing slash keeps `acc-000001` from matching `acc-0000010`.
+pub fn cert_evidence_of(suite: &str) -> String {
+    format!("certs/evidence/{suite}/")
+}
+pub fn cert_revoked(id: &str) -> String {
+    format!("certs/revoked/{id}")
+}

@@ -5,6 +5,7 @@
 //! maps, the plots that apply to the job, and the long tables folded away.
 //! Every string from the report is escaped.
 
+pub mod cert;
 mod chart;
 mod lines;
 mod loader;
