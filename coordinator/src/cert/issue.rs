@@ -21,8 +21,8 @@ use prost::Message;
 use tracing::{info, warn};
 
 use super::{records, Authority};
-use crate::judge::figures::{of_report, Metric, RankFigures};
 use crate::judge::checks::perf::rules::PerfRules;
+use crate::judge::figures::{of_report, Metric, RankFigures};
 use crate::store::StateStore;
 
 /// A node's outcome in the suite, as its acceptance state says.

@@ -96,7 +96,7 @@ pub fn config(ctx: &Ctx, p: &TrainParams, tm: &TrainModel, mode: Mode) -> Result
 /// turn, over the one communicator. A model that fails after others trained
 /// keeps their results; the error names it.
 pub fn run_mode(ctx: &Ctx, params: &TrainParams, mode: Mode) -> Result<Outcome> {
-    super::train::use_cudnn_heuristics(ctx.dev.device);
+    super::models::use_cudnn_heuristics(ctx.dev.device);
     let mem = Memory::new(&ctx.dev);
     let mut comm = if ctx.env.world_size > 1 {
         ctx.progress.update("connecting", 0.0, &[]);

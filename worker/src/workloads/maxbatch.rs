@@ -244,7 +244,7 @@ pub fn run(ctx: &Ctx, p: &MaxBatchParams) -> Result<Outcome> {
     let margin = p.margin;
     let start = p.start.min(u32::MAX as u64) as u32;
     let limit = p.limit.min(u32::MAX as u64) as u32;
-    super::train::use_cudnn_heuristics(ctx.dev.device);
+    super::models::use_cudnn_heuristics(ctx.dev.device);
     let cfg = TrainConfig {
         mode: Mode::Ddp,
         model: ModelConfig {

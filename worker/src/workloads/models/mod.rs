@@ -114,6 +114,18 @@ const POOL: i64 = 64;
 /// (and anything else that seeds it, tests included, takes this lock too).
 pub(crate) static BUILD_LOCK: Mutex<()> = Mutex::new(());
 
+/// Convolutions take cuDNN's heuristic choice rather than autotuning each
+/// shape on first use. On an H200 (docs/benchmarks.md, `bench/cudnn_warmup.py`)
+/// autotuning made ResNet-50's first step 12-16 s instead of 0.7 s and
+/// MobileNetV2's 20-24 s instead of 4-9 s, most of a short job, and bought at
+/// most 2 % of steady speed (0 % on ResNet-50): an acceptance job's time goes
+/// to what it measures. Every rank does the same, so peers stay comparable.
+pub fn use_cudnn_heuristics(device: Device) {
+    if device.is_cuda() {
+        tch::Cuda::cudnn_set_benchmark(false);
+    }
+}
+
 /// `t.permute([0,2,3,1]).contiguous().permute([0,3,1,2])`: same shape, NHWC memory.
 pub fn channels_last(t: &Tensor) -> Result<Tensor> {
     Ok(t.f_permute([0, 2, 3, 1])?

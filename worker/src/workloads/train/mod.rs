@@ -48,18 +48,6 @@ use crate::comm::Collectives;
 use crate::digest::digest;
 use gpuctl_core::stats::{median, quantile_sorted, thin_evenly};
 
-/// Convolutions take cuDNN's heuristic choice rather than autotuning each
-/// shape on first use. On an H200 (docs/benchmarks.md, `bench/cudnn_warmup.py`)
-/// autotuning made ResNet-50's first step 12-16 s instead of 0.7 s and
-/// MobileNetV2's 20-24 s instead of 4-9 s, most of a short job, and bought at
-/// most 2 % of steady speed (0 % on ResNet-50): an acceptance job's time goes
-/// to what it measures. Every rank does the same, so peers stay comparable.
-pub fn use_cudnn_heuristics(device: Device) {
-    if device.is_cuda() {
-        tch::Cuda::cudnn_set_benchmark(false);
-    }
-}
-
 use crate::timeline::MAX_STEP_TIMES;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
