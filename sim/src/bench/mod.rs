@@ -169,6 +169,16 @@ pub async fn run(cfg: &BenchConfig, dir: PathBuf) -> Result<BenchReport> {
     for j in &mut out.jobs {
         j.stored_ms = stored.get(&j.id).copied().unwrap_or(f64::NAN);
     }
+    // What takes the store's space, read once the coordinator let it go.
+    let file = co
+        .dir
+        .join("store")
+        .join(gpuctl_coordinator::server::STORE_FILE);
+    drop(co);
+    match gpuctl_coordinator::store::RedbStore::usage(&file) {
+        Ok(u) => out.store_use = u,
+        Err(e) => eprintln!("the store's keys could not be read: {e}"),
+    }
     Ok(out)
 }
 
