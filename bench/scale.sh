@@ -16,6 +16,11 @@
 #
 # Env: NODES (16384), GPUS (8), IDLE (10s), LONG (2m; the headline
 # is 15m), SHORT_JOBS (5), SHORT (5s), PART (both|bench|listing),
+# FLEET_NICE (the simulated fleet's nice, default 19: on a host other work keeps
+# busy at nice 0, 0 keeps the fleet from starving and losing its sessions),
+# CONNECTIONS (HTTP/2 connections the simulated agents share; default one each,
+# as a real fleet: on a starved host, fewer keep their pings answered),
+# KEEP_DIR (set: keep the coordinator's store and log; bench.err names the folder),
 # BIN (target/release, or $CARGO_TARGET_DIR/release). Build first:
 #   cargo build --release -p gpuctl-sim -p gpuctl-coordinator -p gpuctl-cli
 set -u
@@ -30,10 +35,15 @@ done
 # An agent's connection each, and the coordinator's as many again.
 ulimit -n "$(ulimit -Hn)"
 echo "host: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%FT%TZ)" | tee "$OUT/host.txt"
+# The host's load all along: other work on a shared host is part of the figures.
+( while :; do echo "$(date -u +%T) $(cut -d' ' -f1-3 /proc/loadavg)"; sleep 10; done > "$OUT/load.txt" ) &
+LOADER=$!
+trap 'kill $LOADER 2>/dev/null' EXIT
 
 if [ "$PART" = both ] || [ "$PART" = bench ]; then
   /usr/bin/time -v "$BIN/gpuctl-sim" bench --nodes "$NODES" --gpus "$GPUS" --idle "$IDLE" \
-    --long "$LONG" --short-jobs "$SHORT_JOBS" --short "$SHORT" --json "$OUT/bench.json" \
+    --long "$LONG" --short-jobs "$SHORT_JOBS" --short "$SHORT" --json "$OUT/bench.json" ${KEEP_DIR:+--keep-dir} \
+    ${FLEET_NICE:+--fleet-nice "$FLEET_NICE"} ${CONNECTIONS:+--connections "$CONNECTIONS"} \
     > "$OUT/bench.txt" 2> "$OUT/bench.err"
   echo "bench: exit $?"; cat "$OUT/bench.txt"
   grep -E "Maximum resident|Elapsed" "$OUT/bench.err" | sed 's/^\s*/  simulator: /'
@@ -41,7 +51,7 @@ fi
 
 if [ "$PART" = both ] || [ "$PART" = listing ]; then
   PORT=7450; URL=http://127.0.0.1:$PORT; PIDS=""
-  trap 'kill $PIDS 2>/dev/null; wait 2>/dev/null' EXIT
+  trap 'kill $LOADER $PIDS 2>/dev/null; wait 2>/dev/null' EXIT
   rm -rf "$OUT/listing-store"
   "$BIN/gpuctl-coordinator" --listen 127.0.0.1:$PORT --data-dir "$OUT/listing-store" \
     --metrics-listen off --max-connections-per-peer 10000000 --node-timeout 60s \

@@ -214,13 +214,23 @@ async fn one_job(
                 assign_ms = (t.last_assignment - submitted).as_secs_f64() * 1e3;
             }
         }
-        let j = jobs
+        let j = match jobs
             .get_job(GetJobRequest {
                 job_id: job.id.clone(),
                 max_ranks: gpuctl_proto::VIEW_RANKS,
             })
-            .await?
-            .into_inner();
+            .await
+        {
+            Ok(j) => j.into_inner(),
+            // A coordinator too busy to answer in time is a figure (the
+            // CLI's latencies), not the end of the run; one that never
+            // answers ends it at the report's limit.
+            Err(e) if submitted.elapsed() < report_limit(&job) => {
+                eprintln!("  polling {}: {} ({:?})", job.id, e.message(), e.code());
+                continue;
+            }
+            Err(e) => bail!("polling {}: {} ({:?})", job.id, e.message(), e.code()),
+        };
         if j.state().is_terminal() {
             break (j.state(), Instant::now());
         }
