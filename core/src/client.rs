@@ -36,8 +36,10 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// HTTP/2 pings: how an idle session notices a vanished host (no FIN ever
 /// comes from a machine that lost power), and how any call notices a peer
 /// that accepted the connection but never speaks.
+/// 20 s as the server's (crate::server::KEEPALIVE_TIMEOUT): at 10 s a
+/// node busy with its test, or a starved simulator, lost its session.
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
-const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// How much a server may send on one call, and on the whole connection,
 /// before this client says it has read it. HTTP/2's default of 64 KiB made
