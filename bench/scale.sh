@@ -61,13 +61,16 @@ if [ "$PART" = both ] || [ "$PART" = listing ]; then
     > "$OUT/listing-fleet.log" 2>&1 &
   PIDS="$PIDS $!"
   export GPUCTL_COORDINATOR=$URL
+  count='import json,sys; d=json.load(sys.stdin); print(len(d if isinstance(d, list) else d.get("nodes", [])))'
   for _ in $(seq 600); do
-    n=$("$BIN/gpuctl" nodes -o json 2>/dev/null | grep -c '"name"')
+    n=$("$BIN/gpuctl" nodes -o json 2>/dev/null | python3 -c "$count" 2>/dev/null)
     [ "${n:-0}" -ge "$NODES" ] && break
     sleep 1
   done
+  # One job on every node, so that `fleet` has a run per node to list.
+  "$BIN/gpuctl" submit stress --duration 5s --nodes all --wait > "$OUT/listing-job.txt" 2>&1
   {
-    echo "nodes registered: $n of $NODES"
+    echo "nodes registered: $n of $NODES; a 5 s stress job on all: exit $?"
     for verb in nodes fleet; do
       for i in 1 2 3; do
         s=$(date +%s.%N)
