@@ -91,6 +91,14 @@ pub struct Config {
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub handshake_timeout: Duration,
 
+    /// Tell each connection to go this long after it opened (an HTTP/2
+    /// GOAWAY; its calls under way, an agent's session too, end on it):
+    /// clients open a new one and make again a call the GOAWAY refused.
+    /// Off by default; e.g. `1h` lets a fleet spread back over
+    /// coordinators behind a balancer.
+    #[arg(long, value_name = "DURATION", value_parser = parse_age)]
+    pub max_connection_age: Option<Duration>,
+
     /// With `--store etcd`: the CA of etcd's server certificate; etcd is
     /// then spoken to over TLS (give `https://` URLs).
     #[arg(long, value_name = "FILE")]
@@ -218,6 +226,18 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
     gpuctl_core::units::parse_duration(text)
 }
 
+/// `--max-connection-age`: at least 100 ms, so that a connection carries
+/// some calls before it goes.
+fn parse_age(text: &str) -> Result<Duration, String> {
+    let age = parse_duration(text)?;
+    if age < Duration::from_millis(100) {
+        return Err(format!(
+            "`{text}` is under 100ms: a connection must live long enough to carry a call"
+        ));
+    }
+    Ok(age)
+}
+
 impl Config {
     /// Config for tests and embedding: listen on a free loopback port.
     pub fn for_dir(data_dir: impl Into<PathBuf>) -> Config {
@@ -242,6 +262,7 @@ impl Config {
             max_connections_per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
             max_connections: None,
             handshake_timeout: gpuctl_core::conn::OPENING,
+            max_connection_age: None,
             fleet_threads: 1,
             advertise_url: None,
             log: None,

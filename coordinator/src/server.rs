@@ -295,11 +295,12 @@ pub async fn run_with(
         handshake_timeout = ?limits.opening,
         "connection limits"
     );
-    let router = gpuctl_core::server::builder()
-        .layer(ResultGate::new(RESULTS_IN_FLIGHT))
-        .add_service(agents)
-        .add_service(jobs)
-        .add_service(workers);
+    let router =
+        gpuctl_core::server::with_max_age(gpuctl_core::server::builder(), cfg.max_connection_age)
+            .layer(ResultGate::new(RESULTS_IN_FLIGHT))
+            .add_service(agents)
+            .add_service(jobs)
+            .add_service(workers);
     let stop = shutdown.clone().cancelled_owned();
     let mut server = match tls {
         Some(tls) => tokio::spawn(router.serve_with_incoming_shutdown(

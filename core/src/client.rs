@@ -27,6 +27,8 @@ use tonic::codegen::{http, Service, StdError};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 use tonic::Status;
 
+use crate::retry;
+
 /// Time to open the TCP connection (and the HTTP/2 one over it).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Time for a unary call's answer unless the caller says otherwise.
@@ -34,8 +36,10 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// HTTP/2 pings: how an idle session notices a vanished host (no FIN ever
 /// comes from a machine that lost power), and how any call notices a peer
 /// that accepted the connection but never speaks.
+/// 20 s as the server's (crate::server::KEEPALIVE_TIMEOUT): at 10 s a
+/// node busy with its test, or a starved simulator, lost its session.
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
-const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// How much a server may send on one call, and on the whole connection,
 /// before this client says it has read it. HTTP/2's default of 64 KiB made
@@ -343,21 +347,65 @@ impl Service<http::Request<Body>> for Channel {
         }
         let limit = grpc_timeout(req.headers()).unwrap_or(self.request_timeout);
         let url = self.url.clone();
-        let call = self.inner.call(req);
+        let again = retry::again(req.uri().path());
+        // The service made ready by poll_ready goes with the call (tower's
+        // rule: it holds the buffer's slot); a clone stays for the next.
+        let fresh = self.inner.clone();
+        let ready = std::mem::replace(&mut self.inner, fresh);
+        let call = tries(ready, req, again);
         Box::pin(async move {
             let late = |d| Status::deadline_exceeded(format!("{url}: {}", no_answer(d))).into();
             match tokio::time::timeout(limit, call).await {
                 Ok(Ok(resp)) => Ok(resp),
                 // A peer that accepted and never speaks fails the pings first.
-                Ok(Err(e)) if is_keepalive_timeout(&e) => {
+                Ok(Err(e)) if is_keepalive_timeout(&*e) => {
                     Err(late(KEEPALIVE_INTERVAL + KEEPALIVE_TIMEOUT))
                 }
                 // tonic's channel reads `grpc-timeout` too and may fire first.
-                Ok(Err(e)) if is_timeout(&e) => Err(late(limit)),
-                Ok(Err(e)) => Err(e.into()),
+                Ok(Err(e)) if is_timeout(&*e) => Err(late(limit)),
+                Ok(Err(e)) => Err(e),
                 Err(_) => Err(late(limit)),
             }
         })
+    }
+}
+
+/// `req` on `inner` (made ready), and again on a new connection while the failure
+/// shows it may go again (crate::retry), at most [`retry::ATTEMPTS`]
+/// times in all; the whole within the caller's limit.
+async fn tries(
+    mut inner: tonic::transport::Channel,
+    req: http::Request<Body>,
+    again: retry::Again,
+) -> Result<http::Response<Body>, StdError> {
+    if again == retry::Again::Never {
+        return inner.call(req).await.map_err(Into::into);
+    }
+    let kept = retry::Kept::keep(req).await?;
+    let mut n = 1;
+    loop {
+        // Ready for the first try already (poll_ready); again after.
+        let ready = match n {
+            1 => Ok(()),
+            _ => futures::future::poll_fn(|cx| inner.poll_ready(cx)).await,
+        };
+        let sent = match ready {
+            Ok(()) => inner.call(kept.request()).await,
+            Err(e) => Err(e),
+        };
+        match sent {
+            Err(e) if n < retry::ATTEMPTS && retry::worth_again(again, &e) => {
+                n += 1;
+                tracing::debug!(
+                    path = kept.path(),
+                    attempt = n,
+                    "the connection failed under the call ({}); trying again",
+                    root_cause(&e)
+                );
+                tokio::time::sleep(retry::pause(n)).await;
+            }
+            other => return other.map_err(Into::into),
+        }
     }
 }
 

@@ -21,6 +21,7 @@ pub mod mfu;
 pub mod pairs;
 pub mod rendezvous_keys;
 pub mod request;
+pub mod retry;
 pub mod search;
 pub mod server;
 pub mod server_tls;

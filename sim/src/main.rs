@@ -107,6 +107,14 @@ enum Cmd {
         /// Modelled seconds a round takes (communicators and one all_reduce).
         #[arg(long, default_value_t = 30.0)]
         round_s: f64,
+        /// Fleet sizes, one table block each (up to 131,072 nodes).
+        #[arg(long, value_delimiter = ',', default_value = "7,16,64,256,1024,4096", value_parser = clap::value_parser!(u32).range(2..=131_072))]
+        sizes: Vec<u32>,
+        /// Culprit counts (slow nodes and links, alternately), a row each
+        /// where they fit on distinct nodes (at most a sixteenth of the
+        /// fleet); a row with half the first-round groups slow is added.
+        #[arg(long, value_delimiter = ',', default_value = "0,1,2,4,8", value_parser = clap::value_parser!(u32).range(0..=4096))]
+        culprits: Vec<u32>,
     },
     /// Run the simulated fleet against a coordinator until Ctrl-C.
     Fleet {
@@ -148,6 +156,8 @@ fn main() -> Result<()> {
         draws,
         noise,
         round_s,
+        sizes,
+        culprits,
     } = &cli.command
     {
         if !(0.0..0.5).contains(noise) {
@@ -156,8 +166,8 @@ fn main() -> Result<()> {
         print!(
             "{}",
             gpuctl_sim::search::table(
-                &[7, 16, 64, 256, 1024, 4096],
-                &[0, 1, 2, 4, 8],
+                &sizes.iter().map(|&n| n as usize).collect::<Vec<_>>(),
+                &culprits.iter().map(|&k| k as usize).collect::<Vec<_>>(),
                 *noise,
                 *draws as usize,
                 *round_s

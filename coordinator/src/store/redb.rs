@@ -82,6 +82,28 @@ impl RedbStore {
         })
     }
 
+    /// Keys and bytes (key and value) under each first part of the key
+    /// (`results`, `telemetry`, …) of the store file at `path`, which no
+    /// coordinator holds: what takes a store's space (`gpuctl-sim bench`).
+    pub fn usage(path: &Path) -> StoreResult<std::collections::BTreeMap<String, (u64, u64)>> {
+        let db = Database::builder()
+            .set_cache_size(CACHE_BYTES)
+            .open(path)
+            .map_err(|e| StoreError::Backend(format!("cannot open {}: {e}", path.display())))?;
+        let tx = db.begin_read().map_err(backend)?;
+        let table = tx.open_table(KV).map_err(backend)?;
+        let mut out = std::collections::BTreeMap::<String, (u64, u64)>::new();
+        for item in table.iter().map_err(backend)? {
+            let (k, v) = item.map_err(backend)?;
+            let k = k.value();
+            let part = k.split('/').next().unwrap_or(k);
+            let e = out.entry(part.to_string()).or_default();
+            e.0 += 1;
+            e.1 += (k.len() + v.value().len()) as u64;
+        }
+        Ok(out)
+    }
+
     /// redb is synchronous; run it off the async workers.
     fn blocking<T, F>(&self, f: F) -> BoxFuture<'_, StoreResult<T>>
     where

@@ -1,4 +1,4 @@
-//! The CLI's calls during a run (`nodes`, `jobs`, `status`), made from a
+//! The CLI's calls during a run (`nodes`, `jobs`, `status`, `fleet`), made from a
 //! thread of their own as a person's CLI would, and their latencies. Apart
 //! from the run because they go on beside it, on their own runtime, until
 //! the run stops them.
@@ -11,7 +11,8 @@ use anyhow::{Context, Result};
 use gpuctl_core::client::Channel;
 use gpuctl_core::shutdown::Shutdown;
 use gpuctl_proto::pb::{
-    job_service_client::JobServiceClient, GetJobRequest, ListJobsRequest, ListNodesRequest,
+    job_service_client::JobServiceClient, GetFleetRequest, GetJobRequest, ListJobsRequest,
+    ListNodesRequest,
 };
 
 /// CLI latencies, by call, for the phase running now.
@@ -61,10 +62,34 @@ async fn cli_load(
             let ok = c.get_job(req).await.is_ok();
             record(&lat, "status", t, ok);
         }
+        let t = Instant::now();
+        let ok = whole_fleet(&mut c).await.is_ok();
+        record(&lat, "fleet", t, ok);
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
             _ = stop.cancelled() => return,
         }
+    }
+}
+
+/// `gpuctl fleet`'s calls: every row, page after page, as the CLI asks.
+async fn whole_fleet(c: &mut JobServiceClient<Channel>) -> Result<usize, tonic::Status> {
+    let (mut rows, mut after) = (0, String::new());
+    loop {
+        let page = c
+            .get_fleet(GetFleetRequest {
+                page_bytes: gpuctl_core::limits::MAX_LIST_PAGE as u32,
+                after: after.clone(),
+                ..Default::default()
+            })
+            .await?
+            .into_inner();
+        rows += page.rows.len();
+        // A page that does not move on ends the listing, as in the CLI.
+        if page.next_after.is_empty() || page.next_after <= after {
+            return Ok(rows);
+        }
+        after = page.next_after;
     }
 }
 

@@ -31,6 +31,9 @@ pub struct BenchReport {
     pub sessions_lost: u64,
     pub rpc_errors: u64,
     pub results_refused: u64,
+    /// The store at the end, by the key's first part: (keys, bytes of
+    /// keys and values); empty where the file could not be read.
+    pub store_use: BTreeMap<String, (u64, u64)>,
 }
 
 #[derive(Debug, Default, Clone)]

@@ -169,6 +169,16 @@ pub async fn run(cfg: &BenchConfig, dir: PathBuf) -> Result<BenchReport> {
     for j in &mut out.jobs {
         j.stored_ms = stored.get(&j.id).copied().unwrap_or(f64::NAN);
     }
+    // What takes the store's space, read once the coordinator let it go.
+    let file = co
+        .dir
+        .join("store")
+        .join(gpuctl_coordinator::server::STORE_FILE);
+    drop(co);
+    match gpuctl_coordinator::store::RedbStore::usage(&file) {
+        Ok(u) => out.store_use = u,
+        Err(e) => eprintln!("the store's keys could not be read: {e}"),
+    }
     Ok(out)
 }
 
@@ -204,13 +214,23 @@ async fn one_job(
                 assign_ms = (t.last_assignment - submitted).as_secs_f64() * 1e3;
             }
         }
-        let j = jobs
+        let j = match jobs
             .get_job(GetJobRequest {
                 job_id: job.id.clone(),
                 max_ranks: gpuctl_proto::VIEW_RANKS,
             })
-            .await?
-            .into_inner();
+            .await
+        {
+            Ok(j) => j.into_inner(),
+            // A coordinator too busy to answer in time is a figure (the
+            // CLI's latencies), not the end of the run; one that never
+            // answers ends it at the report's limit.
+            Err(e) if submitted.elapsed() < report_limit(&job) => {
+                eprintln!("  polling {}: {} ({:?})", job.id, e.message(), e.code());
+                continue;
+            }
+            Err(e) => bail!("polling {}: {} ({:?})", job.id, e.message(), e.code()),
+        };
         if j.state().is_terminal() {
             break (j.state(), Instant::now());
         }

@@ -35,6 +35,7 @@ impl BenchReport {
                 "cli_ms": p.cli.iter().map(|(k, (p50, p99, n))| (k.clone(), json!({"p50": p50, "p99": p99, "calls": n}))).collect::<serde_json::Map<_, _>>(),
                 "slowest_calls": p.slowest.iter().map(|(k, at, ms)| json!({"call": k, "at_s": at, "ms": ms})).collect::<Vec<_>>(),
             })).collect::<Vec<_>>(),
+            "store_by_prefix": self.store_use.iter().map(|(k, (n, b))| (k.clone(), json!({"keys": n, "bytes": b}))).collect::<serde_json::Map<_, _>>(),
             "jobs": self.jobs.iter().map(|j| json!({
                 "id": j.id, "state": j.state, "ranks": j.ranks, "results_in_report": j.results_in_report,
                 "assign_ms": j.assign_ms, "ended_ms": j.ended_ms, "stored_ms": j.stored_ms, "report_ms": j.report_ms, "rss_after_bytes": j.rss_after,
@@ -137,6 +138,25 @@ impl BenchReport {
             ]);
         }
         println!("{t}");
+        if !self.store_use.is_empty() {
+            let jobs = self.jobs.len().max(1) as f64;
+            let mut t = comfy_table::Table::new();
+            t.load_preset(comfy_table::presets::NOTHING).set_header([
+                "STORE KEYS UNDER",
+                "KEYS",
+                "MB",
+                "MB PER JOB",
+            ]);
+            for (part, (n, b)) in &self.store_use {
+                t.add_row([
+                    format!("{part}/"),
+                    n.to_string(),
+                    format!("{:.1}", *b as f64 / MB),
+                    format!("{:.1}", *b as f64 / MB / jobs),
+                ]);
+            }
+            println!("\nthe store after {} jobs (keys and values; the file holds more: pages, free space)\n{t}", self.jobs.len());
+        }
         // Only when something went wrong: each is a reason to doubt the run.
         if self.sessions_lost + self.rpc_errors + self.results_refused > 0 {
             println!(
