@@ -22,7 +22,7 @@ use tracing::{info, warn};
 
 use super::{records, Authority};
 use crate::judge::checks::perf::rules::PerfRules;
-use crate::judge::figures::{of_report, Metric, RankFigures};
+use crate::judge::figures::{of_report, Figures, Metric, RankFigures};
 use crate::store::StateStore;
 
 /// A node's outcome in the suite, as its acceptance state says.
@@ -191,9 +191,39 @@ fn finding_of<'a>(
     })
 }
 
+/// The floor the judge held `metric key` to on `model`, as (the floor, the
+/// score under which it warns): `None` where no floor applies, as the
+/// judge decides it (`judge::checks::perf::floors`).
+fn floor_of(
+    rules: &PerfRules,
+    figs: &Figures,
+    model: &str,
+    metric: Metric,
+    key: &str,
+) -> Option<(f64, f64)> {
+    let reported = figs.ranks.iter().filter(|r| r.reported).count();
+    // One rank moves nothing over a link: no bus-bandwidth floor applies.
+    if metric == Metric::Busbw && reported < 2 {
+        return None;
+    }
+    let f = rules.floors.iter().find(|f| {
+        f.metric == metric.name()
+            && f.key == key
+            && f.gpu.eq_ignore_ascii_case(model)
+            && (!f.single_node || figs.job.single_node.is_some())
+    })?;
+    let warn = match f.warn {
+        Some(w) if metric.higher_is_better() && f.fail > 0.0 => w / f.fail,
+        Some(w) if w > 0.0 => f.fail / w,
+        _ => 1.0,
+    };
+    Some((f.fail, warn))
+}
+
 /// Every figure of `node` in one stage's report, each against the reference
 /// the judge used where it missed (its finding), else against the job's
-/// median of the same figure among ranks of the same device class.
+/// median of the same figure among ranks of the same device class, else
+/// against the floor it met.
 fn node_figures(rules: &PerfRules, stage: &str, report: &Report, node: &str) -> Vec<FigureRecord> {
     let figs = of_report(report);
     let mut peers: BTreeMap<(Metric, &str, &str), Vec<f64>> = BTreeMap::new();
@@ -224,21 +254,30 @@ fn node_figures(rules: &PerfRules, stage: &str, report: &Report, node: &str) -> 
                 f.reference,
                 rule.fleet_ratios(cpu),
             ),
-            None => match r {
-                Some(r) if rule.fleet => {
-                    let vals = peers
-                        .get(&(metric, key, r.class.as_str()))
-                        .cloned()
-                        .unwrap_or_default();
-                    if vals.len() >= rules.fleet_min_ranks {
-                        let m = median(vals).unwrap_or(0.0);
-                        ("fleet".to_string(), m, rule.fleet_ratios(cpu))
-                    } else {
-                        ("none".to_string(), 0.0, (0.0, 0.0))
+            None => {
+                let fleet = match r {
+                    Some(r) if rule.fleet => {
+                        let vals = peers
+                            .get(&(metric, key, r.class.as_str()))
+                            .cloned()
+                            .unwrap_or_default();
+                        (vals.len() >= rules.fleet_min_ranks).then(|| {
+                            let m = median(vals).unwrap_or(0.0);
+                            ("fleet".to_string(), m, rule.fleet_ratios(cpu))
+                        })
                     }
-                }
-                _ => ("none".to_string(), 0.0, (0.0, 0.0)),
-            },
+                    _ => None,
+                };
+                // Met its floor: the judge wrote nothing, but the floor it
+                // held the figure to is the reference a reader wants.
+                let model = r.map(|r| r.model.as_str()).or(figs.job.model.as_deref());
+                fleet
+                    .or_else(|| {
+                        floor_of(rules, &figs, model?, metric, key)
+                            .map(|(fail, warn)| ("floor".to_string(), fail, (1.0, warn)))
+                    })
+                    .unwrap_or(("none".to_string(), 0.0, (0.0, 0.0)))
+            }
         };
         // JSON has no NaN: a reference that is not a number judges nothing.
         let (kind, reference) = if reference.is_finite() {
@@ -375,5 +414,47 @@ mod tests {
         for f in n0.iter().chain(&n2).chain(&n3) {
             assert_eq!(&judged(f.clone()), f);
         }
+    }
+
+    #[test]
+    fn a_lone_gpu_that_met_its_floor_records_the_floor_not_nothing() {
+        // One H200 on its own (the device machine's one-GPU lease): no fleet
+        // to compare with, no finding, but the built-in floor it met.
+        let rules = PerfRules::default();
+        let one = Report {
+            job_id: "job-000001".into(),
+            workload: "stress".into(),
+            nodes: vec![rank(0, 657.8, 655.0)],
+            ..Default::default()
+        };
+        let figs = node_figures(&rules, "stress", &one, "n0");
+        let tf = of(&figs, "stress_tflops");
+        let floor = rules
+            .floors
+            .iter()
+            .find(|f| f.gpu == "NVIDIA H200" && f.metric == "stress_tflops" && f.key == "bf16 8192")
+            .expect("a built-in H200 stress floor");
+        assert_eq!(
+            (
+                tf.reference_kind.as_str(),
+                tf.reference,
+                tf.verdict.as_str()
+            ),
+            ("floor", floor.fail, "pass")
+        );
+        assert_eq!(&judged(tf.clone()), tf);
+        // Below it: fail, against the same floor.
+        let slow = Report {
+            nodes: vec![rank(0, 295.0, 290.0)],
+            ..one
+        };
+        let tf = node_figures(&rules, "stress", &slow, "n0")
+            .into_iter()
+            .find(|f| f.metric == "stress_tflops")
+            .unwrap();
+        assert_eq!(
+            (tf.reference_kind.as_str(), tf.verdict.as_str()),
+            ("floor", "fail")
+        );
     }
 }
