@@ -21,7 +21,7 @@ use prost::Message;
 use tracing::{info, warn};
 
 use super::{records, Authority};
-use crate::judge::checks::perf::rules::PerfRules;
+use crate::judge::checks::perf::rules::{Floor, PerfRules};
 use crate::judge::figures::{of_report, Figures, Metric, RankFigures};
 use crate::store::StateStore;
 
@@ -201,17 +201,14 @@ fn floor_of(
     metric: Metric,
     key: &str,
 ) -> Option<(f64, f64)> {
-    let reported = figs.ranks.iter().filter(|r| r.reported).count();
-    // One rank moves nothing over a link: no bus-bandwidth floor applies.
-    if metric == Metric::Busbw && reported < 2 {
+    let single_node = figs.job.single_node.is_some();
+    if Floor::lone_link(metric, figs.ranks.len()) {
         return None;
     }
-    let f = rules.floors.iter().find(|f| {
-        f.metric == metric.name()
-            && f.key == key
-            && f.gpu.eq_ignore_ascii_case(model)
-            && (!f.single_node || figs.job.single_node.is_some())
-    })?;
+    let f = rules
+        .floors
+        .iter()
+        .find(|f| f.metric == metric.name() && f.key == key && f.fits(model, single_node))?;
     let warn = match f.warn {
         Some(w) if metric.higher_is_better() && f.fail > 0.0 => w / f.fail,
         Some(w) if w > 0.0 => f.fail / w,

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::finding::fmt_value;
 use super::reference::{compare, Reference, Scope};
 use super::{Expected, JobFigures, Judgement, Metric, RankFigures};
-use crate::judge::checks::perf::rules::PerfRules;
+use crate::judge::checks::perf::rules::{Floor, PerfRules};
 
 /// Reference 3: the floors per GPU model (built in, or from `--rules`).
 pub(super) fn floors(
@@ -27,19 +27,11 @@ pub(super) fn floors(
         let Some(metric) = Metric::from_name(&floor.metric) else {
             continue; // refused when the rules were loaded
         };
-        let Some(model) = models
-            .iter()
-            .find(|m| m.eq_ignore_ascii_case(&floor.gpu))
-            .copied()
-        else {
+        let single_node = job.single_node.is_some();
+        let Some(model) = models.iter().find(|m| floor.fits(m, single_node)).copied() else {
             continue;
         };
-        if floor.single_node && job.single_node.is_none() {
-            continue;
-        }
-        // One rank moves nothing over a link: nccl-tests' bus bandwidth is 0
-        // by its formula (2(n-1)/n), and a healthy one-GPU host failed on it.
-        if metric == Metric::Busbw && ranks.len() < 2 {
+        if Floor::lone_link(metric, ranks.len()) {
             lone |= expected.iter().any(|(m, _)| *m == Metric::Busbw);
             continue;
         }

@@ -91,6 +91,22 @@ pub struct Floor {
     pub source: String,
 }
 
+impl Floor {
+    /// Whether this floor is for a GPU of `model` in a job on one node or
+    /// not. The judge (`floors.rs`) and a certificate's figures
+    /// (`cert/issue.rs`) both ask it, with [`Floor::lone_link`], so the two
+    /// cannot choose different floors.
+    pub fn fits(&self, model: &str, single_node: bool) -> bool {
+        self.gpu.eq_ignore_ascii_case(model) && (!self.single_node || single_node)
+    }
+
+    /// One rank moves nothing over a link: nccl-tests' bus bandwidth is 0
+    /// by its formula (2(n-1)/n), and a healthy one-GPU host failed on it.
+    pub fn lone_link(metric: Metric, ranks: usize) -> bool {
+        metric == Metric::Busbw && ranks < 2
+    }
+}
+
 /// A `[metrics.NAME]` table: the keys it names replace the current ones.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
