@@ -14,20 +14,17 @@ use gpuctl_proto::pb;
 use html_escape::encode_text as text;
 use prost::Message;
 
-use super::{figure, figures, folded, style, table};
+use super::{figure, figures, folded, page_end, page_start, table};
 use crate::output::table::Table;
 
 /// The page for `c`; `evidence` is the folder `cert export --evidence` wrote.
 pub fn page(c: &Certificate, evidence: Option<&Path>) -> Result<String> {
-    let mut s = format!(
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
-         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n\
-         <title>{} {}: {}</title>\n<style>{}</style>\n</head>\n<body>\n",
-        text(&c.id),
-        text(&c.node),
-        text(&c.verdict.to_uppercase()),
-        style::CSS
-    );
+    let mut s = page_start(&format!(
+        "{} {}: {}",
+        c.id,
+        c.node,
+        c.verdict.to_uppercase()
+    ));
     let verdict = match c.verdict.as_str() {
         v @ ("pass" | "warn" | "fail") => v,
         _ => "incomplete",
@@ -83,13 +80,8 @@ pub fn page(c: &Certificate, evidence: Option<&Path>) -> Result<String> {
     }
     s.push_str("<h2 id=\"plots\">Evidence</h2>\n");
     s.push_str(&plots(c, evidence)?);
-    s.push_str(&format!(
-        "<footer>gpuctl {} · this file is self-contained: it needs no network. Its figures are the certificate's; verify the certificate itself with `gpuctl cert verify`.</footer>\n",
-        env!("CARGO_PKG_VERSION")
-    ));
-    s.push_str(&format!(
-        "<script>{}</script>\n</body>\n</html>\n",
-        style::CHECK
+    s.push_str(&page_end(
+        " Its figures are the certificate's; verify the certificate itself with `gpuctl cert verify`.",
     ));
     Ok(s)
 }

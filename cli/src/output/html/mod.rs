@@ -27,15 +27,12 @@ use crate::output::report::{collectives, gpu, header, ranks};
 /// The whole page for `r`, with `timeline`'s telemetry plots.
 pub fn page(r: &pb::Report, timeline: &pb::Timeline) -> Result<String> {
     let verdict = r.verdict().label();
-    let mut s = format!(
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
-         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n\
-         <title>{} {}: {}</title>\n<style>{}</style>\n</head>\n<body>\n",
-        text(&r.job_id),
-        text(&r.workload),
-        verdict.to_uppercase(),
-        style::CSS
-    );
+    let mut s = page_start(&format!(
+        "{} {}: {}",
+        r.job_id,
+        r.workload,
+        verdict.to_uppercase()
+    ));
     s.push_str(&banner(r));
     s.push_str(&findings(r));
     s.push_str(&facts(r, timeline));
@@ -60,15 +57,30 @@ pub fn page(r: &pb::Report, timeline: &pb::Timeline) -> Result<String> {
         s.push_str(&figure(f));
     }
     s.push_str(&tables(r));
-    s.push_str(&format!(
-        "<footer>gpuctl {} · this file is self-contained: it needs no network.</footer>\n",
-        env!("CARGO_PKG_VERSION")
-    ));
-    s.push_str(&format!(
-        "<script>{}</script>\n</body>\n</html>\n",
-        style::CHECK
-    ));
+    s.push_str(&page_end(""));
     Ok(s)
+}
+
+/// A self-contained page's head up to `<body>`: `title` (escaped here) and
+/// the one style sheet every page of gpuctl's shares.
+fn page_start(title: &str) -> String {
+    format!(
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n\
+         <title>{}</title>\n<style>{}</style>\n</head>\n<body>\n",
+        text(title),
+        style::CSS
+    )
+}
+
+/// The page's footer, `more` (already HTML) after the version and the
+/// self-contained line, then the script and the closing tags.
+fn page_end(more: &str) -> String {
+    format!(
+        "<footer>gpuctl {} · this file is self-contained: it needs no network.{more}</footer>\n         <script>{}</script>\n</body>\n</html>\n",
+        env!("CARGO_PKG_VERSION"),
+        style::CHECK
+    )
 }
 
 /// The plots that apply to the job, in the page's order.
