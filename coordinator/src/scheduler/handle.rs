@@ -53,21 +53,36 @@ impl SchedulerHandle {
         &self,
         req: ListNodesRequest,
     ) -> Result<ListNodesResponse, CoordinatorError> {
-        let (tx, rx) = oneshot::channel();
-        let brief = req.brief;
-        self.lane(Query::ListNodes { brief, reply: tx }.into())
-            .await
-            .map_err(|_| CoordinatorError::ShuttingDown)?;
-        let listing = background::recv_in_place(rx)
-            .await
-            .map_err(|_| CoordinatorError::ShuttingDown)?;
-        match listing {
+        match self.listing(req.brief).await? {
             Listing::Table(t) => Ok(ListNodesResponse {
                 table: Some(*t),
                 ..Default::default()
             }),
             Listing::Nodes(nodes) => background::in_place(move || page(nodes, &req)),
         }
+    }
+
+    /// One registered node as [`Self::list_nodes`] lists it (`None`: no such
+    /// node), copied alone: a fleet past one answer's bytes has it whatever
+    /// page it would fall on.
+    pub async fn node(&self, name: &str) -> Result<Option<Node>, CoordinatorError> {
+        Ok(match self.listing(false).await? {
+            Listing::Nodes(nodes) => nodes
+                .into_iter()
+                .find(|n| n.name == name)
+                .map(Arc::unwrap_or_clone),
+            Listing::Table(_) => None,
+        })
+    }
+
+    async fn listing(&self, brief: bool) -> Result<Listing, CoordinatorError> {
+        let (tx, rx) = oneshot::channel();
+        self.lane(Query::ListNodes { brief, reply: tx }.into())
+            .await
+            .map_err(|_| CoordinatorError::ShuttingDown)?;
+        background::recv_in_place(rx)
+            .await
+            .map_err(|_| CoordinatorError::ShuttingDown)
     }
 
     /// Sends an event that needs no answer.

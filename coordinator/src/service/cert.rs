@@ -6,8 +6,8 @@
 
 use gpuctl_cert::verify::Revocation as Revoked;
 use gpuctl_proto::pb::{
-    CertKey, CertResponse, CertSummary, EvidenceFile, GetCertRequest, ListNodesRequest,
-    ListRevokedResponse, Revocation, RevokeCertRequest,
+    CertKey, CertResponse, CertSummary, EvidenceFile, GetCertRequest, ListRevokedResponse,
+    Revocation, RevokeCertRequest,
 };
 
 use crate::cert::{identity, records, Authority};
@@ -60,11 +60,10 @@ pub async fn get(
             }
         }
     }
-    let nodes = sched.list_nodes(ListNodesRequest::default()).await?.nodes;
-    let live_identity = nodes
-        .iter()
-        .find(|n| n.name == node)
-        .map(|n| serde_json::to_string(&identity::of_node(n)).expect("an identity serialises"))
+    let live_identity = sched
+        .node(node)
+        .await?
+        .map(|n| serde_json::to_string(&identity::of_node(&n)).expect("an identity serialises"))
         .unwrap_or_default();
     Ok(CertResponse {
         envelope,
