@@ -41,11 +41,15 @@ if [ "${#missing[@]}" -gt 0 ]; then
     "${sudo[@]}" apt-get update
     "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}"
 fi
-# worker/tests/side_stream.rs needs two NVIDIA GPUs and fails without them;
-# on a machine with none it is opted out here, out loud.
-if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU 1:'; then
-    echo "fewer than 2 GPUs here: the 2-GPU tests (worker/tests/side_stream.rs) are opted out (GPUCTL_SKIP_GPU_TESTS=1)" >&2
+# The GPU tests fail without their GPUs (worker/tests/one_pass_sgd.rs needs
+# one, side_stream.rs two); on a machine without them they are opted out
+# here, out loud.
+if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU 0:'; then
+    echo "no GPU here: the GPU tests (worker/tests/one_pass_sgd.rs, side_stream.rs) are opted out (GPUCTL_SKIP_GPU_TESTS=1)" >&2
     export GPUCTL_SKIP_GPU_TESTS="${GPUCTL_SKIP_GPU_TESTS:-1}"
+elif ! nvidia-smi -L 2>/dev/null | grep -q '^GPU 1:'; then
+    echo "one GPU here: the 2-GPU test (worker/tests/side_stream.rs) is opted out (GPUCTL_SKIP_2GPU_TESTS=1)" >&2
+    export GPUCTL_SKIP_2GPU_TESTS="${GPUCTL_SKIP_2GPU_TESTS:-1}"
 fi
 cargo build --workspace --locked
 # Every test binary runs even when one fails, so that one failure never hides

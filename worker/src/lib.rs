@@ -12,6 +12,7 @@ mod connect;
 pub mod context;
 pub mod device;
 pub mod digest;
+pub mod kernels;
 pub mod partial;
 pub mod prestart;
 pub mod profile;

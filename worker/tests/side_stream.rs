@@ -7,7 +7,8 @@
 //! `LD_LIBRARY_PATH` (with a folder holding a `libnccl.so` link to PyTorch's
 //! `libnccl.so.2` first, as the agent sets it up for workers). Without them
 //! the test fails saying what is missing; set `GPUCTL_SKIP_GPU_TESTS=1` on a
-//! machine known to have no GPU (CI) to opt out.
+//! machine known to have no GPU (CI), or `GPUCTL_SKIP_2GPU_TESTS=1` on one
+//! with one GPU, to opt out.
 
 use std::sync::Arc;
 use std::thread;
@@ -27,9 +28,11 @@ const SETUP: &str = "this test needs 2 CUDA GPUs and LD_LIBRARY_PATH = <shim fol
 
 /// Whether to run: panics saying what is missing, unless opted out.
 fn gpus_or_opt_out() -> bool {
-    if std::env::var_os(SKIP).is_some_and(|v| !v.is_empty() && v != "0") {
-        eprintln!("{SKIP} is set: the side-stream GPU test does not run");
-        return false;
+    for skip in [SKIP, "GPUCTL_SKIP_2GPU_TESTS"] {
+        if std::env::var_os(skip).is_some_and(|v| !v.is_empty() && v != "0") {
+            eprintln!("{skip} is set: the side-stream GPU test does not run");
+            return false;
+        }
     }
     if let Err(e) = load_torch_cuda() {
         panic!("libtorch_cuda.so could not be loaded ({e:#}); {SETUP}");

@@ -183,10 +183,20 @@ impl Gpt {
         let (d, h) = (self.cfg.dim, self.cfg.heads);
         let blk = &self.blocks[k];
         let a = ln(x, &blk.ln1, d)?;
+        // unbind, not three selects: backward then stacks the three
+        // gradients into the projection's layout in one kernel, where each
+        // select's backward zero-filled a whole qkv-sized tensor, copied its
+        // third in and autograd added the three (about 4 ms of a GPT-1.3B
+        // step on an H200, docs/benchmarks.md).
         let qkv = lin(&a, &blk.qkv)?
             .f_view([b, t, 3, h, d / h])?
-            .f_permute([2, 0, 3, 1, 4])?;
-        let (q, k, v) = (qkv.f_get(0)?, qkv.f_get(1)?, qkv.f_get(2)?);
+            .f_unbind(2)?;
+        let head_major = |x: &Tensor| x.f_transpose(1, 2);
+        let (q, k, v) = (
+            head_major(&qkv[0])?,
+            head_major(&qkv[1])?,
+            head_major(&qkv[2])?,
+        );
         let y = Tensor::f_scaled_dot_product_attention::<Tensor>(
             &q, &k, &v, None, 0.0, true, None, false,
         )?

@@ -13,6 +13,7 @@ use super::flat::{cast_buffers, initial_values, install, Layout};
 use super::optim::{found_inf, CommClock, LossScaler, Sgd};
 use super::staged::{forward_backward, Hooks, Stage};
 use crate::comm::{Collectives, Ticket};
+use crate::kernels::sgd::{Rates, SgdKernel};
 use crate::workloads::models::{Batch, Model};
 
 /// Elements of the fp32 update's temporaries at a time (about 128 MiB each).
@@ -39,6 +40,8 @@ pub(crate) struct Replicated {
     buckets: Vec<Bucket>,
     /// Runs of units (first, end) updated together.
     update_runs: Vec<(usize, usize)>,
+    /// The one-pass update, for bf16 without a loss scale on a GPU.
+    one_pass: Option<&'static SgdKernel>,
 }
 
 /// Units grouped from the last, each group at least `bytes` (the last group
@@ -114,7 +117,11 @@ impl Replicated {
                 after: Stage::completing(first),
             });
         }
+        let one_pass = (kind == Kind::BFloat16 && scaler.is_none())
+            .then(|| SgdKernel::get(dev))
+            .flatten();
         Ok(Replicated {
+            one_pass,
             momentum: master.f_zeros_like()?,
             layout,
             compute,
@@ -165,6 +172,21 @@ impl Replicated {
             }
             if !take {
                 return Ok(());
+            }
+            if let Some(k) = self.one_pass {
+                // No temporaries: the whole model in one launch.
+                let rates = Rates {
+                    lr: sgd.lr,
+                    momentum: sgd.momentum,
+                    divisor: ranks as f64 * scale,
+                };
+                return k.step(
+                    &self.master,
+                    &self.momentum,
+                    &self.grad,
+                    Some(&self.compute),
+                    rates,
+                );
             }
             // In runs of whole units of UPDATE_ELEMS or more: the fp32
             // temporaries stay that small, and a small model is one run.

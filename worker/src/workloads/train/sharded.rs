@@ -13,8 +13,9 @@
 //!   reduce-scattered (in place, on the side stream) and its shard updated
 //!   once they arrive, before its gradient slot is needed again.
 //!
-//! Gathers send a compute-kind copy of the master shard made just before (the
-//! root's in its gradient buffer, which backward needs only later).
+//! Gathers are in place, as FSDP2's: the master shard is cast to the compute
+//! kind straight into this rank's part of the unit's buffer, and the
+//! all-gather fills the rest around it (no staging copy, no local copy).
 //! fp16 keeps the reduced shard gradients until every unit's are in, since
 //! the loss scaler decides over the whole step.
 
@@ -26,6 +27,7 @@ use super::optim::{found_inf, CommClock, LossScaler, Sgd};
 use super::staged::{forward_backward, Hooks, Stage};
 use crate::comm::{Collectives, Ticket};
 use crate::digest::Digest;
+use crate::kernels::sgd::{Rates, SgdKernel};
 use crate::workloads::models::{Batch, Model};
 
 pub(crate) struct Sharded {
@@ -40,10 +42,10 @@ pub(crate) struct Sharded {
     root_grads: Tensor,
     slot_params: [Tensor; 2],
     slot_grads: [Tensor; 2],
-    /// Compute-kind copies of a master shard for a gather (not in fp32).
-    staging: [Tensor; 2],
     /// fp16: the reduced shard gradients of the step, for the scaler's vote.
     grad_shard: Option<Tensor>,
+    /// The one-pass update, for bf16 on a GPU.
+    one_pass: Option<&'static SgdKernel>,
     pub scaler: Option<LossScaler>,
     pub skipped: u64,
 }
@@ -76,17 +78,6 @@ impl Sharded {
         let zeros = |n: i64| Tensor::f_zeros([n], (kind, dev));
         let slot_params = [zeros(big)?, zeros(big)?];
         let slot_grads = [zeros(big)?, zeros(big)?];
-        // The root's gather stages its shard in the root's gradient buffer
-        // (free until backward): staging is for blocks only.
-        let biggest_shard = (1..layout.units.len())
-            .map(|u| layout.units[u].shard(world))
-            .max()
-            .unwrap_or(1);
-        let staging = if kind == Kind::Float {
-            [zeros(1)?, zeros(1)?]
-        } else {
-            [zeros(biggest_shard)?, zeros(biggest_shard)?]
-        };
         let master = Tensor::f_zeros([layout.shard_total], (Kind::Float, dev))?;
         let st = Sharded {
             momentum: master.f_zeros_like()?,
@@ -102,7 +93,9 @@ impl Sharded {
             root_grads,
             slot_params,
             slot_grads,
-            staging,
+            one_pass: (kind == Kind::BFloat16)
+                .then(|| SgdKernel::get(dev))
+                .flatten(),
             scaler,
             skipped: 0,
         };
@@ -168,7 +161,6 @@ impl Sharded {
             blocks,
             gathers: vec![None; blocks + 1],
             pending: Vec::new(),
-            parity: 0,
         };
         let loss = forward_backward(model, batch, scale, &mut hooks)?;
         hooks.settle_all()?;
@@ -257,7 +249,6 @@ struct ShardHooks<'s, 'c> {
     gathers: Vec<Option<Ticket>>,
     /// Units whose gradients are being reduce-scattered, and their tickets.
     pending: Vec<(usize, Ticket)>,
-    parity: usize,
 }
 
 impl ShardHooks<'_, '_> {
@@ -268,18 +259,16 @@ impl ShardHooks<'_, '_> {
         let (dst, _) = st.unit_buffers(u)?;
         let send = if st.kind == Kind::Float {
             master
-        } else if u == 0 {
-            // Zeroed for backward only after compute waited for this gather.
-            let s = st.root_grads.f_narrow(0, 0, master.numel() as i64)?;
-            tch::no_grad(|| s.shallow_clone().f_copy_(&master))?;
-            s
         } else {
-            // Two gathers back used the other staging buffer, and compute
-            // has waited for that gather since.
-            let s = st.staging[self.parity].f_narrow(0, 0, master.numel() as i64)?;
-            self.parity ^= 1;
-            tch::no_grad(|| s.shallow_clone().f_copy_(&master))?;
-            s
+            // In place, as FSDP2 gathers: this rank's part of the unit's
+            // buffer is its shard cast to the compute kind, and the gather
+            // fills the rest around it. The cast is queued on the compute
+            // stream after the last reader of this buffer, and the gather
+            // waits for the cast (side_begin).
+            let c = master.numel() as i64;
+            let mine = dst.f_narrow(0, st.rank as i64 * c, c)?;
+            tch::no_grad(|| mine.shallow_clone().f_copy_(&master))?;
+            mine
         };
         let ticket = match self.comm.as_deref_mut() {
             Some(c) => {
@@ -290,7 +279,10 @@ impl ShardHooks<'_, '_> {
                 c.side_end()?
             }
             None => {
-                tch::no_grad(|| dst.shallow_clone().f_copy_(&send))?;
+                // One rank: the cast above filled the buffer already.
+                if st.kind == Kind::Float {
+                    tch::no_grad(|| dst.shallow_clone().f_copy_(&send))?;
+                }
                 Ticket::default()
             }
         };
@@ -339,9 +331,17 @@ impl ShardHooks<'_, '_> {
                 st.shard_of(gs, u)?.f_copy_(&reduced)?;
                 return Ok(());
             }
-            let g32 = Sgd::grad32(&reduced)?;
             let mut m = st.shard_of(&st.master, u)?;
             let mut mo = st.shard_of(&st.momentum, u)?;
+            if let Some(k) = st.one_pass {
+                let rates = Rates {
+                    lr: self.sgd.lr,
+                    momentum: self.sgd.momentum,
+                    divisor: st.world as f64 * self.scale,
+                };
+                return k.step(&m, &mo, &reduced, None, rates);
+            }
+            let g32 = Sgd::grad32(&reduced)?;
             self.sgd.apply(&mut m, &mut mo, &g32, st.world, self.scale)
         })
     }
