@@ -5,6 +5,7 @@
 //! an age) so the history stays bounded without the scheduler doing store
 //! scans.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use futures::StreamExt as _;
@@ -144,17 +145,26 @@ pub async fn fleet(
         links.add(&runs);
         last = runs;
     }
+    // Each node's first row, by name: finding it by a scan of the rows was
+    // quadratic, about 2.7e8 comparisons for 16,384 accepted nodes.
+    let mut first: HashMap<String, usize> = HashMap::new();
+    for (i, r) in rows.iter().enumerate() {
+        first.entry(r.node.clone()).or_insert(i);
+    }
     for a in accepted {
         if !node.is_empty() && a.node != node {
             continue;
         }
-        match rows.iter_mut().find(|r| r.node == a.node) {
-            Some(row) => row.acceptance = Some(a),
-            None => rows.push(FleetRow {
-                node: a.node.clone(),
-                acceptance: Some(a),
-                ..Default::default()
-            }),
+        match first.get(&a.node) {
+            Some(&i) => rows[i].acceptance = Some(a),
+            None => {
+                first.insert(a.node.clone(), rows.len());
+                rows.push(FleetRow {
+                    node: a.node.clone(),
+                    acceptance: Some(a),
+                    ..Default::default()
+                });
+            }
         }
     }
     rows.sort_by(|a, b| a.node.cmp(&b.node));
