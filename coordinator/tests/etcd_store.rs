@@ -229,6 +229,64 @@ async fn put_many_is_atomic_and_fenced() {
     assert!(leader.close().await.is_err(), "close reports the lost lead");
 }
 
+/// Raw keys under `prefix` in etcd, the store's own prefix included.
+async fn raw_keys(url: &str, prefix: &str) -> usize {
+    let mut c = etcd_client::Client::connect([url], None).await.unwrap();
+    let opts = etcd_client::GetOptions::new()
+        .with_prefix()
+        .with_count_only();
+    c.get(prefix, Some(opts)).await.unwrap().count() as usize
+}
+
+#[tokio::test]
+async fn values_past_one_request_are_stored_in_parts() {
+    // A report of 1,024 × 8 ranks was refused whole ("etcdserver: request is
+    // too large"): past 512 KiB a value goes in parts, read back whole.
+    let etcd = Etcd::start().await;
+    let store = EtcdStore::connect(&etcd.url, "/t/").await.unwrap();
+    let big = |seed: u8, n: usize| -> Vec<u8> { (0..n).map(|i| (i as u8) ^ seed).collect() };
+    let (one, two) = (big(1, 3 << 20), big(2, (5 << 20) / 2));
+    store
+        .put_many(vec![
+            ("reports/job-1".into(), one.clone()),
+            ("reports/job-2".into(), b"small".to_vec()),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(
+        store.get("reports/job-1".into()).await.unwrap(),
+        Some(one.clone())
+    );
+    assert_eq!(
+        raw_keys(&etcd.url, "/t/reports/job-1\0").await,
+        6,
+        "3 MiB in 512 KiB parts"
+    );
+    let scan = store.scan_prefix("reports/".into()).await.unwrap();
+    assert_eq!(
+        scan,
+        vec![
+            ("reports/job-1".to_string(), one),
+            ("reports/job-2".to_string(), b"small".to_vec()),
+        ],
+        "a scan hands over the whole value once, and no part"
+    );
+    // Written again: the new parts alone remain.
+    store
+        .put("reports/job-1".into(), two.clone())
+        .await
+        .unwrap();
+    assert_eq!(store.get("reports/job-1".into()).await.unwrap(), Some(two));
+    assert_eq!(raw_keys(&etcd.url, "/t/reports/job-1\0").await, 5);
+    assert!(store.delete("reports/job-1".into()).await.unwrap());
+    assert_eq!(store.get("reports/job-1".into()).await.unwrap(), None);
+    assert_eq!(
+        raw_keys(&etcd.url, "/t/reports/job-1").await,
+        0,
+        "no part outlives its key"
+    );
+}
+
 #[tokio::test]
 async fn unreachable_etcd_names_the_endpoint_and_the_fix() {
     let url = format!("http://127.0.0.1:{}", free_port());

@@ -33,6 +33,9 @@ use crate::ranks::{self, RankJob};
 /// What the simulated fleet looks like.
 #[derive(Debug, Clone)]
 pub struct FleetConfig {
+    /// The coordinator, or several comma-separated (a leader and its
+    /// standbys, on one etcd): agents find the leader as `gpuctl-agent` does
+    /// and look for it again when their session ends.
     pub url: String,
     pub nodes: usize,
     pub gpus: u32,
@@ -77,13 +80,11 @@ pub struct Fleet {
 pub async fn start(cfg: FleetConfig, shutdown: Shutdown) -> Result<Fleet> {
     let stats = Arc::new(Stats::default());
     let clock = Clock::system();
+    let urls = gpuctl_core::leader::split_urls(&cfg.url);
     let mut channels = Vec::new();
     for _ in 0..cfg.connections.clamp(1, cfg.nodes.max(1)) {
         channels.push(
-            gpuctl_core::client::builder(&cfg.url)
-                .connect_timeout(Duration::from_secs(10))
-                .request_timeout(Duration::from_secs(30))
-                .connect()
+            gpuctl_core::leader::find_leader(&urls, builder)
                 .await
                 .with_context(|| format!("connecting to {}", cfg.url))?,
         );
@@ -97,7 +98,8 @@ pub async fn start(cfg: FleetConfig, shutdown: Shutdown) -> Result<Fleet> {
             name: name.clone(),
             index: i as u32,
             cfg: cfg.clone(),
-            channel: channels[i % channels.len()].clone(),
+            channel: Mutex::new(channels[i % channels.len()].clone()),
+            urls: urls.clone(),
             stats: stats.clone(),
             shutdown: shutdown.clone(),
             clock: clock.clone(),
@@ -112,11 +114,20 @@ pub async fn start(cfg: FleetConfig, shutdown: Shutdown) -> Result<Fleet> {
     Ok(Fleet { stats, names })
 }
 
+/// How the simulated agents connect: as gpuctl-agent's session does.
+fn builder(url: &str) -> gpuctl_core::client::Builder {
+    gpuctl_core::client::builder(url)
+        .connect_timeout(Duration::from_secs(10))
+        .request_timeout(Duration::from_secs(30))
+}
+
 struct Agent {
     name: String,
     index: u32,
     cfg: FleetConfig,
-    channel: Channel,
+    /// The connection to the coordinator that leads, as last found.
+    channel: Mutex<Channel>,
+    urls: Vec<String>,
     stats: Arc<Stats>,
     shutdown: Shutdown,
     /// The time its messages and its ranks' carry.
@@ -143,7 +154,12 @@ impl Agent {
         let mut cancels: HashMap<String, Shutdown> = HashMap::new();
         let mut registered = Some(registered);
         let mut backoff = Duration::from_millis(500);
+        let mut lost = false;
         while !me.shutdown.is_cancelled() {
+            if lost {
+                me.find_leader().await;
+            }
+            lost = true;
             match me.open(&running, &mut cancels).await {
                 Ok((inbound, session)) => {
                     if let Some(r) = registered.take() {
@@ -199,7 +215,7 @@ impl Agent {
         tonic::Streaming<gpuctl_proto::pb::CoordinatorMessage>,
         mpsc::Sender<AgentMessage>,
     )> {
-        let mut client = AgentServiceClient::new(self.channel.clone());
+        let mut client = AgentServiceClient::new(self.channel());
         let jobs: Vec<RunningJob> = running.lock().unwrap().values().cloned().collect();
         let req = RegisterRequest {
             protocol_version: PROTOCOL_VERSION,
@@ -299,20 +315,34 @@ impl Agent {
         }
     }
 
+    fn channel(&self) -> Channel {
+        self.channel.lock().unwrap().clone()
+    }
+
+    /// With several coordinators, the one that leads now (after a lost
+    /// session: the old leader may be gone); kept as it was when none answers.
+    async fn find_leader(&self) {
+        if self.urls.len() < 2 {
+            return;
+        }
+        match gpuctl_core::leader::find_leader(&self.urls, builder).await {
+            Ok(c) => *self.channel.lock().unwrap() = c,
+            Err(e) => tracing::debug!(node = %self.name, "no leader yet: {e}"),
+        }
+    }
+
     /// A client for workers' calls; a new connection, opened on its first
     /// call and closed when its last clone goes, unless they take the agent's.
     fn worker_client(&self) -> WorkerServiceClient<Channel> {
+        let agent = self.channel();
         if self.cfg.rank_connections == RankConnections::Agent {
-            return WorkerServiceClient::new(self.channel.clone());
+            return WorkerServiceClient::new(agent);
         }
-        let lazy = gpuctl_core::client::builder(&self.cfg.url)
-            .connect_timeout(Duration::from_secs(10))
-            .request_timeout(Duration::from_secs(30))
-            .connect_lazy();
+        let lazy = builder(agent.url()).connect_lazy();
         // The URL connected at the start, so this is not expected to fail.
         WorkerServiceClient::new(lazy.unwrap_or_else(|e| {
             tracing::warn!(node = %self.name, "workers' connection: {e}; taking the agent's");
-            self.channel.clone()
+            agent
         }))
     }
 
@@ -377,7 +407,7 @@ impl Agent {
     }
 
     async fn start_ranks(
-        &self,
+        self: &Arc<Self>,
         a: &Assignment,
         tx: &mpsc::Sender<AgentMessage>,
         running: &Running,
@@ -435,19 +465,26 @@ impl Agent {
                 world_size: a.world_size,
                 clock: self.clock.clone(),
             };
-            let (tx, running, left, stats, stop, client) = (
+            let first = Mutex::new(Some(match self.cfg.rank_connections {
+                RankConnections::Rank => self.worker_client(),
+                _ => node_client.clone(),
+            }));
+            let me = self.clone();
+            // The first client as before; after a failed call, the agent's
+            // leader as it knows it then.
+            let clients: ranks::Clients = Arc::new(move || {
+                let first = first.lock().unwrap().take();
+                first.unwrap_or_else(|| me.worker_client())
+            });
+            let (tx, running, left, stats, stop) = (
                 tx.clone(),
                 running.clone(),
                 left.clone(),
                 self.stats.clone(),
                 stop.clone(),
-                match self.cfg.rank_connections {
-                    RankConnections::Rank => self.worker_client(),
-                    _ => node_client.clone(),
-                },
             );
             tokio::spawn(async move {
-                let outcome = ranks::run(job.clone(), client, stats.clone(), stop).await;
+                let outcome = ranks::run(job.clone(), clients, stats.clone(), stop).await;
                 let (exit_code, stopped_by) = match outcome {
                     ranks::Outcome::Done => (0, StopReason::Unspecified),
                     ranks::Outcome::Cancelled => (-1, StopReason::Cancel),

@@ -1,5 +1,6 @@
 //! `gpuctl-sim`: `bench` runs the coordinator's scale bench (a real
 //! coordinator process against a simulated fleet, docs/benchmarks.md);
+//! `failover` kills the leader of two coordinators on etcd mid-job (docs/benchmarks.md);
 //! `fleet` runs only the simulated fleet against a coordinator you started,
 //! until Ctrl-C, for poking at it with `gpuctl`; `search` runs the search for
 //! slow nodes and links against a modelled fleet and prints its table.
@@ -9,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use gpuctl_sim::bench::failover::{self, FailoverConfig};
 use gpuctl_sim::bench::{self, BenchConfig};
 use gpuctl_sim::fleet::{self, FleetConfig, RankConnections};
 
@@ -96,6 +98,28 @@ enum Cmd {
         #[arg(long, default_value = bench::COORDINATOR_LOG)]
         coordinator_log: String,
     },
+    /// A leader and a standby coordinator on one etcd, the fleet given both, the leader killed (SIGKILL) mid-job; print how the fleet and the job came through.
+    Failover {
+        #[command(flatten)]
+        shape: Shape,
+        #[command(flatten)]
+        priority: Priority,
+        /// The coordinator binary (default: gpuctl-coordinator next to this binary).
+        #[arg(long)]
+        coordinator_bin: Option<PathBuf>,
+        /// The stress job's length.
+        #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+        job: Duration,
+        /// When the leader is killed, after every node took its assignment.
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        kill_after: Duration,
+        /// Also write the figures as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Keep the folder (etcd's data, both coordinators' logs) afterwards.
+        #[arg(long)]
+        keep_dir: bool,
+    },
     /// The search for slow nodes and links against a modelled fleet: rounds, tests, culprits found, false blames.
     Search {
         /// Draws per fleet size and culprit count.
@@ -181,6 +205,7 @@ fn main() -> Result<()> {
     let nice = match &cli.command {
         Cmd::Bench { priority, .. } => priority.fleet_nice.unwrap_or(BENCH_FLEET_NICE),
         Cmd::Fleet { priority, .. } => priority.fleet_nice.unwrap_or(0),
+        Cmd::Failover { priority, .. } => priority.fleet_nice.unwrap_or(BENCH_FLEET_NICE),
         Cmd::Search { .. } => 0,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -229,6 +254,47 @@ fn main() -> Result<()> {
                 }
                 let report = report?;
                 report.print();
+                if let Some(path) = json {
+                    std::fs::write(&path, serde_json::to_string_pretty(&report.to_json())?)
+                        .with_context(|| format!("--json: writing {}", path.display()))?;
+                }
+                Ok(())
+            }
+            Cmd::Failover {
+                shape,
+                priority: _,
+                coordinator_bin,
+                job,
+                kill_after,
+                json,
+                keep_dir,
+            } => {
+                let cfg = FailoverConfig {
+                    coordinator_bin: match coordinator_bin {
+                        Some(p) => p,
+                        None => next_to_me("gpuctl-coordinator")?,
+                    },
+                    nodes: shape.nodes as usize,
+                    gpus: shape.gpus,
+                    interval: shape.interval,
+                    connections: connections(&shape),
+                    job,
+                    kill_after,
+                };
+                let dir = std::env::temp_dir()
+                    .join(format!("gpuctl-sim-failover-{}", std::process::id()));
+                std::fs::create_dir_all(&dir)?;
+                let report = failover::run(&cfg, dir.clone()).await;
+                if keep_dir {
+                    eprintln!(
+                        "etcd's data and the coordinators' logs are in {}",
+                        dir.display()
+                    );
+                } else {
+                    let _ = std::fs::remove_dir_all(&dir);
+                }
+                let report = report?;
+                failover::print(&report);
                 if let Some(path) = json {
                     std::fs::write(&path, serde_json::to_string_pretty(&report.to_json())?)
                         .with_context(|| format!("--json: writing {}", path.display()))?;

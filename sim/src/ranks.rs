@@ -54,12 +54,13 @@ fn request<T>(job: &RankJob, msg: T) -> tonic::Request<T> {
     req
 }
 
-pub async fn run(
-    job: RankJob,
-    mut client: WorkerServiceClient<Channel>,
-    stats: Arc<Stats>,
-    stop: Shutdown,
-) -> Outcome {
+/// Where a rank's calls go: asked again after a call fails, so that a rank
+/// of an agent that moved to another coordinator (a failover) follows it, as
+/// a real worker's calls do through its agent's relay.
+pub type Clients = Arc<dyn Fn() -> WorkerServiceClient<Channel> + Send + Sync>;
+
+pub async fn run(job: RankJob, clients: Clients, stats: Arc<Stats>, stop: Shutdown) -> Outcome {
+    let mut client = clients();
     let rank = job.placement.rank;
     let start = job.clock.now_ms();
     let duration = Duration::from_millis(job.spec.duration_ms.max(1_000));
@@ -153,6 +154,7 @@ pub async fn run(
                     .rpc_errors
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 next_report = at(played);
+                client = clients();
             }
         }
     }
@@ -228,6 +230,7 @@ pub async fn run(
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 tracing::debug!(rank, attempt, "ReportResult: {}", s.message());
                 tokio::time::sleep(Duration::from_millis(200 << attempt.min(4))).await;
+                client = clients();
             }
         }
     }

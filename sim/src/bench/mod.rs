@@ -26,6 +26,7 @@ use crate::probe;
 
 mod calls;
 mod coordinator;
+pub mod failover;
 mod figures;
 mod phase;
 mod print;

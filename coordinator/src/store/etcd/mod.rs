@@ -16,6 +16,9 @@
 //!   fenced by a compare on that key, so a coordinator that lost its lease
 //!   cannot write over its successor's state; it stops instead.
 //!
+//! - A value over 512 KiB is stored in parts (`parts.rs`): a report of a
+//!   thousand ranks and more outgrows one request.
+//!
 //! `conn.rs` holds the connection and its request timeout, `lead.rs` the leader
 //! key and the fence; this file, the key-value operations on top of both.
 
@@ -33,6 +36,7 @@ use crate::store::etcd_access::EtcdAccess;
 
 mod conn;
 mod lead;
+mod parts;
 
 pub use self::conn::{normalize_prefix, CONNECT_TIMEOUT, REQUEST_TIMEOUT};
 pub use self::lead::{leader_key, LEADER_TTL};
@@ -44,6 +48,8 @@ pub const MAX_TXN_OPS: usize = 128;
 pub const MAX_TXN_BYTES: usize = 1024 * 1024;
 /// Keys per range request of a scan.
 pub const PAGE: i64 = 500;
+/// Parts per range request: 32 MiB, well under a response's limit.
+const PARTS_PAGE: i64 = 64;
 
 /// The first key after every key that starts with `prefix` (etcd's range end);
 /// `\0` (to the end of the key space) when there is none.
@@ -119,25 +125,27 @@ impl EtcdStore {
 impl Store for EtcdStore {
     fn put_many(&self, entries: Vec<(String, Vec<u8>)>) -> BoxFuture<'_, StoreResult<()>> {
         Box::pin(async move {
+            let total = entries.len();
+            let units: Vec<Unit> = entries
+                .into_iter()
+                .flat_map(|(k, v)| units_of(self.full(&k), v))
+                .collect();
             let mut chunk: Vec<TxnOp> = Vec::new();
             let mut bytes = 0;
-            let total = entries.len();
-            let mut iter = entries.into_iter().peekable();
-            while let Some((k, v)) = iter.next() {
-                let size = self.conn.prefix.len() + k.len() + v.len() + 16;
-                bytes += size;
-                chunk.push(TxnOp::put(self.full(&k), v, None));
+            let mut iter = units.into_iter().peekable();
+            while let Some(unit) = iter.next() {
+                bytes += unit.bytes;
+                chunk.extend(unit.ops);
                 let full = match iter.peek() {
                     None => true,
-                    Some((nk, nv)) => {
-                        chunk.len() >= MAX_TXN_OPS
-                            || bytes + self.conn.prefix.len() + nk.len() + nv.len() + 16
-                                > MAX_TXN_BYTES
+                    Some(next) => {
+                        chunk.len() + next.ops.len() > MAX_TXN_OPS
+                            || bytes + next.bytes > MAX_TXN_BYTES
                     }
                 };
                 if full {
                     let what = if total == 1 {
-                        format!("writing {}", self.full(&k))
+                        format!("writing {}", unit.key)
                     } else {
                         format!("writing {total} keys under {}", self.conn.prefix)
                     };
@@ -145,7 +153,7 @@ impl Store for EtcdStore {
                         .await
                         .map_err(|e| match e {
                             StoreError::Backend(m) if m.contains("too large") => StoreError::Backend(
-                                format!("{m} (a value over etcd's --max-request-bytes, 1.5 MiB by default)"),
+                                format!("{m} (a key over etcd's --max-request-bytes, 1.5 MiB by default)"),
                             ),
                             e => e,
                         })?;
@@ -166,11 +174,47 @@ impl Store for EtcdStore {
                     self.conn.kv.clone().get(full.clone(), None),
                 )
                 .await?;
-            Ok(resp
+            let revision = resp.header().map(|h| h.revision()).unwrap_or_default();
+            let Some(value) = resp
                 .take_kvs()
                 .into_iter()
                 .next()
-                .map(|kv| kv.into_key_value().1))
+                .map(|kv| kv.into_key_value().1)
+            else {
+                return Ok(None);
+            };
+            let Some(manifest) = parts::Manifest::decode(&value) else {
+                return Ok(Some(value));
+            };
+            // The parts as of the manifest's read: a later write's cannot mix in.
+            let prefix = parts::parts_of(&full, &manifest.generation);
+            let (mut pieces, mut start) = (Vec::new(), prefix.clone().into_bytes());
+            let end = range_end(prefix.as_bytes());
+            loop {
+                let options = GetOptions::new()
+                    .with_range(end.clone())
+                    .with_limit(PARTS_PAGE)
+                    .with_revision(revision);
+                let mut resp = self
+                    .conn
+                    .call(
+                        &format!("reading the parts of {full}"),
+                        self.conn.kv.clone().get(start.clone(), Some(options)),
+                    )
+                    .await?;
+                let more = resp.more();
+                let kvs = resp.take_kvs();
+                let Some(last) = kvs.last() else { break };
+                start = last.key().to_vec();
+                start.push(0);
+                pieces.extend(kvs.into_iter().map(|kv| kv.into_key_value().1));
+                if !more {
+                    break;
+                }
+            }
+            parts::join(&manifest, pieces)
+                .map(Some)
+                .map_err(|why| StoreError::Backend(format!("reading {full}: {why}")))
         })
     }
 
@@ -180,13 +224,24 @@ impl Store for EtcdStore {
             let resp = self
                 .fenced_txn(
                     &format!("deleting {full}"),
-                    vec![TxnOp::delete(full.clone(), None::<DeleteOptions>)],
+                    vec![
+                        TxnOp::delete(full.clone(), None::<DeleteOptions>),
+                        TxnOp::delete(
+                            parts::all_parts(&full),
+                            Some(DeleteOptions::new().with_prefix()),
+                        ),
+                    ],
                 )
                 .await?;
-            Ok(resp.op_responses().into_iter().any(|r| match r {
-                TxnOpResponse::Delete(d) => d.deleted() > 0,
-                _ => false,
-            }))
+            // Whether the key itself existed, not its parts.
+            Ok(resp
+                .op_responses()
+                .into_iter()
+                .next()
+                .is_some_and(|r| match r {
+                    TxnOpResponse::Delete(d) => d.deleted() > 0,
+                    _ => false,
+                }))
         })
     }
 
@@ -222,6 +277,7 @@ impl Store for EtcdStore {
                 tries += 1;
                 match self.scan_once(&full).await {
                     Err(StoreError::Backend(m)) if m.contains("compacted") && tries < 3 => continue,
+                    Ok(entries) => return join_parts(entries),
                     r => return r,
                 }
             }
@@ -289,6 +345,88 @@ impl EtcdStore {
         }
         Ok(out)
     }
+}
+
+/// Operations that go in one transaction, their bytes, and the key they write.
+struct Unit {
+    ops: Vec<TxnOp>,
+    bytes: usize,
+    key: String,
+}
+
+/// The transactions' pieces that write `value` at `full`: one put, or its
+/// parts one a piece and then the manifest, whose transaction also deletes
+/// every other generation's parts of the key.
+fn units_of(full: String, value: Vec<u8>) -> Vec<Unit> {
+    let Some((pieces, manifest)) = parts::split(&full, &value) else {
+        return vec![Unit {
+            bytes: full.len() + value.len() + 16,
+            ops: vec![TxnOp::put(full.clone(), value, None)],
+            key: full,
+        }];
+    };
+    let mut units: Vec<Unit> = pieces
+        .into_iter()
+        .map(|(k, v)| Unit {
+            bytes: k.len() + v.len() + 16,
+            ops: vec![TxnOp::put(k, v, None)],
+            key: full.clone(),
+        })
+        .collect();
+    let all = parts::all_parts(&full);
+    let mine = parts::parts_of(&full, &manifest.generation);
+    units.push(Unit {
+        bytes: 3 * all.len() + 128,
+        ops: vec![
+            TxnOp::put(full.clone(), manifest.encode(), None),
+            TxnOp::delete(
+                all.clone(),
+                Some(DeleteOptions::new().with_range(mine.clone())),
+            ),
+            TxnOp::delete(
+                range_end(mine.as_bytes()),
+                Some(DeleteOptions::new().with_range(range_end(all.as_bytes()))),
+            ),
+        ],
+        key: full,
+    });
+    units
+}
+
+/// The manifest a scan is filling: its entry's index, the manifest, its
+/// parts' prefix, the parts so far.
+type Open = (usize, parts::Manifest, String, Vec<Vec<u8>>);
+
+/// A scan's entries with every value stored in parts whole again, and the
+/// parts left out (they follow their manifest's key in key order).
+fn join_parts(entries: Entries) -> StoreResult<Entries> {
+    let mut out: Entries = Vec::with_capacity(entries.len());
+    let mut open: Option<Open> = None;
+    let close = |out: &mut Entries, open: Option<Open>| {
+        if let Some((i, m, _, pieces)) = open {
+            out[i].1 = parts::join(&m, pieces)
+                .map_err(|why| StoreError::Backend(format!("reading {}: {why}", out[i].0)))?;
+        }
+        StoreResult::Ok(())
+    };
+    for (k, v) in entries {
+        if parts::is_part(&k) {
+            if let Some((_, _, prefix, pieces)) = open.as_mut() {
+                if k.starts_with(prefix.as_str()) {
+                    pieces.push(v);
+                }
+            }
+            continue;
+        }
+        close(&mut out, open.take())?;
+        if let Some(m) = parts::Manifest::decode(&v) {
+            let prefix = parts::parts_of(&k, &m.generation);
+            open = Some((out.len(), m, prefix, Vec::new()));
+        }
+        out.push((k, v));
+    }
+    close(&mut out, open.take())?;
+    Ok(out)
 }
 
 #[cfg(test)]
