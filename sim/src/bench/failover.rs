@@ -296,7 +296,7 @@ pub async fn run(cfg: &FailoverConfig, dir: PathBuf) -> Result<FailoverReport> {
         out.all_listed_ms / 1e3,
         job.id
     );
-    let mut jobs_b = JobServiceClient::new(channel_b);
+    let mut jobs_b = JobServiceClient::new(channel_b).max_decoding_message_size(256 << 20);
     let deadline = cfg.job + limit;
     let state = loop {
         if killed.elapsed() > deadline {
