@@ -205,10 +205,12 @@ impl Scheduler {
         if telemetry.is_dirty() {
             let (store, id) = (self.store.clone(), id.to_string());
             background::judge("gpuctl-telemetry", move || {
-                store_telemetry(&store, &id, telemetry)
+                store_telemetry(&store, &id, telemetry);
+                store.measure_later(&id);
             });
         } else {
             background::drop_later(telemetry);
+            self.store.measure_later(id);
         }
     }
 
@@ -240,6 +242,7 @@ impl Scheduler {
             );
             drop(work);
             store_telemetry(&store, &id, built.telemetry);
+            store.measure_later(&id);
         });
     }
 
@@ -288,6 +291,7 @@ impl Scheduler {
                     }
                     drop(store.queue(batch));
                     history::store_runs(&store, &id, runs);
+                    store.measure_later(&id);
                     Ok(Box::new(report))
                 }
                 Err(e) => {

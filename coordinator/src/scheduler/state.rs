@@ -479,6 +479,20 @@ impl JobEntry {
         self.stale = Some((first, now_ms));
     }
 
+    /// Per-rank entries this job holds in memory (`/metrics`): what must
+    /// not pile up job after job.
+    pub fn held_ranks(&self) -> u64 {
+        let plan = self.job.plan.as_ref();
+        let placed = plan.map_or(0, |p| p.ranks.len() + p.checks.len());
+        let watch = self.watch.grew_ms.len() + self.watch.processes.len();
+        (placed
+            + self.job.start_checks.len()
+            + self.progress.len()
+            + self.results.len()
+            + self.exits.len()
+            + watch) as u64
+    }
+
     pub fn world_size(&self) -> u32 {
         self.job.plan.as_ref().map_or(0, |p| p.world_size)
     }

@@ -43,6 +43,7 @@ impl Fixture {
             health_rules: Arc::default(),
             perf_rules: Arc::default(),
             keep_jobs: 100,
+            keep_jobs_bytes: u64::MAX,
             max_nodes: 16,
             clock: clock.clone(),
             refusals: Default::default(),
