@@ -151,6 +151,9 @@ pub struct Scheduler {
     counts: Counts,
     /// The report of the job that ended last, for a little while.
     recent: recent::Recent,
+    /// The job whose report is being made again with late results
+    /// (`reports::refold_stale`): one at a time.
+    refolding: Option<String>,
     /// The first lane, for blocking threads that build reports.
     first_lane: mpsc::WeakSender<Event>,
     /// Both lanes, made at load (a job judged then needs the first one) and
@@ -268,6 +271,7 @@ impl Scheduler {
         };
         let mut me = Scheduler {
             recent: recent::Recent::default(),
+            refolding: None,
             first_lane: lanes.people.0.downgrade(),
             lanes: Some(lanes),
             cfg,

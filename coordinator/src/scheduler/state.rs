@@ -209,6 +209,8 @@ pub struct JobEntry {
     /// last came (unix ms). The report is made again once they stop
     /// coming, not once per result ([`super::Scheduler::refold_stale`]).
     pub stale: Option<(u64, u64)>,
+    /// When its report was last made again with late results (unix ms).
+    pub refolded_ms: u64,
     /// The plan's checks that did not pass, worst first, found once per plan
     /// (`views`).
     pub plan_faults: std::sync::Mutex<Option<PlanFaults>>,
