@@ -432,3 +432,18 @@ impl Scheduler {
         let _ = reply.send(self.report(id).await);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bigger_job_is_rebuilt_less_often_and_the_biggest_past_the_late_window() {
+        assert_eq!(refold_gap_ms(4), STALE_QUIET_MS);
+        assert_eq!(refold_gap_ms(4_096), 2_048);
+        assert_eq!(refold_gap_ms(32_768), 16_384);
+        // Results are taken for 60 s after a job's end (`ranks::LATE_RESULT_MS`):
+        // at 131,072 ranks one rebuild early, at most one more after.
+        assert!(refold_gap_ms(131_072) > 60_000);
+    }
+}
