@@ -466,6 +466,11 @@ impl JobEntry {
             .collect()
     }
 
+    /// Whether `rank`'s result was stored once the report began.
+    pub fn is_stored(&self, rank: u32) -> bool {
+        self.stored.contains(rank as usize)
+    }
+
     /// Marks `rank`'s result stored; whether it was already.
     pub fn mark_stored(&mut self, rank: u32) -> bool {
         let rank = rank as usize;

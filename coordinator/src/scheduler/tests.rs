@@ -287,6 +287,13 @@ async fn a_result_is_taken_for_a_minute_after_its_job_ended_and_not_after() {
         why,
         format!("job {id} ended 60 s ago: results are taken for 60 s after a job's end")
     );
+    // Sent again, it is refused again: not "stored already".
+    let (taken, again) = f.result(&id, 1).await;
+    assert!(!taken, "{again}");
+    assert_eq!(again, why);
+    // One stored in time and sent again after is still answered as stored.
+    let (taken, why) = f.result(&id, 0).await;
+    assert!(taken, "{why}");
 }
 
 #[tokio::test]
