@@ -35,11 +35,12 @@ pub const READ_AHEAD: usize = 64;
 /// and the newest samples are what `gpuctl watch` shows.
 pub const WAITING_SAMPLES: usize = 8 * 60;
 
-/// Telemetry samples waiting in every session together: two seconds of a
-/// 16,384 × 8 fleet, ~90 MB. Past it a session keeps only the newest
-/// batch it read, so the sessions together hold at most this and one batch
-/// each.
-pub const FLEET_WAITING_SAMPLES: usize = 262_144;
+/// Telemetry samples waiting in every session together: ~350 MB, eight
+/// seconds of a 16,384 × 8 fleet; 2,048 sessions of 8 GPUs at their own
+/// bound hold 983,040, so a fleet that size never meets it. Past it a session
+/// keeps only the newest batch it read, so the sessions together hold at
+/// most this and one batch each.
+pub const FLEET_WAITING_SAMPLES: usize = 1 << 20;
 
 /// Slots an emptied queue keeps; past this it gives its memory back.
 const KEPT_SLOTS: usize = 4;
@@ -282,7 +283,7 @@ mod tests {
     #[test]
     fn the_sessions_together_keep_at_most_the_fleets_room_and_a_batch_each() {
         let fleet = Waiting::default();
-        let sessions = FLEET_WAITING_SAMPLES / 400 + 10;
+        let sessions = FLEET_WAITING_SAMPLES / WAITING_SAMPLES + 10;
         let mut inboxes: Vec<Inbox> = (0..sessions).map(|_| Inbox::new(fleet.clone())).collect();
         // A scheduler far behind: each session reads a minute of 8 GPUs.
         for second in 0..60 {
