@@ -40,7 +40,7 @@ echo "host: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%F
   --short-jobs "$SHORT_JOBS" --short 5s --fleet-nice 0 --json "$OUT/bench.json" \
   > "$OUT/bench.txt" 2> "$OUT/bench.err" &
 SIM=$!
-trap 'echo THAWED > "$FZ/freezer.state"; kill $SIM 2>/dev/null' EXIT
+trap 'echo THAWED > "$FZ/freezer.state"; kill $SIM 2>/dev/null; wait $SIM 2>/dev/null; rmdir "$CG" "$FZ" 2>/dev/null' EXIT
 echo $SIM > "$CG/cgroup.procs"
 CO=""
 for _ in $(seq 100); do CO=$(pgrep -P $SIM -f gpuctl-coordinator) && break; sleep 0.1; done
