@@ -70,6 +70,15 @@ pub struct Config {
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub keep_jobs: u32,
 
+    /// Bytes the ended jobs kept may hold in the store together (their
+    /// records, results, reports, logs and telemetry; `1T`, `64GiB`, or
+    /// bytes): past it the jobs that ended first are deleted whole, as
+    /// past --keep-jobs, the one that ended last kept whatever its size.
+    /// At 16,384 nodes × 8 GPUs a job holds ~300 MB; the embedded store's
+    /// file is up to ~2.2× its data (docs/operations.md, "Store size").
+    #[arg(long, value_name = "SIZE", default_value = DEFAULT_KEEP_JOBS_BYTES, value_parser = parse_keep_bytes)]
+    pub keep_jobs_bytes: u64,
+
     /// Connections one peer address may hold at once (a host runs one
     /// agent, holding one, and a worker per GPU, one each; the CLI opens one
     /// per call). One more from an address at the cap is closed at once,
@@ -222,6 +231,25 @@ fn parse_metrics_listen(text: &str) -> Result<MetricsListen, String> {
     })
 }
 
+/// `--keep-jobs-bytes`: 32 GiB keeps ~100 jobs of a 16,384 × 8 fleet (~300
+/// MB each) and the 200 of `--keep-jobs` up to ~8,000 nodes × 8 GPUs, in a
+/// redb file of up to ~70 GB.
+pub const DEFAULT_KEEP_JOBS_BYTES: &str = "32GiB";
+
+/// Less than this and the job that ended last would be the only one kept
+/// even of a small fleet's jobs.
+const MIN_KEEP_JOBS_BYTES: u64 = 1 << 20;
+
+fn parse_keep_bytes(text: &str) -> Result<u64, String> {
+    let bytes = gpuctl_core::units::parse_bytes(text)?;
+    if bytes < MIN_KEEP_JOBS_BYTES {
+        return Err(format!(
+            "`{text}` is under 1MiB; give the store's room for ended jobs, like 64GiB"
+        ));
+    }
+    Ok(bytes)
+}
+
 fn parse_duration(text: &str) -> Result<Duration, String> {
     gpuctl_core::units::parse_duration(text)
 }
@@ -257,6 +285,7 @@ impl Config {
             history_keep: 200,
             history_max_age: Duration::from_secs(180 * 86_400),
             keep_jobs: 200,
+            keep_jobs_bytes: parse_keep_bytes(DEFAULT_KEEP_JOBS_BYTES).expect("a size"),
             max_nodes: gpuctl_core::limits::DEFAULT_MAX_NODES as u32,
             rank_key_file: None,
             max_connections_per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
@@ -329,5 +358,26 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("neither HOST:PORT"), "{err}");
+    }
+
+    #[test]
+    fn keep_jobs_bytes_takes_a_size_and_names_itself_when_wrong() {
+        let c = Config::try_parse_from(["c", "--keep-jobs-bytes", "64GiB"]).unwrap();
+        assert_eq!(c.keep_jobs_bytes, 64 << 30);
+        let c = Config::try_parse_from(["c"]).unwrap();
+        assert_eq!(c.keep_jobs_bytes, 32 << 30);
+        for (bad, why) in [
+            ("lots", "not a size"),
+            ("512K", "under 1MiB"),
+            ("-1G", "negative"),
+        ] {
+            let err = Config::try_parse_from(["c".into(), format!("--keep-jobs-bytes={bad}")])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("--keep-jobs-bytes") && err.contains(why),
+                "{bad}: {err}"
+            );
+        }
     }
 }

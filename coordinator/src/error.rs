@@ -12,9 +12,14 @@ pub enum CoordinatorError {
     /// No job by that id.
     #[error("no job `{0}`; `gpuctl jobs` lists the jobs")]
     JobNotFound(String),
-    /// A job that ended and was deleted past `--keep-jobs`.
-    #[error("job `{id}` was deleted: the coordinator keeps the {keep} jobs that ended last (--keep-jobs); what it found per node stays in `gpuctl fleet`")]
-    JobDeleted { id: String, keep: usize },
+    /// A job that ended and was deleted past `--keep-jobs` or
+    /// `--keep-jobs-bytes`.
+    #[error("job `{id}` was deleted: the coordinator keeps the {keep} jobs that ended last (--keep-jobs), {} of their data at most (--keep-jobs-bytes); what it found per node stays in `gpuctl fleet`", gpuctl_core::units::format_bytes(*keep_bytes))]
+    JobDeleted {
+        id: String,
+        keep: usize,
+        keep_bytes: u64,
+    },
     /// No node by that name.
     #[error("no node `{0}`; `gpuctl nodes` lists them")]
     NodeNotFound(String),

@@ -82,7 +82,7 @@ impl Collector for Snapshot {
             ),
             (
                 "gpuctl_jobs_deleted_total",
-                "Ended jobs deleted from the store past --keep-jobs since the coordinator started.",
+                "Ended jobs deleted from the store past --keep-jobs or --keep-jobs-bytes since the coordinator started.",
                 self.jobs_deleted,
             ),
             (
@@ -99,13 +99,25 @@ impl Collector for Snapshot {
                 &[(vec![], v as f64)],
             )?;
         }
-        write_family(
-            &mut e,
-            "gpuctl_rendezvous_keys",
-            "Rendezvous keys held for running jobs.",
-            gauge,
-            &[(vec![], self.rendezvous_keys as f64)],
-        )?;
+        for (name, help, v) in [
+            (
+                "gpuctl_rendezvous_keys",
+                "Rendezvous keys held for running jobs.",
+                self.rendezvous_keys,
+            ),
+            (
+                "gpuctl_jobs_stored_bytes",
+                "Bytes the ended jobs kept hold in the store (records, results, reports, logs, telemetry), each measured once its end is written; --keep-jobs-bytes bounds it.",
+                self.jobs_stored_bytes,
+            ),
+            (
+                "gpuctl_jobs_held_ranks",
+                "Per-rank entries (placements, progress, results, exits, hang clocks) the coordinator holds in memory over all its jobs: the running jobs' and those of the few newest ended jobs it keeps whole.",
+                self.held_ranks,
+            ),
+        ] {
+            write_family(&mut e, name, help, gauge, &[(vec![], v as f64)])?;
+        }
         let refused: Vec<(Labels, f64)> = self
             .refused
             .iter()

@@ -213,6 +213,7 @@ pub async fn run_with(
         health_rules: Arc::new(health_rules),
         perf_rules: perf_rules.clone(),
         keep_jobs: cfg.keep_jobs as usize,
+        keep_jobs_bytes: cfg.keep_jobs_bytes,
         max_nodes: cfg.max_nodes as usize,
         clock: Clock::system(),
         refusals: Default::default(),

@@ -130,3 +130,95 @@ async fn jobs_past_keep_jobs_are_deleted_from_answers_and_disk() {
     let keys = stored_keys(dir.path(), &ids[3]).await;
     assert!(keys.iter().all(|(_, n)| *n > 0), "{keys:?}");
 }
+
+/// A gauge of `/metrics` once `ok` holds for it (10 s at most).
+async fn metric_when(coord: &common::Coord, name: &str, ok: impl Fn(f64) -> bool) -> f64 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let body = coord.get("/metrics").await.body;
+        if let Some(v) = gpuctl_core::metrics_http::value(&body, name).filter(|v| ok(*v)) {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{name} not as waited for in 10 s:\n{body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Bytes of job `id`'s keys in the store on disk.
+async fn stored_bytes(dir: &std::path::Path, id: &str) -> u64 {
+    let store = RedbStore::open(&dir.join(gpuctl_coordinator::server::STORE_FILE)).unwrap();
+    let mut bytes = 0;
+    for prefix in ["jobs/", "results/", "reports/", "telemetry/", "logs/"] {
+        bytes += store.bytes_under(format!("{prefix}{id}")).await.unwrap();
+    }
+    store.close().await.unwrap();
+    bytes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_past_keep_jobs_bytes_are_deleted_and_the_rest_fit() {
+    let dir = tempfile::tempdir().unwrap();
+    // What one job holds, as the coordinator measures it.
+    let coord = common::start_with_metrics(config(dir.path(), 100)).await;
+    let mut agent = FakeAgent::start(&coord.url, "node-0", host::cpu("node-0", 2), vec![]).await;
+    let (mut jobs, mut workers) = (coord.jobs().await, coord.workers().await);
+    let first = stress_to_end(&mut jobs, &mut workers, &mut agent, 2).await;
+    let one = metric_when(&coord, "gpuctl_jobs_stored_bytes", |v| v > 0.0).await as u64;
+    coord.shutdown().await;
+    drop(agent);
+    assert!(
+        one > 1000,
+        "a 2-rank job's record, results and report: {one} B"
+    );
+
+    // Room for two and a half such jobs: two are kept, the older deleted.
+    let bound = one * 5 / 2;
+    let mut cfg = config(dir.path(), 100);
+    cfg.keep_jobs_bytes = bound;
+    let coord = common::start_with_metrics(cfg).await;
+    // Read back from the store at load, not measured again.
+    let kept = metric_when(&coord, "gpuctl_jobs_stored_bytes", |v| v > 0.0).await;
+    assert_eq!(kept as u64, one);
+    let mut agent = FakeAgent::start(&coord.url, "node-0", host::cpu("node-0", 2), vec![]).await;
+    let (mut jobs, mut workers) = (coord.jobs().await, coord.workers().await);
+    let mut ids = vec![first];
+    for _ in 0..3 {
+        ids.push(stress_to_end(&mut jobs, &mut workers, &mut agent, 2).await);
+    }
+    metric_when(&coord, "gpuctl_jobs_deleted_total", |v| v == 2.0).await;
+    let kept = metric_when(&coord, "gpuctl_jobs_stored_bytes", |v| v > one as f64).await;
+    assert!(
+        kept as u64 <= bound,
+        "{kept} B kept past the bound of {bound}"
+    );
+    for id in &ids[..2] {
+        let e = get_job(&mut jobs, id).await.unwrap_err();
+        assert!(
+            e.message().contains("was deleted") && e.message().contains("--keep-jobs-bytes"),
+            "{id}: {e:?}"
+        );
+    }
+    for id in &ids[2..] {
+        get_job(&mut jobs, id).await.unwrap();
+    }
+    coord.shutdown().await;
+    drop(agent);
+
+    // On disk: the deleted jobs hold nothing; the kept ones fit.
+    for id in &ids[..2] {
+        assert_eq!(stored_bytes(dir.path(), id).await, 0, "{id}");
+    }
+    let mut on_disk = 0;
+    for id in &ids[2..] {
+        let b = stored_bytes(dir.path(), id).await;
+        assert!(b > 0, "{id}");
+        on_disk += b;
+    }
+    assert!(
+        on_disk <= bound,
+        "{on_disk} B on disk past the bound of {bound}"
+    );
+}

@@ -53,7 +53,7 @@ impl Scheduler {
     }
 
     /// Why there is no job `id`: an id this coordinator gave out and no
-    /// longer holds was deleted past `--keep-jobs` (ids are given out only
+    /// longer holds was deleted past `--keep-jobs` or `--keep-jobs-bytes` (ids are given out only
     /// to stored jobs, and only deletion takes one from the map).
     pub(super) fn no_job(&self, id: &str) -> CoordinatorError {
         let given = id
@@ -64,6 +64,7 @@ impl Scheduler {
             CoordinatorError::JobDeleted {
                 id: id.to_string(),
                 keep: self.cfg.keep_jobs,
+                keep_bytes: self.cfg.keep_jobs_bytes,
             }
         } else {
             CoordinatorError::JobNotFound(id.to_string())

@@ -116,6 +116,8 @@ pub struct SchedulerConfig {
     pub perf_rules: Arc<PerfRules>,
     /// Ended jobs kept in the store and here, newest first (`--keep-jobs`).
     pub keep_jobs: usize,
+    /// Bytes the ended jobs kept may hold in the store (`--keep-jobs-bytes`).
+    pub keep_jobs_bytes: u64,
     /// Nodes that may be registered at once (`--max-nodes`).
     pub max_nodes: usize,
     /// Where every time-dependent rule reads the time.
@@ -149,6 +151,9 @@ pub struct Scheduler {
     counts: Counts,
     /// The report of the job that ended last, for a little while.
     recent: recent::Recent,
+    /// The job whose report is being made again with late results
+    /// (`reports::refold_stale`): one at a time.
+    refolding: Option<String>,
     /// The first lane, for blocking threads that build reports.
     first_lane: mpsc::WeakSender<Event>,
     /// Both lanes, made at load (a job judged then needs the first one) and
@@ -266,6 +271,7 @@ impl Scheduler {
         };
         let mut me = Scheduler {
             recent: recent::Recent::default(),
+            refolding: None,
             first_lane: lanes.people.0.downgrade(),
             lanes: Some(lanes),
             cfg,
@@ -290,10 +296,30 @@ impl Scheduler {
         }
         me.resume_suites().await;
         me.certify_missing().await;
+        let ended: Vec<String> = (me.jobs.values())
+            .filter(|e| e.state().is_terminal())
+            .map(|e| e.job.id.clone())
+            .collect();
+        let unmeasured = me.store.load_job_sizes(&ended).await?;
         // Waited for: a crash or a store error left them listed, or
-        // `--keep-jobs` was lowered.
+        // `--keep-jobs` or `--keep-jobs-bytes` was lowered.
         if let Some(deleting) = me.delete_old_jobs() {
             let _ = deleting.await;
+        }
+        // Ended before sizes were measured, or measured when the coordinator
+        // stopped: one at a time, in the background (each reads its job's keys).
+        let unmeasured: Vec<String> = (unmeasured.into_iter())
+            .filter(|id| me.jobs.contains_key(id))
+            .collect();
+        if !unmeasured.is_empty() {
+            let store = me.store.clone();
+            tokio::spawn(async move {
+                for id in unmeasured {
+                    if let Err(e) = store.measure_job(&id).await {
+                        warn!(job = %id, "could not measure what the job holds in the store: {e}");
+                    }
+                }
+            });
         }
         Ok(me)
     }
@@ -397,6 +423,8 @@ impl Scheduler {
         self.store_telemetry(false).await;
         self.refold_stale();
         self.recent.expire(self.cfg.clock.now_ms());
+        // A job measured since (`--keep-jobs-bytes`) may put older ones past it.
+        drop(self.delete_old_jobs());
     }
 
     /// Writes state; a failure is logged, since the in-memory state already moved on.

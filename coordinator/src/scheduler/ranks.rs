@@ -162,7 +162,7 @@ impl Scheduler {
             ));
         }
         let ending = entry.pending.is_some() || entry.state().is_terminal();
-        if ending && entry.mark_stored(rank) {
+        if ending && entry.is_stored(rank) {
             // Sent again (its first call timed out): answered once the first
             // copy is durable, which everything queued so far will be.
             return Answer::WhenStored(self.store.flush(), "stored already".into());
@@ -175,6 +175,8 @@ impl Scheduler {
             .clock
             .now_ms()
             .saturating_sub(entry.job.finished_unix_ms);
+        // Refused before it is marked: marked, the same result sent again
+        // was answered "stored already" though it never was.
         if entry.state().is_terminal() && ended_ms > LATE_RESULT_MS {
             return Answer::Now((
                 false,
@@ -184,6 +186,9 @@ impl Scheduler {
                     LATE_RESULT_MS / 1000
                 ),
             ));
+        }
+        if ending {
+            entry.mark_stored(rank);
         }
         // A big job's ranks keep coarser timelines; workers thin theirs, an
         // older one's is thinned here.

@@ -16,6 +16,12 @@
 //! [`STALE_QUIET_MS`], or [`STALE_MAX_MS`] after the first), off the task.
 //! At 32,768 ranks one rebuild takes seconds, and a fleet whose calls time
 //! out sends its results again by the thousand.
+//!
+//! A rebuild holds every result of the job and its report in memory at
+//! once: one job's at a time, and each job's at most once per
+//! [`refold_gap_ms`]. A 16,384-node fleet fallen behind sends its failed
+//! jobs' results for the whole minute they are taken; rebuilt every 10 s,
+//! two jobs at once, the coordinator held gigabytes for those minutes.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -39,6 +45,17 @@ use crate::store::{Batch, Durable, StateStore, StoreError};
 pub const STALE_QUIET_MS: u64 = 2_000;
 /// …or this long after the first, whichever is sooner.
 pub const STALE_MAX_MS: u64 = 10_000;
+
+/// A job's report is made again at most once per this much per rank: 2 s
+/// at 4,096 ranks, 16 s at 32,768, 65 s at 131,072 (longer than results
+/// are taken after a job's end: at most two rebuilds for its stragglers).
+const REFOLD_GAP_US_PER_RANK: u64 = 500;
+
+/// How long after its last rebuild a job of `world` ranks waits to be made
+/// again (at least [`STALE_QUIET_MS`]).
+pub fn refold_gap_ms(world: u32) -> u64 {
+    (u64::from(world) * REFOLD_GAP_US_PER_RANK / 1000).max(STALE_QUIET_MS)
+}
 
 /// A job's last telemetry is queued to the store in writes of about this
 /// size: the store holds a transaction's pages in memory until it commits,
@@ -205,10 +222,12 @@ impl Scheduler {
         if telemetry.is_dirty() {
             let (store, id) = (self.store.clone(), id.to_string());
             background::judge("gpuctl-telemetry", move || {
-                store_telemetry(&store, &id, telemetry)
+                store_telemetry(&store, &id, telemetry);
+                store.measure_later(&id);
             });
         } else {
             background::drop_later(telemetry);
+            self.store.measure_later(id);
         }
     }
 
@@ -240,24 +259,29 @@ impl Scheduler {
             );
             drop(work);
             store_telemetry(&store, &id, built.telemetry);
+            store.measure_later(&id);
         });
     }
 
-    /// Makes the reports of ended jobs whose late results stopped coming
-    /// again, each once for all of them (called every tick).
+    /// Makes the report of an ended job whose late results stopped coming
+    /// again, once for all of them (called every tick): one job at a time,
+    /// each no sooner than [`refold_gap_ms`] after its last rebuild.
     pub(super) fn refold_stale(&mut self) {
+        if self.refolding.is_some() {
+            return;
+        }
         let now = self.cfg.clock.now_ms();
-        let due: Vec<String> = self
+        let due = self
             .jobs
             .iter()
             .filter(|(_, e)| e.pending.is_none())
-            .filter_map(|(id, e)| {
+            .filter(|(_, e)| now.saturating_sub(e.refolded_ms) >= refold_gap_ms(e.world_size()))
+            .find_map(|(id, e)| {
                 let (first, last) = e.stale?;
                 let quiet = now.saturating_sub(last) >= STALE_QUIET_MS;
                 (quiet || now.saturating_sub(first) >= STALE_MAX_MS).then(|| id.clone())
-            })
-            .collect();
-        for id in due {
+            });
+        if let Some(id) = due {
             self.rebuild_later(&id);
         }
     }
@@ -270,12 +294,22 @@ impl Scheduler {
         };
         entry.stale = None;
         entry.pending = Some(Pending::default());
+        self.refolding = Some(id.to_string());
         let work = ReportInputs::copy(entry, &self.cfg);
         let (retired, store, lane) = (entry.retired, self.store.clone(), self.first_lane.clone());
         let id = id.to_string();
         tokio::spawn(async move {
+            let began = Instant::now();
             let report = match from_store(work, retired, &store).await {
                 Ok(mut report) => {
+                    // At 131,072 ranks one rebuild holds every result and
+                    // the report at once: the bench reads how often.
+                    info!(
+                        job = %id,
+                        ranks = report.world_size,
+                        ms = began.elapsed().as_millis() as u64,
+                        "report made again with late results"
+                    );
                     // The late results may carry figures (links a stopped
                     // rank measured): the nodes' runs are made again too,
                     // under the same keys.
@@ -288,6 +322,7 @@ impl Scheduler {
                     }
                     drop(store.queue(batch));
                     history::store_runs(&store, &id, runs);
+                    store.measure_later(&id);
                     Ok(Box::new(report))
                 }
                 Err(e) => {
@@ -306,9 +341,13 @@ impl Scheduler {
     /// A report made again is stored (or could not be made: the stored one
     /// stands); answer whoever waited meanwhile.
     pub(super) async fn refolded(&mut self, id: String, report: Result<Report, ()>) {
+        if self.refolding.as_deref() == Some(id.as_str()) {
+            self.refolding = None;
+        }
         let Some(entry) = self.jobs.get_mut(&id) else {
             return;
         };
+        entry.refolded_ms = self.cfg.clock.now_ms();
         let pending = entry.pending.take().unwrap_or_default();
         if pending.straggled {
             entry.mark_stale(self.cfg.clock.now_ms());
@@ -391,5 +430,20 @@ impl Scheduler {
             return;
         }
         let _ = reply.send(self.report(id).await);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bigger_job_is_rebuilt_less_often_and_the_biggest_past_the_late_window() {
+        assert_eq!(refold_gap_ms(4), STALE_QUIET_MS);
+        assert_eq!(refold_gap_ms(4_096), 2_048);
+        assert_eq!(refold_gap_ms(32_768), 16_384);
+        // Results are taken for 60 s after a job's end (`ranks::LATE_RESULT_MS`):
+        // at 131,072 ranks one rebuild early, at most one more after.
+        assert!(refold_gap_ms(131_072) > 60_000);
     }
 }

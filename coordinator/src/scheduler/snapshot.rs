@@ -20,6 +20,11 @@ pub struct Snapshot {
     /// Ended jobs deleted from the store past `--keep-jobs`.
     pub jobs_deleted: u64,
     pub rendezvous_keys: u64,
+    /// Bytes the ended jobs kept hold in the store, as measured
+    /// (`--keep-jobs-bytes`).
+    pub jobs_stored_bytes: u64,
+    /// Per-rank entries held in memory over every job (`JobEntry::held_ranks`).
+    pub held_ranks: u64,
     /// Messages refused by kind (`crate::refusals`), every kind listed.
     pub refused: Vec<(&'static str, u64)>,
     /// Each node's last verdict and figures from the fleet history (filled
@@ -60,6 +65,10 @@ impl Scheduler {
         }
         for e in self.jobs.values() {
             *snap.jobs.entry(e.state().label()).or_default() += 1;
+            snap.held_ranks += e.held_ranks();
+            if e.state().is_terminal() {
+                snap.jobs_stored_bytes += self.store.job_size(&e.job.id).unwrap_or(0);
+            }
         }
         snap
     }

@@ -209,6 +209,8 @@ pub struct JobEntry {
     /// last came (unix ms). The report is made again once they stop
     /// coming, not once per result ([`super::Scheduler::refold_stale`]).
     pub stale: Option<(u64, u64)>,
+    /// When its report was last made again with late results (unix ms).
+    pub refolded_ms: u64,
     /// The plan's checks that did not pass, worst first, found once per plan
     /// (`views`).
     pub plan_faults: std::sync::Mutex<Option<PlanFaults>>,
@@ -464,6 +466,11 @@ impl JobEntry {
             .collect()
     }
 
+    /// Whether `rank`'s result was stored once the report began.
+    pub fn is_stored(&self, rank: u32) -> bool {
+        self.stored.contains(rank as usize)
+    }
+
     /// Marks `rank`'s result stored; whether it was already.
     pub fn mark_stored(&mut self, rank: u32) -> bool {
         let rank = rank as usize;
@@ -477,6 +484,20 @@ impl JobEntry {
     pub fn mark_stale(&mut self, now_ms: u64) {
         let first = self.stale.map_or(now_ms, |(first, _)| first);
         self.stale = Some((first, now_ms));
+    }
+
+    /// Per-rank entries this job holds in memory (`/metrics`): what must
+    /// not pile up job after job.
+    pub fn held_ranks(&self) -> u64 {
+        let plan = self.job.plan.as_ref();
+        let placed = plan.map_or(0, |p| p.ranks.len() + p.checks.len());
+        let watch = self.watch.grew_ms.len() + self.watch.processes.len();
+        (placed
+            + self.job.start_checks.len()
+            + self.progress.len()
+            + self.results.len()
+            + self.exits.len()
+            + watch) as u64
     }
 
     pub fn world_size(&self) -> u32 {

@@ -43,6 +43,7 @@ impl Fixture {
             health_rules: Arc::default(),
             perf_rules: Arc::default(),
             keep_jobs: 100,
+            keep_jobs_bytes: u64::MAX,
             max_nodes: 16,
             clock: clock.clone(),
             refusals: Default::default(),
@@ -286,4 +287,51 @@ async fn a_result_is_taken_for_a_minute_after_its_job_ended_and_not_after() {
         why,
         format!("job {id} ended 60 s ago: results are taken for 60 s after a job's end")
     );
+    // Sent again, it is refused again: not "stored already".
+    let (taken, again) = f.result(&id, 1).await;
+    assert!(!taken, "{again}");
+    assert_eq!(again, why);
+    // One stored in time and sent again after is still answered as stored.
+    let (taken, why) = f.result(&id, 0).await;
+    assert!(taken, "{why}");
+}
+
+#[tokio::test]
+async fn late_results_rebuild_one_report_at_a_time_and_a_job_not_again_before_its_gap() {
+    use super::reports::{refold_gap_ms, STALE_QUIET_MS};
+    let mut f = Fixture::new(Duration::from_secs(60)).await;
+    // Two ended jobs of 4,096 ranks whose late results stopped coming at T0.
+    for id in ["job-000001", "job-000002"] {
+        let mut e = JobEntry::default();
+        e.job.id = id.into();
+        e.job.set_state(JobState::Failed);
+        e.job.plan = Some(gpuctl_proto::pb::Plan {
+            world_size: 4_096,
+            ..Default::default()
+        });
+        e.stale = Some((T0, T0));
+        f.sched.jobs.insert(id.into(), e);
+    }
+    let quiet = T0 + STALE_QUIET_MS;
+    f.clock.set(quiet);
+    f.sched.refold_stale();
+    assert_eq!(f.sched.refolding.as_deref(), Some("job-000001"));
+    assert!(f.job("job-000002").pending.is_none(), "one at a time");
+    f.sched.refold_stale();
+    assert!(f.job("job-000002").pending.is_none(), "still one at a time");
+    // The first comes back (not stored: the stored report stands); the
+    // second goes next.
+    f.sched.refolded("job-000001".into(), Err(())).await;
+    f.sched.refold_stale();
+    assert_eq!(f.sched.refolding.as_deref(), Some("job-000002"));
+    f.sched.refolded("job-000002".into(), Err(())).await;
+    // More late results for the first: not rebuilt before its gap is over.
+    f.sched.jobs.get_mut("job-000001").unwrap().stale = Some((quiet, quiet));
+    let again = quiet + refold_gap_ms(4_096);
+    f.clock.set(again - 1);
+    f.sched.refold_stale();
+    assert_eq!(f.sched.refolding, None);
+    f.clock.set(again);
+    f.sched.refold_stale();
+    assert_eq!(f.sched.refolding.as_deref(), Some("job-000001"));
 }

@@ -27,7 +27,7 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::warn;
 
 use super::auth::{PeerCerts, Security};
-use super::inbox::Inbox;
+use super::inbox::{Inbox, Waiting};
 use super::trace::Fetches;
 use crate::refusals::Refused;
 use crate::scheduler::{AgentEvent, Event, RankEvent, SchedulerHandle, SessionTx};
@@ -55,6 +55,9 @@ pub struct AgentSvc {
     /// `--node-timeout`: how long a session may be silent, the first
     /// heartbeat included.
     node_timeout: Duration,
+    /// Telemetry samples read and not yet taken by the scheduler, in every
+    /// session together.
+    waiting: Waiting,
 }
 
 impl AgentSvc {
@@ -74,6 +77,7 @@ impl AgentSvc {
             fleet,
             fetches,
             node_timeout,
+            waiting: Waiting::default(),
         }
     }
 }
@@ -145,6 +149,7 @@ impl AgentService for AgentSvc {
                 session,
                 peer,
                 silent_for: self.node_timeout,
+                waiting: self.waiting.clone(),
             },
             self.fetches.clone(),
         ));
@@ -176,12 +181,14 @@ async fn let_go(refusal: oneshot::Receiver<Status>, session: u64) -> Option<Stat
     }
 }
 
-/// Which session: its number, where it comes from, and how long it may be
-/// silent (the node timeout).
+/// Which session: its number, where it comes from, how long it may be
+/// silent (the node timeout), and the fleet's waiting telemetry its inbox
+/// counts against.
 struct Id {
     session: u64,
     peer: String,
     silent_for: Duration,
+    waiting: Waiting,
 }
 
 /// Reads the session's first message and has the scheduler attach `tx` to
@@ -256,7 +263,7 @@ async fn run_session(
         }
     };
     let mut lane = sched.fleet_lane();
-    let mut inbox = Inbox::default();
+    let mut inbox = Inbox::new(id.waiting.clone());
     let mut why = "the agent ended it".to_string();
     // Silence counts only while the session is read: with the inbox full,
     // the agent's messages wait in the connection, not in the agent.

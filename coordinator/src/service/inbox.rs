@@ -10,8 +10,17 @@
 //! join the batch still waiting (the oldest dropped past a bound), and
 //! other messages wait in order, up to a bound past which the session
 //! stops reading until the scheduler takes some.
+//!
+//! The telemetry waiting is bounded per session and for all sessions
+//! together ([`FLEET_WAITING_SAMPLES`]): at 16,384 nodes a scheduler that
+//! fell behind could leave a minute of samples waiting in every session:
+//! 480 decoded samples of ~350 bytes (296 in place, the GPU's UUID beside),
+//! 2.7 GB, and the coordinator logged "telemetry samples dropped while the
+//! scheduler was busy" while its memory grew by gigabytes (issue 51).
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use gpuctl_proto::pb::TelemetryBatch;
 
@@ -26,18 +35,60 @@ pub const READ_AHEAD: usize = 64;
 /// and the newest samples are what `gpuctl watch` shows.
 pub const WAITING_SAMPLES: usize = 8 * 60;
 
+/// Telemetry samples waiting in every session together: ~350 MB, eight
+/// seconds of a 16,384 × 8 fleet; 2,048 sessions of 8 GPUs at their own
+/// bound hold 983,040, so a fleet that size never meets it. Past it a session
+/// keeps only the newest batch it read, so the sessions together hold at
+/// most this and one batch each.
+pub const FLEET_WAITING_SAMPLES: usize = 1 << 20;
+
 /// Slots an emptied queue keeps; past this it gives its memory back.
 const KEPT_SLOTS: usize = 4;
+
+/// Telemetry samples waiting in every session's inbox (shared by the
+/// sessions of one coordinator).
+#[derive(Clone, Default)]
+pub struct Waiting(Arc<AtomicUsize>);
+
+impl Waiting {
+    pub fn samples(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
+}
 
 #[derive(Default)]
 pub struct Inbox {
     events: VecDeque<Event>,
     telemetry: Option<TelemetryBatch>,
-    /// Samples dropped past [`WAITING_SAMPLES`], for the log.
+    /// Samples dropped past [`WAITING_SAMPLES`] or [`FLEET_WAITING_SAMPLES`],
+    /// for the log.
     pub dropped: u64,
+    /// Every session's waiting samples, this one's (`telemetry`) counted in.
+    fleet: Waiting,
+}
+
+impl Drop for Inbox {
+    fn drop(&mut self) {
+        self.uncount_telemetry();
+    }
 }
 
 impl Inbox {
+    /// An inbox whose waiting telemetry counts against `fleet`.
+    pub fn new(fleet: Waiting) -> Inbox {
+        Inbox {
+            events: VecDeque::new(),
+            telemetry: None,
+            dropped: 0,
+            fleet,
+        }
+    }
+
+    fn uncount_telemetry(&mut self) {
+        let n = self.telemetry.as_ref().map_or(0, |t| t.samples.len());
+        self.fleet.0.fetch_sub(n, Ordering::Relaxed);
+    }
+
     /// Whether the session may read another message.
     pub fn has_room(&self) -> bool {
         self.events.len() < READ_AHEAD
@@ -74,16 +125,24 @@ impl Inbox {
     /// Joins `batch`'s samples to the telemetry waiting, when it is of the
     /// same job and attempt; a batch of another goes first, as an event.
     pub fn push_telemetry(&mut self, node: &str, batch: TelemetryBatch) {
+        let added = batch.samples.len();
+        let fleet = self.fleet.0.fetch_add(added, Ordering::Relaxed) + added;
         match self.telemetry.as_mut() {
             Some(w) if w.job_id == batch.job_id && w.attempt == batch.attempt => {
                 w.samples.extend(batch.samples);
-                let over = w.samples.len().saturating_sub(WAITING_SAMPLES);
+                let mut over = w.samples.len().saturating_sub(WAITING_SAMPLES);
+                if fleet > FLEET_WAITING_SAMPLES {
+                    // The fleet's room is taken: the newest batch only.
+                    over = over.max(w.samples.len() - added);
+                }
                 if over > 0 {
                     w.samples.drain(..over);
                     self.dropped += over as u64;
+                    self.fleet.0.fetch_sub(over, Ordering::Relaxed);
                 }
             }
             _ => {
+                self.uncount_telemetry();
                 if let Some(old) = self.telemetry.replace(batch) {
                     self.events.push_back(
                         RankEvent::Telemetry {
@@ -107,6 +166,7 @@ impl Inbox {
             self.events = VecDeque::new();
         }
         ev.or_else(|| {
+            self.uncount_telemetry();
             self.telemetry.take().map(|batch| {
                 RankEvent::Telemetry {
                     node: node.to_string(),
@@ -218,6 +278,37 @@ mod tests {
         };
         assert_eq!((b.job_id.as_str(), b.samples.len()), ("b", 8));
         assert!(inbox.pop("n").is_none() && inbox.is_empty());
+    }
+
+    #[test]
+    fn the_sessions_together_keep_at_most_the_fleets_room_and_a_batch_each() {
+        let fleet = Waiting::default();
+        let sessions = FLEET_WAITING_SAMPLES / WAITING_SAMPLES + 10;
+        let mut inboxes: Vec<Inbox> = (0..sessions).map(|_| Inbox::new(fleet.clone())).collect();
+        // A scheduler far behind: each session reads a minute of 8 GPUs.
+        for second in 0..60 {
+            for inbox in &mut inboxes {
+                inbox.push_telemetry("n", batch("a", second * 8, 8));
+            }
+        }
+        assert!(
+            fleet.samples() <= FLEET_WAITING_SAMPLES + 8 * sessions,
+            "{} waiting",
+            fleet.samples()
+        );
+        let dropped: u64 = inboxes.iter().map(|i| i.dropped).sum();
+        assert_eq!(fleet.samples() as u64 + dropped, 60 * 8 * sessions as u64);
+        // What a session hands on is the newest it read; taken, it no
+        // longer counts, nor what goes with its session.
+        let before = fleet.samples();
+        let Some(Event::Rank(RankEvent::Telemetry { batch, .. })) = inboxes[sessions - 1].pop("n")
+        else {
+            panic!("telemetry waits");
+        };
+        assert_eq!(batch.samples.last().unwrap().unix_ms, 60 * 8 - 1);
+        assert_eq!(fleet.samples(), before - batch.samples.len());
+        inboxes.clear();
+        assert_eq!(fleet.samples(), 0);
     }
 
     #[test]

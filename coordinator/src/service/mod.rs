@@ -72,9 +72,10 @@ mod tests {
                 CoordinatorError::JobDeleted {
                     id: "job-000002".into(),
                     keep: 200,
+                    keep_bytes: 32 << 30,
                 },
                 Code::NotFound,
-                "job `job-000002` was deleted: the coordinator keeps the 200 jobs that ended last (--keep-jobs); what it found per node stays in `gpuctl fleet`",
+                "job `job-000002` was deleted: the coordinator keeps the 200 jobs that ended last (--keep-jobs), 32 GiB of their data at most (--keep-jobs-bytes); what it found per node stays in `gpuctl fleet`",
             ),
             (
                 gpuctl_core::spec::parse_selector("gpu")

@@ -60,6 +60,20 @@ pub trait Store: Send + Sync + 'static {
     /// Every entry whose key starts with `prefix`, in key order.
     fn scan_prefix(&self, prefix: String) -> BoxFuture<'_, StoreResult<Entries>>;
 
+    /// Bytes (keys and values) of the entries whose key starts with
+    /// `prefix`: what a job keeps in the store (`--keep-jobs-bytes`). This
+    /// default reads the entries; a backend that can count without copying
+    /// them does.
+    fn bytes_under(&self, prefix: String) -> BoxFuture<'_, StoreResult<u64>> {
+        Box::pin(async move {
+            let entries = self.scan_prefix(prefix).await?;
+            Ok(entries
+                .iter()
+                .map(|(k, v)| (k.len() + v.len()) as u64)
+                .sum())
+        })
+    }
+
     /// Deletes every key that starts with `prefix`; returns how many went.
     /// Backends do it in one transaction; this default, one key at a time.
     fn delete_prefix(&self, prefix: String) -> BoxFuture<'_, StoreResult<usize>> {

@@ -68,6 +68,13 @@ pub fn telemetry(job: &str, node: &str, gpu: u32) -> String {
 pub fn telemetry_of(job: &str) -> String {
     format!("telemetry/{job}/")
 }
+/// Bytes the store holds of an ended job (`crate::store::sizes`), a decimal
+/// number: read at load, so that `--keep-jobs-bytes` does not read every
+/// kept job again.
+pub const JOB_BYTES: &str = "job-bytes/";
+pub fn job_bytes(job: &str) -> String {
+    format!("job-bytes/{job}")
+}
 pub fn logs(job: &str, rank: Option<u32>) -> String {
     match rank {
         Some(r) => format!("logs/{job}/{r:06}/"),

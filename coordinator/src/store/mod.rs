@@ -14,6 +14,7 @@ pub mod etcd_access;
 mod key_file;
 pub mod keys;
 pub mod redb;
+mod sizes;
 mod state;
 pub mod writer;
 

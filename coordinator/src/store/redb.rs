@@ -201,6 +201,24 @@ impl Store for RedbStore {
         })
     }
 
+    fn bytes_under(&self, prefix: String) -> BoxFuture<'_, StoreResult<u64>> {
+        self.blocking(move |db| {
+            let tx = db.begin_read()?;
+            let table = tx.open_table(KV)?;
+            let mut bytes = 0u64;
+            for item in table.range(prefix.as_str()..)? {
+                let (k, v) = item?;
+                let k = k.value();
+                if !k.starts_with(prefix.as_str()) {
+                    break;
+                }
+                // The value's length, read in its page: nothing copied.
+                bytes += (k.len() + v.value().len()) as u64;
+            }
+            Ok(bytes)
+        })
+    }
+
     fn scan_prefix(&self, prefix: String) -> BoxFuture<'_, StoreResult<Entries>> {
         self.blocking(move |db| {
             let tx = db.begin_read()?;

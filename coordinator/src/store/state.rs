@@ -41,9 +41,11 @@ async fn decode_off<T: Send + 'static>(
 /// Typed access to the coordinator's state.
 #[derive(Clone)]
 pub struct StateStore {
-    inner: Arc<dyn Store>,
+    pub(super) inner: Arc<dyn Store>,
     /// Every write goes through it, in order.
-    writer: Writer,
+    pub(super) writer: Writer,
+    /// Bytes each measured ended job holds (`sizes.rs`).
+    pub(super) sizes: super::sizes::Sizes,
     /// Read (or made) once: it never changes while the store lives.
     rank_key: Arc<tokio::sync::OnceCell<RankKey>>,
     /// Where the key lives when it lives outside the store
@@ -67,6 +69,7 @@ impl StateStore {
             rank_key: Default::default(),
             key_file: None,
             history_version: Default::default(),
+            sizes: Default::default(),
         }
     }
 
@@ -237,22 +240,21 @@ impl StateStore {
     }
 
     /// Deletes job `id` whole: its results, logs, telemetry, report, the
-    /// mark that its fleet history is due, and last its record, so that a
-    /// crash halfway leaves a job that is deleted again at the next start.
+    /// mark that its fleet history is due, its measured size, and last its
+    /// record, so that a crash halfway leaves a job that is deleted again
+    /// at the next start.
     /// Waits first for both of the writer's lanes, so that no queued write
     /// of the job brings a key back. Returns how many keys went.
     pub async fn delete_job(&self, id: &str) -> StoreResult<usize> {
         self.writer.flush().wait().await?;
         self.writer.flush_later().wait().await?;
+        self.forget_size(id);
+        let (prefixes, [report, due, record]) = super::sizes::job_keys(id);
         let mut gone = 0;
-        for prefix in [
-            keys::results_of(id),
-            keys::logs(id, None),
-            keys::telemetry_of(id),
-        ] {
+        for prefix in prefixes {
             gone += self.inner.delete_prefix(prefix).await?;
         }
-        for key in [keys::report(id), keys::history_due(id), keys::job(id)] {
+        for key in [report, due, keys::job_bytes(id), record] {
             gone += usize::from(self.inner.delete(key).await?);
         }
         Ok(gone)
