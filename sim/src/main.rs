@@ -160,6 +160,39 @@ fn next_to_me(name: &str) -> Result<PathBuf> {
     Ok(me.with_file_name(name))
 }
 
+/// The coordinator binary given, or the one next to this binary.
+fn coordinator(given: Option<PathBuf>) -> Result<PathBuf> {
+    match given {
+        Some(p) => Ok(p),
+        None => next_to_me("gpuctl-coordinator"),
+    }
+}
+
+/// A fresh folder for one run's processes.
+fn run_dir(name: &str) -> Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+/// The run's folder kept when asked (saying what it `holds`), else removed.
+fn leave(dir: &std::path::Path, keep: bool, holds: &str) {
+    if keep {
+        eprintln!("{holds} are in {}", dir.display());
+    } else {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// The figures as JSON at `--json PATH`, when given.
+fn write_json(path: Option<PathBuf>, json: serde_json::Value) -> Result<()> {
+    if let Some(path) = path {
+        std::fs::write(&path, serde_json::to_string_pretty(&json)?)
+            .with_context(|| format!("--json: writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
 fn connections(shape: &Shape) -> usize {
     if shape.connections == 0 {
         shape.nodes as usize
@@ -228,10 +261,7 @@ fn main() -> Result<()> {
                 coordinator_log,
             } => {
                 let cfg = BenchConfig {
-                    coordinator_bin: match coordinator_bin {
-                        Some(p) => p,
-                        None => next_to_me("gpuctl-coordinator")?,
-                    },
+                    coordinator_bin: coordinator(coordinator_bin)?,
                     nodes: shape.nodes as usize,
                     gpus: shape.gpus,
                     idle,
@@ -244,21 +274,12 @@ fn main() -> Result<()> {
                     cli_every,
                     coordinator_log,
                 };
-                let dir = std::env::temp_dir().join(format!("gpuctl-sim-{}", std::process::id()));
-                std::fs::create_dir_all(&dir)?;
+                let dir = run_dir("gpuctl-sim")?;
                 let report = bench::run(&cfg, dir.clone()).await;
-                if keep_dir {
-                    eprintln!("the coordinator's store and log are in {}", dir.display());
-                } else {
-                    let _ = std::fs::remove_dir_all(&dir);
-                }
+                leave(&dir, keep_dir, "the coordinator's store and log");
                 let report = report?;
                 report.print();
-                if let Some(path) = json {
-                    std::fs::write(&path, serde_json::to_string_pretty(&report.to_json())?)
-                        .with_context(|| format!("--json: writing {}", path.display()))?;
-                }
-                Ok(())
+                write_json(json, report.to_json())
             }
             Cmd::Failover {
                 shape,
@@ -270,10 +291,7 @@ fn main() -> Result<()> {
                 keep_dir,
             } => {
                 let cfg = FailoverConfig {
-                    coordinator_bin: match coordinator_bin {
-                        Some(p) => p,
-                        None => next_to_me("gpuctl-coordinator")?,
-                    },
+                    coordinator_bin: coordinator(coordinator_bin)?,
                     nodes: shape.nodes as usize,
                     gpus: shape.gpus,
                     interval: shape.interval,
@@ -281,25 +299,12 @@ fn main() -> Result<()> {
                     job,
                     kill_after,
                 };
-                let dir = std::env::temp_dir()
-                    .join(format!("gpuctl-sim-failover-{}", std::process::id()));
-                std::fs::create_dir_all(&dir)?;
+                let dir = run_dir("gpuctl-sim-failover")?;
                 let report = failover::run(&cfg, dir.clone()).await;
-                if keep_dir {
-                    eprintln!(
-                        "etcd's data and the coordinators' logs are in {}",
-                        dir.display()
-                    );
-                } else {
-                    let _ = std::fs::remove_dir_all(&dir);
-                }
+                leave(&dir, keep_dir, "etcd's data and the coordinators' logs");
                 let report = report?;
                 failover::print(&report);
-                if let Some(path) = json {
-                    std::fs::write(&path, serde_json::to_string_pretty(&report.to_json())?)
-                        .with_context(|| format!("--json: writing {}", path.display()))?;
-                }
-                Ok(())
+                write_json(json, report.to_json())
             }
             // Answered before the runtime started.
             Cmd::Search { .. } => Ok(()),
