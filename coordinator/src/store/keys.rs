@@ -103,3 +103,13 @@ pub fn cert_evidence_of(suite: &str) -> String {
 pub fn cert_revoked(id: &str) -> String {
     format!("certs/revoked/{id}")
 }
+
+/// The key prefixes that hold job `id`'s data, and its single keys, its
+/// record last: what `StateStore::delete_job` deletes and what
+/// `--keep-jobs-bytes` measures (the job's own figure, `job-bytes/`, apart).
+pub fn job_keys(id: &str) -> ([String; 3], [String; 3]) {
+    (
+        [results_of(id), logs(id, None), telemetry_of(id)],
+        [report(id), history_due(id), job(id)],
+    )
+}

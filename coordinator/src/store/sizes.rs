@@ -10,7 +10,6 @@
 //! record; measuring what is there counts each key once.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 
 use tracing::warn;
 
@@ -19,23 +18,6 @@ use super::batch::Batch;
 use super::keys;
 use super::state::StateStore;
 
-/// Bytes of each measured job, shared by every clone of the store.
-pub(super) type Sizes = Arc<Mutex<BTreeMap<String, u64>>>;
-
-/// The key prefixes that hold a job's data, and its single keys, its
-/// record last: what [`StateStore::delete_job`] deletes, with the job's
-/// figure (`job-bytes/`, not counted in it).
-pub(super) fn job_keys(id: &str) -> ([String; 3], [String; 3]) {
-    (
-        [
-            keys::results_of(id),
-            keys::logs(id, None),
-            keys::telemetry_of(id),
-        ],
-        [keys::report(id), keys::history_due(id), keys::job(id)],
-    )
-}
-
 impl StateStore {
     /// Measures job `id` once everything queued before is committed (both
     /// of the writer's lanes), keeps the figure and stores it. A job no
@@ -43,7 +25,7 @@ impl StateStore {
     pub async fn measure_job(&self, id: &str) -> StoreResult<Option<u64>> {
         self.writer.flush().wait().await?;
         self.writer.flush_later().wait().await?;
-        let (prefixes, singles) = job_keys(id);
+        let (prefixes, singles) = keys::job_keys(id);
         let mut bytes = 0u64;
         for prefix in prefixes {
             bytes += self.inner.bytes_under(prefix).await?;

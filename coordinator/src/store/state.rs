@@ -45,7 +45,7 @@ pub struct StateStore {
     /// Every write goes through it, in order.
     pub(super) writer: Writer,
     /// Bytes each measured ended job holds (`sizes.rs`).
-    pub(super) sizes: super::sizes::Sizes,
+    pub(super) sizes: Arc<std::sync::Mutex<std::collections::BTreeMap<String, u64>>>,
     /// Read (or made) once: it never changes while the store lives.
     rank_key: Arc<tokio::sync::OnceCell<RankKey>>,
     /// Where the key lives when it lives outside the store
@@ -249,7 +249,7 @@ impl StateStore {
         self.writer.flush().wait().await?;
         self.writer.flush_later().wait().await?;
         self.forget_size(id);
-        let (prefixes, [report, due, record]) = super::sizes::job_keys(id);
+        let (prefixes, [report, due, record]) = keys::job_keys(id);
         let mut gone = 0;
         for prefix in prefixes {
             gone += self.inner.delete_prefix(prefix).await?;
