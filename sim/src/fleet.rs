@@ -83,11 +83,14 @@ pub async fn start(cfg: FleetConfig, shutdown: Shutdown) -> Result<Fleet> {
     let urls = gpuctl_core::leader::split_urls(&cfg.url);
     let mut channels = Vec::new();
     for _ in 0..cfg.connections.clamp(1, cfg.nodes.max(1)) {
-        channels.push(
-            gpuctl_core::leader::find_leader(&urls, builder)
+        // One coordinator: no leader to find, nor a probe call to make.
+        let channel = match urls.as_slice() {
+            [one] => builder(one).connect().await.map_err(anyhow::Error::from),
+            _ => gpuctl_core::leader::find_leader(&urls, builder)
                 .await
-                .with_context(|| format!("connecting to {}", cfg.url))?,
-        );
+                .map_err(anyhow::Error::from),
+        };
+        channels.push(channel.with_context(|| format!("connecting to {}", cfg.url))?);
     }
     let names: Vec<String> = (0..cfg.nodes)
         .map(|i| format!("{}{i:05}", cfg.prefix))

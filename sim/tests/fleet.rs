@@ -4,6 +4,7 @@
 //! Every rank's result must be in the stored report, and the coordinator's
 //! memory must come back to about where it was before the job (a generous
 //! margin: this checks for retention that grows with the job, not for bytes).
+//! And the failover bench at 8 nodes on a real etcd (Debian's `etcd-server`).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -43,7 +44,7 @@ async fn two_hundred_nodes_report_every_rank_and_memory_comes_back() {
         cli_every: Duration::from_millis(200),
         coordinator_log: bench::COORDINATOR_LOG.into(),
     };
-    let dir = tempfile_dir();
+    let dir = tempfile_dir("bench");
     let r = bench::run(&cfg, dir.clone()).await.expect("the bench ran");
     let _ = std::fs::remove_dir_all(&dir);
     r.print();
@@ -260,8 +261,40 @@ async fn the_fleet_comes_back_after_a_coordinator_restart_and_its_job_ends() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-fn tempfile_dir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("gpuctl-sim-test-{}", std::process::id()));
+/// A folder of this test's own: the tests of this file run at once.
+fn tempfile_dir(test: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("gpuctl-sim-test-{test}-{}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
     d
+}
+
+/// `gpuctl-sim failover` small: a leader and a standby on a real etcd, 8
+/// fake agents given both URLs, the leader SIGKILLed while a stress job
+/// runs. The standby must serve, every node register with it, and the job
+/// end `succeeded` with every rank's result (adopted from the agents).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_brings_every_node_and_result_through() {
+    use gpuctl_sim::bench::failover::{self, FailoverConfig};
+    let (nodes, gpus) = (8, 2);
+    let cfg = FailoverConfig {
+        coordinator_bin: coordinator_bin(),
+        nodes,
+        gpus,
+        interval: Duration::from_secs(1),
+        connections: nodes,
+        job: Duration::from_secs(20),
+        kill_after: Duration::from_secs(1),
+    };
+    let dir = tempfile_dir("failover");
+    let r = failover::run(&cfg, dir.clone())
+        .await
+        .expect("the failover bench ran (etcd installed: apt-get install etcd-server)");
+    let _ = std::fs::remove_dir_all(&dir);
+    failover::print(&r);
+    assert!(r.standby_serves_ms.is_finite(), "{:#}", r.to_json());
+    assert!(r.all_listed_ms.is_finite(), "{:#}", r.to_json());
+    assert_eq!(r.job_state, "succeeded", "{:#}", r.to_json());
+    assert_eq!(r.ranks, (nodes as u32) * gpus);
+    assert_eq!(r.results_in_report, r.ranks, "{:#}", r.to_json());
+    assert_eq!(r.results_refused, 0);
 }
