@@ -188,30 +188,13 @@ impl Store for EtcdStore {
             };
             // The parts as of the manifest's read: a later write's cannot mix in.
             let prefix = parts::parts_of(&full, &manifest.generation);
-            let (mut pieces, mut start) = (Vec::new(), prefix.clone().into_bytes());
-            let end = range_end(prefix.as_bytes());
-            loop {
-                let options = GetOptions::new()
-                    .with_range(end.clone())
-                    .with_limit(PARTS_PAGE)
-                    .with_revision(revision);
-                let mut resp = self
-                    .conn
-                    .call(
-                        &format!("reading the parts of {full}"),
-                        self.conn.kv.clone().get(start.clone(), Some(options)),
-                    )
-                    .await?;
-                let more = resp.more();
-                let kvs = resp.take_kvs();
-                let Some(last) = kvs.last() else { break };
-                start = last.key().to_vec();
-                start.push(0);
-                pieces.extend(kvs.into_iter().map(|kv| kv.into_key_value().1));
-                if !more {
-                    break;
-                }
-            }
+            let what = format!("reading the parts of {full}");
+            let pieces = self
+                .range(&what, &prefix, revision, PARTS_PAGE)
+                .await?
+                .into_iter()
+                .map(|(_, v)| v)
+                .collect();
             parts::join(&manifest, pieces)
                 .map(Some)
                 .map_err(|why| StoreError::Backend(format!("reading {full}: {why}")))
@@ -299,6 +282,30 @@ impl Store for EtcdStore {
 
 impl EtcdStore {
     async fn scan_once(&self, full_prefix: &str) -> StoreResult<Entries> {
+        let what = format!("reading keys under {full_prefix}");
+        let kvs = self.range(&what, full_prefix, 0, PAGE).await?;
+        let mut out = Vec::with_capacity(kvs.len());
+        for (k, v) in kvs {
+            let k = String::from_utf8(k).map_err(|e| self.conn.err(&what, e))?;
+            let k = k
+                .strip_prefix(self.conn.prefix.as_str())
+                .map(str::to_string)
+                .unwrap_or(k);
+            out.push((k, v));
+        }
+        Ok(out)
+    }
+
+    /// Every key and value under `full_prefix` (every key with an empty
+    /// one), `page` keys a request, all read at `revision` (0: at the first
+    /// page's), so that one read is one snapshot however many pages it takes.
+    async fn range(
+        &self,
+        what: &str,
+        full_prefix: &str,
+        mut revision: i64,
+        page: i64,
+    ) -> StoreResult<Vec<(Vec<u8>, Vec<u8>)>> {
         let (mut start, end) = if full_prefix.is_empty() {
             (vec![0u8], vec![0u8])
         } else {
@@ -307,20 +314,15 @@ impl EtcdStore {
                 range_end(full_prefix.as_bytes()),
             )
         };
-        let what = format!("reading keys under {full_prefix}");
-        let mut revision = 0;
         let mut out = Vec::new();
         loop {
-            let mut options = GetOptions::new().with_range(end.clone()).with_limit(PAGE);
+            let mut options = GetOptions::new().with_range(end.clone()).with_limit(page);
             if revision > 0 {
                 options = options.with_revision(revision);
             }
             let mut resp = self
                 .conn
-                .call(
-                    &what,
-                    self.conn.kv.clone().get(start.clone(), Some(options)),
-                )
+                .call(what, self.conn.kv.clone().get(start.clone(), Some(options)))
                 .await?;
             if revision == 0 {
                 revision = resp.header().map(|h| h.revision()).unwrap_or_default();
@@ -330,15 +332,7 @@ impl EtcdStore {
             let Some(last) = kvs.last() else { break };
             start = last.key().to_vec();
             start.push(0);
-            for kv in kvs {
-                let (k, v) = kv.into_key_value();
-                let k = String::from_utf8(k).map_err(|e| self.conn.err(&what, e))?;
-                let k = k
-                    .strip_prefix(self.conn.prefix.as_str())
-                    .map(str::to_string)
-                    .unwrap_or(k);
-                out.push((k, v));
-            }
+            out.extend(kvs.into_iter().map(|kv| kv.into_key_value()));
             if !more {
                 break;
             }
