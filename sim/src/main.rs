@@ -63,6 +63,20 @@ struct Priority {
     fleet_nice: Option<i32>,
 }
 
+/// What every run against real coordinator processes takes.
+#[derive(clap::Args)]
+struct Run {
+    /// The coordinator binary (default: gpuctl-coordinator next to this binary).
+    #[arg(long)]
+    coordinator_bin: Option<PathBuf>,
+    /// Also write the figures as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Keep the run's folder afterwards (stores, etcd's data, the coordinators' logs).
+    #[arg(long)]
+    keep_dir: bool,
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Start a coordinator, register the fleet, idle, run one long and then short stress jobs; print the figures.
@@ -71,9 +85,8 @@ enum Cmd {
         shape: Shape,
         #[command(flatten)]
         priority: Priority,
-        /// The coordinator binary (default: gpuctl-coordinator next to this binary).
-        #[arg(long)]
-        coordinator_bin: Option<PathBuf>,
+        #[command(flatten)]
+        run: Run,
         #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
         idle: Duration,
         /// The long job's duration (the headline use is 15m).
@@ -87,12 +100,6 @@ enum Cmd {
         /// Pause between rounds of CLI calls (nodes, jobs, status).
         #[arg(long, default_value = "200ms", value_parser = humantime::parse_duration)]
         cli_every: Duration,
-        /// Also write the figures as JSON here.
-        #[arg(long)]
-        json: Option<PathBuf>,
-        /// Keep the coordinator's folder (store, coordinator.log) afterwards.
-        #[arg(long)]
-        keep_dir: bool,
         /// The coordinator's log filter (`RUST_LOG` syntax): its log is read
         /// for when each report was stored, so keep `scheduler::reports` at info.
         #[arg(long, default_value = bench::COORDINATOR_LOG)]
@@ -104,21 +111,14 @@ enum Cmd {
         shape: Shape,
         #[command(flatten)]
         priority: Priority,
-        /// The coordinator binary (default: gpuctl-coordinator next to this binary).
-        #[arg(long)]
-        coordinator_bin: Option<PathBuf>,
+        #[command(flatten)]
+        run: Run,
         /// The stress job's length.
         #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
         job: Duration,
         /// When the leader is killed, after every node took its assignment.
         #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
         kill_after: Duration,
-        /// Also write the figures as JSON here.
-        #[arg(long)]
-        json: Option<PathBuf>,
-        /// Keep the folder (etcd's data, both coordinators' logs) afterwards.
-        #[arg(long)]
-        keep_dir: bool,
     },
     /// The search for slow nodes and links against a modelled fleet: rounds, tests, culprits found, false blames.
     Search {
@@ -250,18 +250,16 @@ fn main() -> Result<()> {
             Cmd::Bench {
                 shape,
                 priority: _,
-                coordinator_bin,
+                run,
                 idle,
                 long,
                 short_jobs,
                 short,
                 cli_every,
-                json,
-                keep_dir,
                 coordinator_log,
             } => {
                 let cfg = BenchConfig {
-                    coordinator_bin: coordinator(coordinator_bin)?,
+                    coordinator_bin: coordinator(run.coordinator_bin)?,
                     nodes: shape.nodes as usize,
                     gpus: shape.gpus,
                     idle,
@@ -276,22 +274,20 @@ fn main() -> Result<()> {
                 };
                 let dir = run_dir("gpuctl-sim")?;
                 let report = bench::run(&cfg, dir.clone()).await;
-                leave(&dir, keep_dir, "the coordinator's store and log");
+                leave(&dir, run.keep_dir, "the coordinator's store and log");
                 let report = report?;
                 report.print();
-                write_json(json, report.to_json())
+                write_json(run.json, report.to_json())
             }
             Cmd::Failover {
                 shape,
                 priority: _,
-                coordinator_bin,
+                run,
                 job,
                 kill_after,
-                json,
-                keep_dir,
             } => {
                 let cfg = FailoverConfig {
-                    coordinator_bin: coordinator(coordinator_bin)?,
+                    coordinator_bin: coordinator(run.coordinator_bin)?,
                     nodes: shape.nodes as usize,
                     gpus: shape.gpus,
                     interval: shape.interval,
@@ -301,10 +297,10 @@ fn main() -> Result<()> {
                 };
                 let dir = run_dir("gpuctl-sim-failover")?;
                 let report = failover::run(&cfg, dir.clone()).await;
-                leave(&dir, keep_dir, "etcd's data and the coordinators' logs");
+                leave(&dir, run.keep_dir, "etcd's data and the coordinators' logs");
                 let report = report?;
                 failover::print(&report);
-                write_json(json, report.to_json())
+                write_json(run.json, report.to_json())
             }
             // Answered before the runtime started.
             Cmd::Search { .. } => Ok(()),
