@@ -35,12 +35,14 @@ pub const READ_AHEAD: usize = 64;
 /// and the newest samples are what `gpuctl watch` shows.
 pub const WAITING_SAMPLES: usize = 8 * 60;
 
-/// Telemetry samples waiting in every session together: ~350 MB, eight
-/// seconds of a 16,384 × 8 fleet; 2,048 sessions of 8 GPUs at their own
-/// bound hold 983,040, so a fleet that size never meets it. Past it a session
-/// keeps only the newest batch it read, so the sessions together hold at
-/// most this and one batch each.
-pub const FLEET_WAITING_SAMPLES: usize = 1 << 20;
+/// Sample slots the telemetry waiting in every session together may hold:
+/// ~90 MB (a sample is ~350 bytes decoded), two seconds of a 16,384 × 8
+/// fleet; 512 sessions of 8 GPUs at their own bound hold 262,144, so a
+/// fleet that size never meets it. Past it a session keeps only the newest
+/// batch it read, so the sessions together hold at most this and one batch
+/// each. The series a job keeps are in buckets of seconds to minutes: a
+/// scheduler seconds behind loses samples of a GPU, not what its series says.
+pub const FLEET_WAITING_SAMPLES: usize = 1 << 18;
 
 /// Slots an emptied queue keeps; past this it gives its memory back.
 const KEPT_SLOTS: usize = 4;
@@ -84,9 +86,16 @@ impl Inbox {
         }
     }
 
+    /// Sample slots the waiting telemetry holds: its capacity, not its
+    /// length, since a batch trimmed to its newest samples keeps what it
+    /// grew to (counted by length, 1,048,576 samples at 16,384 sessions held
+    /// 1.5 GB of the coordinator's heap, not the ~350 MB reckoned).
+    fn held(&self) -> usize {
+        self.telemetry.as_ref().map_or(0, |t| t.samples.capacity())
+    }
+
     fn uncount_telemetry(&mut self) {
-        let n = self.telemetry.as_ref().map_or(0, |t| t.samples.len());
-        self.fleet.0.fetch_sub(n, Ordering::Relaxed);
+        self.fleet.0.fetch_sub(self.held(), Ordering::Relaxed);
     }
 
     /// Whether the session may read another message.
@@ -125,25 +134,44 @@ impl Inbox {
     /// Joins `batch`'s samples to the telemetry waiting, when it is of the
     /// same job and attempt; a batch of another goes first, as an event.
     pub fn push_telemetry(&mut self, node: &str, batch: TelemetryBatch) {
-        let added = batch.samples.len();
-        let fleet = self.fleet.0.fetch_add(added, Ordering::Relaxed) + added;
+        let before = self.held();
         match self.telemetry.as_mut() {
             Some(w) if w.job_id == batch.job_id && w.attempt == batch.attempt => {
-                w.samples.extend(batch.samples);
-                let mut over = w.samples.len().saturating_sub(WAITING_SAMPLES);
-                if fleet > FLEET_WAITING_SAMPLES {
-                    // The fleet's room is taken: the newest batch only.
-                    over = over.max(w.samples.len() - added);
+                let added = batch.samples.len();
+                let cap = w.samples.capacity();
+                // The slots held once `keep` older samples and the batch are
+                // in: grown here by doubling, never past the session's bound.
+                let slots = |keep: usize| {
+                    let need = keep + added;
+                    if need <= cap {
+                        cap
+                    } else {
+                        (2 * cap).clamp(need, WAITING_SAMPLES.max(need))
+                    }
+                };
+                let others = self.fleet.samples().saturating_sub(before);
+                let mut keep = WAITING_SAMPLES.saturating_sub(added).min(w.samples.len());
+                if others + slots(keep) > FLEET_WAITING_SAMPLES {
+                    keep = 0;
                 }
-                if over > 0 {
+                let over = w.samples.len() - keep;
+                self.dropped += over as u64;
+                if keep == 0 {
+                    // The newest batch alone, in its own allocation: the
+                    // one that held the older samples goes with them.
+                    *w = batch;
+                } else {
                     w.samples.drain(..over);
-                    self.dropped += over as u64;
-                    self.fleet.0.fetch_sub(over, Ordering::Relaxed);
+                    let want = slots(keep);
+                    if want > w.samples.capacity() {
+                        w.samples.reserve_exact(want - keep);
+                    }
+                    w.samples.extend(batch.samples);
                 }
             }
             _ => {
-                self.uncount_telemetry();
                 if let Some(old) = self.telemetry.replace(batch) {
+                    // Handed on as an event: the read-ahead bounds it.
                     self.events.push_back(
                         RankEvent::Telemetry {
                             node: node.to_string(),
@@ -153,6 +181,12 @@ impl Inbox {
                     );
                 }
             }
+        }
+        let after = self.held();
+        if after >= before {
+            self.fleet.0.fetch_add(after - before, Ordering::Relaxed);
+        } else {
+            self.fleet.0.fetch_sub(before - after, Ordering::Relaxed);
         }
     }
 
@@ -297,7 +331,14 @@ mod tests {
             fleet.samples()
         );
         let dropped: u64 = inboxes.iter().map(|i| i.dropped).sum();
-        assert_eq!(fleet.samples() as u64 + dropped, 60 * 8 * sessions as u64);
+        let waiting: usize = inboxes
+            .iter()
+            .map(|i| i.telemetry.as_ref().map_or(0, |t| t.samples.len()))
+            .sum();
+        assert_eq!(waiting as u64 + dropped, 60 * 8 * sessions as u64);
+        // Counted by the slots held, which is what memory holds.
+        let slots: usize = inboxes.iter().map(Inbox::held).sum();
+        assert_eq!(fleet.samples(), slots);
         // What a session hands on is the newest it read; taken, it no
         // longer counts, nor what goes with its session.
         let before = fleet.samples();
@@ -306,9 +347,30 @@ mod tests {
             panic!("telemetry waits");
         };
         assert_eq!(batch.samples.last().unwrap().unix_ms, 60 * 8 - 1);
-        assert_eq!(fleet.samples(), before - batch.samples.len());
+        assert_eq!(fleet.samples(), before - batch.samples.capacity());
         inboxes.clear();
         assert_eq!(fleet.samples(), 0);
+    }
+
+    #[test]
+    fn a_session_cut_to_its_newest_batch_gives_back_what_it_grew_to() {
+        let fleet = Waiting::default();
+        let mut full = Inbox::new(fleet.clone());
+        full.push_telemetry("n", batch("a", 0, FLEET_WAITING_SAMPLES as u64 - 1000));
+        let mut grown = Inbox::new(fleet.clone());
+        for second in 0..40 {
+            grown.push_telemetry("n", batch("a", second * 8, 8));
+        }
+        // 320 samples, in slots grown by doubling up to the session's bound.
+        assert_eq!(grown.held(), WAITING_SAMPLES);
+        assert_eq!(grown.dropped, 0);
+        // Another session takes the fleet's last room: the next batch
+        // alone stays, and the slots that held the older samples go.
+        let mut late = Inbox::new(fleet.clone());
+        late.push_telemetry("n", batch("a", 0, 600));
+        grown.push_telemetry("n", batch("a", 320, 8));
+        assert_eq!((grown.held(), grown.dropped), (8, 320));
+        assert_eq!(fleet.samples(), full.held() + late.held() + 8);
     }
 
     #[test]
