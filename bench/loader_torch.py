@@ -6,7 +6,9 @@ fp32 CHW), pin_memory=True, a non_blocking copy, torchvision's MobileNetV2 in
 bf16 autocast with channels_last, SGD. GPU utilisation sampled every 0.5 s by
 nvidia-smi in the background; per setting: samples/s, the share of time the
 loop waited for a batch, utilisation mean, standard deviation and idle share
-(under 10 %), the process's CPU cores, and the time.
+(under 10 %), the process's CPU cores (its live workers' too), the time, and
+with workers the CPU µs a sample cost them (US/SAMPLE; the JSON's median is
+what bench/loader.sh CALIBRATE=1 gives gpuctl's --loader-cpu-us).
 Usage: python3 bench/loader_torch.py [--workers 0,2,4,8] [--steps 100]
        [--batch 64] [--work 2] [--gpu 0] [--json OUT]"""
 import argparse
@@ -127,17 +129,23 @@ def main():
             torch.cuda.synchronize()
 
         step(*next(it))  # warmup, and the workers' start
-        c0, t0, wait = cpu_s(), time.time(), 0.0
+        c0, l0, t0, wait = cpu_s(), live_children_cpu_s(), time.time(), 0.0
         for _ in range(a.steps):
             w0 = time.time()
             x, y = next(it)
             wait += time.time() - w0
             step(x, y)
         t1 = time.time()
+        workers_cpu = live_children_cpu_s() - l0
         u = [v for t, v in util if t0 <= t <= t1]
         row = {
             "workers": w, "samples_per_s": a.batch * a.steps / (t1 - t0),
             "data_wait_share": wait / (t1 - t0), "cpu_cores": (cpu_s() - c0) / (t1 - t0),
+            # What a sample cost the workers: the figure gpuctl's
+            # --loader-cpu-us takes (none with 0 workers: the main process
+            # also runs the training step).
+            "workers_cpu_cores": workers_cpu / (t1 - t0) if w else None,
+            "sample_cpu_us": workers_cpu / (a.batch * a.steps) * 1e6 if w else None,
             "time_s": t1 - t0, "gpu_samples": len(u),
             "util_mean": statistics.fmean(u) if u else None,
             "util_std": statistics.pstdev(u) if len(u) > 1 else None,
@@ -150,18 +158,19 @@ def main():
     best = max(rows, key=lambda r: r["samples_per_s"])
     print(f"torch DataLoader sweep: mobilenet_v2 batch {a.batch} work {a.work}, GPU {a.gpu}")
     print(f"{'WORKERS':>7} {'SAMPLES/S':>10} {'DATA WAIT':>9} {'CPU CORES':>9} "
-          f"{'GPU UTIL':>8} {'STD':>6} {'IDLE':>5} {'TIME S':>7}")
+          f"{'GPU UTIL':>8} {'STD':>6} {'IDLE':>5} {'TIME S':>7} {'US/SAMPLE':>9}")
     f = lambda v, s: "-" if v is None else s.format(v)  # noqa: E731
     for r in rows:
         print(f"{r['workers']:>7} {r['samples_per_s']:>10.1f} {r['data_wait_share']*100:>8.0f}% "
               f"{r['cpu_cores']:>9.2f} {f(r['util_mean'], '{:.0f}%'):>8} "
               f"{f(r['util_std'], '{:.1f}'):>6} {f(r['idle_share'] and r['idle_share']*100, '{:.0f}%'):>5} "
-              f"{r['time_s']:>7.1f}{'  *' if r is best else ''}")
+              f"{r['time_s']:>7.1f} {f(r['sample_cpu_us'], '{:.0f}'):>9}{'  *' if r is best else ''}")
     if a.json:
+        costs = sorted(r["sample_cpu_us"] for r in rows if r["sample_cpu_us"])
         with open(a.json, "w") as fh:
             json.dump({"rows": rows, "best_workers": best["workers"],
+                       "sample_cpu_us": costs[len(costs) // 2] if costs else None,
                        "torch": torch.__version__, "cpus": os.cpu_count()}, fh)
-
 
 if __name__ == "__main__":
     main()

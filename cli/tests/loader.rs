@@ -53,7 +53,14 @@ fn ranks(report: &Value) -> Vec<(String, Value)> {
 fn every_rank_sweeps_its_loader_and_profiles_its_operators() {
     let c = Cluster::start(3, 1);
     let mut args = SWEEP.to_vec();
-    args.extend(["--profile", "--profile-steps", "2"]);
+    // Each sample also costs its loader thread at least 1 ms of CPU.
+    args.extend([
+        "--profile",
+        "--profile-steps",
+        "2",
+        "--loader-cpu-us",
+        "1000",
+    ]);
     let r = run_job(&c, &args, Duration::from_secs(300));
     assert_eq!(r["state"], "succeeded", "{r:#}\n{}", c.logs());
     passed(&r);
@@ -78,6 +85,7 @@ fn every_rank_sweeps_its_loader_and_profiles_its_operators() {
             assert!((0.0..=1.0).contains(&wait), "{node}: {s}");
             assert!(s["cpu_cores"].as_f64().unwrap() > 0.0, "{node}: {s}");
             assert_eq!(s["work"], 2);
+            assert_eq!(s["sample_cpu_us"], 1000, "{node}: {s}");
         }
         let p = &t["profile"];
         assert_eq!(p["error"], "", "{node}: {p:#}");

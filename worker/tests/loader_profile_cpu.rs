@@ -38,6 +38,7 @@ fn cfg(mode: Mode, dir: Option<&std::path::Path>) -> TrainConfig {
         loader: (mode == Mode::Ddp).then(|| LoaderSweep {
             workers: vec![0, 2],
             work: 1,
+            cpu_us: 0,
             steps: 3,
         }),
         profile: dir.map(|d| ProfileRun {

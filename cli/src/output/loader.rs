@@ -87,18 +87,25 @@ pub fn grid(r: &pb::Report) -> Option<Table> {
 /// The LOADER section of the table report.
 pub fn section(r: &pb::Report) -> Option<String> {
     let t = grid(r)?;
-    let work = r
+    let (work, cpu_us) = r
         .nodes
         .iter()
         .flat_map(|n| &n.ranks)
         .filter_map(|rk| rk.result.as_ref())
         .flat_map(train_results)
         .flat_map(|t| &t.loader)
-        .map(|s| s.work)
+        .map(|s| (s.work, s.sample_cpu_us))
         .next()
-        .unwrap_or(0);
+        .unwrap_or((0, 0));
+    let cost = match cpu_us {
+        0 => format!("{work} augment pass(es) per sample"),
+        us => format!(
+            "{work} augment pass(es) per sample and more until it has cost {:.2} ms of CPU",
+            us as f64 / 1e3
+        ),
+    };
     Some(format!(
-        "\nLOADER (each rank alone, batches made on its host: {work} augment pass(es) per sample; DATA WAIT: share of the time the step waited for a batch; CPU CORES: the rank's process; HOST CPU: all cores; GPU UTIL from the agent's telemetry; * = the rank's best)\n{}",
+        "\nLOADER (each rank alone, batches made on its host: {cost}; DATA WAIT: share of the time the step waited for a batch; CPU CORES: the rank's process; HOST CPU: all cores; GPU UTIL from the agent's telemetry; * = the rank's best)\n{}",
         t.render()
     ))
 }
@@ -118,6 +125,7 @@ pub fn json(t: &pb::TrainResult) -> Value {
                     "best": s.samples_per_s == best,
                     "workers": s.workers,
                     "work": s.work,
+                    "sample_cpu_us": s.sample_cpu_us,
                     "steps": s.steps,
                     "samples_per_s": s.samples_per_s,
                     "data_wait_share": s.data_wait_share,

@@ -222,6 +222,8 @@ pub const PARAMS: &[Param] = &[
     p("loader_workers", Kind::IntList { min: 0, max: 64, max_len: MAX_LOADER_SETTINGS }, "workers", DefaultValue::None,
       "after training, sweep the input pipeline over these worker counts (0,2,4,8; auto: 0 and powers of two up to the rank's share of its host's cores): batches made on the host (decode and augment of synthetic images), pinned and copied to the device; per setting samples/s, data wait, CPU use and GPU utilisation, each rank alone (docs/workloads.md)", DDP),
     p("loader_work", int(1, 1000), "passes", dev("2", "1"), "loader: augment passes per sample (the host work each sample costs)", DDP),
+    p("loader_cpu_us", int(0, 1_000_000), "us", DefaultValue::Same("0"),
+      "loader: CPU time each sample costs at least, µs of its loader thread (0: the passes alone); set it to your own pipeline's, e.g. DataLoader's workers' CPU cores ÷ their samples/s (bench/loader.sh CALIBRATE=1)", DDP),
     p("loader_steps", int(1, 1 << 20), "steps", dev("50", "4"), "loader: timed steps per worker count", DDP),
     p("profile", Kind::Bool, "", DefaultValue::Same("false"),
       "after training, profile a few steps with libtorch's profiler (Kineto): top 10 operators by CPU time, CUDA time and memory per rank, and a Chrome trace per rank (`gpuctl profile JOB`)", TRAIN),

@@ -82,6 +82,7 @@ pub fn config(ctx: &Ctx, p: &TrainParams, tm: &TrainModel, mode: Mode) -> Result
         loader: (!loader_workers.is_empty()).then(|| LoaderSweep {
             workers: loader_workers,
             work: p.loader_work.min(u32::MAX as u64) as u32,
+            cpu_us: p.loader_cpu_us,
             steps: p.loader_steps,
         }),
         // The agent's folder of the job: where it keeps what a rank leaves.

@@ -18,8 +18,13 @@ pub fn train_key(mode: &str, model: &str, precision: &str, batch: u64) -> String
 /// The loader sweep's figure: the training key and the host work per sample
 /// (`loader ddp cnn fp32 batch 16 work 1`); the worker counts are not part of
 /// it, since the figure is the best of them.
-pub fn loader_key(train_key: &str, work: u64) -> String {
-    format!("loader {train_key} work {work}")
+/// A per-sample CPU target (`--loader-cpu-us`) is part of it: a sweep at 4 ms
+/// a sample is not judged against one at the passes alone.
+pub fn loader_key(train_key: &str, work: u64, cpu_us: u64) -> String {
+    match cpu_us {
+        0 => format!("loader {train_key} work {work}"),
+        us => format!("loader {train_key} work {work} cpu {us}us"),
+    }
 }
 
 /// The best setting of a loader sweep, by samples/s.
@@ -63,7 +68,7 @@ pub(super) fn rank_figures(workload: &str, r: &RankResult) -> Vec<Figure> {
             let loader = best_loader_setting(t).map(|s| {
                 fig(
                     Metric::LoaderSamplesPerS,
-                    loader_key(&key, s.work as u64),
+                    loader_key(&key, s.work as u64, s.sample_cpu_us),
                     s.samples_per_s,
                 )
             });
@@ -120,7 +125,10 @@ pub(super) fn expected(workload: &str, t: &TrainParams, world_size: u32, out: &m
         out.insert((Metric::SamplesPerS, key.clone()));
         out.insert((Metric::StepMsP99, key.clone()));
         if !t.loader_workers.is_empty() && p.model != "gpt" {
-            out.insert((Metric::LoaderSamplesPerS, loader_key(&key, t.loader_work)));
+            out.insert((
+                Metric::LoaderSamplesPerS,
+                loader_key(&key, t.loader_work, t.loader_cpu_us),
+            ));
         }
         // The no-communication rate is timed only beside other ranks.
         if world_size > 1 {

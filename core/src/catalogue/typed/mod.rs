@@ -110,6 +110,8 @@ pub struct TrainParams {
     /// `--loader-workers auto`: the rank picks the counts from its host's cores.
     pub loader_auto: bool,
     pub loader_work: u64,
+    /// `--loader-cpu-us`: CPU µs each sample costs at least (0: none).
+    pub loader_cpu_us: u64,
     pub loader_steps: u64,
     /// `--profile`: steps to profile after training (0: none).
     pub profile_steps: u64,

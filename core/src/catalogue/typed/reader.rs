@@ -132,6 +132,11 @@ impl Reader<'_> {
             } else {
                 0
             },
+            loader_cpu_us: if self.workload == "ddp" {
+                self.get("loader_cpu_us")?
+            } else {
+                0
+            },
             loader_steps: if self.workload == "ddp" {
                 self.get("loader_steps")?
             } else {

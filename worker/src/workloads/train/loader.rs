@@ -36,6 +36,9 @@ pub struct Shape {
     pub classes: i64,
     /// Augment passes per sample.
     pub work: u32,
+    /// CPU time each sample costs at least, µs of the making thread's own
+    /// (0: the passes alone): passes go on, into scratch, until it is spent.
+    pub cpu_us: u64,
     pub seed: u64,
     pub device: Device,
     /// The compute type and layout the model takes.
@@ -67,6 +70,9 @@ pub struct Maker {
     shape: Shape,
     /// One decoded image, HWC bytes.
     decoded: Vec<u8>,
+    /// Where the passes past `work` that `cpu_us` asks for write, so that a
+    /// batch's content does not depend on how fast its host is.
+    scratch: Vec<f32>,
     labels: Vec<i64>,
 }
 
@@ -75,6 +81,11 @@ impl Maker {
         let full = shape.side as usize * 8 / 7;
         Maker {
             decoded: vec![0u8; full * full * 3],
+            scratch: if shape.cpu_us > 0 {
+                vec![0f32; 3 * (shape.side * shape.side) as usize]
+            } else {
+                Vec::new()
+            },
             labels: Vec::with_capacity(shape.batch as usize),
             shape,
         }
@@ -84,7 +95,6 @@ impl Maker {
     pub fn make(&mut self, index: u64) -> Result<HostBatch> {
         let s = &self.shape;
         let side = s.side as usize;
-        let full = side * 8 / 7;
         let plane = side * side;
         let dims = [s.batch, 3, s.side, s.side];
         let x = if s.device.is_cuda() {
@@ -99,27 +109,28 @@ impl Maker {
         let mut rng = SplitMix64::new(s.seed ^ index.wrapping_mul(0x2545_f491_4f6c_dd1d));
         self.labels.clear();
         for out in images.chunks_mut(3 * plane) {
+            let started = (s.cpu_us > 0).then(thread_cpu_us);
             // The decode: bytes in HWC order, 8 at a time from the generator.
             for c in self.decoded.chunks_mut(8) {
                 let r = rng.next_u64().to_le_bytes();
                 c.copy_from_slice(&r[..c.len()]);
             }
             for _ in 0..s.work.max(1) {
-                let slack = (full - side + 1) as u64;
-                let (top, left) = (
-                    (rng.next_u64() % slack) as usize,
-                    (rng.next_u64() % slack) as usize,
-                );
-                let flip = rng.next_u64() & 1 == 1;
-                for y in 0..side {
-                    let row = &self.decoded[((top + y) * full + left) * 3..][..side * 3];
-                    for x in 0..side {
-                        let sx = if flip { side - 1 - x } else { x };
-                        for c in 0..3 {
-                            let v = row[sx * 3 + c] as f32 / 255.0;
-                            out[c * plane + y * side + x] = (v - MEAN[c]) / STD[c];
-                        }
+                augment(&self.decoded, side, &mut rng, out);
+            }
+            if let Some(t0) = started {
+                // Passes of their own generator into scratch, so that a
+                // batch is the same on a fast host and a slow one; the
+                // last stops half a pass short on average, not past it.
+                let mut extra = SplitMix64::new(rng.next_u64());
+                let mut pass_us = 0;
+                loop {
+                    let spent = thread_cpu_us().saturating_sub(t0);
+                    if spent + pass_us / 2 >= s.cpu_us {
+                        break;
                     }
+                    augment(&self.decoded, side, &mut extra, &mut self.scratch);
+                    pass_us = thread_cpu_us().saturating_sub(t0) - spent;
                 }
             }
             self.labels
@@ -131,6 +142,40 @@ impl Maker {
         }
         Ok(HostBatch { x, y })
     }
+}
+
+/// One augment pass of a decoded image (HWC bytes, 8/7 of `side`): a random
+/// crop, a random horizontal flip and normalisation into fp32 CHW `out`.
+fn augment(decoded: &[u8], side: usize, rng: &mut SplitMix64, out: &mut [f32]) {
+    let full = side * 8 / 7;
+    let plane = side * side;
+    let slack = (full - side + 1) as u64;
+    let (top, left) = (
+        (rng.next_u64() % slack) as usize,
+        (rng.next_u64() % slack) as usize,
+    );
+    let flip = rng.next_u64() & 1 == 1;
+    for y in 0..side {
+        let row = &decoded[((top + y) * full + left) * 3..][..side * 3];
+        for x in 0..side {
+            let sx = if flip { side - 1 - x } else { x };
+            for c in 0..3 {
+                let v = row[sx * 3 + c] as f32 / 255.0;
+                out[c * plane + y * side + x] = (v - MEAN[c]) / STD[c];
+            }
+        }
+    }
+}
+
+/// The calling thread's CPU time, µs.
+fn thread_cpu_us() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid clock id and a timespec of our own to write.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1_000
 }
 
 /// Copies a host batch to the device without blocking the host (from pinned
@@ -316,6 +361,7 @@ pub(super) fn sweep(
         side: model.side(),
         classes: model.classes(),
         work: l.work,
+        cpu_us: l.cpu_us,
         seed: rank_seed(cfg.seed ^ 0x10ad, rank),
         device: dev,
         kind: cfg.model.precision.kind(),
@@ -346,6 +392,7 @@ pub(super) fn sweep(
         let row = LoaderSetting {
             workers,
             work: l.work,
+            sample_cpu_us: l.cpu_us,
             steps: l.steps,
             samples_per_s: (cfg.batch_size as f64 * l.steps as f64) / wall.max(1e-9),
             data_wait_share: (wait / wall.max(1e-9)).clamp(0.0, 1.0),
@@ -386,6 +433,7 @@ mod tests {
             side: 32,
             classes: 10,
             work,
+            cpu_us: 0,
             seed: 7,
             device: Device::Cpu,
             kind: Kind::Float,
@@ -402,6 +450,25 @@ mod tests {
         assert!(max > 1.0 && max < 3.0, "{max}");
         let ymax = b.y.max().int64_value(&[]);
         assert!((0..10).contains(&ymax));
+    }
+
+    #[test]
+    fn a_cpu_target_is_spent_on_every_sample_and_leaves_the_batch_as_it_is() {
+        let at = |cpu_us| {
+            let mut m = Maker::new(Shape { cpu_us, ..shape(1) });
+            let t0 = thread_cpu_us();
+            let b = m.make(3).unwrap();
+            (b, thread_cpu_us() - t0)
+        };
+        let (a, spent) = at(3_000);
+        // Each of the 4 samples stops at most half a pass (a few µs at this
+        // size) short of its 3 ms.
+        assert!(spent >= 4 * 2_900, "{spent} µs for 4 samples");
+        let (b, _) = at(1_000);
+        assert!(
+            a.x.equal(&b.x) && a.y.equal(&b.y),
+            "the batch depends on its cost"
+        );
     }
 
     #[test]

@@ -98,6 +98,8 @@ pub struct TrainConfig {
 pub struct LoaderSweep {
     pub workers: Vec<u32>,
     pub work: u32,
+    /// CPU µs each sample costs at least (0: the passes alone).
+    pub cpu_us: u64,
     pub steps: u64,
 }
 
