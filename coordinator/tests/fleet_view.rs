@@ -110,7 +110,8 @@ async fn each_write_shows_in_the_next_gpuctl_fleet() {
     let want = [row("node-0", 2, &second, true)];
     assert_eq!(gpuctl_fleet(&coord.url).await, want, "an acceptance state");
 
-    // Out of the inventory: not listed; back in: listed with its runs.
+    // Out of the inventory: its runs not listed (its acceptance state
+    // stays); back in: listed with them.
     drop(agent);
     let out = tokio::task::spawn_blocking({
         let url = coord.url.clone();
@@ -123,7 +124,8 @@ async fn each_write_shows_in_the_next_gpuctl_fleet() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(gpuctl_fleet(&coord.url).await, [], "a node removed");
+    let removed = [row("node-0", 0, "", true)];
+    assert_eq!(gpuctl_fleet(&coord.url).await, removed, "a node removed");
     let _agent = FakeAgent::start(&coord.url, "node-0", host::cpu("node-0", 3), vec![]).await;
     assert_eq!(gpuctl_fleet(&coord.url).await, want, "a node registered");
     coord.shutdown().await;
