@@ -6,6 +6,7 @@ pub mod cert;
 pub mod config;
 pub mod error;
 pub mod fleet;
+pub mod fleet_view;
 pub mod history;
 pub mod jobs;
 pub mod judge;

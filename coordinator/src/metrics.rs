@@ -18,10 +18,10 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tracing::debug;
 
-use gpuctl_proto::pb::{FleetRow, GetFleetRequest, GpuRow, Verdict};
+use gpuctl_proto::pb::{FleetRow, GpuRow, Verdict};
 
+use crate::fleet_view::FleetView;
 use crate::scheduler::{Query, SchedulerHandle, Snapshot};
-use crate::store::StateStore;
 
 const NODE_STATES: &[&str] = &["ready", "busy", "lost"];
 const JOB_STATES: &[&str] = &["pending", "running", "succeeded", "failed", "cancelled"];
@@ -344,58 +344,30 @@ impl Snapshot {
     }
 }
 
-/// Each node's fleet row as the last scrape read them, and the store's
-/// history version they were read at. Read afresh only after the history
-/// changed: at 4,096 nodes a read takes ~0.7 s of store reads and decoding
-/// (seconds at a big job's end), which every scrape paid, between jobs too.
-#[derive(Default)]
-struct FleetRows(tokio::sync::Mutex<Option<(u64, Arc<Vec<FleetRow>>)>>);
-
-impl FleetRows {
-    /// The rows as of now. Scrapes that come together wait for one read.
-    async fn current(&self, store: &StateStore, drift: f64) -> Arc<Vec<FleetRow>> {
-        let mut kept = self.0.lock().await;
-        // Taken before reading: a write meanwhile makes the next scrape read again.
-        let version = store.history_version();
-        if let Some((v, rows)) = kept.as_ref() {
-            if *v == version {
-                return rows.clone();
-            }
-        }
-        match crate::history::fleet(store, GetFleetRequest::default(), drift).await {
-            Ok(f) => {
-                let rows = Arc::new(f.rows);
-                *kept = Some((version, rows.clone()));
-                rows
-            }
-            // The history unreadable costs the result series, not the scrape.
-            Err(e) => {
-                debug!("metrics: fleet history unreadable: {e}");
-                Arc::new(Vec::new())
-            }
-        }
-    }
-}
-
-/// Serves `/metrics` on `listener` until `shutdown`; `drift` is the fleet
-/// rule's tolerance, as `gpuctl fleet` applies it.
+/// Serves `/metrics` on `listener` until `shutdown`; each node's row comes
+/// from `fleet`, the answer `gpuctl fleet` is cut from.
 pub async fn serve(
     listener: TcpListener,
     sched: SchedulerHandle,
-    store: StateStore,
-    drift: f64,
+    fleet: FleetView,
     shutdown: Shutdown,
     tls: Option<gpuctl_core::metrics_tls::TlsConfig>,
 ) {
-    let rows = Arc::new(FleetRows::default());
     let scrape = move || {
-        let (sched, store, rows) = (sched.clone(), store.clone(), rows.clone());
+        let (sched, fleet) = (sched.clone(), fleet.clone());
         async move {
             let mut snap = match sched.ask(|reply| Query::Metrics { reply }).await {
                 Ok(snap) => snap,
                 Err(_) => return Err("coordinator stopping".to_string()),
             };
-            snap.fleet = rows.current(&store, drift).await;
+            snap.fleet = match fleet.current().await {
+                Ok(built) => built.rows.clone(),
+                // The history unreadable costs the result series, not the scrape.
+                Err(e) => {
+                    debug!("metrics: fleet history unreadable: {e}");
+                    Arc::new(Vec::new())
+                }
+            };
             Ok(snap.registry())
         }
     };

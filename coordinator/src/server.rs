@@ -241,10 +241,13 @@ pub async fn run_with(
         sched.clock().clone(),
         shutdown.clone(),
     ));
+    // `gpuctl fleet`'s answer, kept built for it and `/metrics`.
+    let fleet_view = crate::fleet_view::FleetView::new(store.clone(), drift_tolerance);
+    let fleet_view_task = tokio::spawn(fleet_view.clone().forget_unused(shutdown.clone()));
     let jobs = JobServiceServer::new(JobSvc::new(
         sched.clone(),
         store.clone(),
-        perf_rules,
+        fleet_view.clone(),
         security.clone(),
         fetches,
         certs,
@@ -278,8 +281,7 @@ pub async fn run_with(
             Some(tokio::spawn(crate::metrics::serve(
                 l,
                 sched.clone(),
-                store.clone(),
-                drift_tolerance,
+                fleet_view,
                 shutdown.clone(),
                 metrics_tls,
             )))
@@ -338,6 +340,7 @@ pub async fn run_with(
     }
     let _ = sched_task.await;
     let _ = history_task.await;
+    let _ = fleet_view_task.await;
     match tokio::time::timeout(DRAIN, &mut server).await {
         Ok(r) => r.context("server task")?.context("gRPC server")?,
         Err(_) => {

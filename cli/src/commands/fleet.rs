@@ -13,7 +13,7 @@ use serde_json::json;
 use crate::client::Coordinator;
 use crate::exit::Exit;
 use crate::output::fleet::{
-    cert_json, link, links_grid, links_table, node_run, row, rows_grid, runs_grid,
+    by_node, cert_json, link, links_grid, links_table, node_run, row, rows_grid, runs_grid,
 };
 use crate::output::{self, OutputFormat};
 
@@ -58,7 +58,7 @@ pub async fn run(
     }
     // Each node's certificate (issue 50) beside its acceptance state.
     let certs = c.certs().await?;
-    let cert_of = |node: &str| certs.iter().find(|c| c.node == node);
+    let cert_of = by_node(&certs);
     let now = clock.now_ms();
     match (out, &a.view) {
         (OutputFormat::Json, Some(FleetView::Links)) => output::print_json(
@@ -67,7 +67,7 @@ pub async fn run(
         (OutputFormat::Json, None) => output::print_json(&json!({
             "nodes": f.rows.iter().map(|r| {
                 let mut v = row(r);
-                v["certificate"] = cert_json(cert_of(&r.node), now);
+                v["certificate"] = cert_json(cert_of.get(r.node.as_str()).copied(), now);
                 v
             }).collect::<Vec<_>>(),
             "runs": f.runs.iter().map(node_run).collect::<Vec<_>>(),

@@ -7,7 +7,7 @@
 use gpuctl_proto::pb::job_service_server::JobService;
 use gpuctl_proto::pb::GetTraceRequest;
 use gpuctl_proto::pb::{
-    Baseline, CancelJobRequest, FleetRow, GetBaselineRequest, GetFleetRequest, GetFleetResponse,
+    Baseline, CancelJobRequest, GetBaselineRequest, GetFleetRequest, GetFleetResponse,
     GetJobRequest, GetLogsRequest, GetLogsResponse, GetReportRequest, GetSuiteRequest,
     GetTelemetryRequest, GetTelemetryResponse, GetTimelineRequest, Job, ListBaselinesRequest,
     ListBaselinesResponse, ListJobsRequest, ListJobsResponse, ListNodesRequest, ListNodesResponse,
@@ -18,7 +18,6 @@ use gpuctl_proto::pb::{
     CertKey, CertResponse, GetCertKeyRequest, GetCertRequest, ListCertsRequest, ListCertsResponse,
     ListRevokedRequest, ListRevokedResponse, Revocation, RevokeCertRequest,
 };
-use prost::Message;
 use tonic::{Request, Response, Status};
 
 use std::sync::Arc;
@@ -29,16 +28,15 @@ use super::cert;
 use super::trace::{self, Fetches, TraceStream};
 use crate::cert::Authority;
 use crate::error::CoordinatorError;
-use crate::history;
-use crate::judge::checks::perf::rules::PerfRules;
+use crate::fleet_view::FleetView;
 use crate::scheduler::{AgentEvent, JobEvent, Query, SchedulerHandle, SuiteEvent};
 use crate::store::StateStore;
 
 pub struct JobSvc {
     sched: SchedulerHandle,
     store: StateStore,
-    /// For the drift tolerance of `gpuctl fleet`.
-    rules: Arc<PerfRules>,
+    /// `gpuctl fleet`'s answer, kept built (shared with `/metrics`).
+    fleet: FleetView,
     security: Security,
     /// `GetTrace`'s requests to agents (shared with `AgentSvc`, which
     /// receives the answers).
@@ -51,7 +49,7 @@ impl JobSvc {
     pub fn new(
         sched: SchedulerHandle,
         store: StateStore,
-        rules: Arc<PerfRules>,
+        fleet: FleetView,
         security: Security,
         fetches: Fetches,
         certs: Arc<Authority>,
@@ -59,7 +57,7 @@ impl JobSvc {
         JobSvc {
             sched,
             store,
-            rules,
+            fleet,
             security,
             fetches,
             certs,
@@ -281,10 +279,7 @@ impl JobService for JobSvc {
         req: Request<GetFleetRequest>,
     ) -> Result<Response<GetFleetResponse>, Status> {
         self.security.allow(&req, Role::Read)?;
-        let req = req.into_inner();
-        let (after, page_bytes) = (req.after.clone(), req.page_bytes);
-        let r = history::fleet(&self.store, req, self.rules.drift_tolerance).await?;
-        Ok(Response::new(fleet_page(r, &after, page_bytes)?))
+        Ok(Response::new(self.fleet.page(req.into_inner()).await?))
     }
 
     async fn submit_suite(
@@ -377,89 +372,5 @@ impl JobService for JobSvc {
             .ask(|reply| AgentEvent::RemoveNode { name, reply })
             .await??;
         Ok(Response::new(node))
-    }
-}
-
-/// The page of `gpuctl fleet`'s rows that was asked for: built whole, then
-/// cut, since a node's row needs its whole history; the runs and links come
-/// with the first page. Unpaged (an older gpuctl), an answer past one
-/// message is refused saying so.
-fn fleet_page(
-    mut r: GetFleetResponse,
-    after: &str,
-    page_bytes: u32,
-) -> Result<GetFleetResponse, CoordinatorError> {
-    if page_bytes == 0 {
-        let (total, most) = (r.encoded_len(), gpuctl_core::server::MAX_MESSAGE_BYTES);
-        if total > most {
-            return Err(CoordinatorError::Refused(format!(
-                "the fleet's {} rows take {total} bytes, more than one answer holds ({most}): ask page by page (GetFleetRequest.page_bytes, as `gpuctl fleet` of this version does)",
-                r.rows.len()
-            )));
-        }
-        return Ok(r);
-    }
-    let bytes = |row: &FleetRow| prost::encoding::message::encoded_len(1, row);
-    let (range, next) =
-        gpuctl_core::limits::page(&r.rows, |row| row.node.as_str(), bytes, after, page_bytes);
-    r.rows.truncate(range.end);
-    r.rows.drain(..range.start);
-    if !after.is_empty() {
-        r.runs.clear();
-        r.links.clear();
-    }
-    r.next_after = next;
-    Ok(r)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use gpuctl_core::limits::MAX_LIST_PAGE;
-    use gpuctl_proto::pb::{GpuRow, Link, NodeRun};
-
-    /// A fleet of 40 rows of ~2 MiB: 80 MiB, past one answer.
-    fn big_fleet() -> GetFleetResponse {
-        let row = |i: usize| FleetRow {
-            node: format!("node-{i:02}"),
-            gpus: vec![GpuRow {
-                gpu_uuid: "u".repeat((2 << 20) - 64),
-                ..Default::default()
-            }],
-            ..Default::default()
-        };
-        GetFleetResponse {
-            rows: (0..40).map(row).collect(),
-            runs: vec![NodeRun::default()],
-            links: vec![Link::default()],
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn fleet_rows_come_page_by_page_and_whole_answers_past_a_message_are_refused() {
-        let e = fleet_page(big_fleet(), "", 0).unwrap_err();
-        assert!(e.to_string().contains("page by page"), "{e}");
-        let (mut after, mut rows, mut pages) = (String::new(), Vec::new(), 0);
-        loop {
-            let p = fleet_page(big_fleet(), &after, MAX_LIST_PAGE as u32).unwrap();
-            assert!(
-                p.encoded_len() <= MAX_LIST_PAGE + 4096,
-                "{}",
-                p.encoded_len()
-            );
-            // The runs and links once, with the first page.
-            assert_eq!(p.links.len(), usize::from(pages == 0));
-            assert_eq!(p.runs.len(), usize::from(pages == 0));
-            rows.extend(p.rows.into_iter().map(|r| r.node));
-            pages += 1;
-            if p.next_after.is_empty() {
-                break;
-            }
-            after = p.next_after;
-        }
-        let want: Vec<String> = (0..40).map(|i| format!("node-{i:02}")).collect();
-        assert_eq!(rows, want);
-        assert_eq!(pages, 10, "4 rows of 2 MiB a page");
     }
 }

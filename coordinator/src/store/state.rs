@@ -216,14 +216,19 @@ impl StateStore {
         &self,
         prefix: String,
     ) -> StoreResult<std::collections::BTreeMap<String, Vec<u8>>> {
+        // The queued writes first: one committed between the two reads (and
+        // so gone from the queue) is then in the committed ones. Read the
+        // other way round, it was in neither, and the fleet view kept an
+        // answer without it as current.
+        let queued = self.writer.scan(&prefix);
         let mut all: std::collections::BTreeMap<String, Vec<u8>> = self
             .inner
             .scan_prefix(prefix.clone())
             .await?
             .into_iter()
             .collect();
-        // Queued writes are newer than what is committed.
-        for (k, v) in self.writer.scan(&prefix) {
+        // Queued writes are newer than what was committed when they were read.
+        for (k, v) in queued {
             all.insert(k, v.as_ref().clone());
         }
         Ok(all)

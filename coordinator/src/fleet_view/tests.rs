@@ -1,0 +1,218 @@
+//! The kept answer against a real redb store: one build serves every page
+//! and every caller until a run, an acceptance or the inventory is written;
+//! a listing's later pages come from its own build; pages are cut within
+//! their bytes.
+
+use gpuctl_core::limits::MAX_LIST_PAGE;
+use gpuctl_proto::pb::{Acceptance, GpuRow, Node, Verdict};
+
+use super::*;
+use crate::store::{Batch, RedbStore};
+
+fn store(dir: &std::path::Path) -> StateStore {
+    StateStore::new(Arc::new(RedbStore::open(&dir.join("s.redb")).unwrap()))
+}
+
+fn node(name: &str) -> Node {
+    Node {
+        name: name.into(),
+        ..Default::default()
+    }
+}
+
+fn run(node: &str, job: u64) -> NodeRun {
+    NodeRun {
+        node: node.into(),
+        job_id: format!("job-{job:06}"),
+        finished_unix_ms: 1_700_000_000_000 + job,
+        verdict: Verdict::Pass as i32,
+        ..Default::default()
+    }
+}
+
+/// (node, runs, has an acceptance) of each row.
+fn rows(b: &Built) -> Vec<(String, u32, bool)> {
+    b.rows
+        .iter()
+        .map(|r| (r.node.clone(), r.runs, r.acceptance.is_some()))
+        .collect()
+}
+
+fn row(node: &str, runs: u32, accepted: bool) -> (String, u32, bool) {
+    (node.to_string(), runs, accepted)
+}
+
+/// Every input of the answer, written, shows in the next answer; with no
+/// write between, callers get the very same build.
+#[tokio::test]
+async fn one_build_serves_until_a_run_an_acceptance_or_the_inventory_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path());
+    let batch = Batch::default().node(&node("a")).node(&node("b"));
+    s.write(batch.run(&run("a", 1))).await.unwrap();
+    let view = FleetView::new(s.clone(), 0.9);
+
+    let first = view.current().await.unwrap();
+    assert_eq!(rows(&first), [row("a", 1, false)]);
+    let again = view.current().await.unwrap();
+    assert!(
+        Arc::ptr_eq(&first, &again),
+        "nothing written: the same build"
+    );
+
+    // A run (in the writer's second lane, as a job's are), not yet durable.
+    drop(s.queue_later(Batch::default().run(&run("b", 2))));
+    let b = view.current().await.unwrap();
+    assert_eq!(rows(&b), [row("a", 1, false), row("b", 1, false)]);
+
+    let accepted = Acceptance {
+        node: "a".into(),
+        verdict: Verdict::Pass as i32,
+        ..Default::default()
+    };
+    s.write(Batch::default().acceptance(&accepted))
+        .await
+        .unwrap();
+    let b = view.current().await.unwrap();
+    assert_eq!(rows(&b), [row("a", 1, true), row("b", 1, false)]);
+
+    // A node with runs joins the inventory; one leaves it.
+    s.write(Batch::default().run(&run("c", 3))).await.unwrap();
+    assert_eq!(view.current().await.unwrap().rows.len(), 2, "c not listed");
+    s.write(Batch::default().node(&node("c"))).await.unwrap();
+    assert!(s.delete_node("b").await.unwrap());
+    let b = view.current().await.unwrap();
+    assert_eq!(rows(&b), [row("a", 1, true), row("c", 1, false)]);
+
+    // A pruned run.
+    assert!(s.delete_run(&run("c", 3)).await.unwrap());
+    let b = view.current().await.unwrap();
+    assert_eq!(rows(&b), [row("a", 1, true)]);
+}
+
+/// Callers that come together wait for one build and share it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_that_come_together_share_one_build() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path());
+    let mut batch = Batch::default();
+    for i in 0..200 {
+        let name = format!("node-{i:03}");
+        batch = batch.node(&node(&name)).run(&run(&name, i));
+    }
+    s.write(batch).await.unwrap();
+    let view = FleetView::new(s, 0.9);
+    let calls = (0..8).map(|_| {
+        let view = view.clone();
+        tokio::spawn(async move { view.current().await.unwrap() })
+    });
+    let builds = futures::future::try_join_all(calls).await.unwrap();
+    assert_eq!(builds[0].rows.len(), 200);
+    assert!(builds.iter().all(|b| Arc::ptr_eq(b, &builds[0])));
+}
+
+/// The rest of a listing comes from the build its first page came from,
+/// while that is the one kept; a new listing sees what was written since.
+#[tokio::test]
+async fn the_pages_of_one_listing_come_from_one_build() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path());
+    let mut batch = Batch::default();
+    for name in ["a", "b", "c"] {
+        batch = batch.node(&node(name)).run(&run(name, 1));
+    }
+    s.write(batch).await.unwrap();
+    let view = FleetView::new(s.clone(), 0.9);
+    // A byte a page: one row each.
+    let ask = |after: &str| GetFleetRequest {
+        page_bytes: 1,
+        after: after.into(),
+        ..Default::default()
+    };
+    let p1 = view.page(ask("")).await.unwrap();
+    assert_eq!(p1.rows[0].node, "a");
+
+    s.write(Batch::default().run(&run("b", 2)).run(&run("c", 2)))
+        .await
+        .unwrap();
+    let p2 = view.page(ask(&p1.next_after)).await.unwrap();
+    let p3 = view.page(ask(&p2.next_after)).await.unwrap();
+    let runs: Vec<(&str, u32)> = [&p1, &p2, &p3]
+        .iter()
+        .map(|p| (p.rows[0].node.as_str(), p.rows[0].runs))
+        .collect();
+    assert_eq!(runs, [("a", 1), ("b", 1), ("c", 1)], "as the listing began");
+    assert!(p1.next_after < p2.next_after, "cursors grow as names do");
+    assert!(p3.next_after.is_empty());
+
+    let fresh = view.page(ask("")).await.unwrap();
+    let next = view.page(ask(&fresh.next_after)).await.unwrap();
+    assert_eq!(next.rows[0].node, "b");
+    assert_eq!(next.rows[0].runs, 2, "a new listing: the new runs");
+    // A cursor written by hand (a name alone) goes on from the current answer.
+    let by_hand = view.page(ask("b")).await.unwrap();
+    assert_eq!(
+        (by_hand.rows[0].node.as_str(), by_hand.rows[0].runs),
+        ("c", 2)
+    );
+}
+
+/// A fleet of 40 rows of ~2 MiB: 80 MiB, past one answer.
+fn big_fleet() -> Vec<FleetRow> {
+    let row = |i: usize| FleetRow {
+        node: format!("node-{i:02}"),
+        gpus: vec![GpuRow {
+            gpu_uuid: "u".repeat((2 << 20) - 64),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    (0..40).map(row).collect()
+}
+
+#[test]
+fn fleet_rows_come_page_by_page_and_whole_answers_past_a_message_are_refused() {
+    let rows = big_fleet();
+    let (runs, links) = (vec![NodeRun::default()], vec![Link::default()]);
+    let whole = GetFleetResponse {
+        rows: rows.clone(),
+        runs: runs.clone(),
+        links: links.clone(),
+        ..Default::default()
+    }
+    .encoded_len();
+    let e = cut(&rows, &runs, &links, whole, "", 0, None).unwrap_err();
+    assert!(e.to_string().contains("page by page"), "{e}");
+    let (mut after, mut names, mut pages) = (String::new(), Vec::new(), 0);
+    loop {
+        let (name, _) = cursor(&after);
+        let p = cut(
+            &rows,
+            &runs,
+            &links,
+            whole,
+            name,
+            MAX_LIST_PAGE as u32,
+            Some(7),
+        )
+        .unwrap();
+        assert!(
+            p.encoded_len() <= MAX_LIST_PAGE + 4096,
+            "{}",
+            p.encoded_len()
+        );
+        // The runs and links once, with the first page.
+        assert_eq!(p.links.len(), usize::from(pages == 0));
+        assert_eq!(p.runs.len(), usize::from(pages == 0));
+        names.extend(p.rows.into_iter().map(|r| r.node));
+        pages += 1;
+        if p.next_after.is_empty() {
+            break;
+        }
+        assert!(p.next_after.ends_with(" 7"), "{}", p.next_after);
+        after = p.next_after;
+    }
+    let want: Vec<String> = (0..40).map(|i| format!("node-{i:02}")).collect();
+    assert_eq!(names, want);
+    assert_eq!(pages, 10, "4 rows of 2 MiB a page");
+}
