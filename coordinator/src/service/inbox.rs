@@ -39,8 +39,8 @@ pub const WAITING_SAMPLES: usize = 8 * 60;
 /// ~90 MB (a sample is ~350 bytes decoded), two seconds of a 16,384 × 8
 /// fleet; 512 sessions of 8 GPUs at their own bound hold 262,144, so a
 /// fleet that size never meets it. Past it a session keeps only the newest
-/// batch it read, so the sessions together hold at most this and one batch
-/// each. The series a job keeps are in buckets of seconds to minutes: a
+/// [`FULL_KEEP`] samples it read, so the sessions together hold at most this
+/// and [`FULL_KEEP`] each (~90 MB more at 16,384 sessions). The series a job keeps are in buckets of seconds to minutes: a
 /// scheduler seconds behind loses samples of a GPU, not what its series says.
 pub const FLEET_WAITING_SAMPLES: usize = 1 << 18;
 
