@@ -30,6 +30,12 @@ use crate::counters::Stats;
 use crate::host;
 use crate::ranks::{self, RankJob};
 
+/// Simulated nodes are named `{NAME_PREFIX}{i:05}`.
+pub const NAME_PREFIX: &str = "sim-";
+/// How often each simulated agent heartbeats: the most often a coordinator
+/// asks (`--node-timeout`/3, at most 1 s).
+pub const HEARTBEAT: Duration = Duration::from_secs(1);
+
 /// What the simulated fleet looks like.
 #[derive(Debug, Clone)]
 pub struct FleetConfig {
@@ -39,9 +45,6 @@ pub struct FleetConfig {
     pub url: String,
     pub nodes: usize,
     pub gpus: u32,
-    /// Node names are `{prefix}{i:05}`.
-    pub prefix: String,
-    pub heartbeat: Duration,
     /// Telemetry batch per job per node, and each rank's progress.
     pub interval: Duration,
     /// HTTP/2 connections the agents share (a real fleet has one per agent).
@@ -93,7 +96,7 @@ pub async fn start(cfg: FleetConfig, shutdown: Shutdown) -> Result<Fleet> {
         channels.push(channel.with_context(|| format!("connecting to {}", cfg.url))?);
     }
     let names: Vec<String> = (0..cfg.nodes)
-        .map(|i| format!("{}{i:05}", cfg.prefix))
+        .map(|i| format!("{NAME_PREFIX}{i:05}"))
         .collect();
     let mut registered = tokio::task::JoinSet::new();
     for (i, name) in names.iter().enumerate() {
@@ -269,7 +272,7 @@ impl Agent {
     }
 
     async fn heartbeats(self: Arc<Self>, tx: mpsc::Sender<AgentMessage>, running: Running) {
-        let mut tick = tokio::time::interval(self.cfg.heartbeat);
+        let mut tick = tokio::time::interval(HEARTBEAT);
         loop {
             tokio::select! {
                 _ = tick.tick() => {}

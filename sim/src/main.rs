@@ -315,8 +315,6 @@ fn main() -> Result<()> {
                         url: coordinator,
                         nodes: shape.nodes as usize,
                         gpus: shape.gpus,
-                        prefix: "sim-".into(),
-                        heartbeat: Duration::from_secs(1),
                         interval: shape.interval,
                         connections: connections(&shape),
                         rank_connections: shape.rank_connections,

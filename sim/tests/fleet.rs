@@ -158,8 +158,6 @@ async fn the_fleet_comes_back_after_a_coordinator_restart_and_its_job_ends() {
             url: url.clone(),
             nodes,
             gpus: 2,
-            prefix: "sim-".into(),
-            heartbeat: Duration::from_secs(1),
             interval: Duration::from_secs(1),
             connections: nodes,
             // As gpuctl-worker: the ranks' connections outlive no job, and

@@ -192,8 +192,6 @@ pub async fn run(cfg: &FailoverConfig, dir: PathBuf) -> Result<FailoverReport> {
             url: format!("{url_a},{url_b}"),
             nodes: cfg.nodes,
             gpus: cfg.gpus,
-            prefix: "sim-".into(),
-            heartbeat: Duration::from_secs(1),
             interval: cfg.interval,
             connections: cfg.connections,
             rank_connections: RankConnections::Agent,

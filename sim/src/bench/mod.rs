@@ -83,8 +83,6 @@ pub async fn run(cfg: &BenchConfig, dir: PathBuf) -> Result<BenchReport> {
             url: co.url.clone(),
             nodes: cfg.nodes,
             gpus: cfg.gpus,
-            prefix: "sim-".into(),
-            heartbeat: Duration::from_secs(1),
             interval: cfg.interval,
             connections: cfg.connections,
             rank_connections: cfg.rank_connections,
