@@ -36,19 +36,19 @@ pub const READ_AHEAD: usize = 64;
 pub const WAITING_SAMPLES: usize = 8 * 60;
 
 /// Sample slots the telemetry waiting in every session together may hold:
-/// ~90 MB (a sample is ~350 bytes decoded), two seconds of a 16,384 × 8
-/// fleet; 512 sessions of 8 GPUs at their own bound hold 262,144, so a
-/// fleet that size never meets it. Past it a session keeps only the newest
-/// [`FULL_KEEP`] samples it read, so the sessions together hold at most this
-/// and [`FULL_KEEP`] each (~90 MB more at 16,384 sessions). The series a job keeps are in buckets of seconds to minutes: a
-/// scheduler seconds behind loses samples of a GPU, not what its series says.
+/// ~78 MB (a decoded sample is 296 bytes in place), two seconds of a
+/// 16,384 × 8 fleet; 512 sessions of 8 GPUs at their own bound hold 262,144,
+/// so a fleet that size never meets it. Past it a session keeps only the
+/// newest [`FULL_KEEP`] samples it read, so the sessions together hold at
+/// most this and [`FULL_KEEP`] each (~78 MB more at 16,384 sessions). The
+/// series a job keeps are in buckets of seconds to minutes: a scheduler
+/// seconds behind loses samples of a GPU, not what its series says.
 pub const FLEET_WAITING_SAMPLES: usize = 1 << 18;
 
 /// Samples a session keeps of the newest batch it read once the fleet's room
-/// is taken: two seconds of 8 GPUs. "The newest batch alone" is not a bound:
-/// an agent whose sends were held up sends what it sampled meanwhile in one
-/// batch (480 samples a session, 2.7 GB at 16,384 sessions, in the heap
-/// profile of a 16,384 × 8 run).
+/// is taken: two seconds of 8 GPUs. "The newest batch alone" is no bound: a
+/// batch is as big as its agent makes it (up to the message limit), and
+/// every session may keep one.
 pub const FULL_KEEP: usize = 16;
 
 /// Slots an emptied queue keeps; past this it gives its memory back.
@@ -111,6 +111,17 @@ impl Inbox {
 
     fn uncount_telemetry(&mut self) {
         self.fleet.0.fetch_sub(self.held(), Ordering::Relaxed);
+    }
+
+    /// Moves the fleet's count by what this session holds now against
+    /// `before`, what it held when the change began.
+    fn recount(&self, before: usize) {
+        let after = self.held();
+        if after >= before {
+            self.fleet.0.fetch_add(after - before, Ordering::Relaxed);
+        } else {
+            self.fleet.0.fetch_sub(before - after, Ordering::Relaxed);
+        }
     }
 
     /// Whether the session may read another message.
@@ -208,12 +219,7 @@ impl Inbox {
                 self.telemetry.push(batch);
             }
         }
-        let after = self.held();
-        if after >= before {
-            self.fleet.0.fetch_add(after - before, Ordering::Relaxed);
-        } else {
-            self.fleet.0.fetch_sub(before - after, Ordering::Relaxed);
-        }
+        self.recount(before);
     }
 
     /// The next event for the scheduler: messages in the order they came,
@@ -229,10 +235,9 @@ impl Inbox {
             if self.telemetry.is_empty() {
                 return None;
             }
+            let before = self.held();
             let batch = self.telemetry.remove(0);
-            self.fleet
-                .0
-                .fetch_sub(batch.samples.capacity(), Ordering::Relaxed);
+            self.recount(before);
             if self.telemetry.is_empty() {
                 self.telemetry = Vec::new();
             }
@@ -248,7 +253,8 @@ impl Inbox {
 }
 
 /// Cuts `samples` to its newest [`FULL_KEEP`] in a buffer of that size
-/// (`drain` would keep the whole allocation); returns how many went.
+/// (`drain` would keep the whole allocation; `split_off` copies what it
+/// keeps into one of its own); returns how many went.
 fn newest(samples: &mut Vec<GpuSample>) -> usize {
     let over = samples.len().saturating_sub(FULL_KEEP);
     if over > 0 || samples.capacity() > FULL_KEEP {
@@ -430,7 +436,7 @@ mod tests {
         let fleet = Waiting::default();
         let mut full = Inbox::new(fleet.clone());
         full.push_telemetry("n", batch("a", 0, FLEET_WAITING_SAMPLES as u64));
-        // A held-up agent's minute in one batch, as its first and as a later one.
+        // A minute in one batch, as a session's first and as a later one.
         let mut late = Inbox::new(fleet.clone());
         late.push_telemetry("n", batch("a", 0, 480));
         assert_eq!(
@@ -439,14 +445,21 @@ mod tests {
         );
         late.push_telemetry("n", batch("a", 480, 480));
         assert_eq!(late.held(), FULL_KEEP);
-        let Some(Event::Rank(RankEvent::Telemetry { batch, .. })) = late.pop("n") else {
+        let Some(Event::Rank(RankEvent::Telemetry { batch: kept, .. })) = late.pop("n") else {
             panic!("telemetry waits");
         };
         assert_eq!(
-            batch.samples.first().unwrap().unix_ms,
+            kept.samples.first().unwrap().unix_ms,
             960 - FULL_KEEP as u64
         );
         assert_eq!(fleet.samples(), full.held());
+        // A short batch in a big buffer gives the buffer's slack back too.
+        let mut roomy = batch("a", 0, 8);
+        roomy.samples.reserve_exact(472);
+        let mut small = Inbox::new(fleet.clone());
+        small.push_telemetry("n", roomy);
+        assert_eq!((small.held(), small.dropped), (8, 0));
+        assert_eq!(fleet.samples(), full.held() + 8);
     }
 
     #[test]
