@@ -107,20 +107,6 @@ pub fn send(lane: &mpsc::WeakSender<Event>, ev: impl Into<Event>) {
     }
 }
 
-/// CPU time the calling thread has used, in ms: set beside a wall time it
-/// tells work that waited for a core from work that had much to do.
-pub fn thread_cpu_ms() -> u64 {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `clock_gettime` writes the one `timespec` it is given.
-    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) } != 0 {
-        return 0;
-    }
-    t.tv_sec as u64 * 1_000 + t.tv_nsec as u64 / 1_000_000
-}
-
 /// Lowers the calling thread's CPU priority by [`JUDGE_NICE`]; a failure
 /// leaves it as it was.
 fn lower_priority() {

@@ -159,7 +159,7 @@ impl Scheduler {
                 job = %id,
                 ranks,
                 ms = began.elapsed().as_millis() as u64,
-                cpu_ms = background::thread_cpu_ms(),
+                cpu_ms = gpuctl_core::cpu_time::thread_cpu_us() / 1_000,
                 "judged; report made"
             );
             background::send(

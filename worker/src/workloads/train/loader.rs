@@ -20,6 +20,7 @@ use std::thread::JoinHandle;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, Result};
+use gpuctl_core::cpu_time::thread_cpu_us;
 use gpuctl_core::stats::median;
 use gpuctl_proto::pb::LoaderSetting;
 use tch::{Device, Kind, Tensor};
@@ -165,17 +166,6 @@ fn augment(decoded: &[u8], side: usize, rng: &mut SplitMix64, out: &mut [f32]) {
             }
         }
     }
-}
-
-/// The calling thread's CPU time, µs.
-fn thread_cpu_us() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid clock id and a timespec of our own to write.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1_000
 }
 
 /// Copies a host batch to the device without blocking the host (from pinned
