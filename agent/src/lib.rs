@@ -275,10 +275,12 @@ pub async fn run(cfg: Config, shutdown: Shutdown) -> anyhow::Result<()> {
             shutdown.clone(),
         );
     }
+    let pace = Arc::new(gpuctl_core::pace::Pace::default());
     tokio::spawn(telemetry.clone().run(
         name.clone(),
         cfg.sample_interval,
         workers.clone(),
+        pace.clone(),
         shutdown.clone(),
     ));
 
@@ -318,6 +320,7 @@ pub async fn run(cfg: Config, shutdown: Shutdown) -> anyhow::Result<()> {
         facts: host,
         gpus: inventory.gpus.clone(),
         heartbeat_interval: cfg.heartbeat_interval,
+        pace,
         preflight: start_checks,
         checker: Some(checker),
         connected,

@@ -18,7 +18,8 @@ use gpuctl_core::client::Channel;
 use gpuctl_core::shutdown::Shutdown;
 use gpuctl_proto::pb::{
     agent_message::Msg, agent_service_client::AgentServiceClient, coordinator_message,
-    AgentMessage, Assignment, GpuInfo, Heartbeat, HostFacts, PreflightCheck, RegisterRequest,
+    AgentMessage, Assignment, CoordinatorMessage, GpuInfo, Heartbeat, HostFacts, PreflightCheck,
+    RegisterRequest,
 };
 use gpuctl_proto::PROTOCOL_VERSION;
 use tokio::sync::{mpsc, watch};
@@ -51,6 +52,8 @@ pub struct SessionConfig {
     pub facts: HostFacts,
     pub gpus: Vec<GpuInfo>,
     pub heartbeat_interval: Duration,
+    /// The coordinator's pace, shared with the telemetry loop.
+    pub pace: Arc<gpuctl_core::pace::Pace>,
     /// The checks run at start, sent with `Register`.
     pub preflight: Vec<PreflightCheck>,
     /// Runs the checks again for every assignment (a failing one refuses
@@ -282,7 +285,9 @@ async fn serve_once(
     if resp.heartbeat_interval_ms > 0 {
         interval = interval.min(Duration::from_millis(resp.heartbeat_interval_ms as u64));
     }
-    let interval = interval.max(Duration::from_millis(50));
+    let wanted = interval;
+    cfg.pace.set(resp.pace.as_ref());
+    let interval = cfg.pace.heartbeat(wanted).max(Duration::from_millis(50));
 
     // The first message must be a Heartbeat: queue it before the call so the
     // coordinator has it as soon as the stream opens.
@@ -321,6 +326,13 @@ async fn serve_once(
                 return Ended::Shutdown;
             }
             m = inbound.message() => match m {
+                Ok(Some(CoordinatorMessage { msg: Some(coordinator_message::Msg::Pace(p)) })) => {
+                    cfg.pace.set(Some(&p));
+                    let every = cfg.pace.heartbeat(wanted).max(Duration::from_millis(50));
+                    tracing::info!(heartbeat = ?every, telemetry_send = ?cfg.pace.telemetry_send(), "the coordinator paced this agent");
+                    tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+                    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                }
                 Ok(Some(m)) => {
                     if let Some(msg) = m.msg {
                         if let Err(e) = handle(msg, workers, cfg.checker.as_ref(), &tx).await {
@@ -398,6 +410,8 @@ async fn handle(
             });
             Ok(())
         }
+        // Taken by the session's loop, which holds the heartbeat timer.
+        coordinator_message::Msg::Pace(_) => Ok(()),
         coordinator_message::Msg::Cancel(c) => {
             let found = workers.cancel(&c.job_id, c.attempt, stop_reason_of(&c));
             if found {

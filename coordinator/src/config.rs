@@ -152,6 +152,14 @@ pub struct Config {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub fleet_threads: u32,
 
+    /// Heartbeats, and telemetry batches, the fleet's agents send a second
+    /// at most: each node sends once a second up to this many nodes, less
+    /// often past it (a fleet of 16,384 beats every 8 s at 2,048; never
+    /// less often than a third of `--node-timeout`). Raise it on a
+    /// coordinator with cores to spare for fresher telemetry.
+    #[arg(long, default_value_t = 2_048, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub agent_messages_per_s: u32,
+
     /// URL that workers use to reach this coordinator (default: the address
     /// each agent connected to).
     #[arg(long, env = "GPUCTL_ADVERTISE_URL")]
@@ -293,6 +301,7 @@ impl Config {
             handshake_timeout: gpuctl_core::conn::OPENING,
             max_connection_age: None,
             fleet_threads: 1,
+            agent_messages_per_s: 2_048,
             advertise_url: None,
             log: None,
             health_rules: None,

@@ -210,6 +210,7 @@ pub async fn run_with(
         node_timeout: cfg.node_timeout,
         adopt_grace: cfg.adopt_grace,
         heartbeat_interval: cfg.heartbeat_interval(),
+        agent_messages_per_s: cfg.agent_messages_per_s,
         health_rules: Arc::new(health_rules),
         perf_rules: perf_rules.clone(),
         keep_jobs: cfg.keep_jobs as usize,

@@ -19,6 +19,7 @@ pub mod limits;
 pub mod metrics_http;
 pub mod metrics_tls;
 pub mod mfu;
+pub mod pace;
 pub mod pairs;
 pub mod rendezvous_keys;
 pub mod request;

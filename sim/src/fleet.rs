@@ -32,8 +32,9 @@ use crate::ranks::{self, RankJob};
 
 /// Simulated nodes are named `{NAME_PREFIX}{i:05}`.
 pub const NAME_PREFIX: &str = "sim-";
-/// How often each simulated agent heartbeats: the most often a coordinator
-/// asks (`--node-timeout`/3, at most 1 s).
+/// How often each simulated agent heartbeats unless the coordinator's pace
+/// spaces it out: the most often a coordinator asks (`--node-timeout`/3, at
+/// most 1 s).
 pub const HEARTBEAT: Duration = Duration::from_secs(1);
 
 /// What the simulated fleet looks like.
@@ -109,6 +110,7 @@ pub async fn start(cfg: FleetConfig, shutdown: Shutdown) -> Result<Fleet> {
             stats: stats.clone(),
             shutdown: shutdown.clone(),
             clock: clock.clone(),
+            pace: Default::default(),
         };
         let (tx, rx) = tokio::sync::oneshot::channel();
         tokio::spawn(agent.run(tx));
@@ -138,6 +140,8 @@ struct Agent {
     shutdown: Shutdown,
     /// The time its messages and its ranks' carry.
     clock: Clock,
+    /// How often the coordinator lets it send, as `gpuctl-agent` keeps it.
+    pace: gpuctl_core::pace::Pace,
 }
 
 /// The ranks one agent runs now, by job.
@@ -244,6 +248,7 @@ impl Agent {
             }
         }
         self.stats.registered.fetch_add(1, Ordering::Relaxed);
+        self.pace.set(answer.pace.as_ref());
         let (tx, rx) = mpsc::channel::<AgentMessage>(256);
         let jobs = jobs
             .into_iter()
@@ -272,10 +277,10 @@ impl Agent {
     }
 
     async fn heartbeats(self: Arc<Self>, tx: mpsc::Sender<AgentMessage>, running: Running) {
-        let mut tick = tokio::time::interval(HEARTBEAT);
         loop {
+            // A new pace is heard at the next beat.
             tokio::select! {
-                _ = tick.tick() => {}
+                _ = tokio::time::sleep(self.pace.heartbeat(HEARTBEAT)) => {}
                 _ = self.shutdown.cancelled() => return,
             }
             let jobs: Vec<RunningJob> = running.lock().unwrap().values().cloned().collect();
@@ -286,26 +291,54 @@ impl Agent {
         }
     }
 
-    /// One batch per running job per interval, with its GPUs busy.
+    /// A sample per GPU of each running job every interval, sent a batch
+    /// per job at the coordinator's pace, and at once when the job ends
+    /// here: as `gpuctl-agent`'s held telemetry. Samples are made when sent,
+    /// stamped with the intervals they stand for.
     async fn telemetry(self: Arc<Self>, tx: mpsc::Sender<AgentMessage>, running: Running) {
         let mut tick = tokio::time::interval(self.cfg.interval);
         let mut rng = fastrand::Rng::with_seed(self.index as u64);
+        let step = self.cfg.interval.as_millis().max(1) as u64;
+        // Per job and attempt: its GPUs, and the last interval sent.
+        let mut sent: HashMap<(String, u32), (usize, u64)> = HashMap::new();
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
                 _ = self.shutdown.cancelled() => return,
             }
-            let jobs: Vec<(String, u32, Vec<u32>)> = running
+            let now = self.clock.now_ms();
+            let every = self.pace.telemetry_send().as_millis() as u64;
+            let live: Vec<((String, u32), usize)> = running
                 .lock()
                 .unwrap()
                 .values()
-                .map(|j| (j.job_id.clone(), j.attempt, j.ranks.clone()))
+                .map(|j| ((j.job_id.clone(), j.attempt), j.ranks.len()))
                 .collect();
-            for (job_id, attempt, ranks) in jobs {
-                let now = self.clock.now_ms();
-                let samples = (0..ranks.len() as u32)
-                    .map(|g| host::busy_sample(self.index, g, now, &mut rng))
-                    .collect();
+            for (key, gpus) in &live {
+                sent.entry(key.clone())
+                    .or_insert((*gpus, now.saturating_sub(step)));
+            }
+            let mut due = Vec::new();
+            sent.retain(|key, (gpus, last)| {
+                let ended = !live.iter().any(|(k, _)| k == key);
+                if ended || now.saturating_sub(*last) >= every.max(step) {
+                    due.push((key.clone(), *gpus, *last));
+                    *last = now;
+                }
+                !ended
+            });
+            for ((job_id, attempt), gpus, last) in due {
+                let mut samples = Vec::new();
+                let mut t = last + step;
+                while t <= now {
+                    for g in 0..gpus as u32 {
+                        samples.push(host::busy_sample(self.index, g, t, &mut rng));
+                    }
+                    t += step;
+                }
+                if samples.is_empty() {
+                    continue;
+                }
                 let msg = AgentMessage {
                     msg: Some(Msg::Telemetry(TelemetryBatch {
                         node: self.name.clone(),
@@ -395,6 +428,7 @@ impl Agent {
                         stop.cancel();
                     }
                 }
+                Some(coordinator_message::Msg::Pace(p)) => self.pace.set(Some(&p)),
                 Some(coordinator_message::Msg::FetchTrace(f)) => {
                     let piece = gpuctl_proto::pb::TraceChunk {
                         request_id: f.request_id,

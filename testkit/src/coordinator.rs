@@ -87,6 +87,7 @@ impl AgentService for Service {
             coordinator_url: self.shared.replies.coordinator_url.clone(),
             adopted,
             refused,
+            pace: None,
         }))
     }
 

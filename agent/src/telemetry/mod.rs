@@ -8,6 +8,7 @@
 //!
 //! Without NVML there is nothing to sample: one log line, no errors.
 
+mod held;
 mod links;
 pub mod nvml;
 mod xid;
@@ -237,6 +238,7 @@ impl Telemetry {
         node: String,
         interval: Duration,
         workers: Arc<Workers>,
+        pace: Arc<gpuctl_core::pace::Pace>,
         shutdown: CancellationToken,
     ) {
         if !self.has_nvml() {
@@ -246,6 +248,7 @@ impl Telemetry {
         tracing::info!(gpus = self.gpus.len(), interval = ?interval, "telemetry: sampling GPUs through NVML");
         let mut tick = tokio::time::interval(interval.max(Duration::from_millis(100)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut held = held::Held::default();
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
@@ -260,7 +263,10 @@ impl Telemetry {
                 }
             };
             self.store(&readings);
-            for batch in batches(&node, &readings, &workers.gpu_jobs()) {
+            let running = workers.gpu_jobs();
+            let fresh = batches(&node, &readings, &running);
+            let now = std::time::Instant::now();
+            for batch in held.take(fresh, &running, pace.telemetry_send(), now) {
                 workers.send_telemetry(batch);
             }
         }

@@ -43,6 +43,7 @@ pub fn config(url: &str) -> SessionConfig {
         facts: HostFacts::default(),
         gpus: vec![],
         heartbeat_interval: Duration::from_secs(1),
+        pace: Default::default(),
         preflight: vec![],
         checker: None,
         connected: Arc::new(AtomicBool::new(false)),

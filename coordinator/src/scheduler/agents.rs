@@ -1,12 +1,14 @@
 //! Agents and their sessions: registration (and the adoption of jobs whose
 //! workers an agent kept while the coordinator was away), the session that
 //! carries assignments down and heartbeats up, acknowledgements of
-//! assignments, and nodes that fall silent.
+//! assignments, nodes that fall silent, and the pace the fleet's size sets
+//! for all of them (`fleet/pace.rs`).
 
 use std::sync::Arc;
 
 use gpuctl_proto::pb::{
-    AssignmentAck, Heartbeat, JobState, Node, NodeState, RegisterRequest, RegisterResponse,
+    coordinator_message, AssignmentAck, CoordinatorMessage, Heartbeat, JobState, Node, NodeState,
+    RegisterRequest, RegisterResponse,
 };
 use tracing::{debug, info, warn};
 
@@ -166,9 +168,11 @@ impl Scheduler {
             )
             .await;
         }
+        self.repace();
         Ok(RegisterResponse {
             name,
             heartbeat_interval_ms: self.cfg.heartbeat_interval.as_millis() as u32,
+            pace: Some(self.pace.to_proto()),
             protocol_version: gpuctl_proto::PROTOCOL_VERSION,
             coordinator_url: url,
             adopted,
@@ -342,7 +346,34 @@ impl Scheduler {
             .map(|e| Arc::unwrap_or_clone(e.node))
             .unwrap_or_default();
         info!(node = %name, "node removed");
+        self.repace();
         Ok(removed)
+    }
+
+    /// Tells every session the fleet's pace when its size has changed it.
+    /// A node registering now hears it in its RegisterResponse.
+    fn repace(&mut self) {
+        let pace = crate::fleet::pace::pace(
+            self.nodes.len(),
+            self.cfg.agent_messages_per_s,
+            self.cfg.node_timeout,
+        );
+        if pace == self.pace {
+            return;
+        }
+        self.pace = pace;
+        info!(
+            nodes = self.nodes.len(),
+            heartbeat = %human(pace.heartbeat),
+            telemetry_send = %human(pace.telemetry_send),
+            "the fleet's size changed its pace; telling every agent"
+        );
+        let msg = CoordinatorMessage {
+            msg: Some(coordinator_message::Msg::Pace(pace.to_proto())),
+        };
+        for e in self.nodes.values() {
+            e.send(msg.clone());
+        }
     }
 
     /// Nodes without a heartbeat for the node timeout are lost, and so is the

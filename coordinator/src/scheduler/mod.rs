@@ -112,6 +112,9 @@ pub struct SchedulerConfig {
     /// How long jobs found running at load wait for their nodes to come back.
     pub adopt_grace: Duration,
     pub heartbeat_interval: Duration,
+    /// Heartbeats and telemetry batches a second the fleet is paced to
+    /// (`--agent-messages-per-s`, `fleet/pace.rs`).
+    pub agent_messages_per_s: u32,
     pub health_rules: Arc<HealthRules>,
     pub perf_rules: Arc<PerfRules>,
     /// Ended jobs kept in the store and here, newest first (`--keep-jobs`).
@@ -147,6 +150,8 @@ pub struct Scheduler {
     suites: BTreeMap<String, Suite>,
     suite_seq: u64,
     jobs_of_suites: BTreeMap<String, String>,
+    /// How often the agents were last told to send (`fleet/pace.rs`).
+    pace: crate::fleet::pace::Pace,
     /// Counters since this coordinator started, for `/metrics`.
     counts: Counts,
     /// The report of the job that ended last, for a little while.
@@ -269,7 +274,10 @@ impl Scheduler {
             fleet: mpsc::channel(1024),
             people: mpsc::channel(256),
         };
+        let pace =
+            crate::fleet::pace::pace(nodes.len(), cfg.agent_messages_per_s, cfg.node_timeout);
         let mut me = Scheduler {
+            pace,
             recent: recent::Recent::default(),
             refolding: None,
             first_lane: lanes.people.0.downgrade(),

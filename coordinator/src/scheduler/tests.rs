@@ -40,6 +40,7 @@ impl Fixture {
             node_timeout,
             adopt_grace: Duration::from_secs(60),
             heartbeat_interval: Duration::from_secs(1),
+            agent_messages_per_s: 2_048,
             health_rules: Arc::default(),
             perf_rules: Arc::default(),
             keep_jobs: 100,
@@ -334,4 +335,48 @@ async fn late_results_rebuild_one_report_at_a_time_and_a_job_not_again_before_it
     f.clock.set(again);
     f.sched.refold_stale();
     assert_eq!(f.sched.refolding.as_deref(), Some("job-000001"));
+}
+
+/// The pace messages a session was sent, in order, as (heartbeat, telemetry) ms.
+fn paces(rx: &mut UnboundedReceiver<Box<CoordinatorMessage>>) -> Vec<(u32, u32)> {
+    let mut out = Vec::new();
+    while let Ok(m) = rx.try_recv() {
+        if let Some(gpuctl_proto::pb::coordinator_message::Msg::Pace(p)) = m.msg {
+            out.push((p.heartbeat_interval_ms, p.telemetry_send_ms));
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_growing_fleet_tells_every_session_its_pace_at_each_doubling() {
+    let mut f = Fixture::new(Duration::from_secs(60)).await;
+    // One message a second for the whole fleet: paced from the second node.
+    f.sched.cfg.agent_messages_per_s = 1;
+    for n in ["n1", "n2", "n3", "n4"] {
+        f.join(n).await;
+    }
+    let told: Vec<Vec<(u32, u32)>> = f.sessions.iter_mut().map(paces).collect();
+    assert_eq!(
+        told,
+        vec![
+            vec![(2_000, 2_000), (4_000, 4_000)],
+            vec![(4_000, 4_000)],
+            vec![],
+            vec![]
+        ],
+        "n1 hears each change, n3 and n4 heard theirs when they registered"
+    );
+    // Three nodes round up to four: no change. Two: every session left hears it.
+    for name in ["n4", "n3"] {
+        let (reply, answer) = oneshot::channel();
+        let ev = AgentEvent::RemoveNode {
+            name: name.into(),
+            reply,
+        };
+        f.sched.dispatch(ev.into()).await;
+        answer.await.unwrap().unwrap();
+    }
+    let told: Vec<Vec<(u32, u32)>> = f.sessions.iter_mut().map(paces).collect();
+    assert_eq!(told[..2], vec![vec![(2_000, 2_000)]; 2]);
 }
