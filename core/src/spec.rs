@@ -120,9 +120,26 @@ pub fn progress_interval_ms(world_size: u32, spec: &JobSpec) -> u64 {
 /// start together, and 32,768 reports arriving in the same instant every few
 /// seconds would hold up everything else the coordinator answers.
 pub fn progress_pause_ms(every_ms: u64, rank: u32, sent: u64) -> u64 {
+    (every_ms as f64 * (0.75 + 0.5 * spread(u64::from(rank) + sent))) as u64
+}
+
+/// When a rank sends its first progress report, in ms after it starts: at
+/// once in a job of up to [`PROGRESS_REPORTS_PER_S`] ranks; past that,
+/// spread by rank over its first interval, which is a quarter of the hang
+/// timeout at most. At once, 131,072 ranks' first reports came in one
+/// second, on top of a short job's results.
+pub fn first_progress_ms(world_size: u32, spec: &JobSpec, rank: u32) -> u64 {
+    let every = progress_interval_ms(world_size, spec);
+    if every <= 1_000 {
+        return 0;
+    }
+    (every as f64 * spread(u64::from(rank))) as u64
+}
+
+/// `n` spread evenly over [0, 1): consecutive ranks land far apart.
+fn spread(n: u64) -> f64 {
     const GOLDEN: f64 = 0.618_033_988_749_895;
-    let u = ((u64::from(rank) + sent) as f64 * GOLDEN).fract();
-    (every_ms as f64 * (0.75 + 0.5 * u)) as u64
+    (n as f64 * GOLDEN).fract()
 }
 
 /// Checks a spec and fills the defaults the coordinator relies on. Returns the
@@ -480,5 +497,17 @@ mod tests {
         );
         spec.hang_timeout_ms = MIN_HANG_TIMEOUT_MS;
         assert_eq!(progress_interval_ms(32_768, &spec), 1_250);
+        // The first report: at once up to 4,096 ranks, then spread over the
+        // first interval, never past it.
+        assert_eq!(first_progress_ms(4_096, &JobSpec::default(), 4_095), 0);
+        let firsts: Vec<u64> = (0..131_072)
+            .map(|r| first_progress_ms(131_072, &JobSpec::default(), r))
+            .collect();
+        assert!(firsts.iter().all(|&t| t < 30_000));
+        let in_first_second = firsts.iter().filter(|&&t| t < 1_000).count();
+        assert!(
+            in_first_second < 131_072 / 20,
+            "{in_first_second} in the first second"
+        );
     }
 }

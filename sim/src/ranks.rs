@@ -90,8 +90,14 @@ pub async fn run(job: RankJob, clients: Clients, stats: Arc<Stats>, stop: Shutdo
     // the coordinator it measures.
     let began = tokio::time::Instant::now();
     let at = |i: usize| began + job.interval * (i as u32 + 1);
-    // As a real worker: the next report when the coordinator asks for it.
-    let mut next_report = at(0);
+    // As a real worker: the first report spread over the first interval in
+    // a large job, the next when the coordinator asks for it.
+    let first = gpuctl_core::spec::first_progress_ms(job.world_size, &job.spec, rank);
+    let mut next_report = if first == 0 {
+        at(0)
+    } else {
+        began + Duration::from_millis(first)
+    };
     let mut sent = 0u64;
     let mut played = 0;
     while played < intervals {

@@ -47,6 +47,10 @@ pub struct Args {
     /// The agent kills the worker after this; the worker stops itself first.
     #[arg(long, default_value_t = 0)]
     pub deadline_unix_ms: u64,
+    /// The first progress report this long after the start (large jobs
+    /// spread them: `gpuctl_core::spec::first_progress_ms`).
+    #[arg(long, default_value_t = 0)]
+    pub first_report_ms: u64,
     /// Workload parameter, key=value (repeatable).
     #[arg(long = "param", value_parser = parse_kv)]
     pub params: Vec<(String, String)>,

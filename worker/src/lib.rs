@@ -218,6 +218,7 @@ pub fn run_worker(args: Args) -> i32 {
             rank: rank_hint,
             node: args.node.clone(),
             deadline_unix_ms: args.deadline_unix_ms,
+            first_report: Duration::from_millis(args.first_report_ms),
         },
         clock.clone(),
     ) {

@@ -72,6 +72,8 @@ pub struct ProgressTarget {
     pub node: String,
     /// Stop the process when this Unix time (ms) passes (0: never).
     pub deadline_unix_ms: u64,
+    /// The first report waits this long (large jobs spread them).
+    pub first_report: Duration,
 }
 
 impl Progress {
@@ -234,6 +236,7 @@ fn progress_loop(
     // jobs); a second until it has.
     let mut every = Duration::from_secs(1);
     let mut sent = 0u64;
+    pause(&inner, t.first_report);
     loop {
         let last = inner.stop.load(Ordering::SeqCst);
         if t.deadline_unix_ms > 0 && inner.clock.now_ms() > t.deadline_unix_ms {
@@ -298,14 +301,19 @@ fn progress_loop(
         }
         // Sleep until the next report, waking early to send the last one.
         sent += 1;
-        let pause = gpuctl_core::spec::progress_pause_ms(every.as_millis() as u64, t.rank, sent);
-        let until = std::time::Instant::now() + Duration::from_millis(pause);
-        while std::time::Instant::now() < until {
-            if inner.stop.load(Ordering::SeqCst) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
+        let ms = gpuctl_core::spec::progress_pause_ms(every.as_millis() as u64, t.rank, sent);
+        pause(&inner, Duration::from_millis(ms));
+    }
+}
+
+/// Sleeps `d`, waking early when the rank stops.
+fn pause(inner: &ProgressInner, d: Duration) {
+    let until = std::time::Instant::now() + d;
+    while std::time::Instant::now() < until {
+        if inner.stop.load(Ordering::SeqCst) {
+            break;
         }
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 

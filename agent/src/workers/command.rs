@@ -58,6 +58,10 @@ pub fn worker_command(
     if a.deadline_unix_ms > 0 {
         args.extend(["--deadline-unix-ms".into(), a.deadline_unix_ms.to_string()]);
     }
+    let first = gpuctl_core::spec::first_progress_ms(a.world_size, &spec, p.rank);
+    if first > 0 {
+        args.extend(["--first-report-ms".into(), first.to_string()]);
+    }
     let mut params: Vec<_> = spec.params.iter().collect();
     params.sort();
     for (k, v) in params {
