@@ -59,7 +59,7 @@ async fn the_coordinator_names_every_culprit_placed_and_no_healthy_node() {
     assert!(r.missed.is_empty(), "{:#}", r.to_json());
     assert!(r.false_blames.is_empty(), "{:#}", r.to_json());
     assert!(r.other_fails.is_empty(), "{:#}", r.to_json());
-    assert_eq!(r.results_in_report, 32, "{:#}", r.to_json());
+    assert_eq!(r.ranks_judged, 32, "{:#}", r.to_json());
     assert!(r.rounds > 1 && r.tests > r.rounds, "{:#}", r.to_json());
 
     let healthy = search(Culprits::default(), "none").await;

@@ -63,10 +63,13 @@ pub struct SearchFleetReport {
     /// Failing findings that are not the search's (anything else the
     /// coordinator judged failed).
     pub other_fails: Vec<String>,
-    /// The report's notes on the search (its count, the cleared, the undecided).
+    /// The report's notes on the search (its count, the cleared, the
+    /// undecided), and on what was cut to send it.
     pub search_notes: Vec<String>,
     pub ranks: u32,
-    pub results_in_report: u32,
+    /// Ranks the report judged on a result (a report too big for one
+    /// message leaves the results of passing ranks out, not their verdicts).
+    pub ranks_judged: u32,
     pub register_s: f64,
     /// From submit to the stored report, played here.
     pub job_s: f64,
@@ -201,11 +204,11 @@ pub fn score(report: &Report, culprits: &Culprits, out: &mut SearchFleetReport) 
     out.rounds = report.bisect.len();
     out.tests = report.bisect.iter().map(|r| r.groups.len()).sum();
     out.ranks = report.world_size;
-    out.results_in_report = report
+    out.ranks_judged = report
         .nodes
         .iter()
         .flat_map(|n| &n.ranks)
-        .filter(|r| r.result.is_some())
+        .filter(|r| !matches!(r.verdict(), Verdict::Incomplete | Verdict::Unspecified))
         .count() as u32;
     // The judge names a link `link A-B`, its nodes in the plan's order,
     // which is by name.
@@ -257,7 +260,7 @@ pub fn score(report: &Report, culprits: &Culprits, out: &mut SearchFleetReport) 
     out.search_notes = report
         .notes
         .iter()
-        .filter(|n| n.starts_with("search"))
+        .filter(|n| n.starts_with("search") || n.starts_with("the report of"))
         .cloned()
         .collect();
 }
@@ -266,7 +269,7 @@ impl SearchFleetReport {
     /// The table's header and this run's row.
     pub fn row(&self) -> String {
         format!(
-            "{:>6} {:>5} {:>3} {:>7} {:>6} {:>7} {:>6} {:>6} {:>6} {:>9} {:>9} {:>8} {:>9}\n{:>6} {:>5} {:>3} {:>7} {:>6} {:>7} {:>6} {:>6} {:>6} {:>8.0}s {:>8.0}s {:>7.1}G {:>8.1}G",
+            "{:>6} {:>5} {:>3} {:>7} {:>6} {:>7} {:>6} {:>6} {:>6} {:>9} {:>9} {:>8} {:>9}\n{:>6} {:>5} {:>3} {:>7} {:>6} {:>7} {:>6} {:>6} {:>6} {:>8.0}s {:>8.0}s {:>6.2}GB {:>7.2}GB",
             "N", "GPUs", "k", "verdict", "rounds", "tests", "found", "missed", "false",
             "modelled", "played", "coord", "sim",
             self.nodes,
@@ -301,8 +304,8 @@ impl SearchFleetReport {
             println!("note: {n}");
         }
         println!(
-            "job {} {}; {} of {} ranks' results in the report; registered in {:.1}s",
-            self.job, self.state, self.results_in_report, self.ranks, self.register_s
+            "job {} {}; {} of {} ranks judged on a result; registered in {:.1}s",
+            self.job, self.state, self.ranks_judged, self.ranks, self.register_s
         );
     }
 
@@ -323,7 +326,7 @@ impl SearchFleetReport {
             "other_fails": self.other_fails,
             "search_notes": self.search_notes,
             "ranks": self.ranks,
-            "results_in_report": self.results_in_report,
+            "ranks_judged": self.ranks_judged,
             "register_s": self.register_s,
             "job_s": self.job_s,
             "modelled_s": self.modelled_s,
