@@ -208,6 +208,9 @@ enum Cmd {
         /// all_reduce): the modelled duration is the rounds at this.
         #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
         round_model: Duration,
+        /// The job on these nodes only, comma-separated (default: every node).
+        #[arg(long, value_delimiter = ',')]
+        only_nodes: Vec<String>,
     },
     /// Run the simulated fleet against a coordinator until Ctrl-C.
     Fleet {
@@ -384,6 +387,7 @@ fn main() -> Result<()> {
                 run,
                 slow,
                 round_model,
+                only_nodes,
             } => {
                 let play = slow.play(shape.nodes)?;
                 let cfg = SearchFleetConfig {
@@ -393,6 +397,7 @@ fn main() -> Result<()> {
                     interval: shape.interval,
                     connections: connections(&shape),
                     culprits: play.culprits,
+                    only_nodes,
                     seed: play.seed,
                     round: play.round,
                     round_model,

@@ -31,6 +31,9 @@ pub struct SearchFleetConfig {
     pub interval: Duration,
     pub connections: usize,
     pub culprits: Culprits,
+    /// The job on these nodes only (empty: every node): their node ranks
+    /// are then not their fleet's, as in a job on part of a real fleet.
+    pub only_nodes: Vec<String>,
     /// The measurements' noise seed.
     pub seed: u64,
     /// Wall time a round is played in here.
@@ -58,6 +61,8 @@ pub struct SearchFleetReport {
     /// Culprits the report names, as `NAME` or `A:B`.
     pub found: Vec<String>,
     pub missed: Vec<String>,
+    /// Culprits placed on nodes the job did not run on: not its to find.
+    pub outside: Vec<String>,
     /// Nodes failed and search findings where nothing was placed.
     pub false_blames: Vec<String>,
     /// Failing findings that are not the search's (anything else the
@@ -119,11 +124,20 @@ pub async fn run(cfg: &SearchFleetConfig, dir: PathBuf) -> Result<SearchFleetRep
 
     let spec = JobSpec {
         workload: "nccl".into(),
-        all_nodes: true,
+        all_nodes: cfg.only_nodes.is_empty(),
+        node_count: cfg.only_nodes.len() as u32,
+        only_nodes: cfg.only_nodes.clone(),
         params: [("pattern".to_string(), "search".to_string())].into(),
         ..Default::default()
     };
-    eprintln!("nccl --pattern search on every node…");
+    eprintln!(
+        "nccl --pattern search on {}…",
+        if cfg.only_nodes.is_empty() {
+            "every node".to_string()
+        } else {
+            format!("{} nodes", cfg.only_nodes.len())
+        }
+    );
     let t = Instant::now();
     let job = jobs
         .submit(SubmitRequest { spec: Some(spec) })
@@ -245,16 +259,25 @@ pub fn score(report: &Report, culprits: &Culprits, out: &mut SearchFleetReport) 
             out.false_blames.push(n.name.clone());
         }
     }
+    let in_job: std::collections::BTreeSet<&str> =
+        report.nodes.iter().map(|n| n.name.as_str()).collect();
     let all = culprits
         .nodes
         .keys()
-        .cloned()
-        .chain(culprits.links.keys().map(|(a, b)| format!("{a}:{b}")));
-    for c in all {
+        .map(|n| (n.clone(), in_job.contains(n.as_str())))
+        .chain(culprits.links.keys().map(|(a, b)| {
+            (
+                format!("{a}:{b}"),
+                in_job.contains(a.as_str()) && in_job.contains(b.as_str()),
+            )
+        }));
+    for (c, inside) in all {
         if named.contains(&c) {
             out.found.push(c);
-        } else {
+        } else if inside {
             out.missed.push(c);
+        } else {
+            out.outside.push(c);
         }
     }
     out.search_notes = report
@@ -293,6 +316,7 @@ impl SearchFleetReport {
         println!("{}", self.row());
         for (what, v) in [
             ("missed", &self.missed),
+            ("placed outside the job", &self.outside),
             ("blamed where nothing was placed", &self.false_blames),
             ("other failing findings", &self.other_fails),
         ] {
@@ -322,6 +346,7 @@ impl SearchFleetReport {
             "tests": self.tests,
             "found": self.found,
             "missed": self.missed,
+            "outside": self.outside,
             "false_blames": self.false_blames,
             "other_fails": self.other_fails,
             "search_notes": self.search_notes,
