@@ -2,8 +2,9 @@
 //! real coordinator exactly as `gpuctl-agent` does (Register, one Session
 //! stream with heartbeats listing running ranks, a telemetry batch per job
 //! each second, acknowledged assignments, worker exits), and for every
-//! assigned rank a fake worker ([`crate::ranks`]) that sends progress and a
-//! result through the WorkerService with its rank secret. Nothing here
+//! assigned rank a fake worker ([`crate::ranks`] for stress,
+//! [`crate::search_ranks`] for `nccl --pattern search`) that sends progress
+//! and a result through the WorkerService with its rank secret. Nothing here
 //! touches a GPU: the point is the coordinator's cost, not the workers'.
 //! What a node describes (GPUs, host facts, telemetry) is `crate::host`;
 //! what the bench counts, `crate::counters`.
@@ -29,6 +30,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use crate::counters::Stats;
 use crate::host;
 use crate::ranks::{self, RankJob};
+use crate::search_ranks::{self, SearchPlay};
 
 /// Simulated nodes are named `{NAME_PREFIX}{i:05}`.
 pub const NAME_PREFIX: &str = "sim-";
@@ -82,6 +84,16 @@ pub struct Fleet {
 
 /// Starts every agent; returns once all are registered.
 pub async fn start(cfg: FleetConfig, shutdown: Shutdown) -> Result<Fleet> {
+    start_with(cfg, Arc::default(), shutdown).await
+}
+
+/// As [`start`], with the slow nodes and links its `nccl --pattern search`
+/// jobs find ([`crate::search_ranks`]).
+pub async fn start_with(
+    cfg: FleetConfig,
+    search: Arc<SearchPlay>,
+    shutdown: Shutdown,
+) -> Result<Fleet> {
     let stats = Arc::new(Stats::default());
     let clock = Clock::system();
     let urls = gpuctl_core::leader::split_urls(&cfg.url);
@@ -111,6 +123,7 @@ pub async fn start(cfg: FleetConfig, shutdown: Shutdown) -> Result<Fleet> {
             shutdown: shutdown.clone(),
             clock: clock.clone(),
             pace: Default::default(),
+            search: search.clone(),
         };
         let (tx, rx) = tokio::sync::oneshot::channel();
         tokio::spawn(agent.run(tx));
@@ -142,6 +155,8 @@ struct Agent {
     clock: Clock,
     /// How often the coordinator lets it send, as `gpuctl-agent` keeps it.
     pace: gpuctl_core::pace::Pace,
+    /// What its ranks play for `nccl --pattern search` jobs.
+    search: Arc<SearchPlay>,
 }
 
 /// The ranks one agent runs now, by job.
@@ -454,7 +469,8 @@ impl Agent {
         stop: Shutdown,
     ) {
         let ranks: Vec<u32> = a.ranks.iter().map(|r| r.rank).collect();
-        let ok = a.spec.as_ref().is_some_and(|s| s.workload == "stress");
+        let search = search_ranks::wanted(a.spec.as_ref());
+        let ok = search || a.spec.as_ref().is_some_and(|s| s.workload == "stress");
         let _ = tx
             .send(AgentMessage {
                 msg: Some(Msg::Ack(AssignmentAck {
@@ -464,7 +480,7 @@ impl Agent {
                     error: if ok {
                         String::new()
                     } else {
-                        "gpuctl-sim plays the stress workload only".into()
+                        "gpuctl-sim plays the stress workload and nccl --pattern search only".into()
                     },
                     checks: vec![],
                 })),
@@ -523,8 +539,13 @@ impl Agent {
                 self.stats.clone(),
                 stop.clone(),
             );
+            let (nnodes, play) = (a.nnodes, self.search.clone());
             tokio::spawn(async move {
-                let outcome = ranks::run(job.clone(), clients, stats.clone(), stop).await;
+                let outcome = if search {
+                    search_ranks::run(job.clone(), nnodes, play, clients, stats.clone(), stop).await
+                } else {
+                    ranks::run(job.clone(), clients, stats.clone(), stop).await
+                };
                 let (exit_code, stopped_by) = match outcome {
                     ranks::Outcome::Done => (0, StopReason::Unspecified),
                     ranks::Outcome::Cancelled => (-1, StopReason::Cancel),

@@ -4,8 +4,10 @@
 
 pub mod bench;
 pub mod counters;
+pub mod culprits;
 pub mod fleet;
 pub mod host;
 pub mod probe;
 pub mod ranks;
 pub mod search;
+pub mod search_ranks;

@@ -3,7 +3,9 @@
 //! `failover` kills the leader of two coordinators on etcd mid-job (docs/benchmarks.md);
 //! `fleet` runs only the simulated fleet against a coordinator you started,
 //! until Ctrl-C, for poking at it with `gpuctl`; `search` runs the search for
-//! slow nodes and links against a modelled fleet and prints its table.
+//! slow nodes and links against a modelled fleet and prints its table;
+//! `search-fleet` runs it through a real coordinator on a simulated fleet
+//! with culprits placed, and scores the report.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -11,8 +13,11 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use gpuctl_sim::bench::failover::{self, FailoverConfig};
+use gpuctl_sim::bench::search_fleet::{self, SearchFleetConfig};
 use gpuctl_sim::bench::{self, BenchConfig};
+use gpuctl_sim::culprits::Culprits;
 use gpuctl_sim::fleet::{self, FleetConfig, RankConnections};
+use gpuctl_sim::search_ranks::SearchPlay;
 
 // The simulator's 4,096 agents and 32,768 ranks spent ~6 % of their CPU in
 // glibc's malloc and free (perf, mid-job).
@@ -75,6 +80,55 @@ struct Run {
     /// Keep the run's folder afterwards (stores, etcd's data, the coordinators' logs).
     #[arg(long)]
     keep_dir: bool,
+}
+
+/// The slow nodes and links the fleet's `nccl --pattern search` jobs find.
+#[derive(clap::Args)]
+struct Slow {
+    /// Slow nodes by name, comma-separated (sim-00017,sim-01234).
+    #[arg(long, value_delimiter = ',')]
+    slow_nodes: Vec<String>,
+    /// Slow links, as two node names each, comma-separated (sim-00040:sim-00041,…).
+    #[arg(long, value_delimiter = ',')]
+    slow_links: Vec<String>,
+    /// Or this many culprits drawn from --seed as `gpuctl-sim search` draws
+    /// them (nodes and links alternately, each link between neighbours of a
+    /// first-round group); printed before the run.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(0..=4096))]
+    culprits: Option<u32>,
+    /// Draws the culprits, their speeds and the measurements' noise.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// The wall time a search round is played in here (a real one takes
+    /// about --round-model).
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    round: Duration,
+}
+
+impl Slow {
+    /// The culprits named or drawn among `nodes` simulated nodes.
+    fn culprits(&self, nodes: u32) -> Result<Culprits> {
+        match self.culprits {
+            Some(k) if !self.slow_nodes.is_empty() || !self.slow_links.is_empty() => {
+                anyhow::bail!(
+                    "--culprits {k} draws them: give it, or --slow-nodes/--slow-links, not both"
+                )
+            }
+            Some(k) => Culprits::drawn(nodes as usize, k as usize, self.seed),
+            None => Culprits::named(&self.slow_nodes, &self.slow_links, self.seed),
+        }
+    }
+
+    fn play(&self, nodes: u32) -> Result<SearchPlay> {
+        if self.round.is_zero() || self.round > Duration::from_secs(600) {
+            anyhow::bail!("--round: between 1ms and 10m");
+        }
+        Ok(SearchPlay::new(
+            self.culprits(nodes)?,
+            self.seed,
+            self.round,
+        ))
+    }
 }
 
 #[derive(Subcommand)]
@@ -140,12 +194,32 @@ enum Cmd {
         #[arg(long, value_delimiter = ',', default_value = "0,1,2,4,8", value_parser = clap::value_parser!(u32).range(0..=4096))]
         culprits: Vec<u32>,
     },
+    /// Start a coordinator and a fleet with slow nodes and links placed, run `nccl --pattern search` on every node, and score the report: culprits found, missed, false blames.
+    SearchFleet {
+        #[command(flatten)]
+        shape: Shape,
+        #[command(flatten)]
+        priority: Priority,
+        #[command(flatten)]
+        run: Run,
+        #[command(flatten)]
+        slow: Slow,
+        /// What a round takes on a real fleet (communicators and one
+        /// all_reduce): the modelled duration is the rounds at this.
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        round_model: Duration,
+        /// The job on these nodes only, comma-separated (default: every node).
+        #[arg(long, value_delimiter = ',')]
+        only_nodes: Vec<String>,
+    },
     /// Run the simulated fleet against a coordinator until Ctrl-C.
     Fleet {
         #[command(flatten)]
         shape: Shape,
         #[command(flatten)]
         priority: Priority,
+        #[command(flatten)]
+        slow: Slow,
         #[arg(
             long,
             env = "GPUCTL_COORDINATOR",
@@ -240,6 +314,9 @@ fn main() -> Result<()> {
         Cmd::Fleet { priority, .. } => priority.fleet_nice.unwrap_or(0),
         Cmd::Failover { priority, .. } => priority.fleet_nice.unwrap_or(BENCH_FLEET_NICE),
         Cmd::Search { .. } => 0,
+        // The fleet's ranks play the search with the coordinator's CPU
+        // left alone, as the bench's.
+        Cmd::SearchFleet { priority, .. } => priority.fleet_nice.unwrap_or(BENCH_FLEET_NICE),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -304,13 +381,47 @@ fn main() -> Result<()> {
             }
             // Answered before the runtime started.
             Cmd::Search { .. } => Ok(()),
+            Cmd::SearchFleet {
+                shape,
+                priority: _,
+                run,
+                slow,
+                round_model,
+                only_nodes,
+            } => {
+                let play = slow.play(shape.nodes)?;
+                let cfg = SearchFleetConfig {
+                    coordinator_bin: coordinator(run.coordinator_bin)?,
+                    nodes: shape.nodes as usize,
+                    gpus: shape.gpus,
+                    interval: shape.interval,
+                    connections: connections(&shape),
+                    culprits: play.culprits,
+                    only_nodes,
+                    seed: play.seed,
+                    round: play.round,
+                    round_model,
+                    coordinator_log: bench::COORDINATOR_LOG.into(),
+                };
+                let dir = run_dir("gpuctl-sim-search")?;
+                let report = search_fleet::run(&cfg, dir.clone()).await;
+                leave(&dir, run.keep_dir, "the coordinator's store and log");
+                let report = report?;
+                report.print();
+                write_json(run.json, report.to_json())
+            }
             Cmd::Fleet {
                 shape,
                 coordinator,
                 priority: _,
+                slow,
             } => {
                 let stop = gpuctl_core::shutdown::on_signals()?;
-                let f = fleet::start(
+                let play = slow.play(shape.nodes)?;
+                if !play.culprits.is_empty() {
+                    eprintln!("culprits: {}", play.culprits.describe());
+                }
+                let f = fleet::start_with(
                     FleetConfig {
                         url: coordinator,
                         nodes: shape.nodes as usize,
@@ -319,6 +430,7 @@ fn main() -> Result<()> {
                         connections: connections(&shape),
                         rank_connections: shape.rank_connections,
                     },
+                    std::sync::Arc::new(play),
                     stop.clone(),
                 )
                 .await?;

@@ -44,7 +44,8 @@ const TFLOPS: f64 = 720.0;
 const GEMM_FLOP: f64 = 2.0 * 8192.0 * 8192.0 * 8192.0;
 const PHASE: &str = "gemm bf16 8192";
 
-fn request<T>(job: &RankJob, msg: T) -> tonic::Request<T> {
+/// A call of `job`'s rank, with its secret as a real worker's client sends it.
+pub(crate) fn request<T>(job: &RankJob, msg: T) -> tonic::Request<T> {
     let mut req = tonic::Request::new(msg);
     if let Ok(mut v) = job.secret.parse::<tonic::metadata::AsciiMetadataValue>() {
         // As the worker's client sends it: never indexed.
@@ -210,15 +211,25 @@ pub async fn run(job: RankJob, clients: Clients, stats: Arc<Stats>, stop: Shutdo
         phases: marks,
         partial: false,
     };
-    // As a real worker: the job's share of timeline points, not all of them.
-    let mut result = result;
+    deliver(&job, result, client, &clients, &stats).await
+}
+
+/// Sends a rank's result as a real worker does: with the job's share of
+/// timeline points, held until it is delivered (a coordinator restarts).
+pub(crate) async fn deliver(
+    job: &RankJob,
+    mut result: RankResult,
+    mut client: WorkerServiceClient<Channel>,
+    clients: &Clients,
+    stats: &Stats,
+) -> Outcome {
+    let rank = job.placement.rank;
     gpuctl_core::timeline::thin(
         &mut result,
         gpuctl_core::timeline::points_per_rank(job.world_size),
     );
-    // A worker holds its result until it is delivered (coordinator restarts).
     for attempt in 0..10 {
-        match client.report_result(request(&job, result.clone())).await {
+        match client.report_result(request(job, result.clone())).await {
             Ok(ack) => {
                 if ack.get_ref().ok {
                     stats.result_sent(&job.job_id);

@@ -30,6 +30,7 @@ pub mod failover;
 mod figures;
 mod phase;
 mod print;
+pub mod search_fleet;
 
 pub use figures::{BenchReport, JobFigures, PhaseFigures};
 
