@@ -18,6 +18,7 @@
 # is 15m), SHORT_JOBS (5), SHORT (5s), PART (both|bench|listing),
 # FLEET_NICE (the simulated fleet's nice, default 19: on a host other work keeps
 # busy at nice 0, 0 keeps the fleet from starving and losing its sessions),
+# COORDINATOR_LOG (the coordinator's RUST_LOG; gpuctl-sim's default when unset),
 # CONNECTIONS (HTTP/2 connections the simulated agents share; default one each,
 # as a real fleet: on a starved host, fewer keep their pings answered),
 # KEEP_DIR (set: keep the coordinator's store and log; bench.err names the folder),
@@ -44,6 +45,7 @@ if [ "$PART" = both ] || [ "$PART" = bench ]; then
   /usr/bin/time -v "$BIN/gpuctl-sim" bench --nodes "$NODES" --gpus "$GPUS" --idle "$IDLE" \
     --long "$LONG" --short-jobs "$SHORT_JOBS" --short "$SHORT" --json "$OUT/bench.json" ${KEEP_DIR:+--keep-dir} \
     ${FLEET_NICE:+--fleet-nice "$FLEET_NICE"} ${CONNECTIONS:+--connections "$CONNECTIONS"} \
+    ${COORDINATOR_LOG:+--coordinator-log "$COORDINATOR_LOG"} \
     > "$OUT/bench.txt" 2> "$OUT/bench.err"
   echo "bench: exit $?"; cat "$OUT/bench.txt"
   grep -E "Maximum resident|Elapsed" "$OUT/bench.err" | sed 's/^\s*/  simulator: /'
