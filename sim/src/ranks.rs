@@ -69,7 +69,15 @@ pub async fn run(job: RankJob, clients: Clients, stats: Arc<Stats>, stop: Shutdo
         .round()
         .max(1.0) as usize;
     let mut rng = fastrand::Rng::with_seed(rank as u64 ^ start);
-    let mut tflops = Vec::with_capacity(intervals);
+    // A worker keeps every interval and mark and thins them once at the end
+    // (`gpuctl_core::timeline`); here they are kept thinned as they come,
+    // the intervals merged by their mean as `thin` merges them: 131,072
+    // ranks holding 900 of each were over 10 GB of this one process.
+    let keep = gpuctl_core::timeline::points_per_rank(job.world_size);
+    let merge = intervals.div_ceil(keep).max(1);
+    let mark_every = intervals.div_ceil(2 * keep).max(1);
+    let mut tflops = Vec::with_capacity(intervals.div_ceil(merge));
+    let (mut lo, mut hi, mut chunk) = (f64::INFINITY, f64::NEG_INFINITY, (0.0, 0));
     let mut iterations = 0u64;
     let mut marks = vec![
         PhaseMark {
@@ -111,9 +119,14 @@ pub async fn run(job: RankJob, clients: Clients, stats: Arc<Stats>, stop: Shutdo
         let mut t = 0.0;
         while played < intervals && at(played) <= now_at {
             t = TFLOPS * (0.98 + rng.f64() * 0.04);
-            tflops.push(t);
+            (lo, hi) = (lo.min(t), hi.max(t));
+            chunk = (chunk.0 + t, chunk.1 + 1);
+            if chunk.1 == merge {
+                tflops.push(chunk.0 / merge as f64);
+                chunk = (0.0, 0);
+            }
             iterations += (t * 1e12 * job.interval.as_secs_f64() / GEMM_FLOP) as u64;
-            if marks.len() < 1000 {
+            if played % mark_every == 0 && marks.len() < 1000 {
                 let behind = now_at.saturating_duration_since(at(played)).as_millis() as u64;
                 marks.push(PhaseMark {
                     phase: PHASE.into(),
@@ -172,9 +185,12 @@ pub async fn run(job: RankJob, clients: Clients, stats: Arc<Stats>, stop: Shutdo
         iterations,
         kind: PhaseKind::Measured as i32,
     });
-    // At least one interval is played, so none of these is empty.
-    let tflops_min = tflops.iter().copied().fold(f64::INFINITY, f64::min);
-    let tflops_max = tflops.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if chunk.1 > 0 {
+        tflops.push(chunk.0 / chunk.1 as f64);
+    }
+    // At least one interval is played, so none of these is empty; the
+    // median is of the merged intervals' means past `keep` intervals.
+    let (tflops_min, tflops_max) = (lo, hi);
     let tflops_median = gpuctl_core::stats::median(tflops.clone()).unwrap_or_default();
     let result = RankResult {
         job_id: job.job_id.clone(),
@@ -203,7 +219,7 @@ pub async fn run(job: RankJob, clients: Clients, stats: Arc<Stats>, stop: Shutdo
             self_mismatches: 0,
             checks: iterations / 10,
             device_class: "NVIDIA H200 · torch 2.11.0+cu130 · nccl 2.28.3".into(),
-            interval_s: job.interval.as_secs_f64(),
+            interval_s: job.interval.as_secs_f64() * merge as f64,
             with_comm: false,
             ..Default::default()
         })),

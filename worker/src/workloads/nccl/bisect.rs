@@ -56,11 +56,22 @@ pub fn run(ctx: &Ctx, params: &NcclParams) -> Result<Outcome> {
         params.slow_ratio,
         &report_progress(ctx),
     )?;
-    Ok(out.into_outcome("bisect", version.take()))
+    Ok(out
+        .rounds_if_carried(&place)
+        .into_outcome("bisect", version.take()))
 }
 
 impl Bisected {
     /// The rank's outcome; wrong elements in `what`'s all_reduces fail it.
+    /// The rounds dropped unless this rank carries them
+    /// ([`gpuctl_core::search::carries_rounds`]); the verdict stays.
+    pub fn rounds_if_carried(mut self, place: &Place) -> Self {
+        if !gpuctl_core::search::carries_rounds(place.node, place.local_rank) {
+            self.result.bisect.clear();
+        }
+        self
+    }
+
     pub fn into_outcome(self, what: &str, nccl_version: Option<String>) -> Outcome {
         let error = (self.wrong > 0).then(|| {
             format!(

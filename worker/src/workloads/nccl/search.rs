@@ -44,7 +44,9 @@ pub fn run(ctx: &Ctx, params: &NcclParams) -> Result<Outcome> {
         progress: &progress,
     };
     let out = search(&env, params.slow_ratio, spread(ctx))?;
-    Ok(out.into_outcome("search's", version.take()))
+    Ok(out
+        .rounds_if_carried(&place)
+        .into_outcome("search's", version.take()))
 }
 
 /// The whole search on this rank: `slow_ratio` of the upper-quartile group
