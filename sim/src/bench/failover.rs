@@ -326,12 +326,7 @@ pub async fn run(cfg: &FailoverConfig, dir: PathBuf) -> Result<FailoverReport> {
         }
     };
     out.ranks = report.world_size;
-    out.results_in_report = report
-        .nodes
-        .iter()
-        .flat_map(|n| &n.ranks)
-        .filter(|r| r.result.is_some())
-        .count() as u32;
+    out.results_in_report = super::figures::ranks_judged(&report);
     out.results_refused = fleet.stats.results_refused.load(Ordering::Relaxed);
     out.rank_calls_failed = fleet.stats.rpc_errors.load(Ordering::Relaxed);
     out.new_leader_rss_peak = watch.take().map_or(0, |(b, _)| b);

@@ -65,7 +65,7 @@ pub struct JobFigures {
     pub id: String,
     pub state: String,
     pub ranks: u32,
-    /// Ranks whose result the stored report holds.
+    /// Ranks the report judged on a result ([`ranks_judged`]).
     pub results_in_report: u32,
     pub assign_ms: f64,
     /// The last result's acknowledgement → the bench saw the job ended
@@ -83,4 +83,17 @@ pub struct JobFigures {
     pub heap_after: u64,
     /// The job's telemetry series as stored (`Report.telemetry_bytes`).
     pub telemetry_bytes: u64,
+}
+
+/// Ranks `report` judged on a result. Not the results left in the report:
+/// past 64 MB (131,072 ranks) the answer leaves passing ranks' results out
+/// (`judge/thin.rs`), each still judged on its own.
+pub fn ranks_judged(report: &gpuctl_proto::pb::Report) -> u32 {
+    use gpuctl_proto::pb::Verdict;
+    report
+        .nodes
+        .iter()
+        .flat_map(|n| &n.ranks)
+        .filter(|r| !matches!(r.verdict(), Verdict::Incomplete | Verdict::Unspecified))
+        .count() as u32
 }

@@ -263,12 +263,7 @@ async fn one_job(
     // Let the job's leftovers go before reading memory.
     tokio::time::sleep(Duration::from_secs(1)).await;
     phase.sample(pid);
-    let results_in_report = report
-        .nodes
-        .iter()
-        .flat_map(|n| &n.ranks)
-        .filter(|r| r.result.is_some())
-        .count() as u32;
+    let results_in_report = figures::ranks_judged(&report);
     Ok(JobFigures {
         id: job.id,
         state: state.label().into(),

@@ -113,7 +113,7 @@ impl BenchReport {
             "JOB",
             "STATE",
             "RANKS",
-            "RESULTS IN REPORT",
+            "RESULTS JUDGED",
             "ASSIGN MS",
             "ENDED MS",
             "STORED MS",

@@ -218,12 +218,7 @@ pub fn score(report: &Report, culprits: &Culprits, out: &mut SearchFleetReport) 
     out.rounds = report.bisect.len();
     out.tests = report.bisect.iter().map(|r| r.groups.len()).sum();
     out.ranks = report.world_size;
-    out.ranks_judged = report
-        .nodes
-        .iter()
-        .flat_map(|n| &n.ranks)
-        .filter(|r| !matches!(r.verdict(), Verdict::Incomplete | Verdict::Unspecified))
-        .count() as u32;
+    out.ranks_judged = super::figures::ranks_judged(report);
     // The judge names a link `link A-B`, its nodes in the plan's order,
     // which is by name.
     let link_key = |a: &str, b: &str| format!("link {a}-{b}");

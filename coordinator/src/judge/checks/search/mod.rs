@@ -1,6 +1,7 @@
 //! `nccl --pattern search`: the workers search for every slow node and link
 //! themselves (`gpuctl_core::search`) and every rank reports the same
-//! rounds and the same verdict. Here nodes get their names, and each culprit
+//! verdict, the first rank of the first two nodes its rounds
+//! (`gpuctl_core::search::carries_rounds`). Here nodes get their names, and each culprit
 //! becomes a finding with both figures: the one that raised it and the one,
 //! with another partner, that confirmed it. A node the second look cleared
 //! and a node the search could not decide are notes, never failures.
