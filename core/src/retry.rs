@@ -209,3 +209,23 @@ mod tests {
         }
     }
 }
+
+/// How a worker waits out a coordinator that does not answer (a failover, a
+/// restart): `gpuctl-worker`'s calls, and the simulator's ranks as it.
+pub mod outage {
+    use std::time::Duration;
+
+    /// The agent's default `--coordinator-grace`, for a worker started
+    /// without `GPUCTL_COORDINATOR_GRACE_MS`.
+    pub const DEFAULT_GRACE: Duration = Duration::from_secs(60);
+    /// Calls are tried again a little past the grace (the agent may find
+    /// the coordinator at its very end)...
+    pub const GRACE_MARGIN: Duration = Duration::from_secs(5);
+    /// ...and a result for at least this long, even with no grace: a result
+    /// that never arrives fails the rank, so a coordinator blip is worth
+    /// waiting out.
+    pub const MIN_RESULT_RETRY: Duration = Duration::from_secs(30);
+    /// Backoff between tries of a call the coordinator did not answer.
+    pub const RETRY_START: Duration = Duration::from_millis(200);
+    pub const RETRY_CAP: Duration = Duration::from_secs(2);
+}

@@ -108,6 +108,8 @@ pub async fn run(job: RankJob, clients: Clients, stats: Arc<Stats>, stop: Shutdo
         began + Duration::from_millis(first)
     };
     let mut sent = 0u64;
+    // What the coordinator last asked for; a second until it has, as a worker.
+    let mut every_ms = 1_000;
     let mut played = 0;
     while played < intervals {
         let wake = next_report.max(at(played)).min(at(intervals - 1));
@@ -159,11 +161,12 @@ pub async fn run(job: RankJob, clients: Clients, stats: Arc<Stats>, stop: Shutdo
         match client.report_progress(request(&job, progress)).await {
             Ok(ack) if !ack.get_ref().ok => return Outcome::Cancelled,
             Ok(ack) => {
-                let every = u64::from(ack.get_ref().next_report_ms);
+                let asked = u64::from(ack.get_ref().next_report_ms);
                 sent += 1;
-                next_report = if every > 0 {
+                next_report = if asked > 0 {
+                    every_ms = asked;
                     // As a real worker spreads its reports.
-                    let pause = gpuctl_core::spec::progress_pause_ms(every, rank, sent);
+                    let pause = gpuctl_core::spec::progress_pause_ms(asked, rank, sent);
                     tokio::time::Instant::now() + Duration::from_millis(pause)
                 } else {
                     at(played)
@@ -173,7 +176,12 @@ pub async fn run(job: RankJob, clients: Clients, stats: Arc<Stats>, stop: Shutdo
                 stats
                     .rpc_errors
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                next_report = at(played);
+                // As a real worker: the next try at its usual pause, not at
+                // once (131,072 ranks retrying each second through a
+                // failover starved the agents finding the new leader).
+                sent += 1;
+                let pause = gpuctl_core::spec::progress_pause_ms(every_ms, rank, sent);
+                next_report = tokio::time::Instant::now() + Duration::from_millis(pause);
                 client = clients();
             }
         }
@@ -244,7 +252,12 @@ pub(crate) async fn deliver(
         &mut result,
         gpuctl_core::timeline::points_per_rank(job.world_size),
     );
-    for attempt in 0..10 {
+    // As `gpuctl-worker`: tried again through the agent's grace and a
+    // little past it, backing off to 2 s between tries.
+    use gpuctl_core::retry::outage::{DEFAULT_GRACE, GRACE_MARGIN, RETRY_CAP, RETRY_START};
+    let until = tokio::time::Instant::now() + DEFAULT_GRACE + GRACE_MARGIN;
+    let mut pause = RETRY_START;
+    for attempt in 0.. {
         match client.report_result(request(job, result.clone())).await {
             Ok(ack) => {
                 if ack.get_ref().ok {
@@ -262,7 +275,11 @@ pub(crate) async fn deliver(
                     .rpc_errors
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 tracing::debug!(rank, attempt, "ReportResult: {}", s.message());
-                tokio::time::sleep(Duration::from_millis(200 << attempt.min(4))).await;
+                if tokio::time::Instant::now() >= until {
+                    break;
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(RETRY_CAP);
                 client = clients();
             }
         }

@@ -29,17 +29,9 @@ const GET_SLICE_MS: u32 = 10_000;
 /// How long the agent keeps workers without a coordinator, in ms (set by the
 /// agent from its `--coordinator-grace`).
 pub const COORDINATOR_GRACE_ENV: &str = "GPUCTL_COORDINATOR_GRACE_MS";
-/// The agent's default grace, for a worker started without the variable.
-const DEFAULT_GRACE: Duration = Duration::from_secs(60);
-/// Calls are tried again a little past the grace (the agent may find the
-/// coordinator at its very end)...
-const GRACE_MARGIN: Duration = Duration::from_secs(5);
-/// ...and a result for at least this long, even with no grace: a result that
-/// never arrives fails the rank, so a coordinator blip is worth waiting out.
-const MIN_RESULT_RETRY: Duration = Duration::from_secs(30);
-/// Backoff between tries of a call the coordinator did not answer.
-const RETRY_START: Duration = Duration::from_millis(200);
-const RETRY_CAP: Duration = Duration::from_secs(2);
+use gpuctl_core::retry::outage::{
+    DEFAULT_GRACE, GRACE_MARGIN, MIN_RESULT_RETRY, RETRY_CAP, RETRY_START,
+};
 
 /// How long calls are tried again while the coordinator is away.
 fn outage_budget() -> Duration {

@@ -54,6 +54,8 @@ pub struct FailoverReport {
     pub registrations_mean_per_s: f64,
     pub job: String,
     pub job_state: String,
+    /// Why it ended so, as the coordinator says (a failure's reason).
+    pub job_message: String,
     pub ranks: u32,
     pub results_in_report: u32,
     pub results_refused: u64,
@@ -306,7 +308,9 @@ pub async fn run(cfg: &FailoverConfig, dir: PathBuf) -> Result<FailoverReport> {
         };
         if let Ok(j) = jobs_b.get_job(req).await {
             if j.get_ref().state().is_terminal() {
-                break j.into_inner().state();
+                let j = j.into_inner();
+                out.job_message = j.message.clone();
+                break j.state();
             }
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -370,7 +374,7 @@ impl FailoverReport {
             "all_listed_ms": self.all_listed_ms,
             "registrations_peak_per_s": self.registrations_peak_per_s,
             "registrations_mean_per_s": self.registrations_mean_per_s,
-            "job_state": self.job_state, "job_end_ms": self.job_end_ms,
+            "job_state": self.job_state, "job_message": self.job_message, "job_end_ms": self.job_end_ms,
             "ranks": self.ranks, "results_in_report": self.results_in_report,
             "results_refused": self.results_refused,
             "rank_calls_failed": self.rank_calls_failed,
@@ -409,6 +413,9 @@ pub fn print(r: &FailoverReport) {
         r.results_refused,
         r.rank_calls_failed
     );
+    if !r.job_message.is_empty() {
+        println!("  the job's message            {}", r.job_message);
+    }
     println!(
         "  the new leader's resident peak {:.0} MB",
         r.new_leader_rss_peak as f64 / 1e6
