@@ -22,10 +22,10 @@ use std::time::Duration;
 
 use gpuctl_core::catalogue::{NcclPattern, TypedParams};
 use gpuctl_core::search::model::Model;
-use gpuctl_core::search::{Blame, Search};
+use gpuctl_core::search::Search;
 use gpuctl_proto::pb::{
-    rank_result::Detail, BisectGroup, BisectRound, CollectiveResult, JobSpec, PhaseKind, PhaseMark,
-    RankProgress, RankProgressReport, RankResult, SearchBlame,
+    rank_result::Detail, CollectiveResult, JobSpec, PhaseKind, PhaseMark, RankProgress,
+    RankProgressReport, RankResult,
 };
 use tokio::sync::{watch, OnceCell};
 
@@ -191,29 +191,12 @@ fn play(names: &[String], culprits: &Culprits, slow_ratio: f64, seed: u64) -> Pl
             .collect();
         mine.sort_unstable_by_key(|(n, _)| *n);
         figures.push(mine);
-        result.bisect.push(BisectRound {
-            round: round as u32,
-            groups: groups
-                .iter()
-                .zip(&busbw)
-                .map(|(g, &b)| BisectGroup {
-                    nodes: g.iter().map(|&k| k as u32).collect(),
-                    busbw_gbps: b,
-                    names: Vec::new(),
-                })
-                .collect(),
-            decision,
-        });
+        result.bisect.push(gpuctl_core::search::wire::round(
+            round, &groups, &busbw, decision,
+        ));
     }
-    let o = search.outcome();
-    // As the worker's `search::with_outcome` fills them.
-    result.search_blamed = o.blamed.iter().map(blame).collect();
-    result.search_cleared = o
-        .cleared_on_second_look
-        .iter()
-        .map(|(n, _)| *n as u32)
-        .collect();
-    result.search_undecided = o.undecided.iter().map(|n| *n as u32).collect();
+    // As the worker fills it.
+    gpuctl_core::search::wire::verdict(&mut result, &search);
     let verdict = CollectiveResult {
         bisect: Vec::new(),
         ..result.clone()
@@ -222,35 +205,6 @@ fn play(names: &[String], culprits: &Culprits, slow_ratio: f64, seed: u64) -> Pl
         result,
         verdict,
         figures,
-    }
-}
-
-fn blame(b: &Blame) -> SearchBlame {
-    match b {
-        Blame::Node {
-            node,
-            first,
-            confirm,
-            partners,
-        } => SearchBlame {
-            node: Some(*node as u32),
-            first_gbps: *first,
-            confirm_gbps: *confirm,
-            partners: vec![partners.0 as u32, partners.1 as u32],
-            ..Default::default()
-        },
-        Blame::Link {
-            a,
-            b,
-            first,
-            confirm,
-        } => SearchBlame {
-            link_a: Some(*a as u32),
-            link_b: Some(*b as u32),
-            first_gbps: *first,
-            confirm_gbps: *confirm,
-            ..Default::default()
-        },
     }
 }
 

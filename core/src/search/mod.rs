@@ -573,3 +573,4 @@ impl Search {
 pub mod model;
 #[cfg(test)]
 mod tests;
+pub mod wire;

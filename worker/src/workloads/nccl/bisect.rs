@@ -20,7 +20,7 @@ use anyhow::{Context, Result};
 use gpuctl_core::catalogue::{NcclParams, NcclPattern};
 use gpuctl_core::rendezvous_keys::owned;
 use gpuctl_core::units::format_bytes;
-use gpuctl_proto::pb::{rank_result::Detail, BisectGroup, BisectRound, CollectiveResult};
+use gpuctl_proto::pb::{rank_result::Detail, CollectiveResult};
 use tch::Device;
 
 use super::pairs::{check_shape, opener, round_timeout, Opener, Place};
@@ -291,19 +291,9 @@ pub fn run_rounds(
         if place.rank == 0 {
             tracing::info!("{phase}: {decision}");
         }
-        out.result.bisect.push(BisectRound {
-            round: r as u32,
-            groups: groups
-                .iter()
-                .zip(&busbw)
-                .map(|(g, &b)| BisectGroup {
-                    nodes: g.iter().map(|&k| k as u32).collect(),
-                    busbw_gbps: b,
-                    names: Vec::new(),
-                })
-                .collect(),
-            decision,
-        });
+        out.result.bisect.push(gpuctl_core::search::wire::round(
+            r, &groups, &busbw, decision,
+        ));
         progress(&phase, frac(r + 1), mine);
     }
     out.result.backend = backend.unwrap_or_default().into();

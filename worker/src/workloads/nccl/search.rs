@@ -8,8 +8,7 @@ use std::cell::RefCell;
 
 use anyhow::Result;
 use gpuctl_core::catalogue::{NcclParams, NcclPattern};
-use gpuctl_core::search::{Blame, Search};
-use gpuctl_proto::pb::SearchBlame;
+use gpuctl_core::search::Search;
 
 use super::bisect::{run_rounds, Bisected, RoundsEnv};
 use super::pairs::{check_shape, opener, round_timeout, Place};
@@ -62,42 +61,6 @@ pub fn search(env: &RoundsEnv, slow_ratio: f64, spread: f64) -> Result<Bisected>
 
 /// The search's verdict in the result: blamed, cleared, undecided.
 pub fn with_outcome(mut out: Bisected, search: &Search) -> Bisected {
-    let o = search.outcome();
-    out.result.search_blamed = o
-        .blamed
-        .iter()
-        .map(|b| match b {
-            Blame::Node {
-                node,
-                first,
-                confirm,
-                partners,
-            } => SearchBlame {
-                node: Some(*node as u32),
-                first_gbps: *first,
-                confirm_gbps: *confirm,
-                partners: vec![partners.0 as u32, partners.1 as u32],
-                ..Default::default()
-            },
-            Blame::Link {
-                a,
-                b,
-                first,
-                confirm,
-            } => SearchBlame {
-                link_a: Some(*a as u32),
-                link_b: Some(*b as u32),
-                first_gbps: *first,
-                confirm_gbps: *confirm,
-                ..Default::default()
-            },
-        })
-        .collect();
-    out.result.search_cleared = o
-        .cleared_on_second_look
-        .iter()
-        .map(|(n, _)| *n as u32)
-        .collect();
-    out.result.search_undecided = o.undecided.iter().map(|n| *n as u32).collect();
+    gpuctl_core::search::wire::verdict(&mut out.result, search);
     out
 }
