@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use anyhow::{bail, Result};
 use gpuctl_core::search::model::{draw, fastrand_lite::Rng, Placement, CULPRIT_SPEEDS};
 
-use crate::fleet::NAME_PREFIX;
+use crate::host;
 
 /// The most culprits of each kind a fleet takes: a bound on the input, far
 /// past what a search is for (a sixteenth of 16,384 nodes).
@@ -75,7 +75,7 @@ impl Culprits {
         }
         // No noise: a one-node measurement is then the node's speed.
         let (mut m, slow_nodes, slow_links) = draw(nodes, k, 0.0, seed, Placement::Random);
-        let name = |i: usize| format!("{NAME_PREFIX}{i:05}");
+        let name = host::name;
         Ok(Culprits {
             nodes: slow_nodes
                 .iter()

@@ -1,9 +1,17 @@
-//! What a simulated node says it is: its GPUs, its host facts and the
-//! telemetry of a loaded H200. Apart from `fleet.rs`, which is about how an
+//! What a simulated node says it is: its name, its GPUs, its host facts and
+//! the telemetry of a loaded H200. Apart from `fleet/`, which is about how an
 //! agent talks to the coordinator (sessions, heartbeats, assignments); this
 //! is the hardware it describes, the same at every registration.
 
 use gpuctl_proto::pb::{GpuInfo, GpuSample, HostFacts, NetInterface};
+
+/// Simulated nodes are named `{NAME_PREFIX}{i:05}`.
+pub const NAME_PREFIX: &str = "sim-";
+
+/// The `index`th node's name.
+pub fn name(index: usize) -> String {
+    format!("{NAME_PREFIX}{index:05}")
+}
 
 /// The `count` GPUs of the `index`th node, their UUIDs unique in the fleet.
 pub fn gpus(index: u32, count: u32) -> Vec<GpuInfo> {

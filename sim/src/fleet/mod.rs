@@ -35,8 +35,6 @@ use crate::search_ranks::{self, SearchPlay};
 
 mod sends;
 
-/// Simulated nodes are named `{NAME_PREFIX}{i:05}`.
-pub const NAME_PREFIX: &str = "sim-";
 /// How often each simulated agent heartbeats unless the coordinator's pace
 /// spaces it out: the most often a coordinator asks (`--node-timeout`/3, at
 /// most 1 s).
@@ -111,9 +109,7 @@ pub async fn start_with(
         };
         channels.push(channel.with_context(|| format!("connecting to {}", cfg.url))?);
     }
-    let names: Vec<String> = (0..cfg.nodes)
-        .map(|i| format!("{NAME_PREFIX}{i:05}"))
-        .collect();
+    let names: Vec<String> = (0..cfg.nodes).map(host::name).collect();
     let mut registered = tokio::task::JoinSet::new();
     for (i, name) in names.iter().enumerate() {
         let agent = Agent {
