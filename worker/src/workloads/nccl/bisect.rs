@@ -62,7 +62,6 @@ pub fn run(ctx: &Ctx, params: &NcclParams) -> Result<Outcome> {
 }
 
 impl Bisected {
-    /// The rank's outcome; wrong elements in `what`'s all_reduces fail it.
     /// The rounds dropped unless this rank carries them
     /// ([`gpuctl_core::search::carries_rounds`]); the verdict stays.
     pub fn rounds_if_carried(mut self, place: &Place) -> Self {
@@ -72,6 +71,7 @@ impl Bisected {
         self
     }
 
+    /// The rank's outcome; wrong elements in `what`'s all_reduces fail it.
     pub fn into_outcome(self, what: &str, nccl_version: Option<String>) -> Outcome {
         let error = (self.wrong > 0).then(|| {
             format!(
