@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
 use anyhow::{bail, Context, Result};
+use gpuctl_proto::pb::job_service_client::JobServiceClient;
 
 /// The coordinator process; killed when dropped.
 pub(super) struct Coordinator {
@@ -68,6 +69,17 @@ impl Coordinator {
 
     pub(super) fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// A client of its JobService for the run's own calls (submit, poll,
+    /// report), each allowed `timeout`, taking answers as big as a whole
+    /// report of 131,072 ranks.
+    pub(super) async fn jobs(
+        &self,
+        timeout: std::time::Duration,
+    ) -> Result<JobServiceClient<gpuctl_core::client::Channel>> {
+        let builder = gpuctl_core::client::builder(&self.url).request_timeout(timeout);
+        Ok(JobServiceClient::new(builder.connect().await?).max_decoding_message_size(256 << 20))
     }
 }
 

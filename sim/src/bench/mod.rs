@@ -62,9 +62,7 @@ pub async fn run(cfg: &BenchConfig, dir: PathBuf) -> Result<BenchReport> {
     let watch = probe::Watch::start(pid);
     let stop = Shutdown::new();
     let _guard = stop.clone().drop_guard();
-    let builder = gpuctl_core::client::builder(&co.url).request_timeout(Duration::from_secs(60));
-    let mut jobs =
-        JobServiceClient::new(builder.connect().await?).max_decoding_message_size(256 << 20);
+    let mut jobs = co.jobs(Duration::from_secs(60)).await?;
     let lat = Arc::new(Mutex::new(Latencies::default()));
     let mut out = BenchReport {
         nodes: cfg.nodes,

@@ -12,10 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use gpuctl_core::shutdown::Shutdown;
-use gpuctl_proto::pb::{
-    job_service_client::JobServiceClient, GetJobRequest, GetReportRequest, JobSpec, Report,
-    SubmitRequest, Verdict,
-};
+use gpuctl_proto::pb::{GetJobRequest, GetReportRequest, JobSpec, Report, SubmitRequest, Verdict};
 
 use super::coordinator::Coordinator;
 use crate::culprits::Culprits;
@@ -91,9 +88,7 @@ pub async fn run(cfg: &SearchFleetConfig, dir: PathBuf) -> Result<SearchFleetRep
     let pid = co.pid();
     let stop = Shutdown::new();
     let _guard = stop.clone().drop_guard();
-    let builder = gpuctl_core::client::builder(&co.url).request_timeout(Duration::from_secs(120));
-    let mut jobs =
-        JobServiceClient::new(builder.connect().await?).max_decoding_message_size(256 << 20);
+    let mut jobs = co.jobs(Duration::from_secs(120)).await?;
     let mut out = SearchFleetReport {
         nodes: cfg.nodes,
         gpus: cfg.gpus,
