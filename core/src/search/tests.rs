@@ -255,3 +255,13 @@ fn with_no_cleared_node_the_search_says_undecided() {
     assert!(out.blamed.is_empty());
     assert_eq!(out.undecided, vec![0, 1]);
 }
+
+#[test]
+fn the_rounds_ride_in_two_ranks_of_a_job_on_two_nodes() {
+    // 16,384 nodes of 8 ranks: the first rank of nodes 0 and 1, no other.
+    let carriers: Vec<(usize, usize)> = (0..16_384)
+        .flat_map(|node| (0..8).map(move |local| (node, local)))
+        .filter(|&(node, local)| carries_rounds(node, local))
+        .collect();
+    assert_eq!(carriers, [(0, 0), (1, 0)]);
+}
