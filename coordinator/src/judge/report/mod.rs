@@ -187,9 +187,9 @@ fn assemble(inp: &Inputs, with_results: bool) -> (Report, Figures) {
     found.extend(pairs.findings);
     // `--pattern search` reports its rounds as bisect does, and more.
     let bisect = if spec.params.get("pattern").map(String::as_str) == Some("search") {
-        search::judge(inp.results, &plan.nodes, &search::Size::of(&spec, plan))
+        search::judge(inp.results, plan, &search::Size::of(&spec, plan))
     } else {
-        bisect::judge(inp.results, &plan.nodes)
+        bisect::judge(inp.results, plan)
     };
     found.extend(bisect.findings);
     found.extend(findings::fired(&health));

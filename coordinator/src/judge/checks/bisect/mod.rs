@@ -1,12 +1,15 @@
 //! `nccl --pattern bisect`: the workers search for the slow node themselves
-//! (halves measured at the same time, the slow half split again) and every
-//! rank reports the same rounds. Here the rounds get node names, and the
-//! outcome becomes a finding: the isolated node fails, naming the rounds
-//! that isolated it; an uncertain end is a note, and blames no node.
+//! (halves measured at the same time, the slow half split again); the first
+//! rank of the first two nodes reports the rounds
+//! (`gpuctl_core::search::carries_rounds`). Here the rounds get node names,
+//! and the outcome becomes a finding: the isolated node fails, naming the
+//! rounds that isolated it; an uncertain end is a note, and blames no node.
 
 use std::collections::BTreeMap;
 
-use gpuctl_proto::pb::{rank_result::Detail, BisectRound, CollectiveResult, Link, RankResult};
+use gpuctl_proto::pb::{
+    rank_result::Detail, BisectRound, CollectiveResult, Link, Plan, RankResult,
+};
 
 use super::{Check, Level, Phase};
 
@@ -28,16 +31,26 @@ pub(crate) fn name(nodes: &[String], rank: u32) -> String {
         .unwrap_or_else(|| format!("node rank {rank}"))
 }
 
-/// The rounds as the lowest rank that reported them tells them, with node
-/// names, and each round in words; `None` when no rank reported rounds.
+/// The rounds as the lowest rank the plan says carries them tells them,
+/// with node names, and each round in words; `None` when no carrier
+/// reported rounds. Another rank's rounds are not read: a node holding it
+/// would otherwise write the search that blames its peers.
 pub(crate) fn named_rounds(
     results: &BTreeMap<u32, RankResult>,
-    nodes: &[String],
+    plan: &Plan,
 ) -> Option<(Judged, Vec<String>, CollectiveResult)> {
-    let c = results.values().find_map(|r| match &r.detail {
-        Some(Detail::Collectives(c)) if !c.bisect.is_empty() => Some(c),
-        _ => None,
-    })?;
+    let nodes = &plan.nodes;
+    let c = plan
+        .ranks
+        .iter()
+        .filter(|p| {
+            gpuctl_core::search::carries_rounds(p.node_rank as usize, p.local_rank as usize)
+        })
+        .filter_map(|p| results.get(&p.rank))
+        .find_map(|r| match &r.detail {
+            Some(Detail::Collectives(c)) if !c.bisect.is_empty() => Some(c),
+            _ => None,
+        })?;
     let mut out = Judged {
         rounds: c.bisect.clone(),
         ..Default::default()
@@ -62,9 +75,10 @@ pub(crate) fn named_rounds(
     Some((out, steps, c.clone()))
 }
 
-/// The search as the lowest rank that reported it tells it.
-pub fn judge(results: &BTreeMap<u32, RankResult>, nodes: &[String]) -> Judged {
-    let Some((mut out, steps, c)) = named_rounds(results, nodes) else {
+/// The search as the first rank that carries its rounds tells it.
+pub fn judge(results: &BTreeMap<u32, RankResult>, plan: &Plan) -> Judged {
+    let nodes = &plan.nodes;
+    let Some((mut out, steps, c)) = named_rounds(results, plan) else {
         return Judged::default();
     };
     match c.bisect_culprit {
@@ -112,12 +126,39 @@ pub fn judge(results: &BTreeMap<u32, RankResult>, nodes: &[String]) -> Judged {
     out
 }
 
+/// A plan of `nodes` nodes `n0`, `n1`, … with `per_node` ranks each, in
+/// node order, for the checks' tests.
+#[cfg(test)]
+pub(crate) fn test_plan(nodes: u32, per_node: u32) -> Plan {
+    use gpuctl_proto::pb::RankPlacement;
+    let names: Vec<String> = (0..nodes).map(|i| format!("n{i}")).collect();
+    let ranks = (0..nodes * per_node)
+        .map(|rank| RankPlacement {
+            rank,
+            local_rank: rank % per_node,
+            node_rank: rank / per_node,
+            node: names[(rank / per_node) as usize].clone(),
+            ..Default::default()
+        })
+        .collect();
+    Plan {
+        nodes: names,
+        ranks,
+        world_size: nodes * per_node,
+        ..Default::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use gpuctl_proto::pb::{BisectGroup, CollectiveResult};
 
     fn result(culprit: Option<u32>) -> BTreeMap<u32, RankResult> {
+        result_at(0, culprit)
+    }
+
+    fn result_at(rank: u32, culprit: Option<u32>) -> BTreeMap<u32, RankResult> {
         let g = |nodes: Vec<u32>, bw: f64| BisectGroup {
             nodes,
             busbw_gbps: bw,
@@ -142,7 +183,7 @@ mod tests {
         ];
         let mut out = BTreeMap::new();
         out.insert(
-            0,
+            rank,
             RankResult {
                 detail: Some(Detail::Collectives(CollectiveResult {
                     bisect: rounds,
@@ -155,13 +196,14 @@ mod tests {
         out
     }
 
-    fn names() -> Vec<String> {
-        (0..4).map(|i| format!("n{i}")).collect()
+    /// Four nodes of two ranks: ranks 0 and 2 carry the rounds.
+    fn plan() -> Plan {
+        test_plan(4, 2)
     }
 
     #[test]
     fn the_isolated_node_fails_with_the_rounds_as_evidence() {
-        let j = judge(&result(Some(2)), &names());
+        let j = judge(&result(Some(2)), &plan());
         assert_eq!(j.rounds.len(), 3);
         assert_eq!(j.rounds[1].groups[1].names, vec!["n2", "n3"]);
         assert_eq!(j.findings.len(), 1);
@@ -172,8 +214,29 @@ mod tests {
 
     #[test]
     fn no_culprit_blames_nobody_and_says_why() {
-        let j = judge(&result(None), &names());
+        let j = judge(&result(None), &plan());
         assert!(j.findings.is_empty());
         assert!(j.notes[0].contains("no single slow node"));
+    }
+
+    #[test]
+    fn rounds_are_read_from_the_carriers_only() {
+        // Rank 3 (n1's second GPU) and rank 4 (n2's first) carry none: what
+        // their nodes send is not the search's.
+        for rank in [1, 3, 4, 7] {
+            let j = judge(&result_at(rank, Some(2)), &plan());
+            assert!(j.findings.is_empty(), "rank {rank}: {:?}", j.findings);
+            assert!(j.rounds.is_empty() && j.notes.is_empty(), "rank {rank}");
+        }
+        // The second node's first rank stands in for a lost first node.
+        let j = judge(&result_at(2, Some(2)), &plan());
+        assert_eq!(j.findings[0].node, "n2");
+        // Both carriers sent rounds: the lowest rank's are read, not a
+        // later rank's claim.
+        let mut both = result_at(0, None);
+        both.extend(result_at(2, Some(1)));
+        both.extend(result_at(5, Some(3)));
+        let j = judge(&both, &plan());
+        assert!(j.findings.is_empty(), "{:?}", j.findings);
     }
 }

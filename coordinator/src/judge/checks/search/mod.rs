@@ -61,9 +61,10 @@ fn healthy_median(out: &Judged, blamed: &[gpuctl_proto::pb::SearchBlame]) -> f64
     gpuctl_core::stats::median(v).unwrap_or(0.0)
 }
 
-/// The search's verdict, as the lowest rank that reported it tells it.
-pub fn judge(results: &BTreeMap<u32, RankResult>, nodes: &[String], size: &Size) -> Judged {
-    let Some((mut out, steps, c)) = named_rounds(results, nodes) else {
+/// The search's verdict, as the first rank that carries its rounds tells it.
+pub fn judge(results: &BTreeMap<u32, RankResult>, plan: &Plan, size: &Size) -> Judged {
+    let nodes = &plan.nodes;
+    let Some((mut out, steps, c)) = named_rounds(results, plan) else {
         return Judged::default();
     };
     let tests: usize = out.rounds.iter().map(|r| r.groups.len()).sum();
@@ -268,12 +269,11 @@ mod tests {
             },
         )]
         .into();
-        let nodes: Vec<String> = (0..4).map(|i| format!("n{i}")).collect();
         let size = Size {
             bytes: 1 << 20,
             dtype: "float".into(),
         };
-        let j = judge(&results, &nodes, &size);
+        let j = judge(&results, &super::super::bisect::test_plan(4, 1), &size);
         assert_eq!(j.findings.len(), 2, "{:#?}", j.findings);
         assert_eq!(j.findings[0].node, "n2");
         assert!(j.findings[0]
