@@ -160,17 +160,7 @@ pub const TORCH_VERSION_CHECK: &str = "torch-version";
 pub const SOCKET_IFNAME_CHECK: &str = "socket-ifname";
 
 fn list(names: &[&str]) -> String {
-    const SHOWN: usize = 8;
-    let mut s = names
-        .iter()
-        .take(SHOWN)
-        .copied()
-        .collect::<Vec<_>>()
-        .join(", ");
-    if names.len() > SHOWN {
-        s += &format!(" and {} more", names.len() - SHOWN);
-    }
-    s
+    gpuctl_core::listing::names(names)
 }
 
 /// Nodes without an InfiniBand device that has an ACTIVE port (the agent

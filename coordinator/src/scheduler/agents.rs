@@ -436,7 +436,7 @@ impl Scheduler {
                 let msg = format!(
                     "{} {} did not come back within {} of the coordinator restart",
                     if missing.len() == 1 { "node" } else { "nodes" },
-                    missing.join(", "),
+                    gpuctl_core::listing::names(&missing),
                     human(self.cfg.adopt_grace)
                 );
                 self.finish(&id, JobState::Failed, msg, None).await;

@@ -46,16 +46,7 @@ fn names(uuids: &[&String]) -> String {
     if uuids.is_empty() {
         return "none".into();
     }
-    let mut s = uuids
-        .iter()
-        .take(SHOWN)
-        .map(|u| u.as_str())
-        .collect::<Vec<_>>()
-        .join(", ");
-    if uuids.len() > SHOWN {
-        s.push_str(&format!(" and {} more", uuids.len() - SHOWN));
-    }
-    s
+    gpuctl_core::listing::some(uuids, SHOWN, ", ")
 }
 
 /// The node's acceptance state once its inventory changed: a warning that

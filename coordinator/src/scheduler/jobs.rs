@@ -313,7 +313,7 @@ impl Scheduler {
         if !unreachable.is_empty() {
             let msg = format!(
                 "could not send the assignment to node {}: its agent session is gone",
-                unreachable.join(", ")
+                gpuctl_core::listing::names(&unreachable)
             );
             self.finish(&id, JobState::Failed, msg, None).await;
         }

@@ -122,7 +122,7 @@ pub(super) fn verdicts(
                 node.verdict = Verdict::Pass as i32;
                 node.reason = format!(
                     "nothing failed here; its workers were stopped when the job failed on {}",
-                    culprits.join(", ")
+                    gpuctl_core::listing::names(&culprits)
                 );
             }
         }

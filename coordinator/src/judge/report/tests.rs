@@ -780,3 +780,55 @@ fn every_finding_says_the_phase_it_judged() {
         xid.detail.split_once("`xid`: ").unwrap().1
     );
 }
+
+/// Issue 51: a job that failed on thousands of nodes named every one of
+/// them in the reason of each node it merely stopped: at 16,384 nodes the
+/// report was gigabytes and the coordinator was killed for its memory.
+#[test]
+fn a_job_failed_on_thousands_of_nodes_keeps_each_reason_short() {
+    let nodes = 2_000u32;
+    let failed: Vec<RankResult> = (0..nodes / 2)
+        .map(|rank| RankResult {
+            rank,
+            ok: false,
+            error: "CUDA error: an illegal memory access was encountered".into(),
+            ..Default::default()
+        })
+        .collect();
+    // The other half's workers were stopped by their agents (a cancel).
+    let exits: BTreeMap<u32, WorkerExited> = (nodes / 2..nodes)
+        .map(|rank| {
+            let ex = WorkerExited {
+                rank,
+                signal: "SIGTERM".into(),
+                stopped_by: gpuctl_proto::pb::StopReason::Cancel as i32,
+                ..Default::default()
+            };
+            (rank, ex)
+        })
+        .collect();
+    let j = job(JobState::Failed, nodes as usize, 1);
+    let results: BTreeMap<u32, RankResult> = failed.into_iter().map(|r| (r.rank, r)).collect();
+    let r = build(&Inputs {
+        job: &j,
+        results: &results,
+        exits: &exits,
+        progress: &BTreeMap::new(),
+        watch: &hang::Watch::default(),
+        telemetry: &Telemetry::default(),
+        rules: &HealthRules::default(),
+        perf: &PerfRules::default(),
+        now_ms: 9_000,
+    });
+    let stopped = &r.nodes[nodes as usize - 1];
+    assert_eq!(stopped.verdict(), Verdict::Pass, "{}", stopped.reason);
+    assert!(
+        stopped.reason.ends_with(
+            "failed on node-0, node-1, node-2, node-3, node-4, node-5, node-6, node-7 and 992 more"
+        ),
+        "{}",
+        stopped.reason
+    );
+    let longest = r.nodes.iter().map(|n| n.reason.len()).max().unwrap();
+    assert!(longest < 300, "a node's reason of {longest} bytes");
+}

@@ -32,7 +32,10 @@ fn with_warnings(report: &Report, verdict: Verdict, reason: String) -> (Verdict,
     }
     let mut parts = Vec::new();
     if !warned.is_empty() {
-        parts.push(format!("warnings on {}", warned.join(", ")));
+        parts.push(format!(
+            "warnings on {}",
+            gpuctl_core::listing::names(&warned)
+        ));
     }
     if job_warns > 0 {
         parts.push(format!("{job_warns} warning(s) on the job's figures"));

@@ -120,17 +120,7 @@ impl<'a> Votes<'a> {
 
 /// `nodes` for a sentence: every name up to 8, then how many more.
 pub fn name_nodes(nodes: &[String]) -> String {
-    const SHOWN: usize = 8;
-    let mut s = nodes
-        .iter()
-        .take(SHOWN)
-        .cloned()
-        .collect::<Vec<_>>()
-        .join(", ");
-    if nodes.len() > SHOWN {
-        s.push_str(&format!(" and {} more", nodes.len() - SHOWN));
-    }
-    s
+    gpuctl_core::listing::names(nodes)
 }
 
 #[cfg(test)]
