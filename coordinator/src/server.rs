@@ -91,8 +91,7 @@ fn load_rules<T: Default>(
 
 /// Runs the coordinator on `--listen` until `shutdown`.
 pub async fn run(cfg: Config, shutdown: Shutdown) -> anyhow::Result<()> {
-    let listener = TcpListener::bind(cfg.listen)
-        .await
+    let listener = gpuctl_core::listen::bind(cfg.listen)
         .with_context(|| format!("cannot listen on {}", cfg.listen))?;
     run_on(cfg, listener, shutdown).await
 }
@@ -144,8 +143,8 @@ pub async fn run_with(
     // With etcd: stand by (answering UNAVAILABLE, naming the leader) until
     // this coordinator leads; `shutdown` then also trips when the
     // leadership is lost.
-    let (store, shutdown) = match cfg.store {
-        StoreKind::Embedded => (open_store(&cfg)?, shutdown),
+    let (store, shutdown, standby) = match cfg.store {
+        StoreKind::Embedded => (open_store(&cfg)?, shutdown, None),
         StoreKind::Etcd => {
             let standby = Standby::serve(listener.clone(), cfg.connection_limits());
             info!(%addr, "standby: answering every call with UNAVAILABLE until this coordinator leads");
@@ -166,9 +165,11 @@ pub async fn run_with(
                 shutdown,
             )
             .await;
-            standby.stop();
             match opened? {
-                Some(opened) => opened,
+                Some((store, shutdown)) => {
+                    standby.taking_over();
+                    (store, shutdown, Some(standby))
+                }
                 None => return Ok(()), // stopped while standing by
             }
         }
@@ -297,6 +298,7 @@ pub async fn run_with(
         per_peer = limits.per_peer,
         total = limits.total,
         handshake_timeout = ?limits.opening,
+        listen_queue = ?gpuctl_core::listen::queue(),
         "connection limits"
     );
     let router =
@@ -306,6 +308,10 @@ pub async fn run_with(
             .add_service(jobs)
             .add_service(workers);
     let stop = shutdown.clone().cancelled_owned();
+    // Stopped only now: it answered through the load (Standby::taking_over).
+    if let Some(standby) = standby {
+        standby.stop();
+    }
     let mut server = match tls {
         Some(tls) => tokio::spawn(router.serve_with_incoming_shutdown(
             standby::incoming_tls(listener, shutdown.clone(), limits, tls),

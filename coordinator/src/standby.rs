@@ -5,10 +5,11 @@
 //! URLs go to the leader instead of hanging on a silent socket.
 //!
 //! The standby server and, later, the real one accept on the same bound
-//! listener: on taking the lead the standby stops accepting (connections
-//! wait in the kernel's backlog meanwhile; the port is never released), tells
-//! its open connections to go away (HTTP/2 GOAWAY, clients reconnect), and
-//! the real services accept from then on.
+//! listener: on taking the lead the standby answers that this coordinator
+//! is loading its state until the real services are ready, then stops
+//! accepting (the port is never released), tells its open connections to
+//! go away (HTTP/2 GOAWAY, clients reconnect), and the real services accept
+//! from then on.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -85,21 +86,42 @@ pub fn leader_value(advertise: Option<&str>, addr: std::net::SocketAddr) -> Stri
     format!("{url} ({} pid {})", host_name(), std::process::id())
 }
 
-/// The standby server, answering until [`Standby::stop`].
+/// The standby server, answering until [`Standby::stop`] (or dropped).
 pub struct Standby {
-    leader: Arc<watch::Sender<Option<String>>>,
+    leader: Arc<watch::Sender<Answer>>,
     stop: Shutdown,
-    task: JoinHandle<()>,
+    task: Option<JoinHandle<()>>,
+}
+
+/// What the standby answers every call with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Answer {
+    /// Standing by: the leader's URL, as the leader key names it.
+    Follow(Option<String>),
+    /// This coordinator leads and loads the stored state: the real services
+    /// are moments away.
+    TakingOver,
+}
+
+impl Answer {
+    fn status(&self) -> tonic::Status {
+        match self {
+            Answer::Follow(leader) => standby_status(leader.as_deref()),
+            Answer::TakingOver => tonic::Status::unavailable(
+                "this coordinator leads now and is loading the stored state; retry shortly",
+            ),
+        }
+    }
 }
 
 impl Standby {
     /// Starts answering on `listener` (a clone of the one the real server
     /// takes later), its connections under `limits`.
     pub fn serve(listener: Arc<TcpListener>, limits: Limits) -> Standby {
-        let (tx, rx) = watch::channel(None::<String>);
+        let (tx, rx) = watch::channel(Answer::Follow(None));
         let stop = Shutdown::new();
         let answer = move |_req: tonic::Request<()>| -> Result<tonic::Request<()>, tonic::Status> {
-            Err(standby_status(rx.borrow().as_deref()))
+            Err(rx.borrow().status())
         };
         let server = gpuctl_core::server::builder()
             .layer(tonic::service::InterceptorLayer::new(answer))
@@ -116,8 +138,17 @@ impl Standby {
         Standby {
             leader: Arc::new(tx),
             stop,
-            task,
+            task: Some(task),
         }
+    }
+
+    /// This coordinator leads: until [`Standby::stop`], calls are told it is
+    /// loading the stored state. The standby answers through the load so
+    /// that agents reconnecting meanwhile are answered at once: with no one
+    /// accepting, 16,384 of them overflowed the listen queue, and each
+    /// dropped handshake cost its agent seconds (issue 51).
+    pub fn taking_over(&self) {
+        self.leader.send_replace(Answer::TakingOver);
     }
 
     /// Follows the leader key's value as the etcd store reads it while
@@ -127,9 +158,12 @@ impl Standby {
         tokio::spawn(async move {
             while holder.changed().await.is_ok() {
                 let url = holder.borrow_and_update().as_deref().and_then(leader_url);
+                let answer = Answer::Follow(url);
                 leader.send_if_modified(|cur| {
-                    let changed = *cur != url;
-                    *cur = url;
+                    let changed = *cur != answer && *cur != Answer::TakingOver;
+                    if changed {
+                        *cur = answer;
+                    }
                     changed
                 });
             }
@@ -138,14 +172,26 @@ impl Standby {
 
     /// Stops accepting at once; the open connections are drained in the
     /// background (GOAWAY, at most [`DRAIN`]).
-    pub fn stop(self) {
+    pub fn stop(mut self) {
         self.stop.cancel();
-        let mut task = self.task;
-        tokio::spawn(async move {
-            if tokio::time::timeout(DRAIN, &mut task).await.is_err() {
-                task.abort();
-            }
-        });
+        if let Some(mut task) = self.task.take() {
+            tokio::spawn(async move {
+                if tokio::time::timeout(DRAIN, &mut task).await.is_err() {
+                    task.abort();
+                }
+            });
+        }
+    }
+}
+
+impl Drop for Standby {
+    /// A coordinator that fails to start after leading (its state cannot
+    /// be loaded) leaves no standby answering behind it.
+    fn drop(&mut self) {
+        self.stop.cancel();
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
     }
 }
 
@@ -198,5 +244,43 @@ mod tests {
         // An older leader's value, and a key gone meanwhile.
         assert_eq!(leader_url("host-a pid 12 listening on 0.0.0.0:7070"), None);
         assert_eq!(leader_url("(gone)"), None);
+    }
+
+    /// What a client's probe (gpuctl_core::leader) hears from `standby`.
+    async fn heard(addr: std::net::SocketAddr) -> (String, Option<String>) {
+        let channel = gpuctl_core::client::builder(&format!("http://{addr}"))
+            .connect()
+            .await
+            .unwrap();
+        gpuctl_core::leader::probe(&channel).await.unwrap_err()
+    }
+
+    #[tokio::test]
+    async fn taking_over_is_answered_at_once_and_outlasts_the_old_leaders_key() {
+        let listener = Arc::new(gpuctl_core::listen::bind("127.0.0.1:0".parse().unwrap()).unwrap());
+        let addr = listener.local_addr().unwrap();
+        let standby = Standby::serve(listener, Limits::unlimited());
+        let (key, holder) = watch::channel(None);
+        let follower = standby.follow(holder);
+        key.send_replace(Some("http://10.0.0.9:7070 (a pid 1)".into()));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let (_, leader) = heard(addr).await;
+        assert_eq!(leader.as_deref(), Some("http://10.0.0.9:7070"));
+
+        standby.taking_over();
+        let (why, leader) = heard(addr).await;
+        assert!(why.contains("loading the stored state"), "{why}");
+        assert_eq!(leader, None, "no pointer to follow: this one leads");
+        // The old leader's key, read late, does not send clients back to it.
+        key.send_replace(Some("http://10.0.0.9:7070 (a pid 1)".into()));
+        key.send_replace(Some("http://10.0.0.8:7070 (b pid 2)".into()));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let (why, leader) = heard(addr).await;
+        assert!(
+            why.contains("loading the stored state") && leader.is_none(),
+            "{why}"
+        );
+        follower.abort();
+        standby.stop();
     }
 }

@@ -16,6 +16,7 @@ pub mod cpu_time;
 pub mod host_memory;
 pub mod leader;
 pub mod limits;
+pub mod listen;
 pub mod listing;
 pub mod metrics_http;
 pub mod metrics_tls;

@@ -368,6 +368,10 @@ impl Scheduler {
             telemetry_send = %human(pace.telemetry_send),
             "the fleet's size changed its pace; telling every agent"
         );
+        let queue = gpuctl_core::listen::queue();
+        if let Some(why) = gpuctl_core::listen::too_short_for(self.nodes.len(), queue) {
+            warn!("{why}");
+        }
         let msg = CoordinatorMessage {
             msg: Some(coordinator_message::Msg::Pace(pace.to_proto())),
         };
