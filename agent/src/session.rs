@@ -30,10 +30,6 @@ use crate::preflight::{self, Preflight};
 use crate::relay::Relay;
 use crate::workers::{stop_reason_of, EventReceiver, StopReason, Workers};
 
-/// First wait before reconnecting; doubled after each failure...
-const BACKOFF_START: Duration = Duration::from_millis(500);
-/// ...up to this.
-const BACKOFF_CAP: Duration = Duration::from_secs(5);
 /// Connecting and registering (any unary call) must answer within these.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -105,7 +101,6 @@ pub async fn run(
         away_rx,
         shutdown.clone(),
     ));
-    let mut backoff = BACKOFF_START;
     let mut failures = 0u32;
     while !shutdown.is_cancelled() {
         match serve_once(&cfg, &workers, &mut events, &shutdown, &away_tx).await {
@@ -119,13 +114,14 @@ pub async fn run(
                     first
                 });
                 let live = workers.live_workers();
+                failures = if registered { 0 } else { failures + 1 };
+                // Jittered: a fleet that lost its coordinator together must
+                // not come back to the next one in waves.
+                let backoff = gpuctl_core::retry::reconnect::wait(failures + 1);
                 if registered {
-                    backoff = BACKOFF_START;
-                    failures = 0;
                     tracing::warn!(coordinator = %cfg.coordinator, live_workers = live,
                         "lost the coordinator: {reason}; reconnecting (workers are kept for {grace:?})");
                 } else {
-                    failures += 1;
                     tracing::warn!(coordinator = %cfg.coordinator, failures, live_workers = live,
                         "cannot register with the coordinator: {reason}; retrying in {backoff:?}");
                 }
@@ -143,7 +139,6 @@ pub async fn run(
                     _ = tokio::time::sleep(backoff) => {}
                     _ = shutdown.cancelled() => break,
                 }
-                backoff = (backoff * 2).min(BACKOFF_CAP);
             }
         }
     }

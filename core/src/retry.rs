@@ -115,10 +115,33 @@ pub fn worth_again(again: Again, e: &(dyn std::error::Error + 'static)) -> bool 
 
 /// The pause before try `n` (2 for the second): doubling, jittered.
 pub fn pause(n: u32) -> Duration {
-    let base = FIRST_PAUSE * 2u32.saturating_pow(n.saturating_sub(2));
+    jittered(FIRST_PAUSE * 2u32.saturating_pow(n.saturating_sub(2)))
+}
+
+/// `base` times a random 0.5-1.5: clients that failed together (a fleet
+/// whose coordinator died) spread their next tries over a second of every
+/// second they wait, instead of coming back in one burst.
+pub fn jittered(base: Duration) -> Duration {
     // Jitter from the OS; a failure to read it costs only the jitter.
     let r = getrandom::u64().unwrap_or(0) % 1000;
     base.mul_f64(0.5 + r as f64 / 1000.0)
+}
+
+/// How an agent waits between tries to reach a coordinator again
+/// (`gpuctl-agent`, and the simulator's agents as it): from
+/// [`reconnect::START`], doubling after each failure up to
+/// [`reconnect::CAP`], each wait [`jittered`].
+pub mod reconnect {
+    use std::time::Duration;
+
+    pub const START: Duration = Duration::from_millis(500);
+    pub const CAP: Duration = Duration::from_secs(5);
+
+    /// The wait after `failed` tries in a row (1 for the first), jittered.
+    pub fn wait(failed: u32) -> Duration {
+        let doubled = START.saturating_mul(1u32 << failed.saturating_sub(1).min(16));
+        super::jittered(doubled.min(CAP))
+    }
 }
 
 /// Each error in `e`'s chain.
@@ -206,6 +229,29 @@ mod tests {
             let base = FIRST_PAUSE * 2u32.pow(n - 2);
             let p = pause(n);
             assert!(p >= base / 2 && p <= base * 3 / 2, "{n}: {p:?}");
+        }
+    }
+
+    #[test]
+    fn reconnects_double_to_the_cap_and_are_spread_around_it() {
+        let within = |w: Duration, base: Duration| w >= base / 2 && w <= base * 3 / 2;
+        for (failed, base) in [
+            (1, 500),
+            (2, 1000),
+            (3, 2000),
+            (4, 4000),
+            (5, 5000),
+            (40, 5000),
+        ] {
+            let base = Duration::from_millis(base);
+            let waits: Vec<Duration> = (0..64).map(|_| reconnect::wait(failed)).collect();
+            assert!(
+                waits.iter().all(|w| within(*w, base)),
+                "{failed}: {waits:?}"
+            );
+            // Spread, not one value: 64 draws of 1,000 steps all alike
+            // would mean no jitter.
+            assert!(waits.iter().any(|w| *w != waits[0]), "{failed}: {waits:?}");
         }
     }
 }
