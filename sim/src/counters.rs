@@ -20,6 +20,9 @@ pub struct Stats {
     /// Sessions that ended while the fleet ran, and sessions opened again.
     pub sessions_lost: AtomicU64,
     pub reconnects: AtomicU64,
+    /// Tries to reach a coordinator that failed for want of a descriptor
+    /// in this process: the simulator's limit, not the coordinator's doing.
+    pub descriptors_short: AtomicU64,
     jobs: Mutex<HashMap<String, JobTimes>>,
 }
 
@@ -34,6 +37,14 @@ pub struct JobTimes {
 }
 
 impl Stats {
+    /// Counts `error` when a socket could not be made (hyper's "tcp open
+    /// error" is `socket(2)` failing; EMFILE here).
+    pub(crate) fn out_of_descriptors(&self, error: &str) {
+        if error.contains("tcp open error") || error.contains("Too many open files") {
+            self.descriptors_short.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     pub fn job(&self, id: &str) -> Option<JobTimes> {
         self.jobs.lock().unwrap().get(id).copied()
     }

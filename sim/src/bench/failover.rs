@@ -52,6 +52,11 @@ pub struct FailoverReport {
     /// over the seconds from the first to the last.
     pub registrations_peak_per_s: u64,
     pub registrations_mean_per_s: f64,
+    /// Registrations with the new leader in each second from the kill.
+    pub registrations_per_s: Vec<u64>,
+    /// The simulated agents' tries that failed for want of a descriptor in
+    /// the simulator (its limit, not the coordinator's doing).
+    pub descriptors_short: u64,
     pub job: String,
     pub job_state: String,
     /// Why it ended so, as the coordinator says (a failure's reason).
@@ -283,6 +288,7 @@ pub async fn run(cfg: &FailoverConfig, dir: PathBuf) -> Result<FailoverReport> {
     let busy: Vec<u64> = per_s.iter().copied().skip_while(|&n| n == 0).collect();
     out.registrations_peak_per_s = busy.iter().copied().max().unwrap_or(0);
     out.registrations_mean_per_s = busy.iter().sum::<u64>() as f64 / busy.len().max(1) as f64;
+    out.registrations_per_s = per_s;
     let channel_b = client(&url_b)?;
     while killed.elapsed() < limit {
         if listed_with_session(&channel_b).await.unwrap_or(0) >= cfg.nodes {
@@ -333,6 +339,7 @@ pub async fn run(cfg: &FailoverConfig, dir: PathBuf) -> Result<FailoverReport> {
     out.results_in_report = super::figures::ranks_judged(&report);
     out.results_refused = fleet.stats.results_refused.load(Ordering::Relaxed);
     out.rank_calls_failed = fleet.stats.rpc_errors.load(Ordering::Relaxed);
+    out.descriptors_short = fleet.stats.descriptors_short.load(Ordering::Relaxed);
     out.new_leader_rss_peak = watch.take().map_or(0, |(b, _)| b);
     stop.cancel();
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -374,6 +381,8 @@ impl FailoverReport {
             "all_listed_ms": self.all_listed_ms,
             "registrations_peak_per_s": self.registrations_peak_per_s,
             "registrations_mean_per_s": self.registrations_mean_per_s,
+            "registrations_per_s": self.registrations_per_s,
+            "descriptors_short": self.descriptors_short,
             "job_state": self.job_state, "job_message": self.job_message, "job_end_ms": self.job_end_ms,
             "ranks": self.ranks, "results_in_report": self.results_in_report,
             "results_refused": self.results_refused,
@@ -415,6 +424,14 @@ pub fn print(r: &FailoverReport) {
     );
     if !r.job_message.is_empty() {
         println!("  the job's message            {}", r.job_message);
+    }
+    println!("  registrations each second    {:?}", r.registrations_per_s);
+    if r.descriptors_short > 0 {
+        println!(
+            "  the simulator ran out of descriptors on {} tries (open-files limit {}): those waits are its own, not the coordinator's",
+            r.descriptors_short,
+            gpuctl_core::server::open_files_limit().0
+        );
     }
     println!(
         "  the new leader's resident peak {:.0} MB",

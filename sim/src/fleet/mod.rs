@@ -25,7 +25,7 @@ use gpuctl_proto::pb::{
     RankProcess, RegisterRequest, RunningJob, StopReason, WorkerExited,
 };
 use gpuctl_proto::PROTOCOL_VERSION;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::counters::Stats;
@@ -110,6 +110,7 @@ pub async fn start_with(
         channels.push(channel.with_context(|| format!("connecting to {}", cfg.url))?);
     }
     let names: Vec<String> = (0..cfg.nodes).map(host::name).collect();
+    let dials = Arc::new(Semaphore::new(dial_room(&cfg)));
     let mut registered = tokio::task::JoinSet::new();
     for (i, name) in names.iter().enumerate() {
         let agent = Agent {
@@ -123,6 +124,7 @@ pub async fn start_with(
             clock: clock.clone(),
             pace: Default::default(),
             search: search.clone(),
+            dials: dials.clone(),
         };
         let (tx, rx) = tokio::sync::oneshot::channel();
         tokio::spawn(agent.run(tx));
@@ -156,6 +158,29 @@ struct Agent {
     pace: gpuctl_core::pace::Pace,
     /// What its ranks play for `nccl --pattern search` jobs.
     search: Arc<SearchPlay>,
+    /// Leaders being looked for open sockets: [`dial_room`].
+    dials: Arc<Semaphore>,
+}
+
+/// How many agents may reconnect at once: the open-files limit less what
+/// the fleet holds (each agent's connection, and its ranks' own for a job
+/// where they have them) and a reserve. 16,384 agents reconnecting after a
+/// failover ran this process out of its 20,000 descriptors ("tcp open
+/// error"), and their failed tries, not the coordinator, set the time the
+/// fleet took to come back.
+fn dial_room(cfg: &FleetConfig) -> usize {
+    const RESERVE: usize = 1024;
+    let per_node = match cfg.rank_connections {
+        RankConnections::Agent => 1,
+        RankConnections::Node => 2,
+        RankConnections::Rank => 1 + 2 * cfg.gpus as usize,
+    };
+    let (soft, _) = gpuctl_core::server::open_files_limit();
+    let soft = usize::try_from(soft).unwrap_or(usize::MAX);
+    if soft == 0 {
+        return cfg.nodes.max(1); // unknown: no bound of ours
+    }
+    soft.saturating_sub(cfg.nodes * per_node + RESERVE).max(64)
 }
 
 /// The ranks one agent runs now, by job.
@@ -177,21 +202,35 @@ impl Agent {
         let tele = tokio::spawn(me.clone().telemetry(outbox.clone(), running.clone()));
         let mut cancels: HashMap<String, Shutdown> = HashMap::new();
         let mut registered = Some(registered);
-        let mut backoff = Duration::from_millis(500);
+        let mut failed = 0u32;
         let mut lost = false;
         while !me.shutdown.is_cancelled() {
-            if lost {
+            // Finding the leader opens sockets (one per coordinator URL
+            // tried): only as many agents at once as this process has
+            // descriptors for, where each real agent has a host's own.
+            let began = std::time::Instant::now();
+            let (waited, found) = if lost {
+                let dial = me.dials.acquire().await;
+                let waited = began.elapsed();
                 me.find_leader().await;
-            }
+                drop(dial);
+                (waited, began.elapsed() - waited)
+            } else {
+                (Duration::ZERO, Duration::ZERO)
+            };
             lost = true;
-            match me.open(&running, &mut cancels).await {
+            let opened = me.open(&running, &mut cancels).await;
+            tracing::debug!(node = %me.name, ok = opened.is_ok(), permit_ms = waited.as_millis() as u64,
+                leader_ms = found.as_millis() as u64,
+                open_ms = (began.elapsed() - waited - found).as_millis() as u64, "tried to reconnect");
+            match opened {
                 Ok((inbound, session)) => {
                     if let Some(r) = registered.take() {
                         let _ = r.send(Ok(()));
                     } else {
                         me.stats.reconnects.fetch_add(1, Ordering::Relaxed);
                     }
-                    backoff = Duration::from_millis(500);
+                    failed = 0;
                     let ended = me.shutdown.child_token();
                     let fwd = tokio::spawn(forward(outbox_rx, session, ended.clone()));
                     me.clone()
@@ -212,13 +251,14 @@ impl Agent {
                         let _ = r.send(Err(e));
                         break;
                     }
+                    me.stats.out_of_descriptors(&format!("{e:#}"));
+                    failed += 1;
                     tracing::debug!(node = %me.name, "reconnecting: {e:#}");
                 }
             }
-            // Spread out, so that a fleet that lost its sessions together
-            // does not come back in one burst.
-            let wait = backoff.mul_f64(0.5 + fastrand::f64());
-            backoff = (backoff * 2).min(Duration::from_secs(8));
+            // As gpuctl-agent waits: jittered, so that a fleet that lost its
+            // sessions together does not come back in one burst.
+            let wait = gpuctl_core::retry::reconnect::wait(failed + 1);
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
                 _ = me.shutdown.cancelled() => break,
@@ -289,7 +329,10 @@ impl Agent {
         }
         match gpuctl_core::leader::find_leader(&self.urls, builder).await {
             Ok(c) => *self.channel.lock().unwrap() = c,
-            Err(e) => tracing::debug!(node = %self.name, "no leader yet: {e}"),
+            Err(e) => {
+                self.stats.out_of_descriptors(&e.to_string());
+                tracing::debug!(node = %self.name, "no leader yet: {e}")
+            }
         }
     }
 
