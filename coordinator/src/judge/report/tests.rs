@@ -59,16 +59,27 @@ fn stress(rank: u32, class: &str, digest: &str) -> RankResult {
 
 fn build_with(job: &Job, results: Vec<RankResult>) -> Report {
     let results: BTreeMap<u32, RankResult> = results.into_iter().map(|r| (r.rank, r)).collect();
+    build_at(job, &results, &BTreeMap::new(), 9_000)
+}
+
+/// The report of `job` with these results and exits, at `now_ms`, under
+/// the default rules.
+fn build_at(
+    job: &Job,
+    results: &BTreeMap<u32, RankResult>,
+    exits: &BTreeMap<u32, WorkerExited>,
+    now_ms: u64,
+) -> Report {
     build(&Inputs {
         job,
-        results: &results,
-        exits: &BTreeMap::new(),
+        results,
+        exits,
         progress: &BTreeMap::new(),
         watch: &hang::Watch::default(),
         telemetry: &Telemetry::default(),
         rules: &HealthRules::default(),
         perf: &PerfRules::default(),
-        now_ms: 9_000,
+        now_ms,
     })
 }
 
@@ -439,18 +450,7 @@ fn missing_results_are_incomplete_with_reasons() {
     let mut j = job(JobState::Running, 2, 1);
     j.finished_unix_ms = 0;
     let results: BTreeMap<u32, RankResult> = [(0, stress(0, "X", "aa"))].into_iter().collect();
-    let exits: BTreeMap<u32, WorkerExited> = BTreeMap::new();
-    let r = build(&Inputs {
-        job: &j,
-        results: &results,
-        exits: &exits,
-        progress: &BTreeMap::new(),
-        watch: &hang::Watch::default(),
-        telemetry: &Telemetry::default(),
-        rules: &HealthRules::default(),
-        perf: &PerfRules::default(),
-        now_ms: 3_000,
-    });
+    let r = build_at(&j, &results, &BTreeMap::new(), 3_000);
     assert_eq!(r.verdict(), Verdict::Incomplete);
     assert_eq!(rank(&r, 1).verdict(), Verdict::Incomplete);
     assert_eq!(rank(&r, 1).reason, "running, no result yet");
@@ -470,17 +470,7 @@ fn missing_results_are_incomplete_with_reasons() {
     )]
     .into_iter()
     .collect();
-    let r = build(&Inputs {
-        job: &j,
-        results: &results,
-        exits: &exits,
-        progress: &BTreeMap::new(),
-        watch: &hang::Watch::default(),
-        telemetry: &Telemetry::default(),
-        rules: &HealthRules::default(),
-        perf: &PerfRules::default(),
-        now_ms: 3_000,
-    });
+    let r = build_at(&j, &results, &exits, 3_000);
     assert_eq!(r.verdict(), Verdict::Fail);
     assert_eq!(r.reason, j.message);
     assert_eq!(
@@ -809,17 +799,7 @@ fn a_job_failed_on_thousands_of_nodes_keeps_each_reason_short() {
         .collect();
     let j = job(JobState::Failed, nodes as usize, 1);
     let results: BTreeMap<u32, RankResult> = failed.into_iter().map(|r| (r.rank, r)).collect();
-    let r = build(&Inputs {
-        job: &j,
-        results: &results,
-        exits: &exits,
-        progress: &BTreeMap::new(),
-        watch: &hang::Watch::default(),
-        telemetry: &Telemetry::default(),
-        rules: &HealthRules::default(),
-        perf: &PerfRules::default(),
-        now_ms: 9_000,
-    });
+    let r = build_at(&j, &results, &exits, 9_000);
     let stopped = &r.nodes[nodes as usize - 1];
     assert_eq!(stopped.verdict(), Verdict::Pass, "{}", stopped.reason);
     assert!(
