@@ -162,9 +162,9 @@ struct Agent {
     dials: Arc<Semaphore>,
 }
 
-/// How many agents may reconnect at once: the open-files limit less what
-/// the fleet holds (each agent's connection, and its ranks' own for a job
-/// where they have them) and a reserve. 16,384 agents reconnecting after a
+/// How many agents may look for the leader at once: the open-files limit
+/// less what the fleet holds (each agent's connection, and for a job its
+/// node's or its ranks' own, one descriptor each here) and a reserve. 16,384 agents reconnecting after a
 /// failover ran this process out of its 20,000 descriptors ("tcp open
 /// error"), and their failed tries, not the coordinator, set the time the
 /// fleet took to come back.
@@ -173,7 +173,7 @@ fn dial_room(cfg: &FleetConfig) -> usize {
     let per_node = match cfg.rank_connections {
         RankConnections::Agent => 1,
         RankConnections::Node => 2,
-        RankConnections::Rank => 1 + 2 * cfg.gpus as usize,
+        RankConnections::Rank => 1 + cfg.gpus as usize,
     };
     let (soft, _) = gpuctl_core::server::open_files_limit();
     let soft = usize::try_from(soft).unwrap_or(usize::MAX);
