@@ -8,7 +8,9 @@
 #
 #   bench/failover_watch.sh [OUT]     (default /tmp/gpuctl-failover-watch)
 #
-# Env: NODES (16384), JOB (90s), KILL_AFTER (15s), SIMLOG (the simulator's
+# Env: NODES (16384), JOB (90s), KILL_AFTER (15s), PROCS (2: the simulated
+# fleet split over this many processes, each with its own open files; one
+# process cannot hold 16,384 reconnecting agents here), SIMLOG (the simulator's
 # RUST_LOG, e.g. warn,gpuctl_sim::fleet=debug for each agent's reconnect
 # times), KEEP=1 (keep etcd's data and the coordinators' logs), PERF=1 (perf
 # record of the new leader, PERF_DELAY s after the kill for PERF_SECS s).
@@ -20,12 +22,13 @@ for b in gpuctl gpuctl-sim gpuctl-coordinator; do
 done
 RUST_LOG=${SIMLOG:-warn} "$BIN/gpuctl-sim" failover ${KEEP:+--keep-dir} --nodes "${NODES:-16384}" \
   --gpus 8 --job "${JOB:-90s}" --kill-after "${KILL_AFTER:-15s}" --fleet-nice 0 \
+  --fleet-processes "${PROCS:-2}" \
   --json "$OUT/failover.json" > "$OUT/sim.log" 2>&1 &
 SIM=$!
 watching=0
 while kill -0 $SIM 2>/dev/null; do
   t=$(date +%s.%N)
-  for p in $(pgrep -f 'gpuctl-coordinator|gpuctl-sim failover|etcd --name gpuctl-sim'); do
+  for p in $(pgrep -f 'gpuctl-coordinator|gpuctl-sim failover|gpuctl-sim fleet|etcd --name gpuctl-sim'); do
     [ -r "/proc/$p/stat" ] || continue
     echo "$t $p $(awk '{print $14 + $15}' "/proc/$p/stat") rss=$(awk '/VmRSS/{print int($2 / 1024)}' "/proc/$p/status") $(tr '\0' ' ' < "/proc/$p/cmdline" | cut -c1-60)"
   done >> "$OUT/cpu.log" 2>/dev/null
@@ -41,6 +44,9 @@ while kill -0 $SIM 2>/dev/null; do
         s=$(date +%s.%N); timeout 60 "$BIN/gpuctl" --coordinator "$B" jobs > /dev/null 2>&1; rc=$?
         echo "$s $(awk -v s="$s" -v e="$(date +%s.%N)" 'BEGIN{print e - s}') $rc" >> "$OUT/cli.log"; sleep 0.5
       done ) &
+    # The new leader's connections by peer address, 20 s after the kill.
+    ( sleep 20; ss -tn state established "( sport = :${B##*:} )" \
+        | awk 'NR > 1 {split($4, a, ":"); n[a[1]]++} END {for (k in n) m[n[k]]++; for (c in m) print m[c], "addresses hold", c, "connections each"}' > "$OUT/peers.log" ) &
     if [ -n "${PERF:-}" ]; then
       pid=$(pgrep -f gpuctl-coordinator)
       ( sleep "${PERF_DELAY:-12}"; perf record -F 199 -g -p "$pid" -o "$OUT/perf.data" -- sleep "${PERF_SECS:-30}" > "$OUT/perf.log" 2>&1 ) &

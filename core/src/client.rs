@@ -160,6 +160,7 @@ pub struct Builder {
     connect_timeout: Duration,
     request_timeout: Duration,
     headers: Vec<(&'static str, String)>,
+    local_address: Option<std::net::IpAddr>,
 }
 
 /// A client of `url` with the default timeouts.
@@ -169,6 +170,7 @@ pub fn builder(url: &str) -> Builder {
         connect_timeout: CONNECT_TIMEOUT,
         request_timeout: REQUEST_TIMEOUT,
         headers: Vec::new(),
+        local_address: None,
     }
 }
 
@@ -187,6 +189,15 @@ impl Builder {
     /// a worker's secret).
     pub fn header(mut self, name: &'static str, value: impl Into<String>) -> Self {
         self.headers.push((name, value.into()));
+        self
+    }
+
+    /// Opens its connections from `address` (one of this host's), not the
+    /// one the kernel picks: a simulated fleet split over processes comes
+    /// from 127.0.0.2, 127.0.0.3, … as real hosts come from addresses of
+    /// their own.
+    pub fn local_address(mut self, address: Option<std::net::IpAddr>) -> Self {
+        self.local_address = address;
         self
     }
 
@@ -211,6 +222,7 @@ impl Builder {
         }
         Ok(endpoint
             .connect_timeout(self.connect_timeout)
+            .local_address(self.local_address)
             .tcp_nodelay(true)
             .initial_stream_window_size(STREAM_WINDOW_BYTES)
             .initial_connection_window_size(CONNECTION_WINDOW_BYTES)

@@ -49,6 +49,14 @@ impl Stats {
         self.jobs.lock().unwrap().get(id).copied()
     }
 
+    /// Assignments taken so far, by job.
+    pub fn assignments(&self) -> Vec<(String, u64)> {
+        let jobs = self.jobs.lock().unwrap();
+        jobs.iter()
+            .map(|(id, t)| (id.clone(), t.assignments))
+            .collect()
+    }
+
     /// Forgets finished jobs' times (the bench keeps what it needs).
     pub fn forget(&self, id: &str) {
         self.jobs.lock().unwrap().remove(id);

@@ -32,6 +32,21 @@ pub fn gpus(index: u32, count: u32) -> Vec<GpuInfo> {
         .collect()
 }
 
+/// The loopback address the `index`th node's connections come from when
+/// each node has one of its own (127.1.0.0, 127.1.0.1, …; Linux answers
+/// for all of 127/8): the coordinator then sees one peer per host, as in a
+/// real fleet, where from 127.0.0.1 alone its per-address reserve held the
+/// fleet to 7/8 of its connections.
+pub fn loopback(index: u32) -> std::net::IpAddr {
+    std::net::Ipv4Addr::new(
+        127,
+        (1 + index / 65536) as u8,
+        ((index / 256) % 256) as u8,
+        (index % 256) as u8,
+    )
+    .into()
+}
+
 /// The host `name`, the `index`th node: its address is unique in the fleet.
 pub fn facts(name: &str, index: u32) -> HostFacts {
     let ip = format!(
@@ -79,5 +94,17 @@ pub fn busy_sample(node: u32, gpu: u32, now: u64, rng: &mut fastrand::Rng) -> Gp
         power_w: 680.0 + rng.f64() * 20.0,
         sm_clock_mhz: 1_830 + rng.u32(0..150),
         ..gpuctl_testkit::gpu::healthy(gpu)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_node_has_a_loopback_address_of_its_own() {
+        let n = 131_072u32;
+        let all: std::collections::HashSet<_> = (0..n).map(super::loopback).collect();
+        assert_eq!(all.len(), n as usize);
+        assert!(all.iter().all(|a| a.is_loopback()));
+        assert!(!all.contains(&std::net::IpAddr::from([127, 0, 0, 1])));
     }
 }

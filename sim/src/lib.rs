@@ -11,3 +11,4 @@ pub mod probe;
 pub mod ranks;
 pub mod search;
 pub mod search_ranks;
+pub mod shards;

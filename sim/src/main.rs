@@ -173,6 +173,12 @@ enum Cmd {
         /// When the leader is killed, after every node took its assignment.
         #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
         kill_after: Duration,
+        /// Processes the simulated fleet is split over, each with its own
+        /// open-files limit: 16,384 agents reconnecting need more
+        /// descriptors than one process may hold here. Each node connects
+        /// from a loopback address of its own, as from a host of its own.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8))]
+        fleet_processes: u32,
     },
     /// The search for slow nodes and links against a modelled fleet: rounds, tests, culprits found, false blames.
     Search {
@@ -226,6 +232,19 @@ enum Cmd {
             default_value = "http://127.0.0.1:7070"
         )]
         coordinator: String,
+        /// The first node's number: sim-NNNNN from here on (a fleet split
+        /// over several `fleet` processes).
+        #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=131_072))]
+        first_node: u32,
+        /// Each node's connections from a loopback address of its own
+        /// (127.1.0.0 on), as from hosts of their own, not all from
+        /// 127.0.0.1 (Linux only).
+        #[arg(long)]
+        own_addresses: bool,
+        /// Print the fleet's counts as JSON on stdout every 100 ms once
+        /// registered (what `failover --fleet-processes` reads).
+        #[arg(long)]
+        counts: bool,
     },
 }
 
@@ -362,8 +381,12 @@ fn main() -> Result<()> {
                 run,
                 job,
                 kill_after,
+                fleet_processes,
             } => {
                 let cfg = FailoverConfig {
+                    fleet_processes: fleet_processes as usize,
+                    sim_bin: next_to_me("gpuctl-sim")?,
+                    fleet_nice: nice,
                     coordinator_bin: coordinator(run.coordinator_bin)?,
                     nodes: shape.nodes as usize,
                     gpus: shape.gpus,
@@ -415,6 +438,9 @@ fn main() -> Result<()> {
                 coordinator,
                 priority: _,
                 slow,
+                first_node,
+                own_addresses,
+                counts,
             } => {
                 let stop = gpuctl_core::shutdown::on_signals()?;
                 let play = slow.play(shape.nodes)?;
@@ -429,6 +455,8 @@ fn main() -> Result<()> {
                         interval: shape.interval,
                         connections: connections(&shape),
                         rank_connections: shape.rank_connections,
+                        first: first_node as usize,
+                        own_addresses,
                     },
                     std::sync::Arc::new(play),
                     stop.clone(),
@@ -438,6 +466,9 @@ fn main() -> Result<()> {
                     "{} simulated nodes registered; Ctrl-C stops them",
                     f.names.len()
                 );
+                if counts {
+                    gpuctl_sim::shards::print_counts(f.stats.clone(), stop.clone());
+                }
                 stop.cancelled().await;
                 Ok(())
             }

@@ -163,6 +163,8 @@ async fn the_fleet_comes_back_after_a_coordinator_restart_and_its_job_ends() {
             // As gpuctl-worker: the ranks' connections outlive no job, and
             // must find the restarted coordinator by themselves.
             rank_connections: RankConnections::Rank,
+            first: 0,
+            own_addresses: false,
         },
         stop.clone(),
     )
@@ -268,8 +270,10 @@ fn tempfile_dir(test: &str) -> PathBuf {
 
 /// `gpuctl-sim failover` small: a leader and a standby on a real etcd, 8
 /// fake agents given both URLs, the leader SIGKILLed while a stress job
-/// runs. The standby must serve, every node register with it, and the job
-/// end `succeeded` with every rank's result (adopted from the agents).
+/// runs, half the fleet in a second process, each node from a loopback
+/// address of its own. The standby must serve, every node register with it
+/// (counted across both processes), and the job end `succeeded` with every
+/// rank's result (adopted from the agents).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_brings_every_node_and_result_through() {
     use gpuctl_sim::bench::failover::{self, FailoverConfig};
@@ -282,6 +286,10 @@ async fn a_failover_brings_every_node_and_result_through() {
         connections: nodes,
         job: Duration::from_secs(20),
         kill_after: Duration::from_secs(1),
+        // Half the fleet in a `gpuctl-sim fleet` child, as at 16,384 nodes.
+        fleet_processes: 2,
+        sim_bin: PathBuf::from(env!("CARGO_BIN_EXE_gpuctl-sim")),
+        fleet_nice: 0,
     };
     let dir = tempfile_dir("failover");
     let r = failover::run(&cfg, dir.clone())

@@ -10,7 +10,6 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
@@ -24,6 +23,7 @@ use gpuctl_proto::pb::{
 
 use crate::fleet::{self, FleetConfig, RankConnections};
 use crate::probe;
+use crate::shards::{self, Shards};
 
 #[derive(Debug, Clone)]
 pub struct FailoverConfig {
@@ -36,6 +36,13 @@ pub struct FailoverConfig {
     pub job: Duration,
     /// How long after every node took its assignment the leader is killed.
     pub kill_after: Duration,
+    /// Processes the fleet is split over ([`crate::shards`]); 1: this one.
+    pub fleet_processes: usize,
+    /// The `gpuctl-sim` binary that runs the other processes' share.
+    pub sim_bin: PathBuf,
+    /// The CPU priority of the fleet's other processes (this one's threads
+    /// have theirs already).
+    pub fleet_nice: i32,
 }
 
 /// What the failover measured; times in ms from the SIGKILL.
@@ -67,6 +74,8 @@ pub struct FailoverReport {
     pub rank_calls_failed: u64,
     pub job_end_ms: f64,
     pub new_leader_rss_peak: u64,
+    /// Processes the simulated fleet ran in.
+    pub fleet_processes: usize,
 }
 
 /// A process killed when dropped.
@@ -194,18 +203,35 @@ pub async fn run(cfg: &FailoverConfig, dir: PathBuf) -> Result<FailoverReport> {
         "registering {} simulated nodes × {} GPUs with {url_a} (standby {url_b})…",
         cfg.nodes, cfg.gpus
     );
+    let whole = FleetConfig {
+        url: format!("{url_a},{url_b}"),
+        nodes: cfg.nodes,
+        gpus: cfg.gpus,
+        interval: cfg.interval,
+        connections: cfg.connections,
+        rank_connections: RankConnections::Agent,
+        first: 0,
+        own_addresses: true,
+    };
+    let mut shards = Shards::start(
+        &cfg.sim_bin,
+        &whole,
+        cfg.fleet_processes,
+        cfg.fleet_nice,
+        &dir,
+    )?;
+    let own = shards::slices(cfg.nodes, cfg.fleet_processes)[0].1;
     let fleet = fleet::start(
         FleetConfig {
-            url: format!("{url_a},{url_b}"),
-            nodes: cfg.nodes,
-            gpus: cfg.gpus,
-            interval: cfg.interval,
-            connections: cfg.connections,
-            rank_connections: RankConnections::Agent,
+            nodes: own,
+            connections: cfg.connections.min(own),
+            ..whole
         },
         stop.clone(),
     )
     .await?;
+    shards.registered(Duration::from_secs(600), &dir).await?;
+    let counts = || shards.counts(&fleet.stats);
     let client = |url: &str| {
         gpuctl_core::client::builder(url)
             .request_timeout(Duration::from_secs(60))
@@ -225,15 +251,11 @@ pub async fn run(cfg: &FailoverConfig, dir: PathBuf) -> Result<FailoverReport> {
         .context("submitting the job")?
         .into_inner();
     let nodes = cfg.nodes as u64;
-    while fleet
-        .stats
-        .job(&job.id)
-        .is_none_or(|t| t.assignments < nodes)
-    {
+    while counts().assigned(&job.id) < nodes {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     tokio::time::sleep(cfg.kill_after).await;
-    let before = fleet.stats.registered.load(Ordering::Relaxed);
+    let before = counts().registered;
     eprintln!(
         "{} running on every node; killing the leader (SIGKILL)…",
         job.id
@@ -267,7 +289,7 @@ pub async fn run(cfg: &FailoverConfig, dir: PathBuf) -> Result<FailoverReport> {
                 out.standby_serves_ms / 1e3
             );
         }
-        let now = fleet.stats.registered.load(Ordering::Relaxed);
+        let now = counts().registered;
         if now - before >= nodes {
             out.all_registered_ms = ms_since(killed);
             per_s.push(now - last);
@@ -337,9 +359,11 @@ pub async fn run(cfg: &FailoverConfig, dir: PathBuf) -> Result<FailoverReport> {
     };
     out.ranks = report.world_size;
     out.results_in_report = super::figures::ranks_judged(&report);
-    out.results_refused = fleet.stats.results_refused.load(Ordering::Relaxed);
-    out.rank_calls_failed = fleet.stats.rpc_errors.load(Ordering::Relaxed);
-    out.descriptors_short = fleet.stats.descriptors_short.load(Ordering::Relaxed);
+    let end = counts();
+    out.results_refused = end.results_refused;
+    out.rank_calls_failed = end.rpc_errors;
+    out.descriptors_short = end.descriptors_short;
+    out.fleet_processes = cfg.fleet_processes;
     out.new_leader_rss_peak = watch.take().map_or(0, |(b, _)| b);
     stop.cancel();
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -388,14 +412,15 @@ impl FailoverReport {
             "results_refused": self.results_refused,
             "rank_calls_failed": self.rank_calls_failed,
             "new_leader_rss_peak": self.new_leader_rss_peak,
+            "fleet_processes": self.fleet_processes,
         })
     }
 }
 
 pub fn print(r: &FailoverReport) {
     println!(
-        "failover: {} nodes × {} GPUs, {} killed mid-run (SIGKILL) on etcd",
-        r.nodes, r.gpus, r.job
+        "failover: {} nodes × {} GPUs in {} simulator process(es), {} killed mid-run (SIGKILL) on etcd",
+        r.nodes, r.gpus, r.fleet_processes, r.job
     );
     println!(
         "  the standby serves           {:>9.1} s after the kill",

@@ -85,6 +85,8 @@ pub async fn run(cfg: &BenchConfig, dir: PathBuf) -> Result<BenchReport> {
             interval: cfg.interval,
             connections: cfg.connections,
             rank_connections: cfg.rank_connections,
+            first: 0,
+            own_addresses: false,
         },
         stop.clone(),
     )

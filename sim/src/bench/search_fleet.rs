@@ -110,6 +110,8 @@ pub async fn run(cfg: &SearchFleetConfig, dir: PathBuf) -> Result<SearchFleetRep
             interval: cfg.interval,
             connections: cfg.connections,
             rank_connections: RankConnections::Agent,
+            first: 0,
+            own_addresses: false,
         },
         play,
         stop.clone(),

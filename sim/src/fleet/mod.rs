@@ -55,6 +55,24 @@ pub struct FleetConfig {
     pub connections: usize,
     /// Whose connection the simulated workers' calls take.
     pub rank_connections: RankConnections,
+    /// The first node's index: a fleet split over processes
+    /// (`gpuctl-sim failover --fleet-processes`) runs `sim-{first}` on in
+    /// each.
+    pub first: usize,
+    /// Each node's connections from a loopback address of its own
+    /// ([`host::loopback`]), not all from 127.0.0.1.
+    pub own_addresses: bool,
+}
+
+impl FleetConfig {
+    /// How the `index`th simulated agent connects: as gpuctl-agent's
+    /// session does.
+    fn builder(&self, index: usize, url: &str) -> gpuctl_core::client::Builder {
+        gpuctl_core::client::builder(url)
+            .connect_timeout(Duration::from_secs(10))
+            .request_timeout(Duration::from_secs(30))
+            .local_address(self.own_addresses.then(|| host::loopback(index as u32)))
+    }
 }
 
 /// Whose HTTP/2 connection a simulated rank's calls (progress, result) go
@@ -99,23 +117,27 @@ pub async fn start_with(
     let clock = Clock::system();
     let urls = gpuctl_core::leader::split_urls(&cfg.url);
     let mut channels = Vec::new();
-    for _ in 0..cfg.connections.clamp(1, cfg.nodes.max(1)) {
+    for i in cfg.first..cfg.first + cfg.connections.clamp(1, cfg.nodes.max(1)) {
         // One coordinator: no leader to find, nor a probe call to make.
         let channel = match urls.as_slice() {
-            [one] => builder(one).connect().await.map_err(anyhow::Error::from),
-            _ => gpuctl_core::leader::find_leader(&urls, builder)
+            [one] => cfg
+                .builder(i, one)
+                .connect()
+                .await
+                .map_err(anyhow::Error::from),
+            _ => gpuctl_core::leader::find_leader(&urls, |u| cfg.builder(i, u))
                 .await
                 .map_err(anyhow::Error::from),
         };
         channels.push(channel.with_context(|| format!("connecting to {}", cfg.url))?);
     }
-    let names: Vec<String> = (0..cfg.nodes).map(host::name).collect();
+    let names: Vec<String> = (cfg.first..cfg.first + cfg.nodes).map(host::name).collect();
     let dials = Arc::new(Semaphore::new(dial_room(&cfg)));
     let mut registered = tokio::task::JoinSet::new();
     for (i, name) in names.iter().enumerate() {
         let agent = Agent {
             name: name.clone(),
-            index: i as u32,
+            index: (cfg.first + i) as u32,
             cfg: cfg.clone(),
             channel: Mutex::new(channels[i % channels.len()].clone()),
             urls: urls.clone(),
@@ -134,13 +156,6 @@ pub async fn start_with(
         r?.context("an agent stopped before registering")??;
     }
     Ok(Fleet { stats, names })
-}
-
-/// How the simulated agents connect: as gpuctl-agent's session does.
-fn builder(url: &str) -> gpuctl_core::client::Builder {
-    gpuctl_core::client::builder(url)
-        .connect_timeout(Duration::from_secs(10))
-        .request_timeout(Duration::from_secs(30))
 }
 
 struct Agent {
@@ -327,7 +342,11 @@ impl Agent {
         if self.urls.len() < 2 {
             return;
         }
-        match gpuctl_core::leader::find_leader(&self.urls, builder).await {
+        match gpuctl_core::leader::find_leader(&self.urls, |u| {
+            self.cfg.builder(self.index as usize, u)
+        })
+        .await
+        {
             Ok(c) => *self.channel.lock().unwrap() = c,
             Err(e) => {
                 self.stats.out_of_descriptors(&e.to_string());
@@ -343,7 +362,10 @@ impl Agent {
         if self.cfg.rank_connections == RankConnections::Agent {
             return WorkerServiceClient::new(agent);
         }
-        let lazy = builder(agent.url()).connect_lazy();
+        let lazy = self
+            .cfg
+            .builder(self.index as usize, agent.url())
+            .connect_lazy();
         // The URL connected at the start, so this is not expected to fail.
         WorkerServiceClient::new(lazy.unwrap_or_else(|e| {
             tracing::warn!(node = %self.name, "workers' connection: {e}; taking the agent's");
