@@ -116,12 +116,11 @@ impl Shards {
         nice: i32,
         dir: &Path,
     ) -> Result<Shards> {
-        let me = sim;
         let latest = Arc::new(Mutex::new(Vec::new()));
         let mut children = Vec::new();
         for (k, (first, nodes)) in slices(fleet.nodes, parts).into_iter().enumerate().skip(1) {
             let log = std::fs::File::create(dir.join(format!("shard-{k}.log")))?;
-            let mut child = Command::new(&me)
+            let mut child = Command::new(sim)
                 .arg("fleet")
                 .args(["--coordinator", &fleet.url])
                 .args(["--nodes", &nodes.to_string()])
@@ -134,7 +133,7 @@ impl Shards {
                 .stdout(Stdio::piped())
                 .stderr(log)
                 .spawn()
-                .with_context(|| format!("starting {} fleet", me.display()))?;
+                .with_context(|| format!("starting {} fleet", sim.display()))?;
             let out = child.stdout.take().expect("piped");
             latest.lock().unwrap().push(None);
             let (latest, slot) = (latest.clone(), children.len());
