@@ -21,7 +21,7 @@ for b in gpuctl gpuctl-sim gpuctl-coordinator; do
   [ -x "$BIN/$b" ] || { echo "no $BIN/$b: cargo build --release first" >&2; exit 2; }
 done
 RUST_LOG=${SIMLOG:-warn} "$BIN/gpuctl-sim" failover ${KEEP:+--keep-dir} --nodes "${NODES:-16384}" \
-  --gpus 8 --job "${JOB:-90s}" --kill-after "${KILL_AFTER:-15s}" --fleet-nice 0 \
+  --gpus 8 --job "${JOB:-90s}" --kill-after "${KILL_AFTER:-15s}" --fleet-nice "${FLEET_NICE:-0}" \
   --fleet-processes "${PROCS:-2}" \
   --json "$OUT/failover.json" > "$OUT/sim.log" 2>&1 &
 SIM=$!

@@ -183,6 +183,7 @@ impl Scheduler {
         rdv: Rendezvous,
         logs: LogSink,
     ) -> Result<Scheduler, StoreError> {
+        let loading = std::time::Instant::now();
         let now = cfg.clock.now_ms();
         let adopt_by = crate::jobs::timing::adopt_by(now, cfg.adopt_grace);
         let mut job_seq = store.job_seq().await?;
@@ -207,6 +208,7 @@ impl Scheduler {
             };
             if entry.state() == JobState::Running {
                 let job = &mut entry.job;
+                let began = std::time::Instant::now();
                 entry.results = store
                     .results(&job.id, job.attempt)
                     .await?
@@ -214,12 +216,14 @@ impl Scheduler {
                     .map(|r| (r.rank, r))
                     .collect();
                 job.results_in = entry.results.len() as u32;
+                let results_ms = began.elapsed().as_millis() as u64;
                 // Unreadable telemetry costs the summary, not the coordinator's start.
                 let series = store.telemetry(&job.id).await.unwrap_or_else(|e| {
                     warn!(job = %job.id, "stored telemetry unreadable: {e}");
                     Vec::new()
                 });
                 entry.telemetry = Telemetry::from_stored(series);
+                let telemetry_ms = began.elapsed().as_millis() as u64 - results_ms;
                 // The deadline the agents were given with the assignment.
                 let spec = job.spec.clone().unwrap_or_default();
                 entry.deadline_unix_ms = crate::jobs::timing::deadline(job.started_unix_ms, &spec);
@@ -230,7 +234,7 @@ impl Scheduler {
                 // rendezvous go on; ranks still in it see only new writes.
                 rdv.open(&job.id, job.attempt);
                 adopting.insert(job.id.clone(), adopt_by);
-                info!(job = %job.id, results = job.results_in, "running at restart: awaiting adoption by its agents for {}", human(cfg.adopt_grace));
+                info!(job = %job.id, results = job.results_in, results_ms, telemetry_ms, "running at restart: awaiting adoption by its agents for {}", human(cfg.adopt_grace));
             }
             entry.retire();
             jobs.insert(entry.job.id.clone(), entry);
@@ -257,6 +261,7 @@ impl Scheduler {
             jobs = jobs.len(),
             adopting = adopting.len(),
             job_seq,
+            ms = loading.elapsed().as_millis() as u64,
             "state loaded"
         );
         let suites: BTreeMap<String, Suite> = store
@@ -333,8 +338,8 @@ impl Scheduler {
     }
 
     /// Starts the event loop; it ends on `shutdown` or when every handle is gone.
-    /// Runs the scheduler on `on` (the fleet's runtime, beside the sessions
-    /// that feed it most of its events).
+    /// Runs the scheduler on `on` (the server gives it a runtime of its own:
+    /// `runtime::NamedRuntime`).
     pub fn spawn(mut self, shutdown: Shutdown, on: &Handle) -> (SchedulerHandle, JoinHandle<()>) {
         let Lanes {
             fleet: (tx, rx),
