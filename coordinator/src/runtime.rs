@@ -1,31 +1,26 @@
-//! Threads of their own: agents' sessions are read on the fleet's runtime,
-//! and the scheduler runs on one of its own, both apart from the runtime
-//! that serves connections and people's calls. On one runtime, a `gpuctl
-//! status` or `jobs` woken by its connection waited in the run queues behind
-//! thousands of session tasks: at 4,096 nodes × 8 GPUs in a job, their p99
-//! went 40-61 → 18-27 ms. With the scheduler beside the sessions, a person's
-//! call that reached it still waited for the scheduler's turn among 16,384
-//! session tasks on that thread; on a thread of its own the kernel runs it
-//! as soon as the call arrives.
+//! The fleet's own threads: agents' sessions are read, and the scheduler
+//! runs, on a runtime apart from the one that serves connections and
+//! people's calls. On one runtime, a `gpuctl status` or `jobs` woken by its
+//! connection waited in the run queues behind thousands of session tasks:
+//! at 4,096 nodes × 8 GPUs in a job, their p99 went 40-61 → 18-27 ms.
 
 use tokio::runtime::{Builder, Handle, Runtime};
 
-/// A runtime of `threads` threads named `name` (the fleet's:
-/// `--fleet-threads`, `fleet`; the scheduler's: one, `scheduler`); stopped
-/// without waiting when dropped (its tasks are abandoned: at a
-/// coordinator's end the sessions are cut anyway).
-pub struct NamedRuntime(Option<Runtime>);
+/// A runtime of `--fleet-threads` threads, named `fleet`; stopped without
+/// waiting when dropped (its tasks are abandoned: at a coordinator's end
+/// the sessions are cut anyway).
+pub struct FleetRuntime(Option<Runtime>);
 
-impl NamedRuntime {
-    pub fn start(name: &str, threads: usize) -> std::io::Result<NamedRuntime> {
+impl FleetRuntime {
+    pub fn start(threads: usize) -> std::io::Result<FleetRuntime> {
         // Multi-threaded even with one thread: the scheduler's builders use
         // `block_in_place`, which a current-thread runtime refuses.
         let rt = Builder::new_multi_thread()
             .worker_threads(threads.max(1))
-            .thread_name(name)
+            .thread_name("fleet")
             .enable_all()
             .build()?;
-        Ok(NamedRuntime(Some(rt)))
+        Ok(FleetRuntime(Some(rt)))
     }
 
     pub fn handle(&self) -> Handle {
@@ -37,7 +32,7 @@ impl NamedRuntime {
     }
 }
 
-impl Drop for NamedRuntime {
+impl Drop for FleetRuntime {
     fn drop(&mut self) {
         // Dropping a runtime blocks, which an async caller may not do.
         if let Some(rt) = self.0.take() {
