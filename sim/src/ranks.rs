@@ -58,10 +58,40 @@ pub(crate) fn request<T>(job: &RankJob, msg: T) -> tonic::Request<T> {
 /// Where a rank's calls go: asked again after a call fails, so that a rank
 /// of an agent that moved to another coordinator (a failover) follows it, as
 /// a real worker's calls do through its agent's relay.
-pub type Clients = Arc<dyn Fn() -> WorkerServiceClient<Channel> + Send + Sync>;
+#[derive(Clone)]
+pub struct Clients {
+    make: Arc<dyn Fn() -> WorkerServiceClient<Channel> + Send + Sync>,
+    away: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Clients {
+    /// `make` gives the client to call with; `away` is set while the
+    /// rank's agent has lost its coordinator.
+    pub fn new(
+        make: Arc<dyn Fn() -> WorkerServiceClient<Channel> + Send + Sync>,
+        away: Arc<std::sync::atomic::AtomicBool>,
+    ) -> Clients {
+        Clients { make, away }
+    }
+
+    pub fn get(&self) -> WorkerServiceClient<Channel> {
+        (self.make)()
+    }
+
+    /// Whether a call now fails before it leaves the host: while its agent
+    /// has no coordinator, a call would dial the address the agent lost.
+    /// On a real fleet that is each host's own cost; here 131,072 ranks'
+    /// dials to a killed leader took the cores the agents needed to find
+    /// the new one, and reached no coordinator either way.
+    pub(crate) fn unreachable(&self) -> Option<tonic::Status> {
+        self.away
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .then(|| tonic::Status::unavailable("the agent has no coordinator"))
+    }
+}
 
 pub async fn run(job: RankJob, clients: Clients, stats: Arc<Stats>, stop: Shutdown) -> Outcome {
-    let mut client = clients();
+    let mut client = clients.get();
     let rank = job.placement.rank;
     let start = job.clock.now_ms();
     let duration = Duration::from_millis(job.spec.duration_ms.max(1_000));
@@ -158,7 +188,11 @@ pub async fn run(job: RankJob, clients: Clients, stats: Arc<Stats>, stop: Shutdo
                 waiting_for: String::new(),
             }),
         };
-        match client.report_progress(request(&job, progress)).await {
+        let answer = match clients.unreachable() {
+            Some(e) => Err(e),
+            None => client.report_progress(request(&job, progress)).await,
+        };
+        match answer {
             Ok(ack) if !ack.get_ref().ok => return Outcome::Cancelled,
             Ok(ack) => {
                 let asked = u64::from(ack.get_ref().next_report_ms);
@@ -182,7 +216,7 @@ pub async fn run(job: RankJob, clients: Clients, stats: Arc<Stats>, stop: Shutdo
                 sent += 1;
                 let pause = gpuctl_core::spec::progress_pause_ms(every_ms, rank, sent);
                 next_report = tokio::time::Instant::now() + Duration::from_millis(pause);
-                client = clients();
+                client = clients.get();
             }
         }
     }
@@ -258,7 +292,11 @@ pub(crate) async fn deliver(
     let until = tokio::time::Instant::now() + DEFAULT_GRACE + GRACE_MARGIN;
     let mut pause = RETRY_START;
     for attempt in 0.. {
-        match client.report_result(request(job, result.clone())).await {
+        let answer = match clients.unreachable() {
+            Some(e) => Err(e),
+            None => client.report_result(request(job, result.clone())).await,
+        };
+        match answer {
             Ok(ack) => {
                 if ack.get_ref().ok {
                     stats.result_sent(&job.job_id);
@@ -280,7 +318,7 @@ pub(crate) async fn deliver(
                 }
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(RETRY_CAP);
-                client = clients();
+                client = clients.get();
             }
         }
     }

@@ -219,7 +219,7 @@ pub async fn run(
     stats: Arc<Stats>,
     stop: gpuctl_core::shutdown::Shutdown,
 ) -> Outcome {
-    let client = clients();
+    let client = clients.get();
     let start = job.clock.now_ms();
     let mut marks = vec![PhaseMark {
         phase: "starting".into(),
@@ -281,7 +281,11 @@ pub async fn run(
                 waiting_for: String::new(),
             }),
         };
-        match client.report_progress(request(&job, progress)).await {
+        let answer = match clients.unreachable() {
+            Some(e) => Err(e),
+            None => client.report_progress(request(&job, progress)).await,
+        };
+        match answer {
             Ok(ack) if !ack.get_ref().ok => return Outcome::Cancelled,
             Ok(ack) => {
                 let every = u64::from(ack.get_ref().next_report_ms);
@@ -293,7 +297,7 @@ pub async fn run(
                 stats
                     .rpc_errors
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                client = clients();
+                client = clients.get();
             }
         }
     }

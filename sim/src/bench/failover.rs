@@ -113,6 +113,14 @@ fn start_etcd(dir: &Path) -> Result<(Proc, String)> {
         .args(["--listen-peer-urls", &peer_url])
         .args(["--initial-advertise-peer-urls", &peer_url])
         .args(["--initial-cluster", &format!("gpuctl-sim={peer_url}")])
+        // As docs/operations.md advises for a big fleet: a quota of 8 GiB
+        // and old revisions compacted. At 16,384 × 8 the default 2 GiB ran
+        // out mid-job ("mvcc: database space exceeded"), every write then
+        // refused, as each flush of a 131,072-GPU job's telemetry leaves
+        // its earlier revisions behind.
+        .args(["--quota-backend-bytes", &(8u64 << 30).to_string()])
+        .args(["--auto-compaction-mode", "periodic"])
+        .args(["--auto-compaction-retention", "1m"])
         .stdout(log.try_clone()?)
         .stderr(log)
         .spawn()

@@ -147,6 +147,7 @@ pub async fn start_with(
             pace: Default::default(),
             search: search.clone(),
             dials: dials.clone(),
+            away: Arc::default(),
         };
         let (tx, rx) = tokio::sync::oneshot::channel();
         tokio::spawn(agent.run(tx));
@@ -175,6 +176,9 @@ struct Agent {
     search: Arc<SearchPlay>,
     /// Leaders being looked for open sockets: [`dial_room`].
     dials: Arc<Semaphore>,
+    /// Set from a lost session until the next one opens: its ranks' calls
+    /// fail at once meanwhile ([`ranks::Clients::unreachable`]).
+    away: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// How many agents may look for the leader at once: the open-files limit
@@ -240,6 +244,7 @@ impl Agent {
                 open_ms = (began.elapsed() - waited - found).as_millis() as u64, "tried to reconnect");
             match opened {
                 Ok((inbound, session)) => {
+                    me.away.store(false, Ordering::Relaxed);
                     if let Some(r) = registered.take() {
                         let _ = r.send(Ok(()));
                     } else {
@@ -252,6 +257,7 @@ impl Agent {
                         .listen(inbound, &outbox, &running, &mut cancels)
                         .await;
                     ended.cancel();
+                    me.away.store(true, Ordering::Relaxed);
                     outbox_rx = match fwd.await {
                         Ok(rx) => rx,
                         Err(_) => break,
@@ -501,10 +507,19 @@ impl Agent {
             let me = self.clone();
             // The first client as before; after a failed call, the agent's
             // leader as it knows it then.
-            let clients: ranks::Clients = Arc::new(move || {
-                let first = first.lock().unwrap().take();
-                first.unwrap_or_else(|| me.worker_client())
-            });
+            // Relayed calls fail with their agent's session; a worker with
+            // connections of its own does not know its agent is away.
+            let away = match self.cfg.rank_connections {
+                RankConnections::Agent => self.away.clone(),
+                _ => Arc::default(),
+            };
+            let clients = ranks::Clients::new(
+                Arc::new(move || {
+                    let first = first.lock().unwrap().take();
+                    first.unwrap_or_else(|| me.worker_client())
+                }),
+                away,
+            );
             let (tx, running, left, stats, stop) = (
                 tx.clone(),
                 running.clone(),
