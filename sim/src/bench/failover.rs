@@ -447,7 +447,7 @@ pub fn print(r: &FailoverReport) {
         r.registrations_peak_per_s, r.registrations_mean_per_s
     );
     println!(
-        "  the job                      {} at {:.1} s; {} of {} results in its report; {} refused; {} rank calls failed (retried)",
+        "  the job                      {} at {:.1} s; {} of {} results in its report; {} refused; {} rank calls failed or held while their agent was away (retried)",
         r.job_state,
         r.job_end_ms / 1e3,
         r.results_in_report,
