@@ -21,7 +21,7 @@ use gpuctl_proto::pb::{
     ListNodesRequest, NodeState, SubmitRequest,
 };
 
-use crate::fleet::{self, FleetConfig, RankConnections};
+use crate::fleet::{self, FleetConfig};
 use crate::probe;
 use crate::shards::{self, Shards};
 
@@ -212,14 +212,14 @@ pub async fn run(cfg: &FailoverConfig, dir: PathBuf) -> Result<FailoverReport> {
         cfg.nodes, cfg.gpus
     );
     let whole = FleetConfig {
-        url: format!("{url_a},{url_b}"),
-        nodes: cfg.nodes,
-        gpus: cfg.gpus,
-        interval: cfg.interval,
-        connections: cfg.connections,
-        rank_connections: RankConnections::Agent,
-        first: 0,
         own_addresses: true,
+        ..FleetConfig::new(
+            format!("{url_a},{url_b}"),
+            cfg.nodes,
+            cfg.gpus,
+            cfg.interval,
+            cfg.connections,
+        )
     };
     let mut shards = Shards::start(
         &cfg.sim_bin,

@@ -79,14 +79,14 @@ pub async fn run(cfg: &BenchConfig, dir: PathBuf) -> Result<BenchReport> {
     let t = Instant::now();
     let fleet = fleet::start(
         FleetConfig {
-            url: co.url.clone(),
-            nodes: cfg.nodes,
-            gpus: cfg.gpus,
-            interval: cfg.interval,
-            connections: cfg.connections,
             rank_connections: cfg.rank_connections,
-            first: 0,
-            own_addresses: false,
+            ..FleetConfig::new(
+                co.url.clone(),
+                cfg.nodes,
+                cfg.gpus,
+                cfg.interval,
+                cfg.connections,
+            )
         },
         stop.clone(),
     )

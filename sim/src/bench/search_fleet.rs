@@ -16,7 +16,7 @@ use gpuctl_proto::pb::{GetJobRequest, GetReportRequest, JobSpec, Report, SubmitR
 
 use super::coordinator::Coordinator;
 use crate::culprits::Culprits;
-use crate::fleet::{self, FleetConfig, RankConnections};
+use crate::fleet::{self, FleetConfig};
 use crate::probe;
 use crate::search_ranks::SearchPlay;
 
@@ -103,16 +103,13 @@ pub async fn run(cfg: &SearchFleetConfig, dir: PathBuf) -> Result<SearchFleetRep
     let t = Instant::now();
     let play = Arc::new(SearchPlay::new(cfg.culprits.clone(), cfg.seed, cfg.round));
     let fleet = fleet::start_with(
-        FleetConfig {
-            url: co.url.clone(),
-            nodes: cfg.nodes,
-            gpus: cfg.gpus,
-            interval: cfg.interval,
-            connections: cfg.connections,
-            rank_connections: RankConnections::Agent,
-            first: 0,
-            own_addresses: false,
-        },
+        FleetConfig::new(
+            co.url.clone(),
+            cfg.nodes,
+            cfg.gpus,
+            cfg.interval,
+            cfg.connections,
+        ),
         play,
         stop.clone(),
     )

@@ -65,6 +65,27 @@ pub struct FleetConfig {
 }
 
 impl FleetConfig {
+    /// `nodes` × `gpus` from node 0, the workers' calls over their agent's
+    /// connection, every node from this host's usual address.
+    pub fn new(
+        url: String,
+        nodes: usize,
+        gpus: u32,
+        interval: Duration,
+        connections: usize,
+    ) -> FleetConfig {
+        FleetConfig {
+            url,
+            nodes,
+            gpus,
+            interval,
+            connections,
+            rank_connections: RankConnections::Agent,
+            first: 0,
+            own_addresses: false,
+        }
+    }
+
     /// How the `index`th simulated agent connects: as gpuctl-agent's
     /// session does.
     fn builder(&self, index: usize, url: &str) -> gpuctl_core::client::Builder {
