@@ -10,7 +10,9 @@
 #
 # Env: NODES (16384), JOB (90s), KILL_AFTER (15s), PROCS (2: the simulated
 # fleet split over this many processes, each with its own open files; one
-# process cannot hold 16,384 reconnecting agents here), SIMLOG (the simulator's
+# process cannot hold 16,384 reconnecting agents here), FLEET_NICE (0: the
+# simulated fleet shares the cores evenly; at 19 it starved and came back
+# late), SIMLOG (the simulator's
 # RUST_LOG, e.g. warn,gpuctl_sim::fleet=debug for each agent's reconnect
 # times), KEEP=1 (keep etcd's data and the coordinators' logs), PERF=1 (perf
 # record of the new leader, PERF_DELAY s after the kill for PERF_SECS s).

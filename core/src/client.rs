@@ -193,9 +193,9 @@ impl Builder {
     }
 
     /// Opens its connections from `address` (one of this host's), not the
-    /// one the kernel picks: a simulated fleet split over processes comes
-    /// from 127.0.0.2, 127.0.0.3, … as real hosts come from addresses of
-    /// their own.
+    /// one the kernel picks: each simulated node comes from a loopback
+    /// address of its own (`gpuctl-sim --own-addresses`), as real hosts come
+    /// from theirs.
     pub fn local_address(mut self, address: Option<std::net::IpAddr>) -> Self {
         self.local_address = address;
         self

@@ -78,15 +78,20 @@ impl Clients {
         (self.make)()
     }
 
-    /// Whether a call now fails before it leaves the host: while its agent
-    /// has no coordinator, a call would dial the address the agent lost.
-    /// On a real fleet that is each host's own cost; here 131,072 ranks'
-    /// dials to a killed leader took the cores the agents needed to find
-    /// the new one, and reached no coordinator either way.
-    pub(crate) fn unreachable(&self) -> Option<tonic::Status> {
-        self.away
-            .load(std::sync::atomic::Ordering::Relaxed)
-            .then(|| tonic::Status::unavailable("the agent has no coordinator"))
+    /// `call`'s answer, or a failure without making it while the rank's
+    /// agent has no coordinator: the call would dial the address the agent
+    /// lost. On a real fleet that is each host's own cost; here 131,072
+    /// ranks' dials to a killed leader took the cores the agents needed to
+    /// find the new one, and reached no coordinator either way.
+    pub(crate) async fn unless_away<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, tonic::Status>>,
+    ) -> Result<T, tonic::Status> {
+        if self.away.load(std::sync::atomic::Ordering::Relaxed) {
+            // Not polled: a future that is dropped makes no call.
+            return Err(tonic::Status::unavailable("the agent has no coordinator"));
+        }
+        call.await
     }
 }
 
@@ -188,11 +193,10 @@ pub async fn run(job: RankJob, clients: Clients, stats: Arc<Stats>, stop: Shutdo
                 waiting_for: String::new(),
             }),
         };
-        let answer = match clients.unreachable() {
-            Some(e) => Err(e),
-            None => client.report_progress(request(&job, progress)).await,
-        };
-        match answer {
+        match clients
+            .unless_away(client.report_progress(request(&job, progress)))
+            .await
+        {
             Ok(ack) if !ack.get_ref().ok => return Outcome::Cancelled,
             Ok(ack) => {
                 let asked = u64::from(ack.get_ref().next_report_ms);
@@ -292,11 +296,10 @@ pub(crate) async fn deliver(
     let until = tokio::time::Instant::now() + DEFAULT_GRACE + GRACE_MARGIN;
     let mut pause = RETRY_START;
     for attempt in 0.. {
-        let answer = match clients.unreachable() {
-            Some(e) => Err(e),
-            None => client.report_result(request(job, result.clone())).await,
-        };
-        match answer {
+        match clients
+            .unless_away(client.report_result(request(job, result.clone())))
+            .await
+        {
             Ok(ack) => {
                 if ack.get_ref().ok {
                     stats.result_sent(&job.job_id);
@@ -323,4 +326,35 @@ pub(crate) async fn deliver(
         }
     }
     Outcome::Failed
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_call_is_not_made_while_the_agent_is_away() {
+        let away = Arc::new(AtomicBool::new(true));
+        let clients = Clients::new(
+            Arc::new(|| unreachable!("no client is asked for")),
+            away.clone(),
+        );
+        let made = AtomicU32::new(0);
+        let call = || async {
+            made.fetch_add(1, Ordering::Relaxed);
+            Ok::<_, tonic::Status>(())
+        };
+        let e = clients.unless_away(call()).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unavailable);
+        assert_eq!(
+            made.load(Ordering::Relaxed),
+            0,
+            "the call went out while away"
+        );
+        away.store(false, Ordering::Relaxed);
+        clients.unless_away(call()).await.unwrap();
+        assert_eq!(made.load(Ordering::Relaxed), 1);
+    }
 }

@@ -281,11 +281,10 @@ pub async fn run(
                 waiting_for: String::new(),
             }),
         };
-        let answer = match clients.unreachable() {
-            Some(e) => Err(e),
-            None => client.report_progress(request(&job, progress)).await,
-        };
-        match answer {
+        match clients
+            .unless_away(client.report_progress(request(&job, progress)))
+            .await
+        {
             Ok(ack) if !ack.get_ref().ok => return Outcome::Cancelled,
             Ok(ack) => {
                 let every = u64::from(ack.get_ref().next_report_ms);

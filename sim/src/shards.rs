@@ -126,6 +126,7 @@ impl Shards {
                 .args(["--nodes", &nodes.to_string()])
                 .args(["--first-node", &first.to_string()])
                 .args(["--gpus", &fleet.gpus.to_string()])
+                .args(["--connections", &fleet.connections.min(nodes).to_string()])
                 .args(["--interval", &format!("{}ms", fleet.interval.as_millis())])
                 .args(fleet.own_addresses.then_some("--own-addresses"))
                 .args(["--fleet-nice", &nice.to_string()])

@@ -198,7 +198,7 @@ struct Agent {
     /// Leaders being looked for open sockets: [`dial_room`].
     dials: Arc<Semaphore>,
     /// Set from a lost session until the next one opens: its ranks' calls
-    /// fail at once meanwhile ([`ranks::Clients::unreachable`]).
+    /// fail at once meanwhile ([`ranks::Clients::unless_away`]).
     away: Arc<std::sync::atomic::AtomicBool>,
 }
 
