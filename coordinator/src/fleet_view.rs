@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use gpuctl_core::shutdown::Shutdown;
 use gpuctl_proto::pb::{FleetRow, GetFleetRequest, GetFleetResponse, Link, NodeRun};
 use prost::Message as _;
+use tracing::debug;
 
 use crate::error::CoordinatorError;
 use crate::history;
@@ -136,7 +137,10 @@ impl Inner {
         }
         // Let go before building: never two answers held here.
         *kept = None;
+        let building = Instant::now();
         let f = history::fleet(&self.store, GetFleetRequest::default(), self.drift).await?;
+        // How long callers waited for it, for a big fleet's operator.
+        debug!(rows = f.rows.len(), ms = building.elapsed().as_millis() as u64, "fleet view built");
         let built = Arc::new(Built {
             version,
             bytes: f.encoded_len(),

@@ -12,7 +12,7 @@ use futures::StreamExt as _;
 
 use gpuctl_core::shutdown::Shutdown;
 use gpuctl_proto::pb::{FleetRow, GetFleetRequest, GetFleetResponse, NodeRun};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::error::CoordinatorError;
 use crate::judge::fleet;
@@ -115,6 +115,7 @@ pub async fn fleet(
     drift_tolerance: f64,
 ) -> Result<GetFleetResponse, CoordinatorError> {
     let node = req.node.trim();
+    let t0 = std::time::Instant::now();
     // Each node's last acceptance suite, whenever it was.
     let accepted = store
         .acceptances()
@@ -126,6 +127,7 @@ pub async fn fleet(
     } else {
         vec![node.to_string()]
     };
+    let read_names_ms = t0.elapsed().as_millis() as u64;
     let mut rows = Vec::new();
     let mut links = fleet::LatestLinks::default();
     let mut last = Vec::new();
@@ -145,6 +147,8 @@ pub async fn fleet(
         links.add(&runs);
         last = runs;
     }
+    let read_runs_ms = t0.elapsed().as_millis() as u64 - read_names_ms;
+    debug!(nodes = rows.len(), read_names_ms, read_runs_ms, "fleet history read");
     // Each node's first row, by name: finding it by a scan of the rows was
     // quadratic, about 2.7e8 comparisons for 16,384 accepted nodes.
     let mut first: HashMap<String, usize> = HashMap::new();

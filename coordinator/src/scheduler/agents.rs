@@ -97,7 +97,7 @@ impl Scheduler {
             preflight: req.preflight,
         };
         node.slots = planner::slots(&node);
-        entry.set_node(node);
+        entry.set_node(node, &self.listing);
         entry.session = None;
         entry.coordinator_url = url.clone();
 
@@ -146,7 +146,7 @@ impl Scheduler {
                 .is_some_and(|j| j.state() == JobState::Running);
         let entry = self.nodes.get_mut(&name).expect("inserted above");
         let job = if keep { prior.as_str() } else { "" };
-        entry.on(NodeEvent::Registered { job }, now);
+        entry.on(NodeEvent::Registered { job }, now, &self.listing);
         let mut batch = Batch::default().node(&entry.node);
         if let Some(why) = changed {
             warn!(node = %name, "{why}");
@@ -204,6 +204,7 @@ impl Scheduler {
                 heard_unix_ms: heard,
             },
             self.cfg.clock.now_ms(),
+            &self.listing,
         )
         .save
         {
@@ -227,7 +228,7 @@ impl Scheduler {
             warn!(node = %node, "heartbeat refused: {why}");
             return;
         }
-        let fx = e.on(NodeEvent::Heard, now);
+        let fx = e.on(NodeEvent::Heard, now, &self.listing);
         if !hb.preflight.is_empty() && self.budget.checks(&self.cfg, e, &hb.preflight) {
             // Kept in memory: the next registration or state change stores it.
             e.node_mut().preflight = hb.preflight;
@@ -345,6 +346,7 @@ impl Scheduler {
             .remove(name)
             .map(|e| Arc::unwrap_or_clone(e.node))
             .unwrap_or_default();
+        self.listing.changed();
         info!(node = %name, "node removed");
         self.repace();
         Ok(removed)
@@ -387,7 +389,7 @@ impl Scheduler {
         let timeout = self.cfg.node_timeout;
         let mut lost = Vec::new();
         for (name, e) in self.nodes.iter_mut() {
-            let fx = e.on(NodeEvent::Tick { timeout }, now);
+            let fx = e.on(NodeEvent::Tick { timeout }, now, &self.listing);
             if fx.save {
                 lost.push((name.clone(), fx, e.node.clone()));
             }

@@ -413,10 +413,11 @@ impl Query {
 }
 
 /// What `ListNodes` takes from the scheduler: a brief listing's table, or
-/// every node whole (`-o json`), which the caller copies out of its `Arc`s.
+/// every node whole (`-o json`), which the caller copies out of its `Arc`s
+/// (the table too: it is also kept, `listing.rs`).
 #[derive(Debug)]
 pub enum Listing {
-    Table(Box<NodeTable>),
+    Table(std::sync::Arc<NodeTable>),
     Nodes(Vec<std::sync::Arc<Node>>),
 }
 

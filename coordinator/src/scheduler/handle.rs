@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use gpuctl_proto::pb::{ListNodesRequest, ListNodesResponse, Node};
+use gpuctl_proto::pb::{ListNodesRequest, ListNodesResponse, Node, NodeTable};
 use tokio::sync::{mpsc, oneshot};
 use tracing::debug;
 
@@ -25,6 +25,8 @@ pub struct SchedulerHandle {
     pub(super) clock: Clock,
     /// Where every service counts what a node may not say.
     pub(super) refusals: crate::refusals::Refusals,
+    /// `gpuctl nodes`' table, kept beside the scheduler (`listing.rs`).
+    pub(super) listing: Arc<super::listing::NodeListing>,
 }
 
 impl SchedulerHandle {
@@ -53,9 +55,17 @@ impl SchedulerHandle {
         &self,
         req: ListNodesRequest,
     ) -> Result<ListNodesResponse, CoordinatorError> {
+        if req.brief {
+            if let Some(t) = self.listing.current(self.clock.now_ms()) {
+                return Ok(ListNodesResponse {
+                    table: Some(NodeTable::clone(&t)),
+                    ..Default::default()
+                });
+            }
+        }
         match self.listing(req.brief).await? {
             Listing::Table(t) => Ok(ListNodesResponse {
-                table: Some(*t),
+                table: Some(NodeTable::clone(&t)),
                 ..Default::default()
             }),
             Listing::Nodes(nodes) => background::in_place(move || page(nodes, &req)),

@@ -239,7 +239,7 @@ impl Scheduler {
         // start and again at its end.
         for name in &plan.nodes {
             if let Some(n) = self.nodes.get_mut(name) {
-                n.on(NodeEvent::JobSet { job: id }, now);
+                n.on(NodeEvent::JobSet { job: id }, now, &self.listing);
             }
         }
         self.save(batch);
@@ -395,7 +395,7 @@ impl Scheduler {
             };
             // Not stored: see `start`.
             if n.node.current_job == id {
-                n.on(NodeEvent::JobSet { job: "" }, now);
+                n.on(NodeEvent::JobSet { job: "" }, now, &self.listing);
             }
             if state != JobState::Succeeded && skip != Some(name.as_str()) {
                 n.send_cancel_as(id, attempt, &message, kind);

@@ -56,6 +56,7 @@ pub mod events;
 mod handle;
 mod inventory;
 mod jobs;
+mod listing;
 mod planning;
 mod ranks;
 mod recent;
@@ -84,6 +85,7 @@ pub use events::{
     AgentEvent, Event, JobEvent, Query, RankEvent, Reply, ReportEvent, SessionTx, SuiteEvent,
 };
 pub use handle::SchedulerHandle;
+use listing::NodeListing;
 use snapshot::Counts;
 pub use snapshot::Snapshot;
 use state::{JobEntry, NodeEntry};
@@ -139,6 +141,8 @@ pub struct Scheduler {
     rdv: Rendezvous,
     logs: LogSink,
     nodes: BTreeMap<String, NodeEntry>,
+    /// `gpuctl nodes`' table, kept for readers (`listing.rs`).
+    listing: Arc<NodeListing>,
     /// What the nodes keep, against their budgets (`budget.rs`).
     budget: budget::Budget,
     jobs: BTreeMap<String, JobEntry>,
@@ -247,11 +251,12 @@ impl Scheduler {
         }
         let mut batch = Batch::default();
         let mut nodes = BTreeMap::new();
+        let listing = Arc::new(NodeListing::default());
         let now = cfg.clock.now_ms();
         for node in store.nodes().await? {
             let job = running_on.get(&node.name).cloned().unwrap_or_default();
             let mut e = NodeEntry::detached(node);
-            e.on(NodeEvent::Restarted { job: &job }, now);
+            e.on(NodeEvent::Restarted { job: &job }, now, &listing);
             batch = batch.node(&e.node);
             nodes.insert(e.node.name.clone(), e);
         }
@@ -292,6 +297,7 @@ impl Scheduler {
             rdv,
             logs,
             nodes,
+            listing,
             budget: budget::Budget::default(),
             jobs,
             job_seq,
@@ -355,6 +361,7 @@ impl Scheduler {
         // at 4,096 nodes: no gain told apart from run-to-run spread.
         let clock = self.cfg.clock.clone();
         let refusals = self.cfg.refusals.clone();
+        let listing = self.listing.clone();
         let task = on.spawn(self.run(rx, people_rx, shutdown));
         (
             SchedulerHandle {
@@ -362,6 +369,7 @@ impl Scheduler {
                 people,
                 clock,
                 refusals,
+                listing,
             },
             task,
         )

@@ -13,6 +13,7 @@ use gpuctl_proto::pb::{
 
 use super::background::drop_later;
 use super::events::{Reply, SessionTx};
+use super::listing::NodeListing;
 use super::SchedulerConfig;
 use crate::error::CoordinatorError;
 use crate::fleet::{self, Effects, Life, NodeEvent};
@@ -102,17 +103,21 @@ impl NodeEntry {
         Arc::make_mut(&mut self.node)
     }
 
-    /// Replaces the node (a registration).
-    pub fn set_node(&mut self, node: Node) {
+    /// Replaces the node (a registration), counted as a change of the
+    /// listing.
+    pub fn set_node(&mut self, node: Node, listing: &NodeListing) {
         self.fixed = Arc::new(Fixed::of(&node));
         self.node = Arc::new(node);
+        listing.changed();
     }
 
     /// What happened to the node, through its state machine
     /// ([`crate::fleet::node`]); the node is copied only when its life
     /// changed. The caller carries out the effects that reach beyond the
     /// node (storing it, failing its job); the session is dropped here.
-    pub fn on(&mut self, event: NodeEvent<'_>, now: u64) -> Effects {
+    /// A change `gpuctl nodes` shows (not a heartbeat's time) is counted in
+    /// `listing`.
+    pub fn on(&mut self, event: NodeEvent<'_>, now: u64, listing: &NodeListing) -> Effects {
         let life = Life {
             state: self.node.state(),
             reason: self.node.state_reason.clone(),
@@ -120,6 +125,9 @@ impl NodeEntry {
             heard_unix_ms: self.node.last_heartbeat_unix_ms,
         };
         let (next, fx) = fleet::transition(&life, event, now);
+        listing.changed_if(
+            next.state != life.state || next.reason != life.reason || next.job != life.job,
+        );
         if next != life {
             let n = self.node_mut();
             n.set_state(next.state);

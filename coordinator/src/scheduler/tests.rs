@@ -380,3 +380,43 @@ async fn a_growing_fleet_tells_every_session_its_pace_at_each_doubling() {
     let told: Vec<Vec<(u32, u32)>> = f.sessions.iter_mut().map(paces).collect();
     assert_eq!(told[..2], vec![vec![(2_000, 2_000)]; 2]);
 }
+
+/// `gpuctl nodes`' brief table, built on the task as a listing asks.
+async fn listed(f: &mut Fixture) -> Arc<gpuctl_proto::pb::NodeTable> {
+    let (reply, answer) = oneshot::channel();
+    let q = Query::ListNodes { brief: true, reply };
+    f.sched.dispatch(q.into()).await;
+    match answer.await.unwrap() {
+        events::Listing::Table(t) => t,
+        events::Listing::Nodes(_) => panic!("a brief listing is a table"),
+    }
+}
+
+#[tokio::test]
+async fn the_kept_node_table_is_current_until_a_node_changes_what_it_lists() {
+    let mut f = Fixture::new(Duration::from_secs(15)).await;
+    f.join("n1").await;
+    let built = listed(&mut f).await;
+    let kept = f.sched.listing.current(T0).expect("kept once built");
+    assert_eq!(kept.row(0).state, NodeState::Ready);
+    // A heartbeat alone leaves it current, its column a second old at most.
+    f.clock.advance(Duration::from_millis(400));
+    f.beat("n1").await;
+    assert!(f.sched.listing.current(f.clock.now_ms()).is_some());
+    f.clock.advance(Duration::from_millis(600));
+    assert!(f.sched.listing.current(f.clock.now_ms()).is_none());
+    let heard = listed(&mut f).await.row(0).last_heartbeat_unix_ms;
+    assert_eq!(
+        (built.row(0).last_heartbeat_unix_ms, heard),
+        (T0, T0 + 400)
+    );
+    // A job's start is listed at once: the kept table is not current.
+    let job = f.submit(stress(60_000, 30_000)).await;
+    assert!(f.sched.listing.current(f.clock.now_ms()).is_none());
+    let t = listed(&mut f).await;
+    assert_eq!((t.row(0).state, t.row(0).job), (NodeState::Busy, job.as_str()));
+    // And the node's loss.
+    f.tick_at(T0 + 400 + 15_001).await;
+    assert!(f.sched.listing.current(f.clock.now_ms()).is_none());
+    assert_eq!(listed(&mut f).await.row(0).state, NodeState::Lost);
+}

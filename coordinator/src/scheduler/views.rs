@@ -56,7 +56,8 @@ impl Scheduler {
     }
 
     /// `ListNodes`: a brief listing's table is built here, from the nodes
-    /// in place. Built by the
+    /// in place, and kept for readers who come before a node changes
+    /// (`listing.rs`). Built by the
     /// caller, it held every node's `Arc` meanwhile, and a job's start or
     /// end, which changes all 4,096 nodes, copied each one held (GPUs,
     /// facts, checks) on this task. Whole nodes (`-o json`) are still
@@ -65,9 +66,10 @@ impl Scheduler {
     fn list_nodes(&self, brief: bool) -> Listing {
         let nodes = self.nodes.values();
         if brief {
-            Listing::Table(Box::new(table(
-                nodes.map(|e| (e.node.as_ref(), e.fixed.as_ref())),
-            )))
+            let t = table(nodes.map(|e| (e.node.as_ref(), e.fixed.as_ref())));
+            let t = std::sync::Arc::new(t);
+            self.listing.keep(t.clone(), self.cfg.clock.now_ms());
+            Listing::Table(t)
         } else {
             Listing::Nodes(nodes.map(|e| e.node.clone()).collect())
         }
