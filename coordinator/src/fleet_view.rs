@@ -140,7 +140,11 @@ impl Inner {
         let building = Instant::now();
         let f = history::fleet(&self.store, GetFleetRequest::default(), self.drift).await?;
         // How long callers waited for it, for a big fleet's operator.
-        debug!(rows = f.rows.len(), ms = building.elapsed().as_millis() as u64, "fleet view built");
+        debug!(
+            rows = f.rows.len(),
+            ms = building.elapsed().as_millis() as u64,
+            "fleet view built"
+        );
         let built = Arc::new(Built {
             version,
             bytes: f.encoded_len(),

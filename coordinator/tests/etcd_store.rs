@@ -52,6 +52,26 @@ async fn round_trips_pages_and_persists() {
             ("results/job-1/1/000001".to_string(), b"r1".to_vec()),
         ]
     );
+    // The fleet view's reads: several prefixes at once, and keys alone.
+    let both = store
+        .scan_prefixes(vec!["results/job-10/".into(), "results/job-1/".into()])
+        .await
+        .unwrap();
+    assert_eq!(
+        both,
+        vec![
+            store.scan_prefix("results/job-10/".into()).await.unwrap(),
+            scan.clone()
+        ]
+    );
+    assert_eq!(
+        store.scan_keys("results/job-1".into()).await.unwrap(),
+        [
+            "results/job-1/1/000000",
+            "results/job-1/1/000001",
+            "results/job-10/1/000000"
+        ]
+    );
 
     // More keys than one transaction (128 ops) and one scan page (500) hold.
     let many: Vec<(String, Vec<u8>)> = (0..1234)

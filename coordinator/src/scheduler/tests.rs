@@ -406,15 +406,15 @@ async fn the_kept_node_table_is_current_until_a_node_changes_what_it_lists() {
     f.clock.advance(Duration::from_millis(600));
     assert!(f.sched.listing.current(f.clock.now_ms()).is_none());
     let heard = listed(&mut f).await.row(0).last_heartbeat_unix_ms;
-    assert_eq!(
-        (built.row(0).last_heartbeat_unix_ms, heard),
-        (T0, T0 + 400)
-    );
+    assert_eq!((built.row(0).last_heartbeat_unix_ms, heard), (T0, T0 + 400));
     // A job's start is listed at once: the kept table is not current.
     let job = f.submit(stress(60_000, 30_000)).await;
     assert!(f.sched.listing.current(f.clock.now_ms()).is_none());
     let t = listed(&mut f).await;
-    assert_eq!((t.row(0).state, t.row(0).job), (NodeState::Busy, job.as_str()));
+    assert_eq!(
+        (t.row(0).state, t.row(0).job),
+        (NodeState::Busy, job.as_str())
+    );
     // And the node's loss.
     f.tick_at(T0 + 400 + 15_001).await;
     assert!(f.sched.listing.current(f.clock.now_ms()).is_none());

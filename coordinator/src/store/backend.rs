@@ -60,6 +60,30 @@ pub trait Store: Send + Sync + 'static {
     /// Every entry whose key starts with `prefix`, in key order.
     fn scan_prefix(&self, prefix: String) -> BoxFuture<'_, StoreResult<Entries>>;
 
+    /// The entries under each of `prefixes`, each as [`Self::scan_prefix`]
+    /// gives them. This default reads them one after another; a backend
+    /// that can read them in one trip does: the fleet view reads every
+    /// node's runs, and at 16,384 nodes one trip a node took 2-67 s.
+    fn scan_prefixes(&self, prefixes: Vec<String>) -> BoxFuture<'_, StoreResult<Vec<Entries>>> {
+        Box::pin(async move {
+            let mut out = Vec::with_capacity(prefixes.len());
+            for p in prefixes {
+                out.push(self.scan_prefix(p).await?);
+            }
+            Ok(out)
+        })
+    }
+
+    /// The keys under `prefix`, in key order. This default reads the values
+    /// too; a backend that can leave them does (the inventory's names,
+    /// without 16,384 nodes' GPUs and checks).
+    fn scan_keys(&self, prefix: String) -> BoxFuture<'_, StoreResult<Vec<String>>> {
+        Box::pin(async move {
+            let entries = self.scan_prefix(prefix).await?;
+            Ok(entries.into_iter().map(|(k, _)| k).collect())
+        })
+    }
+
     /// Bytes (keys and values) of the entries whose key starts with
     /// `prefix`: what a job keeps in the store (`--keep-jobs-bytes`). This
     /// default reads the entries; a backend that can count without copying

@@ -7,7 +7,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadOnlyTable, ReadableDatabase, ReadableTable, TableDefinition};
 use tracing::debug;
 
 use super::backend::{Entries, SharedEntries, Store, StoreError, StoreResult};
@@ -223,16 +223,47 @@ impl Store for RedbStore {
         self.blocking(move |db| {
             let tx = db.begin_read()?;
             let table = tx.open_table(KV)?;
+            under(&table, &prefix)
+        })
+    }
+
+    /// One read transaction on one blocking thread for all of them.
+    fn scan_prefixes(&self, prefixes: Vec<String>) -> BoxFuture<'_, StoreResult<Vec<Entries>>> {
+        self.blocking(move |db| {
+            let tx = db.begin_read()?;
+            let table = tx.open_table(KV)?;
+            prefixes.iter().map(|p| under(&table, p)).collect()
+        })
+    }
+
+    fn scan_keys(&self, prefix: String) -> BoxFuture<'_, StoreResult<Vec<String>>> {
+        self.blocking(move |db| {
+            let tx = db.begin_read()?;
+            let table = tx.open_table(KV)?;
             let mut out = Vec::new();
             for item in table.range(prefix.as_str()..)? {
-                let (k, v) = item?;
+                let (k, _) = item?;
                 let k = k.value();
                 if !k.starts_with(prefix.as_str()) {
                     break;
                 }
-                out.push((k.to_string(), v.value().to_vec()));
+                out.push(k.to_string());
             }
             Ok(out)
         })
     }
+}
+
+/// Every entry of `table` under `prefix`, in key order.
+fn under(table: &ReadOnlyTable<&str, &[u8]>, prefix: &str) -> Result<Entries, redb::Error> {
+    let mut out = Vec::new();
+    for item in table.range(prefix..)? {
+        let (k, v) = item?;
+        let k = k.value();
+        if !k.starts_with(prefix) {
+            break;
+        }
+        out.push((k.to_string(), v.value().to_vec()));
+    }
+    Ok(out)
 }

@@ -318,6 +318,52 @@ impl StateStore {
         self.scan_msgs(prefix).await
     }
 
+    /// The kept runs of each of `nodes`, oldest first, in one read of the
+    /// backend ([`Store::scan_prefixes`]).
+    pub async fn histories(&self, nodes: &[String]) -> StoreResult<Vec<Vec<NodeRun>>> {
+        let prefixes: Vec<String> = nodes.iter().map(|n| keys::history_of(n)).collect();
+        // Queued first, as in `scan_raw`.
+        let queued: Vec<_> = prefixes.iter().map(|p| self.writer.scan(p)).collect();
+        let committed = self.inner.scan_prefixes(prefixes).await?;
+        let size = committed.iter().flatten().map(|(_, v)| v.len()).sum();
+        decode_off(size, move || {
+            let mut out = Vec::with_capacity(committed.len());
+            for (entries, queued) in committed.into_iter().zip(queued) {
+                let mut all: std::collections::BTreeMap<String, Vec<u8>> =
+                    entries.into_iter().collect();
+                for (k, v) in queued {
+                    all.insert(k, v.as_ref().clone());
+                }
+                let runs = all
+                    .into_iter()
+                    .map(|(key, bytes)| {
+                        NodeRun::decode(bytes.as_slice())
+                            .map_err(|source| StoreError::Decode { key, source })
+                    })
+                    .collect::<StoreResult<Vec<_>>>()?;
+                out.push(runs);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// The registered nodes' names, in key order, without reading the nodes.
+    pub async fn node_names(&self) -> StoreResult<Vec<String>> {
+        let queued = self.writer.scan(keys::NODES);
+        let mut names: std::collections::BTreeSet<String> = self
+            .inner
+            .scan_keys(keys::NODES.to_string())
+            .await?
+            .into_iter()
+            .collect();
+        names.extend(queued.into_iter().map(|(k, _)| k));
+        Ok(names
+            .into_iter()
+            .filter_map(|k| k.strip_prefix(keys::NODES).map(str::to_string))
+            .collect())
+    }
+
     /// Jobs whose runs are due ([`Batch::history_due`]).
     pub async fn history_due(&self) -> StoreResult<Vec<String>> {
         let marks = self.scan_raw(keys::HISTORY_DUE.to_string()).await?;

@@ -218,3 +218,46 @@ async fn garbage_values_are_reported_with_their_key() {
     let err = s.jobs().await.unwrap_err().to_string();
     assert!(err.contains("jobs/bad"), "{err}");
 }
+
+/// The fleet view's reads: every node's runs in one read, whether they are
+/// committed or still queued, each node's alone (`a` is not `a-1`), and
+/// the inventory's names without its nodes.
+#[tokio::test]
+async fn histories_and_node_names_read_committed_and_queued_writes_alike() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path());
+    let run = |node: &str, job: &str, at: u64| NodeRun {
+        node: node.into(),
+        job_id: job.into(),
+        finished_unix_ms: at,
+        ..Default::default()
+    };
+    let node = |name: &str| Node {
+        name: name.into(),
+        ..Default::default()
+    };
+    let committed = Batch::default()
+        .run(&run("a", "job-1", 10))
+        .run(&run("a-1", "job-1", 10))
+        .node(&node("a"))
+        .node(&node("a-1"));
+    s.write(committed).await.unwrap();
+    let queued = Batch::default()
+        .run(&run("a", "job-2", 20))
+        .run(&run("c", "job-2", 20))
+        .node(&node("c"));
+    let durable = s.queue_later(queued);
+    let names = ["a", "b", "a-1", "c"].map(String::from);
+    let read = s.histories(&names).await.unwrap();
+    let jobs: Vec<Vec<&str>> = (read.iter())
+        .map(|runs| runs.iter().map(|r| r.job_id.as_str()).collect())
+        .collect();
+    assert_eq!(
+        jobs,
+        vec![vec!["job-1", "job-2"], vec![], vec!["job-1"], vec!["job-2"]]
+    );
+    assert_eq!(s.node_names().await.unwrap(), ["a", "a-1", "c"]);
+    durable.wait().await.unwrap();
+    assert_eq!(s.histories(&names).await.unwrap(), read, "once committed");
+    assert_eq!(s.node_names().await.unwrap(), ["a", "a-1", "c"]);
+}
