@@ -110,6 +110,25 @@ async fn runs_of(
         .map_err(|e| CoordinatorError::store("could not read the fleet history", e))
 }
 
+/// As [`fleet`], driven on a blocking thread of its own. On the runtime its
+/// reads were each woken by a worker of the runtime that serves every
+/// connection: at 16,384 nodes, while the next job started and 131,072
+/// assignments went out, ~200 ms a read and 51-67 s a build.
+pub async fn fleet_apart(
+    store: &StateStore,
+    req: GetFleetRequest,
+    drift_tolerance: f64,
+) -> Result<GetFleetResponse, CoordinatorError> {
+    let (store, rt) = (store.clone(), tokio::runtime::Handle::current());
+    match tokio::task::spawn_blocking(move || rt.block_on(fleet(&store, req, drift_tolerance)))
+        .await
+    {
+        Ok(answer) => answer,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => Err(CoordinatorError::ShuttingDown),
+    }
+}
+
 /// `gpuctl fleet`: one row per node, with drift against its own history
 /// (`drift_tolerance`: a last figure under that share of the previous median
 /// is flagged); with `node`, that node's runs, newest first. Read a node at
