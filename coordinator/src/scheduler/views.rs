@@ -66,6 +66,11 @@ impl Scheduler {
     fn list_nodes(&self, brief: bool) -> Listing {
         let nodes = self.nodes.values();
         if brief {
+            // Callers that queued behind a job's start, which changed every
+            // node, take the table the first of them had built.
+            if let Some(t) = self.listing.current(self.cfg.clock.now_ms()) {
+                return Listing::Table(t);
+            }
             let t = table(nodes.map(|e| (e.node.as_ref(), e.fixed.as_ref())));
             let t = std::sync::Arc::new(t);
             self.listing.keep(t.clone(), self.cfg.clock.now_ms());

@@ -227,12 +227,13 @@ impl Store for RedbStore {
         })
     }
 
-    /// One read transaction on one blocking thread for all of them.
+    /// One read transaction on one blocking thread for all of them, read in
+    /// one sweep of the keys ([`sweep`]).
     fn scan_prefixes(&self, prefixes: Vec<String>) -> BoxFuture<'_, StoreResult<Vec<Entries>>> {
         self.blocking(move |db| {
             let tx = db.begin_read()?;
             let table = tx.open_table(KV)?;
-            prefixes.iter().map(|p| under(&table, p)).collect()
+            sweep(&table, &prefixes)
         })
     }
 
@@ -266,4 +267,105 @@ fn under(table: &ReadOnlyTable<&str, &[u8]>, prefix: &str) -> Result<Entries, re
         out.push((k.to_string(), v.value().to_vec()));
     }
     Ok(out)
+}
+
+/// The entries under each of `prefixes`, from one walk over the keys from
+/// the first prefix to the end of the last: every page read takes the
+/// store's write-buffer lock, which a commit holds while it writes its
+/// pages, and a descent of the tree per prefix made ~4 reads where the walk
+/// makes one per leaf. After a 16,384 × 8 job, 64 nodes' runs took 1-2 s
+/// a read that way while the job's telemetry was committed. Keys between
+/// the prefixes are walked over, so the prefixes should lie close together
+/// in key order (a run of nodes by name); when one is a prefix of another,
+/// each is read alone.
+fn sweep(
+    table: &ReadOnlyTable<&str, &[u8]>,
+    prefixes: &[String],
+) -> Result<Vec<Entries>, redb::Error> {
+    let sorted: std::collections::BTreeSet<&str> = prefixes.iter().map(String::as_str).collect();
+    let sorted: Vec<&str> = sorted.into_iter().collect();
+    if sorted.windows(2).any(|w| w[1].starts_with(w[0])) {
+        return prefixes.iter().map(|p| under(table, p)).collect();
+    }
+    let mut found: Vec<Entries> = vec![Vec::new(); sorted.len()];
+    if let Some(first) = sorted.first() {
+        let mut at = 0;
+        for item in table.range(*first..)? {
+            let (k, v) = item?;
+            let k = k.value();
+            // Past the keys of this prefix: on to the next that may hold k.
+            while at < sorted.len() && !k.starts_with(sorted[at]) && k > sorted[at] {
+                at += 1;
+            }
+            let Some(p) = sorted.get(at) else { break };
+            if k.starts_with(p) {
+                found[at].push((k.to_string(), v.value().to_vec()));
+            }
+        }
+    }
+    Ok(prefixes
+        .iter()
+        .map(|p| {
+            let i = sorted
+                .binary_search(&p.as_str())
+                .expect("every prefix is sorted in");
+            found[i].clone()
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The walk finds what a read per prefix finds, in the callers' order,
+    /// with keys between and around the prefixes, a prefix asked twice, one
+    /// with nothing under it, and prefixes of one another.
+    #[tokio::test]
+    async fn one_walk_reads_each_prefix_as_a_read_of_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RedbStore::open(&dir.path().join("s.redb")).unwrap();
+        let keys = [
+            "history/a-1/1",
+            "history/a/1",
+            "history/a/2",
+            "history/b/1",
+            "history/bb/1",
+            "history/c/1",
+            "history/d/1",
+            "nodes/a",
+            "a",
+        ];
+        store
+            .put_many(
+                keys.iter()
+                    .map(|k| (k.to_string(), k.as_bytes().to_vec()))
+                    .collect(),
+            )
+            .await
+            .unwrap();
+        let ask = |v: &[&str]| v.iter().map(|p| p.to_string()).collect::<Vec<_>>();
+        for asked in [
+            ask(&[
+                "history/c/",
+                "history/a/",
+                "history/x/",
+                "history/a-1/",
+                "history/a/",
+            ]),
+            ask(&["history/b/", "history/d/"]),
+            ask(&["history/b", "history/bb/", "history/a/"]),
+            ask(&[]),
+        ] {
+            let mut alone = Vec::new();
+            for p in &asked {
+                alone.push(store.scan_prefix(p.clone()).await.unwrap());
+            }
+            assert_eq!(
+                store.scan_prefixes(asked.clone()).await.unwrap(),
+                alone,
+                "{asked:?}"
+            );
+        }
+    }
 }
