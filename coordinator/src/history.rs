@@ -156,11 +156,8 @@ pub async fn fleet(
     let mut rows = Vec::new();
     let mut links = fleet::LatestLinks::default();
     let mut last = Vec::new();
-    let mut reads = futures::stream::iter(names.chunks(READ_NODES).map(<[String]>::to_vec))
-        .map(|chunk| {
-            let store = store.clone();
-            async move { runs_of(&store, &chunk).await }
-        })
+    let mut reads = futures::stream::iter(names.chunks(READ_NODES))
+        .map(|chunk| runs_of(store, chunk))
         .buffered(2);
     while let Some(chunk) = reads.next().await {
         for mut runs in chunk? {

@@ -55,15 +55,12 @@ impl SchedulerHandle {
         &self,
         req: ListNodesRequest,
     ) -> Result<ListNodesResponse, CoordinatorError> {
-        if req.brief {
-            if let Some(t) = self.listing.current(self.clock.now_ms()) {
-                return Ok(ListNodesResponse {
-                    table: Some(NodeTable::clone(&t)),
-                    ..Default::default()
-                });
-            }
-        }
-        match self.listing(req.brief).await? {
+        let kept = req.brief.then(|| self.listing.current(self.clock.now_ms()));
+        let listing = match kept.flatten() {
+            Some(t) => Listing::Table(t),
+            None => self.listing(req.brief).await?,
+        };
+        match listing {
             Listing::Table(t) => Ok(ListNodesResponse {
                 table: Some(NodeTable::clone(&t)),
                 ..Default::default()

@@ -242,14 +242,7 @@ impl Store for RedbStore {
             let tx = db.begin_read()?;
             let table = tx.open_table(KV)?;
             let mut out = Vec::new();
-            for item in table.range(prefix.as_str()..)? {
-                let (k, _) = item?;
-                let k = k.value();
-                if !k.starts_with(prefix.as_str()) {
-                    break;
-                }
-                out.push(k.to_string());
-            }
+            each_under(&table, &prefix, |k, _| out.push(k.to_string()))?;
             Ok(out)
         })
     }
@@ -258,15 +251,25 @@ impl Store for RedbStore {
 /// Every entry of `table` under `prefix`, in key order.
 fn under(table: &ReadOnlyTable<&str, &[u8]>, prefix: &str) -> Result<Entries, redb::Error> {
     let mut out = Vec::new();
+    each_under(table, prefix, |k, v| out.push((k.to_string(), v.to_vec())))?;
+    Ok(out)
+}
+
+/// `f` on every key and value of `table` under `prefix`, in key order.
+fn each_under(
+    table: &ReadOnlyTable<&str, &[u8]>,
+    prefix: &str,
+    mut f: impl FnMut(&str, &[u8]),
+) -> Result<(), redb::Error> {
     for item in table.range(prefix..)? {
         let (k, v) = item?;
         let k = k.value();
         if !k.starts_with(prefix) {
             break;
         }
-        out.push((k.to_string(), v.value().to_vec()));
+        f(k, v.value());
     }
-    Ok(out)
+    Ok(())
 }
 
 /// The entries under each of `prefixes`, from one walk over the keys from
@@ -303,15 +306,20 @@ fn sweep(
             }
         }
     }
-    Ok(prefixes
-        .iter()
-        .map(|p| {
-            let i = sorted
-                .binary_search(&p.as_str())
-                .expect("every prefix is sorted in");
-            found[i].clone()
-        })
-        .collect())
+    // Each prefix's entries moved to where it was asked; copied only for a
+    // prefix asked again.
+    let mut given: Vec<Option<usize>> = vec![None; sorted.len()];
+    let mut out: Vec<Entries> = Vec::with_capacity(prefixes.len());
+    for p in prefixes {
+        let i = (sorted.binary_search(&p.as_str())).expect("every prefix is sorted in");
+        let entries = match given[i] {
+            Some(first) => out[first].clone(),
+            None => std::mem::take(&mut found[i]),
+        };
+        given[i] = given[i].or(Some(out.len()));
+        out.push(entries);
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

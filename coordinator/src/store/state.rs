@@ -13,7 +13,7 @@ use gpuctl_proto::pb::{
 };
 use prost::Message;
 
-use super::backend::{Store, StoreError, StoreResult};
+use super::backend::{Entries, Store, StoreError, StoreResult};
 use super::batch::{ranks_of, Batch};
 use super::key_file;
 use super::keys;
@@ -36,6 +36,31 @@ async fn decode_off<T: Send + 'static>(
     tokio::task::spawn_blocking(decode)
         .await
         .map_err(|e| StoreError::Backend(format!("decoding failed: {e}")))?
+}
+
+/// The committed entries of a prefix with the queued ones read before them
+/// laid over: a queued write is newer than what was committed when it was
+/// read.
+fn newest(
+    committed: Entries,
+    queued: Vec<(String, Arc<Vec<u8>>)>,
+) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut all: std::collections::BTreeMap<String, Vec<u8>> = committed.into_iter().collect();
+    for (k, v) in queued {
+        all.insert(k, v.as_ref().clone());
+    }
+    all
+}
+
+/// Each value decoded as an `M`, in key order; a bad one names its key.
+fn decode_each<M: Message + Default>(
+    all: std::collections::BTreeMap<String, Vec<u8>>,
+) -> StoreResult<Vec<M>> {
+    all.into_iter()
+        .map(|(key, bytes)| {
+            M::decode(bytes.as_slice()).map_err(|source| StoreError::Decode { key, source })
+        })
+        .collect()
 }
 
 /// Typed access to the coordinator's state.
@@ -201,14 +226,7 @@ impl StateStore {
     ) -> StoreResult<Vec<M>> {
         let all = self.scan_raw(prefix).await?;
         let size = all.values().map(Vec::len).sum();
-        decode_off(size, move || {
-            all.into_iter()
-                .map(|(key, bytes)| {
-                    M::decode(bytes.as_slice()).map_err(|source| StoreError::Decode { key, source })
-                })
-                .collect()
-        })
-        .await
+        decode_off(size, move || decode_each(all)).await
     }
 
     /// Every entry under `prefix`, committed or queued, by key.
@@ -221,17 +239,8 @@ impl StateStore {
         // other way round, it was in neither, and the fleet view kept an
         // answer without it as current.
         let queued = self.writer.scan(&prefix);
-        let mut all: std::collections::BTreeMap<String, Vec<u8>> = self
-            .inner
-            .scan_prefix(prefix.clone())
-            .await?
-            .into_iter()
-            .collect();
-        // Queued writes are newer than what was committed when they were read.
-        for (k, v) in queued {
-            all.insert(k, v.as_ref().clone());
-        }
-        Ok(all)
+        let committed = self.inner.scan_prefix(prefix.clone()).await?;
+        Ok(newest(committed, queued))
     }
 
     /// Deletes after every queued write is committed, so that a queued
@@ -337,23 +346,9 @@ impl StateStore {
             .chain(queued.iter().flatten().map(|(_, v)| v.len()))
             .sum();
         decode_off(size, move || {
-            let mut out = Vec::with_capacity(committed.len());
-            for (entries, queued) in committed.into_iter().zip(queued) {
-                let mut all: std::collections::BTreeMap<String, Vec<u8>> =
-                    entries.into_iter().collect();
-                for (k, v) in queued {
-                    all.insert(k, v.as_ref().clone());
-                }
-                let runs = all
-                    .into_iter()
-                    .map(|(key, bytes)| {
-                        NodeRun::decode(bytes.as_slice())
-                            .map_err(|source| StoreError::Decode { key, source })
-                    })
-                    .collect::<StoreResult<Vec<_>>>()?;
-                out.push(runs);
-            }
-            Ok(out)
+            (committed.into_iter().zip(queued))
+                .map(|(committed, queued)| decode_each(newest(committed, queued)))
+                .collect()
         })
         .await
     }
