@@ -1,13 +1,17 @@
 //! `gpuctl fleet`'s whole-fleet answer, kept built. Building it reads every
 //! node's runs from the store (64 nodes a read): at 16,384 nodes 0.7 s on a
-//! quiet host, 1.3-2.3 s after a short job and 5.4 s after a long one, and `gpuctl fleet`
-//! asks page after page, each of which built the whole answer again. It is
-//! made only of the runs, the acceptance states and the inventory's names,
-//! all written through the store, which counts such writes
-//! ([`StateStore::history_version`]): so one answer is kept with the count
-//! it was built at, and built again by the first caller after a write,
-//! once, while callers that come meanwhile wait for that build. `/metrics`
-//! shares it. It is derived state only: a restart builds it afresh.
+//! quiet host, 1.3-2.3 s after a short job and 5.4 s after a long one, and
+//! `gpuctl fleet` asks page after page. It is made only of the runs, the
+//! acceptance states and the inventory's names, all written through the
+//! store, which counts such writes ([`StateStore::history_version`]) and,
+//! while an answer is kept, keeps them ([`StateStore::history_since`]). So
+//! one answer is kept with the count it was made at, and the first caller
+//! after a write folds the writes since into it (`writes.rs`: a job's runs
+//! are added to each node's [`FleetFold`] digest, and only changed rows are
+//! made again), or builds it afresh when they cannot be folded in (a
+//! deletion, writes not kept); callers that come meanwhile wait for it.
+//! `/metrics` shares it. It is derived state only: a restart builds it
+//! afresh.
 //!
 //! A request with `node` or `since` is answered by
 //! [`crate::history::fleet`] itself, uncached: its rows are not a filter of
@@ -23,7 +27,10 @@ use tracing::debug;
 
 use crate::error::CoordinatorError;
 use crate::history;
-use crate::store::StateStore;
+use crate::judge::fleet::FleetFold;
+use crate::store::{Since, StateStore};
+
+mod writes;
 
 /// An answer no one asked for in this long is let go (it is ~8 MB at
 /// 16,384 nodes); the next caller builds it again.
@@ -42,8 +49,12 @@ pub struct Built {
     bytes: usize,
 }
 
-/// The kept answer and when it was last asked for.
-type Kept = Option<(Arc<Built>, Instant)>;
+/// The kept answer, what it was made from, and when it was last asked for.
+struct Kept {
+    built: Arc<Built>,
+    fold: FleetFold,
+    used: Instant,
+}
 
 struct Inner {
     store: StateStore,
@@ -52,7 +63,9 @@ struct Inner {
     drift: f64,
     /// Held across a build: callers that come meanwhile wait for it rather
     /// than build again.
-    kept: tokio::sync::Mutex<Kept>,
+    kept: tokio::sync::Mutex<Option<Kept>>,
+    /// Answers built afresh from the store, not folded.
+    builds: std::sync::atomic::AtomicU64,
 }
 
 /// The kept whole-fleet answer; clones share it.
@@ -65,7 +78,14 @@ impl FleetView {
             store,
             drift,
             kept: Default::default(),
+            builds: Default::default(),
         }))
+    }
+
+    /// How many answers were built afresh from the store rather than
+    /// folded from the writes since.
+    pub fn builds(&self) -> u64 {
+        self.0.builds.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The answer as of now: the kept one while nothing it is made of was
@@ -96,7 +116,7 @@ impl FleetView {
         let (after, listing) = cursor(&req.after);
         if !req.node.trim().is_empty() || req.since_unix_ms > 0 {
             let (after, page_bytes) = (after.to_string(), req.page_bytes);
-            let r = history::fleet_apart(&self.0.store, req, self.0.drift).await?;
+            let r = history::fleet(&self.0.store, req, self.0.drift).await?;
             let bytes = r.encoded_len();
             return cut(&r.rows, &r.runs, &r.links, bytes, &after, page_bytes, None);
         }
@@ -114,8 +134,9 @@ impl FleetView {
                 _ = shutdown.cancelled() => return,
                 // Held: a build is under way, for someone who asked.
                 _ = tick.tick() => if let Ok(mut kept) = self.0.kept.try_lock() {
-                    if kept.as_ref().is_some_and(|(_, used)| used.elapsed() >= IDLE) {
+                    if kept.as_ref().is_some_and(|k| k.used.elapsed() >= IDLE) {
                         *kept = None;
+                        self.0.store.disarm_history_log();
                     }
                 },
             }
@@ -126,34 +147,96 @@ impl FleetView {
 impl Inner {
     async fn get(&self, listing: Option<u64>) -> Result<Arc<Built>, CoordinatorError> {
         let mut kept = self.kept.lock().await;
-        // Taken before reading: a write meanwhile makes the next caller
-        // build again (the store counts a write once readers see it).
-        let version = self.store.history_version();
-        if let Some((b, used)) = kept.as_mut() {
-            if b.version == version || Some(b.version) == listing {
-                *used = Instant::now();
-                return Ok(b.clone());
+        if let Some(k) = kept.as_mut() {
+            let since = match listing {
+                Some(v) if v == k.built.version => Since::Same,
+                _ => self.store.history_since(k.built.version),
+            };
+            match since {
+                Since::Same => {
+                    k.used = Instant::now();
+                    return Ok(k.built.clone());
+                }
+                Since::Writes(version, writes) => {
+                    let Kept {
+                        built, mut fold, ..
+                    } = kept.take().expect("matched above");
+                    // Let go before the rows are made again: they are
+                    // then copied only for a caller still holding them.
+                    drop(built);
+                    let folding = Instant::now();
+                    let n = writes.len();
+                    let store = self.store.clone();
+                    let (mut fold, done) = crate::runtime::apart(move || async move {
+                        let done = writes::fold_in(&store, &mut fold, writes).await?;
+                        Ok((fold, done))
+                    })
+                    .await?;
+                    match done {
+                        Ok(()) => {
+                            let built = made(version, &mut fold);
+                            debug!(
+                                writes = n,
+                                ms = folding.elapsed().as_millis() as u64,
+                                "fleet view updated"
+                            );
+                            *kept = Some(Kept {
+                                built: built.clone(),
+                                fold,
+                                used: Instant::now(),
+                            });
+                            return Ok(built);
+                        }
+                        Err(why) => debug!(why = %why.0, "fleet view built afresh"),
+                    }
+                }
+                Since::Unknown => {}
             }
         }
         // Let go before building: never two answers held here.
         *kept = None;
+        // Taken before reading: a write meanwhile is folded in by the next
+        // caller (the store keeps it from here on).
+        let version = self.store.arm_history_log();
+        self.builds
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let building = Instant::now();
-        let f = history::fleet_apart(&self.store, GetFleetRequest::default(), self.drift).await?;
+        let req = GetFleetRequest::default();
+        let (mut fold, _) = history::fold_apart(&self.store, req, self.drift).await?;
+        let built = made(version, &mut fold);
         // How long callers waited for it, for a big fleet's operator.
         debug!(
-            rows = f.rows.len(),
+            rows = built.rows.len(),
             ms = building.elapsed().as_millis() as u64,
             "fleet view built"
         );
-        let built = Arc::new(Built {
-            version,
-            bytes: f.encoded_len(),
-            rows: Arc::new(f.rows),
-            links: f.links,
+        *kept = Some(Kept {
+            built: built.clone(),
+            fold,
+            used: Instant::now(),
         });
-        *kept = Some((built.clone(), Instant::now()));
         Ok(built)
     }
+}
+
+/// The answer of `fold` as of `version`.
+fn made(version: u64, fold: &mut FleetFold) -> Arc<Built> {
+    let (rows, links) = (fold.rows(), fold.links());
+    let bytes = rows
+        .iter()
+        .map(|r| prost::encoding::message::encoded_len(1, r))
+        .chain(
+            links
+                .iter()
+                .map(|l| prost::encoding::message::encoded_len(3, l)),
+        )
+        .sum();
+    Arc::new(Built {
+        version,
+        rows,
+        links,
+        bytes,
+    })
 }
 
 /// `after` as the coordinator hands it out: the last node's name, then a

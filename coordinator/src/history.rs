@@ -5,17 +5,16 @@
 //! an age) so the history stays bounded without the scheduler doing store
 //! scans.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use futures::StreamExt as _;
 
 use gpuctl_core::shutdown::Shutdown;
-use gpuctl_proto::pb::{FleetRow, GetFleetRequest, GetFleetResponse, NodeRun};
+use gpuctl_proto::pb::{GetFleetRequest, GetFleetResponse, NodeRun};
 use tracing::{debug, info, warn};
 
 use crate::error::CoordinatorError;
-use crate::judge::fleet;
+use crate::judge::fleet::{self, FleetFold};
 use crate::store::{Batch, StateStore, StoreError};
 use gpuctl_core::clock::Clock;
 
@@ -110,39 +109,49 @@ async fn runs_of(
         .map_err(|e| CoordinatorError::store("could not read the fleet history", e))
 }
 
-/// As [`fleet`], driven on a blocking thread of its own: folding 16,384
-/// nodes' runs into rows is 0.5-0.7 s of CPU, which on the runtime held a
-/// worker that serves every connection and people's calls. (It was not what
-/// made a build after a big job take 51-67 s: that was the store's reads,
-/// see `store::redb::sweep`.)
-pub async fn fleet_apart(
+/// As [`fold`], driven on a blocking thread of its own: folding 16,384
+/// nodes' runs is 0.5-0.7 s of CPU, which on the runtime held a worker that
+/// serves every connection and people's calls. (It was not what made a
+/// build after a big job take 51-67 s: that was the store's reads, see
+/// `store::redb::sweep`.)
+pub async fn fold_apart(
     store: &StateStore,
     req: GetFleetRequest,
     drift_tolerance: f64,
-) -> Result<GetFleetResponse, CoordinatorError> {
-    let (store, rt) = (store.clone(), tokio::runtime::Handle::current());
-    match tokio::task::spawn_blocking(move || rt.block_on(fleet(&store, req, drift_tolerance)))
-        .await
-    {
-        Ok(answer) => answer,
-        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        Err(_) => Err(CoordinatorError::ShuttingDown),
-    }
+) -> Result<(FleetFold, Vec<NodeRun>), CoordinatorError> {
+    let store = store.clone();
+    crate::runtime::apart(move || async move { fold(&store, &req, drift_tolerance).await }).await
 }
 
 /// `gpuctl fleet`: one row per node, with drift against its own history
 /// (`drift_tolerance`: a last figure under that share of the previous median
-/// is flagged); with `node`, that node's runs, newest first. Read a node at
-/// a time (see [`inventory`]).
+/// is flagged); with `node`, that node's runs, newest first.
 pub async fn fleet(
     store: &StateStore,
     req: GetFleetRequest,
     drift_tolerance: f64,
 ) -> Result<GetFleetResponse, CoordinatorError> {
+    let (mut folded, runs) = fold_apart(store, req, drift_tolerance).await?;
+    Ok(GetFleetResponse {
+        rows: folded.rows().to_vec(),
+        runs,
+        links: folded.links(),
+        ..Default::default()
+    })
+}
+
+/// What `gpuctl fleet` answers from, read [`READ_NODES`] nodes at a time
+/// (see [`inventory`]): every node's runs from `req.since_unix_ms` on, or
+/// `req.node`'s alone, with those runs newest first.
+pub async fn fold(
+    store: &StateStore,
+    req: &GetFleetRequest,
+    drift_tolerance: f64,
+) -> Result<(FleetFold, Vec<NodeRun>), CoordinatorError> {
     let node = req.node.trim();
     let t0 = std::time::Instant::now();
     // Each node's last acceptance suite, whenever it was.
-    let accepted = store
+    let mut accepted = store
         .acceptances()
         .await
         .map_err(|e| CoordinatorError::store("could not read the acceptance states", e))?;
@@ -150,67 +159,36 @@ pub async fn fleet(
     let names = if node.is_empty() {
         inventory(store).await?
     } else {
+        accepted.retain(|a| a.node == node);
         vec![node.to_string()]
     };
     let read_names_ms = t0.elapsed().as_millis() as u64;
-    let mut rows = Vec::new();
-    let mut links = fleet::LatestLinks::default();
+    let mut folded = FleetFold::new(drift_tolerance, Vec::new(), accepted);
     let mut last = Vec::new();
     let mut reads = futures::stream::iter(names.chunks(READ_NODES))
         .map(|chunk| runs_of(store, chunk))
         .buffered(2);
-    while let Some(chunk) = reads.next().await {
-        for mut runs in chunk? {
+    // The reads come back in order.
+    let mut chunks = names.chunks(READ_NODES);
+    while let Some(runs) = reads.next().await {
+        let chunk = chunks.next().unwrap_or_default();
+        for (name, mut runs) in chunk.iter().zip(runs?) {
             runs.retain(|r| r.finished_unix_ms >= req.since_unix_ms);
-            rows.extend(fleet::rows(&runs, drift_tolerance));
-            links.add(&runs);
+            folded.add_node(name, &runs);
             last = runs;
         }
     }
-    let read_runs_ms = t0.elapsed().as_millis() as u64 - read_names_ms;
     debug!(
-        nodes = rows.len(),
-        read_names_ms, read_runs_ms, "fleet history read"
+        nodes = names.len(),
+        read_names_ms,
+        read_runs_ms = t0.elapsed().as_millis() as u64 - read_names_ms,
+        "fleet history read"
     );
-    // Each node's first row, by name: finding it by a scan of the rows was
-    // quadratic, about 2.7e8 comparisons for 16,384 accepted nodes.
-    let mut first: HashMap<String, usize> = HashMap::new();
-    for (i, r) in rows.iter().enumerate() {
-        first.entry(r.node.clone()).or_insert(i);
-    }
-    for a in accepted {
-        if !node.is_empty() && a.node != node {
-            continue;
-        }
-        match first.get(&a.node) {
-            Some(&i) => rows[i].acceptance = Some(a),
-            None => {
-                first.insert(a.node.clone(), rows.len());
-                rows.push(FleetRow {
-                    node: a.node.clone(),
-                    acceptance: Some(a),
-                    ..Default::default()
-                });
-            }
-        }
-    }
-    rows.sort_by(|a, b| a.node.cmp(&b.node));
-    let links = links.finish();
     if node.is_empty() {
-        return Ok(GetFleetResponse {
-            rows,
-            runs: Vec::new(),
-            links,
-            ..Default::default()
-        });
+        return Ok((folded, Vec::new()));
     }
     last.sort_by_key(|r| std::cmp::Reverse(r.finished_unix_ms));
-    Ok(GetFleetResponse {
-        rows,
-        runs: last,
-        links,
-        ..Default::default()
-    })
+    Ok((folded, last))
 }
 
 /// Deletes runs beyond the retention, a node at a time (see

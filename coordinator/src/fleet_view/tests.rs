@@ -4,7 +4,7 @@
 //! their bytes.
 
 use gpuctl_core::limits::MAX_LIST_PAGE;
-use gpuctl_proto::pb::{Acceptance, GpuRow, Node, Verdict};
+use gpuctl_proto::pb::{Acceptance, FigureRecord, GpuRow, Node, Verdict};
 
 use super::*;
 use crate::store::{Batch, RedbStore};
@@ -88,6 +88,153 @@ async fn one_build_serves_until_a_run_an_acceptance_or_the_inventory_is_written(
     assert!(s.delete_run(&run("c", 3)).await.unwrap());
     let b = view.current().await.unwrap();
     assert_eq!(rows(&b), [row("a", 1, true)]);
+}
+
+/// A run of `job` on `node` whose figures vary with both: a stress run
+/// (GPU TFLOP/s, now and then a floor failure), an all_reduce with a link,
+/// a p2p run or a training run, by `job`.
+fn varied(node: &str, job: u64) -> NodeRun {
+    let seed = node.bytes().map(u64::from).sum::<u64>() * 31 + job * 17;
+    let gpu = |g: u32, metric: &str, key: &str| FigureRecord {
+        metric: metric.into(),
+        key: key.into(),
+        value: 100.0 + ((seed + u64::from(g) * 13) % 97) as f64,
+        gpu_index: Some(g),
+        device: g.to_string(),
+        gpu_uuid: format!("GPU-{node}-{g}"),
+    };
+    let own = |metric: &str, key: &str| FigureRecord {
+        metric: metric.into(),
+        key: key.into(),
+        value: 10.0 + (seed % 89) as f64,
+        ..Default::default()
+    };
+    let mut r = run(node, job);
+    match job % 4 {
+        0 => {
+            r.workload = "stress".into();
+            r.figures = (0..4)
+                .map(|g| gpu(g, "stress_tflops", "bf16 8192"))
+                .collect();
+            if seed.is_multiple_of(3) {
+                r.below_floor = vec![gpu((seed % 4) as u32, "stress_tflops", "bf16 8192")];
+                r.verdict = Verdict::Fail as i32;
+            }
+        }
+        1 => {
+            r.workload = "nccl".into();
+            r.figures = vec![
+                own("busbw", "all_reduce 1073741824"),
+                own("busbw", "all_gather 1"),
+            ];
+            r.links = vec![Link {
+                a: node.into(),
+                b: "zz".into(),
+                op: "sendrecv".into(),
+                busbw_gbps: 40.0 + (seed % 7) as f64,
+                ..Default::default()
+            }];
+        }
+        2 => {
+            r.workload = "p2p".into();
+            r.figures = ["p2p_gbps", "h2d_gbps", "d2h_gbps"]
+                .iter()
+                .flat_map(|m| (0..2).map(move |g| (g, *m)))
+                .map(|(g, m)| gpu(g, m, ""))
+                .collect();
+        }
+        _ => {
+            r.workload = "ddp".into();
+            r.figures = vec![own("samples_per_s", "gpt"), own("step_ms_p99", "gpt")];
+        }
+    }
+    r
+}
+
+/// The kept answer as rows and links, and as a fresh build makes it.
+async fn kept_and_fresh(view: &FleetView, s: &StateStore) -> [(Vec<FleetRow>, Vec<Link>); 2] {
+    let kept = view.current().await.unwrap();
+    let fresh = history::fleet(s, GetFleetRequest::default(), 0.9)
+        .await
+        .unwrap();
+    [
+        (kept.rows.to_vec(), kept.links.clone()),
+        (fresh.rows, fresh.links),
+    ]
+}
+
+/// A job's runs, acceptances and a node joining are folded into the kept
+/// answer, which stays what a fresh build gives; a run before a node's last
+/// and a deleted run make it be built afresh, and it still is.
+#[tokio::test]
+async fn writes_folded_in_give_what_a_fresh_build_gives() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path());
+    let names = ["a", "b", "c", "d", "e"];
+    let mut batch = Batch::default();
+    for name in names {
+        batch = batch.node(&node(name));
+        for job in 1..=3 {
+            batch = batch.run(&varied(name, job));
+        }
+    }
+    // Not in the inventory yet.
+    batch = batch.run(&varied("x", 2)).run(&varied("x", 3));
+    s.write(batch).await.unwrap();
+    let view = FleetView::new(s.clone(), 0.9);
+    let [kept, fresh] = kept_and_fresh(&view, &s).await;
+    assert_eq!(kept, fresh);
+    assert_eq!(view.builds(), 1);
+
+    for job in 4..=13 {
+        // As a job's end writes them: in the second lane, not yet durable.
+        let mut runs = Batch::default();
+        for name in &names[..names.len() - (job as usize % 2)] {
+            runs = runs.run(&varied(name, job));
+        }
+        drop(s.queue_later(runs));
+        if job % 5 == 0 {
+            let a = Acceptance {
+                node: names[job as usize % 5].into(),
+                verdict: Verdict::Pass as i32,
+                ..Default::default()
+            };
+            drop(s.queue(Batch::default().acceptance(&a)));
+        }
+        let [kept, fresh] = kept_and_fresh(&view, &s).await;
+        assert_eq!(kept, fresh, "after job {job}");
+    }
+    let [kept, _] = kept_and_fresh(&view, &s).await;
+    let a = kept.0.iter().find(|r| r.node == "a").unwrap();
+    assert_eq!(a.runs, 13);
+    assert!(!a.drift.is_empty() && !a.gpus.is_empty() && a.samples_per_s > 0.0);
+    assert!(a.p2p_gbps_worst > 0.0 && a.all_reduce_busbw_gbps > 0.0);
+    assert!(kept
+        .0
+        .iter()
+        .any(|r| r.gpus.iter().any(|g| g.below_floor > 0)));
+    assert_eq!(kept.1.len(), 5, "a link each");
+
+    // A node that ran before joins (its runs are read), one re-registers.
+    s.write(Batch::default().node(&node("x")).node(&node("a")))
+        .await
+        .unwrap();
+    let [kept, fresh] = kept_and_fresh(&view, &s).await;
+    assert_eq!(kept, fresh);
+    assert!(kept.0.iter().any(|r| r.node == "x" && r.runs == 2));
+    assert_eq!(view.builds(), 1, "every write so far folded in");
+
+    // A run before the node's last (a report made again), then a pruned run.
+    s.write(Batch::default().run(&varied("b", 0)))
+        .await
+        .unwrap();
+    let [kept, fresh] = kept_and_fresh(&view, &s).await;
+    assert_eq!(kept, fresh);
+    assert_eq!(view.builds(), 2);
+    assert!(s.delete_run(&varied("c", 2)).await.unwrap());
+    let [kept, fresh] = kept_and_fresh(&view, &s).await;
+    assert_eq!(kept, fresh);
+    assert_eq!(view.builds(), 3);
 }
 
 /// Callers that come together wait for one build and share it.

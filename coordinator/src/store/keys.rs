@@ -19,6 +19,30 @@ pub fn history(node: &str, finished_ms: u64, job: &str) -> String {
 pub fn history_of(node: &str) -> String {
     format!("history/{node}/")
 }
+
+/// A key of what the fleet history reads, taken apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HistoryInput<'a> {
+    /// A run of this node ([`history`]).
+    Run(&'a str),
+    /// This node's acceptance state ([`acceptance`]).
+    Acceptance(&'a str),
+    /// This node of the inventory ([`node`]).
+    Node(&'a str),
+}
+
+/// Whose run, acceptance or inventory entry `key` is, if it is one.
+pub fn history_input(key: &str) -> Option<HistoryInput<'_>> {
+    if let Some(rest) = key.strip_prefix(HISTORY) {
+        return rest
+            .rsplit_once('/')
+            .map(|(node, _)| HistoryInput::Run(node));
+    }
+    if let Some(node) = key.strip_prefix(ACCEPTANCE) {
+        return Some(HistoryInput::Acceptance(node));
+    }
+    key.strip_prefix(NODES).map(HistoryInput::Node)
+}
 /// Jobs whose report is stored and whose runs may not be: see
 /// [`crate::history::store_runs`].
 pub const HISTORY_DUE: &str = "history-due/";

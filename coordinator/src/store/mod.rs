@@ -11,6 +11,7 @@ mod backend;
 mod batch;
 pub mod etcd;
 pub mod etcd_access;
+pub mod history_log;
 mod key_file;
 pub mod keys;
 pub mod redb;
@@ -20,6 +21,7 @@ pub mod writer;
 
 pub use self::backend::{Entries, SharedEntries, Store, StoreError, StoreResult};
 pub use self::batch::Batch;
+pub use self::history_log::{HistoryWrite, Since};
 pub use self::redb::RedbStore;
 pub use self::state::StateStore;
 pub use self::writer::Durable;

@@ -4,8 +4,7 @@
 //! scheduler can go on before a write is durable without reading stale state.
 //! It also keeps the workers' key and the version the fleet history caches by.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use gpuctl_core::auth::RankKey;
 use gpuctl_proto::pb::{
@@ -15,6 +14,7 @@ use prost::Message;
 
 use super::backend::{Entries, Store, StoreError, StoreResult};
 use super::batch::{ranks_of, Batch};
+use super::history_log::{HistoryLog, Since};
 use super::key_file;
 use super::keys;
 use super::writer::{Durable, Writer};
@@ -63,6 +63,12 @@ fn decode_each<M: Message + Default>(
         .collect()
 }
 
+/// A batch's entries as the writer keeps them, shared with the history's
+/// log rather than copied.
+fn shared(batch: Batch) -> Vec<(String, Arc<Vec<u8>>)> {
+    batch.0.into_iter().map(|(k, v)| (k, Arc::new(v))).collect()
+}
+
 /// Typed access to the coordinator's state.
 #[derive(Clone)]
 pub struct StateStore {
@@ -77,13 +83,9 @@ pub struct StateStore {
     /// ([`StateStore::with_key_file`]).
     key_file: Option<std::path::PathBuf>,
     /// Counts the writes that change what the fleet history reads (runs,
-    /// acceptances, the inventory): a copy made when it read `v` is current
-    /// while it still reads `v`.
-    history_version: Arc<AtomicU64>,
+    /// acceptances, the inventory), and keeps them for the fleet view.
+    history: Arc<Mutex<HistoryLog>>,
 }
-
-/// Prefixes of the keys the fleet history reads (see `history_version`).
-const HISTORY_INPUTS: [&str; 3] = [keys::HISTORY, keys::ACCEPTANCE, keys::NODES];
 
 impl StateStore {
     /// Starts the store's writer task: call inside a tokio runtime.
@@ -93,7 +95,7 @@ impl StateStore {
             inner,
             rank_key: Default::default(),
             key_file: None,
-            history_version: Default::default(),
+            history: Default::default(),
             sizes: Default::default(),
         }
     }
@@ -107,20 +109,49 @@ impl StateStore {
     }
 
     /// Changes with every write of a run, an acceptance or a node, queued or
-    /// deleted. Bumped once readers see the write: a reader that took the
+    /// deleted. Moved once readers see the write: a reader that took the
     /// old value may have read either side of it, and is told so.
     pub fn history_version(&self) -> u64 {
-        self.history_version.load(Ordering::Acquire)
+        self.history_log().version()
+    }
+
+    /// Keeps the history's writes from now on (see [`HistoryLog`]); returns
+    /// the version they follow.
+    pub fn arm_history_log(&self) -> u64 {
+        self.history_log().arm()
+    }
+
+    /// Keeps no more of the history's writes.
+    pub fn disarm_history_log(&self) {
+        self.history_log().disarm()
+    }
+
+    /// The history's writes after version `v`, kept since
+    /// [`StateStore::arm_history_log`]; one reader.
+    pub fn history_since(&self, v: u64) -> Since {
+        self.history_log().since(v)
+    }
+
+    fn history_log(&self) -> std::sync::MutexGuard<'_, HistoryLog> {
+        self.history.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn history_input(key: &str) -> bool {
-        HISTORY_INPUTS.iter().any(|p| key.starts_with(p))
+        keys::history_input(key).is_some()
     }
 
-    fn bump_history(&self, changed: bool) {
-        if changed {
-            self.history_version.fetch_add(1, Ordering::AcqRel);
-        }
+    /// The entries the fleet history reads, taken before the writer has
+    /// them, so that they are counted after readers see them.
+    fn history_inputs(entries: &[(String, Arc<Vec<u8>>)]) -> Vec<(String, Arc<Vec<u8>>)> {
+        let inputs = entries.iter().filter(|(k, _)| Self::history_input(k));
+        inputs.cloned().collect()
+    }
+
+    /// Counts (and keeps) the history's inputs among `entries`, once
+    /// readers see them.
+    fn record_history(&self, entries: &[(String, Arc<Vec<u8>>)]) {
+        let entries = entries.iter().map(|(k, v)| (k, Some(v)));
+        self.history_log().record(entries, Self::history_input);
     }
 
     /// The key of the workers' secrets: the stored one, else a new random
@@ -170,9 +201,10 @@ impl StateStore {
     /// and it is committed atomically, after everything handed over before.
     /// Wait on the returned [`Durable`] before telling anyone it is stored.
     pub fn queue(&self, batch: Batch) -> Durable {
-        let history = batch.0.iter().any(|(k, _)| Self::history_input(k));
-        let durable = self.writer.write(batch.0);
-        self.bump_history(history);
+        let entries = shared(batch);
+        let inputs = Self::history_inputs(&entries);
+        let durable = self.writer.write(entries);
+        self.record_history(&inputs);
         durable
     }
 
@@ -180,9 +212,10 @@ impl StateStore {
     /// after what is queued now, in small transactions while nothing else
     /// waits (see [`Writer::write_later`]); not atomically.
     pub fn queue_later(&self, batch: Batch) -> Durable {
-        let history = batch.0.iter().any(|(k, _)| Self::history_input(k));
-        let durable = self.writer.write_later(batch.0);
-        self.bump_history(history);
+        let entries = shared(batch);
+        let inputs = Self::history_inputs(&entries);
+        let durable = self.writer.write_later(entries);
+        self.record_history(&inputs);
         durable
     }
 
@@ -247,9 +280,8 @@ impl StateStore {
     /// write of the key cannot bring it back.
     async fn delete(&self, key: String) -> StoreResult<bool> {
         self.writer.flush().wait().await?;
-        let history = Self::history_input(&key);
-        let gone = self.inner.delete(key).await;
-        self.bump_history(history);
+        let gone = self.inner.delete(key.clone()).await;
+        (self.history_log()).record([(&key, None)], Self::history_input);
         gone
     }
 

@@ -91,7 +91,7 @@ impl Writer {
     }
 
     /// Queues `entries` as one atomic write; readers see them at once.
-    pub fn write(&self, entries: Vec<(String, Vec<u8>)>) -> Durable {
+    pub fn write<V: Into<Arc<Vec<u8>>>>(&self, entries: Vec<(String, V)>) -> Durable {
         self.hand_over(entries, &self.tx)
     }
 
@@ -101,18 +101,18 @@ impl Writer {
     /// lane is empty (not atomically). A later write's entry is not
     /// committed over a newer write of its key. [`Durable`] resolves once
     /// all of them are committed.
-    pub fn write_later(&self, entries: Vec<(String, Vec<u8>)>) -> Durable {
+    pub fn write_later<V: Into<Arc<Vec<u8>>>>(&self, entries: Vec<(String, V)>) -> Durable {
         self.hand_over(entries, &self.later)
     }
 
-    fn hand_over(
+    fn hand_over<V: Into<Arc<Vec<u8>>>>(
         &self,
-        entries: Vec<(String, Vec<u8>)>,
+        entries: Vec<(String, V)>,
         lane: &mpsc::UnboundedSender<Op>,
     ) -> Durable {
         let (done, rx) = oneshot::channel();
         let entries: Vec<(String, Arc<Vec<u8>>)> =
-            entries.into_iter().map(|(k, v)| (k, Arc::new(v))).collect();
+            entries.into_iter().map(|(k, v)| (k, v.into())).collect();
         let mut seqs = Vec::with_capacity(entries.len());
         {
             let mut o = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
@@ -142,13 +142,13 @@ impl Writer {
     /// Resolves once everything handed over before to the first lane is
     /// committed.
     pub fn flush(&self) -> Durable {
-        self.write(Vec::new())
+        self.write(Vec::<(String, Vec<u8>)>::new())
     }
 
     /// Resolves once everything handed over before to the second lane is
     /// committed.
     pub fn flush_later(&self) -> Durable {
-        self.write_later(Vec::new())
+        self.write_later(Vec::<(String, Vec<u8>)>::new())
     }
 
     /// The uncommitted value of `key`, if one is queued.

@@ -6,11 +6,15 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use gpuctl_proto::pb::{Drift, FigureRecord, FleetRow, GpuRow, Link, NodeRun, Report, Verdict};
+use gpuctl_proto::pb::{FigureRecord, FleetRow, Link, NodeRun, Report, Verdict};
 
-use gpuctl_core::stats::median;
+use super::figures::{of_report, Figures};
 
-use super::figures::{of_report, Figures, Metric};
+mod digest;
+mod fold;
+
+pub use digest::NodeDigest;
+pub use fold::{FleetFold, Rebuild};
 
 /// The runs a finished report leaves in the history, one per node it judged.
 pub fn runs_of(report: &Report) -> Vec<NodeRun> {
@@ -123,144 +127,6 @@ pub fn runs(report: &Report, figures: &Figures) -> Vec<NodeRun> {
         .collect()
 }
 
-/// A figure's device label; runs kept before `device` was written name GPUs
-/// by their index only.
-fn device_of(f: &FigureRecord) -> Option<String> {
-    if !f.device.is_empty() {
-        return Some(f.device.clone());
-    }
-    f.gpu_index.map(|i| i.to_string())
-}
-
-/// Per GPU: its median TFLOP/s in the node's last stress run, and its
-/// figures that failed a floor in the last run of each workload (a stress
-/// run's floor failure stays until the next stress run, whatever ran between).
-fn gpu_rows(rs: &[&NodeRun]) -> Vec<GpuRow> {
-    let mut rows: BTreeMap<String, GpuRow> = BTreeMap::new();
-    fn row<'a>(rows: &'a mut BTreeMap<String, GpuRow>, f: &FigureRecord) -> Option<&'a mut GpuRow> {
-        let gpu = device_of(f)?;
-        Some(rows.entry(gpu.clone()).or_insert_with(|| GpuRow {
-            gpu,
-            gpu_uuid: f.gpu_uuid.clone(),
-            ..Default::default()
-        }))
-    }
-    let mut last_of_workload: BTreeMap<&str, &NodeRun> = BTreeMap::new();
-    for r in rs {
-        last_of_workload.insert(r.workload.as_str(), r);
-    }
-    for r in last_of_workload.values() {
-        for f in &r.figures {
-            row(&mut rows, f);
-        }
-        for f in &r.below_floor {
-            if let Some(g) = row(&mut rows, f) {
-                g.below_floor += 1;
-            }
-        }
-    }
-    if let Some(r) = last_stress(rs) {
-        let mut per: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-        for f in stress_medians(r) {
-            if let Some(d) = device_of(f) {
-                per.entry(d).or_default().push(f.value);
-            }
-        }
-        for (gpu, v) in per {
-            if let Some(g) = rows.get_mut(&gpu) {
-                g.stress_tflops = median(v).unwrap_or(0.0);
-            }
-        }
-    }
-    rows.into_values().collect()
-}
-
-/// Headline figures of one run: (metric, key) → values (one per GPU).
-fn values(run: &NodeRun) -> BTreeMap<(&str, &str), Vec<f64>> {
-    let mut out: BTreeMap<(&str, &str), Vec<f64>> = BTreeMap::new();
-    for f in &run.figures {
-        out.entry((f.metric.as_str(), f.key.as_str()))
-            .or_default()
-            .push(f.value);
-    }
-    out
-}
-
-/// The drift of every figure of the last run against the median of the
-/// previous runs that measured the same thing (per-GPU figures by their
-/// median over the node's GPUs). `tolerance`: a ratio under it is flagged.
-fn drift(runs: &[&NodeRun], tolerance: f64) -> Vec<Drift> {
-    let Some((last, previous)) = runs.split_last() else {
-        return Vec::new();
-    };
-    // Each previous run's figures, read once for all the last run's figures.
-    let previous: Vec<_> = previous.iter().map(|r| values(r)).collect();
-    let mut out = Vec::new();
-    for ((metric, key), v) in values(last) {
-        let before: Vec<f64> = previous
-            .iter()
-            .filter_map(|p| p.get(&(metric, key)).and_then(|v| median(v.clone())))
-            .collect();
-        let (Some(now), Some(prev)) = (median(v), median(before.clone())) else {
-            continue;
-        };
-        if prev <= 0.0 || now <= 0.0 {
-            continue;
-        }
-        let better_low = Metric::from_name(metric).is_some_and(|m| !m.higher_is_better());
-        let ratio = if better_low { prev / now } else { now / prev };
-        out.push(Drift {
-            metric: metric.to_string(),
-            key: key.to_string(),
-            last: now,
-            previous_median: prev,
-            previous_runs: before.len() as u32,
-            ratio,
-            flagged: ratio < tolerance,
-        });
-    }
-    out
-}
-
-/// A stress run's median TFLOP/s, with an all_reduce beside it or not.
-fn is_stress_median(metric: &str) -> bool {
-    Metric::from_name(metric).is_some_and(Metric::is_stress_median)
-}
-
-/// The GPUs' TFLOP/s of a stress run: its GEMMs alone where it has them
-/// (plain stress, and the first phase of `--with-comm`), else beside the
-/// all_reduce (a run from before that phase).
-fn stress_medians(r: &NodeRun) -> Vec<&FigureRecord> {
-    let plain: Vec<_> = r
-        .figures
-        .iter()
-        .filter(|f| f.metric == Metric::StressTflops.name())
-        .collect();
-    if !plain.is_empty() {
-        return plain;
-    }
-    r.figures
-        .iter()
-        .filter(|f| is_stress_median(&f.metric))
-        .collect()
-}
-
-/// The last run with a stress median (plain, or with an all_reduce as the
-/// standard suite runs it).
-fn last_stress<'a>(runs: &[&'a NodeRun]) -> Option<&'a NodeRun> {
-    runs.iter()
-        .rev()
-        .find(|r| r.figures.iter().any(|f| is_stress_median(&f.metric)))
-        .copied()
-}
-
-fn last_of<'a>(runs: &[&'a NodeRun], metric: &str) -> Option<&'a NodeRun> {
-    runs.iter()
-        .rev()
-        .find(|r| r.figures.iter().any(|f| f.metric == metric))
-        .copied()
-}
-
 /// One row per node from its runs (any order); `tolerance` flags drift.
 pub fn rows(runs: &[NodeRun], tolerance: f64) -> Vec<FleetRow> {
     let mut by_node: BTreeMap<&str, Vec<&NodeRun>> = BTreeMap::new();
@@ -269,67 +135,13 @@ pub fn rows(runs: &[NodeRun], tolerance: f64) -> Vec<FleetRow> {
     }
     by_node
         .into_iter()
-        .map(|(node, mut rs)| {
-            rs.sort_by_key(|r| (r.finished_unix_ms, r.job_id.clone()));
-            let last = rs[rs.len() - 1];
-            let mut row = FleetRow {
-                node: node.to_string(),
-                last_verdict: last.verdict,
-                last_unix_ms: last.finished_unix_ms,
-                last_job: last.job_id.clone(),
-                runs: rs.len() as u32,
-                drift: drift(&rs, tolerance),
-                gpus: gpu_rows(&rs),
-                ..Default::default()
-            };
-            if let Some(r) = last_stress(&rs) {
-                let mut v: Vec<f64> = stress_medians(r).iter().map(|f| f.value).collect();
-                row.stress_tflops_worst = v.iter().copied().fold(f64::INFINITY, f64::min);
-                row.stress_tflops_median = median(std::mem::take(&mut v)).unwrap_or(0.0);
-            }
-            if let Some(r) = last_of(&rs, Metric::Busbw.name()) {
-                row.all_reduce_busbw_gbps = r
-                    .figures
-                    .iter()
-                    .filter(|f| {
-                        f.metric == Metric::Busbw.name() && f.key.starts_with("all_reduce ")
-                    })
-                    .map(|f| f.value)
-                    .fold(0.0, f64::max);
-            }
-            if let Some(r) = rs.iter().rev().find(|r| !r.links.is_empty()) {
-                row.median_link_gbps =
-                    median(r.links.iter().map(|l| l.busbw_gbps).collect()).unwrap_or(0.0);
-            }
-            for (metric, into) in [
-                (Metric::P2pGbps, &mut row.p2p_gbps_worst),
-                (Metric::H2dGbps, &mut row.h2d_gbps_worst),
-                (Metric::D2hGbps, &mut row.d2h_gbps_worst),
-            ] {
-                if let Some(r) = last_of(&rs, metric.name()) {
-                    *into = r
-                        .figures
-                        .iter()
-                        .filter(|f| f.metric == metric.name())
-                        .map(|f| f.value)
-                        .fold(f64::INFINITY, f64::min);
-                }
-            }
-            if let Some(r) = last_of(&rs, Metric::SamplesPerS.name()) {
-                row.samples_per_s = r
-                    .figures
-                    .iter()
-                    .find(|f| f.metric == Metric::SamplesPerS.name())
-                    .map_or(0.0, |f| f.value);
-            }
-            row
-        })
+        .filter_map(|(node, mut rs)| NodeDigest::of(node, &mut rs).row(tolerance))
         .collect()
 }
 
 /// The latest measurement of every pair of nodes, from the runs' links,
 /// given a node's runs at a time.
-#[derive(Default)]
+#[derive(Debug, Clone, Default)]
 pub struct LatestLinks(BTreeMap<(String, String, String), (u64, Link)>);
 
 impl LatestLinks {
@@ -349,8 +161,8 @@ impl LatestLinks {
         }
     }
 
-    pub fn finish(self) -> Vec<Link> {
-        self.0.into_values().map(|(_, l)| l).collect()
+    pub fn list(&self) -> Vec<Link> {
+        self.0.values().map(|(_, l)| l.clone()).collect()
     }
 }
 
