@@ -100,10 +100,20 @@ impl FleetView {
     /// another caller built a newer one, the rest of the listing comes from
     /// that (every node still once, by name).
     async fn get(&self, listing: Option<u64>) -> Result<Arc<Built>, CoordinatorError> {
+        self.made(listing, Some(Instant::now())).await
+    }
+
+    /// As [`FleetView::get`]; `asked`: when someone asked for it (`None`:
+    /// brought up to date unasked, which does not keep it longer).
+    async fn made(
+        &self,
+        listing: Option<u64>,
+        asked: Option<Instant>,
+    ) -> Result<Arc<Built>, CoordinatorError> {
         let inner = self.0.clone();
         // In a task of its own: a caller that goes away (a client's
         // deadline) leaves the build to finish for those who wait on it.
-        match tokio::spawn(async move { inner.get(listing).await }).await {
+        match tokio::spawn(async move { inner.get(listing, asked).await }).await {
             Ok(built) => built,
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
             Err(_) => Err(CoordinatorError::ShuttingDown),
@@ -125,13 +135,26 @@ impl FleetView {
         cut(&b.rows, &[], &b.links, b.bytes, after, req.page_bytes, v)
     }
 
-    /// Lets the answer go once no one asked for it for [`IDLE`]; until
-    /// `shutdown`.
-    pub async fn forget_unused(self, shutdown: Shutdown) {
+    /// Until `shutdown`: while an answer is kept, folds the store's writes
+    /// into it as they come, so that a caller after a job's end waits for
+    /// what is left of the fold rather than all of it; and lets the answer
+    /// go once no one asked for it for [`IDLE`].
+    pub async fn keep(self, shutdown: Shutdown) {
         let mut tick = tokio::time::interval(IDLE / 10);
+        let mut moves = self.0.store.history_moves();
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
+                moved = moves.changed() => {
+                    if moved.is_err() {
+                        return;
+                    }
+                    if self.0.kept.lock().await.is_some() {
+                        if let Err(e) = self.made(None, None).await {
+                            debug!("the fleet view was not brought up to date: {e}");
+                        }
+                    }
+                }
                 // Held: a build is under way, for someone who asked.
                 _ = tick.tick() => if let Ok(mut kept) = self.0.kept.try_lock() {
                     if kept.as_ref().is_some_and(|k| k.used.elapsed() >= IDLE) {
@@ -145,8 +168,18 @@ impl FleetView {
 }
 
 impl Inner {
-    async fn get(&self, listing: Option<u64>) -> Result<Arc<Built>, CoordinatorError> {
+    async fn get(
+        &self,
+        listing: Option<u64>,
+        asked: Option<Instant>,
+    ) -> Result<Arc<Built>, CoordinatorError> {
         let mut kept = self.kept.lock().await;
+        // When it was last asked for, whoever makes it now.
+        let used = match (asked, kept.as_ref()) {
+            (Some(t), _) => t,
+            (None, Some(k)) => k.used,
+            (None, None) => Instant::now(),
+        };
         if let Some(k) = kept.as_mut() {
             let since = match listing {
                 Some(v) if v == k.built.version => Since::Same,
@@ -154,7 +187,7 @@ impl Inner {
             };
             match since {
                 Since::Same => {
-                    k.used = Instant::now();
+                    k.used = used;
                     return Ok(k.built.clone());
                 }
                 Since::Writes(version, writes) => {
@@ -174,16 +207,19 @@ impl Inner {
                     .await?;
                     match done {
                         Ok(()) => {
+                            let fold_ms = folding.elapsed().as_millis() as u64;
                             let built = made(version, &mut fold);
                             debug!(
                                 writes = n,
+                                fold_ms,
                                 ms = folding.elapsed().as_millis() as u64,
+                                asked = asked.is_some(),
                                 "fleet view updated"
                             );
                             *kept = Some(Kept {
                                 built: built.clone(),
                                 fold,
-                                used: Instant::now(),
+                                used,
                             });
                             return Ok(built);
                         }
@@ -213,7 +249,7 @@ impl Inner {
         *kept = Some(Kept {
             built: built.clone(),
             fold,
-            used: Instant::now(),
+            used,
         });
         Ok(built)
     }

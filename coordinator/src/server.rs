@@ -245,7 +245,7 @@ pub async fn run_with(
     ));
     // `gpuctl fleet`'s answer, kept built for it and `/metrics`.
     let fleet_view = crate::fleet_view::FleetView::new(store.clone(), drift_tolerance);
-    let fleet_view_task = tokio::spawn(fleet_view.clone().forget_unused(shutdown.clone()));
+    let fleet_view_task = tokio::spawn(fleet_view.clone().keep(shutdown.clone()));
     let jobs = JobServiceServer::new(JobSvc::new(
         sched.clone(),
         store.clone(),

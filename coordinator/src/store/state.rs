@@ -85,6 +85,8 @@ pub struct StateStore {
     /// Counts the writes that change what the fleet history reads (runs,
     /// acceptances, the inventory), and keeps them for the fleet view.
     history: Arc<Mutex<HistoryLog>>,
+    /// The history's version, as it moves, for the fleet view.
+    history_moved: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl StateStore {
@@ -96,6 +98,7 @@ impl StateStore {
             rank_key: Default::default(),
             key_file: None,
             history: Default::default(),
+            history_moved: Arc::new(tokio::sync::watch::Sender::new(0)),
             sizes: Default::default(),
         }
     }
@@ -132,6 +135,11 @@ impl StateStore {
         self.history_log().since(v)
     }
 
+    /// Told each time the history's version moves.
+    pub fn history_moves(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.history_moved.subscribe()
+    }
+
     fn history_log(&self) -> std::sync::MutexGuard<'_, HistoryLog> {
         self.history.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -149,9 +157,17 @@ impl StateStore {
 
     /// Counts (and keeps) the history's inputs among `entries`, once
     /// readers see them.
-    fn record_history(&self, entries: &[(String, Arc<Vec<u8>>)]) {
-        let entries = entries.iter().map(|(k, v)| (k, Some(v)));
-        self.history_log().record(entries, Self::history_input);
+    fn record_history<'a>(
+        &self,
+        entries: impl IntoIterator<Item = (&'a String, Option<&'a Arc<Vec<u8>>>)>,
+    ) {
+        let version = {
+            let mut log = self.history_log();
+            log.record(entries, Self::history_input);
+            log.version()
+        };
+        self.history_moved
+            .send_if_modified(|v| std::mem::replace(v, version) != version);
     }
 
     /// The key of the workers' secrets: the stored one, else a new random
@@ -204,7 +220,7 @@ impl StateStore {
         let entries = shared(batch);
         let inputs = Self::history_inputs(&entries);
         let durable = self.writer.write(entries);
-        self.record_history(&inputs);
+        self.record_history(inputs.iter().map(|(k, v)| (k, Some(v))));
         durable
     }
 
@@ -215,7 +231,7 @@ impl StateStore {
         let entries = shared(batch);
         let inputs = Self::history_inputs(&entries);
         let durable = self.writer.write_later(entries);
-        self.record_history(&inputs);
+        self.record_history(inputs.iter().map(|(k, v)| (k, Some(v))));
         durable
     }
 
@@ -281,7 +297,7 @@ impl StateStore {
     async fn delete(&self, key: String) -> StoreResult<bool> {
         self.writer.flush().wait().await?;
         let gone = self.inner.delete(key.clone()).await;
-        (self.history_log()).record([(&key, None)], Self::history_input);
+        self.record_history([(&key, None)]);
         gone
     }
 
