@@ -6,6 +6,8 @@
 use gpuctl_core::limits::MAX_LIST_PAGE;
 use gpuctl_proto::pb::{Acceptance, FigureRecord, GpuRow, Node, Verdict};
 
+use std::time::Duration;
+
 use super::*;
 use crate::store::{Batch, RedbStore};
 
@@ -235,6 +237,53 @@ async fn writes_folded_in_give_what_a_fresh_build_gives() {
     let [kept, fresh] = kept_and_fresh(&view, &s).await;
     assert_eq!(kept, fresh);
     assert_eq!(view.builds(), 3);
+}
+
+/// The kept answer's version, read as a caller would not: without asking.
+async fn kept_version(view: &FleetView) -> Option<u64> {
+    view.0.kept.lock().await.as_ref().map(|k| k.built.version)
+}
+
+/// While an answer is kept, a job's runs are folded into it as they are
+/// written, before anyone asks; with none kept, nothing is built unasked.
+#[tokio::test]
+async fn writes_are_folded_in_as_they_come_while_an_answer_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path());
+    s.write(Batch::default().node(&node("a")).run(&run("a", 1)))
+        .await
+        .unwrap();
+    let view = FleetView::new(s.clone(), 0.9);
+    let shutdown = gpuctl_core::shutdown::Shutdown::new();
+    let task = tokio::spawn(view.clone().keep(shutdown.clone()));
+    let caught_up = |want: u64, tries: u32| {
+        let view = view.clone();
+        async move {
+            for _ in 0..tries {
+                if kept_version(&view).await == Some(want) {
+                    return true;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            false
+        }
+    };
+
+    drop(s.queue_later(Batch::default().run(&run("a", 2))));
+    assert!(!caught_up(s.history_version(), 20).await, "no answer kept");
+    assert_eq!(view.builds(), 0);
+
+    assert_eq!(rows(&view.current().await.unwrap()), [row("a", 2, false)]);
+    drop(s.queue_later(Batch::default().run(&run("a", 3))));
+    assert!(
+        caught_up(s.history_version(), 500).await,
+        "folded in unasked"
+    );
+    let kept = view.0.kept.lock().await.as_ref().unwrap().built.clone();
+    assert_eq!(rows(&kept), [row("a", 3, false)]);
+    assert_eq!(view.builds(), 1, "folded, not built again");
+    shutdown.cancel();
+    task.await.unwrap();
 }
 
 /// Callers that come together wait for one build and share it.
