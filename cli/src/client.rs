@@ -314,6 +314,8 @@ impl Coordinator {
                 node: node.to_string(),
                 page_bytes: PAGE_BYTES,
                 after: after.clone(),
+                // No table or JSON of `gpuctl fleet` shows a node's GPUs.
+                brief: true,
             };
             let mut page = self
                 .call(true, move |mut c| {

@@ -47,6 +47,24 @@ pub struct Built {
     pub links: Vec<Link>,
     /// The whole answer's encoded size, for callers that ask unpaged.
     bytes: usize,
+    /// When a page of it last told its caller to ask for more.
+    paged: std::sync::Mutex<Option<Instant>>,
+}
+
+/// How long a listing that got a page of a build may go on from that build
+/// once a newer one is made.
+const LISTING: Duration = Duration::from_secs(60);
+
+impl Built {
+    fn paged(&self) {
+        *self.paged.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    }
+
+    /// Whether a listing is under way from this build.
+    fn listed(&self) -> bool {
+        let paged = *self.paged.lock().unwrap_or_else(|e| e.into_inner());
+        paged.is_some_and(|t| t.elapsed() < LISTING)
+    }
 }
 
 /// The kept answer, what it was made from, and when it was last asked for.
@@ -54,6 +72,8 @@ struct Kept {
     built: Arc<Built>,
     fold: FleetFold,
     used: Instant,
+    /// The build before, while a listing goes on from it.
+    previous: Option<Arc<Built>>,
 }
 
 struct Inner {
@@ -95,10 +115,11 @@ impl FleetView {
     }
 
     /// As [`FleetView::current`], but the build `listing` (a later page of a
-    /// listing whose first page came from it) while it is the one kept, so
-    /// that the pages of one listing agree. Only one answer is kept: once
-    /// another caller built a newer one, the rest of the listing comes from
-    /// that (every node still once, by name).
+    /// listing whose first page came from it) while it is kept, so that the
+    /// pages of one listing agree: the newest, and the one before it for
+    /// [`LISTING`] after it handed out a page with more to come. Past that,
+    /// or when a fresh build replaced both, the rest of the listing comes
+    /// from the newest (every node still once, by name).
     async fn get(&self, listing: Option<u64>) -> Result<Arc<Built>, CoordinatorError> {
         self.made(listing, Some(Instant::now())).await
     }
@@ -124,15 +145,22 @@ impl FleetView {
     /// answer when `req` asks for the whole fleet.
     pub async fn page(&self, req: GetFleetRequest) -> Result<GetFleetResponse, CoordinatorError> {
         let (after, listing) = cursor(&req.after);
+        let ask = Ask {
+            after: after.to_string(),
+            page_bytes: req.page_bytes,
+            brief: req.brief,
+        };
         if !req.node.trim().is_empty() || req.since_unix_ms > 0 {
-            let (after, page_bytes) = (after.to_string(), req.page_bytes);
             let r = history::fleet(&self.0.store, req, self.0.drift).await?;
             let bytes = r.encoded_len();
-            return cut(&r.rows, &r.runs, &r.links, bytes, &after, page_bytes, None);
+            return cut(&r.rows, &r.runs, &r.links, bytes, &ask, None);
         }
         let b = self.get(listing).await?;
-        let v = Some(b.version);
-        cut(&b.rows, &[], &b.links, b.bytes, after, req.page_bytes, v)
+        let page = cut(&b.rows, &[], &b.links, b.bytes, &ask, Some(b.version))?;
+        if !page.next_after.is_empty() {
+            b.paged();
+        }
+        Ok(page)
     }
 
     /// Until `shutdown`: while an answer is kept, folds the store's writes
@@ -181,6 +209,9 @@ impl Inner {
             (None, None) => Instant::now(),
         };
         if let Some(k) = kept.as_mut() {
+            if let Some(p) = k.previous.as_ref().filter(|p| Some(p.version) == listing) {
+                return Ok(p.clone());
+            }
             let since = match listing {
                 Some(v) if v == k.built.version => Since::Same,
                 _ => self.store.history_since(k.built.version),
@@ -194,9 +225,11 @@ impl Inner {
                     let Kept {
                         built, mut fold, ..
                     } = kept.take().expect("matched above");
-                    // Let go before the rows are made again: they are
-                    // then copied only for a caller still holding them.
-                    drop(built);
+                    // A listing under way goes on from the build it began
+                    // with. Else let go before the rows are made again:
+                    // they are then copied only for a caller still holding
+                    // them.
+                    let previous = built.listed().then_some(built);
                     let folding = Instant::now();
                     let n = writes.len();
                     let store = self.store.clone();
@@ -220,6 +253,7 @@ impl Inner {
                                 built: built.clone(),
                                 fold,
                                 used,
+                                previous,
                             });
                             return Ok(built);
                         }
@@ -250,6 +284,7 @@ impl Inner {
             built: built.clone(),
             fold,
             used,
+            previous: None,
         });
         Ok(built)
     }
@@ -272,6 +307,7 @@ fn made(version: u64, fold: &mut FleetFold) -> Arc<Built> {
         rows,
         links,
         bytes,
+        paged: Default::default(),
     })
 }
 
@@ -287,19 +323,72 @@ fn cursor(after: &str) -> (&str, Option<u64>) {
     }
 }
 
-/// The page of `rows` after `after` within `page_bytes`; `runs` and `links`
-/// come with the first. Unpaged (an older gpuctl), an answer past one
-/// message (`whole_bytes`) is refused saying so. `build`, when the rows are
-/// the kept answer, goes into the next cursor.
+/// What a caller asked of a page: the rows after `after` (a name), within
+/// `page_bytes` (0: all at once), `brief` (without their GPUs).
+#[derive(Debug, Clone, Default)]
+struct Ask {
+    after: String,
+    page_bytes: u32,
+    brief: bool,
+}
+
+/// `r` as the page asked for carries it: without its GPUs when brief. Every
+/// field is named, so that a field added to the row is decided on here.
+fn row_for(r: &FleetRow, brief: bool) -> FleetRow {
+    if !brief {
+        return r.clone();
+    }
+    let FleetRow {
+        node,
+        last_verdict,
+        last_unix_ms,
+        last_job,
+        runs,
+        stress_tflops_worst,
+        stress_tflops_median,
+        all_reduce_busbw_gbps,
+        median_link_gbps,
+        samples_per_s,
+        drift,
+        acceptance,
+        p2p_gbps_worst,
+        h2d_gbps_worst,
+        d2h_gbps_worst,
+        gpus: _,
+    } = r;
+    FleetRow {
+        node: node.clone(),
+        last_verdict: *last_verdict,
+        last_unix_ms: *last_unix_ms,
+        last_job: last_job.clone(),
+        runs: *runs,
+        stress_tflops_worst: *stress_tflops_worst,
+        stress_tflops_median: *stress_tflops_median,
+        all_reduce_busbw_gbps: *all_reduce_busbw_gbps,
+        median_link_gbps: *median_link_gbps,
+        samples_per_s: *samples_per_s,
+        drift: drift.clone(),
+        acceptance: acceptance.clone(),
+        p2p_gbps_worst: *p2p_gbps_worst,
+        h2d_gbps_worst: *h2d_gbps_worst,
+        d2h_gbps_worst: *d2h_gbps_worst,
+        gpus: Vec::new(),
+    }
+}
+
+/// The page of `rows` asked for; `runs` and `links` come with the first.
+/// Unpaged (an older gpuctl), an answer past one message (`whole_bytes`)
+/// is refused saying so. `build`, when the rows are the kept answer, goes
+/// into the next cursor.
 fn cut(
     rows: &[FleetRow],
     runs: &[NodeRun],
     links: &[Link],
     whole_bytes: usize,
-    after: &str,
-    page_bytes: u32,
+    ask: &Ask,
     build: Option<u64>,
 ) -> Result<GetFleetResponse, CoordinatorError> {
+    let (after, page_bytes, brief) = (ask.after.as_str(), ask.page_bytes, ask.brief);
     if page_bytes == 0 {
         let most = gpuctl_core::server::MAX_MESSAGE_BYTES;
         if whole_bytes > most {
@@ -309,13 +398,18 @@ fn cut(
             )));
         }
         return Ok(GetFleetResponse {
-            rows: rows.to_vec(),
+            rows: rows.iter().map(|r| row_for(r, brief)).collect(),
             runs: runs.to_vec(),
             links: links.to_vec(),
             next_after: String::new(),
         });
     }
-    let bytes = |row: &FleetRow| prost::encoding::message::encoded_len(1, row);
+    // A brief row's size counted without its GPUs (the length's own prefix
+    // as the whole row's: at most a byte or two over).
+    let bytes = |row: &FleetRow| {
+        let gpus = prost::encoding::message::encoded_len_repeated(16, &row.gpus);
+        prost::encoding::message::encoded_len(1, row) - if brief { gpus } else { 0 }
+    };
     let (range, next) =
         gpuctl_core::limits::page(rows, |r| r.node.as_str(), bytes, after, page_bytes);
     let first = after.is_empty();
@@ -324,7 +418,7 @@ fn cut(
         _ => next,
     };
     Ok(GetFleetResponse {
-        rows: rows[range].to_vec(),
+        rows: rows[range].iter().map(|r| row_for(r, brief)).collect(),
         runs: if first { runs.to_vec() } else { Vec::new() },
         links: if first { links.to_vec() } else { Vec::new() },
         next_after,

@@ -377,21 +377,17 @@ fn fleet_rows_come_page_by_page_and_whole_answers_past_a_message_are_refused() {
         ..Default::default()
     }
     .encoded_len();
-    let e = cut(&rows, &runs, &links, whole, "", 0, None).unwrap_err();
+    let e = cut(&rows, &runs, &links, whole, &Ask::default(), None).unwrap_err();
     assert!(e.to_string().contains("page by page"), "{e}");
     let (mut after, mut names, mut pages) = (String::new(), Vec::new(), 0);
     loop {
-        let (name, _) = cursor(&after);
-        let p = cut(
-            &rows,
-            &runs,
-            &links,
-            whole,
-            name,
-            MAX_LIST_PAGE as u32,
-            Some(7),
-        )
-        .unwrap();
+        let ask = Ask {
+            after: cursor(&after).0.to_string(),
+            page_bytes: MAX_LIST_PAGE as u32,
+            brief: false,
+        };
+        let p = cut(&rows, &runs, &links, whole, &ask, Some(7)).unwrap();
+        assert!(p.rows.iter().all(|r| r.gpus.len() == 1), "whole rows");
         assert!(
             p.encoded_len() <= MAX_LIST_PAGE + 4096,
             "{}",
@@ -411,4 +407,54 @@ fn fleet_rows_come_page_by_page_and_whole_answers_past_a_message_are_refused() {
     let want: Vec<String> = (0..40).map(|i| format!("node-{i:02}")).collect();
     assert_eq!(names, want);
     assert_eq!(pages, 10, "4 rows of 2 MiB a page");
+}
+
+/// Brief pages leave the GPUs out, and are cut by the rows' size without
+/// them: the same 80 MiB fleet is then one small page.
+#[test]
+fn brief_pages_leave_the_gpus_out_and_are_cut_by_what_they_carry() {
+    let rows: Vec<FleetRow> = big_fleet()
+        .into_iter()
+        .map(|r| FleetRow {
+            last_verdict: Verdict::Fail as i32,
+            last_unix_ms: 5,
+            last_job: "job-000009".into(),
+            runs: 3,
+            stress_tflops_worst: 1.0,
+            stress_tflops_median: 2.0,
+            all_reduce_busbw_gbps: 3.0,
+            median_link_gbps: 4.0,
+            samples_per_s: 5.0,
+            drift: vec![gpuctl_proto::pb::Drift {
+                metric: "stress_tflops".into(),
+                ..Default::default()
+            }],
+            acceptance: Some(Acceptance {
+                node: r.node.clone(),
+                ..Default::default()
+            }),
+            p2p_gbps_worst: 6.0,
+            h2d_gbps_worst: 7.0,
+            d2h_gbps_worst: 8.0,
+            ..r
+        })
+        .collect();
+    let ask = Ask {
+        page_bytes: MAX_LIST_PAGE as u32,
+        brief: true,
+        ..Default::default()
+    };
+    let p = cut(&rows, &[], &[], 80 << 20, &ask, Some(7)).unwrap();
+    assert_eq!(p.rows.len(), 40);
+    assert!(p.next_after.is_empty());
+    assert!(p.rows.iter().all(|r| r.gpus.is_empty()));
+    assert!(p.encoded_len() < 16384, "{}", p.encoded_len());
+    let want: Vec<FleetRow> = rows
+        .iter()
+        .map(|r| FleetRow {
+            gpus: Vec::new(),
+            ..r.clone()
+        })
+        .collect();
+    assert_eq!(p.rows, want, "every other field kept");
 }

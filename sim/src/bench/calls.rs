@@ -80,6 +80,7 @@ async fn whole_fleet(c: &mut JobServiceClient<Channel>) -> Result<usize, tonic::
             .get_fleet(GetFleetRequest {
                 page_bytes: gpuctl_core::limits::MAX_LIST_PAGE as u32,
                 after: after.clone(),
+                brief: true,
                 ..Default::default()
             })
             .await?
