@@ -210,6 +210,9 @@ pub enum JobEvent {
         attempt: u32,
         messages: Vec<(String, CoordinatorMessage)>,
     },
+    /// A submitted job's record could not be committed (the submitter is
+    /// told so): the job fails.
+    NotStored { job_id: String, why: String },
 }
 
 impl JobEvent {
@@ -220,6 +223,8 @@ impl JobEvent {
             JobEvent::Cancel { .. } => About::people("Cancel").starts_jobs(),
             // Someone may be waiting for the job to start.
             JobEvent::Assignments { .. } => About::people("Assignments").starts_jobs(),
+            // Its nodes come free.
+            JobEvent::NotStored { .. } => About::people("NotStored").starts_jobs(),
         }
     }
 }

@@ -30,10 +30,19 @@ struct Fixture {
 
 impl Fixture {
     async fn new(node_timeout: Duration) -> Fixture {
-        let clock = Clock::manual(T0);
         let dir = tempfile::tempdir().unwrap();
         let raw = RedbStore::open(&dir.path().join("state.redb")).unwrap();
-        let store = StateStore::new(Arc::new(raw));
+        Fixture::on(node_timeout, Arc::new(raw), dir).await
+    }
+
+    /// As [`Fixture::new`], on `raw` (kept in `dir`).
+    async fn on(
+        node_timeout: Duration,
+        raw: Arc<dyn crate::store::Store>,
+        dir: tempfile::TempDir,
+    ) -> Fixture {
+        let clock = Clock::manual(T0);
+        let store = StateStore::new(raw);
         let (logs, _) = LogSink::spawn(store.clone());
         let cfg = SchedulerConfig {
             certs: None,
@@ -419,4 +428,113 @@ async fn the_kept_node_table_is_current_until_a_node_changes_what_it_lists() {
     f.tick_at(T0 + 400 + 15_001).await;
     assert!(f.sched.listing.current(f.clock.now_ms()).is_none());
     assert_eq!(listed(&mut f).await.row(0).state, NodeState::Lost);
+}
+
+/// A redb store whose commits of a job's record wait while it is closed,
+/// or fail while it refuses.
+struct Gated {
+    inner: RedbStore,
+    open: tokio::sync::watch::Sender<bool>,
+    refuse: std::sync::atomic::AtomicBool,
+}
+
+impl crate::store::Store for Gated {
+    fn put_many(
+        &self,
+        entries: Vec<(String, Vec<u8>)>,
+    ) -> futures::future::BoxFuture<'_, crate::store::StoreResult<()>> {
+        let job = entries
+            .iter()
+            .any(|(k, _)| k.starts_with(crate::store::keys::JOBS));
+        let refuse = job && self.refuse.load(std::sync::atomic::Ordering::SeqCst);
+        let mut open = self.open.subscribe();
+        Box::pin(async move {
+            if refuse {
+                return Err(crate::store::StoreError::Backend("refused".into()));
+            }
+            if job {
+                let _ = open.wait_for(|o| *o).await;
+            }
+            self.inner.put_many(entries).await
+        })
+    }
+    fn get(
+        &self,
+        key: String,
+    ) -> futures::future::BoxFuture<'_, crate::store::StoreResult<Option<Vec<u8>>>> {
+        self.inner.get(key)
+    }
+    fn delete(
+        &self,
+        key: String,
+    ) -> futures::future::BoxFuture<'_, crate::store::StoreResult<bool>> {
+        self.inner.delete(key)
+    }
+    fn scan_prefix(
+        &self,
+        prefix: String,
+    ) -> futures::future::BoxFuture<'_, crate::store::StoreResult<crate::store::Entries>> {
+        self.inner.scan_prefix(prefix)
+    }
+}
+
+/// A submitted job starts without the scheduler waiting for its record to
+/// be committed (behind a big job's telemetry that held it 1.4 s); the
+/// submitter is told once the record is committed, and not before. A
+/// record that cannot be committed fails the submit and the job.
+#[tokio::test]
+async fn a_submit_does_not_hold_the_scheduler_while_its_record_is_committed() {
+    let dir = tempfile::tempdir().unwrap();
+    let gated = Arc::new(Gated {
+        inner: RedbStore::open(&dir.path().join("state.redb")).unwrap(),
+        open: tokio::sync::watch::Sender::new(true),
+        refuse: Default::default(),
+    });
+    let mut f = Fixture::on(Duration::from_secs(30), gated.clone(), dir).await;
+    f.join("a").await;
+    f.join("b").await;
+    // Made once, before: a job's start reads it.
+    f.sched.store.rank_key().await.unwrap();
+
+    gated.open.send_replace(false);
+    let (reply, mut answer) = oneshot::channel();
+    let plan = f.sched.plan(stress(60_000, 0));
+    let planned = JobEvent::Planned { plan, reply };
+    tokio::time::timeout(Duration::from_secs(10), f.sched.dispatch(planned.into()))
+        .await
+        .expect("the scheduler waited for the job's record");
+    let id = f.sched.jobs.keys().last().unwrap().clone();
+    assert_eq!(f.job(&id).state(), JobState::Running);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        answer.try_recv().is_err(),
+        "told before the record is committed"
+    );
+    gated.open.send_replace(true);
+    assert_eq!(answer.await.unwrap().unwrap().id, id);
+
+    gated
+        .refuse
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let (reply, answer) = oneshot::channel();
+    let plan = f.sched.plan(stress(60_000, 0));
+    f.sched
+        .dispatch(JobEvent::Planned { plan, reply }.into())
+        .await;
+    let refused = f.sched.jobs.keys().last().unwrap().clone();
+    let e = answer.await.unwrap().unwrap_err().to_string();
+    assert!(e.contains("could not store the job"), "{e}");
+    // What the scheduler's threads sent back (the jobs' assignments, the
+    // failure), handled as the event loop would.
+    while f.job(&refused).state() != JobState::Failed {
+        let lane = &mut f.sched.lanes.as_mut().unwrap().people.1;
+        let ev = tokio::time::timeout(Duration::from_secs(10), lane.recv()).await;
+        let ev = ev.expect("the job's failure, sent back").unwrap();
+        f.sched.dispatch(ev).await;
+    }
+    assert!(f
+        .job(&refused)
+        .job
+        .message
+        .contains("could not store the job"));
 }
