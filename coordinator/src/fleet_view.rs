@@ -5,11 +5,13 @@
 //! acceptance states and the inventory's names, all written through the
 //! store, which counts such writes ([`StateStore::history_version`]) and,
 //! while an answer is kept, keeps them ([`StateStore::history_since`]). So
-//! one answer is kept with the count it was made at, and the first caller
-//! after a write folds the writes since into it (`writes.rs`: a job's runs
-//! are added to each node's [`FleetFold`] digest, and only changed rows are
-//! made again), or builds it afresh when they cannot be folded in (a
-//! deletion, writes not kept); callers that come meanwhile wait for it.
+//! one answer is kept with the count it was made at, and the writes since
+//! are folded into it as they come, by the view's own task ([`FleetView::keep`];
+//! `writes.rs`: a job's runs are added to each node's [`FleetFold`] digest,
+//! and only changed rows are made again), or it is built afresh when they
+//! cannot be folded in (a deletion, writes not kept). A caller waits for
+//! what it would miss, so an answer never lacks a write that was readable
+//! when the call came.
 //! `/metrics` shares it. It is derived state only: a restart builds it
 //! afresh.
 //!
@@ -109,7 +111,8 @@ impl FleetView {
     }
 
     /// The answer as of now: the kept one while nothing it is made of was
-    /// written since its build began, else a new build.
+    /// written since, else the kept one with the writes folded in, or a
+    /// fresh build.
     pub async fn current(&self) -> Result<Arc<Built>, CoordinatorError> {
         self.get(None).await
     }

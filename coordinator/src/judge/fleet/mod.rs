@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use gpuctl_proto::pb::{FigureRecord, FleetRow, Link, NodeRun, Report, Verdict};
+use gpuctl_proto::pb::{FigureRecord, Link, NodeRun, Report, Verdict};
 
 use super::figures::{of_report, Figures};
 
@@ -127,18 +127,6 @@ pub fn runs(report: &Report, figures: &Figures) -> Vec<NodeRun> {
         .collect()
 }
 
-/// One row per node from its runs (any order); `tolerance` flags drift.
-pub fn rows(runs: &[NodeRun], tolerance: f64) -> Vec<FleetRow> {
-    let mut by_node: BTreeMap<&str, Vec<&NodeRun>> = BTreeMap::new();
-    for r in runs {
-        by_node.entry(r.node.as_str()).or_default().push(r);
-    }
-    by_node
-        .into_iter()
-        .filter_map(|(node, mut rs)| NodeDigest::of(node, &mut rs).row(tolerance))
-        .collect()
-}
-
 /// The latest measurement of every pair of nodes, from the runs' links,
 /// given a node's runs at a time.
 #[derive(Debug, Clone, Default)]
@@ -185,7 +173,19 @@ pub fn expired(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuctl_proto::pb::Verdict;
+    use gpuctl_proto::pb::{FleetRow, Verdict};
+
+    /// One row per node from its runs (any order); `tolerance` flags drift.
+    fn rows(runs: &[NodeRun], tolerance: f64) -> Vec<FleetRow> {
+        let mut by_node: BTreeMap<&str, Vec<&NodeRun>> = BTreeMap::new();
+        for r in runs {
+            by_node.entry(r.node.as_str()).or_default().push(r);
+        }
+        by_node
+            .into_iter()
+            .filter_map(|(node, mut rs)| NodeDigest::of(node, &mut rs).row(tolerance))
+            .collect()
+    }
 
     fn run(node: &str, job: u64, tflops: &[f64]) -> NodeRun {
         NodeRun {
@@ -232,7 +232,7 @@ mod tests {
         assert_eq!((gpus[1].gpu.as_str(), gpus[1].below_floor), ("1", 2));
         assert_eq!(gpus[1].stress_tflops, 100.0);
         // The next stress run clears it.
-        let rows = super::rows(&[failed, nccl, run("a", 3, &[650.0, 640.0])], 0.9);
+        let rows = self::rows(&[failed, nccl, run("a", 3, &[650.0, 640.0])], 0.9);
         assert!(rows[0].gpus.iter().all(|g| g.below_floor == 0), "{rows:?}");
         assert_eq!(rows[0].gpus[1].stress_tflops, 640.0);
     }
