@@ -29,7 +29,7 @@ use tracing::debug;
 
 use crate::error::CoordinatorError;
 use crate::history;
-use crate::judge::fleet::FleetFold;
+use crate::judge::fleet::{FleetFold, Rebuild};
 use crate::store::{Since, StateStore};
 
 mod writes;
@@ -215,81 +215,91 @@ impl Inner {
             if let Some(p) = k.previous.as_ref().filter(|p| Some(p.version) == listing) {
                 return Ok(p.clone());
             }
-            let since = match listing {
-                Some(v) if v == k.built.version => Since::Same,
-                _ => self.store.history_since(k.built.version),
-            };
-            match since {
-                Since::Same => {
-                    k.used = used;
-                    return Ok(k.built.clone());
-                }
-                Since::Writes(version, writes) => {
-                    let Kept {
-                        built, mut fold, ..
-                    } = kept.take().expect("matched above");
-                    // A listing under way goes on from the build it began
-                    // with. Else let go before the rows are made again:
-                    // they are then copied only for a caller still holding
-                    // them.
-                    let previous = built.listed().then_some(built);
-                    let folding = Instant::now();
-                    let n = writes.len();
-                    let store = self.store.clone();
-                    let (mut fold, done) = crate::runtime::apart(move || async move {
-                        let done = writes::fold_in(&store, &mut fold, writes).await?;
-                        Ok((fold, done))
-                    })
-                    .await?;
-                    match done {
-                        Ok(()) => {
-                            let fold_ms = folding.elapsed().as_millis() as u64;
-                            let built = made(version, &mut fold);
-                            debug!(
-                                writes = n,
-                                fold_ms,
-                                ms = folding.elapsed().as_millis() as u64,
-                                asked = asked.is_some(),
-                                "fleet view updated"
-                            );
-                            *kept = Some(Kept {
-                                built: built.clone(),
-                                fold,
-                                used,
-                                previous,
-                            });
-                            return Ok(built);
-                        }
-                        Err(why) => debug!(why = %why.0, "fleet view built afresh"),
-                    }
-                }
-                Since::Unknown => {}
+            if listing == Some(k.built.version) {
+                k.used = used;
+                return Ok(k.built.clone());
             }
         }
-        // Let go before building: never two answers held here.
-        *kept = None;
-        // Taken before reading: a write meanwhile is folded in by the next
-        // caller (the store keeps it from here on).
-        let version = self.store.arm_history_log();
-        self.builds
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let building = Instant::now();
-        let req = GetFleetRequest::default();
-        let (mut fold, _) = history::fold_apart(&self.store, req, self.drift).await?;
+        let since = match kept.as_ref() {
+            Some(k) => self.store.history_since(k.built.version),
+            None => Since::Unknown,
+        };
+        let started = Instant::now();
+        let folded = match since {
+            Since::Same => {
+                let k = kept.as_mut().expect("a version to be the same as");
+                k.used = used;
+                return Ok(k.built.clone());
+            }
+            Since::Writes(version, writes) => {
+                let Kept { built, fold, .. } = kept.take().expect("a version to write after");
+                // A listing under way goes on from the build it began with.
+                // Else let go before the rows are made again: they are then
+                // copied only for a caller still holding them.
+                let previous = built.listed().then_some(built);
+                let n = writes.len();
+                match self.fold_in(fold, writes).await? {
+                    Ok(fold) => {
+                        let fold_ms = started.elapsed().as_millis() as u64;
+                        Some((version, fold, previous, Some((n, fold_ms))))
+                    }
+                    Err(why) => {
+                        debug!(why = %why.0, "fleet view built afresh");
+                        None
+                    }
+                }
+            }
+            Since::Unknown => None,
+        };
+        // `folded`: the writes folded in and how long that took, else built.
+        let (version, mut fold, previous, folded) = match folded {
+            Some(folded) => folded,
+            None => {
+                // Let go before building: never two answers held here.
+                *kept = None;
+                // Taken before reading: a write meanwhile is folded in
+                // next (the store keeps it from here on).
+                let version = self.store.arm_history_log();
+                self.builds
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let req = GetFleetRequest::default();
+                let (fold, _) = history::fold_apart(&self.store, req, self.drift).await?;
+                (version, fold, None, None)
+            }
+        };
         let built = made(version, &mut fold);
         // How long callers waited for it, for a big fleet's operator.
-        debug!(
-            rows = built.rows.len(),
-            ms = building.elapsed().as_millis() as u64,
-            "fleet view built"
-        );
+        let ms = started.elapsed().as_millis() as u64;
+        match folded {
+            Some((writes, fold_ms)) => {
+                let asked = asked.is_some();
+                debug!(writes, fold_ms, ms, asked, "fleet view updated");
+            }
+            None => debug!(rows = built.rows.len(), ms, "fleet view built"),
+        }
         *kept = Some(Kept {
             built: built.clone(),
             fold,
             used,
-            previous: None,
+            previous,
         });
         Ok(built)
+    }
+
+    /// `writes` folded into `fold` on a blocking thread of its own (a
+    /// 16,384-node job's runs are ~16 MB to decode); the fold back, or why
+    /// it cannot be.
+    async fn fold_in(
+        &self,
+        mut fold: FleetFold,
+        writes: Vec<crate::store::HistoryWrite>,
+    ) -> Result<Result<FleetFold, Rebuild>, CoordinatorError> {
+        let store = self.store.clone();
+        crate::runtime::apart(move || async move {
+            let done = writes::fold_in(&store, &mut fold, writes).await?;
+            Ok(done.map(|()| fold))
+        })
+        .await
     }
 }
 

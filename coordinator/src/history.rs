@@ -98,10 +98,10 @@ async fn inventory(store: &StateStore) -> Result<Vec<String>, CoordinatorError> 
 /// next is made. A read a node was a trip to the store's thread each: at
 /// 16,384 nodes the fleet view took 2-3 s to build after a job, and 67 s
 /// while the next job started.
-const READ_NODES: usize = 64;
+pub const READ_NODES: usize = 64;
 
 /// The runs of each of `nodes`, in one read.
-async fn runs_of(
+pub async fn runs_of(
     store: &StateStore,
     nodes: &[String],
 ) -> Result<Vec<Vec<NodeRun>>, CoordinatorError> {
@@ -132,10 +132,13 @@ pub async fn fleet(
     drift_tolerance: f64,
 ) -> Result<GetFleetResponse, CoordinatorError> {
     let (mut folded, runs) = fold_apart(store, req, drift_tolerance).await?;
+    let (rows, links) = (folded.rows(), folded.links());
+    // The fold's own hold on the rows goes with it: they are moved out, not copied.
+    drop(folded);
     Ok(GetFleetResponse {
-        rows: folded.rows().to_vec(),
+        rows: std::sync::Arc::unwrap_or_clone(rows),
         runs,
-        links: folded.links(),
+        links,
         ..Default::default()
     })
 }

@@ -44,8 +44,8 @@ impl Drop for FleetRuntime {
 /// `work` driven on a blocking thread of its own: for folds of a whole
 /// fleet's history (0.5-0.7 s of CPU at 16,384 nodes), which on the runtime
 /// would hold a worker that serves connections and people's calls. A panic
-/// in it goes on in the caller.
-/// `work` makes the future there, so that it need not be `Send`.
+/// in it goes on in the caller. `work` makes the future there, so that it
+/// need not be `Send`.
 pub async fn apart<T, F>(
     work: impl FnOnce() -> F + Send + 'static,
 ) -> Result<T, crate::error::CoordinatorError>

@@ -8,6 +8,7 @@ use gpuctl_proto::pb::{Acceptance, NodeRun};
 use prost::Message as _;
 
 use crate::error::CoordinatorError;
+use crate::history;
 use crate::judge::fleet::{FleetFold, Rebuild};
 use crate::store::keys::{self, HistoryInput};
 use crate::store::{HistoryWrite, StateStore};
@@ -68,10 +69,8 @@ pub async fn fold_in(
     if joining.len() > JOINING_AT_MOST {
         return Ok(Err(Rebuild(format!("{} nodes joined", joining.len()))));
     }
-    for names in joining.chunks(64) {
-        let runs = (store.histories(names).await)
-            .map_err(|e| CoordinatorError::store("could not read the fleet history", e))?;
-        for (name, runs) in names.iter().zip(runs) {
+    for names in joining.chunks(history::READ_NODES) {
+        for (name, runs) in names.iter().zip(history::runs_of(store, names).await?) {
             fold.add_node(name, &runs);
         }
     }

@@ -20,6 +20,11 @@ use crate::jobs::{hang, timing};
 use crate::plan::{planner, preflight};
 use crate::store::{Batch, Durable};
 
+/// What a submitter is told when its job's record could not be committed.
+fn not_stored(e: crate::store::StoreError) -> CoordinatorError {
+    CoordinatorError::store("could not store the job", e)
+}
+
 impl Scheduler {
     /// People submit and cancel jobs; the scheduler's threads bring back
     /// a submitted job's plan and a started job's assignments.
@@ -45,7 +50,7 @@ impl Scheduler {
                     match stored.wait().await {
                         Ok(()) => drop(reply.send(Ok(job))),
                         Err(e) => {
-                            let e = CoordinatorError::store("could not store the job", e);
+                            let e = not_stored(e);
                             let (job_id, why) = (job.id, e.to_string());
                             if let Some(lane) = lane.upgrade() {
                                 let ev = JobEvent::NotStored { job_id, why };
@@ -119,7 +124,7 @@ impl Scheduler {
         let plan = self.plan(spec)?;
         let (job, stored) = self.submit_planned(plan).await?;
         if let Err(e) = stored.wait().await {
-            let e = CoordinatorError::store("could not store the job", e);
+            let e = not_stored(e);
             self.finish(&job.id, JobState::Failed, e.to_string(), None)
                 .await;
             return Err(e);
