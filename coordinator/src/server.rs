@@ -26,6 +26,7 @@ use crate::runtime::FleetRuntime;
 use crate::scheduler::{Clock, Scheduler, SchedulerConfig};
 use crate::service::auth::Security;
 use crate::service::gate::{ResultGate, RESULTS_IN_FLIGHT};
+use crate::service::pieces::InPieces;
 use crate::service::{agent::AgentSvc, job::JobSvc, worker::WorkerSvc};
 use crate::standby::{self, Standby};
 use crate::store::{RedbStore, StateStore, Store};
@@ -227,16 +228,18 @@ pub async fn run_with(
     let fleet = FleetRuntime::start(cfg.fleet_threads as usize).context("--fleet-threads")?;
     let (sched, sched_task) = scheduler.spawn(shutdown.clone(), &fleet.handle());
     let fetches = crate::service::trace::Fetches::default();
-    let agents = AgentServiceServer::new(AgentSvc::new(
-        sched.clone(),
-        advertise,
-        security.clone(),
-        fleet.handle(),
-        fetches.clone(),
-        cfg.node_timeout,
-    ))
-    .max_decoding_message_size(MAX_MESSAGE_BYTES)
-    .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let agents = InPieces(
+        AgentServiceServer::new(AgentSvc::new(
+            sched.clone(),
+            advertise,
+            security.clone(),
+            fleet.handle(),
+            fetches.clone(),
+            cfg.node_timeout,
+        ))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES),
+    );
     let history_task = tokio::spawn(crate::history::keep_bounded(
         store.clone(),
         cfg.retention(),

@@ -33,6 +33,7 @@ pub mod shutdown;
 pub mod spec;
 pub mod stats;
 pub mod suite;
+pub mod telemetry_parts;
 pub mod timeline;
 pub mod units;
 

@@ -267,7 +267,9 @@ impl Telemetry {
             let fresh = batches(&node, &readings, &running);
             let now = std::time::Instant::now();
             for batch in held.take(fresh, &running, pace.telemetry_send(), now) {
-                workers.send_telemetry(batch);
+                for part in gpuctl_core::telemetry_parts::parts(batch) {
+                    workers.send_telemetry(part);
+                }
             }
         }
     }

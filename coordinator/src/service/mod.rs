@@ -10,6 +10,7 @@ pub mod cert;
 pub mod gate;
 pub mod inbox;
 pub mod job;
+pub mod pieces;
 pub mod trace;
 pub mod worker;
 

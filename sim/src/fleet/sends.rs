@@ -98,16 +98,20 @@ impl Agent {
                 if samples.is_empty() {
                     continue;
                 }
-                let msg = AgentMessage {
-                    msg: Some(Msg::Telemetry(TelemetryBatch {
-                        node: self.name.clone(),
-                        job_id,
-                        attempt,
-                        samples,
-                    })),
+                let batch = TelemetryBatch {
+                    node: self.name.clone(),
+                    job_id,
+                    attempt,
+                    samples,
                 };
-                if let Err(mpsc::error::TrySendError::Closed(_)) = tx.try_send(msg) {
-                    return;
+                // In parts, as gpuctl-agent sends them.
+                for part in gpuctl_core::telemetry_parts::parts(batch) {
+                    let msg = AgentMessage {
+                        msg: Some(Msg::Telemetry(part)),
+                    };
+                    if let Err(mpsc::error::TrySendError::Closed(_)) = tx.try_send(msg) {
+                        return;
+                    }
                 }
             }
         }

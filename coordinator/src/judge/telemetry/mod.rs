@@ -1,5 +1,5 @@
-//! GPU telemetry of a job while the coordinator holds it: the latest batch
-//! per node (for `gpuctl watch`) and, per GPU, a downsampled [`GpuSeries`]
+//! GPU telemetry of a job while the coordinator holds it: the newest sample
+//! of each GPU (for `gpuctl watch`) and, per GPU, a downsampled [`GpuSeries`]
 //! that is stored with the job and summarised into the report with health
 //! findings ([`super::checks::health`]).
 //!
@@ -16,7 +16,7 @@ use std::ops::Bound::{Excluded, Included, Unbounded};
 
 use prost::Message;
 
-use gpuctl_proto::pb::TelemetryBatch;
+use gpuctl_proto::pb::{GpuSample, TelemetryBatch};
 
 use super::series::GpuSeries;
 use crate::store::keys;
@@ -119,15 +119,18 @@ impl Telemetry {
         }
         let n = batch.samples.len();
         match self.latest.get_mut(node) {
-            Some(kept) => *kept = batch,
+            Some(kept) => newest_into(&mut kept.samples, batch.samples),
             None => {
-                self.latest.insert(node.to_string(), batch);
+                let mut kept = batch;
+                let samples = std::mem::take(&mut kept.samples);
+                newest_into(&mut kept.samples, samples);
+                self.latest.insert(node.to_string(), kept);
             }
         }
         n
     }
 
-    /// The latest batch of every node.
+    /// The newest sample of each GPU of every node, a batch a node.
     pub fn latest(&self) -> Vec<TelemetryBatch> {
         self.latest.values().cloned().collect()
     }
@@ -202,6 +205,20 @@ impl Telemetry {
 
     pub fn series(&self) -> impl Iterator<Item = &GpuSeries> {
         self.series.values().map(|slot| &slot.series)
+    }
+}
+
+/// Keeps in `kept` the newest sample of each GPU of `kept` and `fresh`.
+/// Only these are shown (`gpuctl watch`, `status`): keeping each node's
+/// whole last batch, 8 s of its GPUs when the fleet is paced, held ~20 KB
+/// a node, 0.3 GB at 16,384 nodes (issue 51).
+fn newest_into(kept: &mut Vec<GpuSample>, fresh: Vec<GpuSample>) {
+    for s in fresh {
+        match kept.iter_mut().find(|k| k.index == s.index) {
+            Some(k) if k.unix_ms <= s.unix_ms => *k = s,
+            Some(_) => {}
+            None => kept.push(s),
+        }
     }
 }
 

@@ -282,3 +282,36 @@ fn a_joined_batch_feeds_one_series_per_gpu() {
     let again: Vec<u32> = t.take_dirty().iter().map(|g| g.index).collect();
     assert_eq!(again, [0], "only the GPU that changed");
 }
+
+/// A paced agent's batch holds several seconds of each GPU, and its parts
+/// come one after the other: what `gpuctl watch` shows is each GPU's newest
+/// sample, whichever batch brought it, and only that is kept.
+#[test]
+fn the_latest_is_each_gpus_newest_sample_across_batches() {
+    let at = |gpu: u32, t: u64| GpuSample {
+        unix_ms: t,
+        ..gpu::healthy(gpu)
+    };
+    let mut t = Telemetry::default();
+    // 8 s of GPUs 0 and 1, oldest first, in one batch.
+    let held: Vec<GpuSample> = (1..=8u64)
+        .flat_map(|s| [at(0, s * 1_000), at(1, s * 1_000)])
+        .collect();
+    t.add("n0", gpu::batch("n0", "j", held), 0);
+    // The next part: GPU 2's newest, and a late sample of GPU 0.
+    t.add(
+        "n0",
+        gpu::batch("n0", "j", vec![at(2, 8_000), at(0, 3_000)]),
+        0,
+    );
+    let latest = t.latest();
+    assert_eq!(latest.len(), 1);
+    let mut kept: Vec<(u32, u64)> = latest[0]
+        .samples
+        .iter()
+        .map(|s| (s.index, s.unix_ms))
+        .collect();
+    kept.sort();
+    assert_eq!(kept, [(0, 8_000), (1, 8_000), (2, 8_000)]);
+    assert_eq!(t.series().map(|s| s.totals().n).sum::<u32>(), 8 + 8 + 2);
+}
