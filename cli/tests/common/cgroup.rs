@@ -40,8 +40,10 @@ fn write(path: &Path, text: &str) {
 
 impl CpuQuota {
     /// Limits `pid`, its children and what it starts later to `cores` of CPU
-    /// time, e.g. 0.25 for a quarter of one core.
+    /// time, e.g. 0.25 for a quarter of one core. A node throttled once it
+    /// is up: its prestarted workers have loaded their libraries first.
     pub fn apply(name: &str, pid: u32, cores: f64) -> CpuQuota {
+        wait_prestarted_loaded(pid);
         let name = &unique(name);
         let quota = ((cores * PERIOD_US as f64) as u64).max(1_000);
         let v1 = Path::new(V1_CPU).join("cpu.cfs_quota_us");
@@ -76,6 +78,56 @@ impl CpuQuota {
         };
         move_tree(&dir, pid);
         CpuQuota { dir, root }
+    }
+}
+
+/// The `read` system call's number, which a prestarted worker sits in once
+/// its libraries are loaded.
+#[cfg(target_arch = "x86_64")]
+const SYS_READ: &str = "0";
+#[cfg(target_arch = "aarch64")]
+const SYS_READ: &str = "63";
+
+/// Waits until every prestarted worker of `pid`'s tree waits on its stdin
+/// for a job. Loading libtorch costs a worker 1-3 s of CPU in static
+/// initialisers before `main`; a quota of a few hundredths of a core
+/// applied while an agent's fresh worker is still loading stretches that
+/// past the 120 s hang timeout, and the slowed rank is judged hung before
+/// it computes anything (CI, 2026-11-30: five tests). Which phase a quota
+/// lands in then depends on the host's speed; after this wait it always
+/// lands on the work the test judges.
+fn wait_prestarted_loaded(pid: u32) {
+    let loading = || -> Vec<u32> {
+        descendants(pid)
+            .into_iter()
+            .filter(|&p| {
+                let args = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+                let prestarted = args
+                    .split(|b| *b == 0)
+                    .nth(1)
+                    .is_some_and(|a| a == b"--prestarted");
+                // `NR fd ...`: a read of fd 0, or the process is gone.
+                let waiting = std::fs::read_to_string(format!("/proc/{p}/syscall"))
+                    .map(|s| {
+                        let mut f = s.split_whitespace();
+                        f.next() == Some(SYS_READ) && f.next() == Some("0x0")
+                    })
+                    .unwrap_or(true);
+                prestarted && !waiting && !zombie(p)
+            })
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let left = loading();
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "prestarted workers {left:?} of {pid}'s tree still loading after 120 s: is the host this busy?"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
 
