@@ -6,8 +6,9 @@
 //! c sends a worker's exit, log lines, a failed start and telemetry for a
 //! job it has no rank in; then, in a job it is part of with 64 CPU ranks,
 //! results at 0.5 TFLOP/s with another stress digest (once enough to
-//! outvote a and b on the median and the digest majority), and a result
-//! that claims a B200 at 999 TFLOP/s. Every attempt is refused or has no
+//! outvote a and b on the median and the digest majority), a result
+//! that claims a B200 at 999 TFLOP/s, and telemetry of a GPU it does not
+//! have. Every attempt is refused or has no
 //! effect on a's and b's verdicts, logs and report; only c's ranks fail;
 //! `/metrics` counts each refusal and shows no 999.
 
@@ -301,6 +302,9 @@ fn a_node_with_its_own_certificate_cannot_decide_other_nodes_verdicts() {
     let forged_device = rt.block_on(async {
         let a = c.assignment_after_cancels().await;
         c.ack(&a).await;
+        // c registered CPU ranks and no GPU: a GPU's telemetry is refused.
+        c.telemetry(gpu::batch("c", &two, vec![gpu::healthy(7)]))
+            .await;
         let mut w = WorkerServiceClient::new(channel().await);
         let result = |rank: u32, tflops: f64| RankResult {
             job_id: two.clone(),
@@ -351,6 +355,11 @@ fn a_node_with_its_own_certificate_cannot_decide_other_nodes_verdicts() {
         Duration::from_secs(120),
     );
     let report = json(&gpuctl(&url, &certs, READ, &["report", &two, "-o", "json"]));
+    assert_eq!(
+        report["telemetry"],
+        serde_json::json!([]),
+        "c's GPU 7 is no GPU of c's"
+    );
     for (node, verdict, reason) in node_verdicts(&report) {
         if node == "c" {
             assert_eq!(verdict, "fail", "c's own figures fail c: {reason}");
@@ -375,5 +384,9 @@ fn a_node_with_its_own_certificate_cannot_decide_other_nodes_verdicts() {
         let n = gpuctl_core::metrics_http::value(&body, &series);
         assert!(n.is_some_and(|n| n >= 1.0), "{series} = {n:?} in {body}");
     }
+    // Telemetry twice: of a job c is not in, of a GPU c does not have.
+    let series = "gpuctl_refused_messages_total{kind=\"telemetry\"}";
+    let n = gpuctl_core::metrics_http::value(&body, series);
+    assert!(n.is_some_and(|n| n >= 2.0), "{series} = {n:?} in {body}");
     drop(c);
 }

@@ -19,7 +19,8 @@ pub enum Refused {
     Ack,
     /// `WorkerLog` lines for a rank the sending node does not hold.
     Log,
-    /// Telemetry for a job the sending node is not in.
+    /// Telemetry for a job the sending node is not in, or of a GPU it did
+    /// not register.
     Telemetry,
     /// A result whose device facts disagree with the plan.
     Result,

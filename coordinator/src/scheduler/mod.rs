@@ -163,6 +163,10 @@ pub struct Scheduler {
     /// The job whose report is being made again with late results
     /// (`reports::refold_stale`): one at a time.
     refolding: Option<String>,
+    /// When (Unix ms) the running jobs' telemetry may be written next;
+    /// `u64::MAX` while a write is not yet committed (`ranks.rs`,
+    /// `store_telemetry`).
+    telemetry_next_ms: Arc<std::sync::atomic::AtomicU64>,
     /// The first lane, for blocking threads that build reports.
     first_lane: mpsc::WeakSender<Event>,
     /// Both lanes, made at load (a job judged then needs the first one) and
@@ -290,6 +294,7 @@ impl Scheduler {
             pace,
             recent: recent::Recent::default(),
             refolding: None,
+            telemetry_next_ms: Arc::default(),
             first_lane: lanes.people.0.downgrade(),
             lanes: Some(lanes),
             cfg,

@@ -104,6 +104,11 @@ impl Batch {
         self.0.is_empty()
     }
 
+    /// Keys and values, in bytes.
+    pub fn bytes(&self) -> usize {
+        self.0.iter().map(|(k, v)| k.len() + v.len()).sum()
+    }
+
     /// Each of `series` under `job`, handed to `write` in batches of about
     /// `max_bytes` as each fills.
     pub fn telemetry_parts(
