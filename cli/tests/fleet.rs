@@ -58,7 +58,10 @@ fn history_survives_a_restart_and_drift_names_the_slowed_node() {
     let slow = Cluster::agent_name(1);
     let third = {
         let _quota = CpuQuota::apply("gpuctl-test-fleet", c.agent_pid(1), 0.05);
-        finish(&c, &stress)
+        // Longer than the others: at 0.05 of a core one GEMM took ~1.9 s in
+        // a full CI run (2026-11-30), and 7 s gave the slowed rank fewer than
+        // the 5 intervals the fleet reference needs, so its job passed.
+        finish(&c, &["stress", "--nodes", "4", "--duration", "20s"])
     };
 
     let fleet = c.json(&["fleet"]);

@@ -8,11 +8,21 @@
 
 mod common;
 
+use std::sync::Mutex;
 use std::time::Duration;
 
 use common::cgroup::CpuQuota;
 use common::*;
 use serde_json::Value;
+
+/// One fleet at a time: the throttled node is judged against its peers, and
+/// a second fleet on the same two cores starved the healthy ranks as well (a
+/// full CI run, 2026-11-30, blamed a healthy rank as hung).
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 const SWEEP: &[&str] = &[
     "ddp",
@@ -51,6 +61,7 @@ fn ranks(report: &Value) -> Vec<(String, Value)> {
 
 #[test]
 fn every_rank_sweeps_its_loader_and_profiles_its_operators() {
+    let _g = serial();
     let c = Cluster::start(3, 1);
     let mut args = SWEEP.to_vec();
     // Each sample also costs its loader thread at least 1 ms of CPU.
@@ -234,14 +245,16 @@ fn fetches_every_trace_through_the_coordinator(mut c: Cluster, id: &str, all: &[
 
 #[test]
 fn a_node_that_cannot_feed_its_device_fails_on_its_loader_rate_named() {
+    let _g = serial();
     // Four nodes: a fleet reference needs three besides the node judged
     // (one vote per node, issue 46).
     let c = Cluster::start(4, 1);
     let slow = Cluster::agent_name(2);
-    // 8% of one core: at 3% a debug worker on a slower host (CI,
-    // 2026-11-30) went 120 s between progress reports while building its
-    // model and was judged hung, never reaching its loader sweep.
-    let _quota = CpuQuota::apply("gpuctl-test-loader", c.agent_pid(2), 0.08);
+    // 8% of one core for the node's rank, its agent left free. At 3% for
+    // agent and rank together, a debug worker on CI's host of 2026-11-30
+    // went 120 s between progress reports while building its model and was
+    // judged hung, never reaching its loader sweep.
+    let _quota = CpuQuota::on_ranks("gpuctl-test-loader", c.agent_pid(2), 0.08);
     let mut args = SWEEP.to_vec();
     args[2] = "4";
     let r = run_job(&c, &args, Duration::from_secs(300));
@@ -271,6 +284,7 @@ fn a_node_that_cannot_feed_its_device_fails_on_its_loader_rate_named() {
 
 #[test]
 fn fsdp_profiles_every_rank_between_its_collectives() {
+    let _g = serial();
     let c = Cluster::start(2, 1);
     let args = [
         "fsdp",

@@ -19,9 +19,12 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// 8 % of one core for the slowed node (about 0.15x of a healthy one, far
-/// under every ratio of [`CPU_RULES`] even when the machine's load moves);
-/// the healthy ones share the machine's other cores.
+/// 8 % of one core for the slowed node's ranks (about 0.15x of a healthy
+/// one, far under every ratio of [`CPU_RULES`] even when the machine's load
+/// moves); the healthy ones share the machine's other cores. The ranks
+/// alone, the agent left free: throttled whole, the worker its agent
+/// prestarted after the first job loaded libtorch under the quota, and a
+/// full CI run (2026-11-30) found the second job still running after 180 s.
 const SLOW_CORES: f64 = 0.08;
 
 /// The job's report, waiting up to 180 s for its end.
@@ -65,7 +68,7 @@ fn a_slow_node_fails_stress_and_ddp_against_the_fleet_and_the_others_pass() {
     let _g = serial();
     let c = Cluster::start(4, 1);
     let slow = Cluster::agent_name(2);
-    let _quota = CpuQuota::apply("gpuctl-test-verdicts", c.agent_pid(2), SLOW_CORES);
+    let _quota = CpuQuota::on_ranks("gpuctl-test-verdicts", c.agent_pid(2), SLOW_CORES);
     let rules = c.cpu_rules();
 
     let r = run_job(
@@ -191,7 +194,7 @@ fn baselines_judge_later_jobs_and_floors_fail_what_the_cpu_cannot_reach() {
 
     {
         let slow = Cluster::agent_name(1);
-        let _quota = CpuQuota::apply("gpuctl-test-baseline", c.agent_pid(1), SLOW_CORES);
+        let _quota = CpuQuota::on_ranks("gpuctl-test-baseline", c.agent_pid(1), SLOW_CORES);
         let r = run_job(&c, &args);
         only_slow_node_fails(&r, &slow, "stress_tflops", "baseline");
     }

@@ -3,7 +3,8 @@
 //! mounts the v1 cpu controller, cgroup v2's `cpu.max` otherwise; and a real
 //! memory limit, the way a small host or a container looks (v1's
 //! `memory.limit_in_bytes`, v2's `memory.max`). Processes the limited process
-//! starts afterwards (an agent's workers) inherit it. Each group's name ends
+//! starts afterwards (an agent's workers) inherit it; or on a node's ranks
+//! alone, its agent left free. Each group's name ends
 //! with this test process's id and a count, so that tests of two runs on one
 //! machine never share a group. Needs root; a machine without either
 //! fails the test saying so.
@@ -44,41 +45,80 @@ impl CpuQuota {
     /// is up: its prestarted workers have loaded their libraries first.
     pub fn apply(name: &str, pid: u32, cores: f64) -> CpuQuota {
         wait_prestarted_loaded(pid);
-        let name = &unique(name);
-        let quota = ((cores * PERIOD_US as f64) as u64).max(1_000);
-        let v1 = Path::new(V1_CPU).join("cpu.cfs_quota_us");
-        let (root, dir) = if v1.exists() {
-            let root = PathBuf::from(V1_CPU);
-            let dir = root.join(name);
-            let _ = std::fs::remove_dir(&dir);
-            std::fs::create_dir_all(&dir)
-                .unwrap_or_else(|e| panic!("cannot create cgroup {}: {e}", dir.display()));
-            write(&dir.join("cpu.cfs_period_us"), &PERIOD_US.to_string());
-            write(&dir.join("cpu.cfs_quota_us"), &quota.to_string());
-            (root, dir)
-        } else if Path::new(V2_ROOT).join("cgroup.controllers").exists() {
-            let root = PathBuf::from(V2_ROOT);
-            let controllers =
-                std::fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
-            assert!(
-                controllers.split_whitespace().any(|c| c == "cpu"),
-                "cgroup v2 at {V2_ROOT} has no cpu controller (controllers: {controllers}); a CPU quota cannot be set"
-            );
-            let _ = std::fs::write(root.join("cgroup.subtree_control"), "+cpu");
-            let dir = root.join(name);
-            let _ = std::fs::remove_dir(&dir);
-            std::fs::create_dir_all(&dir)
-                .unwrap_or_else(|e| panic!("cannot create cgroup {}: {e}", dir.display()));
-            write(&dir.join("cpu.max"), &format!("{quota} {PERIOD_US}"));
-            (root, dir)
-        } else {
-            panic!(
-                "this machine has neither cgroup v1's {V1_CPU}/cpu.cfs_quota_us nor cgroup v2's {V2_ROOT}/cgroup.controllers: a CPU quota cannot be set"
-            );
-        };
+        let (root, dir) = group(name, cores);
         move_tree(&dir, pid);
         CpuQuota { dir, root }
     }
+
+    /// Limits the ranks the agent `agent` starts from now on to `cores` of
+    /// CPU time together, and leaves the agent itself free: a node whose
+    /// ranks compute slowly but which still answers. Each worker is moved
+    /// into the group as it takes a job (a prestarted worker loads libtorch
+    /// before that, free), for as long as this lives.
+    ///
+    /// Throttled whole, a node's agent at a few hundredths of a core relayed
+    /// its ranks' progress and rendezvous calls past their timeouts, and the
+    /// workers it prestarted between jobs loaded libtorch at that rate: the
+    /// ranks were judged hung instead of slow (a full CI run, 2026-11-30).
+    pub fn on_ranks(name: &str, agent: u32, cores: f64) -> RankQuota {
+        wait_prestarted_loaded(agent);
+        let (root, dir) = group(name, cores);
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let watch = {
+            let (dir, stop) = (dir.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut moved = std::collections::BTreeSet::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for p in descendants(agent) {
+                        if !moved.contains(&p) && worker(p) && !prestarted(p) {
+                            let _ = std::fs::write(dir.join("cgroup.procs"), p.to_string());
+                            moved.insert(p);
+                        }
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+            })
+        };
+        RankQuota {
+            _quota: CpuQuota { dir, root },
+            stop,
+            watch: Some(watch),
+        }
+    }
+}
+
+/// A [`CpuQuota`] on an agent's ranks ([`CpuQuota::on_ranks`]); the watch
+/// ends and the ranks go free when this is dropped.
+pub struct RankQuota {
+    /// Dropped after the watch ends: the ranks go back, the group goes.
+    _quota: CpuQuota,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    watch: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for RankQuota {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(w) = self.watch.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+/// Whether `pid` runs the worker binary.
+fn worker(pid: u32) -> bool {
+    let args = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    args.split(|b| *b == 0)
+        .next()
+        .is_some_and(|a| a.ends_with(b"gpuctl-worker"))
+}
+
+/// Whether `pid` is a worker waiting for its job (`gpuctl-worker --prestarted`).
+fn prestarted(pid: u32) -> bool {
+    let args = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    args.split(|b| *b == 0)
+        .nth(1)
+        .is_some_and(|a| a == b"--prestarted")
 }
 
 /// The `read` system call's number, which a prestarted worker sits in once
@@ -101,11 +141,6 @@ fn wait_prestarted_loaded(pid: u32) {
         descendants(pid)
             .into_iter()
             .filter(|&p| {
-                let args = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
-                let prestarted = args
-                    .split(|b| *b == 0)
-                    .nth(1)
-                    .is_some_and(|a| a == b"--prestarted");
                 // `NR fd ...`: a read of fd 0, or the process is gone.
                 let waiting = std::fs::read_to_string(format!("/proc/{p}/syscall"))
                     .map(|s| {
@@ -113,7 +148,7 @@ fn wait_prestarted_loaded(pid: u32) {
                         f.next() == Some(SYS_READ) && f.next() == Some("0x0")
                     })
                     .unwrap_or(true);
-                prestarted && !waiting && !zombie(p)
+                prestarted(p) && !waiting && !zombie(p)
             })
             .collect()
     };
@@ -128,6 +163,42 @@ fn wait_prestarted_loaded(pid: u32) {
             "prestarted workers {left:?} of {pid}'s tree still loading after 120 s: is the host this busy?"
         );
         std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// A new cpu cgroup of `cores` of CPU time: (the root it hangs under, it).
+fn group(name: &str, cores: f64) -> (PathBuf, PathBuf) {
+    let name = &unique(name);
+    let quota = ((cores * PERIOD_US as f64) as u64).max(1_000);
+    let v1 = Path::new(V1_CPU).join("cpu.cfs_quota_us");
+    if v1.exists() {
+        let root = PathBuf::from(V1_CPU);
+        let dir = root.join(name);
+        let _ = std::fs::remove_dir(&dir);
+        std::fs::create_dir_all(&dir)
+            .unwrap_or_else(|e| panic!("cannot create cgroup {}: {e}", dir.display()));
+        write(&dir.join("cpu.cfs_period_us"), &PERIOD_US.to_string());
+        write(&dir.join("cpu.cfs_quota_us"), &quota.to_string());
+        (root, dir)
+    } else if Path::new(V2_ROOT).join("cgroup.controllers").exists() {
+        let root = PathBuf::from(V2_ROOT);
+        let controllers =
+            std::fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
+        assert!(
+            controllers.split_whitespace().any(|c| c == "cpu"),
+            "cgroup v2 at {V2_ROOT} has no cpu controller (controllers: {controllers}); a CPU quota cannot be set"
+        );
+        let _ = std::fs::write(root.join("cgroup.subtree_control"), "+cpu");
+        let dir = root.join(name);
+        let _ = std::fs::remove_dir(&dir);
+        std::fs::create_dir_all(&dir)
+            .unwrap_or_else(|e| panic!("cannot create cgroup {}: {e}", dir.display()));
+        write(&dir.join("cpu.max"), &format!("{quota} {PERIOD_US}"));
+        (root, dir)
+    } else {
+        panic!(
+            "this machine has neither cgroup v1's {V1_CPU}/cpu.cfs_quota_us nor cgroup v2's {V2_ROOT}/cgroup.controllers: a CPU quota cannot be set"
+        );
     }
 }
 
