@@ -166,6 +166,22 @@ fn wait_prestarted_loaded(pid: u32) {
     }
 }
 
+/// cgroup v2's root with `controller` enabled for the groups under it;
+/// fails saying `what` cannot be set when the machine has no such controller.
+fn v2_with(controller: &str, what: &str) -> PathBuf {
+    let root = PathBuf::from(V2_ROOT);
+    let controllers = std::fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
+    assert!(
+        controllers.split_whitespace().any(|c| c == controller),
+        "cgroup v2 at {V2_ROOT} has no {controller} controller (controllers: {controllers}); {what} cannot be set"
+    );
+    let _ = std::fs::write(
+        root.join("cgroup.subtree_control"),
+        format!("+{controller}"),
+    );
+    root
+}
+
 /// A new cpu cgroup of `cores` of CPU time: (the root it hangs under, it).
 fn group(name: &str, cores: f64) -> (PathBuf, PathBuf) {
     let name = &unique(name);
@@ -181,14 +197,7 @@ fn group(name: &str, cores: f64) -> (PathBuf, PathBuf) {
         write(&dir.join("cpu.cfs_quota_us"), &quota.to_string());
         (root, dir)
     } else if Path::new(V2_ROOT).join("cgroup.controllers").exists() {
-        let root = PathBuf::from(V2_ROOT);
-        let controllers =
-            std::fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
-        assert!(
-            controllers.split_whitespace().any(|c| c == "cpu"),
-            "cgroup v2 at {V2_ROOT} has no cpu controller (controllers: {controllers}); a CPU quota cannot be set"
-        );
-        let _ = std::fs::write(root.join("cgroup.subtree_control"), "+cpu");
+        let root = v2_with("cpu", "a CPU quota");
         let dir = root.join(name);
         let _ = std::fs::remove_dir(&dir);
         std::fs::create_dir_all(&dir)
@@ -304,15 +313,7 @@ impl MemoryLimit {
         let (root, file) = if v1.join("memory.limit_in_bytes").exists() {
             (v1.to_path_buf(), "memory.limit_in_bytes")
         } else if Path::new(V2_ROOT).join("cgroup.controllers").exists() {
-            let root = PathBuf::from(V2_ROOT);
-            let controllers =
-                std::fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
-            assert!(
-                controllers.split_whitespace().any(|c| c == "memory"),
-                "cgroup v2 at {V2_ROOT} has no memory controller (controllers: {controllers}); a memory limit cannot be set"
-            );
-            let _ = std::fs::write(root.join("cgroup.subtree_control"), "+memory");
-            (root, "memory.max")
+            (v2_with("memory", "a memory limit"), "memory.max")
         } else {
             panic!(
                 "this machine has neither cgroup v1's {V1_MEMORY} nor cgroup v2's {V2_ROOT}/cgroup.controllers: a memory limit cannot be set"
