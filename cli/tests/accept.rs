@@ -7,17 +7,9 @@
 
 mod common;
 
-use std::sync::Mutex;
-
 use common::cgroup::CpuQuota;
 use common::*;
 use serde_json::Value;
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Runs `gpuctl accept` to its end; the exit code and the JSON report.
 fn accept(c: &Cluster, extra: &[&str]) -> (i32, Value) {

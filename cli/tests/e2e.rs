@@ -5,17 +5,10 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::Value;
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Ranks of the report, checked to be 0..world each once, in nodes named as the fleet.
 fn check_ranks(report: &Value, nodes: usize, world: usize) {

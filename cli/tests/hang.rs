@@ -7,17 +7,10 @@
 mod common;
 
 use std::path::PathBuf;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::Value;
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// A worker we stopped: continued and killed on the way out if it is still
 /// there, so that a failing test leaves nothing behind.

@@ -8,21 +8,15 @@
 
 mod common;
 
-use std::sync::Mutex;
 use std::time::Duration;
 
 use common::cgroup::CpuQuota;
 use common::*;
 use serde_json::Value;
 
-/// One fleet at a time: the throttled node is judged against its peers, and
-/// a second fleet on the same two cores starved the healthy ranks as well (a
-/// full CI run, 2026-11-30, blamed a healthy rank as hung).
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
+// One fleet at a time (`serial()`): the throttled node is judged against
+// its peers, and a second fleet on the same two cores starved the healthy
+// ranks as well (a full CI run, 2026-11-30, blamed a healthy rank as hung).
 
 const SWEEP: &[&str] = &[
     "ddp",

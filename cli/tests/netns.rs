@@ -8,18 +8,13 @@ mod common;
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Mutex};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::Value;
 
-/// Both tests own the `gpl-` names of the machine: one at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
+// Both tests own the `gpl-` names of the machine: one at a time (`serial()`).
 
 /// Runs a command that must succeed; the panic says what it needs.
 fn must(prog: &str, args: &[&str]) -> String {

@@ -6,18 +6,11 @@
 
 mod common;
 
-use std::sync::Mutex;
 use std::time::Duration;
 
 use common::cgroup::CpuQuota;
 use common::*;
 use serde_json::Value;
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// The job's report, waiting up to 240 s for its end.
 fn run_job(c: &Cluster, args: &[&str]) -> Value {

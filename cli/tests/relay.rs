@@ -7,16 +7,9 @@
 mod common;
 
 use std::collections::HashSet;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::*;
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// One line of /proc/net/tcp{,6}: local port, remote port, state, inode.
 struct Socket {

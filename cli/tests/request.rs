@@ -7,17 +7,10 @@
 mod common;
 
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use common::*;
 use serde_json::Value;
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// An agent of `ranks` CPU ranks beside the cluster's, stopped when dropped.
 struct ExtraAgent(Child);

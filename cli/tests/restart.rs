@@ -6,18 +6,12 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::Value;
 
-static SERIAL: Mutex<()> = Mutex::new(());
-
-/// Each test owns a fleet that wants both cores.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
+// Each test owns a fleet that wants both cores: one at a time (`serial()`).
 
 /// The job's report; `report` exits 1 for a failed job and prints it anyway.
 fn report(cluster: &Cluster, id: &str) -> Value {

@@ -18,19 +18,14 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::cgroup::CpuQuota;
 use common::*;
 use serde_json::Value;
 
-/// The tests share the `gps-` names, the ports and node names: one at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
+// The tests share the `gps-` names, the ports and node names: one at a time
+// (`serial()`).
 
 /// Prefix of the bridge, links and namespaces made here (netns.rs owns `gpl-`).
 const PREFIX: &str = "gps-";

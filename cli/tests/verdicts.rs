@@ -6,18 +6,11 @@
 
 mod common;
 
-use std::sync::Mutex;
 use std::time::Duration;
 
 use common::cgroup::CpuQuota;
 use common::*;
 use serde_json::Value;
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// 8 % of one core for the slowed node's ranks (about 0.15x of a healthy
 /// one, far under every ratio of [`CPU_RULES`] even when the machine's load

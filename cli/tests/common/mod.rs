@@ -438,6 +438,15 @@ pub fn run_job(c: &Cluster, args: &[&str], limit: Duration) -> Value {
     })
 }
 
+/// Held by a test binary's tests that must run one at a time (a fleet that
+/// wants both cores, a slowed node judged against its peers, names and
+/// ports of the machine), each binary its own lock.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The row of `node` in `gpuctl fleet -o json`.
 pub fn fleet_row<'a>(fleet: &'a Value, node: &str) -> &'a Value {
     fleet["nodes"]
