@@ -70,7 +70,7 @@ impl CpuQuota {
                 let mut moved = std::collections::BTreeSet::new();
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     for p in descendants(agent) {
-                        if !moved.contains(&p) && worker(p) && !prestarted(p) {
+                        if !moved.contains(&p) && ranked(p) {
                             let _ = std::fs::write(dir.join("cgroup.procs"), p.to_string());
                             moved.insert(p);
                         }
@@ -105,20 +105,23 @@ impl Drop for RankQuota {
     }
 }
 
-/// Whether `pid` runs the worker binary.
-fn worker(pid: u32) -> bool {
+/// `pid`'s program and its first argument, from `/proc/PID/cmdline`.
+fn program_and_flag(pid: u32) -> (Vec<u8>, Vec<u8>) {
     let args = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    args.split(|b| *b == 0)
-        .next()
-        .is_some_and(|a| a.ends_with(b"gpuctl-worker"))
+    let mut it = args.split(|b| *b == 0);
+    let program = it.next().unwrap_or_default().to_vec();
+    (program, it.next().unwrap_or_default().to_vec())
 }
 
 /// Whether `pid` is a worker waiting for its job (`gpuctl-worker --prestarted`).
 fn prestarted(pid: u32) -> bool {
-    let args = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    args.split(|b| *b == 0)
-        .nth(1)
-        .is_some_and(|a| a == b"--prestarted")
+    program_and_flag(pid).1 == b"--prestarted"
+}
+
+/// Whether `pid` is a worker that has taken a job (a rank).
+fn ranked(pid: u32) -> bool {
+    let (program, flag) = program_and_flag(pid);
+    program.ends_with(b"gpuctl-worker") && flag != b"--prestarted"
 }
 
 /// The `read` system call's number, which a prestarted worker sits in once

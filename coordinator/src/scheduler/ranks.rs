@@ -314,11 +314,11 @@ impl Scheduler {
                 // A job keeps a series per GPU a sample names: a node naming
                 // GPUs it did not register would grow them without bound and
                 // show GPUs it does not have.
-                let gpus = self.nodes.get(&node).map(|e| &e.node.gpus[..]);
+                let gpus = self.nodes.get(&node).map_or(&[][..], |e| &e.node.gpus[..]);
                 let unknown = batch
                     .samples
                     .iter()
-                    .find(|s| !gpus.unwrap_or_default().iter().any(|g| g.index == s.index));
+                    .find(|s| !gpus.iter().any(|g| g.index == s.index));
                 if let Some(s) = unknown {
                     self.cfg.refusals.refuse(
                         Refused::Telemetry,
