@@ -9,6 +9,7 @@ use clap::Parser;
 use gpuctl_core::catalogue::TypedParams;
 use gpuctl_core::clock::Clock;
 
+use crate::comm::watched::{watched, Units};
 use crate::comm::{nccl::NcclComm, tcp::TcpComm, Collectives};
 use crate::device::{advertise_host, DeviceInfo};
 use crate::progress::Progress;
@@ -154,9 +155,16 @@ impl Ctx {
         }
     }
 
-    /// The backend this rank's device calls for: NCCL on a GPU, TCP on a CPU.
-    pub fn make_comm(&self) -> Result<Box<dyn Collectives>> {
-        self.make_comm_in(self.env.rank, self.env.world_size, self.rdzv.as_ref())
+    /// The backend this rank's device calls for: NCCL on a GPU, TCP on a CPU;
+    /// its calls show as waits in the rank's progress, and count as `units`
+    /// say ([`watched`]).
+    pub fn make_comm(&self, units: Units) -> Result<Box<dyn Collectives>> {
+        self.make_comm_in(
+            self.env.rank,
+            self.env.world_size,
+            self.rdzv.as_ref(),
+            units,
+        )
     }
 
     /// A communicator over a group of the job's ranks, this one being `rank` of
@@ -167,18 +175,20 @@ impl Ctx {
         rank: usize,
         world: usize,
         rdzv: &dyn Rendezvous,
+        units: Units,
     ) -> Result<Box<dyn Collectives>> {
-        if self.dev.is_cuda() {
+        let c: Box<dyn Collectives> = if self.dev.is_cuda() {
             let c = NcclComm::new(rank, world, self.dev.ordinal, rdzv, self.rendezvous_timeout)
                 .context("setting up NCCL")?;
-            Ok(Box::new(c))
+            Box::new(c)
         } else {
             let host = std::env::var("GPUCTL_ADVERTISE_ADDR")
                 .unwrap_or_else(|_| advertise_host(&self.env.master_addr, self.env.master_port));
             let c = TcpComm::connect(rank, world, rdzv, &host, self.rendezvous_timeout)
                 .context("setting up the TCP ring")?;
-            Ok(Box::new(c))
-        }
+            Box::new(c)
+        };
+        Ok(watched(c, &self.progress, units))
     }
 
     /// The duration of a timed workload: `--duration-ms` (else the spec's

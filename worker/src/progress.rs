@@ -193,6 +193,17 @@ impl Progress {
         Waiting(self)
     }
 
+    /// What the rank waits for now (empty while it works).
+    pub fn waiting_for(&self) -> String {
+        self.inner.as_ref().map_or_else(String::new, |i| {
+            i.snap
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .waiting_for
+                .clone()
+        })
+    }
+
     pub fn message(&self, message: &str) {
         if let Some(i) = &self.inner {
             i.snap.lock().unwrap_or_else(|e| e.into_inner()).message = message.to_string();

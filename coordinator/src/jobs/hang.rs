@@ -6,9 +6,11 @@
 //! that rank alone, and shows where every rank was. When
 //! every rank stopped at once and no process says why, they all wait on one
 //! another (a transfer too slow to finish, a peer outside the job): the job
-//! fails as hung and no rank is blamed. A rank that says it waits at the
-//! rendezvous for another (a round's barrier while other pairs measure) is
-//! never blamed, nor hung while the ranks it waits for still progress.
+//! fails as hung and no rank is blamed. A rank that says it waits for others
+//! (at the rendezvous, a round's barrier while other pairs measure; in a
+//! collective, for a slower peer) is never blamed, nor hung while a rank it
+//! may wait for still progresses; when every rank waits and none progresses,
+//! the job hung and no rank is blamed.
 
 use std::collections::BTreeMap;
 
@@ -135,6 +137,22 @@ pub fn find(ranks: &[RankClock], now_ms: u64, timeout_ms: u64) -> Option<Hung> {
         stalled.into_iter().filter(|c| !c.waiting).collect()
     };
     if stalled.is_empty() {
+        // Every rank waits on another and none moves: nobody is left to
+        // blame, but waiting on the deadline would hide the hang.
+        let waited = ranks.iter().map(age).min().unwrap_or(0);
+        if !ranks.is_empty() && ranks.iter().all(|c| c.waiting) && waited >= timeout_ms {
+            let message = format!(
+                "every rank ({}) waits on another (at the rendezvous or in a collective) and none made progress for {}: no rank is blamed",
+                ranks.len(),
+                secs(waited)
+            );
+            return Some(Hung {
+                rank: None,
+                node: String::new(),
+                why: format!("hung: {message}"),
+                message: format!("the job hung: {message}"),
+            });
+        }
         return None;
     }
     let working = ranks.iter().filter(|c| !c.waiting).count();
@@ -268,8 +286,15 @@ mod tests {
             clock(3, 20_500, None),
         ];
         assert_eq!(find(&ranks, 60_000, 30_000).unwrap().rank, None);
-        // Everyone waits: no rank is hung (the barrier's own timeout ends it).
-        assert_eq!(find(&[waiting(0, 1), waiting(1, 2)], 60_000, 30_000), None);
+        // Everyone waits and nobody moves: the job hung, nobody is blamed.
+        let h = find(&[waiting(0, 1), waiting(1, 2)], 60_000, 30_000).unwrap();
+        assert_eq!((h.rank, h.node.as_str()), (None, ""));
+        assert!(h.message.contains("every rank (2) waits"), "{}", h.message);
+        // ... but not while one of them still moves.
+        assert_eq!(
+            find(&[waiting(0, 1), waiting(1, 59_000)], 60_000, 30_000),
+            None
+        );
         // A stopped process is blamed even while it said it waits.
         let t = proc(1, "T");
         let ranks = [
@@ -280,6 +305,29 @@ mod tests {
             },
         ];
         assert_eq!(find(&ranks, 60_000, 30_000).unwrap().rank, Some(1));
+    }
+
+    /// A full CI run (2026-11-30): healthy ranks blocked in a collective on
+    /// a throttled peer that still progressed; the first to block was
+    /// blamed as hung. Marked waiting, they are looked past.
+    #[test]
+    fn ranks_blocked_in_a_collective_on_a_slow_peer_are_not_blamed() {
+        let ranks = [
+            waiting(0, 1_000),
+            waiting(1, 1_000),
+            clock(2, 150_000, None),
+        ];
+        assert_eq!(find(&ranks, 200_000, 120_000), None);
+        // The slow peer stops too: it is the one blamed.
+        let ranks = [waiting(0, 1_000), waiting(1, 1_000), clock(2, 5_000, None)];
+        let h = find(&ranks, 200_000, 120_000).unwrap();
+        assert_eq!(h.rank, Some(2));
+        assert!(
+            h.message
+                .ends_with("the other 2 ranks are blocked waiting on it"),
+            "{}",
+            h.message
+        );
     }
 
     #[test]

@@ -12,10 +12,10 @@
 //! reduction is a sum, as in nccl-tests' default.
 
 pub mod abort;
-pub mod counted;
 pub mod nccl;
 mod side;
 pub mod tcp;
+pub mod watched;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 

@@ -15,6 +15,7 @@ use super::memory::Memory;
 use super::models::{gpt::GptConfig, ModelConfig, Precision};
 use super::train::{train, LoaderSweep, Mode, ProfileRun, Reporter, TrainConfig};
 use super::Outcome;
+use crate::comm::watched::Units;
 use crate::context::Ctx;
 
 /// Timed steps of the no-communication baseline at most.
@@ -101,7 +102,7 @@ pub fn run_mode(ctx: &Ctx, params: &TrainParams, mode: Mode) -> Result<Outcome> 
     let mem = Memory::new(&ctx.dev);
     let mut comm = if ctx.env.world_size > 1 {
         ctx.progress.update("connecting", 0.0, &[]);
-        Some(ctx.make_comm()?)
+        Some(ctx.make_comm(Units::Own)?)
     } else {
         None
     };

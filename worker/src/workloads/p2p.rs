@@ -27,7 +27,7 @@ use gpuctl_proto::pb::{rank_result::Detail, P2pResult, PeerCopy, PhaseKind};
 use tch::{Device, Kind, Tensor};
 
 use super::{busy, Outcome};
-use crate::comm::{counted::counted, Collectives};
+use crate::comm::{watched::Units, Collectives};
 use crate::context::Ctx;
 use crate::rendezvous::{barrier, Rendezvous, Scoped};
 
@@ -60,9 +60,9 @@ pub fn run(ctx: &Ctx, p: &P2pParams) -> Result<Outcome> {
     let scoped = Scoped::new(ctx.rdzv.as_ref(), &format!("p2p/{node}"), ranks.clone());
     let mut comm = if l >= 2 {
         let c = ctx
-            .make_comm_in(me, l, &scoped)
+            .make_comm_in(me, l, &scoped, Units::Calls)
             .context("opening the node's communicator for the GPU pairs")?;
-        Some(counted(c, &ctx.progress))
+        Some(c)
     } else {
         None
     };

@@ -16,6 +16,7 @@ use gpuctl_proto::pb::{rank_result::Detail, PhaseKind, StressResult};
 use tch::{Device, Kind, Tensor};
 
 use super::Outcome;
+use crate::comm::watched::Units;
 use crate::context::Ctx;
 use crate::digest::digest;
 
@@ -151,7 +152,7 @@ pub fn run(ctx: &Ctx, cfg: &StressParams) -> Result<Outcome> {
     ctx.sample_memory();
 
     let mut comm = if cfg.with_comm {
-        Some(ctx.make_comm()?)
+        Some(ctx.make_comm(Units::Own)?)
     } else {
         None
     };

@@ -35,7 +35,7 @@ use tch::Device;
 
 use super::sweep::{config, measure, Peer, SweepConfig};
 use super::{bandwidth, report_progress, sizes, Pattern};
-use crate::comm::{counted::counted, Collectives, Op};
+use crate::comm::{watched::Units, Collectives, Op};
 use crate::context::{Ctx, RankEnv};
 use crate::rendezvous::{barrier, Rendezvous, Scoped};
 use crate::workloads::Outcome;
@@ -172,7 +172,7 @@ pub(super) fn opener<'a>(
     version: &'a RefCell<Option<String>>,
 ) -> impl Fn(usize, usize, &dyn Rendezvous) -> Result<Box<dyn Collectives>> + 'a {
     move |rank, world, rdzv| {
-        let comm = counted(ctx.make_comm_in(rank, world, rdzv)?, &ctx.progress);
+        let comm = ctx.make_comm_in(rank, world, rdzv, Units::Calls)?;
         version.borrow_mut().get_or_insert_with(|| comm.version());
         Ok(comm)
     }

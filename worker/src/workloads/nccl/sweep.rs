@@ -18,7 +18,7 @@ use tch::{Device, Kind, Tensor};
 use super::{
     bandwidth, count_wrong, expected, input, redop_label, report_progress, sizes, Pattern, Sizes,
 };
-use crate::comm::{counted::counted, Collectives, Op};
+use crate::comm::{watched::Units, Collectives, Op};
 use crate::context::Ctx;
 use crate::workloads::Outcome;
 
@@ -253,7 +253,7 @@ fn warm_up(
 
 pub fn run(ctx: &Ctx, params: &NcclParams) -> Result<Outcome> {
     let cfg = config(params)?;
-    let mut comm = counted(ctx.make_comm()?, &ctx.progress);
+    let mut comm = ctx.make_comm(Units::Calls)?;
     let out = sweep(comm.as_mut(), &cfg, ctx.dev.device, &report_progress(ctx))?;
     let version = comm.version();
     let total_wrong: u64 = out.rows.iter().map(|r| r.wrong + r.wrong_ip).sum();

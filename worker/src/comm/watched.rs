@@ -1,7 +1,15 @@
-//! A communicator that counts each collective call it completes as one unit
-//! of the rank's progress ([`Progress::tick`]): the nccl patterns do nothing
-//! else, so a rank blocked in a collective stops counting, which is how the
-//! coordinator tells a hang from a slow step.
+//! A communicator that shows its rank's waits and, where asked, counts its
+//! calls as progress.
+//!
+//! * While a call that needs the other ranks runs (a collective, a send or
+//!   receive, a barrier), the rank is marked waiting ([`Progress::waiting`]):
+//!   blocked on a slower peer, it is not the one a hang blames (the TCP ring
+//!   blocks the host in every call; NCCL in its first, while it connects).
+//! * With [`Units::Calls`], each completed call is one unit of the rank's
+//!   progress ([`Progress::tick`]): the nccl patterns and p2p do nothing
+//!   else, so a rank blocked in a collective stops counting, which is how the
+//!   coordinator tells a hang from a slow step. Training counts its own steps
+//!   ([`Units::Own`]).
 
 use anyhow::Result;
 use tch::Tensor;
@@ -9,29 +17,53 @@ use tch::Tensor;
 use super::{Collectives, Op, SideTimes, Ticket};
 use crate::progress::Progress;
 
-pub struct Counted {
-    inner: Box<dyn Collectives>,
-    progress: Progress,
+/// What counts as a unit of the rank's progress.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Units {
+    /// Each completed call.
+    Calls,
+    /// The workload counts its own (training steps).
+    Own,
 }
 
-/// Wraps `comm` so that its calls count toward `progress`.
-pub fn counted(comm: Box<dyn Collectives>, progress: &Progress) -> Box<dyn Collectives> {
-    Box::new(Counted {
+pub struct Watched {
+    inner: Box<dyn Collectives>,
+    progress: Progress,
+    units: Units,
+}
+
+/// Wraps `comm` so that its calls show as waits, and count toward
+/// `progress` with [`Units::Calls`].
+pub fn watched(
+    comm: Box<dyn Collectives>,
+    progress: &Progress,
+    units: Units,
+) -> Box<dyn Collectives> {
+    Box::new(Watched {
         inner: comm,
         progress: progress.clone(),
+        units,
     })
 }
 
-impl Counted {
-    fn count(&self, r: Result<()>) -> Result<()> {
-        if r.is_ok() {
+impl Watched {
+    fn call(
+        &mut self,
+        what: &str,
+        f: impl FnOnce(&mut dyn Collectives) -> Result<()>,
+    ) -> Result<()> {
+        let r = {
+            let _mark = self.progress.waiting(what);
+            f(self.inner.as_mut())
+        };
+        if r.is_ok() && self.units == Units::Calls {
             self.progress.tick(1);
         }
         r
     }
 }
 
-impl Collectives for Counted {
+impl Collectives for Watched {
     fn backend(&self) -> &'static str {
         self.inner.backend()
     }
@@ -45,45 +77,37 @@ impl Collectives for Counted {
         self.inner.world_size()
     }
     fn all_reduce(&mut self, send: &Tensor, recv: &Tensor) -> Result<()> {
-        let r = self.inner.all_reduce(send, recv);
-        self.count(r)
+        self.call("peers in all_reduce", |c| c.all_reduce(send, recv))
     }
     fn all_gather(&mut self, send: &Tensor, recv: &Tensor) -> Result<()> {
-        let r = self.inner.all_gather(send, recv);
-        self.count(r)
+        self.call("peers in all_gather", |c| c.all_gather(send, recv))
     }
     fn reduce_scatter(&mut self, send: &Tensor, recv: &Tensor) -> Result<()> {
-        let r = self.inner.reduce_scatter(send, recv);
-        self.count(r)
+        self.call("peers in reduce_scatter", |c| c.reduce_scatter(send, recv))
     }
     fn broadcast(&mut self, send: &Tensor, recv: &Tensor, root: usize) -> Result<()> {
-        let r = self.inner.broadcast(send, recv, root);
-        self.count(r)
+        self.call("peers in broadcast", |c| c.broadcast(send, recv, root))
     }
     fn reduce(&mut self, send: &Tensor, recv: &Tensor, root: usize) -> Result<()> {
-        let r = self.inner.reduce(send, recv, root);
-        self.count(r)
+        self.call("peers in reduce", |c| c.reduce(send, recv, root))
     }
     fn alltoall(&mut self, send: &Tensor, recv: &Tensor) -> Result<()> {
-        let r = self.inner.alltoall(send, recv);
-        self.count(r)
+        self.call("peers in alltoall", |c| c.alltoall(send, recv))
     }
     fn sendrecv(&mut self, send: &Tensor, to: usize, recv: &Tensor, from: usize) -> Result<()> {
-        let r = self.inner.sendrecv(send, to, recv, from);
-        self.count(r)
+        self.call("peers in sendrecv", |c| c.sendrecv(send, to, recv, from))
     }
     fn send(&mut self, t: &Tensor, to: usize) -> Result<()> {
-        let r = self.inner.send(t, to);
-        self.count(r)
+        self.call("a peer to receive", |c| c.send(t, to))
     }
     fn recv(&mut self, t: &Tensor, from: usize) -> Result<()> {
-        let r = self.inner.recv(t, from);
-        self.count(r)
+        self.call("a peer to send", |c| c.recv(t, from))
     }
     fn barrier(&mut self) -> Result<()> {
-        let r = self.inner.barrier();
-        self.count(r)
+        self.call("peers in a barrier", |c| c.barrier())
     }
+    // Waits for this rank's own device as much as for its peers: not marked,
+    // so that a rank stuck on its own GPU is still the one blamed.
     fn synchronize(&mut self) -> Result<()> {
         self.inner.synchronize()
     }
@@ -91,8 +115,8 @@ impl Collectives for Counted {
         self.inner.bind_thread()
     }
     fn run(&mut self, op: Op, send: &Tensor, recv: &Tensor) -> Result<()> {
-        let r = self.inner.run(op, send, recv);
-        self.count(r)
+        let what = format!("peers in {}", op.name());
+        self.call(&what, |c| c.run(op, send, recv))
     }
     // The side stream is forwarded, not counted: without these the defaults
     // would run every collective synchronously and overlap would be lost.
@@ -211,7 +235,7 @@ mod tests {
             log: log.clone(),
         };
         let progress = Progress::local();
-        let mut c = counted(Box::new(inner), &progress);
+        let mut c = watched(Box::new(inner), &progress, Units::Calls);
         assert!(c.overlaps());
         let t = Tensor::ones([8], (Kind::Float, Device::Cpu));
         c.side_begin().unwrap();
@@ -240,7 +264,7 @@ mod tests {
         let addr = listener.local_addr().unwrap().to_string();
         let one = TcpComm::establish(0, 1, listener, &[addr], Duration::from_secs(5)).unwrap();
         let progress = Progress::local();
-        let mut c = counted(Box::new(one), &progress);
+        let mut c = watched(Box::new(one), &progress, Units::Calls);
         let t = Tensor::ones([8], (Kind::Float, Device::Cpu));
         c.all_reduce(&t, &t).unwrap();
         c.run(Op::AllGather, &t, &t).unwrap();
@@ -258,5 +282,101 @@ mod tests {
         let short = Tensor::ones([4], (Kind::Float, Device::Cpu));
         assert!(c.all_reduce(&t, &short).is_err());
         assert_eq!(progress.iterations(), 3);
+    }
+
+    /// A backend that reads, inside each call, what the rank is marked as
+    /// waiting for.
+    struct Peek {
+        tcp: TcpComm,
+        progress: Progress,
+        seen: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    }
+
+    impl Peek {
+        fn peek(&self) {
+            self.seen.lock().unwrap().push(self.progress.waiting_for());
+        }
+    }
+
+    impl Collectives for Peek {
+        fn backend(&self) -> &'static str {
+            "peek"
+        }
+        fn version(&self) -> String {
+            String::new()
+        }
+        fn rank(&self) -> usize {
+            0
+        }
+        fn world_size(&self) -> usize {
+            1
+        }
+        fn all_reduce(&mut self, send: &Tensor, recv: &Tensor) -> Result<()> {
+            self.peek();
+            self.tcp.all_reduce(send, recv)
+        }
+        fn all_gather(&mut self, send: &Tensor, recv: &Tensor) -> Result<()> {
+            self.tcp.all_gather(send, recv)
+        }
+        fn reduce_scatter(&mut self, send: &Tensor, recv: &Tensor) -> Result<()> {
+            self.tcp.reduce_scatter(send, recv)
+        }
+        fn broadcast(&mut self, send: &Tensor, recv: &Tensor, root: usize) -> Result<()> {
+            self.peek();
+            self.tcp.broadcast(send, recv, root)
+        }
+        fn reduce(&mut self, send: &Tensor, recv: &Tensor, root: usize) -> Result<()> {
+            self.tcp.reduce(send, recv, root)
+        }
+        fn alltoall(&mut self, send: &Tensor, recv: &Tensor) -> Result<()> {
+            self.tcp.alltoall(send, recv)
+        }
+        fn sendrecv(&mut self, send: &Tensor, to: usize, recv: &Tensor, from: usize) -> Result<()> {
+            self.tcp.sendrecv(send, to, recv, from)
+        }
+        fn barrier(&mut self) -> Result<()> {
+            self.tcp.barrier()
+        }
+        fn synchronize(&mut self) -> Result<()> {
+            self.peek();
+            self.tcp.synchronize()
+        }
+    }
+
+    /// A full CI run (2026-11-30) blamed a healthy rank blocked in a
+    /// collective on a throttled peer: its progress showed no wait.
+    #[test]
+    fn a_rank_in_a_collective_shows_as_waiting_and_only_while_in_it() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let tcp = TcpComm::establish(0, 1, listener, &[addr], Duration::from_secs(5)).unwrap();
+        let progress = Progress::local();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let peek = Peek {
+            tcp,
+            progress: progress.clone(),
+            seen: seen.clone(),
+        };
+        // Training counts its own steps: the calls mark waits, never units.
+        let mut c = watched(Box::new(peek), &progress, Units::Own);
+        let t = Tensor::ones([8], (Kind::Float, Device::Cpu));
+        assert_eq!(progress.waiting_for(), "");
+        c.all_reduce(&t, &t).unwrap();
+        assert_eq!(progress.waiting_for(), "", "the mark outlived the call");
+        c.broadcast(&t, &t, 0).unwrap();
+        c.run(Op::AllReduce, &t, &t).unwrap();
+        // Its own device's work: not a wait on peers.
+        c.synchronize().unwrap();
+        assert_eq!(progress.iterations(), 0);
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [
+                "peers in all_reduce",
+                "peers in broadcast",
+                "peers in all_reduce",
+                ""
+            ]
+        );
+        assert_eq!(progress.waiting_for(), "");
     }
 }
