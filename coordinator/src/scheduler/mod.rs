@@ -56,6 +56,7 @@ pub mod events;
 mod handle;
 mod inventory;
 mod jobs;
+mod kept_view;
 mod listing;
 mod planning;
 mod ranks;

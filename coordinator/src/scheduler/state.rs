@@ -222,6 +222,9 @@ pub struct JobEntry {
     /// The plan's checks that did not pass, worst first, found once per plan
     /// (`views`).
     pub plan_faults: std::sync::Mutex<Option<PlanFaults>>,
+    /// A big running job's last bounded view, answered again a moment
+    /// (`kept_view`).
+    pub kept_view: std::sync::Mutex<Option<super::kept_view::KeptView>>,
 }
 
 /// A job's report on its way (`reports`): who waits for it, and whether a

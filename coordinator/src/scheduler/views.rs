@@ -92,7 +92,7 @@ impl Scheduler {
         };
         if !entry.retired || max_ranks == 1 {
             // One rank asked for: a check that the job exists.
-            let _ = reply.send(Ok(entry.view_of(max_ranks)));
+            let _ = reply.send(Ok(entry.view_at(max_ranks, self.cfg.clock.now_ms())));
             return;
         }
         if let Some(view) = entry.retired_view.as_ref() {
