@@ -238,7 +238,7 @@ impl Scheduler {
         // start on others. It fails as a whole then: no node is to blame.
         if let Err(e) = crate::plan::check_request(&spec, &plan) {
             if let Some(j) = self.jobs.get_mut(id) {
-                j.job.plan = Some(plan);
+                j.set_plan(plan);
             }
             let why = gpuctl_core::request::job_message(
                 &format!("{e}; on the nodes it was to start on"),
@@ -249,7 +249,7 @@ impl Scheduler {
         }
         if let Some(err) = preflight::preflight_error(&plan) {
             if let Some(j) = self.jobs.get_mut(id) {
-                j.job.plan = Some(plan);
+                j.set_plan(plan);
             }
             self.finish(id, JobState::Failed, err.to_string(), None)
                 .await;
@@ -270,7 +270,7 @@ impl Scheduler {
         let checks = std::mem::take(&mut plan.checks);
         let to_assign = plan.clone();
         plan.checks = checks;
-        entry.job.plan = Some(plan);
+        entry.set_plan(plan);
         let plan = to_assign;
         entry.deadline_unix_ms = deadline;
         let attempt = entry.job.attempt;
