@@ -145,10 +145,10 @@ pub struct Config {
     #[arg(long, default_value_t = gpuctl_core::limits::DEFAULT_MAX_NODES as u32, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub max_nodes: u32,
 
-    /// Threads that read the agents' sessions, apart from those that serve
-    /// connections and people's calls (one per CPU, or
-    /// TOKIO_WORKER_THREADS) and from the scheduler's own; one carried
-    /// 4,096 nodes × 8 GPUs.
+    /// Threads that read the agents' sessions and run the scheduler, apart
+    /// from those that serve connections and people's calls (one per CPU,
+    /// or TOKIO_WORKER_THREADS). The scheduler is one task, so more help
+    /// only in reading sessions; one carried 4,096 nodes × 8 GPUs.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub fleet_threads: u32,
 

@@ -1,32 +1,26 @@
-//! Threads apart from the runtime that serves connections and people's
-//! calls: agents' sessions are read on one runtime (`fleet`), and the
-//! scheduler runs on another (`scheduler`).
-//!
-//! * On one runtime, a `gpuctl status` or `jobs` woken by its connection
-//!   waited in the run queues behind thousands of session tasks: at 4,096
-//!   nodes × 8 GPUs in a job, their p99 went 40-61 → 18-27 ms.
-//! * The scheduler on the sessions' thread was one task among 16,384: at
-//!   16,384 × 8 it had a third of that thread while their telemetry was
-//!   decoded, and heartbeats and results queued behind it until nodes were
-//!   lost (docs/benchmarks.md, "The scheduler on a thread of its own").
+//! The fleet's own threads: agents' sessions are read, and the scheduler
+//! runs, on a runtime apart from the one that serves connections and
+//! people's calls. On one runtime, a `gpuctl status` or `jobs` woken by its
+//! connection waited in the run queues behind thousands of session tasks:
+//! at 4,096 nodes × 8 GPUs in a job, their p99 went 40-61 → 18-27 ms.
 
 use tokio::runtime::{Builder, Handle, Runtime};
 
-/// A runtime of its own threads, named for `top` and `perf`; stopped
-/// without waiting when dropped (its tasks are abandoned: at a coordinator's
-/// end the sessions are cut anyway).
-pub struct Apart(Option<Runtime>);
+/// A runtime of `--fleet-threads` threads, named `fleet`; stopped without
+/// waiting when dropped (its tasks are abandoned: at a coordinator's end
+/// the sessions are cut anyway).
+pub struct FleetRuntime(Option<Runtime>);
 
-impl Apart {
-    pub fn start(name: &str, threads: usize) -> std::io::Result<Apart> {
+impl FleetRuntime {
+    pub fn start(threads: usize) -> std::io::Result<FleetRuntime> {
         // Multi-threaded even with one thread: the scheduler's builders use
         // `block_in_place`, which a current-thread runtime refuses.
         let rt = Builder::new_multi_thread()
             .worker_threads(threads.max(1))
-            .thread_name(name)
+            .thread_name("fleet")
             .enable_all()
             .build()?;
-        Ok(Apart(Some(rt)))
+        Ok(FleetRuntime(Some(rt)))
     }
 
     pub fn handle(&self) -> Handle {
@@ -38,7 +32,7 @@ impl Apart {
     }
 }
 
-impl Drop for Apart {
+impl Drop for FleetRuntime {
     fn drop(&mut self) {
         // Dropping a runtime blocks, which an async caller may not do.
         if let Some(rt) = self.0.take() {

@@ -22,7 +22,7 @@ use crate::judge::checks::health::HealthRules;
 use crate::judge::checks::perf::rules::PerfRules;
 use crate::logs::LogSink;
 use crate::rendezvous::Rendezvous;
-use crate::runtime::Apart;
+use crate::runtime::FleetRuntime;
 use crate::scheduler::{Clock, Scheduler, SchedulerConfig};
 use crate::service::auth::Security;
 use crate::service::gate::{ResultGate, RESULTS_IN_FLIGHT};
@@ -225,10 +225,8 @@ pub async fn run_with(
         .await
         .context("loading the stored state")?;
 
-    let fleet = Apart::start("fleet", cfg.fleet_threads as usize).context("--fleet-threads")?;
-    // One task: a second thread would only idle.
-    let on_own = Apart::start("scheduler", 1).context("the scheduler's thread")?;
-    let (sched, sched_task) = scheduler.spawn(shutdown.clone(), &on_own.handle());
+    let fleet = FleetRuntime::start(cfg.fleet_threads as usize).context("--fleet-threads")?;
+    let (sched, sched_task) = scheduler.spawn(shutdown.clone(), &fleet.handle());
     let fetches = crate::service::trace::Fetches::default();
     let agents = InPieces(
         AgentServiceServer::new(AgentSvc::new(
@@ -365,7 +363,6 @@ pub async fn run_with(
     // Connection tasks may still hold the store; release the file regardless.
     store.close().await?;
     drop(fleet);
-    drop(on_own);
     info!("stopped");
     Ok(())
 }

@@ -48,7 +48,7 @@ pub struct AgentSvc {
     advertise_url: Option<String>,
     next_session: Arc<AtomicU64>,
     security: Security,
-    /// Where sessions are read (`runtime::Apart`, `fleet`).
+    /// Where sessions are read (`runtime::FleetRuntime`).
     fleet: Handle,
     /// Pieces of traces go to the `GetTrace` call that asked for them.
     fetches: Fetches,
