@@ -2,7 +2,7 @@
 //! a moment and answered again. At 16,384 nodes × 8 GPUs one view took the
 //! scheduler's task ~30 ms (131,072 ranks sorted for the furthest behind),
 //! and the bench's one `status` a second was a quarter of the task's time
-//! (docs/benchmarks.md, "The scheduler on a thread of its own"). Ranks of a
+//! (docs/benchmarks.md, "Where the scheduler's time goes"). Ranks of a
 //! job that size report every 30 s, so a view up to a second old shows the
 //! same; one whose state or count of results moved is made again.
 

@@ -228,7 +228,8 @@ pub struct JobEntry {
     /// The plan's nodes as a set, made at the first look once the plan is
     /// set ([`JobEntry::set_plan`]): [`JobEntry::has_node`] scanned a
     /// 16,384-node plan's names for every telemetry batch, a sixth of the
-    /// scheduler's thread at that size.
+    /// scheduler's time at that size (docs/benchmarks.md, "Where the
+    /// scheduler's time goes").
     pub(super) plan_nodes: std::sync::OnceLock<std::collections::HashSet<String>>,
 }
 
