@@ -259,6 +259,13 @@ pub trait Collectives: Send {
     /// Waits until the operations issued so far have finished on the device.
     fn synchronize(&mut self) -> Result<()>;
 
+    /// Whether a call holds the host until the other ranks have taken part
+    /// (TCP); NCCL's calls only queue work on the device, so the host
+    /// waits for peers at a synchronisation, not in the call.
+    fn holds_host(&self) -> bool {
+        true
+    }
+
     /// Whether collectives between [`Collectives::side_begin`] and
     /// [`Collectives::side_end`] really run beside compute (NCCL: on a second
     /// CUDA stream). Where not, they run when called, as always.

@@ -446,6 +446,9 @@ impl Collectives for NcclComm {
         Ok(())
     }
 
+    fn holds_host(&self) -> bool {
+        false
+    }
     fn overlaps(&self) -> bool {
         true
     }
