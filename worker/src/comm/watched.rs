@@ -160,16 +160,48 @@ mod tests {
     use super::*;
     use crate::comm::tcp::TcpComm;
 
-    /// A backend that overlaps, to see the side calls reach it.
+    type Log = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+
+    /// A backend that overlaps, to see the side calls reach it, and reads
+    /// inside some calls what the rank is marked as waiting for.
     struct Side {
         tcp: TcpComm,
-        log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+        log: Log,
+        progress: Progress,
+        marks: Log,
+        holds: bool,
     }
 
     impl Side {
         fn note(&self, call: String) {
             self.log.lock().unwrap().push(call);
         }
+        fn peek(&self) {
+            self.marks.lock().unwrap().push(self.progress.waiting_for());
+        }
+    }
+
+    /// A [`Side`] of one rank under [`watched`]: the wrapped backend, its
+    /// progress, the calls it logged and the marks it saw.
+    fn side(holds: bool, units: Units) -> (Box<dyn Collectives>, Progress, Log, Log) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let tcp = TcpComm::establish(0, 1, listener, &[addr], Duration::from_secs(5)).unwrap();
+        let (log, marks) = (Log::default(), Log::default());
+        let progress = Progress::local();
+        let inner = Side {
+            tcp,
+            log: log.clone(),
+            progress: progress.clone(),
+            marks: marks.clone(),
+            holds,
+        };
+        (
+            watched(Box::new(inner), &progress, units),
+            progress,
+            log,
+            marks,
+        )
     }
 
     impl Collectives for Side {
@@ -187,6 +219,7 @@ mod tests {
         }
         fn all_reduce(&mut self, send: &Tensor, recv: &Tensor) -> Result<()> {
             self.note("all_reduce".into());
+            self.peek();
             self.tcp.all_reduce(send, recv)
         }
         fn all_gather(&mut self, send: &Tensor, recv: &Tensor) -> Result<()> {
@@ -196,6 +229,7 @@ mod tests {
             self.tcp.reduce_scatter(send, recv)
         }
         fn broadcast(&mut self, send: &Tensor, recv: &Tensor, root: usize) -> Result<()> {
+            self.peek();
             self.tcp.broadcast(send, recv, root)
         }
         fn reduce(&mut self, send: &Tensor, recv: &Tensor, root: usize) -> Result<()> {
@@ -211,7 +245,11 @@ mod tests {
             self.tcp.barrier()
         }
         fn synchronize(&mut self) -> Result<()> {
+            self.peek();
             self.tcp.synchronize()
+        }
+        fn holds_host(&self) -> bool {
+            self.holds
         }
         fn overlaps(&self) -> bool {
             true
@@ -239,16 +277,7 @@ mod tests {
 
     #[test]
     fn the_side_stream_calls_reach_the_backend_and_only_collectives_count() {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let tcp = TcpComm::establish(0, 1, listener, &[addr], Duration::from_secs(5)).unwrap();
-        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let inner = Side {
-            tcp,
-            log: log.clone(),
-        };
-        let progress = Progress::local();
-        let mut c = watched(Box::new(inner), &progress, Units::Calls);
+        let (mut c, progress, log, _) = side(true, Units::Calls);
         assert!(c.overlaps());
         let t = Tensor::ones([8], (Kind::Float, Device::Cpu));
         c.side_begin().unwrap();
@@ -297,97 +326,12 @@ mod tests {
         assert_eq!(progress.iterations(), 3);
     }
 
-    /// A backend that reads, inside each call, what the rank is marked as
-    /// waiting for.
-    struct Peek {
-        tcp: TcpComm,
-        progress: Progress,
-        seen: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
-        holds: bool,
-    }
-
-    impl Peek {
-        fn peek(&self) {
-            self.seen.lock().unwrap().push(self.progress.waiting_for());
-        }
-    }
-
-    impl Collectives for Peek {
-        fn backend(&self) -> &'static str {
-            "peek"
-        }
-        fn version(&self) -> String {
-            String::new()
-        }
-        fn rank(&self) -> usize {
-            0
-        }
-        fn world_size(&self) -> usize {
-            1
-        }
-        fn all_reduce(&mut self, send: &Tensor, recv: &Tensor) -> Result<()> {
-            self.peek();
-            self.tcp.all_reduce(send, recv)
-        }
-        fn all_gather(&mut self, send: &Tensor, recv: &Tensor) -> Result<()> {
-            self.tcp.all_gather(send, recv)
-        }
-        fn reduce_scatter(&mut self, send: &Tensor, recv: &Tensor) -> Result<()> {
-            self.tcp.reduce_scatter(send, recv)
-        }
-        fn broadcast(&mut self, send: &Tensor, recv: &Tensor, root: usize) -> Result<()> {
-            self.peek();
-            self.tcp.broadcast(send, recv, root)
-        }
-        fn reduce(&mut self, send: &Tensor, recv: &Tensor, root: usize) -> Result<()> {
-            self.tcp.reduce(send, recv, root)
-        }
-        fn alltoall(&mut self, send: &Tensor, recv: &Tensor) -> Result<()> {
-            self.tcp.alltoall(send, recv)
-        }
-        fn sendrecv(&mut self, send: &Tensor, to: usize, recv: &Tensor, from: usize) -> Result<()> {
-            self.tcp.sendrecv(send, to, recv, from)
-        }
-        fn barrier(&mut self) -> Result<()> {
-            self.tcp.barrier()
-        }
-        fn synchronize(&mut self) -> Result<()> {
-            self.peek();
-            self.tcp.synchronize()
-        }
-        fn holds_host(&self) -> bool {
-            self.holds
-        }
-    }
-
-    fn peek(
-        holds: bool,
-    ) -> (
-        Box<dyn Collectives>,
-        Progress,
-        std::sync::Arc<std::sync::Mutex<Vec<String>>>,
-    ) {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let tcp = TcpComm::establish(0, 1, listener, &[addr], Duration::from_secs(5)).unwrap();
-        let progress = Progress::local();
-        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let peek = Peek {
-            tcp,
-            progress: progress.clone(),
-            seen: seen.clone(),
-            holds,
-        };
-        (Box::new(peek), progress, seen)
-    }
-
     /// A full CI run (2026-11-30) blamed a healthy rank blocked in a
     /// collective on a throttled peer: its progress showed no wait.
     #[test]
     fn a_rank_in_a_collective_shows_as_waiting_and_only_while_in_it() {
-        let (inner, progress, seen) = peek(true);
         // Training counts its own steps: the calls mark waits, never units.
-        let mut c = watched(inner, &progress, Units::Own);
+        let (mut c, progress, _, seen) = side(true, Units::Own);
         let t = Tensor::ones([8], (Kind::Float, Device::Cpu));
         assert_eq!(progress.waiting_for(), "");
         c.all_reduce(&t, &t).unwrap();
@@ -411,8 +355,7 @@ mod tests {
 
     #[test]
     fn a_backend_whose_calls_only_queue_work_is_not_marked_but_still_counted() {
-        let (inner, progress, seen) = peek(false);
-        let mut c = watched(inner, &progress, Units::Calls);
+        let (mut c, progress, _, seen) = side(false, Units::Calls);
         let t = Tensor::ones([8], (Kind::Float, Device::Cpu));
         c.all_reduce(&t, &t).unwrap();
         c.run(Op::AllReduce, &t, &t).unwrap();
