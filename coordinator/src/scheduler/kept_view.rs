@@ -8,7 +8,7 @@
 
 use gpuctl_proto::pb::Job;
 
-use super::state::JobEntry;
+use super::state::{JobEntry, KeptView};
 
 /// Ranks from which a job's bounded view is kept: below, one costs under a
 /// millisecond and is made for every call.
@@ -16,14 +16,6 @@ const KEEP_FROM_RANKS: usize = 4_096;
 
 /// How long a kept view is answered again (ms).
 const KEPT_MS: u64 = 1_000;
-
-/// A view as made, with what it was made of.
-pub struct KeptView {
-    /// Ranks asked for, attempt, state, results in.
-    of: (u32, u32, i32, u32),
-    made_ms: u64,
-    job: Job,
-}
 
 impl JobEntry {
     /// [`JobEntry::view_of`], kept for [`KEPT_MS`] for a job of

@@ -224,7 +224,7 @@ pub struct JobEntry {
     pub plan_faults: std::sync::Mutex<Option<PlanFaults>>,
     /// A big running job's last bounded view, answered again a moment
     /// (`kept_view`).
-    pub kept_view: std::sync::Mutex<Option<super::kept_view::KeptView>>,
+    pub kept_view: std::sync::Mutex<Option<KeptView>>,
     /// The plan's nodes as a set, made at the first look once the plan is
     /// set ([`JobEntry::set_plan`]): [`JobEntry::has_node`] scanned a
     /// 16,384-node plan's names for every telemetry batch, a sixth of the
@@ -251,6 +251,15 @@ pub struct PlanFaults {
     pub(super) of: (u32, usize),
     /// Indices into the plan's checks.
     pub(super) bad: Vec<u32>,
+}
+
+/// A big running job's bounded view as made, with what it was made of
+/// (`kept_view`).
+pub struct KeptView {
+    /// Ranks asked for, attempt, state, results in.
+    pub(super) of: (u32, u32, i32, u32),
+    pub(super) made_ms: u64,
+    pub(super) job: Job,
 }
 
 /// Nodes a job listing names of each job: `gpuctl jobs` shows a count past
