@@ -50,18 +50,25 @@ pub fn watched(
     })
 }
 
+/// What a rank in a collective waits for, as its progress shows it.
+struct PeersIn(Op);
+
+impl std::fmt::Display for PeersIn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "peers in {}", self.0.name())
+    }
+}
+
 impl Watched {
+    /// Runs `f`, marked as waiting for `what` where calls hold the host;
+    /// the text is made only then.
     fn call(
         &mut self,
-        what: &str,
+        what: &dyn std::fmt::Display,
         f: impl FnOnce(&mut dyn Collectives) -> Result<()>,
     ) -> Result<()> {
-        let r = if self.marks {
-            let _mark = self.progress.waiting(what);
-            f(self.inner.as_mut())
-        } else {
-            f(self.inner.as_mut())
-        };
+        let _mark = self.marks.then(|| self.progress.waiting(&what.to_string()));
+        let r = f(self.inner.as_mut());
         if r.is_ok() && self.units == Units::Calls {
             self.progress.tick(1);
         }
@@ -83,34 +90,36 @@ impl Collectives for Watched {
         self.inner.world_size()
     }
     fn all_reduce(&mut self, send: &Tensor, recv: &Tensor) -> Result<()> {
-        self.call("peers in all_reduce", |c| c.all_reduce(send, recv))
+        self.call(&PeersIn(Op::AllReduce), |c| c.all_reduce(send, recv))
     }
     fn all_gather(&mut self, send: &Tensor, recv: &Tensor) -> Result<()> {
-        self.call("peers in all_gather", |c| c.all_gather(send, recv))
+        self.call(&PeersIn(Op::AllGather), |c| c.all_gather(send, recv))
     }
     fn reduce_scatter(&mut self, send: &Tensor, recv: &Tensor) -> Result<()> {
-        self.call("peers in reduce_scatter", |c| c.reduce_scatter(send, recv))
+        self.call(&PeersIn(Op::ReduceScatter), |c| {
+            c.reduce_scatter(send, recv)
+        })
     }
     fn broadcast(&mut self, send: &Tensor, recv: &Tensor, root: usize) -> Result<()> {
-        self.call("peers in broadcast", |c| c.broadcast(send, recv, root))
+        self.call(&PeersIn(Op::Broadcast), |c| c.broadcast(send, recv, root))
     }
     fn reduce(&mut self, send: &Tensor, recv: &Tensor, root: usize) -> Result<()> {
-        self.call("peers in reduce", |c| c.reduce(send, recv, root))
+        self.call(&PeersIn(Op::Reduce), |c| c.reduce(send, recv, root))
     }
     fn alltoall(&mut self, send: &Tensor, recv: &Tensor) -> Result<()> {
-        self.call("peers in alltoall", |c| c.alltoall(send, recv))
+        self.call(&PeersIn(Op::AllToAll), |c| c.alltoall(send, recv))
     }
     fn sendrecv(&mut self, send: &Tensor, to: usize, recv: &Tensor, from: usize) -> Result<()> {
-        self.call("peers in sendrecv", |c| c.sendrecv(send, to, recv, from))
+        self.call(&PeersIn(Op::SendRecv), |c| c.sendrecv(send, to, recv, from))
     }
     fn send(&mut self, t: &Tensor, to: usize) -> Result<()> {
-        self.call("a peer to receive", |c| c.send(t, to))
+        self.call(&"a peer to receive", |c| c.send(t, to))
     }
     fn recv(&mut self, t: &Tensor, from: usize) -> Result<()> {
-        self.call("a peer to send", |c| c.recv(t, from))
+        self.call(&"a peer to send", |c| c.recv(t, from))
     }
     fn barrier(&mut self) -> Result<()> {
-        self.call("peers in a barrier", |c| c.barrier())
+        self.call(&"peers in a barrier", |c| c.barrier())
     }
     // Waits for this rank's own device as much as for its peers: not marked,
     // so that a rank stuck on its own GPU is still the one blamed.
@@ -124,12 +133,7 @@ impl Collectives for Watched {
         self.inner.holds_host()
     }
     fn run(&mut self, op: Op, send: &Tensor, recv: &Tensor) -> Result<()> {
-        let what = if self.marks {
-            format!("peers in {}", op.name())
-        } else {
-            String::new()
-        };
-        self.call(&what, |c| c.run(op, send, recv))
+        self.call(&PeersIn(op), |c| c.run(op, send, recv))
     }
     // The side stream is forwarded, not counted: without these the defaults
     // would run every collective synchronously and overlap would be lost.
