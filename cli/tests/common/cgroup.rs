@@ -70,8 +70,12 @@ impl CpuQuota {
                 let mut moved = std::collections::BTreeSet::new();
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     for p in descendants(agent) {
-                        if !moved.contains(&p) && ranked(p) {
-                            let _ = std::fs::write(dir.join("cgroup.procs"), p.to_string());
+                        // A move that failed (the worker between exec and
+                        // its job, say) is tried again next time.
+                        if !moved.contains(&p)
+                            && ranked(p)
+                            && std::fs::write(dir.join("cgroup.procs"), p.to_string()).is_ok()
+                        {
                             moved.insert(p);
                         }
                     }
@@ -189,29 +193,27 @@ fn v2_with(controller: &str, what: &str) -> PathBuf {
 fn group(name: &str, cores: f64) -> (PathBuf, PathBuf) {
     let name = &unique(name);
     let quota = ((cores * PERIOD_US as f64) as u64).max(1_000);
-    let v1 = Path::new(V1_CPU).join("cpu.cfs_quota_us");
-    if v1.exists() {
-        let root = PathBuf::from(V1_CPU);
-        let dir = root.join(name);
-        let _ = std::fs::remove_dir(&dir);
-        std::fs::create_dir_all(&dir)
-            .unwrap_or_else(|e| panic!("cannot create cgroup {}: {e}", dir.display()));
-        write(&dir.join("cpu.cfs_period_us"), &PERIOD_US.to_string());
-        write(&dir.join("cpu.cfs_quota_us"), &quota.to_string());
-        (root, dir)
+    let v1 = Path::new(V1_CPU).join("cpu.cfs_quota_us").exists();
+    let root = if v1 {
+        PathBuf::from(V1_CPU)
     } else if Path::new(V2_ROOT).join("cgroup.controllers").exists() {
-        let root = v2_with("cpu", "a CPU quota");
-        let dir = root.join(name);
-        let _ = std::fs::remove_dir(&dir);
-        std::fs::create_dir_all(&dir)
-            .unwrap_or_else(|e| panic!("cannot create cgroup {}: {e}", dir.display()));
-        write(&dir.join("cpu.max"), &format!("{quota} {PERIOD_US}"));
-        (root, dir)
+        v2_with("cpu", "a CPU quota")
     } else {
         panic!(
             "this machine has neither cgroup v1's {V1_CPU}/cpu.cfs_quota_us nor cgroup v2's {V2_ROOT}/cgroup.controllers: a CPU quota cannot be set"
         );
+    };
+    let dir = root.join(name);
+    let _ = std::fs::remove_dir(&dir);
+    std::fs::create_dir_all(&dir)
+        .unwrap_or_else(|e| panic!("cannot create cgroup {}: {e}", dir.display()));
+    if v1 {
+        write(&dir.join("cpu.cfs_period_us"), &PERIOD_US.to_string());
+        write(&dir.join("cpu.cfs_quota_us"), &quota.to_string());
+    } else {
+        write(&dir.join("cpu.max"), &format!("{quota} {PERIOD_US}"));
     }
+    (root, dir)
 }
 
 /// Moves `pid` and every process of its tree into the group at `dir`.
