@@ -10,11 +10,15 @@
 //! (at the rendezvous, a round's barrier while other pairs measure; in a
 //! collective, for a slower peer) is never blamed, nor hung while a rank it
 //! may wait for still progresses; when every rank waits and none progresses,
-//! the job hung and no rank is blamed.
+//! the job hung and no rank is blamed. Silence is counted on the heard
+//! clock ([`super::hearing`]): time during which rank reports waited for the
+//! coordinator is not a rank's silence.
 
 use std::collections::BTreeMap;
 
 use gpuctl_proto::pb::RankProcess;
+
+use super::hearing::Hearing;
 
 /// What the coordinator follows of a running job's ranks, besides their last
 /// progress report.
@@ -45,13 +49,20 @@ impl Watch {
     }
 
     /// Whether any of `ranks` ranks (numbered from 0) may have gone
-    /// `timeout_ms` without progress; false only when none can have. It
-    /// looks at no rank when the watch began less than a timeout ago, and
-    /// at the clocks alone when every rank has one, so that the scan that
-    /// names a culprit ([`find`]) runs only when one may exist: at 32,768
-    /// ranks it held the scheduler 15-35 ms on every tick.
-    pub fn may_have_hung(&self, ranks: u32, now_ms: u64, timeout_ms: u64) -> bool {
-        if now_ms.saturating_sub(self.since_ms) < timeout_ms {
+    /// `timeout_ms` heard (`hearing`) without progress; false only when
+    /// none can have. It looks at no rank when the watch began less than a
+    /// timeout ago, and at the clocks alone when every rank has one, so
+    /// that the scan that names a culprit ([`find`]) runs only when one may
+    /// exist: at 32,768 ranks it held the scheduler 15-35 ms on every tick.
+    pub fn may_have_hung(
+        &self,
+        ranks: u32,
+        hearing: &Hearing,
+        now_ms: u64,
+        timeout_ms: u64,
+    ) -> bool {
+        let silent = |since: u64| hearing.heard(now_ms, now_ms) - hearing.heard(since, now_ms);
+        if silent(self.since_ms.min(now_ms)) < timeout_ms {
             return false;
         }
         let (grew, oldest) = self
@@ -60,7 +71,7 @@ impl Watch {
             .fold((0usize, u64::MAX), |(n, oldest), (_, ms)| {
                 (n + 1, oldest.min(*ms))
             });
-        grew < ranks as usize || now_ms.saturating_sub(oldest) >= timeout_ms
+        grew < ranks as usize || silent(oldest.min(now_ms)) >= timeout_ms
     }
 }
 
@@ -80,6 +91,7 @@ pub struct Hung {
 pub struct RankClock<'a> {
     pub rank: u32,
     pub node: &'a str,
+    /// On the heard clock ([`Hearing::heard`]), as `find`'s `now_ms` is.
     pub last_growth_ms: u64,
     pub process: Option<&'a RankProcess>,
     /// Its last report said it waits at the rendezvous for another rank.
@@ -332,25 +344,34 @@ mod tests {
 
     #[test]
     fn a_hang_is_looked_for_only_once_one_may_exist() {
+        let heard = Hearing::default();
         let mut w = Watch {
             since_ms: 10_000,
             ..Default::default()
         };
         // Within a timeout of the watch's start nothing can have hung.
-        assert!(!w.may_have_hung(2, 39_999, 30_000));
+        assert!(!w.may_have_hung(2, &heard, 39_999, 30_000));
         // Past it, a rank that never progressed may have.
         w.progress(0, 0, 1, 20_000);
-        assert!(w.may_have_hung(2, 40_000, 30_000));
+        assert!(w.may_have_hung(2, &heard, 40_000, 30_000));
         // Both progressed lately: none can have.
         w.progress(1, 0, 1, 25_000);
-        assert!(!w.may_have_hung(2, 49_999, 30_000));
+        assert!(!w.may_have_hung(2, &heard, 49_999, 30_000));
         // Rank 0's last growth is a timeout old.
-        assert!(w.may_have_hung(2, 50_000, 30_000));
+        assert!(w.may_have_hung(2, &heard, 50_000, 30_000));
+        // Reports waited 30-45 s for the scheduler: those 15 s are not
+        // silence, so rank 0 has been heard silent 15 s of its 30.
+        let mut late = Hearing::default();
+        late.read(30_000, 45_000);
+        late.read(46_000, 46_001);
+        assert!(!w.may_have_hung(2, &late, 50_000, 30_000));
+        assert!(!w.may_have_hung(2, &late, 64_999, 30_000));
+        assert!(w.may_have_hung(2, &late, 65_000, 30_000));
         // A rank outside the job does not stand in for one inside it.
         let mut w = Watch::default();
         w.progress(0, 0, 1, 100_000);
         w.progress(7, 0, 1, 100_000);
-        assert!(w.may_have_hung(2, 100_000, 30_000));
+        assert!(w.may_have_hung(2, &heard, 100_000, 30_000));
     }
 
     #[test]

@@ -236,12 +236,16 @@ impl JobEvent {
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum RankEvent {
+    /// `arrived_ms`: when its call reached the coordinator, before it
+    /// waited in the lane (`jobs::hearing`).
     WorkerProgress {
         report: RankProgressReport,
+        arrived_ms: u64,
         reply: Reply<Ack>,
     },
     WorkerResult {
         result: RankResult,
+        arrived_ms: u64,
         reply: Reply<(bool, String)>,
     },
     WorkerExited {

@@ -520,6 +520,8 @@ impl Scheduler {
     /// worker of the job is then stopped with `CancelJob.kind` hang.
     pub(super) async fn fail_hung_jobs(&mut self) {
         let now = self.cfg.clock.now_ms();
+        let hearing = &self.hearing;
+        let heard = |t: u64| hearing.heard(t.min(now), now);
         let mut hung = Vec::new();
         for e in self.jobs.values_mut() {
             if e.state() != JobState::Running || e.judging() {
@@ -531,10 +533,20 @@ impl Scheduler {
                 e.watch.since_ms = now;
             }
             let timeout = timing::hang_timeout(e.job.spec.as_ref());
-            if !e.watch.may_have_hung(e.world_size(), now, timeout) {
+            if !e.watch.may_have_hung(e.world_size(), hearing, now, timeout) {
                 continue;
             }
-            if let Some(h) = hang::find(&e.progress_clocks(), now, timeout) {
+            if let Some(mut h) = hang::find(&e.progress_clocks(heard), heard(now), timeout) {
+                let from = h.rank.map_or(e.watch.since_ms, |r| e.watch.last_growth(r));
+                let deaf = hearing.deaf_between(from, now);
+                if deaf >= 1_000 {
+                    let not_counted = format!(
+                        " (not counting {} during which rank reports waited for the coordinator)",
+                        human(Duration::from_secs(deaf.div_ceil(1_000)))
+                    );
+                    h.message.push_str(&not_counted);
+                    h.why.push_str(&not_counted);
+                }
                 hung.push((e.job.id.clone(), h));
             }
         }

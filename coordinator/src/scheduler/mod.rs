@@ -159,6 +159,9 @@ pub struct Scheduler {
     pace: crate::fleet::pace::Pace,
     /// Counters since this coordinator started, for `/metrics`.
     counts: Counts,
+    /// How long rank reports waited for this task: hang clocks count
+    /// silence only while ranks could be heard.
+    hearing: crate::jobs::hearing::Hearing,
     /// The report of the job that ended last, for a little while.
     recent: recent::Recent,
     /// The job whose report is being made again with late results
@@ -312,6 +315,7 @@ impl Scheduler {
             suite_seq,
             jobs_of_suites: BTreeMap::new(),
             counts: Counts::default(),
+            hearing: Default::default(),
         };
         // A crash between the last result and the job's end leaves nothing
         // to wait for.

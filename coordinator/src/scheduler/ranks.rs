@@ -6,7 +6,7 @@ use gpuctl_proto::pb::{
     Ack, JobState, RankProgressReport, RankResult, StopReason, TelemetryBatch, WorkerExited,
     WorkerLog,
 };
-use tracing::debug;
+use tracing::{debug, warn};
 
 use super::device;
 use super::events::RankEvent;
@@ -43,11 +43,17 @@ impl Scheduler {
     /// What ranks send, in the order below; the tick's share (telemetry
     /// written while a job runs) comes last.
     pub(super) async fn on_rank(&mut self, ev: RankEvent) {
+        if let RankEvent::WorkerProgress { arrived_ms, .. }
+        | RankEvent::WorkerResult { arrived_ms, .. } = &ev
+        {
+            self.heard(*arrived_ms);
+        }
         match ev {
-            RankEvent::WorkerProgress { report, reply } => {
+            RankEvent::WorkerProgress { report, reply, .. } => {
                 let _ = reply.send(self.worker_progress(report));
             }
-            RankEvent::WorkerResult { result, reply } => match self.worker_result(result).await {
+            RankEvent::WorkerResult { result, reply, .. } => match self.worker_result(result).await
+            {
                 Answer::Now(a) => {
                     let _ = reply.send(a);
                 }
@@ -66,6 +72,18 @@ impl Scheduler {
             RankEvent::WorkerExited { node, exited } => self.worker_exited(node, exited).await,
             RankEvent::WorkerLog { node, log } => self.worker_log(node, log),
             RankEvent::Telemetry { node, batch } => self.telemetry(node, batch),
+        }
+    }
+
+    /// Notes how long a rank's report waited for the scheduler; a lag's
+    /// start is logged, since hang clocks stand still from then on
+    /// (`jobs::hearing`).
+    fn heard(&mut self, arrived_ms: u64) {
+        if let Some(waited_ms) = self.hearing.read(arrived_ms, self.cfg.clock.now_ms()) {
+            warn!(
+                waited_ms,
+                "rank reports wait for the scheduler: their silence is not counted toward a hang until they are read on time"
+            );
         }
     }
 

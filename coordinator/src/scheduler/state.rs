@@ -486,8 +486,9 @@ impl JobEntry {
     }
 
     /// The ranks still expected to make progress: planned, without a
-    /// result, worker not exited; each with when it last progressed.
-    pub fn progress_clocks(&self) -> Vec<RankClock<'_>> {
+    /// result, worker not exited; each with when it last progressed, on
+    /// the heard clock `heard` (`jobs::hearing`).
+    pub fn progress_clocks(&self, heard: impl Fn(u64) -> u64) -> Vec<RankClock<'_>> {
         self.job
             .plan
             .iter()
@@ -496,7 +497,7 @@ impl JobEntry {
             .map(|p| RankClock {
                 rank: p.rank,
                 node: &p.node,
-                last_growth_ms: self.watch.last_growth(p.rank),
+                last_growth_ms: heard(self.watch.last_growth(p.rank)),
                 process: self.watch.processes.get(&p.rank),
                 waiting: self
                     .progress

@@ -140,6 +140,13 @@ impl Fixture {
     }
 
     async fn progress(&mut self, job: &str, rank: u32, iterations: u64) {
+        self.progress_arrived(job, rank, iterations, self.clock.now_ms())
+            .await;
+    }
+
+    /// A progress report that reached the coordinator at `arrived_ms` and
+    /// is read now.
+    async fn progress_arrived(&mut self, job: &str, rank: u32, iterations: u64, arrived_ms: u64) {
         let (reply, answer) = oneshot::channel();
         let report = RankProgressReport {
             job_id: job.into(),
@@ -150,7 +157,11 @@ impl Fixture {
                 ..Default::default()
             }),
         };
-        let ev = RankEvent::WorkerProgress { report, reply };
+        let ev = RankEvent::WorkerProgress {
+            report,
+            arrived_ms,
+            reply,
+        };
         self.sched.dispatch(ev.into()).await;
         let ack = answer.await.unwrap();
         assert!(ack.ok, "{}", ack.message);
@@ -166,7 +177,11 @@ impl Fixture {
             ok: true,
             ..Default::default()
         };
-        let ev = RankEvent::WorkerResult { result, reply };
+        let ev = RankEvent::WorkerResult {
+            result,
+            arrived_ms: self.clock.now_ms(),
+            reply,
+        };
         self.sched.dispatch(ev.into()).await;
         tokio::time::timeout(Duration::from_secs(30), answer)
             .await
@@ -274,6 +289,42 @@ async fn a_rank_without_progress_is_hung_only_after_the_hang_timeout() {
     assert_eq!(e.watch.hung.as_ref().and_then(|h| h.rank), Some(world - 1));
     assert!(
         e.job.message.contains("no progress for 30s"),
+        "{}",
+        e.job.message
+    );
+}
+
+#[tokio::test]
+async fn time_rank_reports_wait_for_the_scheduler_is_not_silence() {
+    let hang = 30_000;
+    let mut f = Fixture::new(Duration::from_secs(3_600)).await;
+    f.join("n1").await;
+    let id = f.submit(stress(3_600_000, hang)).await;
+    let world = f.job(&id).world_size();
+    f.tick_at(T0).await;
+    for rank in 0..world {
+        f.progress(&id, rank, 1).await;
+    }
+    // The last rank goes quiet. A report of rank 0 that arrived at 15 s is
+    // read at 25 s: the lane lagged 10 s, and may still lag.
+    f.clock.set(T0 + 25_000);
+    f.progress_arrived(&id, 0, 2, T0 + 15_000).await;
+    f.tick_at(T0 + hang).await;
+    assert_eq!(f.job(&id).state(), JobState::Running, "15 s heard of 30");
+    // A report read on time: the lane keeps up again, and silence counts.
+    f.clock.set(T0 + 31_000);
+    f.progress(&id, 0, 3).await;
+    f.tick_at(T0 + hang + 9_999).await;
+    assert_eq!(f.job(&id).state(), JobState::Running, "10 s were deaf");
+    f.tick_at(T0 + hang + 10_000).await;
+    let e = f.job(&id);
+    assert_eq!(e.state(), JobState::Failed);
+    assert_eq!(e.watch.hung.as_ref().and_then(|h| h.rank), Some(world - 1));
+    assert!(
+        e.job.message.contains("no progress for 30s")
+            && e.job.message.contains(
+                "(not counting 10s during which rank reports waited for the coordinator)"
+            ),
         "{}",
         e.job.message
     );

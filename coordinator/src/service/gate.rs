@@ -8,7 +8,8 @@
 //! hundred MB at the coordinator's peak. A call that waits here holds only its
 //! undecoded bytes in HTTP/2's buffers, bounded by the flow-control window.
 //! Worker retries see nothing of it but the wait, which the scheduler would
-//! have made them wait anyway.
+//! have made them wait anyway. A call that waited says since when
+//! ([`Arrived`]): the rank's result was in hand, not missing, meanwhile.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -55,6 +56,11 @@ pub struct Gated<S> {
     permits: Arc<Semaphore>,
 }
 
+/// When a gated call reached the gate; its handler dates the result's
+/// arrival by it (`jobs::hearing`).
+#[derive(Debug, Clone, Copy)]
+pub struct Arrived(pub tokio::time::Instant);
+
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 impl<S, B> Service<http::Request<B>> for Gated<S>
@@ -71,10 +77,12 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
         if req.uri().path() != GATED_PATH {
             return Box::pin(self.inner.call(req));
         }
+        req.extensions_mut()
+            .insert(Arrived(tokio::time::Instant::now()));
         // The service that was made ready goes with the call; a clone stays.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
@@ -104,6 +112,10 @@ mod tests {
     struct Busy {
         now: Arc<AtomicUsize>,
         most: Arc<AtomicUsize>,
+        /// The longest a call waited since it was stamped [`Arrived`]
+        /// (ms), and how many were.
+        waited_ms: Arc<AtomicUsize>,
+        stamped: Arc<AtomicUsize>,
     }
 
     impl Service<http::Request<()>> for Busy {
@@ -115,7 +127,12 @@ mod tests {
             Poll::Ready(Ok(()))
         }
 
-        fn call(&mut self, _: http::Request<()>) -> Self::Future {
+        fn call(&mut self, req: http::Request<()>) -> Self::Future {
+            if let Some(Arrived(at)) = req.extensions().get::<Arrived>() {
+                let waited = at.elapsed().as_millis() as usize;
+                self.waited_ms.fetch_max(waited, Ordering::SeqCst);
+                self.stamped.fetch_add(1, Ordering::SeqCst);
+            }
             let (now, most) = (self.now.clone(), self.most.clone());
             Box::pin(async move {
                 let inside = now.fetch_add(1, Ordering::SeqCst) + 1;
@@ -127,7 +144,7 @@ mod tests {
         }
     }
 
-    async fn most_at_once(path: &str, calls: usize) -> usize {
+    async fn most_at_once(path: &str, calls: usize) -> Busy {
         let busy = Busy::default();
         let mut gated = ResultGate::new(3).layer(busy.clone());
         let all: Vec<_> = (0..calls)
@@ -136,13 +153,19 @@ mod tests {
         for r in futures::future::join_all(all).await {
             r.unwrap();
         }
-        busy.most.load(Ordering::SeqCst)
+        busy
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn results_past_the_gate_wait_and_other_calls_do_not() {
-        assert_eq!(most_at_once(GATED_PATH, 12).await, 3);
-        let other = format!("/{SERVICE_NAME}/RendezvousPut");
-        assert_eq!(most_at_once(&other, 12).await, 12);
+        let gated = most_at_once(GATED_PATH, 12).await;
+        assert_eq!(gated.most.load(Ordering::SeqCst), 3);
+        // Each says since when it waited: the last three, behind three
+        // rounds of 20 ms.
+        assert_eq!(gated.stamped.load(Ordering::SeqCst), 12);
+        assert_eq!(gated.waited_ms.load(Ordering::SeqCst), 60);
+        let other = most_at_once(&format!("/{SERVICE_NAME}/RendezvousPut"), 12).await;
+        assert_eq!(other.most.load(Ordering::SeqCst), 12);
+        assert_eq!(other.stamped.load(Ordering::SeqCst), 0);
     }
 }

@@ -215,9 +215,14 @@ impl WorkerService for WorkerSvc {
         if let Some(p) = &mut report.progress {
             bound_progress(p);
         }
+        let arrived_ms = self.sched.clock().now_ms();
         Ok(Response::new(
             self.sched
-                .ask(|reply| RankEvent::WorkerProgress { report, reply })
+                .ask(|reply| RankEvent::WorkerProgress {
+                    report,
+                    arrived_ms,
+                    reply,
+                })
                 .await?,
         ))
     }
@@ -226,6 +231,10 @@ impl WorkerService for WorkerSvc {
         let m = req.get_ref();
         self.security
             .check_worker(&req, &m.job_id, m.attempt, Some(m.rank))?;
+        // Dated from the gate, where it may have waited behind thousands.
+        let waited = (req.extensions().get::<super::gate::Arrived>())
+            .map_or(0, |a| a.0.elapsed().as_millis() as u64);
+        let arrived_ms = self.sched.clock().now_ms().saturating_sub(waited);
         let mut result = req.into_inner();
         let clipped = bound_result(&mut result);
         if !clipped.is_empty() {
@@ -242,7 +251,11 @@ impl WorkerService for WorkerSvc {
         }
         Ok(ack(self
             .sched
-            .ask(|reply| RankEvent::WorkerResult { result, reply })
+            .ask(|reply| RankEvent::WorkerResult {
+                result,
+                arrived_ms,
+                reply,
+            })
             .await?))
     }
 }
