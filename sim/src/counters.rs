@@ -17,6 +17,9 @@ pub struct Stats {
     pub results_sent: AtomicU64,
     pub results_refused: AtomicU64,
     pub rpc_errors: AtomicU64,
+    /// The same, by call and gRPC code ("ReportProgress: Cancelled"): a
+    /// call the simulator gave up on reads apart from one refused.
+    rpc_error_kinds: Mutex<std::collections::BTreeMap<String, u64>>,
     /// Sessions that ended while the fleet ran, and sessions opened again.
     pub sessions_lost: AtomicU64,
     pub reconnects: AtomicU64,
@@ -43,6 +46,31 @@ impl Stats {
         if error.contains("tcp open error") || error.contains("Too many open files") {
             self.descriptors_short.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Counts a rank call of `call` that failed with `status`.
+    pub(crate) fn rpc_error(&self, call: &str, status: &tonic::Status) {
+        self.rpc_errors.fetch_add(1, Ordering::Relaxed);
+        let kind = format!("{call}: {:?}", status.code());
+        *self
+            .rpc_error_kinds
+            .lock()
+            .unwrap()
+            .entry(kind)
+            .or_default() += 1;
+    }
+
+    /// Failed rank calls by call and code, most first.
+    pub fn rpc_error_kinds(&self) -> Vec<(String, u64)> {
+        let mut kinds: Vec<_> = self
+            .rpc_error_kinds
+            .lock()
+            .unwrap()
+            .clone()
+            .into_iter()
+            .collect();
+        kinds.sort_by_key(|k| std::cmp::Reverse(k.1));
+        kinds
     }
 
     pub fn job(&self, id: &str) -> Option<JobTimes> {

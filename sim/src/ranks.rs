@@ -210,10 +210,8 @@ pub async fn run(job: RankJob, clients: Clients, stats: Arc<Stats>, stop: Shutdo
                     at(played)
                 };
             }
-            Err(_) => {
-                stats
-                    .rpc_errors
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Err(s) => {
+                stats.rpc_error("ReportProgress", &s);
                 // As a real worker: the next try at its usual pause, not at
                 // once (131,072 ranks retrying each second through a
                 // failover starved the agents finding the new leader).
@@ -312,9 +310,7 @@ pub(crate) async fn deliver(
                 return Outcome::Failed;
             }
             Err(s) => {
-                stats
-                    .rpc_errors
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                stats.rpc_error("ReportResult", &s);
                 tracing::debug!(rank, attempt, "ReportResult: {}", s.message());
                 if tokio::time::Instant::now() >= until {
                     break;

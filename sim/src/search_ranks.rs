@@ -292,10 +292,8 @@ pub async fn run(
                 let pause = gpuctl_core::spec::progress_pause_ms(every, job.placement.rank, sent);
                 next_report = tokio::time::Instant::now() + Duration::from_millis(pause);
             }
-            Err(_) => {
-                stats
-                    .rpc_errors
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Err(s) => {
+                stats.rpc_error("ReportProgress", &s);
                 client = clients.get();
             }
         }

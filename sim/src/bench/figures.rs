@@ -30,6 +30,8 @@ pub struct BenchReport {
     /// ran (each opened again), rank calls that failed, results refused.
     pub sessions_lost: u64,
     pub rpc_errors: u64,
+    /// Those by call and gRPC code, most first.
+    pub rpc_error_kinds: Vec<(String, u64)>,
     pub results_refused: u64,
     /// The store at the end, by the key's first part: (keys, bytes of
     /// keys and values); empty where the file could not be read.

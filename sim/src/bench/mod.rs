@@ -161,6 +161,7 @@ pub async fn run(cfg: &BenchConfig, dir: PathBuf) -> Result<BenchReport> {
     let count = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
     out.sessions_lost = count(&fleet.stats.sessions_lost);
     out.rpc_errors = count(&fleet.stats.rpc_errors);
+    out.rpc_error_kinds = fleet.stats.rpc_error_kinds();
     out.results_refused = count(&fleet.stats.results_refused);
     stop.cancel();
     // The fleet's tasks see the stop before the coordinator goes.

@@ -26,7 +26,7 @@ impl BenchReport {
             "plan_whole_bytes": self.plan_whole_bytes,
             "rss_before_jobs_bytes": self.rss_before_jobs,
             "heap_allocated_before_jobs_bytes": self.heap_before_jobs,
-            "fleet": { "sessions_lost": self.sessions_lost, "rank_rpc_errors": self.rpc_errors, "results_refused": self.results_refused },
+            "fleet": { "sessions_lost": self.sessions_lost, "rank_rpc_errors": self.rpc_errors, "rank_rpc_errors_by_kind": self.rpc_error_kinds.iter().map(|(k, n)| (k.clone(), json!(n))).collect::<serde_json::Map<_, _>>(), "results_refused": self.results_refused },
             "phases": self.phases.iter().map(|p| json!({
                 "name": p.name, "seconds": p.seconds, "cpu_s_per_s": p.cpu_per_s, "sim_cpu_s_per_s": p.sim_cpu_per_s,
                 "rss_max_bytes": p.rss_max, "rss_max_at_s": p.rss_max_at, "rss_end_bytes": p.rss_end, "store_bytes": p.store_bytes,
@@ -163,6 +163,9 @@ impl BenchReport {
                 "\nthe fleet's side: {} sessions lost (each opened again), {} rank calls failed, {} results refused",
                 self.sessions_lost, self.rpc_errors, self.results_refused
             );
+            for (kind, n) in &self.rpc_error_kinds {
+                println!("  {n} × {kind}");
+            }
         }
     }
 }
