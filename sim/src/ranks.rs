@@ -288,10 +288,12 @@ pub(crate) async fn deliver(
         &mut result,
         gpuctl_core::timeline::points_per_rank(job.world_size),
     );
-    // As `gpuctl-worker`: tried again through the agent's grace and a
-    // little past it, backing off to 2 s between tries.
+    // As `gpuctl-worker` (`worker/src/client.rs`): tried again through the
+    // agent's grace and a little past it from the first failure, backing
+    // off to 2 s between tries. (Counted from the first try, a result whose
+    // first call waited out its 30 s gave up 30 s before a worker's would.)
     use gpuctl_core::retry::outage::{DEFAULT_GRACE, GRACE_MARGIN, RETRY_CAP, RETRY_START};
-    let until = tokio::time::Instant::now() + DEFAULT_GRACE + GRACE_MARGIN;
+    let mut give_up = None;
     let mut pause = RETRY_START;
     for attempt in 0.. {
         match clients
@@ -312,6 +314,9 @@ pub(crate) async fn deliver(
             Err(s) => {
                 stats.rpc_error("ReportResult", &s);
                 tracing::debug!(rank, attempt, "ReportResult: {}", s.message());
+                let until = *give_up.get_or_insert_with(|| {
+                    tokio::time::Instant::now() + DEFAULT_GRACE + GRACE_MARGIN
+                });
                 if tokio::time::Instant::now() >= until {
                     break;
                 }
