@@ -61,8 +61,9 @@ impl Watch {
         now_ms: u64,
         timeout_ms: u64,
     ) -> bool {
-        let silent = |since: u64| hearing.heard(now_ms, now_ms) - hearing.heard(since, now_ms);
-        if silent(self.since_ms.min(now_ms)) < timeout_ms {
+        let heard_now = hearing.heard(now_ms, now_ms);
+        let silent = |since: u64| heard_now - hearing.heard(since, now_ms);
+        if silent(self.since_ms) < timeout_ms {
             return false;
         }
         let (grew, oldest) = self
@@ -71,7 +72,7 @@ impl Watch {
             .fold((0usize, u64::MAX), |(n, oldest), (_, ms)| {
                 (n + 1, oldest.min(*ms))
             });
-        grew < ranks as usize || silent(oldest.min(now_ms)) >= timeout_ms
+        grew < ranks as usize || silent(oldest) >= timeout_ms
     }
 }
 

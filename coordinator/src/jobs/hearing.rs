@@ -19,7 +19,7 @@ pub const LATE_MS: u64 = 2_000;
 const KEPT: usize = 1_024;
 
 /// A span (ms) during which reports waited, and the deaf time before it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 struct Span {
     from: u64,
     until: u64,
@@ -79,9 +79,9 @@ impl Hearing {
     /// Deaf time (ms) before `t`, at `now_ms` (a lane still lagging is deaf
     /// since its last late report was read).
     fn deaf_before(&self, t: u64, now_ms: u64) -> u64 {
-        let Some(last) = self.spans.back() else {
+        if self.spans.is_empty() {
             return 0;
-        };
+        }
         let i = self.spans.partition_point(|s| s.from <= t);
         let Some(s) = i.checked_sub(1).map(|i| self.spans[i]) else {
             // Before the oldest span kept: as little as the oldest allows,
@@ -90,24 +90,26 @@ impl Hearing {
             return first.before.saturating_sub(first.from - t);
         };
         let mut deaf = s.before + t.min(s.until) - s.from;
-        if self.lagging && s == *last && t > last.until {
-            deaf += t.min(now_ms).saturating_sub(last.until);
+        // Past the newest span while still lagging: deaf since it.
+        if self.lagging && i == self.spans.len() && t > s.until {
+            deaf += t.min(now_ms).saturating_sub(s.until);
         }
         deaf
     }
 
-    /// `t` (wall ms, up to `now_ms`) on the heard clock: wall time less the
-    /// deaf time before it. A rank's silence is the heard time between its
-    /// last progress and now.
+    /// `t` (wall ms; a later one is taken as `now_ms`) on the heard clock:
+    /// wall time less the deaf time before it. A rank's silence is the
+    /// heard time between its last progress and now.
     pub fn heard(&self, t: u64, now_ms: u64) -> u64 {
+        let t = t.min(now_ms);
         t - self.deaf_before(t, now_ms)
     }
 
     /// Deaf time (ms) between `from` and `now_ms`: what a hang's message
     /// says was not counted.
     pub fn deaf_between(&self, from: u64, now_ms: u64) -> u64 {
-        let (a, b) = (from.min(now_ms), now_ms);
-        self.deaf_before(b, now_ms) - self.deaf_before(a, now_ms)
+        let from = from.min(now_ms);
+        self.deaf_before(now_ms, now_ms) - self.deaf_before(from, now_ms)
     }
 }
 

@@ -521,7 +521,7 @@ impl Scheduler {
     pub(super) async fn fail_hung_jobs(&mut self) {
         let now = self.cfg.clock.now_ms();
         let hearing = &self.hearing;
-        let heard = |t: u64| hearing.heard(t.min(now), now);
+        let heard = |t: u64| hearing.heard(t, now);
         let mut hung = Vec::new();
         for e in self.jobs.values_mut() {
             if e.state() != JobState::Running || e.judging() {

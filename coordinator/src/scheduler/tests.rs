@@ -262,9 +262,9 @@ async fn a_running_job_fails_once_its_deadline_and_grace_have_passed() {
     assert_eq!(f.node_state("n1"), NodeState::Ready, "the node is freed");
 }
 
-#[tokio::test]
-async fn a_rank_without_progress_is_hung_only_after_the_hang_timeout() {
-    let hang = 30_000;
+/// A stress job on one node with hang timeout `hang` (ms), watched from
+/// `T0`, where every rank has reported once: the fixture, job and world.
+async fn watched_stress(hang: u64) -> (Fixture, String, u32) {
     let mut f = Fixture::new(Duration::from_secs(3_600)).await;
     f.join("n1").await;
     let id = f.submit(stress(3_600_000, hang)).await;
@@ -275,6 +275,13 @@ async fn a_rank_without_progress_is_hung_only_after_the_hang_timeout() {
     for rank in 0..world {
         f.progress(&id, rank, 1).await;
     }
+    (f, id, world)
+}
+
+#[tokio::test]
+async fn a_rank_without_progress_is_hung_only_after_the_hang_timeout() {
+    let hang = 30_000;
+    let (mut f, id, world) = watched_stress(hang).await;
     // Ten seconds on, all but the last rank progress again.
     f.clock.set(T0 + 10_000);
     for rank in 0..world - 1 {
@@ -297,14 +304,7 @@ async fn a_rank_without_progress_is_hung_only_after_the_hang_timeout() {
 #[tokio::test]
 async fn time_rank_reports_wait_for_the_scheduler_is_not_silence() {
     let hang = 30_000;
-    let mut f = Fixture::new(Duration::from_secs(3_600)).await;
-    f.join("n1").await;
-    let id = f.submit(stress(3_600_000, hang)).await;
-    let world = f.job(&id).world_size();
-    f.tick_at(T0).await;
-    for rank in 0..world {
-        f.progress(&id, rank, 1).await;
-    }
+    let (mut f, id, world) = watched_stress(hang).await;
     // The last rank goes quiet. A report of rank 0 that arrived at 15 s is
     // read at 25 s: the lane lagged 10 s, and may still lag.
     f.clock.set(T0 + 25_000);
