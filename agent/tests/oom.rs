@@ -2,8 +2,9 @@
 //! only as "killed by signal SIGKILL": a real (shell-script) worker joins a
 //! memory cgroup with a 64 MiB limit that this test makes, grows until the
 //! kernel kills it, and its `WorkerExited` says so, naming the group and the
-//! memory it had reached. Needs root and a memory cgroup controller; a
-//! machine without them fails the test saying so.
+//! memory it had reached, also when the agent's last look finds it dead and
+//! not yet reaped. Needs root and a memory cgroup controller; a machine
+//! without them fails the test saying so.
 
 mod common;
 
@@ -12,8 +13,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::assignment;
+use gpuctl_agent::workers::oom::OomWatch;
 use gpuctl_agent::workers::{WorkerSettings, Workers};
-use gpuctl_proto::pb::{agent_message::Msg, coordinator_message};
+use gpuctl_proto::pb::{agent_message::Msg, coordinator_message, StopReason};
 
 const LIMIT: u64 = 64 << 20;
 
@@ -59,14 +61,10 @@ impl Drop for MemLimit {
     }
 }
 
-#[tokio::test]
-async fn a_worker_the_oom_killer_ends_is_reported_out_of_memory_with_its_size() {
-    let tmp = tempfile::tempdir().unwrap();
-    let name = format!("gpuctl-test-oom-{}", std::process::id());
-    let group = MemLimit::new(&name);
-    // The worker: into the group, a pause so that the agent sees it there,
-    // then a string doubled until the group's limit is reached.
-    let script = tmp.path().join("hungry-worker");
+/// A worker script: into the group, a pause so that the agent sees it there,
+/// then a string doubled until the group's limit is reached.
+fn hungry_worker(dir: &Path, group: &MemLimit) -> PathBuf {
+    let script = dir.join("hungry-worker");
     std::fs::write(
         &script,
         format!(
@@ -76,6 +74,21 @@ async fn a_worker_the_oom_killer_ends_is_reported_out_of_memory_with_its_size() 
     )
     .unwrap();
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    script
+}
+
+/// The one-letter state of process `pid` (`Z`: dead, not yet reaped).
+fn state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+#[tokio::test]
+async fn a_worker_the_oom_killer_ends_is_reported_out_of_memory_with_its_size() {
+    let tmp = tempfile::tempdir().unwrap();
+    let name = format!("gpuctl-test-oom-{}", std::process::id());
+    let group = MemLimit::new(&name);
+    let script = hungry_worker(tmp.path(), &group);
     let settings = WorkerSettings {
         node: "test-node".into(),
         worker_bin: script,
@@ -116,4 +129,40 @@ async fn a_worker_the_oom_killer_ends_is_reported_out_of_memory_with_its_size() 
         .and_then(|n| n.parse::<f64>().ok())
         .unwrap_or_else(|| panic!("no figure in {line}"));
     assert!(reached > 0.0, "{line}");
+}
+
+/// A killed worker not yet reaped reads as in the hierarchy's root: looks
+/// taken then must not hide the group it died in (CI saw this race once).
+#[tokio::test]
+async fn a_worker_looked_at_after_its_kill_and_before_its_reaping_still_names_its_group() {
+    let tmp = tempfile::tempdir().unwrap();
+    let name = format!("gpuctl-test-oom-zombie-{}", std::process::id());
+    let group = MemLimit::new(&name);
+    let mut child = std::process::Command::new(hungry_worker(tmp.path(), &group))
+        .spawn()
+        .unwrap();
+    let watch = OomWatch::start(Some(child.id()));
+    let died = tokio::time::timeout(Duration::from_secs(60), async {
+        while state(child.id()) != Some('Z') {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    if died.is_err() {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("the worker was not killed within 60 s");
+    }
+    // Two of the watch's looks (every 500 ms) land on the zombie.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let line = watch
+        .verdict("SIGKILL", StopReason::Unspecified)
+        .expect("no OOM line for a worker the OOM killer ended");
+    let _ = child.wait();
+    assert!(
+        line.starts_with("ERROR out of memory in its memory cgroup")
+            && line.contains(&name)
+            && line.contains("limit 64 MiB"),
+        "{line}"
+    );
 }

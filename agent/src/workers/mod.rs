@@ -25,7 +25,7 @@ mod deadline;
 mod events;
 mod jobs;
 mod logs;
-mod oom;
+pub mod oom;
 mod prestart;
 mod process;
 mod procstat;

@@ -6,7 +6,9 @@
 //! worker's memory cgroup's `oom_kill`, read when the worker starts and
 //! again when it was SIGKILLed. The worker's resident peak (`VmHWM`) is
 //! read now and then while it lives: after the kill there is nothing left
-//! to read.
+//! to read. Every memory cgroup the worker was seen in is kept, because a
+//! killed worker not yet reaped reads as in the hierarchy's root: the group
+//! it died in must not be forgotten at that last look.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,12 +21,17 @@ use gpuctl_proto::pb::StopReason;
 /// How often a worker's resident peak and memory cgroup are read.
 const EVERY: Duration = Duration::from_millis(500);
 
+/// How many distinct memory cgroups of one worker are kept (it joins one or
+/// two; its zombie reads as the root).
+const MAX_GROUPS: usize = 8;
+
 /// What is known of one worker's memory while it runs.
 struct Seen {
     pid: u32,
     host_kills: Option<u64>,
-    /// Its memory cgroup and that group's OOM kills when first seen there.
-    group: Mutex<Option<(MemCgroup, Option<u64>)>>,
+    /// Each memory cgroup it was seen in, oldest first, with that group's
+    /// OOM kills when first seen there.
+    groups: Mutex<Vec<(MemCgroup, Option<u64>)>>,
     peak_rss: AtomicU64,
 }
 
@@ -36,10 +43,10 @@ impl Seen {
         let Some(now) = MemCgroup::of(Some(self.pid)) else {
             return;
         };
-        let mut g = self.group.lock().unwrap_or_else(|e| e.into_inner());
-        if g.as_ref().is_none_or(|(was, _)| was.path != now.path) {
+        let mut groups = self.groups.lock().unwrap_or_else(|e| e.into_inner());
+        if groups.len() < MAX_GROUPS && groups.iter().all(|(was, _)| was.path != now.path) {
             let kills = now.oom_kills();
-            *g = Some((now, kills));
+            groups.push((now, kills));
         }
     }
 }
@@ -61,7 +68,7 @@ impl OomWatch {
         let seen = Arc::new(Seen {
             pid: pid.unwrap_or(0),
             host_kills: host_oom_kills(),
-            group: Mutex::new(None),
+            groups: Mutex::new(Vec::new()),
             peak_rss: AtomicU64::new(0),
         });
         let s = seen.clone();
@@ -93,19 +100,19 @@ impl OomWatch {
         } else {
             String::new()
         };
-        let group = self.seen.group.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((g, Some(before))) = group.as_ref() {
-            let after = g.oom_kills().unwrap_or(*before);
-            if after > *before {
-                let limit = g
-                    .levels()
-                    .iter()
-                    .find_map(|l| l.limit())
-                    .map(|l| format!(" (limit {})", format_bytes(l)))
-                    .unwrap_or_default();
+        // The kernel counts a kill in the victim's group even when the host
+        // ran out: the group is named only where one of its levels has a
+        // limit. The newest group first: v2 counts a kill in every ancestor.
+        let groups = self.seen.groups.lock().unwrap_or_else(|e| e.into_inner());
+        for (g, before) in groups.iter().rev() {
+            let Some(before) = *before else { continue };
+            let after = g.oom_kills().unwrap_or(before);
+            let limit = g.levels().iter().find_map(|l| l.limit());
+            if let (true, Some(limit)) = (after > before, limit) {
                 return Some(format!(
-                    "ERROR out of memory in its memory cgroup {}{limit}: the kernel's OOM killer ended the worker{reached} (the group's oom_kill {before} -> {after})",
-                    g.path
+                    "ERROR out of memory in its memory cgroup {} (limit {}): the kernel's OOM killer ended the worker{reached} (the group's oom_kill {before} -> {after})",
+                    g.path,
+                    format_bytes(limit)
                 ));
             }
         }
