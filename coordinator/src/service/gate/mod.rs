@@ -8,16 +8,21 @@
 //! hundred MB at the coordinator's peak. A call that waits here holds only its
 //! undecoded bytes in HTTP/2's buffers, bounded by the flow-control window.
 //! Worker retries see nothing of it but the wait, which the scheduler would
-//! have made them wait anyway. A call that waited says since when
-//! ([`Arrived`]): the rank's result was in hand, not missing, meanwhile.
+//! have made them wait anyway. The waiting calls go in in the order their
+//! rank's result first arrived ([`places`]), so a call sent again after its
+//! timeout keeps its place. A call that waited says since when ([`Arrived`]:
+//! that first arrival): the rank's result was in hand, not missing,
+//! meanwhile.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use tokio::sync::Semaphore;
 use tower::{Layer, Service};
+
+mod places;
+use places::Places;
 
 /// More than the scheduler can use at once, few enough to be small.
 pub const RESULTS_IN_FLIGHT: usize = 256;
@@ -28,13 +33,13 @@ const GATED_PATH: &str = "/gpuctl.v1.WorkerService/ReportResult";
 /// The layer for the coordinator's server; one gate for every connection.
 #[derive(Clone)]
 pub struct ResultGate {
-    permits: Arc<Semaphore>,
+    places: Arc<Places>,
 }
 
 impl ResultGate {
     pub fn new(in_flight: usize) -> ResultGate {
         ResultGate {
-            permits: Arc::new(Semaphore::new(in_flight)),
+            places: Places::new(in_flight),
         }
     }
 }
@@ -45,7 +50,7 @@ impl<S> Layer<S> for ResultGate {
     fn layer(&self, inner: S) -> Gated<S> {
         Gated {
             inner,
-            permits: self.permits.clone(),
+            places: self.places.clone(),
         }
     }
 }
@@ -53,11 +58,12 @@ impl<S> Layer<S> for ResultGate {
 #[derive(Clone)]
 pub struct Gated<S> {
     inner: S,
-    permits: Arc<Semaphore>,
+    places: Arc<Places>,
 }
 
-/// When a gated call reached the gate; its handler dates the result's
-/// arrival by it (`jobs::hearing`).
+/// When the rank's result first reached the gate (this call's or an
+/// earlier try's); its handler dates the result's arrival by it
+/// (`jobs::hearing`).
 #[derive(Debug, Clone, Copy)]
 pub struct Arrived(pub tokio::time::Instant);
 
@@ -81,15 +87,17 @@ where
         if req.uri().path() != GATED_PATH {
             return Box::pin(self.inner.call(req));
         }
-        req.extensions_mut()
-            .insert(Arrived(tokio::time::Instant::now()));
         // The service that was made ready goes with the call; a clone stays.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let permits = self.permits.clone();
+        let places = self.places.clone();
         Box::pin(async move {
-            // Never closed: the gate lives as long as the server.
-            let _permit = permits.acquire_owned().await;
+            let rank = req
+                .headers()
+                .get(gpuctl_core::auth::RANK_SECRET)
+                .map(|v| v.as_bytes());
+            let (_permit, first) = places.acquire(rank).await;
+            req.extensions_mut().insert(Arrived(first));
             inner.call(req).await
         })
     }
