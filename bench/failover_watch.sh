@@ -8,7 +8,7 @@
 #
 #   bench/failover_watch.sh [OUT]     (default /tmp/gpuctl-failover-watch)
 #
-# Env: NODES (16384), JOB (90s), KILL_AFTER (15s), PROCS (2: the simulated
+# Env: BIN (target/release: the binaries), NODES (16384), JOB (90s), KILL_AFTER (15s), PROCS (2: the simulated
 # fleet split over this many processes, each with its own open files; one
 # process cannot hold 16,384 reconnecting agents here), FLEET_NICE (0: the
 # simulated fleet shares the cores evenly; at 19 it starved and came back
@@ -18,7 +18,7 @@
 # record of the new leader, PERF_DELAY s after the kill for PERF_SECS s).
 set -u
 OUT=${1:-/tmp/gpuctl-failover-watch}; rm -rf "$OUT"; mkdir -p "$OUT"
-ROOT=$(cd "$(dirname "$0")/.." && pwd); BIN=$ROOT/target/release
+ROOT=$(cd "$(dirname "$0")/.." && pwd); BIN=${BIN:-$ROOT/target/release}
 for b in gpuctl gpuctl-sim gpuctl-coordinator; do
   [ -x "$BIN/$b" ] || { echo "no $BIN/$b: cargo build --release first" >&2; exit 2; }
 done

@@ -274,4 +274,71 @@ pub mod outage {
     /// Backoff between tries of a call the coordinator did not answer.
     pub const RETRY_START: Duration = Duration::from_millis(200);
     pub const RETRY_CAP: Duration = Duration::from_secs(2);
+
+    /// One call's tries: again for `budget` from its *first failure*, not
+    /// its first try (a first try that waited out its whole timeout at a
+    /// loaded coordinator must not spend the budget: the simulator counted
+    /// from the first try and gave up 30 s before a worker), backing off
+    /// from [`RETRY_START`] to [`RETRY_CAP`]. The worker and the simulator
+    /// both go by it, so they cannot drift apart.
+    #[derive(Debug, Clone)]
+    pub struct Retrying {
+        budget: Duration,
+        until: Option<std::time::Instant>,
+        pause: Duration,
+        failures: u32,
+    }
+
+    impl Retrying {
+        pub fn new(budget: Duration) -> Retrying {
+            Retrying {
+                budget,
+                until: None,
+                pause: RETRY_START,
+                failures: 0,
+            }
+        }
+
+        /// A try failed at `now`: the pause before the next, or `None` once
+        /// the budget is spent.
+        pub fn failed(&mut self, now: std::time::Instant) -> Option<Duration> {
+            self.failures += 1;
+            let until = *self.until.get_or_insert(now + self.budget);
+            if now >= until {
+                return None;
+            }
+            let pause = self.pause;
+            self.pause = (self.pause * 2).min(RETRY_CAP);
+            Some(pause)
+        }
+
+        /// Tries that failed so far.
+        pub fn failures(&self) -> u32 {
+            self.failures
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn tries_go_on_for_the_budget_from_the_first_failure_backing_off() {
+            let t0 = std::time::Instant::now();
+            let mut r = Retrying::new(Duration::from_secs(10));
+            // The first try waited out a 30 s timeout: the budget starts now.
+            let first = t0 + Duration::from_secs(30);
+            assert_eq!(r.failed(first), Some(RETRY_START));
+            assert_eq!(
+                r.failed(first + Duration::from_secs(1)),
+                Some(RETRY_START * 2)
+            );
+            let pauses: Vec<_> = (2..8)
+                .map(|i| r.failed(first + Duration::from_secs(i)).unwrap())
+                .collect();
+            assert_eq!(pauses.last(), Some(&RETRY_CAP));
+            assert_eq!(r.failed(first + Duration::from_secs(10)), None);
+            assert_eq!(r.failures(), 9);
+        }
+    }
 }

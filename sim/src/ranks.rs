@@ -289,13 +289,10 @@ pub(crate) async fn deliver(
         gpuctl_core::timeline::points_per_rank(job.world_size),
     );
     // As `gpuctl-worker` (`worker/src/client.rs`): tried again through the
-    // agent's grace and a little past it from the first failure, backing
-    // off to 2 s between tries. (Counted from the first try, a result whose
-    // first call waited out its 30 s gave up 30 s before a worker's would.)
-    use gpuctl_core::retry::outage::{DEFAULT_GRACE, GRACE_MARGIN, RETRY_CAP, RETRY_START};
-    let mut give_up = None;
-    let mut pause = RETRY_START;
-    for attempt in 0.. {
+    // agent's grace and a little past it from the first failure.
+    use gpuctl_core::retry::outage::{Retrying, DEFAULT_GRACE, GRACE_MARGIN};
+    let mut tries = Retrying::new(DEFAULT_GRACE + GRACE_MARGIN);
+    loop {
         match clients
             .unless_away(client.report_result(request(job, result.clone())))
             .await
@@ -313,15 +310,17 @@ pub(crate) async fn deliver(
             }
             Err(s) => {
                 stats.rpc_error("ReportResult", &s);
-                tracing::debug!(rank, attempt, "ReportResult: {}", s.message());
-                let until = *give_up.get_or_insert_with(|| {
-                    tokio::time::Instant::now() + DEFAULT_GRACE + GRACE_MARGIN
-                });
-                if tokio::time::Instant::now() >= until {
+                tracing::debug!(
+                    rank,
+                    tries = tries.failures(),
+                    "ReportResult: {}",
+                    s.message()
+                );
+                // tokio's clock, so that tests on paused time pass it.
+                let Some(pause) = tries.failed(tokio::time::Instant::now().into_std()) else {
                     break;
-                }
+                };
                 tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(RETRY_CAP);
                 client = clients.get();
             }
         }

@@ -29,9 +29,7 @@ const GET_SLICE_MS: u32 = 10_000;
 /// How long the agent keeps workers without a coordinator, in ms (set by the
 /// agent from its `--coordinator-grace`).
 pub const COORDINATOR_GRACE_ENV: &str = "GPUCTL_COORDINATOR_GRACE_MS";
-use gpuctl_core::retry::outage::{
-    DEFAULT_GRACE, GRACE_MARGIN, MIN_RESULT_RETRY, RETRY_CAP, RETRY_START,
-};
+use gpuctl_core::retry::outage::{Retrying, DEFAULT_GRACE, GRACE_MARGIN, MIN_RESULT_RETRY};
 
 /// How long calls are tried again while the coordinator is away.
 fn outage_budget() -> Duration {
@@ -113,22 +111,20 @@ impl CoordinatorClient {
         F: FnMut(WorkerServiceClient<Failover>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
     {
-        let mut delay = RETRY_START;
-        let mut give_up = None;
-        let mut failures = 0u32;
+        let mut tries = Retrying::new(budget);
         loop {
             let status = match self.rt.block_on(f(self.client.clone())) {
                 Ok(r) => {
-                    if failures > 0 {
+                    if tries.failures() > 0 {
                         tracing::info!("{what}: the coordinator at {} answers again", self.url);
                     }
                     return Ok(r.into_inner());
                 }
                 Err(status) => status,
             };
-            failures += 1;
-            let until = *give_up.get_or_insert_with(|| Instant::now() + budget);
-            if !retry(&status) || Instant::now() >= until {
+            let pause = tries.failed(Instant::now()).filter(|_| retry(&status));
+            let failures = tries.failures();
+            let Some(pause) = pause else {
                 return Err(anyhow!(
                     "{what} at {}: {}{}",
                     self.url,
@@ -139,7 +135,7 @@ impl CoordinatorClient {
                         String::new()
                     }
                 ));
-            }
+            };
             if failures == 1 || failures.is_multiple_of(10) {
                 tracing::warn!(
                     "{what} at {}: {}; trying again for up to {budget:?}",
@@ -147,8 +143,7 @@ impl CoordinatorClient {
                     status.message()
                 );
             }
-            std::thread::sleep(delay);
-            delay = (delay * 2).min(RETRY_CAP);
+            std::thread::sleep(pause);
         }
     }
 }
