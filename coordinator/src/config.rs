@@ -160,6 +160,14 @@ pub struct Config {
     #[arg(long, default_value_t = 2_048, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub agent_messages_per_s: u32,
 
+    /// Agents' registrations taken in any one second at most; those past it
+    /// are refused (RESOURCE_EXHAUSTED) and the agent tries again after its
+    /// jittered backoff. A fleet coming back to a new leader after a
+    /// failover (16,384 nodes within seconds) is thus let in at a bounded
+    /// rate instead of all at once.
+    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(10..=1_000_000))]
+    pub max_registrations_per_s: u32,
+
     /// URL that workers use to reach this coordinator (default: the address
     /// each agent connected to).
     #[arg(long, env = "GPUCTL_ADVERTISE_URL")]
@@ -302,6 +310,7 @@ impl Config {
             max_connection_age: None,
             fleet_threads: 1,
             agent_messages_per_s: 2_048,
+            max_registrations_per_s: 1_000,
             advertise_url: None,
             log: None,
             health_rules: None,

@@ -236,6 +236,7 @@ pub async fn run_with(
             fleet.handle(),
             fetches.clone(),
             cfg.node_timeout,
+            crate::service::admission::Registrations::new(cfg.max_registrations_per_s),
         ))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES),

@@ -1,13 +1,14 @@
 //! Bad input at the protocol edge, against a live coordinator over real gRPC:
 //! oversized registrations, rendezvous values and specs are refused naming
 //! the field, nothing of them is stored, and the coordinator keeps serving;
-//! a node that runs no job can be removed.
+//! a node that runs no job can be removed; registrations past
+//! `--max-registrations-per-s` are refused naming it, and get in later.
 
 mod common;
 
 use std::time::Duration;
 
-use common::{list_nodes, spec, start};
+use common::{list_nodes, spec, start, start_cfg};
 use gpuctl_proto::pb::agent_service_client::AgentServiceClient;
 use gpuctl_proto::pb::*;
 use gpuctl_testkit::agent::register;
@@ -346,4 +347,53 @@ async fn a_pattern_the_fleet_is_too_small_for_is_refused_at_submit_with_all_node
     j.params.insert("pattern".into(), "pairs".into());
     assert!(!jobs.submit(s).await.unwrap().into_inner().id.is_empty());
     coord.shutdown().await;
+}
+
+#[tokio::test]
+async fn registrations_past_the_rate_are_refused_naming_it_and_get_in_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = gpuctl_coordinator::config::Config::for_dir(dir.path());
+    cfg.node_timeout = Duration::from_secs(30);
+    cfg.max_registrations_per_s = 10;
+    let coord = start_cfg(cfg).await;
+    let agents = AgentServiceClient::connect(coord.url.clone())
+        .await
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    let calls = (0..40).map(|i| {
+        let mut a = agents.clone();
+        async move {
+            a.register(host::register_request(&format!("n{i}"), host::cpu("x", 1)))
+                .await
+        }
+    });
+    let answers = futures::future::join_all(calls).await;
+    let elapsed = t0.elapsed().as_secs_f64();
+    let (ok, refused): (Vec<_>, Vec<_>) = answers.into_iter().partition(|a| a.is_ok());
+    // A burst of 1, then 9 a second.
+    let most = 1 + (9.0 * elapsed).ceil() as usize;
+    assert!(
+        !ok.is_empty() && ok.len() <= most,
+        "{} let in within {elapsed:.2} s (at most {most})",
+        ok.len()
+    );
+    let e = refused[0].as_ref().unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+    assert!(
+        e.message().contains("at most 10 registrations a second")
+            && e.message().contains("--max-registrations-per-s"),
+        "{e}"
+    );
+    let mut jobs = coord.jobs().await;
+    assert_eq!(
+        list_nodes(&mut jobs).await.len(),
+        ok.len(),
+        "a refused registration is not kept"
+    );
+    // Tried again after a pause, as an agent's backoff does, it gets in.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut a = agents.clone();
+    a.register(host::register_request("n39", host::cpu("x", 1)))
+        .await
+        .expect("a registration after the pause");
 }

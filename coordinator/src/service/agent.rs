@@ -26,6 +26,7 @@ use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::warn;
 
+use super::admission::Registrations;
 use super::auth::{PeerCerts, Security};
 use super::inbox::{Inbox, Waiting};
 use super::trace::Fetches;
@@ -58,6 +59,7 @@ pub struct AgentSvc {
     /// Telemetry samples read and not yet taken by the scheduler, in every
     /// session together.
     waiting: Waiting,
+    registrations: Registrations,
 }
 
 impl AgentSvc {
@@ -68,6 +70,7 @@ impl AgentSvc {
         fleet: Handle,
         fetches: Fetches,
         node_timeout: Duration,
+        registrations: Registrations,
     ) -> Self {
         AgentSvc {
             sched,
@@ -78,6 +81,7 @@ impl AgentSvc {
             fetches,
             node_timeout,
             waiting: Waiting::default(),
+            registrations,
         }
     }
 }
@@ -108,6 +112,7 @@ impl AgentService for AgentSvc {
         self.security
             .check_agent(certs.as_ref(), &req.name)
             .inspect_err(|s| warn!("register refused: {}", s.message()))?;
+        self.registrations.admit()?;
         let resp = self
             .sched
             .ask(|reply| AgentEvent::AgentRegistered {

@@ -3,6 +3,7 @@
 //! only layer that speaks gRPC: the scheduler's [`CoordinatorError`]s become
 //! `tonic::Status` codes here.
 
+pub mod admission;
 pub mod agent;
 pub mod auth;
 pub mod baseline;

@@ -211,9 +211,16 @@ impl Agent {
                     me.stats.sessions_lost.fetch_add(1, Ordering::Relaxed);
                 }
                 Err(e) => {
-                    if let Some(r) = registered.take() {
-                        let _ = r.send(Err(e));
-                        break;
+                    // Past `--max-registrations-per-s`: an agent's backoff,
+                    // not a failed start.
+                    let later = e
+                        .downcast_ref::<tonic::Status>()
+                        .is_some_and(|s| s.code() == tonic::Code::ResourceExhausted);
+                    if !later {
+                        if let Some(r) = registered.take() {
+                            let _ = r.send(Err(e));
+                            break;
+                        }
                     }
                     me.stats.out_of_descriptors(&format!("{e:#}"));
                     failed += 1;
@@ -258,7 +265,11 @@ impl Agent {
         let answer = client
             .register(req)
             .await
-            .map_err(|s| anyhow::anyhow!("{}: Register: {}", self.name, s.message()))?
+            .map_err(|s| {
+                let what = format!("{}: Register: {}", self.name, s.message());
+                // The code is kept: a refusal by rate is tried again.
+                anyhow::Error::new(s).context(what)
+            })?
             .into_inner();
         for id in &answer.refused {
             if let Some(stop) = cancels.remove(id) {
