@@ -166,6 +166,7 @@ impl Agent {
         let mut registered = Some(registered);
         let mut failed = 0u32;
         let mut lost = false;
+        let mut reached = false;
         while !me.shutdown.is_cancelled() {
             // Finding the leader opens sockets (one per coordinator URL
             // tried): only as many agents at once as this process has
@@ -212,11 +213,16 @@ impl Agent {
                 }
                 Err(e) => {
                     // Past `--max-registrations-per-s`: an agent's backoff,
-                    // not a failed start.
-                    let later = e
+                    // not a failed start; from then on the coordinator is
+                    // known to be there, and any failure is tried again.
+                    let by_rate = e
                         .downcast_ref::<tonic::Status>()
                         .is_some_and(|s| s.code() == tonic::Code::ResourceExhausted);
-                    if !later {
+                    reached |= by_rate;
+                    // The leader refused it: no other coordinator to look
+                    // for (each look opens connections to every URL).
+                    lost = !by_rate;
+                    if !reached {
                         if let Some(r) = registered.take() {
                             let _ = r.send(Err(e));
                             break;
