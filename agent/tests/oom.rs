@@ -12,7 +12,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::assignment;
+use common::{assignment, pid_alive};
 use gpuctl_agent::workers::oom::OomWatch;
 use gpuctl_agent::workers::{WorkerSettings, Workers};
 use gpuctl_proto::pb::{agent_message::Msg, coordinator_message, StopReason};
@@ -77,12 +77,6 @@ fn hungry_worker(dir: &Path, group: &MemLimit) -> PathBuf {
     script
 }
 
-/// The one-letter state of process `pid` (`Z`: dead, not yet reaped).
-fn state(pid: u32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?.1.trim_start().chars().next()
-}
-
 #[tokio::test]
 async fn a_worker_the_oom_killer_ends_is_reported_out_of_memory_with_its_size() {
     let tmp = tempfile::tempdir().unwrap();
@@ -143,7 +137,8 @@ async fn a_worker_looked_at_after_its_kill_and_before_its_reaping_still_names_it
         .unwrap();
     let watch = OomWatch::start(Some(child.id()));
     let died = tokio::time::timeout(Duration::from_secs(60), async {
-        while state(child.id()) != Some('Z') {
+        // Not reaped until after the verdict: not alive means a zombie.
+        while pid_alive(child.id() as i32) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })

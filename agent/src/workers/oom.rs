@@ -107,8 +107,11 @@ impl OomWatch {
         for (g, before) in groups.iter().rev() {
             let Some(before) = *before else { continue };
             let after = g.oom_kills().unwrap_or(before);
-            let limit = g.levels().iter().find_map(|l| l.limit());
-            if let (true, Some(limit)) = (after > before, limit) {
+            if after <= before {
+                continue;
+            }
+            // Read only for a group whose counter moved.
+            if let Some(limit) = g.levels().iter().find_map(|l| l.limit()) {
                 return Some(format!(
                     "ERROR out of memory in its memory cgroup {} (limit {}): the kernel's OOM killer ended the worker{reached} (the group's oom_kill {before} -> {after})",
                     g.path,
