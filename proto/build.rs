@@ -11,6 +11,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Rarely set and large: boxed, so every RankResult does not carry
         // its size inline (the coordinator's events hold results by value).
         .boxed(".gpuctl.v1.TrainResult.profile")
+        // A slice of the fleet answer's encoded rows, kept built: shared,
+        // not copied, into each page.
+        .bytes(".gpuctl.v1.GetFleetResponse.rows_packed")
         .compile_protos(&["gpuctl.proto"], &["."])?;
     println!("cargo:rerun-if-changed=gpuctl.proto");
     Ok(())

@@ -316,6 +316,8 @@ impl Coordinator {
                 after: after.clone(),
                 // No table or JSON of `gpuctl fleet` shows a node's GPUs.
                 brief: true,
+                // Rows the coordinator encoded once, not for each call.
+                packed: true,
             };
             let mut page = self
                 .call(true, move |mut c| {
@@ -324,6 +326,8 @@ impl Coordinator {
                 })
                 .await
                 .map_err(|s| self.status("fleet", s))?;
+            page.unpack()
+                .map_err(|e| anyhow::anyhow!("the coordinator's fleet page is unreadable: {e}"))?;
             all.rows.append(&mut page.rows);
             all.runs.append(&mut page.runs);
             all.links.append(&mut page.links);

@@ -32,6 +32,7 @@ use crate::history;
 use crate::judge::fleet::{FleetFold, Rebuild};
 use crate::store::{Since, StateStore};
 
+mod packed;
 mod writes;
 
 /// An answer no one asked for in this long is let go (it is ~8 MB at
@@ -51,6 +52,8 @@ pub struct Built {
     bytes: usize,
     /// When a page of it last told its caller to ask for more.
     paged: std::sync::Mutex<Option<Instant>>,
+    /// Its brief rows encoded, once a packed listing asked for them.
+    packed: std::sync::OnceLock<packed::Packed>,
 }
 
 /// How long a listing that got a page of a build may go on from that build
@@ -159,7 +162,23 @@ impl FleetView {
             return cut(&r.rows, &r.runs, &r.links, bytes, &ask, None);
         }
         let b = self.get(listing).await?;
-        let page = cut(&b.rows, &[], &b.links, b.bytes, &ask, Some(b.version))?;
+        let page = if req.packed && req.brief && req.page_bytes > 0 {
+            let p = match b.packed.get() {
+                Some(p) => p,
+                None => {
+                    // ~15 ms of encoding at 16,384 nodes: off the runtime.
+                    let built = b.clone();
+                    let made = tokio::task::spawn_blocking(move || {
+                        built.packed.get_or_init(|| packed::Packed::of(&built.rows));
+                    });
+                    made.await.map_err(|_| CoordinatorError::ShuttingDown)?;
+                    b.packed.get_or_init(|| packed::Packed::of(&b.rows))
+                }
+            };
+            packed::cut(&b, p, &ask.after, ask.page_bytes)
+        } else {
+            cut(&b.rows, &[], &b.links, b.bytes, &ask, Some(b.version))?
+        };
         if !page.next_after.is_empty() {
             b.paged();
         }
@@ -321,6 +340,7 @@ fn made(version: u64, fold: &mut FleetFold) -> Arc<Built> {
         links,
         bytes,
         paged: Default::default(),
+        packed: Default::default(),
     })
 }
 
@@ -415,6 +435,7 @@ fn cut(
             runs: runs.to_vec(),
             links: links.to_vec(),
             next_after: String::new(),
+            rows_packed: Default::default(),
         });
     }
     // A brief row's size counted without its GPUs (the length's own prefix
@@ -435,6 +456,7 @@ fn cut(
         runs: if first { runs.to_vec() } else { Vec::new() },
         links: if first { links.to_vec() } else { Vec::new() },
         next_after,
+        rows_packed: Default::default(),
     })
 }
 

@@ -1,12 +1,13 @@
 //! `NodeTable`, the brief listing of nodes (`ListNodesRequest.brief`): a
 //! builder that fills its columns and dictionaries, and rows read back out
-//! of it without copying a string.
+//! of it without copying a string. And the fleet's packed pages
+//! (`GetFleetRequest.packed`) read back into rows.
 
 use std::ops::Range;
 
 use std::collections::HashMap;
 
-use crate::pb::{NodeState, NodeTable};
+use crate::pb::{GetFleetResponse, NodeState, NodeTable};
 
 /// One node as a table of nodes shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -161,6 +162,20 @@ impl Dict {
         };
         self.last = k;
         k
+    }
+}
+
+impl GetFleetResponse {
+    /// A packed page's rows (`rows_packed`) moved into `rows`, after those
+    /// it carried already; a page that is not packed is left as it is.
+    pub fn unpack(&mut self) -> Result<(), prost::DecodeError> {
+        if self.rows_packed.is_empty() {
+            return Ok(());
+        }
+        let packed = std::mem::take(&mut self.rows_packed);
+        let mut more = <GetFleetResponse as prost::Message>::decode(packed)?;
+        self.rows.append(&mut more.rows);
+        Ok(())
     }
 }
 

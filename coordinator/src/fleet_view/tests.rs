@@ -458,3 +458,77 @@ fn brief_pages_leave_the_gpus_out_and_are_cut_by_what_they_carry() {
         .collect();
     assert_eq!(p.rows, want, "every other field kept");
 }
+
+/// Every page of a listing, as (rows, links) of each; `packed` pages read
+/// back as the CLI reads them.
+async fn listing(view: &FleetView, packed: bool, page_bytes: u32) -> Vec<(Vec<FleetRow>, usize)> {
+    let (mut pages, mut after) = (Vec::new(), String::new());
+    loop {
+        let req = GetFleetRequest {
+            page_bytes,
+            after: after.clone(),
+            brief: true,
+            packed,
+            ..Default::default()
+        };
+        let mut p = view.page(req).await.unwrap();
+        assert_eq!(p.rows.is_empty(), packed, "rows only packed, or only not");
+        let bytes = p.rows_packed.len();
+        p.unpack().unwrap();
+        if packed {
+            assert!(bytes <= page_bytes as usize || p.rows.len() == 1, "{bytes}");
+        }
+        pages.push((p.rows, p.links.len()));
+        if p.next_after.is_empty() {
+            return pages;
+        }
+        after = p.next_after;
+    }
+}
+
+/// A packed listing carries the rows a brief one carries, without their
+/// GPUs, cut into pages within the bytes asked for, the links with the
+/// first; a write makes the next listing pack the new answer.
+#[tokio::test]
+async fn packed_pages_carry_what_brief_pages_carry() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path());
+    let mut batch = Batch::default();
+    for i in 0..24 {
+        let name = format!("node-{i:02}");
+        batch = batch.node(&node(&name));
+        for job in 1..=5 {
+            batch = batch.run(&varied(&name, job));
+        }
+    }
+    s.write(batch).await.unwrap();
+    let view = FleetView::new(s.clone(), 0.9);
+    for page_bytes in [1, 700, MAX_LIST_PAGE as u32] {
+        let brief = listing(&view, false, page_bytes).await;
+        let packed = listing(&view, true, page_bytes).await;
+        let rows = |l: &[(Vec<FleetRow>, usize)]| -> Vec<FleetRow> {
+            l.iter().flat_map(|(r, _)| r.clone()).collect()
+        };
+        assert_eq!(rows(&packed), rows(&brief), "page_bytes {page_bytes}");
+        assert_eq!(rows(&packed).len(), 24);
+        assert!(rows(&packed).iter().all(|r| r.gpus.is_empty()));
+        assert!(rows(&packed).iter().any(|r| !r.drift.is_empty()));
+        let links: Vec<usize> = packed.iter().map(|(_, l)| *l).collect();
+        assert!(
+            links[0] > 0 && links[1..].iter().all(|&l| l == 0),
+            "{links:?}"
+        );
+        match page_bytes {
+            1 => assert_eq!(packed.len(), 24, "a row a page"),
+            700 => assert!(packed.len() > 1 && packed.len() < 24, "{}", packed.len()),
+            _ => assert_eq!(packed.len(), 1),
+        }
+    }
+
+    s.write(Batch::default().run(&varied("node-03", 6)))
+        .await
+        .unwrap();
+    let after = listing(&view, true, MAX_LIST_PAGE as u32).await;
+    let row = after[0].0.iter().find(|r| r.node == "node-03").unwrap();
+    assert_eq!((row.runs, row.last_job.as_str()), (6, "job-000006"));
+}

@@ -76,15 +76,19 @@ async fn cli_load(
 async fn whole_fleet(c: &mut JobServiceClient<Channel>) -> Result<usize, tonic::Status> {
     let (mut rows, mut after) = (0, String::new());
     loop {
-        let page = c
+        let mut page = c
             .get_fleet(GetFleetRequest {
                 page_bytes: gpuctl_core::limits::MAX_LIST_PAGE as u32,
                 after: after.clone(),
                 brief: true,
+                packed: true,
                 ..Default::default()
             })
             .await?
             .into_inner();
+        // Decoded as the CLI decodes it: part of what a call costs.
+        page.unpack()
+            .map_err(|e| tonic::Status::internal(format!("a packed fleet page: {e}")))?;
         rows += page.rows.len();
         // A page that does not move on ends the listing, as in the CLI.
         if page.next_after.is_empty() || page.next_after <= after {
