@@ -47,6 +47,12 @@ use crate::store::Batch;
 
 pub type Reply<T> = oneshot::Sender<T>;
 
+/// A job's report, shared: a 131,072-rank report is ~250 MB decoded, and
+/// each caller that got a copy of its own held one more at the job's end
+/// (jemalloc's heap profile). Each caller cuts from it what it sends
+/// ([`crate::judge::thin::to_send`]).
+pub type ReportReply = Reply<Result<std::sync::Arc<Report>, CoordinatorError>>;
+
 /// The downstream half of an agent's session: what the scheduler tells that
 /// agent. The service layer turns it into the gRPC stream.
 /// Boxed: a channel allocates a block of 32 slots up front, and at the
@@ -380,7 +386,7 @@ pub enum Query {
     },
     GetReport {
         job_id: String,
-        reply: Reply<Result<Report, CoordinatorError>>,
+        reply: ReportReply,
     },
     /// Counts for `/metrics`.
     Metrics {

@@ -4,7 +4,8 @@
 //! `gpuctl watch`, scripts polling `gpuctl status`) asks for its report at
 //! once. Read back from the store, a 32,768-rank report cost each of them
 //! a few hundred milliseconds and its results decoded anew; from here each
-//! gets a copy made off the scheduler's task. One report at most, given up
+//! gets it shared, and cuts what it sends from it off the scheduler's task
+//! ([`crate::judge::thin::to_send`]). One report at most, given up
 //! when another job starts (its results will want the memory) or after
 //! [`RECENT_MS`].
 
@@ -12,9 +13,8 @@ use std::sync::Arc;
 
 use gpuctl_proto::pb::Report;
 
-use super::background::{drop_later, off_task};
-use super::events::Reply;
-use crate::error::CoordinatorError;
+use super::background::drop_later;
+use super::events::ReportReply;
 
 /// How long the last report stays in memory when no job starts.
 pub const RECENT_MS: u64 = 10_000;
@@ -55,14 +55,12 @@ impl Recent {
     }
 }
 
-/// Answers each of `waiting` with a copy of `report`, made off the
-/// scheduler's task (a 4,096-node report is a big structure to copy).
-pub fn answer(waiting: Vec<Reply<Result<Report, CoordinatorError>>>, report: Arc<Report>) {
-    off_task(move || {
-        for w in waiting {
-            let _ = w.send(Ok(Report::clone(&report)));
-        }
-    });
+/// Answers each of `waiting` with `report`, shared: each caller cuts from
+/// it what it sends, off the scheduler's task.
+pub fn answer(waiting: Vec<ReportReply>, report: Arc<Report>) {
+    for w in waiting {
+        let _ = w.send(Ok(report.clone()));
+    }
 }
 
 #[cfg(test)]

@@ -30,7 +30,7 @@ use gpuctl_proto::pb::{JobState, Report};
 use tracing::{debug, info, warn};
 
 use super::background;
-use super::events::{Built, Reply, ReportEvent};
+use super::events::{Built, ReportEvent, ReportReply};
 use super::recent;
 use super::report_inputs::{from_store, ReportInputs};
 use super::state::{JobEntry, Pending};
@@ -113,12 +113,7 @@ impl Scheduler {
 
     /// Hands job `id`'s report to whoever waited for it, and keeps it a
     /// while for those who ask next.
-    fn deliver(
-        &mut self,
-        id: &str,
-        waiting: Vec<Reply<Result<Report, CoordinatorError>>>,
-        report: Report,
-    ) {
+    fn deliver(&mut self, id: &str, waiting: Vec<ReportReply>, report: Report) {
         let report = Arc::new(report);
         self.recent
             .keep(id, report.clone(), self.cfg.clock.now_ms());
@@ -391,11 +386,7 @@ impl Scheduler {
 
     /// `GetReport`: a report on its way is waited for; otherwise as
     /// [`Scheduler::report`].
-    pub(super) async fn get_report(
-        &mut self,
-        id: &str,
-        reply: Reply<Result<Report, CoordinatorError>>,
-    ) {
+    pub(super) async fn get_report(&mut self, id: &str, reply: ReportReply) {
         let Some(entry) = self.jobs.get_mut(id) else {
             let _ = reply.send(Err(self.no_job(id)));
             return;
@@ -414,7 +405,7 @@ impl Scheduler {
             let (store, id) = (self.store.clone(), id.to_string());
             tokio::spawn(async move {
                 let answer = match store.report(&id).await {
-                    Ok(Some(r)) => Ok(r),
+                    Ok(Some(r)) => Ok(Arc::new(r)),
                     // Stored by this coordinator and gone: a failed commit,
                     // which the coordinator's log names.
                     Ok(None) => Err(CoordinatorError::Refused(format!(
@@ -429,7 +420,7 @@ impl Scheduler {
             });
             return;
         }
-        let _ = reply.send(self.report(id).await);
+        let _ = reply.send(self.report(id).await.map(Arc::new));
     }
 }
 

@@ -12,10 +12,9 @@ use gpuctl_proto::pb::{
 };
 
 use super::background::drop_later;
-use super::events::{Reply, SessionTx};
+use super::events::{ReportReply, SessionTx};
 use super::listing::NodeListing;
 use super::SchedulerConfig;
-use crate::error::CoordinatorError;
 use crate::fleet::{self, Effects, Life, NodeEvent};
 use crate::jobs::hang::{RankClock, Watch};
 use crate::jobs::life::JobLife;
@@ -239,7 +238,7 @@ pub struct JobEntry {
 pub struct Pending {
     /// Judging: the job still runs until its verdict is known.
     pub(super) judging: bool,
-    pub(super) waiting: Vec<Reply<Result<Report, CoordinatorError>>>,
+    pub(super) waiting: Vec<ReportReply>,
     pub(super) straggled: bool,
 }
 

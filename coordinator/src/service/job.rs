@@ -147,14 +147,13 @@ impl JobService for JobSvc {
     async fn get_report(&self, req: Request<GetReportRequest>) -> Result<Response<Report>, Status> {
         self.security.allow(&req, Role::Read)?;
         let job_id = req.into_inner().job_id;
-        let mut report = self
+        let report = self
             .sched
             .ask(|reply| Query::GetReport { job_id, reply })
             .await??;
         // Tens of thousands of ranks can outgrow one gRPC message.
         let report = tokio::task::spawn_blocking(move || {
-            crate::judge::thin::report_to_send(&mut report, gpuctl_core::server::MAX_MESSAGE_BYTES);
-            report
+            crate::judge::thin::to_send(report, gpuctl_core::server::MAX_MESSAGE_BYTES)
         })
         .await
         .map_err(|e| Status::internal(format!("cutting the report to size: {e}")))?;
