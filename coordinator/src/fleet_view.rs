@@ -171,7 +171,11 @@ impl FleetView {
                     let made = tokio::task::spawn_blocking(move || {
                         built.packed.get_or_init(|| packed::Packed::of(&built.rows));
                     });
-                    made.await.map_err(|_| CoordinatorError::ShuttingDown)?;
+                    match made.await {
+                        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                        Err(_) => return Err(CoordinatorError::ShuttingDown),
+                        Ok(()) => {}
+                    }
                     b.packed.get_or_init(|| packed::Packed::of(&b.rows))
                 }
             };
