@@ -163,22 +163,16 @@ impl FleetView {
         }
         let b = self.get(listing).await?;
         let page = if req.packed && req.brief && req.page_bytes > 0 {
-            let p = match b.packed.get() {
-                Some(p) => p,
-                None => {
-                    // ~15 ms of encoding at 16,384 nodes: off the runtime.
-                    let built = b.clone();
-                    let made = tokio::task::spawn_blocking(move || {
-                        built.packed.get_or_init(|| packed::Packed::of(&built.rows));
-                    });
-                    match made.await {
-                        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-                        Err(_) => return Err(CoordinatorError::ShuttingDown),
-                        Ok(()) => {}
-                    }
-                    b.packed.get_or_init(|| packed::Packed::of(&b.rows))
-                }
-            };
+            if b.packed.get().is_none() {
+                // ~15 ms of encoding at 16,384 nodes: off the runtime.
+                let built = b.clone();
+                crate::runtime::apart(move || async move {
+                    built.packed.get_or_init(|| packed::Packed::of(&built.rows));
+                    Ok(())
+                })
+                .await?;
+            }
+            let p = b.packed.get_or_init(|| packed::Packed::of(&b.rows));
             packed::cut(&b, p, &ask.after, ask.page_bytes)
         } else {
             cut(&b.rows, &[], &b.links, b.bytes, &ask, Some(b.version))?
@@ -360,6 +354,15 @@ fn cursor(after: &str) -> (&str, Option<u64>) {
     }
 }
 
+/// The cursor handed out after a page that ends at the node `next` (empty:
+/// the last page), of the kept answer's `build` when it is one.
+fn next_cursor(next: String, build: Option<u64>) -> String {
+    match build {
+        Some(v) if !next.is_empty() => format!("{next} {v}"),
+        _ => next,
+    }
+}
+
 /// What a caller asked of a page: the rows after `after` (a name), within
 /// `page_bytes` (0: all at once), `brief` (without their GPUs).
 #[derive(Debug, Clone, Default)]
@@ -444,17 +447,14 @@ fn cut(
     }
     // A brief row's size counted without its GPUs (the length's own prefix
     // as the whole row's: at most a byte or two over).
-    let bytes = |row: &FleetRow| {
+    let bytes = |_, row: &FleetRow| {
         let gpus = prost::encoding::message::encoded_len_repeated(16, &row.gpus);
         prost::encoding::message::encoded_len(1, row) - if brief { gpus } else { 0 }
     };
     let (range, next) =
         gpuctl_core::limits::page(rows, |r| r.node.as_str(), bytes, after, page_bytes);
     let first = after.is_empty();
-    let next_after = match build {
-        Some(v) if !next.is_empty() => format!("{next} {v}"),
-        _ => next,
-    };
+    let next_after = next_cursor(next, build);
     Ok(GetFleetResponse {
         rows: rows[range].iter().map(|r| row_for(r, brief)).collect(),
         runs: if first { runs.to_vec() } else { Vec::new() },

@@ -229,11 +229,13 @@ fn running(jobs: &[RunningJob]) -> Result<(), SpecError> {
 /// many as fit in `page_bytes` (at most [`MAX_LIST_PAGE`]; at least one,
 /// so that every page moves on), and the name to ask after next, empty on
 /// the last page. Keyed by name, not by position: a node registered or
-/// removed between two pages neither repeats nor hides another.
+/// removed between two pages neither repeats nor hides another. `bytes`
+/// is given each item's index beside it (a size kept apart from the
+/// items, as a listing encoded ahead keeps its rows' ends).
 pub fn page<T>(
     items: &[T],
     name: impl Fn(&T) -> &str,
-    bytes: impl Fn(&T) -> usize,
+    bytes: impl Fn(usize, &T) -> usize,
     after: &str,
     page_bytes: u32,
 ) -> (std::ops::Range<usize>, String) {
@@ -245,7 +247,7 @@ pub fn page<T>(
     let room = (page_bytes as usize).min(MAX_LIST_PAGE);
     let (mut end, mut used) = (start, 0usize);
     while end < items.len() {
-        let b = bytes(&items[end]);
+        let b = bytes(end, &items[end]);
         if end > start && used + b > room {
             break;
         }
@@ -503,7 +505,8 @@ mod tests {
             .iter()
             .map(|n| (n.to_string(), 10))
             .collect();
-        let cut = |after: &str, bytes: u32| page(&items, |t| t.0.as_str(), |t| t.1, after, bytes);
+        let cut =
+            |after: &str, bytes: u32| page(&items, |t| t.0.as_str(), |_, t| t.1, after, bytes);
         assert_eq!(cut("", 25), (0..2, "b".to_string()));
         assert_eq!(cut("b", 25), (2..4, "d".to_string()));
         assert_eq!(cut("d", 25), (4..5, String::new()));
@@ -516,7 +519,7 @@ mod tests {
         let big: Vec<(String, usize)> = (0..20)
             .map(|i| (format!("n{i:02}"), MAX_LIST_PAGE / 4))
             .collect();
-        let (r, next) = page(&big, |t| t.0.as_str(), |t| t.1, "", u32::MAX);
+        let (r, next) = page(&big, |t| t.0.as_str(), |_, t| t.1, "", u32::MAX);
         assert_eq!((r, next.as_str()), (0..4, "n03"));
     }
 }

@@ -3,11 +3,10 @@
 //! for every call took ~30 ms of the coordinator's CPU per `gpuctl fleet`
 //! (perf, 16,384 simulated nodes after short jobs), most of the call.
 
-use gpuctl_core::limits::MAX_LIST_PAGE;
 use gpuctl_proto::pb::{FleetRow, GetFleetResponse};
 use prost::bytes::{Bytes, BytesMut};
 
-use super::{row_for, Built};
+use super::{next_cursor, row_for, Built};
 
 /// The brief rows, each encoded as `GetFleetResponse.rows` carries it.
 #[derive(Debug)]
@@ -30,31 +29,21 @@ impl Packed {
             ends,
         }
     }
+
+    /// Where row `i`'s record begins.
+    fn start(&self, i: usize) -> usize {
+        i.checked_sub(1).map_or(0, |before| self.ends[before])
+    }
 }
 
 /// The page of `b` after the node `after`, within `page_bytes`, its rows
-/// packed: at least one row, then as many whole rows as fit, as an
-/// unpacked page is cut. The links come with the first page.
+/// packed: cut by the rule every listing's pages are cut by
+/// ([`gpuctl_core::limits::page`]), each row counted at its record's size.
+/// The links come with the first page.
 pub(super) fn cut(b: &Built, p: &Packed, after: &str, page_bytes: u32) -> GetFleetResponse {
-    let rows = &b.rows;
-    let start = if after.is_empty() {
-        0
-    } else {
-        rows.partition_point(|r| r.node.as_str() <= after)
-    };
-    let begin = if start == 0 { 0 } else { p.ends[start - 1] };
-    let room = (page_bytes as usize).min(MAX_LIST_PAGE);
-    let end = if start < rows.len() {
-        start + 1 + p.ends[start + 1..].partition_point(|&e| e - begin <= room)
-    } else {
-        start
-    };
-    let stop = if end > start { p.ends[end - 1] } else { begin };
-    let next_after = if end < rows.len() && end > start {
-        format!("{} {}", rows[end - 1].node, b.version)
-    } else {
-        String::new()
-    };
+    let size = |i: usize, _: &FleetRow| p.ends[i] - p.start(i);
+    let (range, next) =
+        gpuctl_core::limits::page(&b.rows, |r| r.node.as_str(), size, after, page_bytes);
     GetFleetResponse {
         rows: Vec::new(),
         runs: Vec::new(),
@@ -63,7 +52,7 @@ pub(super) fn cut(b: &Built, p: &Packed, after: &str, page_bytes: u32) -> GetFle
         } else {
             Vec::new()
         },
-        next_after,
-        rows_packed: p.bytes.slice(begin..stop),
+        next_after: next_cursor(next, Some(b.version)),
+        rows_packed: p.bytes.slice(p.start(range.start)..p.start(range.end)),
     }
 }

@@ -145,7 +145,7 @@ fn page(
         let (range, next) = gpuctl_core::limits::page(
             &nodes,
             |n| n.name.as_str(),
-            bytes,
+            |_, n| bytes(n),
             &req.after,
             req.page_bytes,
         );
