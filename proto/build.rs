@@ -14,6 +14,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // A slice of the fleet answer's encoded rows, kept built: shared,
         // not copied, into each page.
         .bytes(".gpuctl.v1.GetFleetResponse.rows_packed")
+        // A report encoded on a blocking thread, handed to the codec whole.
+        .bytes(".gpuctl.v1.PackedReport.report")
         .compile_protos(&["gpuctl.proto"], &["."])?;
     println!("cargo:rerun-if-changed=gpuctl.proto");
     Ok(())

@@ -255,13 +255,30 @@ impl Coordinator {
     }
 
     /// The raw status is kept for callers that wait for a report to appear.
+    /// Asked encoded (`GetReportPacked`: the coordinator does not copy the
+    /// report for it); of a coordinator older than that, plainly.
     pub async fn report_raw(&mut self, id: &str) -> std::result::Result<pb::Report, Status> {
         let req = pb::GetReportRequest { job_id: id.into() };
-        self.call(true, move |mut c| {
-            let req = req.clone();
-            async move { c.get_report(req).await }
-        })
-        .await
+        let ask = req.clone();
+        let packed = self
+            .call(true, move |mut c| {
+                let req = ask.clone();
+                async move { c.get_report_packed(req).await }
+            })
+            .await;
+        match packed {
+            Ok(p) => p
+                .unpack()
+                .map_err(|e| Status::internal(format!("the coordinator's report: {e}"))),
+            Err(s) if s.code() == tonic::Code::Unimplemented => {
+                self.call(true, move |mut c| {
+                    let req = req.clone();
+                    async move { c.get_report(req).await }
+                })
+                .await
+            }
+            Err(s) => Err(s),
+        }
     }
 
     pub async fn report(&mut self, id: &str) -> Result<pb::Report> {

@@ -239,6 +239,22 @@ async fn job_life_from_submit_to_report() {
         .await
         .unwrap()
         .into_inner();
+    // Sent encoded, the same report.
+    let packed = jobs
+        .get_report_packed(GetReportRequest { job_id: id.clone() })
+        .await
+        .unwrap()
+        .into_inner()
+        .unpack()
+        .unwrap();
+    assert_eq!(packed, report);
+    let missing = jobs
+        .get_report_packed(GetReportRequest {
+            job_id: "no-such-job".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), tonic::Code::NotFound, "{missing:?}");
     // Every rank passed; the check taken at job start warns node-0, and only it.
     assert_eq!(report.verdict(), Verdict::Warn, "{report:?}");
     assert!(

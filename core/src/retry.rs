@@ -37,6 +37,7 @@ pub const IDEMPOTENT: &[&str] = &[
     "/gpuctl.v1.JobService/ListJobs",
     "/gpuctl.v1.JobService/CancelJob",
     "/gpuctl.v1.JobService/GetReport",
+    "/gpuctl.v1.JobService/GetReportPacked",
     "/gpuctl.v1.JobService/GetLogs",
     "/gpuctl.v1.JobService/ListNodes",
     "/gpuctl.v1.JobService/GetTelemetry",

@@ -6,7 +6,8 @@
 //! agree on (`VIEW_RANKS`), the codec every service and client uses (`codec`),
 //! what the generated types say of themselves (an enum's label, a plan's ranks
 //! by node), and the brief listing of nodes, a `NodeTable` of columns built and
-//! read back row by row (`listing`).
+//! read back row by row (`listing`), and a report sent encoded read back
+//! (`PackedReport::unpack`).
 //!
 //! The bounds on what one process accepts from another are checked against
 //! these messages in `gpuctl_core::limits`: their refusals are the job-spec
@@ -140,5 +141,12 @@ impl pb::NodeState {
             pb::NodeState::Busy => "busy",
             pb::NodeState::Lost => "lost",
         }
+    }
+}
+
+impl pb::PackedReport {
+    /// The report it carries (`GetReportPacked`).
+    pub fn unpack(self) -> Result<pb::Report, prost::DecodeError> {
+        <pb::Report as prost::Message>::decode(self.report)
     }
 }

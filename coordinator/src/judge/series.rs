@@ -399,6 +399,12 @@ impl Bucket {
     }
 }
 
+/// The slot of a bucket starting at `ms` in a series whose slot 0 starts at
+/// `origin`, `width` ms a slot.
+fn slot(ms: u64, origin: u64, width: u64) -> u64 {
+    ms.saturating_sub(origin) / width.max(1)
+}
+
 impl GpuSeries {
     /// An empty series with fresh (one-second) buckets.
     pub fn new(node: &str, index: u32, uuid: &str) -> GpuSeries {
@@ -420,34 +426,53 @@ impl GpuSeries {
     /// budget: [`buckets_per_gpu`]).
     pub fn add_within(&mut self, s: &GpuSample, t: u64, max_buckets: usize) {
         let b = Bucket::of(s, t);
-        let origin = self.buckets.first().map_or(t, |f| f.start_ms);
-        let slot = |ms: u64, width: u64| ms.saturating_sub(origin) / width.max(1);
-        match self.buckets.last_mut() {
-            // Late or same-slot samples join the newest bucket.
-            Some(last)
-                if t <= last.start_ms
-                    || slot(t, self.bucket_ms) == slot(last.start_ms, self.bucket_ms) =>
-            {
-                last.merge(&b)
+        let most = max_buckets.max(2);
+        let origin = self.origin(t);
+        let width = self.bucket_ms;
+        // Late or same-slot samples join the newest bucket.
+        let joins = self.buckets.last().is_some_and(|last| {
+            t <= last.start_ms || slot(t, origin, width) == slot(last.start_ms, origin, width)
+        });
+        if joins {
+            if let Some(last) = self.buckets.last_mut() {
+                last.merge(&b);
             }
-            _ => {
-                let len = self.buckets.len();
-                if len == self.buckets.capacity() {
-                    // Doubling, but never past what the series may hold
-                    // (a bucket is ~330 bytes, for every GPU of the job).
-                    let room = (max_buckets.max(2) + 1).saturating_sub(len);
-                    self.buckets.reserve_exact(len.max(4).min(room).max(1));
-                }
-                self.buckets.push(b)
+            self.fit(None, most);
+        } else if self.buckets.len() >= most {
+            self.fit(Some(b), most);
+        } else {
+            let len = self.buckets.len();
+            if len == self.buckets.capacity() {
+                // Doubling, but never past what the series may hold (a
+                // bucket is ~600 bytes in memory, for every GPU of the job).
+                self.buckets.reserve_exact(len.max(4).min(most - len));
             }
+            self.buckets.push(b);
         }
-        while self.buckets.len() > max_buckets.max(2) {
+    }
+
+    /// Where slot 0 starts: the first bucket's start, else `t`.
+    fn origin(&self, t: u64) -> u64 {
+        self.buckets.first().map_or(t, |f| f.start_ms)
+    }
+
+    /// The buckets and `fresh` (a bucket past the newest) merged pairwise,
+    /// the width doubled each time, until at most `most` are left. `fresh`
+    /// joins as they are merged, so that a series never holds room for a
+    /// bucket past its limit: at 131,072 GPUs one more each was ~80 MB.
+    fn fit(&mut self, mut fresh: Option<Bucket>, most: usize) {
+        let origin = self.origin(fresh.as_ref().map_or(0, |b| b.start_ms));
+        while fresh.is_some() || self.buckets.len() > most {
             self.bucket_ms *= 2;
             let width = self.bucket_ms;
-            let mut merged: Vec<Bucket> = Vec::with_capacity(self.buckets.len() / 2 + 1);
-            for b in self.buckets.drain(..) {
+            let mut merged: Vec<Bucket> = Vec::with_capacity(most);
+            for b in self.buckets.drain(..).chain(fresh.take()) {
                 match merged.last_mut() {
-                    Some(m) if slot(m.start_ms, width) == slot(b.start_ms, width) => m.merge(&b),
+                    Some(m)
+                        if slot(m.start_ms, origin, width) == slot(b.start_ms, origin, width) =>
+                    {
+                        m.merge(&b)
+                    }
                     _ => merged.push(b),
                 }
             }
@@ -546,5 +571,71 @@ mod budget_tests {
         assert!(per_bucket < 400, "{per_bucket} bytes per bucket");
         let job_bytes = per_bucket * JOB_BUCKETS;
         assert!(job_bytes < 64 << 20, "{job_bytes} bytes per job");
+    }
+
+    /// The series as it was made before it merged a full series' buckets
+    /// with the new one: pushed first (room for one past the limit), then
+    /// merged pairwise while too many.
+    fn pushed_then_merged(g: &mut GpuSeries, s: &GpuSample, t: u64, max: usize) {
+        let b = Bucket::of(s, t);
+        let origin = g.origin(t);
+        match g.buckets.last_mut() {
+            Some(last)
+                if t <= last.start_ms
+                    || slot(t, origin, g.bucket_ms) == slot(last.start_ms, origin, g.bucket_ms) =>
+            {
+                last.merge(&b)
+            }
+            _ => g.buckets.push(b),
+        }
+        while g.buckets.len() > max.max(2) {
+            g.bucket_ms *= 2;
+            let width = g.bucket_ms;
+            let mut merged: Vec<Bucket> = Vec::new();
+            for b in g.buckets.drain(..) {
+                match merged.last_mut() {
+                    Some(m)
+                        if slot(m.start_ms, origin, width) == slot(b.start_ms, origin, width) =>
+                    {
+                        m.merge(&b)
+                    }
+                    _ => merged.push(b),
+                }
+            }
+            g.buckets = merged;
+        }
+    }
+
+    #[test]
+    fn a_full_series_takes_a_bucket_as_before_without_room_past_its_limit() {
+        // Samples a second apart, with gaps, late ones, and a limit that
+        // shrinks as a job's GPUs join, as a big job's come.
+        let mut times = Vec::new();
+        let mut t = 1_000_000u64;
+        for i in 0..700u64 {
+            t += match i % 13 {
+                0 => 7_000,
+                5 => 0,
+                _ => 1_000,
+            };
+            let late = if i % 17 == 0 { t - 2_500 } else { t };
+            times.push((late, if i < 300 { 24 } else { MIN_BUCKETS }));
+        }
+        let (mut now, mut before) = (
+            GpuSeries::new("n", 3, "GPU-x"),
+            GpuSeries::new("n", 3, "GPU-x"),
+        );
+        for (t, max) in times {
+            now.add_within(&busy(t), t, max);
+            pushed_then_merged(&mut before, &busy(t), t, max);
+            assert_eq!(now.buckets, before.buckets, "at {t}");
+            assert_eq!(now.bucket_ms, before.bucket_ms, "at {t}");
+            assert!(
+                now.buckets.capacity() <= max,
+                "{} at {t}",
+                now.buckets.capacity()
+            );
+        }
+        assert_eq!(now.totals().n, 700);
     }
 }

@@ -11,8 +11,8 @@ use gpuctl_proto::pb::{
     GetJobRequest, GetLogsRequest, GetLogsResponse, GetReportRequest, GetSuiteRequest,
     GetTelemetryRequest, GetTelemetryResponse, GetTimelineRequest, Job, ListBaselinesRequest,
     ListBaselinesResponse, ListJobsRequest, ListJobsResponse, ListNodesRequest, ListNodesResponse,
-    Node, Plan, PlanRequest, RemoveNodeRequest, Report, SaveBaselineRequest, SubmitRequest,
-    SubmitSuiteRequest, Suite, Timeline,
+    Node, PackedReport, Plan, PlanRequest, RemoveNodeRequest, Report, SaveBaselineRequest,
+    SubmitRequest, SubmitSuiteRequest, Suite, Timeline,
 };
 use gpuctl_proto::pb::{
     CertKey, CertResponse, GetCertKeyRequest, GetCertRequest, ListCertsRequest, ListCertsResponse,
@@ -158,6 +158,24 @@ impl JobService for JobSvc {
         .await
         .map_err(|e| Status::internal(format!("cutting the report to size: {e}")))?;
         Ok(Response::new(report))
+    }
+
+    async fn get_report_packed(
+        &self,
+        req: Request<GetReportRequest>,
+    ) -> Result<Response<PackedReport>, Status> {
+        self.security.allow(&req, Role::Read)?;
+        let job_id = req.into_inner().job_id;
+        let report = self
+            .sched
+            .ask(|reply| Query::GetReport { job_id, reply })
+            .await??;
+        let report = tokio::task::spawn_blocking(move || {
+            crate::judge::thin::packed(report, gpuctl_core::server::MAX_MESSAGE_BYTES)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("encoding the report: {e}")))?;
+        Ok(Response::new(PackedReport { report }))
     }
 
     async fn get_logs(

@@ -357,8 +357,8 @@ pub async fn run(cfg: &FailoverConfig, dir: PathBuf) -> Result<FailoverReport> {
         let req = GetReportRequest {
             job_id: job.id.clone(),
         };
-        match jobs_b.get_report(req).await {
-            Ok(r) => break r.into_inner(),
+        match jobs_b.get_report_packed(req).await {
+            Ok(r) => break r.into_inner().unpack()?,
             Err(e) if killed.elapsed() > deadline => {
                 bail!("no report for {}: {}", job.id, e.message())
             }

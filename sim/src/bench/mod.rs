@@ -239,12 +239,12 @@ async fn one_job(
     };
     let report: Report = loop {
         match jobs
-            .get_report(GetReportRequest {
+            .get_report_packed(GetReportRequest {
                 job_id: job.id.clone(),
             })
             .await
         {
-            Ok(r) => break r.into_inner(),
+            Ok(r) => break r.into_inner().unpack()?,
             // Not stored yet; a report that never comes is an error, named.
             Err(e) if submitted.elapsed() > report_limit(&job) => {
                 bail!("no report for {} ({}): {}", job.id, e.code(), e.message())

@@ -163,12 +163,12 @@ pub async fn run(cfg: &SearchFleetConfig, dir: PathBuf) -> Result<SearchFleetRep
     let report: Report = loop {
         rss.sample(pid);
         match jobs
-            .get_report(GetReportRequest {
+            .get_report_packed(GetReportRequest {
                 job_id: job.id.clone(),
             })
             .await
         {
-            Ok(r) => break r.into_inner(),
+            Ok(r) => break r.into_inner().unpack()?,
             Err(e) if t.elapsed() > limit => {
                 bail!("no report for {} ({}): {}", job.id, e.code(), e.message())
             }
