@@ -538,8 +538,12 @@ async fn a_thousand_random_and_mutated_messages_break_nothing() {
                     .await
                     .map(|_| ())
                 }
-                7 => jobs
+                7 if g.rng.bool() => jobs
                     .get_report(GetReportRequest { job_id: g.string() })
+                    .await
+                    .map(|_| ()),
+                7 => jobs
+                    .get_report_packed(GetReportRequest { job_id: g.string() })
                     .await
                     .map(|_| ()),
                 8 => jobs

@@ -24,19 +24,32 @@ fn cut_timelines(rank: &mut RankReport) {
 /// ranks): says so, and leaves out the results of the ranks that passed
 /// if it still does not fit.
 fn cut_passed(report: &mut Report, before: usize, n: usize, max_bytes: usize) {
+    let passed_too = !fits(report.encoded_len(), max_bytes);
+    if passed_too {
+        for rank in report.nodes.iter_mut().flat_map(|n| &mut n.ranks) {
+            leave_out_if_passed(rank);
+        }
+    }
+    report.notes.push(cut_note(before, n, passed_too));
+}
+
+/// The second step: a passed rank's result left out.
+fn leave_out_if_passed(rank: &mut RankReport) {
+    if rank.verdict() == Verdict::Pass {
+        rank.result = None;
+    }
+}
+
+/// The note a cut report carries.
+fn cut_note(before: usize, n: usize, passed_too: bool) -> String {
     let mut note = format!(
         "the report of {n} ranks was too big to send whole ({} MB): per-rank timelines cut to their ends",
         before / 1_000_000
     );
-    if !fits(report.encoded_len(), max_bytes) {
-        for rank in report.nodes.iter_mut().flat_map(|n| &mut n.ranks) {
-            if rank.verdict() == Verdict::Pass {
-                rank.result = None;
-            }
-        }
+    if passed_too {
         note += "; the results of ranks that passed left out too";
     }
-    report.notes.push(note);
+    note
 }
 
 /// A report small enough to send in one message of `max_bytes`: past it,
@@ -101,11 +114,47 @@ pub fn to_send(report: Arc<Report>, max_bytes: usize) -> Report {
 /// a report that fits is encoded from the shared one, never copied (at
 /// 131,072 ranks the copy was ~250 MB per caller, the encoding ~28 MB).
 pub fn packed(report: Arc<Report>, max_bytes: usize) -> prost::bytes::Bytes {
-    if fits(report.encoded_len(), max_bytes) {
+    let before = report.encoded_len();
+    if fits(before, max_bytes) {
         return report.encode_to_vec().into();
     }
-    to_send(report, max_bytes).encode_to_vec().into()
+    // Cut node by node as it is encoded: the cut copy of a 65,536-rank
+    // report was 97 MB at a job's end (heap profile, docs/benchmarks.md).
+    let n: usize = report.nodes.iter().map(|n| n.ranks.len()).sum();
+    let cut = |node: &NodeReport, passed_too: bool| {
+        let mut copy = without_ranks(node);
+        copy.ranks = node
+            .ranks
+            .iter()
+            .map(|r| {
+                let mut r = r.clone();
+                cut_timelines(&mut r);
+                if passed_too {
+                    leave_out_if_passed(&mut r);
+                }
+                r
+            })
+            .collect();
+        copy
+    };
+    let mut head = without_nodes(&report);
+    let nodes = |passed_too| -> usize {
+        let of = |node| prost::encoding::message::encoded_len(NODES_TAG, &cut(node, passed_too));
+        report.nodes.iter().map(of).sum()
+    };
+    let passed_too = !fits(head.encoded_len() + nodes(false), max_bytes);
+    head.notes.push(cut_note(before, n, passed_too));
+    let mut out = Vec::with_capacity(head.encoded_len() + nodes(passed_too));
+    head.encode_raw(&mut out);
+    for node in &report.nodes {
+        prost::encoding::message::encode(NODES_TAG, &cut(node, passed_too), &mut out);
+    }
+    out.into()
 }
+
+/// `Report.nodes`' field number (`gpuctl.proto`): [`packed`] encodes the
+/// nodes one by one after the report's other fields.
+const NODES_TAG: u32 = 9;
 
 /// A copy of `node` without its ranks. Every field is named, so that a
 /// field added to the message is decided on here.
