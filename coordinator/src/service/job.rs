@@ -63,6 +63,25 @@ impl JobSvc {
             certs,
         }
     }
+
+    /// The report `req` asks for, shared, made ready to send by `ready` on
+    /// a blocking thread: tens of thousands of ranks can outgrow one gRPC
+    /// message, and cutting or encoding such a report takes a while.
+    async fn report_as<T: Send + 'static>(
+        &self,
+        req: Request<GetReportRequest>,
+        ready: fn(Arc<Report>, usize) -> T,
+    ) -> Result<T, Status> {
+        self.security.allow(&req, Role::Read)?;
+        let job_id = req.into_inner().job_id;
+        let report = self
+            .sched
+            .ask(|reply| Query::GetReport { job_id, reply })
+            .await??;
+        tokio::task::spawn_blocking(move || ready(report, gpuctl_core::server::MAX_MESSAGE_BYTES))
+            .await
+            .map_err(|e| Status::internal(format!("making the report ready to send: {e}")))
+    }
 }
 
 #[tonic::async_trait]
@@ -145,18 +164,7 @@ impl JobService for JobSvc {
     }
 
     async fn get_report(&self, req: Request<GetReportRequest>) -> Result<Response<Report>, Status> {
-        self.security.allow(&req, Role::Read)?;
-        let job_id = req.into_inner().job_id;
-        let report = self
-            .sched
-            .ask(|reply| Query::GetReport { job_id, reply })
-            .await??;
-        // Tens of thousands of ranks can outgrow one gRPC message.
-        let report = tokio::task::spawn_blocking(move || {
-            crate::judge::thin::to_send(report, gpuctl_core::server::MAX_MESSAGE_BYTES)
-        })
-        .await
-        .map_err(|e| Status::internal(format!("cutting the report to size: {e}")))?;
+        let report = self.report_as(req, crate::judge::thin::to_send).await?;
         Ok(Response::new(report))
     }
 
@@ -164,17 +172,7 @@ impl JobService for JobSvc {
         &self,
         req: Request<GetReportRequest>,
     ) -> Result<Response<PackedReport>, Status> {
-        self.security.allow(&req, Role::Read)?;
-        let job_id = req.into_inner().job_id;
-        let report = self
-            .sched
-            .ask(|reply| Query::GetReport { job_id, reply })
-            .await??;
-        let report = tokio::task::spawn_blocking(move || {
-            crate::judge::thin::packed(report, gpuctl_core::server::MAX_MESSAGE_BYTES)
-        })
-        .await
-        .map_err(|e| Status::internal(format!("encoding the report: {e}")))?;
+        let report = self.report_as(req, crate::judge::thin::packed).await?;
         Ok(Response::new(PackedReport { report }))
     }
 
