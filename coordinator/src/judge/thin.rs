@@ -62,7 +62,7 @@ pub fn report_to_send(report: &mut Report, max_bytes: usize) -> bool {
     if fits(before, max_bytes) {
         return false;
     }
-    let n: usize = report.nodes.iter().map(|n| n.ranks.len()).sum();
+    let n = ranks(report);
     report
         .nodes
         .iter_mut()
@@ -90,24 +90,34 @@ pub fn to_send(report: Arc<Report>, max_bytes: usize) -> Report {
     if fits(before, max_bytes) {
         return Report::clone(&report);
     }
-    let n: usize = report.nodes.iter().map(|n| n.ranks.len()).sum();
     let mut out = without_nodes(&report);
-    for node in &report.nodes {
-        let ranks = node
-            .ranks
-            .iter()
-            .map(|r| {
-                let mut r = r.clone();
-                cut_timelines(&mut r);
-                r
-            })
-            .collect();
-        let mut copy = without_ranks(node);
-        copy.ranks = ranks;
-        out.nodes.push(copy);
-    }
-    cut_passed(&mut out, before, n, max_bytes);
+    out.nodes = report.nodes.iter().map(|n| cut_node(n, false)).collect();
+    cut_passed(&mut out, before, ranks(&report), max_bytes);
     out
+}
+
+/// How many ranks `report` holds.
+fn ranks(report: &Report) -> usize {
+    report.nodes.iter().map(|n| n.ranks.len()).sum()
+}
+
+/// A copy of `node` with each rank's timelines cut as it is copied, and,
+/// with `passed_too`, the results of its passed ranks left out.
+fn cut_node(node: &NodeReport, passed_too: bool) -> NodeReport {
+    let mut copy = without_ranks(node);
+    copy.ranks = node
+        .ranks
+        .iter()
+        .map(|r| {
+            let mut r = r.clone();
+            cut_timelines(&mut r);
+            if passed_too {
+                leave_out_if_passed(&mut r);
+            }
+            r
+        })
+        .collect();
+    copy
 }
 
 /// `report` encoded as [`to_send`] would send it, for `GetReportPacked`:
@@ -120,34 +130,21 @@ pub fn packed(report: Arc<Report>, max_bytes: usize) -> prost::bytes::Bytes {
     }
     // Cut node by node as it is encoded: the cut copy of a 65,536-rank
     // report was 97 MB at a job's end (heap profile, docs/benchmarks.md).
-    let n: usize = report.nodes.iter().map(|n| n.ranks.len()).sum();
-    let cut = |node: &NodeReport, passed_too: bool| {
-        let mut copy = without_ranks(node);
-        copy.ranks = node
-            .ranks
-            .iter()
-            .map(|r| {
-                let mut r = r.clone();
-                cut_timelines(&mut r);
-                if passed_too {
-                    leave_out_if_passed(&mut r);
-                }
-                r
-            })
-            .collect();
-        copy
-    };
     let mut head = without_nodes(&report);
-    let nodes = |passed_too| -> usize {
-        let of = |node| prost::encoding::message::encoded_len(NODES_TAG, &cut(node, passed_too));
-        report.nodes.iter().map(of).sum()
-    };
-    let passed_too = !fits(head.encoded_len() + nodes(false), max_bytes);
-    head.notes.push(cut_note(before, n, passed_too));
-    let mut out = Vec::with_capacity(head.encoded_len() + nodes(passed_too));
+    let cut_len: usize = report
+        .nodes
+        .iter()
+        .map(|node| prost::encoding::message::encoded_len(NODES_TAG, &cut_node(node, false)))
+        .sum::<usize>()
+        + head.encoded_len();
+    let passed_too = !fits(cut_len, max_bytes);
+    head.notes
+        .push(cut_note(before, ranks(&report), passed_too));
+    // The first cut's size bounds the second's; neither is sized again.
+    let mut out = Vec::with_capacity(cut_len.min(max_bytes) + 4096);
     head.encode_raw(&mut out);
     for node in &report.nodes {
-        prost::encoding::message::encode(NODES_TAG, &cut(node, passed_too), &mut out);
+        prost::encoding::message::encode(NODES_TAG, &cut_node(node, passed_too), &mut out);
     }
     out.into()
 }
