@@ -3,12 +3,13 @@
 
 use std::sync::Arc;
 
-use gpuctl_proto::pb::{ListNodesRequest, ListNodesResponse, Node, NodeTable};
+use gpuctl_proto::pb::{Job, ListNodesRequest, ListNodesResponse, Node, NodeTable};
 use tokio::sync::{mpsc, oneshot};
 use tracing::debug;
 
 use super::background;
 use super::events::{Event, Lane, Listing, Query, Reply};
+use super::listing;
 use crate::error::CoordinatorError;
 use gpuctl_core::clock::Clock;
 
@@ -26,7 +27,9 @@ pub struct SchedulerHandle {
     /// Where every service counts what a node may not say.
     pub(super) refusals: crate::refusals::Refusals,
     /// `gpuctl nodes`' table, kept beside the scheduler (`listing.rs`).
-    pub(super) listing: Arc<super::listing::NodeListing>,
+    pub(super) listing: Arc<listing::NodeListing>,
+    /// `gpuctl jobs`' list, kept beside the scheduler (`listing.rs`).
+    pub(super) job_listing: Arc<listing::JobListing>,
 }
 
 impl SchedulerHandle {
@@ -40,6 +43,23 @@ impl SchedulerHandle {
             .await
             .map_err(|_| CoordinatorError::ShuttingDown)?;
         rx.await.map_err(|_| CoordinatorError::ShuttingDown)
+    }
+
+    /// The newest `limit` jobs (0: all), oldest first, as `ListJobs`
+    /// answers: from the list the scheduler keeps made, unless a job
+    /// changed since (then the scheduler answers, after the change).
+    pub async fn list_jobs(&self, limit: u32) -> Result<Vec<Job>, CoordinatorError> {
+        let now = self.clock.now_ms();
+        match self.job_listing.current(now) {
+            Some(jobs) => {
+                let skip = match limit as usize {
+                    0 => 0,
+                    n => jobs.len().saturating_sub(n),
+                };
+                Ok(jobs[skip..].to_vec())
+            }
+            None => self.ask(|reply| Query::ListJobs { limit, reply }).await,
+        }
     }
 
     /// Every node, each whole or as `gpuctl nodes` shows it (`brief`);

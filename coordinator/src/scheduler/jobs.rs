@@ -172,6 +172,7 @@ impl Scheduler {
         self.job_seq = seq;
         self.counts.submitted += 1;
         info!(job = %id, workload = %job.spec.as_ref().map(|s| s.workload.as_str()).unwrap_or(""), "job submitted");
+        self.job_listing.changed();
         self.jobs.insert(
             id.clone(),
             JobEntry {
@@ -266,6 +267,7 @@ impl Scheduler {
         };
         entry.job.set_state(running);
         entry.job.started_unix_ms = now;
+        self.job_listing.changed();
         // The assignments need no preflight checks (one or more per node).
         let checks = std::mem::take(&mut plan.checks);
         let to_assign = plan.clone();
@@ -405,6 +407,7 @@ impl Scheduler {
         entry.job.set_state(state);
         entry.job.message = message.clone();
         entry.job.finished_unix_ms = now;
+        self.job_listing.changed();
         if prebuilt.is_none() {
             entry.job.results_in = entry.results.len() as u32;
         }

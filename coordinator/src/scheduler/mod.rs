@@ -86,7 +86,7 @@ pub use events::{
     AgentEvent, Event, JobEvent, Query, RankEvent, Reply, ReportEvent, SessionTx, SuiteEvent,
 };
 pub use handle::SchedulerHandle;
-use listing::NodeListing;
+use listing::{JobListing, NodeListing};
 use snapshot::Counts;
 pub use snapshot::Snapshot;
 use state::{JobEntry, NodeEntry};
@@ -144,6 +144,8 @@ pub struct Scheduler {
     nodes: BTreeMap<String, NodeEntry>,
     /// `gpuctl nodes`' table, kept for readers (`listing.rs`).
     listing: Arc<NodeListing>,
+    /// `gpuctl jobs`' list, kept for readers (`listing.rs`).
+    job_listing: Arc<JobListing>,
     /// What the nodes keep, against their budgets (`budget.rs`).
     budget: budget::Budget,
     jobs: BTreeMap<String, JobEntry>,
@@ -259,7 +261,7 @@ impl Scheduler {
         }
         let mut batch = Batch::default();
         let mut nodes = BTreeMap::new();
-        let listing = Arc::new(NodeListing::default());
+        let listing = Arc::new(NodeListing::new(listing::NODES));
         let now = cfg.clock.now_ms();
         for node in store.nodes().await? {
             let job = running_on.get(&node.name).cloned().unwrap_or_default();
@@ -307,6 +309,7 @@ impl Scheduler {
             logs,
             nodes,
             listing,
+            job_listing: Arc::new(JobListing::new(listing::JOBS)),
             budget: budget::Budget::default(),
             jobs,
             job_seq,
@@ -371,7 +374,7 @@ impl Scheduler {
         // at 4,096 nodes: no gain told apart from run-to-run spread.
         let clock = self.cfg.clock.clone();
         let refusals = self.cfg.refusals.clone();
-        let listing = self.listing.clone();
+        let (listing, job_listing) = (self.listing.clone(), self.job_listing.clone());
         let task = on.spawn(self.run(rx, people_rx, shutdown));
         (
             SchedulerHandle {
@@ -380,6 +383,7 @@ impl Scheduler {
                 clock,
                 refusals,
                 listing,
+                job_listing,
             },
             task,
         )
@@ -448,6 +452,9 @@ impl Scheduler {
         if may_start {
             self.start_pending().await;
         }
+        #[cfg(test)]
+        self.job_list_is_current_or_not_kept();
+        self.keep_listings();
     }
 
     async fn tick(&mut self) {

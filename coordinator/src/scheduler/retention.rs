@@ -30,6 +30,7 @@ impl Scheduler {
         if doomed.is_empty() {
             return None;
         }
+        self.job_listing.changed();
         for id in &doomed {
             if let Some(entry) = self.jobs.remove(id) {
                 drop_later(entry);

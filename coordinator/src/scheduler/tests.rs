@@ -61,6 +61,10 @@ impl Fixture {
         let sched = Scheduler::load(cfg, store, Rendezvous::default(), logs)
             .await
             .unwrap();
+        // Read from the start, so that every test's events keep both
+        // listings made and check the job list's ([`Scheduler::dispatch`]).
+        sched.listing.current(T0);
+        sched.job_listing.current(T0);
         Fixture {
             sched,
             clock,
@@ -193,6 +197,24 @@ impl Fixture {
     async fn tick_at(&mut self, at: u64) {
         self.clock.set(at);
         self.sched.dispatch(Event::Tick).await;
+    }
+}
+
+impl Scheduler {
+    /// Every test's events check that a kept job list still counted as
+    /// current lists the jobs as they are (but for a running job's count of
+    /// results): a change no one counted would show callers an old list.
+    pub(super) fn job_list_is_current_or_not_kept(&self) {
+        let Some(kept) = self.job_listing.current(0) else {
+            return;
+        };
+        let uncounted = |mut j: gpuctl_proto::pb::Job| {
+            j.results_in = 0;
+            j
+        };
+        let kept: Vec<_> = kept.iter().cloned().map(uncounted).collect();
+        let now: Vec<_> = self.list_jobs(0).into_iter().map(uncounted).collect();
+        assert_eq!(kept, now, "a job changed uncounted (listing.rs)");
     }
 }
 
@@ -441,6 +463,52 @@ async fn a_growing_fleet_tells_every_session_its_pace_at_each_doubling() {
     assert_eq!(told[..2], vec![vec![(2_000, 2_000)]; 2]);
 }
 
+/// `gpuctl jobs`' list as the scheduler keeps it made: (id, state, results).
+fn jobs_kept(f: &Fixture) -> Option<Vec<(String, JobState, u32)>> {
+    let kept = f.sched.job_listing.current(f.clock.now_ms())?;
+    Some(
+        kept.iter()
+            .map(|j| (j.id.clone(), j.state(), j.results_in))
+            .collect(),
+    )
+}
+
+#[tokio::test]
+async fn the_job_list_is_kept_made_after_each_change_and_while_a_job_runs() {
+    let mut f = Fixture::new(Duration::from_secs(3_600)).await;
+    f.join("n1").await;
+    assert_eq!(jobs_kept(&f), Some(vec![]), "made after the first event");
+    // Submitted on the task, before the next event ends: not current.
+    let id = f.submit(stress(60_000, 0)).await;
+    assert_eq!(jobs_kept(&f), None, "the scheduler answers");
+    f.beat("n1").await;
+    let running = |results| Some(vec![(id.clone(), JobState::Running, results)]);
+    assert_eq!(jobs_kept(&f), running(0));
+    // A result is not a listed change: shown once the list is made again.
+    f.result(&id, 0).await;
+    assert_eq!(jobs_kept(&f), running(0));
+    f.clock
+        .advance(Duration::from_millis(listing::JOBS.redo_ms));
+    f.beat("n1").await;
+    assert_eq!(jobs_kept(&f), running(1));
+    // Its end is listed by the event that ended it (while someone reads).
+    let overdue = T0 + 60_000 + DEADLINE_GRACE_MS + 1;
+    f.clock.set(overdue);
+    assert_eq!(jobs_kept(&f), None, "older than its results may be");
+    f.tick_at(overdue).await;
+    let kept = jobs_kept(&f).expect("made by the tick");
+    assert_eq!((kept.len(), kept[0].1), (1, JobState::Failed));
+    // Nothing moves in a list of ended jobs: it stays made, and current.
+    let made = f.sched.job_listing.current(0).unwrap();
+    f.clock.advance(Duration::from_secs(60));
+    f.beat("n1").await;
+    let again = jobs_kept(&f).and(f.sched.job_listing.current(0));
+    assert!(
+        again.is_some_and(|a| Arc::ptr_eq(&made, &a)),
+        "not made again"
+    );
+}
+
 /// `gpuctl nodes`' brief table, built on the task as a listing asks.
 async fn listed(f: &mut Fixture) -> Arc<gpuctl_proto::pb::NodeTable> {
     let (reply, answer) = oneshot::channel();
@@ -475,10 +543,15 @@ async fn the_kept_node_table_is_current_until_a_node_changes_what_it_lists() {
         (t.row(0).state, t.row(0).job),
         (NodeState::Busy, job.as_str())
     );
-    // And the node's loss.
+    // The node's loss: the tick that lost it made the table again, since
+    // people read it.
     f.tick_at(T0 + 400 + 15_001).await;
-    assert!(f.sched.listing.current(f.clock.now_ms()).is_none());
-    assert_eq!(listed(&mut f).await.row(0).state, NodeState::Lost);
+    let t = f
+        .sched
+        .listing
+        .current(f.clock.now_ms())
+        .expect("made again");
+    assert_eq!(t.row(0).state, NodeState::Lost);
 }
 
 /// A redb store whose commits of a job's record wait while it is closed,

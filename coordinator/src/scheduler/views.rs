@@ -55,6 +55,29 @@ impl Scheduler {
         }
     }
 
+    /// The listings kept for readers made again when due (`listing.rs`):
+    /// after an event that changed what they list, and while part of them
+    /// moves (heartbeats, a running job's results), for as long as people
+    /// read them. A job's start or end then answers `gpuctl nodes` and
+    /// `gpuctl jobs` at once, not after the task got through its fleet.
+    pub(super) fn keep_listings(&self) {
+        let now = self.cfg.clock.now_ms();
+        if self.job_listing.due(now) {
+            let jobs = self.list_jobs(0);
+            let moving = jobs.iter().any(|j| !j.state().is_terminal());
+            self.job_listing
+                .keep(std::sync::Arc::new(jobs), now, moving);
+        }
+        if self.listing.due(now) {
+            let t = table(
+                self.nodes
+                    .values()
+                    .map(|e| (e.node.as_ref(), e.fixed.as_ref())),
+            );
+            self.listing.keep(std::sync::Arc::new(t), now, true);
+        }
+    }
+
     /// `ListNodes`: a brief listing's table is built here, from the nodes
     /// in place, and kept for readers who come before a node changes
     /// (`listing.rs`). Built by the
@@ -73,7 +96,7 @@ impl Scheduler {
             }
             let t = table(nodes.map(|e| (e.node.as_ref(), e.fixed.as_ref())));
             let t = std::sync::Arc::new(t);
-            self.listing.keep(t.clone(), self.cfg.clock.now_ms());
+            self.listing.keep(t.clone(), self.cfg.clock.now_ms(), true);
             Listing::Table(t)
         } else {
             Listing::Nodes(nodes.map(|e| e.node.clone()).collect())

@@ -131,10 +131,7 @@ impl JobService for JobSvc {
     ) -> Result<Response<ListJobsResponse>, Status> {
         self.security.allow(&req, Role::Read)?;
         let limit = req.into_inner().limit;
-        let jobs = self
-            .sched
-            .ask(|reply| Query::ListJobs { limit, reply })
-            .await?;
+        let jobs = self.sched.list_jobs(limit).await?;
         Ok(Response::new(ListJobsResponse { jobs }))
     }
 
