@@ -30,6 +30,8 @@ pub struct SchedulerHandle {
     pub(super) listing: Arc<listing::NodeListing>,
     /// `gpuctl jobs`' list, kept beside the scheduler (`listing.rs`).
     pub(super) job_listing: Arc<listing::JobListing>,
+    /// Big jobs' views people read, kept beside it (`kept_view.rs`).
+    pub(super) views: Arc<super::kept_view::KeptViews>,
 }
 
 impl SchedulerHandle {
@@ -43,6 +45,25 @@ impl SchedulerHandle {
             .await
             .map_err(|_| CoordinatorError::ShuttingDown)?;
         rx.await.map_err(|_| CoordinatorError::ShuttingDown)
+    }
+
+    /// Job `job_id`, bounded to `max_ranks` ranks (0: whole), as `GetJob`
+    /// answers: a big job's view people read is kept made beside the
+    /// scheduler (`kept_view.rs`); any other, or one a job change since
+    /// made old, the scheduler answers.
+    pub async fn get_job(&self, job_id: String, max_ranks: u32) -> Result<Job, CoordinatorError> {
+        if max_ranks > 1 {
+            let (now, changes) = (self.clock.now_ms(), self.job_listing.changes());
+            if let Some(v) = self.views.current(&job_id, max_ranks, now, changes) {
+                return Ok(v);
+            }
+        }
+        self.ask(|reply| Query::GetJob {
+            job_id,
+            max_ranks,
+            reply,
+        })
+        .await?
     }
 
     /// The newest `limit` jobs (0: all), oldest first, as `ListJobs`

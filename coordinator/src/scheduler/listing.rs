@@ -97,6 +97,11 @@ impl<T> Listing<T> {
         self.changes.fetch_add(1, Ordering::AcqRel);
     }
 
+    /// Listed changes counted so far.
+    pub fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
+    }
+
     /// Counts a change when `listed`, as [`Listing::changed`].
     pub fn changed_if(&self, listed: bool) {
         if listed {

@@ -146,6 +146,8 @@ pub struct Scheduler {
     listing: Arc<NodeListing>,
     /// `gpuctl jobs`' list, kept for readers (`listing.rs`).
     job_listing: Arc<JobListing>,
+    /// Big jobs' views people read, kept beside it (`kept_view.rs`).
+    views: Arc<kept_view::KeptViews>,
     /// What the nodes keep, against their budgets (`budget.rs`).
     budget: budget::Budget,
     jobs: BTreeMap<String, JobEntry>,
@@ -310,6 +312,7 @@ impl Scheduler {
             nodes,
             listing,
             job_listing: Arc::new(JobListing::new(listing::JOBS)),
+            views: Arc::default(),
             budget: budget::Budget::default(),
             jobs,
             job_seq,
@@ -375,6 +378,7 @@ impl Scheduler {
         let clock = self.cfg.clock.clone();
         let refusals = self.cfg.refusals.clone();
         let (listing, job_listing) = (self.listing.clone(), self.job_listing.clone());
+        let views = self.views.clone();
         let task = on.spawn(self.run(rx, people_rx, shutdown));
         (
             SchedulerHandle {
@@ -384,6 +388,7 @@ impl Scheduler {
                 refusals,
                 listing,
                 job_listing,
+                views,
             },
             task,
         )

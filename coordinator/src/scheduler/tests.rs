@@ -18,18 +18,18 @@ use super::*;
 use crate::store::RedbStore;
 
 /// Some Unix time, in ms.
-const T0: u64 = 1_700_000_000_000;
+pub(super) const T0: u64 = 1_700_000_000_000;
 
-struct Fixture {
-    sched: Scheduler,
-    clock: Clock,
+pub(super) struct Fixture {
+    pub(super) sched: Scheduler,
+    pub(super) clock: Clock,
     /// The agents' ends of their sessions, kept open.
     sessions: Vec<UnboundedReceiver<Box<CoordinatorMessage>>>,
     _dir: tempfile::TempDir,
 }
 
 impl Fixture {
-    async fn new(node_timeout: Duration) -> Fixture {
+    pub(super) async fn new(node_timeout: Duration) -> Fixture {
         let dir = tempfile::tempdir().unwrap();
         let raw = RedbStore::open(&dir.path().join("state.redb")).unwrap();
         Fixture::on(node_timeout, Arc::new(raw), dir).await
@@ -75,7 +75,7 @@ impl Fixture {
 
     /// Registers a CPU node with two ranks and opens its session (id 1),
     /// as its agent would.
-    async fn join(&mut self, name: &str) {
+    pub(super) async fn join(&mut self, name: &str) {
         let req = RegisterRequest {
             protocol_version: gpuctl_proto::PROTOCOL_VERSION,
             name: name.into(),
@@ -118,7 +118,7 @@ impl Fixture {
         self.sessions.push(rx);
     }
 
-    async fn beat(&mut self, name: &str) {
+    pub(super) async fn beat(&mut self, name: &str) {
         let hb = AgentEvent::Heartbeat {
             node: name.into(),
             session: 1,

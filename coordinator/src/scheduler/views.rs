@@ -55,7 +55,8 @@ impl Scheduler {
         }
     }
 
-    /// The listings kept for readers made again when due (`listing.rs`):
+    /// The listings kept for readers made again when due (`listing.rs`,
+    /// `kept_view.rs`):
     /// after an event that changed what they list, and while part of them
     /// moves (heartbeats, a running job's results), for as long as people
     /// read them. A job's start or end then answers `gpuctl nodes` and
@@ -76,6 +77,7 @@ impl Scheduler {
             );
             self.listing.keep(std::sync::Arc::new(t), now, true);
         }
+        self.keep_views(now);
     }
 
     /// `ListNodes`: a brief listing's table is built here, from the nodes

@@ -114,15 +114,7 @@ impl JobService for JobSvc {
     async fn get_job(&self, req: Request<GetJobRequest>) -> Result<Response<Job>, Status> {
         self.security.allow(&req, Role::Read)?;
         let GetJobRequest { job_id, max_ranks } = req.into_inner();
-        Ok(Response::new(
-            self.sched
-                .ask(|reply| Query::GetJob {
-                    job_id,
-                    max_ranks,
-                    reply,
-                })
-                .await??,
-        ))
+        Ok(Response::new(self.sched.get_job(job_id, max_ranks).await?))
     }
 
     async fn list_jobs(
