@@ -528,6 +528,9 @@ async fn packed_pages_carry_what_brief_pages_carry() {
     s.write(Batch::default().run(&varied("node-03", 6)))
         .await
         .unwrap();
+    // Asked for packed before: packed as it is made, before anyone asks.
+    let made = view.current().await.unwrap();
+    assert!(made.packed.get().is_some(), "packed with the update");
     let after = listing(&view, true, MAX_LIST_PAGE as u32).await;
     let row = after[0].0.iter().find(|r| r.node == "node-03").unwrap();
     assert_eq!((row.runs, row.last_job.as_str()), (6, "job-000006"));

@@ -55,12 +55,12 @@ impl Scheduler {
         }
     }
 
-    /// The listings kept for readers made again when due (`listing.rs`,
-    /// `kept_view.rs`):
-    /// after an event that changed what they list, and while part of them
-    /// moves (heartbeats, a running job's results), for as long as people
-    /// read them. A job's start or end then answers `gpuctl nodes` and
-    /// `gpuctl jobs` at once, not after the task got through its fleet.
+    /// The listings and views kept for readers made again when due
+    /// (`listing.rs`, `kept_view.rs`): after an event that changed what
+    /// they show, and while part of it moves (heartbeats, a running job's
+    /// results), for as long as people read them. A job's start or end
+    /// then answers `gpuctl nodes`, `jobs` and `status` at once, not after
+    /// the task got through its fleet.
     pub(super) fn keep_listings(&self) {
         let now = self.cfg.clock.now_ms();
         if self.job_listing.due(now) {
