@@ -14,9 +14,10 @@
 //! results); a kept listing shows it at most its freshness old, after which
 //! the next caller asks the scheduler again.
 //!
-//! The node table is built when a caller asks for it; the job list is made
-//! again by the scheduler after any event that changed it
-//! ([`Listing::due`]), so a caller finds it current even at a job's end.
+//! Both are made again by the scheduler at the end of an event that
+//! changed them, and while what they list moves ([`Listing::due`]), as long
+//! as someone asked for them within [`WANTED_MS`], so a caller finds them
+//! current even at a job's end.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
