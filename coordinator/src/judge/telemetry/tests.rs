@@ -227,6 +227,61 @@ fn long_runs_downsample_without_losing_the_summary() {
     assert!(f.iter().any(|x| x.rule == "pcie_replay" && x.node == "n3"));
 }
 
+/// A bucket holds its counters' last set only where one moved, and
+/// counts throttle bits only up to the highest seen under load (issue 51:
+/// memory at 131,072 GPUs); what a summary reads of them is as before.
+#[test]
+fn buckets_keep_what_moved_and_read_as_before() {
+    let mut g = GpuSeries::new("n0", 1, "GPU-1");
+    let (mut power_capped, mut thermal) = (0, 0);
+    for sec in 0..40u64 {
+        let mut s = sample(1_000_000 + sec * 1_000, 99.0, 0, vec![]);
+        s.sw_thermal_slowdown_ns = Some(0);
+        // Counters move in the last ten seconds only.
+        if sec >= 30 {
+            s.ecc_corrected = sec - 29;
+            s.sw_thermal_slowdown_ns = Some((sec - 29) * 1_000_000);
+        }
+        s.throttle_reasons = match sec % 4 {
+            0 => 0x4,
+            1 => 0x4 | 0x20,
+            _ => 0,
+        };
+        // Idle samples' reasons are not counted.
+        if sec % 10 == 9 {
+            s.util_gpu = 5.0;
+            s.throttle_reasons = 0x100;
+        } else {
+            power_capped += (s.throttle_reasons & 0x4 != 0) as u32;
+            thermal += (s.throttle_reasons & 0x20 != 0) as u32;
+        }
+        g.add_within(&s, 1_000_000 + sec * 1_000, 4);
+    }
+    assert_eq!(g.buckets.len(), 3, "{}", g.bucket_ms);
+    for b in &g.buckets {
+        let moved = b.last_counters() != b.first_counters();
+        assert_eq!(b.last.is_some(), moved, "{b:?}");
+        assert!(b.throttle_loaded.len() <= 6, "{:?}", b.throttle_loaded);
+    }
+    assert!(g.buckets[0].last.is_none() && g.buckets[2].last.is_some());
+    assert_eq!(g.buckets[0].slowdown_ns(|c| c.sw_thermal_ns), Some(0));
+
+    let t = g.totals();
+    assert_eq!(t.throttle_loaded.get(2), Some(&power_capped));
+    assert_eq!(t.throttle_loaded.get(5), Some(&thermal));
+    assert_eq!(t.throttle_loaded.get(8), None, "an idle sample's reason");
+    assert_eq!(t.last_counters().unwrap().ecc_corrected, 10);
+    assert_eq!(t.slowdown_ns(|c| c.sw_thermal_ns), Some(10_000_000));
+
+    // Stored and read back, the summary is the same.
+    let back = GpuSeries::decode(g.encode_to_vec().as_slice()).unwrap();
+    assert_eq!(back, g);
+    let (s, _) =
+        Telemetry::from_stored(vec![back]).summarise(&HealthRules::default(), &Windows::new());
+    assert_eq!(s[0].ecc_corrected_delta, 10);
+    assert_eq!(s[0].sw_thermal_slowdown_s, Some(0.01));
+}
+
 #[test]
 fn changed_series_are_taken_round_the_gpus() {
     let mut t = Telemetry::default();

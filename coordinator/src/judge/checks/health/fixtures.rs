@@ -3,7 +3,7 @@
 
 use crate::judge::checks::health::HealthRules;
 use crate::judge::checks::Level;
-use crate::judge::series::{Bucket, Counters};
+use crate::judge::series::Bucket;
 
 pub fn loaded(n: u32) -> Bucket {
     Bucket {
@@ -17,8 +17,8 @@ pub fn loaded(n: u32) -> Bucket {
         pcie_gen_loaded_min: 5,
         pcie_width_loaded_min: 16,
         throttle_loaded: vec![0; 16],
-        first: Some(Counters::default()),
-        last: Some(Counters::default()),
+        first: Some(Box::default()),
+        last: Some(Box::default()),
         ..Default::default()
     }
 }

@@ -19,8 +19,8 @@ impl Run<'_> {
     pub fn of(t: &Bucket) -> Run<'_> {
         Run {
             t,
-            first: t.first.clone().unwrap_or_default(),
-            last: t.last.clone().unwrap_or_default(),
+            first: t.first_counters().cloned().unwrap_or_default(),
+            last: t.last_counters().cloned().unwrap_or_default(),
             minutes: rate_minutes(t),
         }
     }
