@@ -23,16 +23,7 @@ pub fn builder() -> tonic::transport::Server {
         .tcp_nodelay(true)
         .http2_keepalive_interval(Some(Duration::from_secs(5)))
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
-        .initial_stream_window_size(RECV_WINDOW_BYTES)
 }
-
-/// What a client may send on one call before the server has read it: a
-/// connection's read buffer starts at 8 KiB (h2's frame reader) and grows
-/// to the largest frame that came, for good. With hyper's 1 MiB window a
-/// client sent 16 KiB frames (an agent's telemetry batch is ~20 KB), and at
-/// 16,384 agents the grown buffers held 350-570 MB of the coordinator
-/// (issue 51, heap profile). A frame is its 9-byte head and at most this.
-pub const RECV_WINDOW_BYTES: u32 = 8 * 1024 - 9;
 
 /// How long a ping's answer may take before the connection is closed
 /// (hyper sends a GOAWAY, `NO_ERROR`). 10 s closed the busy simulator's
