@@ -127,7 +127,7 @@ pub struct Bucket {
     pub throttle_any: u64,
     /// Loaded samples, and per throttle bit how many of them had it set, up
     /// to the highest bit any of them had (a bit past the end: none). A
-    /// bucket is held for every GPU of a job (786,432 at 131,072 GPUs):
+    /// job holds six buckets a GPU at the least (786,432 at 131,072 GPUs):
     /// sixteen counts allocated for each, set or not, were ~50 MB.
     #[prost(uint32, tag = "21")]
     pub loaded: u32,
@@ -380,8 +380,14 @@ impl Bucket {
         if self.first.is_none() {
             self.first = b.first.clone();
         }
+        // A set is made only where it differs from both: this runs for
+        // every sample, and most buckets' counters never move.
         if let Some(last) = b.last_counters() {
-            self.last = (self.first_counters() != Some(last)).then(|| Box::new(last.clone()));
+            if self.first_counters() == Some(last) {
+                self.last = None;
+            } else if self.last.as_deref() != Some(last) {
+                self.last = Some(Box::new(last.clone()));
+            }
         }
         // Most samples carry no Xid: no set is made for them (this runs for
         // every sample of every GPU, 131,072 GPUs at the largest fleets).
