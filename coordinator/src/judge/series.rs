@@ -253,6 +253,13 @@ impl Bucket {
         self.last.as_deref().or(self.first_counters())
     }
 
+    /// The counters of the first and the last sample, owned, zero where
+    /// none was read: what counter deltas are taken from.
+    pub fn counter_ends(&self) -> (Counters, Counters) {
+        let owned = |c: Option<&Counters>| c.cloned().unwrap_or_default();
+        (owned(self.first_counters()), owned(self.last_counters()))
+    }
+
     pub fn of(s: &GpuSample, t: u64) -> Bucket {
         let loaded = s.util_gpu >= LOADED_UTIL;
         let bits = match loaded {

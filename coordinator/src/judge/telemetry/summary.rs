@@ -57,8 +57,7 @@ fn summary(
     let n = t.n.max(1) as f64;
     let mean = |sum: f64| sum / n;
     let std = |sum: f64, sq: f64| (sq / n - (sum / n).powi(2)).max(0.0).sqrt();
-    let first = t.first_counters().cloned().unwrap_or_default();
-    let last = t.last_counters().cloned().unwrap_or_default();
+    let (first, last) = t.counter_ends();
     let delta = |f: fn(&Counters) -> u64| f(&last).saturating_sub(f(&first));
     let seconds = |f| t.slowdown_ns(f).map(|ns| ns as f64 / 1e9);
     let s = GpuTelemetrySummary {

@@ -17,10 +17,11 @@ pub struct Run<'a> {
 
 impl Run<'_> {
     pub fn of(t: &Bucket) -> Run<'_> {
+        let (first, last) = t.counter_ends();
         Run {
             t,
-            first: t.first_counters().cloned().unwrap_or_default(),
-            last: t.last_counters().cloned().unwrap_or_default(),
+            first,
+            last,
             minutes: rate_minutes(t),
         }
     }

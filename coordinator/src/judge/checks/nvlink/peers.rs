@@ -11,8 +11,7 @@ use crate::judge::series::Bucket;
 
 /// NVLink CRC errors a minute over the run (at least a minute, as the rules).
 pub fn crc_per_min(t: &Bucket) -> f64 {
-    let first = t.first_counters().cloned().unwrap_or_default();
-    let last = t.last_counters().cloned().unwrap_or_default();
+    let (first, last) = t.counter_ends();
     nvlink_crc(&first, &last) as f64 / rate_minutes(t)
 }
 
