@@ -268,7 +268,14 @@ impl Inner {
                 return Ok(k.built.clone());
             }
             Since::Writes(version, writes) => {
-                let Kept { built, fold, .. } = kept.take().expect("a version to write after");
+                let Kept {
+                    built,
+                    fold,
+                    previous: older,
+                    ..
+                } = kept.take().expect("a version to write after");
+                // 16,384 rows take ~25 ms to free: not while callers wait.
+                let_go(older);
                 pack = built.packed.get().is_some();
                 // A listing under way goes on from the build it began with.
                 // Else let go before the rows are made again: they are then
@@ -346,6 +353,15 @@ impl Inner {
             Ok(done.map(|()| fold))
         })
         .await
+    }
+}
+
+/// `built` freed on a blocking thread, when this was its last holder.
+fn let_go(built: Option<Arc<Built>>) {
+    if let Some(b) = built.and_then(Arc::into_inner) {
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn_blocking(move || drop(b));
+        }
     }
 }
 

@@ -1,6 +1,7 @@
 //! The statistics every crate uses, each defined once:
 //!
-//! * [`median`]: the middle value, or the mean of the two middle ones;
+//! * [`median`]: the middle value, or the mean of the two middle ones
+//!   ([`median_in`] in place, reordering a slice the caller keeps);
 //! * [`quantile`] and [`quantile_sorted`]: nearest rank, the smallest value
 //!   with at least a share `q` of the values at or below it (p99 of 30 step
 //!   times is the 30th; the upper quartile of 8 figures the 6th);
@@ -12,6 +13,11 @@
 /// The median, `None` for no values. Selected, not sorted: a job's 32,768
 /// figures were a tenth of its judging.
 pub fn median(mut v: Vec<f64>) -> Option<f64> {
+    median_in(&mut v)
+}
+
+/// [`median`] of `v`, whose order it changes.
+pub fn median_in(v: &mut [f64]) -> Option<f64> {
     if v.is_empty() {
         return None;
     }

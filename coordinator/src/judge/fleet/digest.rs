@@ -5,15 +5,34 @@
 //! without reading every node's history again (at 16,384 nodes that read
 //! was 1.3-5.4 s after each job), and a fresh build folds the same way.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use gpuctl_core::stats::median;
+use gpuctl_core::stats::{median, median_in};
 use gpuctl_proto::pb::{Drift, FigureRecord, FleetRow, GpuRow, NodeRun};
 
 use super::super::figures::Metric;
 
-/// (metric, key) of a figure.
-type FigureKey = (String, String);
+/// A figure's metric and key as one string, `metric`, NUL, `key`: looked up
+/// from a figure through one reused buffer, so that folding a run makes no
+/// string for a figure whose key its node's last run had (a job's 16,384
+/// runs were ~1.8 million allocations to fold and render). Metric names
+/// hold no NUL, so these sort as the pairs do.
+type FigureKey = String;
+
+/// `f`'s [`FigureKey`], written into `buf`.
+fn key_into<'a>(buf: &'a mut String, f: &FigureRecord) -> &'a str {
+    buf.clear();
+    buf.push_str(&f.metric);
+    buf.push('\0');
+    buf.push_str(&f.key);
+    buf
+}
+
+/// A [`FigureKey`]'s metric and key.
+fn split_key(k: &str) -> (&str, &str) {
+    k.split_once('\0').unwrap_or((k, ""))
+}
 
 /// One node's runs, folded.
 #[derive(Debug, Clone, Default)]
@@ -43,22 +62,11 @@ pub struct NodeDigest {
 
 /// A figure's device label; runs kept before `device` was written name GPUs
 /// by their index only.
-fn device_of(f: &FigureRecord) -> Option<String> {
+fn device_of(f: &FigureRecord) -> Option<Cow<'_, str>> {
     if !f.device.is_empty() {
-        return Some(f.device.clone());
+        return Some(Cow::Borrowed(&f.device));
     }
-    f.gpu_index.map(|i| i.to_string())
-}
-
-/// Headline figures of one run: (metric, key) → values (one per GPU).
-fn values(run: &NodeRun) -> BTreeMap<FigureKey, Vec<f64>> {
-    let mut out: BTreeMap<FigureKey, Vec<f64>> = BTreeMap::new();
-    for f in &run.figures {
-        out.entry((f.metric.clone(), f.key.clone()))
-            .or_default()
-            .push(f.value);
-    }
-    out
+    f.gpu_index.map(|i| Cow::Owned(i.to_string()))
 }
 
 /// A stress run's median TFLOP/s, with an all_reduce beside it or not.
@@ -69,19 +77,35 @@ fn is_stress_median(metric: &str) -> bool {
 /// The GPUs' TFLOP/s of a stress run: its GEMMs alone where it has them
 /// (plain stress, and the first phase of `--with-comm`), else beside the
 /// all_reduce (a run from before that phase); `None` for a run without.
-fn stress_medians(r: &NodeRun) -> Option<Vec<(Option<String>, f64)>> {
-    let pick = |keep: &dyn Fn(&FigureRecord) -> bool| -> Vec<(Option<String>, f64)> {
-        r.figures
-            .iter()
-            .filter(|f| keep(f))
-            .map(|f| (device_of(f), f.value))
-            .collect()
+/// Device names are taken from `old` (the last stress run's) where the
+/// same device stands at the same place.
+fn stress_medians(
+    r: &NodeRun,
+    mut old: Option<&mut Vec<(Option<String>, f64)>>,
+) -> Option<Vec<(Option<String>, f64)>> {
+    let plain = Metric::StressTflops.name();
+    let has_plain = r.figures.iter().any(|f| f.metric == plain);
+    let keep = |f: &&FigureRecord| {
+        if has_plain {
+            f.metric == plain
+        } else {
+            is_stress_median(&f.metric)
+        }
     };
-    let plain = pick(&|f| f.metric == Metric::StressTflops.name());
-    if !plain.is_empty() {
-        return Some(plain);
+    let mut out = Vec::new();
+    for (i, f) in r.figures.iter().filter(keep).enumerate() {
+        let device = device_of(f);
+        let same = old
+            .as_deref_mut()
+            .and_then(|o| o.get_mut(i))
+            .filter(|(d, _)| d.as_deref() == device.as_deref());
+        let device = match same {
+            Some((d, _)) => d.take(),
+            None => device.map(Cow::into_owned),
+        };
+        out.push((device, f.value));
     }
-    Some(pick(&|f| is_stress_median(&f.metric))).filter(|v| !v.is_empty())
+    (!out.is_empty()).then_some(out)
 }
 
 /// The figures of `metric` in `r`, `None` when it has none.
@@ -96,14 +120,27 @@ fn of_metric(r: &NodeRun, metric: Metric) -> Option<Vec<&FigureRecord>> {
 
 /// A workload's run's devices: each once, in the order its figures, then
 /// its floor failures, name them, with the UUID it was first named with.
-fn devices(r: &NodeRun) -> Vec<(String, String, u32)> {
-    let mut out: Vec<(String, String, u32)> = Vec::new();
+/// Strings are taken from `old` (the workload's last run's) where a device
+/// and its UUID are the same.
+fn devices(r: &NodeRun, mut old: Vec<(String, String, u32)>) -> Vec<(String, String, u32)> {
+    let mut out: Vec<(String, String, u32)> = Vec::with_capacity(old.len());
     let mut touch = |f: &FigureRecord, below: u32| {
         let Some(d) = device_of(f) else { return };
-        match out.iter_mut().find(|(x, _, _)| *x == d) {
-            Some(e) => e.2 += below,
-            None => out.push((d, f.gpu_uuid.clone(), below)),
+        if let Some(e) = out.iter_mut().find(|(x, _, _)| *x == *d) {
+            e.2 += below;
+            return;
         }
+        let (device, uuid) = match old
+            .iter()
+            .position(|(x, u, _)| *x == *d && *u == f.gpu_uuid)
+        {
+            Some(i) => {
+                let (x, u, _) = old.swap_remove(i);
+                (x, u)
+            }
+            None => (d.into_owned(), f.gpu_uuid.clone()),
+        };
+        out.push((device, uuid, below));
     };
     for f in &r.figures {
         touch(f, 0);
@@ -136,19 +173,20 @@ impl NodeDigest {
 
     /// Adds `run`, the node's newest (see [`NodeDigest::comes_after`]).
     pub fn fold(&mut self, run: &NodeRun) {
-        for (k, v) in std::mem::take(&mut self.last_values) {
-            if let Some(m) = median(v) {
-                self.earlier.entry(k).or_default().push(m);
+        self.fold_values(run);
+        self.runs += 1;
+        self.last_at.0 = run.finished_unix_ms;
+        self.last_at.1.clone_from(&run.job_id);
+        self.last_verdict = run.verdict;
+        match self.workloads.get_mut(&run.workload) {
+            Some(d) => *d = devices(run, std::mem::take(d)),
+            None => {
+                let d = devices(run, Vec::new());
+                self.workloads.insert(run.workload.clone(), d);
             }
         }
-        self.last_values = values(run);
-        self.runs += 1;
-        self.last_at = (run.finished_unix_ms, run.job_id.clone());
-        self.last_verdict = run.verdict;
-        self.workloads.insert(run.workload.clone(), devices(run));
-        if let Some(s) = stress_medians(run) {
-            self.stress = Some(s);
-        }
+        let mut old = self.stress.take();
+        self.stress = stress_medians(run, old.as_mut()).or(old);
         if let Some(f) = of_metric(run, Metric::Busbw) {
             let all_reduce = f.iter().filter(|f| f.key.starts_with("all_reduce "));
             self.busbw = Some(all_reduce.map(|f| f.value).fold(0.0, f64::max));
@@ -168,6 +206,36 @@ impl NodeDigest {
         }
         if let Some(f) = of_metric(run, Metric::SamplesPerS) {
             self.samples = Some(f[0].value);
+        }
+    }
+
+    /// The last run's figures' medians into `earlier`, and `run`'s figures
+    /// as the last, under the keys the last run had where it has them too.
+    fn fold_values(&mut self, run: &NodeRun) {
+        let mut old = std::mem::take(&mut self.last_values);
+        for (k, v) in old.iter_mut() {
+            if let Some(m) = median_in(v) {
+                match self.earlier.get_mut(k) {
+                    Some(e) => e.push(m),
+                    None => {
+                        self.earlier.insert(k.clone(), vec![m]);
+                    }
+                }
+            }
+            v.clear();
+        }
+        let mut buf = String::new();
+        for f in &run.figures {
+            let k = key_into(&mut buf, f);
+            if let Some(v) = self.last_values.get_mut(k) {
+                v.push(f.value);
+                continue;
+            }
+            let (k, mut v) = old
+                .remove_entry(k)
+                .unwrap_or_else(|| (k.to_string(), Vec::new()));
+            v.push(f.value);
+            self.last_values.insert(k, v);
         }
     }
 
@@ -205,20 +273,24 @@ impl NodeDigest {
     /// median over the node's GPUs). `tolerance`: a ratio under it is flagged.
     fn drift(&self, tolerance: f64) -> Vec<Drift> {
         let mut out = Vec::new();
-        for ((metric, key), v) in &self.last_values {
-            let before = self.earlier.get(&(metric.clone(), key.clone()));
-            let before = before.map_or(&[][..], Vec::as_slice);
-            let (Some(now), Some(prev)) = (median(v.clone()), median(before.to_vec())) else {
+        let (mut now, mut prev) = (Vec::new(), Vec::new());
+        for (k, v) in &self.last_values {
+            let before = self.earlier.get(k).map_or(&[][..], Vec::as_slice);
+            now.clone_from(v);
+            prev.clear();
+            prev.extend_from_slice(before);
+            let (Some(now), Some(prev)) = (median_in(&mut now), median_in(&mut prev)) else {
                 continue;
             };
             if prev <= 0.0 || now <= 0.0 {
                 continue;
             }
+            let (metric, key) = split_key(k);
             let better_low = Metric::from_name(metric).is_some_and(|m| !m.higher_is_better());
             let ratio = if better_low { prev / now } else { now / prev };
             out.push(Drift {
-                metric: metric.clone(),
-                key: key.clone(),
+                metric: metric.to_string(),
+                key: key.to_string(),
                 last: now,
                 previous_median: prev,
                 previous_runs: before.len() as u32,
@@ -234,28 +306,35 @@ impl NodeDigest {
     /// run's floor failure stays until the next stress run, whatever ran
     /// between).
     fn gpu_rows(&self) -> Vec<GpuRow> {
-        let mut rows: BTreeMap<&str, GpuRow> = BTreeMap::new();
+        // A node has a few devices: a list searched is cheaper than a map.
+        let mut rows: Vec<GpuRow> = Vec::new();
         for devices in self.workloads.values() {
             for (gpu, uuid, below) in devices {
-                let row = rows.entry(gpu).or_insert_with(|| GpuRow {
-                    gpu: gpu.clone(),
-                    gpu_uuid: uuid.clone(),
-                    ..Default::default()
-                });
-                row.below_floor += below;
+                match rows.iter_mut().find(|r| r.gpu == *gpu) {
+                    Some(r) => r.below_floor += below,
+                    None => rows.push(GpuRow {
+                        gpu: gpu.clone(),
+                        gpu_uuid: uuid.clone(),
+                        below_floor: *below,
+                        ..Default::default()
+                    }),
+                }
             }
         }
-        let mut per: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
-        for (gpu, v) in self.stress.iter().flatten() {
-            if let Some(gpu) = gpu {
-                per.entry(gpu).or_default().push(*v);
+        if let Some(stress) = &self.stress {
+            let mut v = Vec::new();
+            for row in &mut rows {
+                v.clear();
+                let mine = stress
+                    .iter()
+                    .filter(|(g, _)| g.as_deref() == Some(&*row.gpu));
+                v.extend(mine.map(|(_, t)| *t));
+                if let Some(m) = median_in(&mut v) {
+                    row.stress_tflops = m;
+                }
             }
         }
-        for (gpu, v) in per {
-            if let Some(g) = rows.get_mut(gpu) {
-                g.stress_tflops = median(v).unwrap_or(0.0);
-            }
-        }
-        rows.into_values().collect()
+        rows.sort_by(|a, b| a.gpu.cmp(&b.gpu));
+        rows
     }
 }

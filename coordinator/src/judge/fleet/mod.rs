@@ -237,6 +237,47 @@ mod tests {
         assert_eq!(rows[0].gpus[1].stress_tflops, 640.0);
     }
 
+    /// A run folded takes what it can from the node's last (the devices'
+    /// names and UUIDs): a GPU swapped, devices named in another order, or a
+    /// run naming none must still show as a fresh read of the runs would.
+    #[test]
+    fn a_run_folded_shows_its_own_devices_whatever_the_last_one_named() {
+        let named = |r: NodeRun, uuids: &[&str], devices: &[&str]| NodeRun {
+            figures: (r.figures.into_iter().zip(uuids.iter().zip(devices)))
+                .map(|(f, (u, d))| FigureRecord {
+                    gpu_uuid: u.to_string(),
+                    device: d.to_string(),
+                    ..f
+                })
+                .collect(),
+            ..r
+        };
+        let first = named(run("a", 1, &[600.0, 610.0]), &["U0", "U1"], &["0", "1"]);
+        // GPU 1 swapped (a new UUID), and named first.
+        let swapped = named(run("a", 2, &[500.0, 620.0]), &["U9", "U0"], &["1", "0"]);
+        let mut digest = NodeDigest::of("a", &mut [&first]);
+        digest.fold(&swapped);
+        let row = digest.row(0.9).unwrap();
+        let gpus: Vec<_> = (row.gpus.iter())
+            .map(|g| (g.gpu.as_str(), g.gpu_uuid.as_str(), g.stress_tflops))
+            .collect();
+        assert_eq!(gpus, [("0", "U0", 620.0), ("1", "U9", 500.0)]);
+        assert_eq!(
+            Some(row),
+            NodeDigest::of("a", &mut [&first, &swapped]).row(0.9)
+        );
+        // Named by index only (a run kept before devices were written).
+        let by_index = run("a", 3, &[630.0, 640.0]);
+        digest.fold(&by_index);
+        let row = digest.row(0.9).unwrap();
+        let gpus: Vec<_> = (row.gpus.iter())
+            .map(|g| (g.gpu.as_str(), g.gpu_uuid.as_str(), g.stress_tflops))
+            .collect();
+        assert_eq!(gpus, [("0", "", 630.0), ("1", "", 640.0)]);
+        let all = &mut [&first, &swapped, &by_index];
+        assert_eq!(Some(row), NodeDigest::of("a", all).row(0.9));
+    }
+
     #[test]
     fn rows_show_the_last_run_and_flag_drift() {
         let runs = vec![
