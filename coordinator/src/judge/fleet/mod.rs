@@ -255,13 +255,21 @@ mod tests {
         let first = named(run("a", 1, &[600.0, 610.0]), &["U0", "U1"], &["0", "1"]);
         // GPU 1 swapped (a new UUID), and named first.
         let swapped = named(run("a", 2, &[500.0, 620.0]), &["U9", "U0"], &["1", "0"]);
+        let gpus = |row: &FleetRow| -> Vec<(String, String, f64)> {
+            (row.gpus.iter())
+                .map(|g| (g.gpu.clone(), g.gpu_uuid.clone(), g.stress_tflops))
+                .collect()
+        };
+        let as_seen = |v: &[(&str, &str, f64)]| -> Vec<(String, String, f64)> {
+            (v.iter())
+                .map(|(g, u, t)| (g.to_string(), u.to_string(), *t))
+                .collect()
+        };
         let mut digest = NodeDigest::of("a", &mut [&first]);
         digest.fold(&swapped);
         let row = digest.row(0.9).unwrap();
-        let gpus: Vec<_> = (row.gpus.iter())
-            .map(|g| (g.gpu.as_str(), g.gpu_uuid.as_str(), g.stress_tflops))
-            .collect();
-        assert_eq!(gpus, [("0", "U0", 620.0), ("1", "U9", 500.0)]);
+        let want = as_seen(&[("0", "U0", 620.0), ("1", "U9", 500.0)]);
+        assert_eq!(gpus(&row), want);
         assert_eq!(
             Some(row),
             NodeDigest::of("a", &mut [&first, &swapped]).row(0.9)
@@ -270,10 +278,7 @@ mod tests {
         let by_index = run("a", 3, &[630.0, 640.0]);
         digest.fold(&by_index);
         let row = digest.row(0.9).unwrap();
-        let gpus: Vec<_> = (row.gpus.iter())
-            .map(|g| (g.gpu.as_str(), g.gpu_uuid.as_str(), g.stress_tflops))
-            .collect();
-        assert_eq!(gpus, [("0", "", 630.0), ("1", "", 640.0)]);
+        assert_eq!(gpus(&row), as_seen(&[("0", "", 630.0), ("1", "", 640.0)]));
         let all = &mut [&first, &swapped, &by_index];
         assert_eq!(Some(row), NodeDigest::of("a", all).row(0.9));
     }
