@@ -72,7 +72,7 @@ async fn connect(listener: &TcpListener) -> h2::client::SendRequest<Bytes> {
 }
 
 /// One request with `body` bytes, answered.
-async fn call(send: &mut h2::client::SendRequest<Bytes>, body: usize) {
+async fn call(send: &h2::client::SendRequest<Bytes>, body: usize) {
     let request = http::Request::post("http://gpuctl/call").body(()).unwrap();
     let (response, mut stream) = send
         .clone()
@@ -106,15 +106,15 @@ async fn a_connection_keeps_few_bytes_and_no_buffer_grown_for_a_big_message() {
     let before = live_settled().await;
     let mut sends = Vec::new();
     for _ in 0..CONNECTIONS {
-        let mut send = connect(&listener).await;
-        call(&mut send, 100).await;
+        let send = connect(&listener).await;
+        call(&send, 100).await;
         sends.push(send);
     }
     let idle = live_settled().await;
     let per_pair = (idle - before) / CONNECTIONS as isize;
 
     // 64 KiB a call: four frames of h2's largest (16 KiB), each bigger than the read buffer.
-    for send in &mut sends {
+    for send in &sends {
         call(send, 64 * 1024).await;
     }
     let after_big = live_settled().await;
@@ -136,5 +136,4 @@ async fn a_connection_keeps_few_bytes_and_no_buffer_grown_for_a_big_message() {
         "an idle connection's two ends hold {per_pair} bytes: h2's 16 KiB write buffers are back \
          (is the [patch.crates-io] of h2 in Cargo.toml still there?)"
     );
-    drop(sends);
 }
