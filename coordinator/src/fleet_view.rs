@@ -11,7 +11,9 @@
 //! and only changed rows are made again), or it is built afresh when they
 //! cannot be folded in (a deletion, writes not kept). A caller waits for
 //! what it would miss, so an answer never lacks a write that was readable
-//! when the call came.
+//! when the call came; one that finds nothing written since takes the kept
+//! answer without waiting (a fold may be under way). A big job's runs are
+//! folded in before they are written (`ahead.rs`): no caller waits for them.
 //! `/metrics` shares it. It is derived state only: a restart builds it
 //! afresh.
 //!
@@ -23,17 +25,21 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpuctl_core::shutdown::Shutdown;
-use gpuctl_proto::pb::{FleetRow, GetFleetRequest, GetFleetResponse, Link, NodeRun};
+use gpuctl_proto::pb::{FleetRow, GetFleetRequest, GetFleetResponse, Link};
 use prost::Message as _;
 use tracing::debug;
 
 use crate::error::CoordinatorError;
 use crate::history;
 use crate::judge::fleet::{FleetFold, Rebuild};
-use crate::store::{Since, StateStore};
+use crate::store::{SharedBatch, Since, StateStore};
 
+mod ahead;
 mod packed;
+mod pages;
 mod writes;
+
+use pages::{cursor, cut, next_cursor, row_for, Ask};
 
 /// An answer no one asked for in this long is let go (it is ~8 MB at
 /// 16,384 nodes); the next caller builds it again.
@@ -89,11 +95,10 @@ impl Built {
     }
 }
 
-/// The kept answer, what it was made from, and when it was last asked for.
+/// The kept answer and what it was made from.
 struct Kept {
     built: Arc<Built>,
     fold: FleetFold,
-    used: Instant,
     /// The build before, while a listing goes on from it.
     previous: Option<Arc<Built>>,
 }
@@ -103,9 +108,19 @@ struct Inner {
     /// The fleet rule's tolerance (`PerfRules::drift_tolerance`), fixed for
     /// the coordinator's life.
     drift: f64,
-    /// Held across a build: callers that come meanwhile wait for it rather
-    /// than build again.
+    /// Held across a build or a fold: callers that come meanwhile and need
+    /// it wait for it rather than build again.
     kept: tokio::sync::Mutex<Option<Kept>>,
+    /// `kept`'s answer, read without waiting for `kept`: a caller that finds
+    /// nothing written since it was made takes it at once, while a job's
+    /// runs are folded in ahead of being written (`ahead.rs`).
+    current: std::sync::Mutex<Option<Arc<Built>>>,
+    /// When someone last asked for the answer.
+    used: std::sync::Mutex<Instant>,
+    /// Jobs' runs to fold in ahead, oldest first, and past how many runs
+    /// a job's are (`ahead.rs`).
+    ahead: std::sync::Mutex<std::collections::VecDeque<(String, SharedBatch)>>,
+    ahead_over: usize,
     /// Answers built afresh from the store, not folded.
     builds: std::sync::atomic::AtomicU64,
 }
@@ -116,10 +131,20 @@ pub struct FleetView(Arc<Inner>);
 
 impl FleetView {
     pub fn new(store: StateStore, drift: f64) -> Self {
+        Self::folding_ahead_over(store, drift, ahead::AHEAD_OVER_RUNS)
+    }
+
+    /// As [`FleetView::new`], folding jobs' runs in ahead past `runs` runs
+    /// (tests fold small jobs' ahead).
+    pub fn folding_ahead_over(store: StateStore, drift: f64, runs: usize) -> Self {
         FleetView(Arc::new(Inner {
             store,
             drift,
             kept: Default::default(),
+            current: Default::default(),
+            used: std::sync::Mutex::new(Instant::now()),
+            ahead: Default::default(),
+            ahead_over: runs,
             builds: Default::default(),
         }))
     }
@@ -221,8 +246,8 @@ impl FleetView {
                 }
                 // Held: a build is under way, for someone who asked.
                 _ = tick.tick() => if let Ok(mut kept) = self.0.kept.try_lock() {
-                    if kept.as_ref().is_some_and(|k| k.used.elapsed() >= IDLE) {
-                        *kept = None;
+                    if kept.is_some() && self.0.last_used().elapsed() >= IDLE {
+                        self.0.keep(&mut kept, None);
                         self.0.store.disarm_history_log();
                     }
                 },
@@ -237,19 +262,18 @@ impl Inner {
         listing: Option<u64>,
         asked: Option<Instant>,
     ) -> Result<Arc<Built>, CoordinatorError> {
+        if let Some(t) = asked {
+            *lock(&self.used) = t;
+        }
+        if let Some(b) = self.fresh(listing) {
+            return Ok(b);
+        }
         let mut kept = self.kept.lock().await;
-        // When it was last asked for, whoever makes it now.
-        let used = match (asked, kept.as_ref()) {
-            (Some(t), _) => t,
-            (None, Some(k)) => k.used,
-            (None, None) => Instant::now(),
-        };
         if let Some(k) = kept.as_mut() {
             if let Some(p) = k.previous.as_ref().filter(|p| Some(p.version) == listing) {
                 return Ok(p.clone());
             }
             if listing == Some(k.built.version) {
-                k.used = used;
                 return Ok(k.built.clone());
             }
         }
@@ -263,8 +287,7 @@ impl Inner {
         let mut pack = false;
         let folded = match since {
             Since::Same => {
-                let k = kept.as_mut().expect("a version to be the same as");
-                k.used = used;
+                let k = kept.as_ref().expect("a version to be the same as");
                 return Ok(k.built.clone());
             }
             Since::Writes(version, writes) => {
@@ -296,11 +319,11 @@ impl Inner {
             Since::Unknown => None,
         };
         // `folded`: the writes folded in and how long that took, else built.
-        let (version, mut fold, previous, folded) = match folded {
+        let (version, fold, previous, folded) = match folded {
             Some(folded) => folded,
             None => {
                 // Let go before building: never two answers held here.
-                *kept = None;
+                self.keep(&mut kept, None);
                 // Taken before reading: a write meanwhile is folded in
                 // next (the store keeps it from here on).
                 let version = self.store.arm_history_log();
@@ -311,16 +334,9 @@ impl Inner {
                 (version, fold, None, None)
             }
         };
-        // 16,384 rows made again after a job: ~30 ms of CPU that took a
-        // worker of the runtime 80-180 ms on a busy 2-core host.
-        let (built, fold) = crate::runtime::apart(move || async move {
-            let built = made(version, &mut fold);
-            if pack {
-                built.packed();
-            }
-            Ok((built, fold))
-        })
-        .await?;
+        let (mut built, fold) = self.rows_apart(fold, pack).await?;
+        built.version = version;
+        let built = Arc::new(built);
         // How long callers waited for it, for a big fleet's operator.
         let ms = started.elapsed().as_millis() as u64;
         match folded {
@@ -330,13 +346,57 @@ impl Inner {
             }
             None => debug!(rows = built.rows.len(), ms, "fleet view built"),
         }
-        *kept = Some(Kept {
-            built: built.clone(),
-            fold,
-            used,
-            previous,
-        });
+        self.keep(
+            &mut kept,
+            Some(Kept {
+                built: built.clone(),
+                fold,
+                previous,
+            }),
+        );
         Ok(built)
+    }
+
+    /// The rows of `fold` made again (as of no version yet), packed when
+    /// `pack`. 16,384 rows after a job are ~30 ms of CPU that took a worker
+    /// of the runtime 80-180 ms on a busy 2-core host: on a thread apart.
+    async fn rows_apart(
+        &self,
+        fold: FleetFold,
+        pack: bool,
+    ) -> Result<(Built, FleetFold), CoordinatorError> {
+        crate::runtime::apart(move || async move {
+            let mut fold = fold;
+            let built = made(0, &mut fold);
+            if pack {
+                built.packed();
+            }
+            Ok((built, fold))
+        })
+        .await
+    }
+
+    /// `k` kept (`None`: none), and its answer handed to callers that need
+    /// no fold ([`Inner::fresh`]).
+    fn keep(&self, kept: &mut Option<Kept>, k: Option<Kept>) {
+        *lock(&self.current) = k.as_ref().map(|k| k.built.clone());
+        *kept = k;
+    }
+
+    /// The kept answer when it is the one a caller gets without waiting:
+    /// nothing it is made of was written since, or the caller's listing
+    /// began with it.
+    fn fresh(&self, listing: Option<u64>) -> Option<Arc<Built>> {
+        let b = lock(&self.current).clone()?;
+        let same = match listing {
+            Some(v) => v == b.version,
+            None => self.store.history_version() == b.version,
+        };
+        same.then_some(b)
+    }
+
+    fn last_used(&self) -> Instant {
+        *lock(&self.used)
     }
 
     /// `writes` folded into `fold` on a blocking thread of its own (a
@@ -356,6 +416,10 @@ impl Inner {
     }
 }
 
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// `built` freed on a blocking thread, when this was its last holder.
 fn let_go(built: Option<Arc<Built>>) {
     if let Some(b) = built.and_then(Arc::into_inner) {
@@ -366,137 +430,15 @@ fn let_go(built: Option<Arc<Built>>) {
 }
 
 /// The answer of `fold` as of `version`.
-fn made(version: u64, fold: &mut FleetFold) -> Arc<Built> {
-    Arc::new(Built {
+fn made(version: u64, fold: &mut FleetFold) -> Built {
+    Built {
         version,
         rows: fold.rows(),
         links: fold.links(),
         bytes: Default::default(),
         paged: Default::default(),
         packed: Default::default(),
-    })
-}
-
-/// `after` as the coordinator hands it out: the last node's name, then a
-/// space and the build the page came from. Names hold no space, and a space
-/// sorts before every character a name may hold, so cursors grow as the
-/// names do (the CLI stops when one does not). A plain name (a cursor
-/// written by hand) is continued from the current answer.
-fn cursor(after: &str) -> (&str, Option<u64>) {
-    match after.split_once(' ') {
-        Some((name, build)) => (name, build.parse().ok()),
-        None => (after, None),
     }
-}
-
-/// The cursor handed out after a page that ends at the node `next` (empty:
-/// the last page), of the kept answer's `build` when it is one.
-fn next_cursor(next: String, build: Option<u64>) -> String {
-    match build {
-        Some(v) if !next.is_empty() => format!("{next} {v}"),
-        _ => next,
-    }
-}
-
-/// What a caller asked of a page: the rows after `after` (a name), within
-/// `page_bytes` (0: all at once), `brief` (without their GPUs).
-#[derive(Debug, Clone, Default)]
-struct Ask {
-    after: String,
-    page_bytes: u32,
-    brief: bool,
-}
-
-/// `r` as the page asked for carries it: without its GPUs when brief. Every
-/// field is named, so that a field added to the row is decided on here.
-fn row_for(r: &FleetRow, brief: bool) -> FleetRow {
-    if !brief {
-        return r.clone();
-    }
-    let FleetRow {
-        node,
-        last_verdict,
-        last_unix_ms,
-        last_job,
-        runs,
-        stress_tflops_worst,
-        stress_tflops_median,
-        all_reduce_busbw_gbps,
-        median_link_gbps,
-        samples_per_s,
-        drift,
-        acceptance,
-        p2p_gbps_worst,
-        h2d_gbps_worst,
-        d2h_gbps_worst,
-        gpus: _,
-    } = r;
-    FleetRow {
-        node: node.clone(),
-        last_verdict: *last_verdict,
-        last_unix_ms: *last_unix_ms,
-        last_job: last_job.clone(),
-        runs: *runs,
-        stress_tflops_worst: *stress_tflops_worst,
-        stress_tflops_median: *stress_tflops_median,
-        all_reduce_busbw_gbps: *all_reduce_busbw_gbps,
-        median_link_gbps: *median_link_gbps,
-        samples_per_s: *samples_per_s,
-        drift: drift.clone(),
-        acceptance: acceptance.clone(),
-        p2p_gbps_worst: *p2p_gbps_worst,
-        h2d_gbps_worst: *h2d_gbps_worst,
-        d2h_gbps_worst: *d2h_gbps_worst,
-        gpus: Vec::new(),
-    }
-}
-
-/// The page of `rows` asked for; `runs` and `links` come with the first.
-/// Unpaged (an older gpuctl), an answer past one message (`whole_bytes`)
-/// is refused saying so. `build`, when the rows are the kept answer, goes
-/// into the next cursor.
-fn cut(
-    rows: &[FleetRow],
-    runs: &[NodeRun],
-    links: &[Link],
-    whole_bytes: usize,
-    ask: &Ask,
-    build: Option<u64>,
-) -> Result<GetFleetResponse, CoordinatorError> {
-    let (after, page_bytes, brief) = (ask.after.as_str(), ask.page_bytes, ask.brief);
-    if page_bytes == 0 {
-        let most = gpuctl_core::server::MAX_MESSAGE_BYTES;
-        if whole_bytes > most {
-            return Err(CoordinatorError::Refused(format!(
-                "the fleet's {} rows take {whole_bytes} bytes, more than one answer holds ({most}): ask page by page (GetFleetRequest.page_bytes, as `gpuctl fleet` of this version does)",
-                rows.len()
-            )));
-        }
-        return Ok(GetFleetResponse {
-            rows: rows.iter().map(|r| row_for(r, brief)).collect(),
-            runs: runs.to_vec(),
-            links: links.to_vec(),
-            next_after: String::new(),
-            rows_packed: Default::default(),
-        });
-    }
-    // A brief row's size counted without its GPUs (the length's own prefix
-    // as the whole row's: at most a byte or two over).
-    let bytes = |_, row: &FleetRow| {
-        let gpus = prost::encoding::message::encoded_len_repeated(16, &row.gpus);
-        prost::encoding::message::encoded_len(1, row) - if brief { gpus } else { 0 }
-    };
-    let (range, next) =
-        gpuctl_core::limits::page(rows, |r| r.node.as_str(), bytes, after, page_bytes);
-    let first = after.is_empty();
-    let next_after = next_cursor(next, build);
-    Ok(GetFleetResponse {
-        rows: rows[range].iter().map(|r| row_for(r, brief)).collect(),
-        runs: if first { runs.to_vec() } else { Vec::new() },
-        links: if first { links.to_vec() } else { Vec::new() },
-        next_after,
-        rows_packed: Default::default(),
-    })
 }
 
 #[cfg(test)]

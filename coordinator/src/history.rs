@@ -15,7 +15,7 @@ use tracing::{debug, info, warn};
 
 use crate::error::CoordinatorError;
 use crate::judge::fleet::{self, FleetFold};
-use crate::store::{Batch, StateStore, StoreError};
+use crate::store::{Batch, Durable, StateStore, StoreError};
 use gpuctl_core::clock::Clock;
 
 /// How long runs are kept, and how many per node.
@@ -36,11 +36,17 @@ const PRUNE_EVERY: Duration = Duration::from_secs(600);
 /// them at once; once they are durable the mark goes. A crash in between
 /// leaves the mark, and [`catch_up`] makes them again from the stored report
 /// at the next start.
+/// [`crate::fleet_view::FleetView::store_runs`] folds them into the kept
+/// answer first.
 pub fn store_runs(store: &StateStore, job: &str, runs: Batch) {
     if runs.is_empty() {
         return;
     }
-    let runs = store.queue_later(runs);
+    done_when_stored(store, job, store.queue_later(runs));
+}
+
+/// Once `runs` (job `job`'s, queued) are durable, the mark goes.
+pub fn done_when_stored(store: &StateStore, job: &str, runs: Durable) {
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
         return;
     };

@@ -193,7 +193,6 @@ pub async fn run_with(
     let rdv = Rendezvous::default();
     let (logs, log_task) = LogSink::spawn(store.clone());
     let perf_rules = Arc::new(perf_rules);
-    let drift_tolerance = perf_rules.drift_tolerance;
     // Beside the store, never in it (crate::cert::KEY_FILE).
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     let issuer = format!(
@@ -226,6 +225,9 @@ pub async fn run_with(
         .context("loading the stored state")?;
 
     let fleet = FleetRuntime::start(cfg.fleet_threads as usize).context("--fleet-threads")?;
+    // `gpuctl fleet`'s answer, kept built for it and `/metrics`; the
+    // scheduler folds its jobs' runs into it.
+    let fleet_view = scheduler.fleet_view();
     let (sched, sched_task) = scheduler.spawn(shutdown.clone(), &fleet.handle());
     let fetches = crate::service::trace::Fetches::default();
     let agents = InPieces(
@@ -247,8 +249,6 @@ pub async fn run_with(
         sched.clock().clone(),
         shutdown.clone(),
     ));
-    // `gpuctl fleet`'s answer, kept built for it and `/metrics`.
-    let fleet_view = crate::fleet_view::FleetView::new(store.clone(), drift_tolerance);
     let fleet_view_task = tokio::spawn(fleet_view.clone().keep(shutdown.clone()));
     let jobs = JobServiceServer::new(JobSvc::new(
         sched.clone(),

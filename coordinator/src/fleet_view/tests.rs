@@ -4,18 +4,18 @@
 //! their bytes.
 
 use gpuctl_core::limits::MAX_LIST_PAGE;
-use gpuctl_proto::pb::{Acceptance, FigureRecord, GpuRow, Node, Verdict};
+use gpuctl_proto::pb::{Acceptance, FigureRecord, GpuRow, Node, NodeRun, Verdict};
 
 use std::time::Duration;
 
 use super::*;
 use crate::store::{Batch, RedbStore};
 
-fn store(dir: &std::path::Path) -> StateStore {
+pub(super) fn store(dir: &std::path::Path) -> StateStore {
     StateStore::new(Arc::new(RedbStore::open(&dir.join("s.redb")).unwrap()))
 }
 
-fn node(name: &str) -> Node {
+pub(super) fn node(name: &str) -> Node {
     Node {
         name: name.into(),
         ..Default::default()
@@ -95,7 +95,7 @@ async fn one_build_serves_until_a_run_an_acceptance_or_the_inventory_is_written(
 /// A run of `job` on `node` whose figures vary with both: a stress run
 /// (GPU TFLOP/s, now and then a floor failure), an all_reduce with a link,
 /// a p2p run or a training run, by `job`.
-fn varied(node: &str, job: u64) -> NodeRun {
+pub(super) fn varied(node: &str, job: u64) -> NodeRun {
     let seed = node.bytes().map(u64::from).sum::<u64>() * 31 + job * 17;
     let gpu = |g: u32, metric: &str, key: &str| FigureRecord {
         metric: metric.into(),
@@ -154,7 +154,10 @@ fn varied(node: &str, job: u64) -> NodeRun {
 }
 
 /// The kept answer as rows and links, and as a fresh build makes it.
-async fn kept_and_fresh(view: &FleetView, s: &StateStore) -> [(Vec<FleetRow>, Vec<Link>); 2] {
+pub(super) async fn kept_and_fresh(
+    view: &FleetView,
+    s: &StateStore,
+) -> [(Vec<FleetRow>, Vec<Link>); 2] {
     let kept = view.current().await.unwrap();
     let fresh = history::fleet(s, GetFleetRequest::default(), 0.9)
         .await
@@ -251,7 +254,7 @@ async fn writes_folded_in_give_what_a_fresh_build_gives() {
 }
 
 /// The kept answer's version, read as a caller would not: without asking.
-async fn kept_version(view: &FleetView) -> Option<u64> {
+pub(super) async fn kept_version(view: &FleetView) -> Option<u64> {
     view.0.kept.lock().await.as_ref().map(|k| k.built.version)
 }
 

@@ -451,7 +451,7 @@ impl Scheduler {
             Some(since) => reports::log_when_stored(id, self.store.queue(batch), since),
             None => self.save(batch),
         }
-        crate::history::store_runs(&self.store, id, history);
+        self.fleet_view.store_runs(id, history);
         if let Some(telemetry) = telemetry {
             // After the report: see `Built::telemetry`.
             self.store_telemetry_later(id, telemetry);

@@ -177,6 +177,9 @@ pub struct Scheduler {
     telemetry_next_ms: Arc<std::sync::atomic::AtomicU64>,
     /// The first lane, for blocking threads that build reports.
     first_lane: mpsc::WeakSender<Event>,
+    /// `gpuctl fleet`'s kept answer, which ended jobs' runs are folded into
+    /// as they are written (`fleet_view/ahead.rs`).
+    fleet_view: crate::fleet_view::FleetView,
     /// Both lanes, made at load (a job judged then needs the first one) and
     /// handed out by `spawn`.
     lanes: Option<Lanes>,
@@ -298,7 +301,10 @@ impl Scheduler {
         };
         let pace =
             crate::fleet::pace::pace(nodes.len(), cfg.agent_messages_per_s, cfg.node_timeout);
+        let fleet_view =
+            crate::fleet_view::FleetView::new(store.clone(), cfg.perf_rules.drift_tolerance);
         let mut me = Scheduler {
+            fleet_view,
             pace,
             recent: recent::Recent::default(),
             refolding: None,
@@ -357,6 +363,11 @@ impl Scheduler {
             });
         }
         Ok(me)
+    }
+
+    /// `gpuctl fleet`'s kept answer, which this scheduler's jobs write to.
+    pub fn fleet_view(&self) -> crate::fleet_view::FleetView {
+        self.fleet_view.clone()
     }
 
     /// Starts the event loop; it ends on `shutdown` or when every handle is gone.

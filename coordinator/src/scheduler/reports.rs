@@ -36,7 +36,6 @@ use super::report_inputs::{from_store, ReportInputs};
 use super::state::{JobEntry, Pending};
 use super::Scheduler;
 use crate::error::CoordinatorError;
-use crate::history;
 use crate::judge::fleet;
 use crate::judge::telemetry::Telemetry;
 use crate::store::{Batch, Durable, StateStore, StoreError};
@@ -235,7 +234,7 @@ impl Scheduler {
         };
         entry.pending = Some(Pending::default());
         let work = ReportInputs::take(entry, &self.cfg);
-        let store = self.store.clone();
+        let (store, fleet_view) = (self.store.clone(), self.fleet_view.clone());
         let lane = self.first_lane.clone();
         let id = id.to_string();
         background::judge("gpuctl-report", move || {
@@ -244,7 +243,7 @@ impl Scheduler {
             let mut work = work;
             let built = work.ended();
             log_when_stored(&id, store.queue(built.batch), built.since);
-            history::store_runs(&store, &id, built.history);
+            fleet_view.store_runs(&id, built.history);
             background::send(
                 &lane,
                 ReportEvent::ReportStored {
@@ -292,6 +291,7 @@ impl Scheduler {
         self.refolding = Some(id.to_string());
         let work = ReportInputs::copy(entry, &self.cfg);
         let (retired, store, lane) = (entry.retired, self.store.clone(), self.first_lane.clone());
+        let fleet_view = self.fleet_view.clone();
         let id = id.to_string();
         tokio::spawn(async move {
             let began = Instant::now();
@@ -316,7 +316,7 @@ impl Scheduler {
                         batch = batch.history_due(&id);
                     }
                     drop(store.queue(batch));
-                    history::store_runs(&store, &id, runs);
+                    fleet_view.store_runs(&id, runs);
                     store.measure_later(&id);
                     Ok(Box::new(report))
                 }

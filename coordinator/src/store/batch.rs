@@ -104,6 +104,11 @@ impl Batch {
         self.0.is_empty()
     }
 
+    /// How many keys it writes.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
     /// Keys and values, in bytes.
     pub fn bytes(&self) -> usize {
         self.0.iter().map(|(k, v)| k.len() + v.len()).sum()

@@ -23,5 +23,5 @@ pub use self::backend::{Entries, SharedEntries, Store, StoreError, StoreResult};
 pub use self::batch::Batch;
 pub use self::history_log::{HistoryWrite, Since};
 pub use self::redb::RedbStore;
-pub use self::state::StateStore;
+pub use self::state::{SharedBatch, StateStore};
 pub use self::writer::Durable;

@@ -14,7 +14,7 @@ use prost::Message;
 
 use super::backend::{Entries, Store, StoreError, StoreResult};
 use super::batch::{ranks_of, Batch};
-use super::history_log::{HistoryLog, Since};
+use super::history_log::{HistoryLog, HistoryWrite, Since};
 use super::key_file;
 use super::keys;
 use super::writer::{Durable, Writer};
@@ -67,6 +67,27 @@ fn decode_each<M: Message + Default>(
 /// log rather than copied.
 fn shared(batch: Batch) -> Vec<(String, Arc<Vec<u8>>)> {
     batch.0.into_iter().map(|(k, v)| (k, Arc::new(v))).collect()
+}
+
+/// A batch whose values are shared: read (as the history's writes it
+/// makes) before it is queued, without a copy.
+pub struct SharedBatch(Vec<(String, Arc<Vec<u8>>)>);
+
+impl SharedBatch {
+    pub fn new(batch: Batch) -> Self {
+        SharedBatch(shared(batch))
+    }
+
+    /// What the history log will hold of it once it is queued.
+    pub fn history_writes(&self) -> Vec<HistoryWrite> {
+        let inputs = self.0.iter().filter(|(k, _)| StateStore::history_input(k));
+        inputs
+            .map(|(key, value)| HistoryWrite {
+                key: key.clone(),
+                value: Some(value.clone()),
+            })
+            .collect()
+    }
 }
 
 /// Typed access to the coordinator's state.
@@ -228,11 +249,35 @@ impl StateStore {
     /// after what is queued now, in small transactions while nothing else
     /// waits (see [`Writer::write_later`]); not atomically.
     pub fn queue_later(&self, batch: Batch) -> Durable {
-        let entries = shared(batch);
-        let inputs = Self::history_inputs(&entries);
-        let durable = self.writer.write_later(entries);
+        self.queue_later_shared(SharedBatch::new(batch))
+    }
+
+    /// [`StateStore::queue_later`] of a batch already shared.
+    pub fn queue_later_shared(&self, batch: SharedBatch) -> Durable {
+        let inputs = Self::history_inputs(&batch.0);
+        let durable = self.writer.write_later(batch.0);
         self.record_history(inputs.iter().map(|(k, v)| (k, Some(v))));
         durable
+    }
+
+    /// As [`StateStore::queue_later`], for the one reader of the history's
+    /// writes ([`StateStore::history_since`]), which folded `batch`'s in
+    /// ahead of this, as of version `v`: with the writes since `v` other
+    /// than `batch`'s, which it has yet to fold in.
+    pub fn queue_later_folded(&self, batch: SharedBatch, v: u64) -> (Durable, Since) {
+        // Told apart by the values' addresses: the log holds the same
+        // shared values, and every one of them is alive while it does.
+        let key = |v: &Arc<Vec<u8>>| Arc::as_ptr(v) as usize;
+        let ours: std::collections::HashSet<usize> = batch.0.iter().map(|(_, v)| key(v)).collect();
+        let durable = self.queue_later_shared(batch);
+        let since = match self.history_since(v) {
+            Since::Writes(version, mut writes) => {
+                writes.retain(|w| !w.value.as_ref().is_some_and(|v| ours.contains(&key(v))));
+                Since::Writes(version, writes)
+            }
+            other => other,
+        };
+        (durable, since)
     }
 
     /// Resolves once everything queued before is durable.
