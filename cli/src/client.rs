@@ -321,8 +321,14 @@ impl Coordinator {
     }
 
     /// The fleet's rows page after page (see [`Coordinator::nodes`]); the
-    /// runs and links come with the first.
-    pub async fn fleet(&mut self, since_unix_ms: u64, node: &str) -> Result<pb::GetFleetResponse> {
+    /// runs and links come with the first. `flagged_drift`: each row's
+    /// drift only where flagged, all a table shows.
+    pub async fn fleet(
+        &mut self,
+        since_unix_ms: u64,
+        node: &str,
+        flagged_drift: bool,
+    ) -> Result<pb::GetFleetResponse> {
         let mut all = pb::GetFleetResponse::default();
         let mut after = String::new();
         loop {
@@ -335,6 +341,7 @@ impl Coordinator {
                 brief: true,
                 // Rows the coordinator encoded once, not for each call.
                 packed: true,
+                flagged_drift,
             };
             let mut page = self
                 .call(true, move |mut c| {

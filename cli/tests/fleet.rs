@@ -80,6 +80,13 @@ fn history_survives_a_restart_and_drift_names_the_slowed_node() {
             assert_eq!(r["last_verdict"], "fail", "{r:#}");
         } else {
             assert!(f.is_empty(), "healthy {name} flagged: {r:#}");
+            // JSON carries every figure's drift, flagged or not (the
+            // tables ask for the flagged alone).
+            let drift = r["drift"].as_array().unwrap();
+            assert!(
+                drift.iter().any(|d| d["metric"] == "stress_tflops"),
+                "{r:#}"
+            );
         }
     }
 

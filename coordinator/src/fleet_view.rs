@@ -60,8 +60,9 @@ pub struct Built {
     bytes: std::sync::OnceLock<usize>,
     /// When a page of it last told its caller to ask for more.
     paged: std::sync::Mutex<Option<Instant>>,
-    /// Its brief rows encoded, once a packed listing asked for them.
-    packed: std::sync::OnceLock<packed::Packed>,
+    /// Its brief rows encoded, once a packed listing asked for them: with
+    /// every figure's drift, and with only flagged drift.
+    packed: [std::sync::OnceLock<packed::Packed>; 2],
 }
 
 /// How long a listing that got a page of a build may go on from that build
@@ -79,9 +80,17 @@ impl Built {
         })
     }
 
-    /// Its brief rows encoded, encoding them at the first call.
-    fn packed(&self) -> &packed::Packed {
-        self.packed.get_or_init(|| packed::Packed::of(&self.rows))
+    /// Its brief rows encoded (drift only where flagged when
+    /// `flagged_drift`), encoding them at the first call.
+    fn packed(&self, flagged_drift: bool) -> &packed::Packed {
+        let at = usize::from(flagged_drift);
+        self.packed[at].get_or_init(|| packed::Packed::of(&self.rows, flagged_drift))
+    }
+
+    /// Which of its packed rows were asked for: the next build packs those
+    /// as it is made.
+    fn packs(&self) -> Packs {
+        self.packed.each_ref().map(|p| p.get().is_some())
     }
 
     fn paged(&self) {
@@ -94,6 +103,9 @@ impl Built {
         paged.is_some_and(|t| t.elapsed() < LISTING)
     }
 }
+
+/// Which packed rows a build holds, by [`Built::packed`]'s `flagged_drift`.
+type Packs = [bool; 2];
 
 /// The kept answer and what it was made from.
 struct Kept {
@@ -197,6 +209,7 @@ impl FleetView {
             after: after.to_string(),
             page_bytes: req.page_bytes,
             brief: req.brief,
+            flagged_drift: req.flagged_drift,
         };
         if !req.node.trim().is_empty() || req.since_unix_ms > 0 {
             let r = history::fleet(&self.0.store, req, self.0.drift).await?;
@@ -205,16 +218,17 @@ impl FleetView {
         }
         let b = self.get(listing).await?;
         let page = if req.packed && req.brief && req.page_bytes > 0 {
-            if b.packed.get().is_none() {
+            let flagged = req.flagged_drift;
+            if b.packed[usize::from(flagged)].get().is_none() {
                 // ~15 ms of encoding at 16,384 nodes: off the runtime.
                 let built = b.clone();
                 crate::runtime::apart(move || async move {
-                    built.packed();
+                    built.packed(flagged);
                     Ok(())
                 })
                 .await?;
             }
-            packed::cut(&b, b.packed(), &ask.after, ask.page_bytes)
+            packed::cut(&b, b.packed(flagged), &ask.after, ask.page_bytes)
         } else {
             cut(&b.rows, &[], &b.links, b.bytes(), &ask, Some(b.version))?
         };
@@ -284,7 +298,7 @@ impl Inner {
         let started = Instant::now();
         // Whether the answer was asked for packed: the next is packed as it
         // is made, before callers come (~15 ms at 16,384 rows).
-        let mut pack = false;
+        let mut pack = Packs::default();
         let folded = match since {
             Since::Same => {
                 let k = kept.as_ref().expect("a version to be the same as");
@@ -299,7 +313,7 @@ impl Inner {
                 } = kept.take().expect("a version to write after");
                 // 16,384 rows take ~25 ms to free: not while callers wait.
                 let_go(older);
-                pack = built.packed.get().is_some();
+                pack = built.packs();
                 // A listing under way goes on from the build it began with.
                 // Else let go before the rows are made again: they are then
                 // copied only for a caller still holding them.
@@ -363,13 +377,13 @@ impl Inner {
     async fn rows_apart(
         &self,
         fold: FleetFold,
-        pack: bool,
+        pack: Packs,
     ) -> Result<(Built, FleetFold), CoordinatorError> {
         crate::runtime::apart(move || async move {
             let mut fold = fold;
             let built = made(0, &mut fold);
-            if pack {
-                built.packed();
+            for flagged in [false, true].into_iter().filter(|&f| pack[usize::from(f)]) {
+                built.packed(flagged);
             }
             Ok((built, fold))
         })

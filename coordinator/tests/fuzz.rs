@@ -604,6 +604,7 @@ async fn a_thousand_random_and_mutated_messages_break_nothing() {
                         after: g.string(),
                         brief: g.u32().is_multiple_of(2),
                         packed: g.u32().is_multiple_of(2),
+                        flagged_drift: g.u32().is_multiple_of(2),
                     })
                     .await
                     .map(|_| ()),

@@ -50,7 +50,9 @@ pub async fn run(
     clock: &Clock,
 ) -> Result<Exit> {
     let node = a.node.as_deref().unwrap_or("");
-    let f = c.fleet(since_unix_ms, node).await?;
+    // The tables show flagged drift alone; JSON every figure's.
+    let flagged_drift = !matches!(out, OutputFormat::Json);
+    let f = c.fleet(since_unix_ms, node, flagged_drift).await?;
     if !node.is_empty() && f.runs.is_empty() {
         anyhow::bail!(
             "no runs of node `{node}` in the fleet history (`gpuctl fleet` lists the nodes)"

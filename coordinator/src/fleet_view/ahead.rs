@@ -74,7 +74,7 @@ impl Inner {
             previous: older,
         } = kept.take().expect("a kept answer");
         super::let_go(older);
-        let pack = built.packed.get().is_some();
+        let pack = built.packs();
         let writes = runs.history_writes();
         let n = writes.len();
         let folded = match self.fold_in(fold, writes).await {

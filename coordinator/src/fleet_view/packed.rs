@@ -6,6 +6,7 @@
 use gpuctl_proto::pb::{FleetRow, GetFleetResponse};
 use prost::bytes::{Bytes, BytesMut};
 
+use super::pages::Parts;
 use super::{next_cursor, row_for, Built};
 
 /// The brief rows, each encoded as `GetFleetResponse.rows` carries it.
@@ -17,11 +18,16 @@ pub(super) struct Packed {
 }
 
 impl Packed {
-    pub(super) fn of(rows: &[FleetRow]) -> Packed {
+    /// `rows` brief, with only their flagged drift when `flagged_drift`.
+    pub(super) fn of(rows: &[FleetRow], flagged_drift: bool) -> Packed {
+        let parts = Parts {
+            brief: true,
+            flagged_drift,
+        };
         let mut buf = BytesMut::new();
         let mut ends = Vec::with_capacity(rows.len());
         for r in rows {
-            prost::encoding::message::encode(1, &row_for(r, true), &mut buf);
+            prost::encoding::message::encode(1, &row_for(r, parts), &mut buf);
             ends.push(buf.len());
         }
         Packed {

@@ -28,20 +28,45 @@ pub(super) fn next_cursor(next: String, build: Option<u64>) -> String {
 }
 
 /// What a caller asked of a page: the rows after `after` (a name), within
-/// `page_bytes` (0: all at once), `brief` (without their GPUs).
+/// `page_bytes` (0: all at once), `brief` (without their GPUs), with only
+/// flagged drift (`GetFleetRequest.flagged_drift`).
 #[derive(Debug, Clone, Default)]
 pub(super) struct Ask {
     pub(super) after: String,
     pub(super) page_bytes: u32,
     pub(super) brief: bool,
+    pub(super) flagged_drift: bool,
 }
 
-/// `r` as the page asked for carries it: without its GPUs when brief. Every
-/// field is named, so that a field added to the row is decided on here.
-pub(super) fn row_for(r: &FleetRow, brief: bool) -> FleetRow {
-    if !brief {
+/// Which of a row's parts a page carries.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Parts {
+    /// Without its GPUs.
+    pub(super) brief: bool,
+    /// Its drift only where flagged.
+    pub(super) flagged_drift: bool,
+}
+
+impl Ask {
+    pub(super) fn parts(&self) -> Parts {
+        Parts {
+            brief: self.brief,
+            flagged_drift: self.flagged_drift,
+        }
+    }
+}
+
+/// `r` as the page asked for carries it: without its GPUs when brief, its
+/// drift only where flagged when asked so. Every field is named, so that a
+/// field added to the row is decided on here.
+pub(super) fn row_for(r: &FleetRow, parts: Parts) -> FleetRow {
+    if parts == Parts::default() {
         return r.clone();
     }
+    let keep_drift = |d: &Vec<gpuctl_proto::pb::Drift>| match parts.flagged_drift {
+        true => d.iter().filter(|d| d.flagged).cloned().collect(),
+        false => d.clone(),
+    };
     let FleetRow {
         node,
         last_verdict,
@@ -58,7 +83,7 @@ pub(super) fn row_for(r: &FleetRow, brief: bool) -> FleetRow {
         p2p_gbps_worst,
         h2d_gbps_worst,
         d2h_gbps_worst,
-        gpus: _,
+        gpus,
     } = r;
     FleetRow {
         node: node.clone(),
@@ -71,12 +96,16 @@ pub(super) fn row_for(r: &FleetRow, brief: bool) -> FleetRow {
         all_reduce_busbw_gbps: *all_reduce_busbw_gbps,
         median_link_gbps: *median_link_gbps,
         samples_per_s: *samples_per_s,
-        drift: drift.clone(),
+        drift: keep_drift(drift),
         acceptance: acceptance.clone(),
         p2p_gbps_worst: *p2p_gbps_worst,
         h2d_gbps_worst: *h2d_gbps_worst,
         d2h_gbps_worst: *d2h_gbps_worst,
-        gpus: Vec::new(),
+        gpus: if parts.brief {
+            Vec::new()
+        } else {
+            gpus.clone()
+        },
     }
 }
 
@@ -92,7 +121,7 @@ pub(super) fn cut(
     ask: &Ask,
     build: Option<u64>,
 ) -> Result<GetFleetResponse, CoordinatorError> {
-    let (after, page_bytes, brief) = (ask.after.as_str(), ask.page_bytes, ask.brief);
+    let (after, page_bytes, parts) = (ask.after.as_str(), ask.page_bytes, ask.parts());
     if page_bytes == 0 {
         let most = gpuctl_core::server::MAX_MESSAGE_BYTES;
         if whole_bytes > most {
@@ -102,7 +131,7 @@ pub(super) fn cut(
             )));
         }
         return Ok(GetFleetResponse {
-            rows: rows.iter().map(|r| row_for(r, brief)).collect(),
+            rows: rows.iter().map(|r| row_for(r, parts)).collect(),
             runs: runs.to_vec(),
             links: links.to_vec(),
             next_after: String::new(),
@@ -110,17 +139,18 @@ pub(super) fn cut(
         });
     }
     // A brief row's size counted without its GPUs (the length's own prefix
-    // as the whole row's: at most a byte or two over).
+    // as the whole row's: at most a byte or two over); its drift counted
+    // whole, flagged or not (a page a little short of its bound at most).
     let bytes = |_, row: &FleetRow| {
         let gpus = prost::encoding::message::encoded_len_repeated(16, &row.gpus);
-        prost::encoding::message::encoded_len(1, row) - if brief { gpus } else { 0 }
+        prost::encoding::message::encoded_len(1, row) - if parts.brief { gpus } else { 0 }
     };
     let (range, next) =
         gpuctl_core::limits::page(rows, |r| r.node.as_str(), bytes, after, page_bytes);
     let first = after.is_empty();
     let next_after = next_cursor(next, build);
     Ok(GetFleetResponse {
-        rows: rows[range].iter().map(|r| row_for(r, brief)).collect(),
+        rows: rows[range].iter().map(|r| row_for(r, parts)).collect(),
         runs: if first { runs.to_vec() } else { Vec::new() },
         links: if first { links.to_vec() } else { Vec::new() },
         next_after,

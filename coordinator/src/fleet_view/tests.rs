@@ -399,6 +399,7 @@ fn fleet_rows_come_page_by_page_and_whole_answers_past_a_message_are_refused() {
             after: cursor(&after).0.to_string(),
             page_bytes: MAX_LIST_PAGE as u32,
             brief: false,
+            flagged_drift: false,
         };
         let p = cut(&rows, &runs, &links, whole, &ask, Some(7)).unwrap();
         assert!(p.rows.iter().all(|r| r.gpus.len() == 1), "whole rows");
@@ -474,8 +475,13 @@ fn brief_pages_leave_the_gpus_out_and_are_cut_by_what_they_carry() {
 }
 
 /// Every page of a listing, as (rows, links) of each; `packed` pages read
-/// back as the CLI reads them.
-async fn listing(view: &FleetView, packed: bool, page_bytes: u32) -> Vec<(Vec<FleetRow>, usize)> {
+/// back as the CLI reads them; `flagged_drift` as the CLI's tables ask.
+async fn listing(
+    view: &FleetView,
+    packed: bool,
+    flagged_drift: bool,
+    page_bytes: u32,
+) -> Vec<(Vec<FleetRow>, usize)> {
     let (mut pages, mut after) = (Vec::new(), String::new());
     loop {
         let req = GetFleetRequest {
@@ -483,6 +489,7 @@ async fn listing(view: &FleetView, packed: bool, page_bytes: u32) -> Vec<(Vec<Fl
             after: after.clone(),
             brief: true,
             packed,
+            flagged_drift,
             ..Default::default()
         };
         let mut p = view.page(req).await.unwrap();
@@ -502,7 +509,8 @@ async fn listing(view: &FleetView, packed: bool, page_bytes: u32) -> Vec<(Vec<Fl
 
 /// A packed listing carries the rows a brief one carries, without their
 /// GPUs, cut into pages within the bytes asked for, the links with the
-/// first; a write makes the next listing pack the new answer.
+/// first; asked with flagged drift only, the same rows with only their
+/// flagged drift; a write makes the next listing pack the new answer.
 #[tokio::test]
 async fn packed_pages_carry_what_brief_pages_carry() {
     let dir = tempfile::tempdir().unwrap();
@@ -517,16 +525,32 @@ async fn packed_pages_carry_what_brief_pages_carry() {
     }
     s.write(batch).await.unwrap();
     let view = FleetView::new(s.clone(), 0.9);
+    let rows = |l: &[(Vec<FleetRow>, usize)]| -> Vec<FleetRow> {
+        l.iter().flat_map(|(r, _)| r.clone()).collect()
+    };
     for page_bytes in [1, 700, MAX_LIST_PAGE as u32] {
-        let brief = listing(&view, false, page_bytes).await;
-        let packed = listing(&view, true, page_bytes).await;
-        let rows = |l: &[(Vec<FleetRow>, usize)]| -> Vec<FleetRow> {
-            l.iter().flat_map(|(r, _)| r.clone()).collect()
-        };
+        let brief = listing(&view, false, false, page_bytes).await;
+        let packed = listing(&view, true, false, page_bytes).await;
         assert_eq!(rows(&packed), rows(&brief), "page_bytes {page_bytes}");
+        let flagged_only = |rows: Vec<FleetRow>| -> Vec<FleetRow> {
+            let keep = |r: FleetRow| FleetRow {
+                drift: r.drift.iter().filter(|d| d.flagged).cloned().collect(),
+                ..r
+            };
+            rows.into_iter().map(keep).collect()
+        };
+        for packed_too in [false, true] {
+            let table = rows(&listing(&view, packed_too, true, page_bytes).await);
+            assert_eq!(table, flagged_only(rows(&brief)), "page_bytes {page_bytes}");
+        }
         assert_eq!(rows(&packed).len(), 24);
         assert!(rows(&packed).iter().all(|r| r.gpus.is_empty()));
-        assert!(rows(&packed).iter().any(|r| !r.drift.is_empty()));
+        let drift = rows(&packed).into_iter().flat_map(|r| r.drift);
+        let flagged: Vec<bool> = drift.map(|d| d.flagged).collect();
+        assert!(
+            flagged.contains(&true) && flagged.contains(&false),
+            "{flagged:?}"
+        );
         let links: Vec<usize> = packed.iter().map(|(_, l)| *l).collect();
         assert!(
             links[0] > 0 && links[1..].iter().all(|&l| l == 0),
@@ -544,8 +568,8 @@ async fn packed_pages_carry_what_brief_pages_carry() {
         .unwrap();
     // Asked for packed before: packed as it is made, before anyone asks.
     let made = view.current().await.unwrap();
-    assert!(made.packed.get().is_some(), "packed with the update");
-    let after = listing(&view, true, MAX_LIST_PAGE as u32).await;
+    assert_eq!(made.packs(), [true, true], "both packed with the update");
+    let after = listing(&view, true, false, MAX_LIST_PAGE as u32).await;
     let row = after[0].0.iter().find(|r| r.node == "node-03").unwrap();
     assert_eq!((row.runs, row.last_job.as_str()), (6, "job-000006"));
 }

@@ -72,7 +72,8 @@ async fn cli_load(
     }
 }
 
-/// `gpuctl fleet`'s calls: every row, page after page, as the CLI asks.
+/// `gpuctl fleet`'s calls: every row, page after page, as the CLI asks for
+/// its table (drift only where flagged).
 async fn whole_fleet(c: &mut JobServiceClient<Channel>) -> Result<usize, tonic::Status> {
     let (mut rows, mut after) = (0, String::new());
     loop {
@@ -82,6 +83,7 @@ async fn whole_fleet(c: &mut JobServiceClient<Channel>) -> Result<usize, tonic::
                 after: after.clone(),
                 brief: true,
                 packed: true,
+                flagged_drift: true,
                 ..Default::default()
             })
             .await?
