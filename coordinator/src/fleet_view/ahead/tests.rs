@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpuctl_proto::pb::{Acceptance, Verdict};
+use gpuctl_proto::pb::{Acceptance, FleetRow, Verdict};
 
 use super::super::tests::{kept_and_fresh, kept_version, node, store, varied};
 use super::super::FleetView;
@@ -34,6 +34,15 @@ async fn fleet(dir: &std::path::Path) -> (StateStore, FleetView) {
     }
     let view = FleetView::folding_ahead_over(s.clone(), 0.9, 0);
     (s, view)
+}
+
+/// The kept answer is what a fresh build gives, every node at `runs` runs;
+/// it is returned (as `kept_and_fresh` gives it).
+async fn kept_as_built(view: &FleetView, s: &StateStore, runs: u32) -> Vec<FleetRow> {
+    let [kept, fresh] = kept_and_fresh(view, s).await;
+    assert_eq!(kept, fresh);
+    assert!(kept.0.iter().all(|r| r.runs == runs), "{runs} runs each");
+    kept.0
 }
 
 #[tokio::test]
@@ -71,9 +80,7 @@ async fn callers_take_the_answer_before_while_a_jobs_runs_are_folded_in() {
         Some(s.history_version()),
         "kept with the runs as they became readable"
     );
-    let [kept, fresh] = kept_and_fresh(&view, &s).await;
-    assert_eq!(kept, fresh);
-    assert!(kept.0.iter().all(|r| r.runs == 3));
+    kept_as_built(&view, &s, 3).await;
     assert_eq!(view.builds(), 1, "folded in, not built again");
 }
 
@@ -95,10 +102,9 @@ async fn what_is_written_during_the_fold_is_folded_in_after_it() {
     task.await.unwrap();
 
     assert_eq!(kept_version(&view).await, Some(s.history_version()));
-    let [kept, fresh] = kept_and_fresh(&view, &s).await;
-    assert_eq!(kept, fresh);
-    let c = kept.0.iter().find(|r| r.node == "c").unwrap();
-    assert!(c.acceptance.is_some() && c.runs == 3);
+    let rows = kept_as_built(&view, &s, 3).await;
+    let c = rows.iter().find(|r| r.node == "c").unwrap();
+    assert!(c.acceptance.is_some());
     assert_eq!(view.builds(), 1, "folded in, not built again");
 }
 
@@ -111,9 +117,7 @@ async fn runs_handed_over_one_after_another_are_folded_in_their_order() {
     let fourth = view.store_runs("job-000004", job_runs(4)).unwrap();
     fourth.await.unwrap();
     third.await.unwrap();
-    let [kept, fresh] = kept_and_fresh(&view, &s).await;
-    assert_eq!(kept, fresh);
-    assert!(kept.0.iter().all(|r| r.runs == 4));
+    kept_as_built(&view, &s, 4).await;
     // A run folded in before an earlier one makes the answer be built afresh.
     assert_eq!(view.builds(), 1, "folded in order, not built again");
 }
@@ -125,9 +129,7 @@ async fn with_no_answer_kept_or_a_small_job_the_runs_are_readable_at_once() {
     let version = s.history_version();
     assert!(view.store_runs("job-000003", job_runs(3)).is_none());
     assert!(s.history_version() > version, "queued at once");
-    let [kept, fresh] = kept_and_fresh(&view, &s).await;
-    assert_eq!(kept, fresh);
-    assert!(kept.0.iter().all(|r| r.runs == 3));
+    kept_as_built(&view, &s, 3).await;
 
     // An answer kept, and a job of 5 runs (the view as the coordinator
     // makes it: past 1,024 runs folded in ahead).
@@ -136,7 +138,5 @@ async fn with_no_answer_kept_or_a_small_job_the_runs_are_readable_at_once() {
     let version = s.history_version();
     assert!(view.store_runs("job-000004", job_runs(4)).is_none());
     assert!(s.history_version() > version, "queued at once");
-    let [kept, fresh] = kept_and_fresh(&view, &s).await;
-    assert_eq!(kept, fresh);
-    assert!(kept.0.iter().all(|r| r.runs == 4));
+    kept_as_built(&view, &s, 4).await;
 }
