@@ -39,7 +39,7 @@ mod packed;
 mod pages;
 mod writes;
 
-use pages::{cursor, cut, next_cursor, row_for, Ask};
+use pages::{cursor, cut, next_cursor, row_for, Ask, Parts};
 
 /// An answer no one asked for in this long is let go (it is ~8 MB at
 /// 16,384 nodes); the next caller builds it again.
@@ -94,12 +94,12 @@ impl Built {
     }
 
     fn paged(&self) {
-        *self.paged.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        *lock(&self.paged) = Some(Instant::now());
     }
 
     /// Whether a listing is under way from this build.
     fn listed(&self) -> bool {
-        let paged = *self.paged.lock().unwrap_or_else(|e| e.into_inner());
+        let paged = *lock(&self.paged);
         paged.is_some_and(|t| t.elapsed() < LISTING)
     }
 }
@@ -208,8 +208,10 @@ impl FleetView {
         let ask = Ask {
             after: after.to_string(),
             page_bytes: req.page_bytes,
-            brief: req.brief,
-            flagged_drift: req.flagged_drift,
+            parts: Parts {
+                brief: req.brief,
+                flagged_drift: req.flagged_drift,
+            },
         };
         if !req.node.trim().is_empty() || req.since_unix_ms > 0 {
             let r = history::fleet(&self.0.store, req, self.0.drift).await?;
@@ -219,7 +221,7 @@ impl FleetView {
         let b = self.get(listing).await?;
         let page = if req.packed && req.brief && req.page_bytes > 0 {
             let flagged = req.flagged_drift;
-            if b.packed[usize::from(flagged)].get().is_none() {
+            if !b.packs()[usize::from(flagged)] {
                 // ~15 ms of encoding at 16,384 nodes: off the runtime.
                 let built = b.clone();
                 crate::runtime::apart(move || async move {

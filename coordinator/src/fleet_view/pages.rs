@@ -28,32 +28,22 @@ pub(super) fn next_cursor(next: String, build: Option<u64>) -> String {
 }
 
 /// What a caller asked of a page: the rows after `after` (a name), within
-/// `page_bytes` (0: all at once), `brief` (without their GPUs), with only
-/// flagged drift (`GetFleetRequest.flagged_drift`).
+/// `page_bytes` (0: all at once), with which of their parts.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Ask {
     pub(super) after: String,
     pub(super) page_bytes: u32,
-    pub(super) brief: bool,
-    pub(super) flagged_drift: bool,
+    pub(super) parts: Parts,
 }
 
-/// Which of a row's parts a page carries.
+/// Which of a row's parts a page carries (`GetFleetRequest.brief`,
+/// `GetFleetRequest.flagged_drift`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) struct Parts {
     /// Without its GPUs.
     pub(super) brief: bool,
     /// Its drift only where flagged.
     pub(super) flagged_drift: bool,
-}
-
-impl Ask {
-    pub(super) fn parts(&self) -> Parts {
-        Parts {
-            brief: self.brief,
-            flagged_drift: self.flagged_drift,
-        }
-    }
 }
 
 /// `r` as the page asked for carries it: without its GPUs when brief, its
@@ -121,7 +111,7 @@ pub(super) fn cut(
     ask: &Ask,
     build: Option<u64>,
 ) -> Result<GetFleetResponse, CoordinatorError> {
-    let (after, page_bytes, parts) = (ask.after.as_str(), ask.page_bytes, ask.parts());
+    let (after, page_bytes, parts) = (ask.after.as_str(), ask.page_bytes, ask.parts);
     if page_bytes == 0 {
         let most = gpuctl_core::server::MAX_MESSAGE_BYTES;
         if whole_bytes > most {

@@ -398,8 +398,7 @@ fn fleet_rows_come_page_by_page_and_whole_answers_past_a_message_are_refused() {
         let ask = Ask {
             after: cursor(&after).0.to_string(),
             page_bytes: MAX_LIST_PAGE as u32,
-            brief: false,
-            flagged_drift: false,
+            parts: Parts::default(),
         };
         let p = cut(&rows, &runs, &links, whole, &ask, Some(7)).unwrap();
         assert!(p.rows.iter().all(|r| r.gpus.len() == 1), "whole rows");
@@ -456,7 +455,10 @@ fn brief_pages_leave_the_gpus_out_and_are_cut_by_what_they_carry() {
         .collect();
     let ask = Ask {
         page_bytes: MAX_LIST_PAGE as u32,
-        brief: true,
+        parts: Parts {
+            brief: true,
+            flagged_drift: false,
+        },
         ..Default::default()
     };
     let p = cut(&rows, &[], &[], 80 << 20, &ask, Some(7)).unwrap();

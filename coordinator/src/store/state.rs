@@ -80,11 +80,11 @@ impl SharedBatch {
 
     /// What the history log will hold of it once it is queued.
     pub fn history_writes(&self) -> Vec<HistoryWrite> {
-        let inputs = self.0.iter().filter(|(k, _)| StateStore::history_input(k));
+        let inputs = StateStore::history_inputs(&self.0).into_iter();
         inputs
             .map(|(key, value)| HistoryWrite {
-                key: key.clone(),
-                value: Some(value.clone()),
+                key,
+                value: Some(value),
             })
             .collect()
     }
