@@ -421,7 +421,7 @@ impl Coordinator {
         id: &str,
         rank: Option<u32>,
         tail: u32,
-    ) -> Result<Vec<pb::LogLine>> {
+    ) -> Result<pb::GetLogsResponse> {
         let req = pb::GetLogsRequest {
             job_id: id.into(),
             has_rank: rank.is_some(),
@@ -433,7 +433,6 @@ impl Coordinator {
             async move { c.get_logs(req).await }
         })
         .await
-        .map(|r| r.lines)
         .map_err(|s| self.status("logs", s))
     }
 

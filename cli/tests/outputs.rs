@@ -81,6 +81,29 @@ fn junit_cases(xml: &str) -> Vec<(String, Option<String>)> {
     cases
 }
 
+/// `logs -f`'s output has every rank's lines, each once, in order, as the
+/// plain listing has them afterwards, to each stress worker's last line.
+fn same_lines(c: &Cluster, id: &str, followed: &[u8]) {
+    let all = stdout(c, &["logs", id]);
+    let followed = String::from_utf8_lossy(followed).to_string();
+    for r in 0..2 {
+        let of = |text: &str| -> Vec<String> {
+            let p = format!("[rank {r} ");
+            text.lines()
+                .filter(|l| l.starts_with(&p))
+                .map(String::from)
+                .collect()
+        };
+        assert_eq!(
+            of(&followed),
+            of(&all),
+            "rank {r}'s lines, each once, in order"
+        );
+        let last = of(&all).pop().unwrap_or_default();
+        assert!(last.contains("stress done"), "rank {r}'s last line: {all}");
+    }
+}
+
 #[test]
 fn report_as_csv_markdown_and_junit_and_the_listings_as_csv() {
     let c = Cluster::start(2, 1);
@@ -163,23 +186,7 @@ fn report_as_csv_markdown_and_junit_and_the_listings_as_csv() {
         ["succeeded", "failed"].contains(&state.as_str()),
         "-f returned while the job was {state}"
     );
-    let all = stdout(&c, &["logs", &running]);
-    assert!(all.contains("[rank 0 "), "{all}");
-    let followed = String::from_utf8_lossy(&followed.stdout).to_string();
-    for r in 0..2 {
-        let of = |text: &str| -> Vec<String> {
-            let p = format!("[rank {r} ");
-            text.lines()
-                .filter(|l| l.starts_with(&p))
-                .map(String::from)
-                .collect()
-        };
-        assert_eq!(
-            of(&followed),
-            of(&all),
-            "rank {r}'s lines, each once, in order"
-        );
-    }
+    same_lines(&c, &running, &followed.stdout);
 
     // A floor no CPU reaches fails every node: JUnit carries the reasons.
     let rules = unreachable_floor(c.dir.path(), &c.json(&["report", &id]));

@@ -33,6 +33,8 @@ enum Msg {
     /// counters dropped: its logs may then be deleted without a batch
     /// written after them.
     Forget(String, oneshot::Sender<()>),
+    /// Answered once every batch queued before it is stored.
+    Stored(oneshot::Sender<()>),
 }
 
 #[derive(Clone)]
@@ -59,6 +61,14 @@ impl LogSink {
     pub fn forget(&self, job: &str) -> oneshot::Receiver<()> {
         let (tx, rx) = oneshot::channel();
         let _ = self.tx.send(Msg::Forget(job.to_string(), tx));
+        rx
+    }
+
+    /// Resolves once the lines sent so far are stored (or the writer has
+    /// stopped): a read after it has them.
+    pub fn stored(&self) -> oneshot::Receiver<()> {
+        let (tx, rx) = oneshot::channel();
+        let _ = self.tx.send(Msg::Stored(tx));
         rx
     }
 }
@@ -102,14 +112,15 @@ async fn run(store: StateStore, mut rx: mpsc::UnboundedReceiver<Msg>) {
     let mut counters = Counters::default();
     while let Some(first) = rx.recv().await {
         let mut queued = Vec::new();
-        let mut forgotten = Vec::new();
+        let mut answers = Vec::new();
         let mut next = Some(first);
         while let Some(m) = next.take() {
             match m {
                 Msg::Lines(b) => queued.push(b),
                 // Answered after this round's write, which holds every
                 // batch queued before it.
-                Msg::Forget(job, done) => forgotten.push((job, done)),
+                Msg::Forget(job, done) => answers.push((Some(job), done)),
+                Msg::Stored(done) => answers.push((None, done)),
             }
             if queued.len() < MAX_BATCHES_PER_WRITE {
                 next = rx.try_recv().ok();
@@ -146,8 +157,10 @@ async fn run(store: StateStore, mut rx: mpsc::UnboundedReceiver<Msg>) {
                 tracing::warn!("storing worker logs: {e}");
             }
         }
-        for (job, done) in forgotten {
-            counters.jobs.remove(&job);
+        for (job, done) in answers {
+            if let Some(job) = job {
+                counters.jobs.remove(&job);
+            }
             let _ = done.send(());
         }
         counters.sweep(now);

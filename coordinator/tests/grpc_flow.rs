@@ -344,6 +344,7 @@ async fn job_life_from_submit_to_report() {
         ),
         ("world", "node-1", 3)
     );
+    logs_settle_once_every_worker_end_is_heard(&mut jobs, &id, [&a0, &a1]).await;
 
     // A worker that dies without a result fails the next job, named.
     let id2 = jobs.submit(spec("nccl", 2)).await.unwrap().into_inner().id;
@@ -588,6 +589,64 @@ async fn old_jobs_are_answered_alike_from_the_store() {
     assert_eq!(now, then);
     assert_eq!(report_of(&mut jobs, &id).await, report);
     coord.shutdown().await;
+}
+
+/// An ended job whose workers' ends were not heard may have lines still to
+/// come (an agent sends a worker's last lines before its end, after the
+/// worker sent its result itself): its logs are not settled. Each end after
+/// its last lines: the first settled answer has every line.
+async fn logs_settle_once_every_worker_end_is_heard(
+    jobs: &mut job_service_client::JobServiceClient<tonic::transport::Channel>,
+    id: &str,
+    agents: [&FakeAgent; 2],
+) {
+    let all = GetLogsRequest {
+        job_id: id.into(),
+        ..Default::default()
+    };
+    let ranks = job(jobs, id).await.plan.unwrap().ranks;
+    let first = jobs.get_logs(all.clone()).await.unwrap().into_inner();
+    assert!(!first.settled, "no worker's end heard yet: {first:?}");
+    for p in &ranks {
+        let agent = agents[usize::from(p.node == "node-1")];
+        let lines = vec![format!("rank {} done", p.rank)];
+        agent
+            .send(Up::Log(WorkerLog {
+                job_id: id.into(),
+                attempt: 1,
+                rank: p.rank,
+                lines,
+            }))
+            .await;
+        agent
+            .send(Up::WorkerExited(WorkerExited {
+                job_id: id.into(),
+                attempt: 1,
+                rank: p.rank,
+                ..Default::default()
+            }))
+            .await;
+    }
+    let mut settled = first;
+    for _ in 0..100 {
+        settled = jobs.get_logs(all.clone()).await.unwrap().into_inner();
+        if settled.settled {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(settled.settled, "every worker's end sent: {settled:?}");
+    for p in &ranks {
+        let last = format!("rank {} done", p.rank);
+        assert!(
+            settled
+                .lines
+                .iter()
+                .any(|l| l.rank == p.rank && l.line == last),
+            "{last} in the first settled answer: {:?}",
+            settled.lines
+        );
+    }
 }
 
 async fn report_of(

@@ -1,9 +1,11 @@
 //! `gpuctl logs JOB [--rank N] [--tail N] [-f]`: worker output stored by the
 //! coordinator, prefixed with the rank when more than one rank is shown. A
 //! `--rank` the job does not have is bad input (exit 2), not an empty log.
-//! `-f` keeps printing new lines until the job ends.
+//! `-f` keeps printing new lines until the job ends and its workers' last
+//! lines are in.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use clap::Args;
@@ -35,7 +37,7 @@ pub async fn run(
     tail: Option<u32>,
     out: OutputFormat,
 ) -> Result<Exit> {
-    let lines = c.logs(id, rank, tail.unwrap_or(0)).await?;
+    let lines = c.logs(id, rank, tail.unwrap_or(0)).await?.lines;
     if let (Some(r), true) = (rank, lines.is_empty()) {
         check_rank(c, id, r).await?;
     }
@@ -57,7 +59,11 @@ pub async fn run(
 }
 
 /// How often `-f` asks for new lines.
-const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+const FOLLOW_EVERY: Duration = Duration::from_secs(1);
+/// How long `-f` waits, once the job has ended, for the coordinator to hear
+/// every worker's end (its agent sends the worker's last lines before it):
+/// a node lost with the job sends none.
+const SETTLE_WAIT: Duration = Duration::from_secs(10);
 
 /// Prints the lines there are (the last `tail`), then each new one as it
 /// arrives, until the job has ended and its last lines are out.
@@ -68,23 +74,36 @@ pub async fn follow(
     tail: Option<u32>,
 ) -> Result<Exit> {
     let first = c.logs(id, rank, 0).await?;
-    if let (Some(r), true) = (rank, first.is_empty()) {
+    if let (Some(r), true) = (rank, first.lines.is_empty()) {
         check_rank(c, id, r).await?;
     }
-    let skip = tail.map_or(0, |t| first.len().saturating_sub(t as usize));
-    output::print_text(&output::logs::text(&first[skip..], rank.is_some()));
+    let skip = tail.map_or(0, |t| first.lines.len().saturating_sub(t as usize));
+    output::print_text(&output::logs::text(&first.lines[skip..], rank.is_some()));
     // Lines come back grouped by rank, each rank's in order: new lines are
     // those past what was shown of their rank.
     let mut shown: HashMap<u32, usize> = HashMap::new();
-    for l in &first {
+    for l in &first.lines {
         *shown.entry(l.rank).or_default() += 1;
     }
-    loop {
-        // Asked before the lines, so the lines fetched after it ended are the last.
-        let over = c.job(id, 1).await?.state().is_terminal();
-        let lines = c.logs(id, rank, 0).await?;
+    let mut settled = first.settled;
+    let mut ended: Option<Instant> = None;
+    while !settled {
+        if c.job(id, 1).await?.state().is_terminal() {
+            let since = *ended.get_or_insert_with(Instant::now);
+            if since.elapsed() >= SETTLE_WAIT {
+                eprintln!(
+                    "{id} has ended, but not every worker's end was heard: \
+                     later lines, if any, show in `gpuctl logs {id}`"
+                );
+                break;
+            }
+        }
+        tokio::time::sleep(FOLLOW_EVERY).await;
+        let got = c.logs(id, rank, 0).await?;
+        settled = got.settled;
         let mut seen: HashMap<u32, usize> = HashMap::new();
-        let fresh: Vec<LogLine> = lines
+        let fresh: Vec<LogLine> = got
+            .lines
             .into_iter()
             .filter(|l| {
                 let n = seen.entry(l.rank).or_default();
@@ -97,11 +116,8 @@ pub async fn follow(
             let s = shown.entry(r).or_default();
             *s = (*s).max(n);
         }
-        if over {
-            return Ok(Exit::Ok);
-        }
-        tokio::time::sleep(FOLLOW_EVERY).await;
     }
+    Ok(Exit::Ok)
 }
 
 /// A rank the job does not have is bad input, not an empty log: asked only

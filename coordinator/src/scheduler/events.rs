@@ -369,6 +369,12 @@ pub enum Query {
         max_ranks: u32,
         reply: Reply<Result<Job, CoordinatorError>>,
     },
+    /// Whether a job's log lines are all in (`GetLogsResponse.settled`);
+    /// `Some`: once they are stored.
+    LogsSettled {
+        job_id: String,
+        reply: Reply<Result<Option<tokio::sync::oneshot::Receiver<()>>, CoordinatorError>>,
+    },
     ListJobs {
         limit: u32,
         reply: Reply<Vec<Job>>,
@@ -415,6 +421,7 @@ impl Query {
     fn about(&self) -> About {
         match self {
             Query::GetJob { .. } => About::people("GetJob"),
+            Query::LogsSettled { .. } => About::people("LogsSettled"),
             Query::ListJobs { .. } => About::people("ListJobs"),
             Query::ListNodes { .. } => About::people("ListNodes"),
             Query::GetTelemetry { .. } => About::people("GetTelemetry"),

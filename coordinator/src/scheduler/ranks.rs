@@ -266,6 +266,10 @@ impl Scheduler {
             return;
         }
         let has_result = entry.results.contains_key(&ex.rank);
+        if let Some(ended) = entry.ended.as_mut() {
+            ended.grow(ended.len().max(ex.rank as usize + 1));
+            ended.insert(ex.rank as usize);
+        }
         entry.exits.insert(ex.rank, ex.clone());
         if entry.state() != JobState::Running || has_result || entry.judging() {
             return;
@@ -283,6 +287,26 @@ impl Scheduler {
         let id = ex.job_id.clone();
         self.finish(&id, JobState::Failed, format!("{label} {how}"), None)
             .await;
+    }
+
+    /// `GetLogs`' `settled`: `Some` once every line the job will have is
+    /// with the log writer, answering when they are stored. That is once
+    /// it ended and each rank's worker end was heard (the agent sends a
+    /// worker's last lines before its end), or it did not start here, so
+    /// nothing more can be known.
+    pub(super) fn logs_settled(
+        &self,
+        id: &str,
+    ) -> Result<Option<tokio::sync::oneshot::Receiver<()>>, CoordinatorError> {
+        let entry = self.job(id)?;
+        if !entry.state().is_terminal() {
+            return Ok(None);
+        }
+        let heard = entry
+            .ended
+            .as_ref()
+            .is_none_or(|e| e.count_ones(..) >= entry.world_size() as usize);
+        Ok(heard.then(|| self.logs.stored()))
     }
 
     fn worker_log(&mut self, node: String, log: WorkerLog) {

@@ -27,6 +27,9 @@ impl Scheduler {
                 max_ranks,
                 reply,
             } => self.get_job(&job_id, max_ranks, reply),
+            Query::LogsSettled { job_id, reply } => {
+                let _ = reply.send(self.logs_settled(&job_id));
+            }
             Query::ListJobs { limit, reply } => {
                 let _ = reply.send(self.list_jobs(limit));
             }

@@ -173,13 +173,15 @@ impl JobService for JobSvc {
         let r = req.into_inner();
         let job_id = r.job_id.clone();
         // Unknown jobs get the same not-found as everywhere else.
-        self.sched
-            .ask(|reply| Query::GetJob {
-                job_id,
-                max_ranks: 1,
-                reply,
-            })
+        let settled = self
+            .sched
+            .ask(|reply| Query::LogsSettled { job_id, reply })
             .await??;
+        let settled = match settled {
+            // Asked before the read: the lines read after it are the last.
+            Some(stored) => stored.await.is_ok(),
+            None => false,
+        };
         let rank = r.has_rank.then_some(r.rank);
         let mut lines =
             self.store.logs(&r.job_id, rank).await.map_err(|e| {
@@ -188,7 +190,7 @@ impl JobService for JobSvc {
         if r.tail > 0 && lines.len() > r.tail as usize {
             lines.drain(..lines.len() - r.tail as usize);
         }
-        Ok(Response::new(GetLogsResponse { lines }))
+        Ok(Response::new(GetLogsResponse { lines, settled }))
     }
 
     async fn get_telemetry(

@@ -544,7 +544,11 @@ impl StateStore {
             .map(|(job, rank, seq, lines)| {
                 (
                     keys::log(&job, rank, seq),
-                    GetLogsResponse { lines }.encode_to_vec(),
+                    GetLogsResponse {
+                        lines,
+                        settled: false,
+                    }
+                    .encode_to_vec(),
                 )
             })
             .collect();
