@@ -278,7 +278,9 @@ impl Scheduler {
         if let Some(e) = self.nodes.get_mut(&node) {
             if e.session.as_ref().map(|s| s.id) == Some(session) {
                 e.session = None;
-                warn!(node = %node, "agent session closed ({why}); the node is lost unless it reconnects within the node timeout");
+                if self.bursts.closed.each(self.cfg.clock.now_ms(), &node) {
+                    warn!(node = %node, "agent session closed ({why}); the node is lost unless it reconnects within the node timeout");
+                }
             }
         }
     }
@@ -396,7 +398,9 @@ impl Scheduler {
         }
         for (name, fx, node) in lost {
             if let Some(what) = &fx.log {
-                warn!(node = %name, "{what}");
+                if self.bursts.lost.each(now, &name) {
+                    warn!(node = %name, "{what}");
+                }
             }
             self.save(Batch::default().node(&node));
             if let Some((job, why)) = fx.fail_job {
