@@ -342,12 +342,15 @@ impl Scheduler {
         attempt: u32,
         messages: Vec<(String, CoordinatorMessage)>,
     ) {
-        let Some(entry) = self.jobs.get(&id) else {
+        let Some(entry) = self.jobs.get_mut(&id) else {
             return;
         };
         if entry.job.attempt != attempt || entry.state() != JobState::Running {
             return;
         }
+        // From here each rank's worker may start, and its end be heard.
+        let world = entry.world_size() as usize;
+        entry.ended = Some(fixedbitset::FixedBitSet::with_capacity(world));
         let mut unreachable = Vec::new();
         for (name, msg) in messages {
             if !self.nodes.get(&name).is_some_and(|n| n.send(msg)) {

@@ -212,8 +212,9 @@ pub struct JobEntry {
     /// sends its result again (its first call timed out) is answered
     /// without a second write or another report.
     pub stored: FixedBitSet,
-    /// Ranks whose worker's end was reported, of the attempt started here
-    /// (`None`: none was): each rank's last log lines come before it.
+    /// Ranks whose worker's end was reported, of the attempt whose
+    /// assignments this coordinator sent (`None`: none): each rank's last
+    /// log lines come before it.
     pub ended: Option<FixedBitSet>,
     /// Results came in after the report was made: when the first and the
     /// last came (unix ms). The report is made again once they stop
