@@ -2,6 +2,7 @@
 //! rendezvous for workers, results and reports, with state behind the
 //! [`store::Store`] trait. `main.rs` only parses flags and calls [`server::run`].
 
+pub mod burst;
 pub mod cert;
 pub mod config;
 pub mod error;

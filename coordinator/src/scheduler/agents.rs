@@ -278,7 +278,7 @@ impl Scheduler {
         if let Some(e) = self.nodes.get_mut(&node) {
             if e.session.as_ref().map(|s| s.id) == Some(session) {
                 e.session = None;
-                if self.bursts.closed.each(self.cfg.clock.now_ms(), &node) {
+                if crate::burst::SESSIONS_CLOSED.each(&node, 1) {
                     warn!(node = %node, "agent session closed ({why}); the node is lost unless it reconnects within the node timeout");
                 }
             }
@@ -398,7 +398,7 @@ impl Scheduler {
         }
         for (name, fx, node) in lost {
             if let Some(what) = &fx.log {
-                if self.bursts.lost.each(now, &name) {
+                if crate::burst::NODES_LOST.each(&name, 1) {
                     warn!(node = %name, "{what}");
                 }
             }

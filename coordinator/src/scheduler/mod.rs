@@ -15,7 +15,6 @@
 //! - `agents.rs`: [`AgentEvent`]s: registration and adoption, sessions,
 //!   heartbeats, acknowledgements, lost nodes, node removal.
 //! - `budget.rs`: what nodes may make the coordinator keep, each and all.
-//! - `burst.rs`: node warnings a whole fleet gives at once, a few a second.
 //! - `jobs.rs`: [`JobEvent`]s: submit, start, assignments sent, finish,
 //!   cancel, deadlines, hangs.
 //! - `ranks.rs`: [`RankEvent`]s: progress, results, exits, logs, telemetry.
@@ -51,7 +50,6 @@ mod agents;
 mod assign;
 mod background;
 mod budget;
-mod burst;
 mod certs;
 mod device;
 pub mod events;
@@ -170,8 +168,6 @@ pub struct Scheduler {
     hearing: crate::jobs::hearing::Hearing,
     /// The report of the job that ended last, for a little while.
     recent: recent::Recent,
-    /// Node warnings that come in bursts, said a few a second (`burst.rs`).
-    bursts: burst::Bursts,
     /// The job whose report is being made again with late results
     /// (`reports::refold_stale`): one at a time.
     refolding: Option<String>,
@@ -311,7 +307,6 @@ impl Scheduler {
             fleet_view,
             pace,
             recent: recent::Recent::default(),
-            bursts: burst::Bursts::default(),
             refolding: None,
             telemetry_next_ms: Arc::default(),
             first_lane: lanes.people.0.downgrade(),
@@ -435,6 +430,7 @@ impl Scheduler {
             }
         }
         self.store_telemetry(true).await;
+        crate::burst::say_left_out();
         // Ending the sessions lets the server's graceful shutdown complete.
         for e in self.nodes.values_mut() {
             e.session = None;
@@ -480,7 +476,7 @@ impl Scheduler {
 
     async fn tick(&mut self) {
         self.lose_silent_nodes().await;
-        self.bursts.say_left_out();
+        crate::burst::say_left_out();
         self.fail_overdue_jobs().await;
         self.fail_hung_jobs().await;
         self.store_telemetry(false).await;

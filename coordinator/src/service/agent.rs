@@ -318,7 +318,7 @@ async fn run_session(
             }
         }
     }
-    if inbox.dropped > 0 {
+    if inbox.dropped > 0 && crate::burst::TELEMETRY_DROPPED.each(&node, inbox.dropped) {
         warn!(
             node = %node,
             samples = inbox.dropped,
