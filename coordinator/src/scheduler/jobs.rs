@@ -273,9 +273,6 @@ impl Scheduler {
         let to_assign = plan.clone();
         plan.checks = checks;
         entry.set_plan(plan);
-        entry.ended = Some(fixedbitset::FixedBitSet::with_capacity(
-            to_assign.ranks.len(),
-        ));
         let plan = to_assign;
         entry.deadline_unix_ms = deadline;
         let attempt = entry.job.attempt;
