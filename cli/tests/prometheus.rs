@@ -276,30 +276,42 @@ impl Fleet {
 }
 
 fn start_fleet(dir: &Path, procs: &mut Procs, agents: usize) -> Fleet {
-    let coordinator_metrics = free_port();
-    let mut coord = Command::new(bin("gpuctl-coordinator"))
-        .args(["--listen", "127.0.0.1:0", "--node-timeout", "3s"])
-        .arg("--metrics-listen")
-        .arg(format!("127.0.0.1:{coordinator_metrics}"))
-        .arg("--data-dir")
-        .arg(dir.join("coordinator"))
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(log(dir, "coordinator"))
-        .spawn()
-        .expect("start gpuctl-coordinator");
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(coord.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    procs.add("coordinator", coord);
-    let url = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("coordinator's first line: {line:?}\n{}", logs(dir)))
-        .to_string();
+    // A port free when picked can be taken before the coordinator binds it
+    // (a process of an earlier test, or one the machine runs): picked again
+    // then, a few times.
+    let mut tries = 0;
+    let (coordinator_metrics, url) = loop {
+        tries += 1;
+        let port = free_port();
+        let mut coord = Command::new(bin("gpuctl-coordinator"))
+            .args(["--listen", "127.0.0.1:0", "--node-timeout", "3s"])
+            .arg("--metrics-listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--data-dir")
+            .arg(dir.join("coordinator"))
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(log(dir, "coordinator"))
+            .spawn()
+            .expect("start gpuctl-coordinator");
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(coord.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        if let Some(url) = line.trim().strip_prefix("listening on ") {
+            procs.add("coordinator", coord);
+            break (port, url.to_string());
+        }
+        let _ = coord.wait();
+        let taken = logs(dir).contains("Address already in use");
+        assert!(
+            taken && tries < 3,
+            "coordinator's first line: {line:?}\n{}",
+            logs(dir)
+        );
+    };
     let mut agent_metrics = Vec::new();
     for i in 0..agents {
         let port = free_port();
