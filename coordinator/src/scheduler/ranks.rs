@@ -267,7 +267,7 @@ impl Scheduler {
         }
         let has_result = entry.results.contains_key(&ex.rank);
         if let Some(ended) = entry.ended.as_mut() {
-            ended.grow(ended.len().max(ex.rank as usize + 1));
+            ended.grow(ex.rank as usize + 1);
             ended.insert(ex.rank as usize);
         }
         entry.exits.insert(ex.rank, ex.clone());
