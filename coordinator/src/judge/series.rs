@@ -439,6 +439,13 @@ fn slot(ms: u64, origin: u64, width: u64) -> u64 {
     ms.saturating_sub(origin) / width.max(1)
 }
 
+/// Whether a sample taken at `t` joins the newest bucket (starting at
+/// `newest`) of a series whose slot 0 starts at `origin`, `width` ms a slot:
+/// late or same-slot samples do.
+pub fn joins_newest(newest: u64, t: u64, origin: u64, width: u64) -> bool {
+    t <= newest || slot(t, origin, width) == slot(newest, origin, width)
+}
+
 impl GpuSeries {
     /// An empty series with fresh (one-second) buckets.
     pub fn new(node: &str, index: u32, uuid: &str) -> GpuSeries {
@@ -463,10 +470,10 @@ impl GpuSeries {
         let most = max_buckets.max(2);
         let origin = self.origin(t);
         let width = self.bucket_ms;
-        // Late or same-slot samples join the newest bucket.
-        let joins = self.buckets.last().is_some_and(|last| {
-            t <= last.start_ms || slot(t, origin, width) == slot(last.start_ms, origin, width)
-        });
+        let joins = self
+            .buckets
+            .last()
+            .is_some_and(|last| joins_newest(last.start_ms, t, origin, width));
         if joins {
             if let Some(last) = self.buckets.last_mut() {
                 last.merge(&b);

@@ -13,7 +13,7 @@ use super::events::RankEvent;
 use super::Scheduler;
 use crate::error::CoordinatorError;
 use crate::judge::report;
-use crate::judge::series::GpuSeries;
+use crate::judge::telemetry::Encoded;
 use crate::logs::LogBatch;
 use crate::refusals::Refused;
 use crate::store::{Batch, Durable};
@@ -407,7 +407,7 @@ impl Scheduler {
             return;
         }
         let ticks = (TELEMETRY_STORE_MS / super::TICK.as_millis() as u64).max(1) as usize;
-        let mut series: Vec<(String, Vec<GpuSeries>)> = Vec::new();
+        let mut series: Vec<(String, Vec<Encoded>)> = Vec::new();
         for e in self.jobs.values_mut() {
             if e.state() != JobState::Running || !e.telemetry.is_dirty() {
                 continue;
@@ -424,9 +424,9 @@ impl Scheduler {
         }
         let encode = move || {
             let mut batch = Batch::default();
-            for (job, list) in &series {
+            for (job, list) in series {
                 for s in list {
-                    batch = batch.telemetry(job, s);
+                    batch = batch.telemetry(&job, s);
                 }
             }
             batch

@@ -7,7 +7,7 @@ use gpuctl_proto::pb::{Acceptance, Job, Node, NodeRun, RankReport, Report, Suite
 use prost::Message;
 
 use super::keys;
-use crate::judge::series::GpuSeries;
+use crate::judge::telemetry::Encoded;
 
 /// One write of a typed batch; see [`StateStore::write`].
 ///
@@ -88,10 +88,10 @@ impl Batch {
         self.0.push((key, run.encode_to_vec()));
         self
     }
-    pub fn telemetry(mut self, job: &str, series: &GpuSeries) -> Self {
+    pub fn telemetry(mut self, job: &str, series: Encoded) -> Self {
         self.0.push((
             keys::telemetry(job, &series.node, series.index),
-            series.encode_to_vec(),
+            series.bytes,
         ));
         self
     }
@@ -118,7 +118,7 @@ impl Batch {
     /// `max_bytes` as each fills.
     pub fn telemetry_parts(
         job: &str,
-        series: impl Iterator<Item = GpuSeries>,
+        series: impl Iterator<Item = Encoded>,
         max_bytes: usize,
         mut write: impl FnMut(Batch),
     ) {
@@ -128,8 +128,8 @@ impl Batch {
                 write(std::mem::take(&mut part));
                 bytes = 0;
             }
-            part = part.telemetry(job, &s);
-            bytes += part.0.last().map_or(0, |(k, v)| k.len() + v.len());
+            bytes += keys::telemetry(job, &s.node, s.index).len() + s.bytes.len();
+            part = part.telemetry(job, s);
         }
         if !part.is_empty() {
             write(part);

@@ -6,6 +6,7 @@
 //! Here, the holding: batches in, changed series out to the store. The
 //! summaries and findings a report takes of them are [`summary`].
 
+mod slot;
 mod summary;
 
 #[cfg(test)]
@@ -20,6 +21,7 @@ use gpuctl_proto::pb::{GpuSample, TelemetryBatch};
 
 use super::series::GpuSeries;
 use crate::store::keys;
+use slot::Slot;
 
 pub use crate::judge::checks::idle::Windows;
 
@@ -34,28 +36,13 @@ pub struct Telemetry {
     cursor: Option<(String, u32)>,
 }
 
-/// One GPU's series, and whether it changed since it was last stored.
-#[derive(Debug, Clone)]
-struct Slot {
-    series: GpuSeries,
-    dirty: bool,
-}
-
 impl Telemetry {
     /// Series read back from the store (a finished job, or after a restart).
     pub fn from_stored(series: Vec<GpuSeries>) -> Telemetry {
         Telemetry {
             series: series
                 .into_iter()
-                .map(|s| {
-                    (
-                        (s.node.clone(), s.index),
-                        Slot {
-                            series: s,
-                            dirty: false,
-                        },
-                    )
-                })
+                .map(|s| ((s.node.clone(), s.index), Slot::new(s, false)))
                 .collect(),
             ..Default::default()
         }
@@ -81,13 +68,9 @@ impl Telemetry {
                 .collect();
             for s in &batch.samples {
                 let at = if s.unix_ms > 0 { s.unix_ms } else { now_ms };
-                match mine.iter_mut().find(|slot| slot.series.index == s.index) {
+                match mine.iter_mut().find(|slot| slot.index() == s.index) {
                     Some(slot) => {
-                        let g = &mut slot.series;
-                        if g.uuid.is_empty() {
-                            g.uuid = s.uuid.clone();
-                        }
-                        g.add_within(s, at, max);
+                        slot.add_within(s, at, max);
                         if !slot.dirty {
                             slot.dirty = true;
                             self.dirty += 1;
@@ -110,12 +93,8 @@ impl Telemetry {
         }
         self.dirty += fresh.len();
         for g in fresh {
-            let slot = Slot {
-                series: g,
-                dirty: true,
-            };
             self.series
-                .insert((node.to_string(), slot.series.index), slot);
+                .insert((node.to_string(), g.index), Slot::new(g, true));
         }
         let n = batch.samples.len();
         match self.latest.get_mut(node) {
@@ -135,25 +114,25 @@ impl Telemetry {
         self.latest.values().cloned().collect()
     }
 
-    /// The series changed since they were last taken, by value: a job's
-    /// last write frees each series once it is encoded (32,768 GPUs' are
-    /// ~60 MB), not after all of them are.
-    pub fn into_dirty(self) -> impl Iterator<Item = GpuSeries> {
+    /// The series changed since they were last taken, encoded, by value: a
+    /// job's last write frees each series once it is encoded (32,768 GPUs'
+    /// are ~60 MB), not after all of them are.
+    pub fn into_dirty(self) -> impl Iterator<Item = Encoded> {
         self.series
             .into_values()
             .filter(|slot| slot.dirty)
-            .map(|slot| slot.series)
+            .map(|slot| Encoded::of(&slot))
     }
 
     /// Series changed since the last call, to be stored; marks them clean.
-    pub fn take_dirty(&mut self) -> Vec<GpuSeries> {
+    pub fn take_dirty(&mut self) -> Vec<Encoded> {
         self.take_dirty_some(usize::MAX)
     }
 
     /// At most `max` of the changed series, taken round the GPUs in key
     /// order from where the last call stopped, so that writing a job's
     /// telemetry can be spread over several calls without starving any GPU.
-    pub fn take_dirty_some(&mut self, max: usize) -> Vec<GpuSeries> {
+    pub fn take_dirty_some(&mut self, max: usize) -> Vec<Encoded> {
         let bounds = |c: &Option<(String, u32)>| match c {
             Some(c) => (
                 (Excluded(c.clone()), Unbounded),
@@ -166,14 +145,14 @@ impl Telemetry {
         let mut out = Vec::new();
         let mut last = None;
         let mut take = |range: std::collections::btree_map::RangeMut<'_, (String, u32), Slot>,
-                        out: &mut Vec<GpuSeries>| {
+                        out: &mut Vec<Encoded>| {
             for (key, slot) in range {
                 if out.len() >= max {
                     return;
                 }
                 if slot.dirty {
                     slot.dirty = false;
-                    out.push(slot.series.clone());
+                    out.push(Encoded::of(slot));
                     last = Some(key.clone());
                 }
             }
@@ -196,15 +175,19 @@ impl Telemetry {
 
     /// What the series take in the store, keys included.
     pub fn stored_bytes(&self, job: &str) -> u64 {
-        self.series().map(|s| stored_len(job, s)).sum()
+        self.series
+            .values()
+            .map(|s| (keys::telemetry(job, s.node(), s.index()).len() + s.encoded_len()) as u64)
+            .sum()
     }
 
     pub fn is_dirty(&self) -> bool {
         self.dirty > 0
     }
 
-    pub fn series(&self) -> impl Iterator<Item = &GpuSeries> {
-        self.series.values().map(|slot| &slot.series)
+    /// Each GPU's series, decoded one at a time.
+    pub fn series(&self) -> impl Iterator<Item = GpuSeries> + '_ {
+        self.series.values().map(Slot::series)
     }
 }
 
@@ -222,7 +205,27 @@ fn newest_into(kept: &mut Vec<GpuSample>, fresh: Vec<GpuSample>) {
     }
 }
 
-/// A series' key and value in the store.
-fn stored_len(job: &str, s: &GpuSeries) -> u64 {
-    (keys::telemetry(job, &s.node, s.index).len() + s.encoded_len()) as u64
+/// One GPU's series as the store writes it, under `telemetry/{job}/{node}/{gpu}`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Encoded {
+    pub node: String,
+    pub index: u32,
+    /// A [`GpuSeries`], encoded.
+    pub bytes: Vec<u8>,
+}
+
+impl Encoded {
+    fn of(slot: &Slot) -> Encoded {
+        Encoded {
+            node: slot.node().to_string(),
+            index: slot.index(),
+            bytes: slot.encoded(),
+        }
+    }
+
+    /// The series, decoded.
+    pub fn series(&self) -> GpuSeries {
+        // Made by `Slot::encoded` from buckets that encoded.
+        GpuSeries::decode(self.bytes.as_slice()).expect("a held series decodes")
+    }
 }

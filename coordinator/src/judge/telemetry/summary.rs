@@ -28,7 +28,7 @@ impl Telemetry {
             let measured = windows
                 .get(&(g.node.clone(), g.index))
                 .map(|&(from, to)| g.totals_within(from, to));
-            let (s, mine) = summary(g, &t, measured.as_ref(), rules);
+            let (s, mine) = summary(&g, &t, measured.as_ref(), rules);
             rates.push((t.nvlinks_expected > 0).then(|| crc_per_min(&t)));
             summaries.push(s);
             per_gpu.push(mine);
