@@ -17,13 +17,15 @@ fn rank(rank: u32, local: u32, verdict: pb::Verdict, detail: Option<Detail>) -> 
         } else {
             String::new()
         },
-        result: detail.map(|d| pb::RankResult {
-            rank,
-            ok: true,
-            nccl_version: "2.28.9".into(),
-            detail: Some(d),
-            ..Default::default()
-        }),
+        result: detail
+            .map(|d| pb::RankResult {
+                rank,
+                ok: true,
+                nccl_version: "2.28.9".into(),
+                detail: Some(d),
+                ..Default::default()
+            })
+            .map(Box::new),
         gpu_index: Some(local),
         ..Default::default()
     }
@@ -272,7 +274,7 @@ pub(crate) fn p2p_report() -> pb::Report {
         device: "cuda:0".into(),
         device_name: "NVIDIA H100 80GB HBM3".into(),
         verdict: pb::Verdict::Pass as i32,
-        result: Some(pb::RankResult {
+        result: Some(Box::new(pb::RankResult {
             rank: r,
             ok: true,
             detail: Some(Detail::P2p(pb::P2pResult {
@@ -287,7 +289,7 @@ pub(crate) fn p2p_report() -> pb::Report {
                 ..Default::default()
             })),
             ..Default::default()
-        }),
+        })),
         ..Default::default()
     };
     pb::Report {
@@ -319,14 +321,14 @@ pub fn loader_report(
             name: "n1".into(),
             ranks: vec![pb::RankReport {
                 rank: 0,
-                result: Some(pb::RankResult {
+                result: Some(Box::new(pb::RankResult {
                     detail: Some(Detail::Train(pb::TrainResult {
                         model: model.into(),
                         loader: settings,
                         ..Default::default()
                     })),
                     ..Default::default()
-                }),
+                })),
                 ..Default::default()
             }],
             ..Default::default()

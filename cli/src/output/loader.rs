@@ -91,7 +91,7 @@ pub fn section(r: &pb::Report) -> Option<String> {
         .nodes
         .iter()
         .flat_map(|n| &n.ranks)
-        .filter_map(|rk| rk.result.as_ref())
+        .filter_map(|rk| rk.result.as_deref())
         .flat_map(train_results)
         .flat_map(|t| &t.loader)
         .map(|s| (s.work, s.sample_cpu_us))

@@ -92,10 +92,10 @@ mod tests {
                 name: "n0".into(),
                 ranks: vec![pb::RankReport {
                     rank: 0,
-                    result: Some(pb::RankResult {
+                    result: Some(Box::new(pb::RankResult {
                         detail: Some(Detail::Maxbatch(m)),
                         ..Default::default()
-                    }),
+                    })),
                     ..Default::default()
                 }],
                 ..Default::default()

@@ -286,7 +286,7 @@ mod tests {
                     .enumerate()
                     .map(|(i, r)| pb::RankReport {
                         rank: i as u32,
-                        result: Some(r),
+                        result: Some(Box::new(r)),
                         ..Default::default()
                     })
                     .collect(),

@@ -370,7 +370,7 @@ mod tests {
                 ranks: vec![pb::RankReport {
                     rank: 1,
                     device: "cpu".into(),
-                    result: Some(result),
+                    result: Some(Box::new(result)),
                     ..Default::default()
                 }],
                 ..Default::default()

@@ -326,7 +326,7 @@ mod tests {
                 rank: i,
                 gpu_index: Some(0),
                 gpu_uuid: format!("GPU-{i}"),
-                result: Some(RankResult {
+                result: Some(Box::new(RankResult {
                     rank: i,
                     ok: true,
                     device_name: "NVIDIA H200".into(),
@@ -338,7 +338,7 @@ mod tests {
                         ..Default::default()
                     })),
                     ..Default::default()
-                }),
+                })),
                 ..Default::default()
             }],
             ..Default::default()

@@ -246,7 +246,7 @@ mod tests {
         let rank = |i: u32, v: Verdict| RankReport {
             rank: i,
             verdict: v as i32,
-            result: Some(RankResult {
+            result: Some(Box::new(RankResult {
                 phases: (0..500)
                     .map(|t| PhaseMark {
                         phase: "gemm".into(),
@@ -256,7 +256,7 @@ mod tests {
                     })
                     .collect(),
                 ..Default::default()
-            }),
+            })),
             ..Default::default()
         };
         Report {

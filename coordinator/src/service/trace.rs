@@ -147,7 +147,7 @@ fn locate(report: &Report, rank: u32, path: &str) -> Result<(String, String), St
     let traces: Vec<&str> = r
         .result
         .iter()
-        .flat_map(train_results)
+        .flat_map(|r| train_results(r))
         .filter_map(|t| t.profile.as_ref())
         .map(|p| p.trace_path.as_str())
         .filter(|p| !p.is_empty())
@@ -272,11 +272,11 @@ mod tests {
         };
         let rank = |rank: u32, paths: &[&str]| RankReport {
             rank,
-            result: Some(RankResult {
+            result: Some(Box::new(RankResult {
                 detail: paths.first().map(|p| Detail::Train(train(p))),
                 more_train: paths.iter().skip(1).map(|p| train(p)).collect(),
                 ..Default::default()
-            }),
+            })),
             ..Default::default()
         };
         Report {

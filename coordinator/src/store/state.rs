@@ -523,7 +523,7 @@ impl StateStore {
                 .map(|r| (r.rank, r))
                 .collect();
             for rank in ranks_of(&mut report) {
-                rank.result = results.remove(&rank.rank);
+                rank.result = results.remove(&rank.rank).map(Box::new);
             }
         }
         Ok(Some(report))

@@ -316,7 +316,7 @@ mod tests {
         if let Some(pb::RankResult {
             detail: Some(pb::rank_result::Detail::Stress(s)),
             ..
-        }) = r.nodes[0].ranks[0].result.as_mut()
+        }) = r.nodes[0].ranks[0].result.as_deref_mut()
         {
             s.tflops_per_interval = vec![1.0, 1.2, 1.1];
             s.interval_s = 2.0;

@@ -396,11 +396,11 @@ mod tests {
             .enumerate()
             .map(|(i, (d, more))| pb::RankReport {
                 rank: i as u32,
-                result: Some(pb::RankResult {
+                result: Some(Box::new(pb::RankResult {
                     detail: Some(d),
                     more_train: more,
                     ..Default::default()
-                }),
+                })),
                 ..Default::default()
             })
             .collect();

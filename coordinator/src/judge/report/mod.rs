@@ -96,7 +96,7 @@ pub fn build_bare(inp: &Inputs) -> (Report, Figures) {
 /// Moves each rank's result into a report made by [`build_bare`].
 pub fn attach(report: &mut Report, mut results: BTreeMap<u32, RankResult>) {
     for r in report.nodes.iter_mut().flat_map(|n| &mut n.ranks) {
-        r.result = results.remove(&r.rank);
+        r.result = results.remove(&r.rank).map(Box::new);
     }
 }
 

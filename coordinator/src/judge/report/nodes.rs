@@ -43,7 +43,7 @@ pub(super) fn verdicts(
                 gpu_uuid: p.gpu_uuid.clone(),
                 verdict: st.verdict as i32,
                 reason: st.reason(),
-                result: results.and_then(|r| r.get(&p.rank)).cloned(),
+                result: results.and_then(|r| r.get(&p.rank)).cloned().map(Box::new),
                 gpu_index: p.gpu_index,
                 ..Default::default()
             });

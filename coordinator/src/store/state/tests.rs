@@ -173,7 +173,7 @@ async fn a_report_is_stored_without_its_results_and_read_with_them() {
     .unwrap();
     let rank = |rank| RankReport {
         rank,
-        result: Some(result(rank)),
+        result: Some(Box::new(result(rank))),
         ..Default::default()
     };
     let mut report = Report {
