@@ -82,6 +82,10 @@ impl Deque {
         match self.indices {
             Some(mut idxs) => {
                 let mut slot = buf.slab.remove(idxs.head);
+                // gpuctl: frames held at once for a burst of streams leave no room behind.
+                if buf.slab.is_empty() && buf.slab.capacity() > super::store::SHRINK_OVER {
+                    buf.slab.shrink_to_fit();
+                }
 
                 if idxs.head == idxs.tail {
                     assert!(slot.next.is_none());

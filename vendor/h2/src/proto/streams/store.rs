@@ -7,6 +7,16 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::ops;
 
+/// gpuctl: a store holding room for more streams than this gives back the room past its last
+/// stream once three quarters of it are free.
+///
+/// The slab of streams grows to the most streams a connection ever had open at once and never
+/// shrinks: a coordinator's connection per GPU node carries the agent's session and its workers'
+/// calls, and their results come at once at a job's end; at 16,384 nodes those slabs kept ~170 MB
+/// (a `Stream` is several hundred bytes) after every job. Only vacant room past the last stream
+/// can go (a stream's index is its key), which is where a burst's streams were put.
+pub(super) const SHRINK_OVER: usize = 16;
+
 /// Storage for streams
 #[derive(Debug)]
 pub(super) struct Store {
@@ -406,6 +416,13 @@ impl<'a> Ptr<'a> {
         // Remove the stream state
         let stream = self.store.slab.remove(self.key.index.0 as usize);
         assert_eq!(stream.id, self.key.stream_id);
+        // gpuctl: give back what a burst of streams grew, once most of it is free.
+        if self.store.slab.capacity() > SHRINK_OVER
+            && self.store.slab.len() * 4 <= self.store.slab.capacity()
+        {
+            self.store.slab.shrink_to_fit();
+            self.store.ids.shrink_to_fit();
+        }
         stream.id
     }
 
