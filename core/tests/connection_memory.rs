@@ -73,16 +73,25 @@ async fn connect(listener: &TcpListener) -> h2::client::SendRequest<Bytes> {
     send
 }
 
-/// One request with `body` bytes, answered.
-async fn call(send: &h2::client::SendRequest<Bytes>, body: usize) {
-    let request = http::Request::post("http://gpuctl/call").body(()).unwrap();
-    let (response, mut stream) = send
-        .clone()
+/// A request to `path` sent, its body still to come.
+async fn start(
+    send: &h2::client::SendRequest<Bytes>,
+    path: &str,
+) -> (h2::client::ResponseFuture, h2::SendStream<Bytes>) {
+    let request = http::Request::post(format!("http://gpuctl{path}"))
+        .body(())
+        .unwrap();
+    send.clone()
         .ready()
         .await
         .unwrap()
         .send_request(request, false)
-        .unwrap();
+        .unwrap()
+}
+
+/// One request with `body` bytes, answered.
+async fn call(send: &h2::client::SendRequest<Bytes>, body: usize) {
+    let (response, mut stream) = start(send, "/call").await;
     stream.reserve_capacity(body);
     stream
         .send_data(Bytes::from(vec![7u8; body]), true)
@@ -92,17 +101,7 @@ async fn call(send: &h2::client::SendRequest<Bytes>, body: usize) {
 
 /// A request whose body stays open, as an agent's session does for the agent's life.
 async fn open_stream(send: &h2::client::SendRequest<Bytes>) -> h2::SendStream<Bytes> {
-    let request = http::Request::post("http://gpuctl/session")
-        .body(())
-        .unwrap();
-    let (_, stream) = send
-        .clone()
-        .ready()
-        .await
-        .unwrap()
-        .send_request(request, false)
-        .unwrap();
-    stream
+    start(send, "/session").await.1
 }
 
 /// Live heap once every task has had its turn: the connections' tasks run on this thread too.
