@@ -76,8 +76,7 @@ impl Slot {
         }
         if !joins && n < most {
             if let Some(newest) = self.head.buckets.pop() {
-                prost::encoding::message::encode(BUCKETS_FIELD, &newest, &mut self.older);
-                self.older_n += 1;
+                self.hold(&newest);
             }
             self.head.buckets.push(Bucket::of(s, t));
             return;
@@ -96,11 +95,10 @@ impl Slot {
 
     /// The series whole, decoded.
     pub(super) fn series(&self) -> GpuSeries {
-        let mut whole = GpuSeries {
-            buckets: Vec::with_capacity(self.older_n + self.head.buckets.len()),
-            ..self.head.clone()
-        };
-        whole.buckets.clear();
+        let mut whole = self.head_fields();
+        whole
+            .buckets
+            .reserve_exact(self.older_n + self.head.buckets.len());
         // Written here, from buckets that encoded: only a bug fails it.
         let older = GpuSeries::decode(self.older.as_slice())
             .expect("a series' older buckets decode as they were encoded");
@@ -145,7 +143,13 @@ impl Slot {
     fn keep_newest_only(&mut self) {
         let buckets = std::mem::take(&mut self.head.buckets);
         self.origin_ms = buckets.first().map_or(0, |b| b.start_ms);
-        self.older.clear();
+        let older: usize = buckets
+            .iter()
+            .rev()
+            .skip(1)
+            .map(|b| prost::encoding::message::encoded_len(BUCKETS_FIELD, b))
+            .sum();
+        self.older = Vec::with_capacity(older);
         self.older_n = 0;
         let mut rest = buckets.into_iter().peekable();
         let mut newest = Vec::with_capacity(1);
@@ -153,12 +157,20 @@ impl Slot {
             if rest.peek().is_none() {
                 newest.push(b);
             } else {
-                prost::encoding::message::encode(BUCKETS_FIELD, &b, &mut self.older);
-                self.older_n += 1;
+                self.hold(&b);
             }
         }
-        self.older.shrink_to_fit();
         self.head.buckets = newest;
+    }
+
+    /// Appends `b` to the older buckets, growing them by its size alone: a
+    /// `Vec` doubled as it grows would keep up to as much again unused, for
+    /// every GPU of the job.
+    fn hold(&mut self, b: &Bucket) {
+        self.older
+            .reserve_exact(prost::encoding::message::encoded_len(BUCKETS_FIELD, b));
+        prost::encoding::message::encode(BUCKETS_FIELD, b, &mut self.older);
+        self.older_n += 1;
     }
 }
 
@@ -206,6 +218,11 @@ mod tests {
                 assert_eq!(slot.series(), series, "limit {most}, sample {i}");
             }
             assert_eq!(slot.encoded(), series.encode_to_vec(), "limit {most}");
+            assert_eq!(
+                slot.older.capacity(),
+                slot.older.len(),
+                "no room held unused"
+            );
             assert_eq!(slot.encoded_len(), series.encoded_len());
             assert!(series.buckets.len() > 1, "limit {most}: more than the head");
         }
