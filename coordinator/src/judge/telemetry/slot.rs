@@ -216,13 +216,13 @@ mod tests {
                 series.add_within(&s, t, limit);
                 slot.add_within(&s, t, limit);
                 assert_eq!(slot.series(), series, "limit {most}, sample {i}");
+                assert_eq!(
+                    slot.older.capacity(),
+                    slot.older.len(),
+                    "no room held unused"
+                );
             }
             assert_eq!(slot.encoded(), series.encode_to_vec(), "limit {most}");
-            assert_eq!(
-                slot.older.capacity(),
-                slot.older.len(),
-                "no room held unused"
-            );
             assert_eq!(slot.encoded_len(), series.encoded_len());
             assert!(series.buckets.len() > 1, "limit {most}: more than the head");
         }
