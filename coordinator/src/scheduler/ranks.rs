@@ -390,7 +390,9 @@ impl Scheduler {
     /// job (all of them with `all`): each tick takes enough that every GPU's
     /// series is written about every [`TELEMETRY_STORE_MS`], so that a crash
     /// loses at most that much of it and no tick holds the scheduler with
-    /// tens of thousands of series. They are encoded off the task.
+    /// tens of thousands of series. Taking a series encodes only its newest
+    /// bucket (the older ones are held encoded); the batch is made and
+    /// queued off the task.
     ///
     /// These writes go in the store writer's second lane, one at a time, and
     /// at most [`TELEMETRY_STORE_BYTES_PER_S`]: every series is written again
@@ -422,7 +424,7 @@ impl Scheduler {
         if series.is_empty() {
             return;
         }
-        let encode = move || {
+        let batch = move || {
             let mut batch = Batch::default();
             for (job, list) in series {
                 for s in list {
@@ -432,14 +434,14 @@ impl Scheduler {
             batch
         };
         if all {
-            self.save(encode());
+            self.save(batch());
             return;
         }
         let (store, next) = (self.store.clone(), self.telemetry_next_ms.clone());
         next.store(u64::MAX, Ordering::Release);
         tokio::spawn(async move {
             let queued = tokio::task::spawn_blocking(move || {
-                let batch = encode();
+                let batch = batch();
                 let bytes = batch.bytes() as u64;
                 (store.queue_later(batch), bytes)
             })

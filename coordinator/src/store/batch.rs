@@ -128,8 +128,8 @@ impl Batch {
                 write(std::mem::take(&mut part));
                 bytes = 0;
             }
-            bytes += keys::telemetry(job, &s.node, s.index).len() + s.bytes.len();
             part = part.telemetry(job, s);
+            bytes += part.0.last().map_or(0, |(k, v)| k.len() + v.len());
         }
         if !part.is_empty() {
             write(part);

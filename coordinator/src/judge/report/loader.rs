@@ -24,16 +24,17 @@ pub(super) fn gpu_windows(
     {
         return Vec::new();
     }
-    let series: BTreeMap<(String, u32), GpuSeries> = telemetry
-        .series()
-        .map(|s| ((s.node.clone(), s.index), s))
+    let decoded: Vec<GpuSeries> = telemetry.series().collect();
+    let series: BTreeMap<(&str, u32), &GpuSeries> = decoded
+        .iter()
+        .map(|s| ((s.node.as_str(), s.index), s))
         .collect();
     let mut out = Vec::new();
     for p in &plan.ranks {
         let (Some(gpu), Some(r)) = (p.gpu_index, results.get(&p.rank)) else {
             continue;
         };
-        let Some(s) = series.get(&(p.node.clone(), gpu)) else {
+        let Some(s) = series.get(&(p.node.as_str(), gpu)) else {
             continue;
         };
         for t in train_results(r) {

@@ -15,8 +15,6 @@ mod tests;
 use std::collections::BTreeMap;
 use std::ops::Bound::{Excluded, Included, Unbounded};
 
-use prost::Message;
-
 use gpuctl_proto::pb::{GpuSample, TelemetryBatch};
 
 use super::series::GpuSeries;
@@ -77,13 +75,10 @@ impl Telemetry {
                         }
                     }
                     // A joined batch holds several seconds of a GPU.
-                    None => match fresh
-                        .iter_mut()
-                        .find(|g: &&mut GpuSeries| g.index == s.index)
-                    {
+                    None => match fresh.iter_mut().find(|g: &&mut Slot| g.index() == s.index) {
                         Some(g) => g.add_within(s, at, max),
                         None => {
-                            let mut g = GpuSeries::new(node, s.index, &s.uuid);
+                            let mut g = Slot::new(GpuSeries::new(node, s.index, &s.uuid), true);
                             g.add_within(s, at, max);
                             fresh.push(g);
                         }
@@ -93,8 +88,7 @@ impl Telemetry {
         }
         self.dirty += fresh.len();
         for g in fresh {
-            self.series
-                .insert((node.to_string(), g.index), Slot::new(g, true));
+            self.series.insert((node.to_string(), g.index()), g);
         }
         let n = batch.samples.len();
         match self.latest.get_mut(node) {
@@ -221,11 +215,5 @@ impl Encoded {
             index: slot.index(),
             bytes: slot.encoded(),
         }
-    }
-
-    /// The series, decoded.
-    pub fn series(&self) -> GpuSeries {
-        // Made by `Slot::encoded` from buckets that encoded.
-        GpuSeries::decode(self.bytes.as_slice()).expect("a held series decodes")
     }
 }
