@@ -15,10 +15,13 @@ use gpuctl_proto::pb::{rank_result::Detail, PhaseMark, RankResult};
 
 /// Points of each series a whole job keeps.
 pub const POINTS_PER_JOB: usize = 1 << 18;
-/// Points every rank keeps, whatever the world size: half a minute per
-/// point over a 15-minute job. At 64 the timelines of 32,768 ranks were
-/// ~130 MB more at the job's end (results, report and its encodings).
-pub const MIN_POINTS: usize = 32;
+/// Points every rank keeps, whatever the world size: a minute per point
+/// over a 15-minute job, past every phase change. At 64 the timelines of
+/// 32,768 ranks were ~130 MB more at the job's end (results, report and its
+/// encodings); at 32, a result of 131,072 held ~1 KB more decoded (32 phase
+/// marks of 48 bytes and their text), ~130 MB of the coordinator's peak.
+/// Jobs of 8,192 ranks or fewer keep 32 or more, as before.
+pub const MIN_POINTS: usize = 16;
 
 /// The points each rank of a job of `world` ranks keeps per series.
 pub fn points_per_rank(world: u32) -> usize {
@@ -119,6 +122,8 @@ mod tests {
         assert_eq!(points_per_rank(8), 32_768);
         assert_eq!(points_per_rank(32_768), MIN_POINTS);
         assert_eq!(points_per_rank(1_024), 256);
+        assert_eq!(points_per_rank(8_192), 32);
+        assert_eq!(points_per_rank(131_072), 16);
     }
 
     #[test]

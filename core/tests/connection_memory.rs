@@ -1,5 +1,5 @@
-//! What an HTTP/2 connection keeps, counted by the allocator: the two constants gpuctl's copy of
-//! h2 changes (`vendor/h2/GPUCTL.md`). A coordinator holds one connection per node and one for
+//! What an HTTP/2 connection keeps, counted by the allocator: what gpuctl's copy of h2 changes
+//! (`vendor/h2/GPUCTL.md`). A coordinator holds one connection per node and one for
 //! its workers, tens of thousands at the largest fleets, mostly idle between messages, so bytes
 //! kept per connection are what its memory is made of.
 //!
@@ -77,10 +77,13 @@ async fn connect(listener: &TcpListener) -> h2::client::SendRequest<Bytes> {
 async fn start(
     send: &h2::client::SendRequest<Bytes>,
     path: &str,
+    headers: &[(&str, String)],
 ) -> (h2::client::ResponseFuture, h2::SendStream<Bytes>) {
-    let request = http::Request::post(format!("http://gpuctl{path}"))
-        .body(())
-        .unwrap();
+    let mut request = http::Request::post(format!("http://gpuctl{path}"));
+    for (name, value) in headers {
+        request = request.header(*name, value);
+    }
+    let request = request.body(()).unwrap();
     send.clone()
         .ready()
         .await
@@ -91,7 +94,12 @@ async fn start(
 
 /// One request with `body` bytes, answered.
 async fn call(send: &h2::client::SendRequest<Bytes>, body: usize) {
-    let (response, mut stream) = start(send, "/call").await;
+    call_with(send, body, &[]).await
+}
+
+/// One request with `body` bytes and `headers` besides the path, answered.
+async fn call_with(send: &h2::client::SendRequest<Bytes>, body: usize, headers: &[(&str, String)]) {
+    let (response, mut stream) = start(send, "/call", headers).await;
     stream.reserve_capacity(body);
     stream
         .send_data(Bytes::from(vec![7u8; body]), true)
@@ -101,7 +109,7 @@ async fn call(send: &h2::client::SendRequest<Bytes>, body: usize) {
 
 /// A request whose body stays open, as an agent's session does for the agent's life.
 async fn open_stream(send: &h2::client::SendRequest<Bytes>) -> h2::SendStream<Bytes> {
-    start(send, "/session").await.1
+    start(send, "/session", &[]).await.1
 }
 
 /// Live heap once every task has had its turn: the connections' tasks run on this thread too.
@@ -152,13 +160,41 @@ async fn a_connection_keeps_few_bytes_and_nothing_grown_for_a_big_message_or_a_b
     let after_burst = live_settled().await;
     let kept = (after_burst - before_burst) / CONNECTIONS as isize;
     eprintln!("{kept} bytes more kept after {BURST} calls at once");
+
+    // Calls with a gRPC call's headers, some of them different on every call (a deadline, a
+    // rank): what HPACK's table would hold for the connection's life. Counted from after as many
+    // calls without them, which grow the slab of streams again (~6.5 KB a connection).
+    for send in &sends {
+        for _ in 0..32 {
+            call(send, 100).await;
+        }
+    }
+    let after_plain = live_settled().await;
+    for send in &sends {
+        for i in 0..32 {
+            let headers = [
+                ("content-type", "application/grpc".to_string()),
+                ("te", "trailers".to_string()),
+                ("user-agent", "tonic/0.14.2".to_string()),
+                ("grpc-timeout", format!("{}m", 60_000 + i)),
+                ("x-gpuctl-rank", format!("{}", 131_000 + i)),
+                ("x-gpuctl-job", format!("job-{i:06}")),
+            ];
+            call_with(send, 100, &headers).await;
+        }
+    }
+    let after_headers = live_settled().await;
+    let table = (after_headers - after_plain) / CONNECTIONS as isize;
+    eprintln!("{table} bytes more kept after 32 calls with gRPC's headers");
     drop(sessions);
 
     // Measured on this test: h2 as released, 71,766 bytes a pair idle (a 16 KiB write buffer at
     // each end), 8,192 more kept after the big call (the server's read buffer grown 8 → 16 KiB
     // for good) and 145,680 more after the burst (the slabs of frames and streams grown to it);
     // with the changes, 47,206, 0 and -6,008 (the slabs smaller than before it). The slab of
-    // frames alone given back: 38,160 after the burst.
+    // frames alone given back: 38,160 after the burst. Calls with gRPC's headers: 27,902 bytes
+    // more kept with a 4,096-byte HPACK table (the client's encoder and the server's decoder each
+    // hold one), 96 with none.
     assert!(
         grown < 2 * 1024,
         "a connection kept {grown} bytes more after one 64 KiB call: h2's read buffer stayed grown \
@@ -168,6 +204,11 @@ async fn a_connection_keeps_few_bytes_and_nothing_grown_for_a_big_message_or_a_b
         kept < 4 * 1024,
         "a connection kept {kept} bytes more after {BURST} calls at once: h2's slabs of streams \
          and frames stayed grown (is the [patch.crates-io] of h2 in Cargo.toml still there?)"
+    );
+    assert!(
+        table < 512,
+        "a connection kept {table} bytes more after 32 calls with gRPC's headers: its server let \
+         the client fill an HPACK table (is the [patch.crates-io] of h2 in Cargo.toml still there?)"
     );
     assert!(
         per_pair < 58 * 1024,
