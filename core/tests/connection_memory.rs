@@ -112,6 +112,18 @@ async fn open_stream(send: &h2::client::SendRequest<Bytes>) -> h2::SendStream<By
     start(send, "/session", &[]).await.1
 }
 
+/// The headers of a gRPC call, some different on every call (a deadline, a rank).
+fn grpc_headers(i: usize) -> [(&'static str, String); 6] {
+    [
+        ("content-type", "application/grpc".to_string()),
+        ("te", "trailers".to_string()),
+        ("user-agent", "tonic/0.14.2".to_string()),
+        ("grpc-timeout", format!("{}m", 60_000 + i)),
+        ("x-gpuctl-rank", format!("{}", 131_000 + i)),
+        ("x-gpuctl-job", format!("job-{i:06}")),
+    ]
+}
+
 /// Live heap once every task has had its turn: the connections' tasks run on this thread too.
 async fn live_settled() -> isize {
     for _ in 0..200 {
@@ -172,20 +184,13 @@ async fn a_connection_keeps_few_bytes_and_nothing_grown_for_a_big_message_or_a_b
     let after_plain = live_settled().await;
     for send in &sends {
         for i in 0..32 {
-            let headers = [
-                ("content-type", "application/grpc".to_string()),
-                ("te", "trailers".to_string()),
-                ("user-agent", "tonic/0.14.2".to_string()),
-                ("grpc-timeout", format!("{}m", 60_000 + i)),
-                ("x-gpuctl-rank", format!("{}", 131_000 + i)),
-                ("x-gpuctl-job", format!("job-{i:06}")),
-            ];
-            call_with(send, 100, &headers).await;
+            call_with(send, 100, &grpc_headers(i)).await;
         }
     }
     let after_headers = live_settled().await;
     let table = (after_headers - after_plain) / CONNECTIONS as isize;
     eprintln!("{table} bytes more kept after 32 calls with gRPC's headers");
+
     drop(sessions);
 
     // Measured on this test: h2 as released, 71,766 bytes a pair idle (a 16 KiB write buffer at
@@ -194,7 +199,8 @@ async fn a_connection_keeps_few_bytes_and_nothing_grown_for_a_big_message_or_a_b
     // with the changes, 47,206, 0 and -6,008 (the slabs smaller than before it). The slab of
     // frames alone given back: 38,160 after the burst. Calls with gRPC's headers: 27,902 bytes
     // more kept with a 4,096-byte HPACK table (the client's encoder and the server's decoder each
-    // hold one), 96 with none.
+    // hold one), 96 with none. HPACK's decoding buffer made empty, not at 4 KiB: 39,013 bytes
+    // a pair idle, against 47,166.
     assert!(
         grown < 2 * 1024,
         "a connection kept {grown} bytes more after one 64 KiB call: h2's read buffer stayed grown \
@@ -211,8 +217,8 @@ async fn a_connection_keeps_few_bytes_and_nothing_grown_for_a_big_message_or_a_b
          the client fill an HPACK table (is the [patch.crates-io] of h2 in Cargo.toml still there?)"
     );
     assert!(
-        per_pair < 58 * 1024,
-        "an idle connection's two ends hold {per_pair} bytes: h2's 16 KiB write buffers are back \
-         (is the [patch.crates-io] of h2 in Cargo.toml still there?)"
+        per_pair < 42 * 1024,
+        "an idle connection's two ends hold {per_pair} bytes: h2's 16 KiB write buffers or its \
+         4 KiB HPACK buffers are back (is the [patch.crates-io] of h2 in Cargo.toml still there?)"
     );
 }
