@@ -7,9 +7,12 @@
 //! as its agent, so at 16,384 nodes whatever one burst grew it to stayed:
 //! ~47 KB a session, 0.77 GB of the coordinator's heap after the first job
 //! (heap profile, issue 51). Agents send telemetry in messages of at most
-//! [`gpuctl_core::telemetry_parts::MESSAGE_BYTES`]; read in pieces smaller
-//! than tonic's first 8 KB less such a message, the buffer never needs to
-//! grow for them. The pieces are slices of the frames HTTP/2 read: nothing is
+//! [`gpuctl_core::telemetry_parts::MESSAGE_BYTES`]; the buffer grows to hold
+//! one such message and the piece read after it. tonic's buffer starts at
+//! [`gpuctl_proto::codec::BUFFER_BYTES`] (1 KB), so with pieces of 2 KB it grew
+//! to 5 KB for a message and, doubling, to 8-10 KB (6.5 KB a session on
+//! average at 16,384 nodes, 107-132 MB). With pieces of 512 bytes, a message
+//! and the piece after it need 3.5 KB at most. The pieces are slices of the frames HTTP/2 read: nothing is
 //! copied.
 
 use std::pin::Pin;
@@ -21,7 +24,7 @@ use tonic::server::NamedService;
 use tower::Service;
 
 /// A piece of a body as the agents' service reads it.
-pub const PIECE_BYTES: usize = 2 * 1024;
+pub const PIECE_BYTES: usize = 512;
 
 /// `S` (the agents' service), its calls' bodies read in pieces.
 #[derive(Clone, Debug)]
