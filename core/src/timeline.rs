@@ -18,8 +18,9 @@ pub const POINTS_PER_JOB: usize = 1 << 18;
 /// Points every rank keeps, whatever the world size: a minute per point
 /// over a 15-minute job, past every phase change. At 64 the timelines of
 /// 32,768 ranks were ~130 MB more at the job's end (results, report and its
-/// encodings); at 32, a result of 131,072 held ~1 KB more decoded (32 phase
-/// marks of 48 bytes and their text), ~130 MB of the coordinator's peak.
+/// encodings); at 32, each result of a 131,072-rank job held ~1 KB more
+/// decoded (16 more phase marks of 48 bytes and their text), ~130 MB of the
+/// coordinator's peak.
 /// Jobs of 8,192 ranks or fewer keep 32 or more, as before.
 pub const MIN_POINTS: usize = 16;
 

@@ -12,8 +12,8 @@
 //! [`gpuctl_proto::codec::BUFFER_BYTES`] (1 KB), so with pieces of 2 KB it grew
 //! to 5 KB for a message and, doubling, to 8-10 KB (6.5 KB a session on
 //! average at 16,384 nodes, 107-132 MB). With pieces of 512 bytes, a message
-//! and the piece after it need 3.5 KB at most. The pieces are slices of the frames HTTP/2 read: nothing is
-//! copied.
+//! and the piece after it need 3.5 KB at most. The pieces are slices of the
+//! frames HTTP/2 read: nothing is copied.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
