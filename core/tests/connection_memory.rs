@@ -173,9 +173,9 @@ async fn a_connection_keeps_few_bytes_and_nothing_grown_for_a_big_message_or_a_b
     let kept = (after_burst - before_burst) / CONNECTIONS as isize;
     eprintln!("{kept} bytes more kept after {BURST} calls at once");
 
-    // Calls with a gRPC call's headers, some of them different on every call (a deadline, a
-    // rank): what HPACK's table would hold for the connection's life. Counted from after as many
-    // calls without them, which grow the slab of streams again (~6.5 KB a connection).
+    // Calls with `grpc_headers`: what HPACK's table would hold for the connection's life.
+    // Counted from after as many calls without them, which grow the slab of streams again
+    // (~6.5 KB a connection).
     for send in &sends {
         for _ in 0..32 {
             call(send, 100).await;
