@@ -6,7 +6,8 @@
 //! results one at a time. Unbounded, 32,768 results were decoded (several KB
 //! each), each with its handler's state, all waiting on the scheduler: a few
 //! hundred MB at the coordinator's peak. A call that waits here holds only its
-//! undecoded bytes in HTTP/2's buffers, bounded by the flow-control window.
+//! undecoded bytes in HTTP/2's buffers, bounded by the flow-control window,
+//! and its headers packed ([`headers`]).
 //! Worker retries see nothing of it but the wait, which the scheduler would
 //! have made them wait anyway. The waiting calls go in in the order their
 //! rank's result first arrived ([`places`]), so a call sent again after its
@@ -21,8 +22,10 @@ use std::task::{Context, Poll};
 
 use tower::{Layer, Service};
 
+mod headers;
 mod places;
-use places::Places;
+use headers::Packed;
+use places::{Entry, Places};
 
 /// More than the scheduler can use at once, few enough to be small.
 pub const RESULTS_IN_FLIGHT: usize = 256;
@@ -96,7 +99,15 @@ where
                 .headers()
                 .get(gpuctl_core::auth::RANK_SECRET)
                 .map(|v| v.as_bytes());
-            let (_permit, first) = places.acquire(rank).await;
+            let (_permit, first) = match places.enter(rank) {
+                Entry::In(permit, first) => (permit, first),
+                Entry::Queued(queued) => {
+                    let packed = Packed::take(req.headers_mut());
+                    let got = queued.wait().await;
+                    packed.restore(req.headers_mut());
+                    got
+                }
+            };
             req.extensions_mut().insert(Arrived(first));
             inner.call(req).await
         })
@@ -124,6 +135,8 @@ mod tests {
         /// (ms), and how many were.
         waited_ms: Arc<AtomicUsize>,
         stamped: Arc<AtomicUsize>,
+        /// Each call's headers as they came in.
+        headers: Arc<std::sync::Mutex<Vec<http::HeaderMap>>>,
     }
 
     impl Service<http::Request<()>> for Busy {
@@ -136,6 +149,7 @@ mod tests {
         }
 
         fn call(&mut self, req: http::Request<()>) -> Self::Future {
+            self.headers.lock().unwrap().push(req.headers().clone());
             if let Some(Arrived(at)) = req.extensions().get::<Arrived>() {
                 let waited = at.elapsed().as_millis() as usize;
                 self.waited_ms.fetch_max(waited, Ordering::SeqCst);
@@ -152,12 +166,23 @@ mod tests {
         }
     }
 
+    /// A call as a worker's client sends it: its own secret, never indexed.
+    fn request(path: &str, i: usize) -> http::Request<()> {
+        let mut secret = http::HeaderValue::from_str(&format!("secret-{i}")).unwrap();
+        secret.set_sensitive(true);
+        http::Request::builder()
+            .uri(path)
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .header(gpuctl_core::auth::RANK_SECRET, secret)
+            .body(())
+            .unwrap()
+    }
+
     async fn most_at_once(path: &str, calls: usize) -> Busy {
         let busy = Busy::default();
         let mut gated = ResultGate::new(3).layer(busy.clone());
-        let all: Vec<_> = (0..calls)
-            .map(|_| gated.call(http::Request::builder().uri(path).body(()).unwrap()))
-            .collect();
+        let all: Vec<_> = (0..calls).map(|i| gated.call(request(path, i))).collect();
         for r in futures::future::join_all(all).await {
             r.unwrap();
         }
@@ -172,6 +197,17 @@ mod tests {
         // rounds of 20 ms.
         assert_eq!(gated.stamped.load(Ordering::SeqCst), 12);
         assert_eq!(gated.waited_ms.load(Ordering::SeqCst), 60);
+        // Those that waited went on with their headers as sent.
+        let mut seen = gated.headers.lock().unwrap().clone();
+        seen.sort_by_key(|h| h[gpuctl_core::auth::RANK_SECRET].as_bytes().to_vec());
+        let mut sent: Vec<_> = (0..12)
+            .map(|i| request(GATED_PATH, i).headers().clone())
+            .collect();
+        sent.sort_by_key(|h| h[gpuctl_core::auth::RANK_SECRET].as_bytes().to_vec());
+        assert_eq!(seen, sent);
+        assert!(seen
+            .iter()
+            .all(|h| h[gpuctl_core::auth::RANK_SECRET].is_sensitive()));
         let other = most_at_once(&format!("/{SERVICE_NAME}/RendezvousPut"), 12).await;
         assert_eq!(other.most.load(Ordering::SeqCst), 12);
         assert_eq!(other.stamped.load(Ordering::SeqCst), 0);

@@ -112,31 +112,66 @@ impl Places {
 
     /// Waits for a permit in the place of `rank`'s first arrival; returns it
     /// with that arrival.
+    #[cfg(test)]
     pub async fn acquire(self: &Arc<Self>, rank: Option<&[u8]>) -> (Permit, Instant) {
+        match self.enter(rank) {
+            Entry::In(permit, first) => (permit, first),
+            Entry::Queued(queued) => queued.wait().await,
+        }
+    }
+
+    /// A permit now if one is free, else a place in the queue at `rank`'s
+    /// first arrival: apart from the wait, so that a call can put what it
+    /// holds in a smaller form only when it is going to wait.
+    pub fn enter(self: &Arc<Self>, rank: Option<&[u8]>) -> Entry {
         let key = rank.map(|r| self.hasher.hash_one(r));
-        let (mut waiting, handed, first) = {
-            let mut s = self.lock();
-            let first = s.first_arrival(key, Instant::now());
-            // Free permits mean nobody waits: `release` hands them on first.
-            if s.free > 0 {
-                s.free -= 1;
-                return (Permit(self.clone()), first);
-            }
-            s.seq += 1;
-            let slot = (first, s.seq);
-            let (tx, rx) = oneshot::channel();
-            s.waiting.insert(slot, tx);
-            let w = Waiting {
-                places: self.clone(),
-                slot,
-                done: false,
-            };
-            (w, rx, first)
+        let mut s = self.lock();
+        let first = s.first_arrival(key, Instant::now());
+        // Free permits mean nobody waits: `release` hands them on first.
+        if s.free > 0 {
+            s.free -= 1;
+            return Entry::In(Permit(self.clone()), first);
+        }
+        s.seq += 1;
+        let slot = (first, s.seq);
+        let (tx, rx) = oneshot::channel();
+        s.waiting.insert(slot, tx);
+        let waiting = Waiting {
+            places: self.clone(),
+            slot,
+            done: false,
         };
+        Entry::Queued(Queued {
+            waiting,
+            handed: rx,
+            first,
+        })
+    }
+}
+
+/// What [`Places::enter`] gives.
+pub enum Entry {
+    /// A permit was free, with the rank's first arrival.
+    In(Permit, Instant),
+    /// In the queue: [`Queued::wait`] for the permit.
+    Queued(Queued),
+}
+
+/// A place in the queue; dropped, it leaves it (or hands on a permit it
+/// was given meanwhile).
+pub struct Queued {
+    waiting: Waiting,
+    handed: oneshot::Receiver<()>,
+    first: Instant,
+}
+
+impl Queued {
+    /// The permit once its turn comes, with the rank's first arrival.
+    pub async fn wait(mut self) -> (Permit, Instant) {
         // The sender is only ever consumed by sending.
-        let _ = handed.await;
-        waiting.done = true;
-        (Permit(self.clone()), first)
+        let _ = (&mut self.handed).await;
+        self.waiting.done = true;
+        (Permit(self.waiting.places.clone()), self.first)
     }
 }
 
