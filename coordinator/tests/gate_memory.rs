@@ -2,37 +2,13 @@
 //! allocator: at a 131,072-rank job's end ~100,000 wait there at once, so its bytes a call are
 //! part of the coordinator's peak. On one thread, so that nothing else allocates meanwhile.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicIsize, Ordering};
 use std::task::{Context, Poll};
 
 use gpuctl_coordinator::service::gate::ResultGate;
+use gpuctl_core::counting_alloc::{live, Counting};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use tower::{Layer, Service};
-
-struct Counting;
-
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: every call is passed to the system allocator unchanged; only a count is kept beside it.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(
-            new_size as isize - layout.size() as isize,
-            Ordering::Relaxed,
-        );
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
@@ -90,13 +66,13 @@ async fn a_result_waiting_at_the_gate_holds_its_headers_packed() {
     assert!(futures::poll!(&mut inside).is_pending());
     let mut waiting = Vec::with_capacity(CALLS);
 
-    let before = LIVE.load(Ordering::Relaxed);
+    let before = live();
     for rank in 1..=CALLS {
         let mut call = gate.call(request(rank));
         assert!(futures::poll!(&mut call).is_pending(), "call {rank} waits");
         waiting.push(call);
     }
-    let per_call = (LIVE.load(Ordering::Relaxed) - before) / CALLS as isize;
+    let per_call = (live() - before) / CALLS as isize;
     // The call itself (its request, the gate's future, its place in the queue) and its headers:
     // 1,471 bytes measured with the headers held as h2 decoded them (a map with room for six, and
     // five values and two names each in an allocation of its own), 900 packed.

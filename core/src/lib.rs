@@ -12,6 +12,7 @@ pub mod catalogue;
 pub mod client;
 pub mod clock;
 pub mod conn;
+pub mod counting_alloc;
 pub mod cpu_time;
 pub mod host_memory;
 pub mod leader;

@@ -6,34 +6,9 @@
 //! Real h2 clients and servers over loopback TCP (the kernel's socket buffers are not heap, a
 //! pipe's would be), on one thread so that nothing else allocates while a figure is read.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicIsize, Ordering};
-
 use bytes::Bytes;
+use gpuctl_core::counting_alloc::{live, Counting};
 use tokio::net::{TcpListener, TcpStream};
-
-struct Counting;
-
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: every call is passed to the system allocator unchanged; only a count is kept beside it.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(
-            new_size as isize - layout.size() as isize,
-            Ordering::Relaxed,
-        );
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
@@ -133,7 +108,7 @@ async fn live_settled() -> isize {
     for _ in 0..200 {
         tokio::task::yield_now().await;
     }
-    LIVE.load(Ordering::Relaxed)
+    live()
 }
 
 #[tokio::test(flavor = "current_thread")]
