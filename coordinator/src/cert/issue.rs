@@ -227,7 +227,7 @@ fn node_figures(rules: &PerfRules, stage: &str, report: &Report, node: &str) -> 
     for r in figs.ranks.iter().filter(|r| r.reported) {
         for f in &r.figures {
             peers
-                .entry((f.metric, f.key.as_str(), r.class.as_str()))
+                .entry((f.metric, &*f.key, &*r.class))
                 .or_default()
                 .push(f.value);
         }
@@ -255,7 +255,7 @@ fn node_figures(rules: &PerfRules, stage: &str, report: &Report, node: &str) -> 
                 let fleet = match r {
                     Some(r) if rule.fleet => {
                         let vals = peers
-                            .get(&(metric, key, r.class.as_str()))
+                            .get(&(metric, key, &*r.class))
                             .cloned()
                             .unwrap_or_default();
                         (vals.len() >= rules.fleet_min_ranks).then(|| {
@@ -267,7 +267,7 @@ fn node_figures(rules: &PerfRules, stage: &str, report: &Report, node: &str) -> 
                 };
                 // Met its floor: the judge wrote nothing, but the floor it
                 // held the figure to is the reference a reader wants.
-                let model = r.map(|r| r.model.as_str()).or(figs.job.model.as_deref());
+                let model = r.map(|r| &*r.model).or(figs.job.model.as_deref());
                 fleet
                     .or_else(|| {
                         floor_of(rules, &figs, model?, metric, key)
@@ -300,7 +300,7 @@ fn node_figures(rules: &PerfRules, stage: &str, report: &Report, node: &str) -> 
             verdict: String::new(),
         })
     };
-    for r in figs.ranks.iter().filter(|r| r.node == node) {
+    for r in figs.ranks.iter().filter(|r| *r.node == *node) {
         for f in r.figures.iter().filter(|f| f.value.is_finite()) {
             out.push(record(Some(r), f.metric, &f.key, f.value));
         }

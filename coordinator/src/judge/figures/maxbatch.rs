@@ -17,7 +17,7 @@ pub(super) fn rank_figures(m: &MaxBatchResult) -> Vec<Figure> {
     }
     vec![Figure {
         metric: Metric::MaxBatch,
-        key: maxbatch_key(&m.model, &m.precision),
+        key: maxbatch_key(&m.model, &m.precision).into(),
         value: m.max_batch as f64,
     }]
 }

@@ -10,6 +10,7 @@
 //! Here, the types they fill and the dispatch by workload.
 
 mod maxbatch;
+mod names;
 mod nccl;
 mod p2p;
 mod stress;
@@ -27,6 +28,7 @@ use gpuctl_proto::pb::{
 };
 
 pub use maxbatch::maxbatch_key;
+pub use names::{Name, Names};
 pub use nccl::busbw_key;
 pub use p2p::{better_pass, copy_key, copy_method, p2p_key};
 pub use stress::{intervals, slow_tenth, stress_key};
@@ -39,7 +41,7 @@ pub use super::metric::Metric;
 #[derive(Debug, Clone, PartialEq)]
 pub struct Figure {
     pub metric: Metric,
-    pub key: String,
+    pub key: Name,
     pub value: f64,
 }
 
@@ -47,13 +49,13 @@ pub struct Figure {
 #[derive(Debug, Clone)]
 pub struct RankFigures {
     pub rank: u32,
-    pub node: String,
+    pub node: Name,
     pub gpu_index: Option<u32>,
     pub gpu_uuid: String,
     /// GPU model (or CPU model): what floors are chosen by.
-    pub model: String,
+    pub model: Name,
     /// Ranks are compared only within a device class (model and libraries).
-    pub class: String,
+    pub class: Name,
     /// Whether the rank produced a result at all; a rank without one already
     /// failed or is incomplete, and its missing figures say nothing new.
     pub reported: bool,
@@ -129,7 +131,9 @@ pub fn of_report(report: &Report) -> Figures {
     // Borrowed: at 32,768 ranks a copy of the results is a hundred MB.
     let mut results: Vec<&RankResult> = Vec::new();
     let mut ranks = Vec::new();
+    let mut names = Names::default();
     for node in &report.nodes {
+        let name = names.name(&node.name);
         for r in &node.ranks {
             let Some(res) = &r.result else {
                 continue;
@@ -137,13 +141,13 @@ pub fn of_report(report: &Report) -> Figures {
             results.push(res);
             ranks.push(RankFigures {
                 rank: r.rank,
-                node: node.name.clone(),
+                node: name.clone(),
                 gpu_index: r.gpu_index,
                 gpu_uuid: r.gpu_uuid.clone(),
-                model: res.device_name.clone(),
-                class: device_class(res),
+                model: names.name(&res.device_name),
+                class: names.class(res),
                 reported: res.ok,
-                figures: rank_figures(&report.workload, res),
+                figures: names.figures(rank_figures(&report.workload, res)),
                 intervals: intervals(res),
             });
         }
@@ -213,7 +217,7 @@ pub fn baseline_figures(ranks: &[RankFigures], job: &JobFigures) -> Vec<Baseline
     for r in ranks.iter().filter(|r| r.reported) {
         for f in r.figures.iter().filter(|f| f.metric.per_rank()) {
             groups
-                .entry((r.class.as_str(), r.model.as_str(), f.metric, f.key.as_str()))
+                .entry((&*r.class, &*r.model, f.metric, &*f.key))
                 .or_default()
                 .push(f.value);
         }
@@ -235,7 +239,7 @@ pub fn baseline_figures(ranks: &[RankFigures], job: &JobFigures) -> Vec<Baseline
                 device_class: class.clone(),
                 device_name: model.clone(),
                 metric: f.metric.name().to_string(),
-                key: f.key.clone(),
+                key: f.key.to_string(),
                 ranks: 0,
                 value: f.value,
             });

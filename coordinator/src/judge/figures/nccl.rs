@@ -29,7 +29,7 @@ pub(super) fn job_figures(collectives: &[CollectiveRow], figures: &mut Vec<Figur
             if let Some(row) = rows.iter().find(|r| r.bytes == bytes) {
                 figures.push(Figure {
                     metric: Metric::Busbw,
-                    key: busbw_key(op, bytes, dtype),
+                    key: busbw_key(op, bytes, dtype).into(),
                     value: row.busbw_gbps,
                 });
             }

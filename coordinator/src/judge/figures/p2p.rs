@@ -6,7 +6,7 @@ use gpuctl_core::catalogue::P2pParams;
 use gpuctl_core::stats::median;
 use gpuctl_proto::pb::P2pResult;
 
-use super::{Expected, Figure, Metric};
+use super::{Expected, Figure, Metric, Name};
 
 /// `pinned 268435456` (GPU ranks) or `host 16777216` (CPU ranks).
 pub fn copy_key(method: &str, bytes: u64) -> String {
@@ -35,8 +35,8 @@ pub fn better_pass(first: f64, repeat: f64) -> f64 {
 }
 
 pub(super) fn rank_figures(p: &P2pResult) -> Vec<Figure> {
-    let fig = |metric, key: String, value| Figure { metric, key, value };
-    let key = copy_key(&p.method, p.bytes);
+    let fig = |metric, key: Name, value| Figure { metric, key, value };
+    let key: Name = copy_key(&p.method, p.bytes).into();
     let mut out = Vec::new();
     for (metric, a, b) in [
         (Metric::H2dGbps, p.h2d_gbps, p.h2d_repeat_gbps),
@@ -52,7 +52,7 @@ pub(super) fn rank_figures(p: &P2pResult) -> Vec<Figure> {
         .map(|c| better_pass(c.gbps, c.repeat_gbps))
         .collect();
     if let Some(m) = median(pairs) {
-        out.push(fig(Metric::P2pGbps, p2p_key(p.bytes), m));
+        out.push(fig(Metric::P2pGbps, p2p_key(p.bytes).into(), m));
     }
     out
 }

@@ -5,7 +5,7 @@
 use gpuctl_core::catalogue::StressParams;
 use gpuctl_proto::pb::{rank_result::Detail, RankResult, StressResult};
 
-use super::{Expected, Figure, Metric};
+use super::{Expected, Figure, Metric, Name};
 
 /// `bf16 8192`, or `bf16 8192 with_comm` for GEMMs beside an all_reduce:
 /// floors and baselines of plain stress do not judge those.
@@ -55,8 +55,8 @@ pub fn slow_tenth(per_interval: &[f64]) -> f64 {
 
 /// A stress rank's figures; `s` has sampling intervals.
 pub(super) fn rank_figures(s: &StressResult) -> Vec<Figure> {
-    let fig = |metric, key: String, value| Figure { metric, key, value };
-    let key = stress_key(&s.dtype, s.matrix_size as u64, s.with_comm);
+    let fig = |metric, key: Name, value| Figure { metric, key, value };
+    let key: Name = stress_key(&s.dtype, s.matrix_size as u64, s.with_comm).into();
     let mut v = vec![
         fig(Metric::stress(s.with_comm), key.clone(), s.tflops_median),
         fig(
@@ -68,7 +68,7 @@ pub(super) fn rank_figures(s: &StressResult) -> Vec<Figure> {
     // The GEMMs alone before the all_reduce: the figures that name
     // a slow GPU, judged as plain stress.
     if s.with_comm && !s.solo_tflops_per_interval.is_empty() {
-        let plain = stress_key(&s.dtype, s.matrix_size as u64, false);
+        let plain: Name = stress_key(&s.dtype, s.matrix_size as u64, false).into();
         v.push(fig(
             Metric::StressTflops,
             plain.clone(),

@@ -104,7 +104,7 @@ fn every_model_of_a_list_has_its_figures() {
         })
         .collect();
     let keys = |figs: &[Figure]| -> BTreeSet<(Metric, String)> {
-        figs.iter().map(|f| (f.metric, f.key.clone())).collect()
+        figs.iter().map(|f| (f.metric, f.key.to_string())).collect()
     };
     let solo = keys(&rank_figures("ddp", &results[&0]));
     assert_eq!(

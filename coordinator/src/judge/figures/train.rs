@@ -9,7 +9,7 @@ use gpuctl_core::catalogue::TrainParams;
 use gpuctl_core::stats::median;
 use gpuctl_proto::pb::{rank_result::Detail, LoaderSetting, RankResult, TrainResult};
 
-use super::{Expected, Figure, Metric};
+use super::{Expected, Figure, Metric, Name};
 
 pub fn train_key(mode: &str, model: &str, precision: &str, batch: u64) -> String {
     format!("{mode} {model} {precision} batch {batch}")
@@ -54,10 +54,10 @@ pub fn train_results(r: &RankResult) -> impl Iterator<Item = &TrainResult> {
 
 /// The figures of one training rank, every model it trained.
 pub(super) fn rank_figures(workload: &str, r: &RankResult) -> Vec<Figure> {
-    let fig = |metric, key: String, value| Figure { metric, key, value };
+    let fig = |metric, key: Name, value| Figure { metric, key, value };
     train_results(r)
         .flat_map(|t| {
-            let key = train_key_of(t, workload);
+            let key: Name = train_key_of(t, workload).into();
             let solo = (t.baseline_samples_per_s > 0.0).then(|| {
                 fig(
                     Metric::SoloSamplesPerS,
@@ -68,7 +68,7 @@ pub(super) fn rank_figures(workload: &str, r: &RankResult) -> Vec<Figure> {
             let loader = best_loader_setting(t).map(|s| {
                 fig(
                     Metric::LoaderSamplesPerS,
-                    loader_key(&key, s.work as u64, s.sample_cpu_us),
+                    loader_key(&key, s.work as u64, s.sample_cpu_us).into(),
                     s.samples_per_s,
                 )
             });
@@ -85,6 +85,7 @@ pub(super) fn job_figures(workload: &str, results: &[&RankResult], figures: &mut
         train.entry(train_key_of(t, workload)).or_default().push(t);
     }
     for (key, ts) in train {
+        let key: Name = key.into();
         let rate = median(ts.iter().map(|t| t.samples_per_s).collect());
         let p99 = ts
             .iter()

@@ -40,7 +40,7 @@ pub fn runs(report: &Report, figures: &Figures) -> Vec<NodeRun> {
     // Grouped once: a 4,096-node job has 32,768 ranks.
     let mut ranks_of: HashMap<&str, Vec<_>> = HashMap::new();
     for r in ranks.iter().filter(|r| r.reported) {
-        ranks_of.entry(r.node.as_str()).or_default().push(r);
+        ranks_of.entry(&*r.node).or_default().push(r);
     }
     let mut links_of: HashMap<&str, Vec<_>> = HashMap::new();
     for l in &report.links {
@@ -55,7 +55,7 @@ pub fn runs(report: &Report, figures: &Figures) -> Vec<NodeRun> {
         .iter()
         .filter(|f| f.reference_kind == "floor" && f.level == Verdict::Fail as i32)
     {
-        floors_of.entry(f.node.as_str()).or_default().push(f);
+        floors_of.entry(&*f.node).or_default().push(f);
     }
     report
         .nodes
@@ -76,7 +76,7 @@ pub fn runs(report: &Report, figures: &Figures) -> Vec<NodeRun> {
                 .flat_map(|r| {
                     r.figures.iter().map(|f| FigureRecord {
                         metric: f.metric.name().to_string(),
-                        key: f.key.clone(),
+                        key: f.key.to_string(),
                         value: f.value,
                         gpu_uuid: r.gpu_uuid.clone(),
                         gpu_index: r.gpu_index,
@@ -86,7 +86,7 @@ pub fn runs(report: &Report, figures: &Figures) -> Vec<NodeRun> {
                 .collect();
             figures.extend(job.figures.iter().map(|f| FigureRecord {
                 metric: f.metric.name().to_string(),
-                key: f.key.clone(),
+                key: f.key.to_string(),
                 value: f.value,
                 ..Default::default()
             }));
@@ -179,7 +179,7 @@ mod tests {
     fn rows(runs: &[NodeRun], tolerance: f64) -> Vec<FleetRow> {
         let mut by_node: BTreeMap<&str, Vec<&NodeRun>> = BTreeMap::new();
         for r in runs {
-            by_node.entry(r.node.as_str()).or_default().push(r);
+            by_node.entry(&*r.node).or_default().push(r);
         }
         by_node
             .into_iter()

@@ -22,7 +22,7 @@ pub(super) fn against_baseline(
     let job_classes: BTreeSet<&str> = ranks
         .iter()
         .filter(|r| r.reported)
-        .map(|r| r.class.as_str())
+        .map(|r| &*r.class)
         .collect();
     let saved: BTreeSet<&str> = b.figures.iter().map(|f| f.device_class.as_str()).collect();
     let applied: Vec<&str> = saved.intersection(&job_classes).copied().collect();

@@ -45,7 +45,7 @@ pub(super) struct Subject {
 impl Subject {
     pub(super) fn of(r: &RankFigures) -> Subject {
         Subject {
-            node: r.node.clone(),
+            node: r.node.to_string(),
             rank: Some(r.rank),
             gpu_index: r.gpu_index,
             gpu_uuid: r.gpu_uuid.clone(),

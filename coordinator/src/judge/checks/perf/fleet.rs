@@ -18,7 +18,7 @@ pub(super) fn fleet(ranks: &[RankFigures], rules: &PerfRules, out: &mut Judgemen
     let mut classes: BTreeMap<&str, usize> = BTreeMap::new();
     let mut short = None;
     for r in ranks.iter().filter(|r| r.reported) {
-        *classes.entry(r.class.as_str()).or_default() += 1;
+        *classes.entry(&*r.class).or_default() += 1;
         // A few seconds of GEMMs tell a slow GPU from noise only on quiet
         // hardware; ranks are compared from `min_intervals` samples on.
         if r.intervals > 0 && r.intervals < rules.fleet_min_intervals {
@@ -28,7 +28,7 @@ pub(super) fn fleet(ranks: &[RankFigures], rules: &PerfRules, out: &mut Judgemen
         for f in &r.figures {
             if f.metric.per_rank() && rules.metric(f.metric).fleet {
                 groups
-                    .entry((r.class.as_str(), f.metric, f.key.as_str()))
+                    .entry((&*r.class, f.metric, &*f.key))
                     .or_default()
                     .push((r, f.value));
             }
@@ -44,7 +44,7 @@ pub(super) fn fleet(ranks: &[RankFigures], rules: &PerfRules, out: &mut Judgemen
     // One note per class: how its references were made.
     let mut said: BTreeSet<&str> = BTreeSet::new();
     for ((class, metric, key), members) in groups {
-        let votes = Votes::new(members.iter().map(|(r, v)| (r.node.as_str(), *v)));
+        let votes = Votes::new(members.iter().map(|(r, v)| (&*r.node, *v)));
         if said.insert(class) {
             out.notes.push(votes.note(class, classes[&class], min));
         }

@@ -19,7 +19,7 @@ pub(super) fn floors(
     let models: BTreeSet<&str> = ranks
         .iter()
         .filter(|r| r.reported)
-        .map(|r| r.model.as_str())
+        .map(|r| &*r.model)
         .collect();
     let mut used: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     let mut lone = false;

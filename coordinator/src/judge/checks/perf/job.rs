@@ -10,9 +10,7 @@ use gpuctl_proto::pb::{CollectiveRow, Job, JobSpec, JobState, Plan, RankResult};
 
 use super::{judge as judge_figures, Expected, PerfRules, RankFigures};
 use crate::judge::checks::Check;
-use crate::judge::figures::{
-    device_class, expected, intervals, job_figures, rank_figures, Figures,
-};
+use crate::judge::figures::{expected, intervals, job_figures, rank_figures, Figures, Names};
 
 /// What performance found, and which references applied.
 pub struct Outcome {
@@ -57,6 +55,7 @@ pub fn judge(
     rules: &PerfRules,
 ) -> Outcome {
     let mut notes = Vec::new();
+    let mut names = Names::default();
     let ranks: Vec<RankFigures> = plan
         .ranks
         .iter()
@@ -64,14 +63,17 @@ pub fn judge(
             let r = results.get(&p.rank);
             RankFigures {
                 rank: p.rank,
-                node: p.node.clone(),
+                node: names.name(&p.node),
                 gpu_index: p.gpu_index,
                 gpu_uuid: p.gpu_uuid.clone(),
-                model: r.map_or_else(|| p.device_name.clone(), |r| r.device_name.clone()),
-                class: r.map(device_class).unwrap_or_default(),
+                model: names.name(r.map_or(&p.device_name, |r| &r.device_name)),
+                class: match r {
+                    Some(r) => names.class(r),
+                    None => names.name(""),
+                },
                 reported: r.is_some_and(|r| r.ok),
                 figures: r
-                    .map(|r| rank_figures(&spec.workload, r))
+                    .map(|r| names.figures(rank_figures(&spec.workload, r)))
                     .unwrap_or_default(),
                 intervals: r.map(intervals).unwrap_or(0),
             }

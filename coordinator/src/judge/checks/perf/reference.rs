@@ -18,7 +18,7 @@ pub(super) enum Scope<'a> {
 impl Scope<'_> {
     fn covers_rank(&self, r: &RankFigures) -> bool {
         match self {
-            Scope::Class(c) => r.class == *c,
+            Scope::Class(c) => *r.class == **c,
             Scope::Model(m) => r.model.eq_ignore_ascii_case(m),
         }
     }
@@ -99,7 +99,7 @@ pub(super) fn compare(
     let asked = expected.contains(&(metric, key.to_string()));
     let find = |figs: &[Figure]| {
         figs.iter()
-            .find(|f| f.metric == metric && f.key == key)
+            .find(|f| f.metric == metric && *f.key == *key)
             .map(|f| f.value)
     };
     let mut check = |subject: Subject, figures: &[Figure]| match find(figures) {
