@@ -68,10 +68,19 @@ async fn callers_take_the_answer_before_while_a_jobs_runs_are_folded_in() {
         .store_runs("job-000003", job_runs(3))
         .expect("an answer is kept: folded in ahead");
     assert_eq!(s.history_version(), version, "not readable before the fold");
-    // The fold starts first (spawned first); this caller comes while it is
-    // under way, and gets the answer before at once.
+    // The fold starts first (spawned first); this caller mostly comes while
+    // it is under way and gets the answer before at once (that a caller
+    // does not wait for a fold is shown above, with the fold held). On a
+    // loaded host the fold's blocking steps can end before this caller's
+    // task runs (failed once in 254 tests on 2 cores): then it gets the
+    // answer with the runs, never one built again.
     let during = view.current().await.unwrap();
-    assert!(Arc::ptr_eq(&during, &first), "the answer before the runs");
+    if !Arc::ptr_eq(&during, &first) {
+        assert!(
+            during.rows.iter().all(|r| r.runs == 3),
+            "the answer before the runs, or the one with them"
+        );
+    }
     task.await.unwrap();
 
     assert!(s.history_version() > version, "readable once folded in");
