@@ -18,10 +18,15 @@ pub type Name = Arc<str>;
 #[derive(Default)]
 pub struct Names {
     seen: HashSet<Name>,
-    /// (model, torch, nccl) → class: a job has one or a few, and each
-    /// rank's would otherwise be made to be looked up.
+    /// (model, torch, nccl) → class, for the first [`FEW_CLASSES`]: a job
+    /// has one or a few, and each rank's would otherwise be made to be
+    /// looked up.
     classes: Vec<(Name, Name, Name, Name)>,
 }
+
+/// Past this many classes (what ranks report is not trusted to be few),
+/// a rank's class is made and looked up by hash, as before it was shared.
+const FEW_CLASSES: usize = 16;
 
 impl Names {
     /// `s`, shared with every earlier caller that asked for the same.
@@ -45,9 +50,11 @@ impl Names {
             return class.clone();
         }
         let class = self.name(&class_of(model, torch, nccl));
-        let parts = (self.name(model), self.name(torch), self.name(nccl));
-        self.classes
-            .push((parts.0, parts.1, parts.2, class.clone()));
+        if self.classes.len() < FEW_CLASSES {
+            let parts = (self.name(model), self.name(torch), self.name(nccl));
+            self.classes
+                .push((parts.0, parts.1, parts.2, class.clone()));
+        }
         class
     }
 
@@ -92,6 +99,24 @@ mod tests {
         let second = names.class(&other);
         assert_eq!(*second, *device_class(&other));
         assert!(!Arc::ptr_eq(&first, &second));
+    }
+
+    #[test]
+    fn past_a_few_classes_each_is_still_its_own_and_shared() {
+        let mut names = Names::default();
+        let rank = |i: usize| RankResult {
+            device_name: "NVIDIA H200".into(),
+            torch_version: format!("2.{i}"),
+            ..Default::default()
+        };
+        let first: Vec<Name> = (0..FEW_CLASSES * 2)
+            .map(|i| names.class(&rank(i)))
+            .collect();
+        assert_eq!(names.classes.len(), FEW_CLASSES);
+        for (i, class) in first.iter().enumerate() {
+            assert_eq!(**class, *device_class(&rank(i)));
+            assert!(Arc::ptr_eq(class, &names.class(&rank(i))));
+        }
     }
 
     #[test]
