@@ -328,6 +328,12 @@ impl Bucket {
         }
     }
 
+    /// Whether the bucket lies wholly within `from..=to`: what a window's
+    /// totals take.
+    pub fn within(&self, from: u64, to: u64) -> bool {
+        self.start_ms >= from && self.end_ms <= to
+    }
+
     /// Folds a later bucket into this one.
     pub fn merge(&mut self, b: &Bucket) {
         if b.n == 0 {
@@ -524,11 +530,7 @@ impl GpuSeries {
     /// The buckets that lie wholly within `from..=to` (unix ms) in one.
     pub fn totals_within(&self, from: u64, to: u64) -> Bucket {
         let mut t = Bucket::default();
-        for b in self
-            .buckets
-            .iter()
-            .filter(|b| b.start_ms >= from && b.end_ms <= to)
-        {
+        for b in self.buckets.iter().filter(|b| b.within(from, to)) {
             t.merge(b);
         }
         t

@@ -18,17 +18,30 @@ impl Telemetry {
     pub fn summarise(
         &self,
         rules: &HealthRules,
-        windows: &Windows,
+        windows: &Windows<'_>,
     ) -> (Vec<GpuTelemetrySummary>, Vec<Check>) {
-        let mut summaries = Vec::new();
-        let mut per_gpu = Vec::new();
-        let mut rates = Vec::new();
-        for g in self.series() {
-            let t = g.totals();
-            let measured = windows
-                .get(&(g.node.clone(), g.index))
-                .map(|&(from, to)| g.totals_within(from, to));
-            let (s, mine) = summary(&g, &t, measured.as_ref(), rules);
+        let mut summaries = Vec::with_capacity(self.series.len());
+        let mut per_gpu = Vec::with_capacity(self.series.len());
+        let mut rates = Vec::with_capacity(self.series.len());
+        // Both are in (node, GPU) order: read side by side, not looked up.
+        let mut windows = windows.iter().peekable();
+        for slot in self.series.values() {
+            let g = slot.head();
+            let key = (g.node.as_str(), g.index);
+            while windows.next_if(|(k, _)| **k < key).is_some() {}
+            let window = windows.next_if(|(k, _)| **k == key).map(|(_, w)| *w);
+            // As `GpuSeries::totals` and `totals_within`, bucket by bucket.
+            let mut t = Bucket::default();
+            let mut measured = window.map(|_| Bucket::default());
+            slot.for_each_bucket(|b| {
+                t.merge(b);
+                if let (Some(m), Some((from, to))) = (measured.as_mut(), window) {
+                    if b.within(from, to) {
+                        m.merge(b);
+                    }
+                }
+            });
+            let (s, mine) = summary(g, &t, measured.as_ref(), rules);
             rates.push((t.nvlinks_expected > 0).then(|| crc_per_min(&t)));
             summaries.push(s);
             per_gpu.push(mine);

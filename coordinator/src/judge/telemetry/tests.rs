@@ -96,6 +96,39 @@ fn a_gpu_erring_far_beyond_its_peers_is_named_alone() {
     assert_eq!(s[0].nvlink_crc_data_delta, 300);
 }
 
+/// Windows for some GPUs of some nodes, and one for a GPU with no series:
+/// each series gets its own GPU's window, read beside the series in order.
+#[test]
+fn each_gpu_is_summarised_over_its_own_window() {
+    let mut t = Telemetry::default();
+    for node in ["n0", "n1", "n10", "n2"] {
+        for i in 0..30u64 {
+            let samples = (0..3)
+                .map(|g| GpuSample {
+                    unix_ms: 1_000 + i * 1_000,
+                    ..gpu::healthy(g)
+                })
+                .collect();
+            t.add(node, gpu::batch(node, "j", samples), 0);
+        }
+    }
+    let mut w = Windows::new();
+    // Seconds 11-30 (20 samples) for n0's GPU 1, 21-30 for n10's GPU 0 and
+    // n2's GPU 2; n1 has one only for a GPU it has no series of.
+    w.insert(("n0", 1), (11_000, 30_000));
+    w.insert(("n1", 7), (1_000, 30_000));
+    w.insert(("n10", 0), (21_000, 30_000));
+    w.insert(("n2", 2), (21_000, 30_000));
+    let (s, _) = t.summarise(&HealthRules::default(), &w);
+    let measured: Vec<(&str, u32, u32)> = s
+        .iter()
+        .filter(|s| s.measured_samples > 0)
+        .map(|s| (s.node.as_str(), s.index, s.measured_samples))
+        .collect();
+    assert_eq!(measured, [("n0", 1, 20), ("n10", 0, 10), ("n2", 2, 10)]);
+    assert_eq!(s.len(), 12);
+}
+
 #[test]
 fn idle_is_judged_over_the_measured_phase_alone() {
     let mut t = Telemetry::default();
@@ -109,12 +142,12 @@ fn idle_is_judged_over_the_measured_phase_alone() {
         );
     }
     let mut w = Windows::new();
-    w.insert(("n0".into(), 1), (41_000, 60_000));
+    w.insert(("n0", 1), (41_000, 60_000));
     let (s, f) = t.summarise(&HealthRules::default(), &w);
     assert!(f.is_empty(), "{f:?}");
     assert_eq!(s[0].measured_samples, 20);
     assert!(s[0].util_low_share > 0.6);
-    w.insert(("n0".into(), 1), (1_000, 60_000));
+    w.insert(("n0", 1), (1_000, 60_000));
     let (_, f) = t.summarise(&HealthRules::default(), &w);
     assert_eq!(f[0].rule, "idle", "{f:?}");
 }

@@ -3,11 +3,13 @@
 
 use std::collections::BTreeMap;
 
-use gpuctl_proto::pb::{PhaseKind, PhaseMark, Plan, RankResult};
+use gpuctl_proto::pb::{PhaseKind, PhaseMark, Plan, RankPlacement, RankResult};
 
 /// When each GPU's rank ran its measured phase: (node, NVML index) → (from,
-/// to) in unix ms.
-pub type Windows = BTreeMap<(String, u32), (u64, u64)>;
+/// to) in unix ms. The node names are the plan's, borrowed: a copy of each
+/// was 131,072 allocations at a big job's end, and as many again to look
+/// them up.
+pub type Windows<'a> = BTreeMap<(&'a str, u32), (u64, u64)>;
 
 /// When each GPU's rank ran its measured phase, from its timeline: from
 /// the first mark the workload declared measured to the mark that ends its
@@ -23,18 +25,19 @@ pub type Windows = BTreeMap<(String, u32), (u64, u64)>;
 /// Marks of an older worker or the simulator say no kind; their stretch is
 /// read from the phase names as before ([`unmarked`]). A rank with no
 /// measured stretch gives none, and its GPU's `idle` is not judged.
-pub fn measured_windows(
+pub fn measured_windows<'a>(
     workload: &str,
-    plan: &Plan,
+    plan: &'a Plan,
     results: &BTreeMap<u32, RankResult>,
-) -> Windows {
-    let mut out = Windows::new();
+) -> Windows<'a> {
     if matches!(workload, "maxbatch" | "p2p") {
-        return out;
+        return Windows::new();
     }
-    for p in &plan.ranks {
+    // Collected, not inserted one by one: the plan's ranks come in node
+    // order, and a map made from sorted pairs is built in one pass.
+    let window = |p: &'a RankPlacement| {
         let (Some(gpu), Some(r)) = (p.gpu_index, results.get(&p.rank)) else {
-            continue;
+            return None;
         };
         let declared = r.phases.iter().any(|m| m.kind() != PhaseKind::Unspecified);
         let window = if declared {
@@ -42,11 +45,10 @@ pub fn measured_windows(
         } else {
             unmarked(workload, &r.phases)
         };
-        if let Some((from, to)) = window.filter(|(from, to)| to > from) {
-            out.insert((p.node.clone(), gpu), (from, to));
-        }
-    }
-    out
+        let (from, to) = window.filter(|(from, to)| to > from)?;
+        Some(((p.node.as_str(), gpu), (from, to)))
+    };
+    plan.ranks.iter().filter_map(window).collect()
 }
 
 /// An older worker's measured stretch, from its phase names: ddp and fsdp's
@@ -121,11 +123,12 @@ mod tests {
                 ..Default::default()
             },
         )]);
-        let w = measured_windows("ddp", &plan(), &results);
-        assert_eq!(w[&("n0".to_string(), 2)], (18_000, 22_000));
-        let w = measured_windows("stress", &plan(), &results);
-        assert_eq!(w[&("n0".to_string(), 2)], (3_000, 22_100));
-        assert!(measured_windows("maxbatch", &plan(), &results).is_empty());
+        let plan = self::plan();
+        let w = measured_windows("ddp", &plan, &results);
+        assert_eq!(w[&("n0", 2)], (18_000, 22_000));
+        let w = measured_windows("stress", &plan, &results);
+        assert_eq!(w[&("n0", 2)], (3_000, 22_100));
+        assert!(measured_windows("maxbatch", &plan, &results).is_empty());
     }
 
     #[test]
@@ -156,10 +159,11 @@ mod tests {
                 ..Default::default()
             },
         )]);
+        let plan = self::plan();
         for workload in ["fsdp", "ddp", "stress"] {
-            let w = measured_windows(workload, &plan(), &results);
-            assert_eq!(w[&("n0".to_string(), 2)], (9_000, 10_800), "{workload}");
+            let w = measured_windows(workload, &plan, &results);
+            assert_eq!(w[&("n0", 2)], (9_000, 10_800), "{workload}");
         }
-        assert!(measured_windows("p2p", &plan(), &results).is_empty());
+        assert!(measured_windows("p2p", &plan, &results).is_empty());
     }
 }
