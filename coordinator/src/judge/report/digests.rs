@@ -6,6 +6,7 @@
 //! FSDP's shards are checked against what the ranks gathered of them in
 //! [`shards`](super::shards).
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use gpuctl_proto::pb::{rank_result::Detail, JobSpec, RankResult};
@@ -13,8 +14,9 @@ use gpuctl_proto::pb::{rank_result::Detail, JobSpec, RankResult};
 use super::ranks::{RankStates, Source};
 
 /// Ranks (with their node) and their digests, by the class they are
-/// compared within.
-type Groups = BTreeMap<String, Vec<(u32, String, String)>>;
+/// compared within, borrowed from the results: three copies a rank were a
+/// tenth of judging a 131,072-rank job.
+type Groups<'a> = BTreeMap<Cow<'a, str>, Vec<(u32, &'a str, &'a str)>>;
 
 pub(super) fn short(digest: &str) -> &str {
     &digest[..digest.len().min(16)]
@@ -37,11 +39,10 @@ pub(super) fn stress(results: &BTreeMap<u32, RankResult>, states: &mut RankState
                 }
             }
             if !s.digest.is_empty() {
-                groups.entry(s.device_class.clone()).or_default().push((
-                    *rank,
-                    r.node.clone(),
-                    s.digest.clone(),
-                ));
+                groups
+                    .entry(Cow::Borrowed(s.device_class.as_str()))
+                    .or_default()
+                    .push((*rank, &r.node, &s.digest));
             }
         }
     }
@@ -83,15 +84,14 @@ pub(super) fn params(
                     modes.push(mode);
                 }
                 let group = if several {
-                    format!("{} · {}", r.device_name, t.model)
+                    Cow::Owned(format!("{} · {}", r.device_name, t.model))
                 } else {
-                    r.device_name.clone()
+                    Cow::Borrowed(r.device_name.as_str())
                 };
-                groups.entry(group).or_default().push((
-                    *rank,
-                    r.node.clone(),
-                    t.param_digest.clone(),
-                ));
+                groups
+                    .entry(group)
+                    .or_default()
+                    .push((*rank, &r.node, &t.param_digest));
             }
         }
     }
@@ -134,7 +134,7 @@ fn vote(groups: Groups, states: &mut RankStates, what: &str) -> Vec<String> {
         let label = if class.is_empty() {
             "unclassified".to_string()
         } else {
-            class
+            class.into_owned()
         };
         let n = members.len();
         if n < 2 {
@@ -154,7 +154,7 @@ fn vote(groups: Groups, states: &mut RankStates, what: &str) -> Vec<String> {
             .collect();
         let nodes = by_node.len();
         let (best, winners, among) = if nodes == 1 {
-            let (best, l) = leaders(members.iter().map(|(_, _, d)| d.as_str()));
+            let (best, l) = leaders(members.iter().map(|(_, _, d)| *d));
             (best, l, format!("{n} ranks"))
         } else {
             let (best, l) = leaders(own.values().flatten().copied());
@@ -162,8 +162,8 @@ fn vote(groups: Groups, states: &mut RankStates, what: &str) -> Vec<String> {
         };
         if winners.len() == 1 {
             let winner = winners[0];
-            let odd = members.iter().filter(|(_, _, d)| d != winner).count();
-            for (rank, _, d) in members.iter().filter(|(_, _, d)| d != winner) {
+            let odd = members.iter().filter(|(_, _, d)| *d != winner).count();
+            for (rank, _, d) in members.iter().filter(|(_, _, d)| *d != winner) {
                 if let Some(s) = states.get_mut(rank) {
                     s.fail(format!(
                         "silent data corruption: {what} {} differs from {} shared by {best} of {among} in class `{label}`",
@@ -196,8 +196,8 @@ fn vote(groups: Groups, states: &mut RankStates, what: &str) -> Vec<String> {
                 let Some(s) = states.get_mut(rank) else {
                     continue;
                 };
-                match own[node.as_str()] {
-                    Some(mine) if mine != d => s.fail(format!(
+                match own[node] {
+                    Some(mine) if mine != *d => s.fail(format!(
                         "silent data corruption: {what} {} differs from {} shared by the other ranks of node {node} in class `{label}`",
                         short(d),
                         short(mine)

@@ -124,8 +124,9 @@ pub(super) fn from_results(
     hung: &Option<Hung>,
     request: bool,
 ) -> RankStates {
-    let mut states = RankStates::new();
-    for p in &plan.ranks {
+    // Collected, not inserted one by one: a map made from the plan's ranks
+    // in order is built in one pass.
+    let state = |p: &RankPlacement| {
         let st = match results.get(&p.rank) {
             Some(r) if r.ok => RankState::new(Verdict::Pass, vec![]),
             Some(r) if request => {
@@ -180,9 +181,9 @@ pub(super) fn from_results(
                 st
             }
         };
-        states.insert(p.rank, st);
-    }
-    states
+        (p.rank, st)
+    };
+    plan.ranks.iter().map(state).collect()
 }
 
 /// Where each rank was when the report was made: last phase, iterations,

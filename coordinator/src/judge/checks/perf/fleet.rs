@@ -49,6 +49,9 @@ pub(super) fn fleet(ranks: &[RankFigures], rules: &PerfRules, out: &mut Judgemen
             out.notes.push(votes.note(class, classes[&class], min));
         }
         let rule: &MetricRule = rules.metric(metric);
+        // Marked once a group, not once a rank (131,072 keys made and
+        // looked up at a big job's end).
+        let mut judged = false;
         for (r, value) in members {
             let Some(reference) = votes.reference(&r.node, min) else {
                 continue;
@@ -56,7 +59,7 @@ pub(super) fn fleet(ranks: &[RankFigures], rules: &PerfRules, out: &mut Judgemen
             if reference.value <= 0.0 {
                 continue;
             }
-            out.judged.insert((metric, key.to_string()));
+            judged = true;
             let s = score(metric, value, reference.value);
             let (fail, warn) = rule.fleet_ratios(r.gpu_index.is_none());
             if let Some(level) = level_of(s, fail, warn) {
@@ -82,6 +85,9 @@ pub(super) fn fleet(ranks: &[RankFigures], rules: &PerfRules, out: &mut Judgemen
                     rule: ratio_rule("fleet", metric, fail, warn, &of),
                 }));
             }
+        }
+        if judged {
+            out.judged.insert((metric, key.to_string()));
         }
     }
 }

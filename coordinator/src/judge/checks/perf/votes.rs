@@ -42,9 +42,22 @@ impl<'a> Votes<'a> {
     /// `values`: (node, value) per rank. `min_ranks`: ranks a node needs for
     /// a reference of its own (the rules' `fleet.min_ranks`).
     pub fn new(values: impl IntoIterator<Item = (&'a str, f64)>) -> Votes<'a> {
+        // A node's ranks come one after another: one lookup a node, not a
+        // rank (131,072 string comparisons deep in a big job's tree).
         let mut by_node: BTreeMap<&'a str, Vec<f64>> = BTreeMap::new();
+        let mut run: Option<(&'a str, Vec<f64>)> = None;
         for (node, v) in values {
-            by_node.entry(node).or_default().push(v);
+            match &mut run {
+                Some((n, vs)) if *n == node => vs.push(v),
+                _ => {
+                    if let Some((n, vs)) = run.replace((node, vec![v])) {
+                        by_node.entry(n).or_default().extend(vs);
+                    }
+                }
+            }
+        }
+        if let Some((n, vs)) = run {
+            by_node.entry(n).or_default().extend(vs);
         }
         let across = if by_node.len() > MIN_OTHER_NODES {
             let medians: Vec<f64> = by_node.values().filter_map(|v| median(v.clone())).collect();
@@ -126,6 +139,16 @@ pub fn name_nodes(nodes: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_node_whose_ranks_come_apart_is_still_one_vote() {
+        let votes = Votes::new([("a", 1.0), ("b", 5.0), ("a", 3.0), ("b", 7.0), ("a", 2.0)]);
+        assert_eq!(votes.nodes(), 2);
+        assert_eq!(votes.largest_node(), 3);
+        let own = votes.reference("a", 2).unwrap();
+        assert_eq!((own.value, own.basis), (2.0, Basis::OwnNode(3)));
+        assert_eq!(votes.reference("b", 2).unwrap().value, 6.0);
+    }
 
     #[test]
     fn many_fake_ranks_on_one_node_are_one_vote() {
