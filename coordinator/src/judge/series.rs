@@ -328,12 +328,6 @@ impl Bucket {
         }
     }
 
-    /// Whether the bucket lies wholly within `from..=to`: what a window's
-    /// totals take.
-    pub fn within(&self, from: u64, to: u64) -> bool {
-        self.start_ms >= from && self.end_ms <= to
-    }
-
     /// Folds a later bucket into this one.
     pub fn merge(&mut self, b: &Bucket) {
         if b.n == 0 {
@@ -527,22 +521,41 @@ impl GpuSeries {
         }
     }
 
-    /// The buckets that lie wholly within `from..=to` (unix ms) in one.
-    pub fn totals_within(&self, from: u64, to: u64) -> Bucket {
-        let mut t = Bucket::default();
-        for b in self.buckets.iter().filter(|b| b.within(from, to)) {
-            t.merge(b);
-        }
-        t
-    }
-
     /// The whole run in one bucket.
     pub fn totals(&self) -> Bucket {
-        let mut t = Bucket::default();
-        for b in &self.buckets {
-            t.merge(b);
+        let mut t = Totals::over(None);
+        self.buckets.iter().for_each(|b| t.add(b));
+        t.all
+    }
+}
+
+/// A series' totals, whole and over a window (the buckets that lie wholly
+/// within `from..=to`, unix ms), taken a bucket at a time: from a series in
+/// memory or from stored buckets decoded one by one.
+pub struct Totals {
+    pub all: Bucket,
+    /// Present when there is a window.
+    pub within: Option<Bucket>,
+    window: Option<(u64, u64)>,
+}
+
+impl Totals {
+    pub fn over(window: Option<(u64, u64)>) -> Totals {
+        Totals {
+            all: Bucket::default(),
+            within: window.map(|_| Bucket::default()),
+            window,
         }
-        t
+    }
+
+    /// Adds the series' next bucket.
+    pub fn add(&mut self, b: &Bucket) {
+        self.all.merge(b);
+        if let (Some(w), Some((from, to))) = (self.within.as_mut(), self.window) {
+            if b.start_ms >= from && b.end_ms <= to {
+                w.merge(b);
+            }
+        }
     }
 }
 

@@ -10,7 +10,7 @@ use crate::judge::checks::health::{name_gpu, HealthRules};
 use crate::judge::checks::idle::Windows;
 use crate::judge::checks::nvlink::{crc_per_min, nvlink_crc, peer_crc};
 use crate::judge::checks::{Check, Level};
-use crate::judge::series::{Bucket, Counters, GpuSeries};
+use crate::judge::series::{Bucket, Counters, GpuSeries, Totals};
 
 impl Telemetry {
     /// One summary per GPU and the health findings, GPU by GPU. `windows`:
@@ -30,17 +30,9 @@ impl Telemetry {
             let key = (g.node.as_str(), g.index);
             while windows.next_if(|(k, _)| **k < key).is_some() {}
             let window = windows.next_if(|(k, _)| **k == key).map(|(_, w)| *w);
-            // As `GpuSeries::totals` and `totals_within`, bucket by bucket.
-            let mut t = Bucket::default();
-            let mut measured = window.map(|_| Bucket::default());
-            slot.for_each_bucket(|b| {
-                t.merge(b);
-                if let (Some(m), Some((from, to))) = (measured.as_mut(), window) {
-                    if b.within(from, to) {
-                        m.merge(b);
-                    }
-                }
-            });
+            let mut totals = Totals::over(window);
+            slot.for_each_bucket(|b| totals.add(b));
+            let (t, measured) = (totals.all, totals.within);
             let (s, mine) = summary(g, &t, measured.as_ref(), rules);
             rates.push((t.nvlinks_expected > 0).then(|| crc_per_min(&t)));
             summaries.push(s);
