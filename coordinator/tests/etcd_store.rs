@@ -92,9 +92,14 @@ async fn round_trips_pages_and_persists() {
 
     // The typed layer on etcd.
     let state = StateStore::new(Arc::new(store));
-    let job = Job {
+    let mut job = Job {
         id: "job-000007".into(),
-        state: JobState::Pending as i32,
+        state: JobState::Running as i32,
+        plan: Some(Plan {
+            world_size: 2,
+            nodes: vec!["node-1".into()],
+            ..Default::default()
+        }),
         ..Default::default()
     };
     // The fleet history, as a finished job leaves it.
@@ -114,7 +119,8 @@ async fn round_trips_pages_and_persists() {
     state
         .write(
             Batch::default()
-                .job(&job)
+                .job(&mut job)
+                .plan(&job)
                 .job_seq(7)
                 .run(&run)
                 .history_due("job-000007"),
@@ -169,7 +175,8 @@ async fn round_trips_pages_and_persists() {
         again.raw().scan_prefix("results/".into()).await.unwrap(),
         vec![("results/job-10/1/000000".to_string(), b"x".to_vec())]
     );
-    assert_eq!(again.delete_job("job-000007").await.unwrap(), 1);
+    // Its record and, apart, its plan.
+    assert_eq!(again.delete_job("job-000007").await.unwrap(), 2);
     assert!(again.jobs().await.unwrap().is_empty());
     assert!(again
         .raw()

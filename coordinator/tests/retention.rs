@@ -36,7 +36,7 @@ async fn get_job(jobs: &mut JobServiceClient<Channel>, id: &str) -> Result<Job, 
 async fn stored_keys(dir: &std::path::Path, id: &str) -> Vec<(String, usize)> {
     let store = RedbStore::open(&dir.join(gpuctl_coordinator::server::STORE_FILE)).unwrap();
     let mut out = Vec::new();
-    for prefix in ["jobs/", "results/", "reports/"] {
+    for prefix in ["jobs/", "plans/", "results/", "reports/"] {
         let n = store
             .scan_prefix(format!("{prefix}{id}"))
             .await
@@ -151,7 +151,14 @@ async fn metric_when(coord: &common::Coord, name: &str, ok: impl Fn(f64) -> bool
 async fn stored_bytes(dir: &std::path::Path, id: &str) -> u64 {
     let store = RedbStore::open(&dir.join(gpuctl_coordinator::server::STORE_FILE)).unwrap();
     let mut bytes = 0;
-    for prefix in ["jobs/", "results/", "reports/", "telemetry/", "logs/"] {
+    for prefix in [
+        "jobs/",
+        "plans/",
+        "results/",
+        "reports/",
+        "telemetry/",
+        "logs/",
+    ] {
         bytes += store.bytes_under(format!("{prefix}{id}")).await.unwrap();
     }
     store.close().await.unwrap();

@@ -159,7 +159,7 @@ impl Scheduler {
         };
         let seq = self.job_seq + 1;
         let id = job_id(seq);
-        let job = Job {
+        let mut job = Job {
             id: id.clone(),
             spec: Some(spec),
             baseline,
@@ -168,7 +168,9 @@ impl Scheduler {
             created_unix_ms: self.cfg.clock.now_ms(),
             ..Default::default()
         };
-        let stored = self.store.queue(Batch::default().job(&job).job_seq(seq));
+        let stored = self
+            .store
+            .queue(Batch::default().job(&mut job).job_seq(seq));
         self.job_seq = seq;
         self.counts.submitted += 1;
         info!(job = %id, workload = %job.spec.as_ref().map(|s| s.workload.as_str()).unwrap_or(""), "job submitted");
@@ -276,7 +278,8 @@ impl Scheduler {
         let plan = to_assign;
         entry.deadline_unix_ms = deadline;
         let attempt = entry.job.attempt;
-        let batch = Batch::default().job(&entry.job);
+        // The plan is stored this once: records written later leave it out.
+        let batch = Batch::default().job(&mut entry.job).plan(&entry.job);
         // The nodes are not stored again: which job a node runs is known from
         // the running jobs at load. Each of a 4,096-node job's nodes, with its
         // GPUs and preflight, held the scheduler ~25 ms to encode at the job's
@@ -433,7 +436,7 @@ impl Scheduler {
         // Results and telemetry went with the report (`ReportInputs::take`);
         // memory keeps only what a finished job shows.
         entry.slim();
-        batch = batch.job(&entry.job);
+        batch = batch.job(&mut entry.job);
         entry.retire();
         state::let_go_old(&mut self.jobs);
         drop(self.delete_old_jobs());

@@ -1,7 +1,7 @@
 //! [`Batch`]: the typed builder of one atomic write. It knows which key each
-//! message goes under and how it is encoded (a job without its progress, a
-//! report without its ranks' results), so that callers hand the store
-//! messages, never keys and bytes.
+//! message goes under and how it is encoded (a job's record apart from its
+//! plan, a report without its ranks' results), so that callers hand the
+//! store messages, never keys and bytes.
 
 use gpuctl_proto::pb::{Acceptance, Job, Node, NodeRun, RankReport, Report, Suite};
 use prost::Message;
@@ -28,18 +28,25 @@ impl Batch {
         self.0.push((keys::node(&node.name), node.encode_to_vec()));
         self
     }
-    pub fn job(mut self, job: &Job) -> Self {
-        // Progress changes every second; it is served from memory, not
-        // stored. The scheduler keeps it apart, so a copy of a 32,768-rank
-        // plan is rarely needed to leave it out.
-        let bytes = if job.progress.is_empty() {
-            job.encode_to_vec()
-        } else {
-            let mut job = job.clone();
-            job.progress.clear();
-            job.encode_to_vec()
-        };
-        self.0.push((keys::job(&job.id), bytes));
+    /// The job's record, without its plan ([`Batch::plan`] writes that) and
+    /// its progress: progress changes every second and is served from
+    /// memory, not stored. Both are set aside while the record is encoded,
+    /// so that a 131,072-rank plan is neither copied nor written again.
+    pub fn job(mut self, job: &mut Job) -> Self {
+        let plan = job.plan.take();
+        let progress = std::mem::take(&mut job.progress);
+        self.0.push((keys::job(&job.id), job.encode_to_vec()));
+        job.plan = plan;
+        job.progress = progress;
+        self
+    }
+    /// The job's plan under its own key ([`keys::plan`]); a job without
+    /// one writes nothing. Readers put it back into the record
+    /// (`StateStore::job`).
+    pub fn plan(mut self, job: &Job) -> Self {
+        if let Some(plan) = &job.plan {
+            self.0.push((keys::plan(&job.id), plan.encode_to_vec()));
+        }
         self
     }
     /// The report without its ranks' results: each is under its own key

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use gpuctl_core::auth::RankKey;
 use gpuctl_proto::pb::{
-    Acceptance, Baseline, GetLogsResponse, Job, LogLine, Node, NodeRun, RankResult, Report, Suite,
+    Acceptance, Baseline, GetLogsResponse, LogLine, Node, NodeRun, RankResult, Report, Suite,
 };
 use prost::Message;
 
@@ -346,27 +346,6 @@ impl StateStore {
         gone
     }
 
-    /// Deletes job `id` whole: its results, logs, telemetry, report, the
-    /// mark that its fleet history is due, its measured size, and last its
-    /// record, so that a crash halfway leaves a job that is deleted again
-    /// at the next start.
-    /// Waits first for both of the writer's lanes, so that no queued write
-    /// of the job brings a key back. Returns how many keys went.
-    pub async fn delete_job(&self, id: &str) -> StoreResult<usize> {
-        self.writer.flush().wait().await?;
-        self.writer.flush_later().wait().await?;
-        self.forget_size(id);
-        let (prefixes, [report, due, record]) = keys::job_keys(id);
-        let mut gone = 0;
-        for prefix in prefixes {
-            gone += self.inner.delete_prefix(prefix).await?;
-        }
-        for key in [report, due, keys::job_bytes(id), record] {
-            gone += usize::from(self.inner.delete(key).await?);
-        }
-        Ok(gone)
-    }
-
     pub async fn job_seq(&self) -> StoreResult<u64> {
         match self.get_raw(keys::JOB_SEQ.to_string()).await? {
             None => Ok(0),
@@ -384,10 +363,6 @@ impl StateStore {
         self.scan_msgs(keys::NODES.to_string()).await
     }
 
-    pub async fn jobs(&self) -> StoreResult<Vec<Job>> {
-        self.scan_msgs(keys::JOBS.to_string()).await
-    }
-
     pub async fn suites(&self) -> StoreResult<Vec<Suite>> {
         self.scan_msgs(keys::SUITES.to_string()).await
     }
@@ -395,10 +370,6 @@ impl StateStore {
     /// Every node's last acceptance suite.
     pub async fn acceptances(&self) -> StoreResult<Vec<Acceptance>> {
         self.scan_msgs(keys::ACCEPTANCE.to_string()).await
-    }
-
-    pub async fn job(&self, id: &str) -> StoreResult<Option<Job>> {
-        self.get_msg(keys::job(id)).await
     }
 
     /// Queues a result; durable when the returned [`Durable`] resolves.
@@ -571,5 +542,6 @@ impl StateStore {
     }
 }
 
+mod jobs;
 #[cfg(test)]
 mod tests;

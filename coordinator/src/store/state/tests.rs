@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::store::RedbStore;
-use gpuctl_proto::pb::{JobState, RankReport};
+use gpuctl_proto::pb::{Job, JobState, Plan, RankReport};
 
 fn open(dir: &std::path::Path) -> StateStore {
     StateStore::new(Arc::new(RedbStore::open(&dir.join("state.redb")).unwrap()))
@@ -16,11 +16,11 @@ async fn the_history_version_moves_with_runs_acceptances_and_nodes_only() {
     let dir = tempfile::tempdir().unwrap();
     let s = open(dir.path());
     let v0 = s.history_version();
-    let job = Job {
+    let mut job = Job {
         id: "job-000001".into(),
         ..Default::default()
     };
-    s.write(Batch::default().job(&job).history_due(&job.id))
+    s.write(Batch::default().job(&mut job).history_due(&job.id))
         .await
         .unwrap();
     assert_eq!(
@@ -57,7 +57,7 @@ async fn round_trip_survives_reopen() {
     let dir = tempfile::tempdir().unwrap();
     {
         let s = open(dir.path());
-        let job = Job {
+        let mut job = Job {
             id: "job-000001".into(),
             state: JobState::Running as i32,
             attempt: 1,
@@ -68,7 +68,7 @@ async fn round_trip_survives_reopen() {
             slots: 2,
             ..Default::default()
         };
-        s.write(Batch::default().job(&job).node(&node).job_seq(1))
+        s.write(Batch::default().job(&mut job).node(&node).job_seq(1))
             .await
             .unwrap();
         for rank in [1, 0, 10] {
@@ -147,6 +147,92 @@ async fn round_trip_survives_reopen() {
     assert!(s.raw().delete(keys::job("job-000001")).await.unwrap());
     assert!(!s.raw().delete(keys::job("job-000001")).await.unwrap());
     assert!(s.job("job-000001").await.unwrap().is_none());
+}
+
+/// The plan is stored once, apart from the record; every read puts it
+/// back, a record written later (the job's end) leaves it as it was, a
+/// record stored with its plan inside reads as it is, and a deleted job
+/// takes its plan with it.
+#[tokio::test]
+async fn a_jobs_plan_is_stored_apart_once_and_read_back_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path());
+    let plan = Plan {
+        world_size: 3,
+        nodes: vec!["node-0".into()],
+        ranks: (0..3)
+            .map(|rank| gpuctl_proto::pb::RankPlacement {
+                rank,
+                node: "node-0".into(),
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    };
+    let mut job = Job {
+        id: "job-000003".into(),
+        state: JobState::Running as i32,
+        plan: Some(plan.clone()),
+        progress: vec![Default::default()],
+        ..Default::default()
+    };
+    s.write(Batch::default().job(&mut job).plan(&job))
+        .await
+        .unwrap();
+    assert_eq!(
+        job.plan.as_ref(),
+        Some(&plan),
+        "the caller's job is as it was"
+    );
+    assert_eq!(job.progress.len(), 1);
+    let record = Job::decode(
+        s.raw()
+            .get(keys::job("job-000003"))
+            .await
+            .unwrap()
+            .unwrap()
+            .as_slice(),
+    )
+    .unwrap();
+    assert!(record.plan.is_none() && record.progress.is_empty());
+
+    // The end: the record again, its plan cut in memory as a retired job's is.
+    job.set_state(JobState::Succeeded);
+    job.plan.as_mut().unwrap().ranks.clear();
+    s.write(Batch::default().job(&mut job)).await.unwrap();
+    let read = s.job("job-000003").await.unwrap().unwrap();
+    assert_eq!(read.state(), JobState::Succeeded);
+    assert_eq!(
+        read.plan,
+        Some(plan.clone()),
+        "the plan as the start wrote it"
+    );
+    assert!(read.progress.is_empty());
+
+    // A record from before the split, its plan inside.
+    let old = Job {
+        id: "job-000002".into(),
+        plan: Some(plan.clone()),
+        ..Default::default()
+    };
+    s.raw()
+        .put(keys::job("job-000002"), old.encode_to_vec())
+        .await
+        .unwrap();
+    let jobs = s.jobs().await.unwrap();
+    let ids: Vec<&str> = jobs.iter().map(|j| j.id.as_str()).collect();
+    assert_eq!(ids, ["job-000002", "job-000003"]);
+    assert_eq!(jobs[0], old);
+    assert_eq!(jobs[1], read);
+
+    assert_eq!(s.delete_job("job-000003").await.unwrap(), 2);
+    assert!(s
+        .raw()
+        .get(keys::plan("job-000003"))
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(s.jobs().await.unwrap(), vec![old]);
 }
 
 #[tokio::test]
