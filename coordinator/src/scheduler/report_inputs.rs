@@ -149,57 +149,72 @@ impl ReportInputs {
     /// The report of a job that ended for any reason but its verdict.
     pub(super) fn ended(&mut self) -> Built {
         let now = self.job.finished_unix_ms.max(1);
-        let (judged, bytes) = self.measuring_telemetry(|w| w.build(&w.job, now));
+        let (judged, bytes) = self.measuring_telemetry(|w, job| w.build(job, now));
         self.finish(judged, now, bytes)
     }
 
     /// The verdict of a job whose every rank reported, and its report.
     pub(super) fn judge(&mut self) -> (JobState, String, Built) {
         let now = self.clock.now_ms();
-        let ((state, message, judged), bytes) = self.measuring_telemetry(|w| w.verdict(now));
+        let ((state, message, judged), bytes) =
+            self.measuring_telemetry(|w, job| w.verdict(job, now));
         (state, message, self.finish(judged, now, bytes))
     }
 
     /// `make`'s result, with what the job's telemetry takes in the store
     /// (`Report.telemetry_bytes`) measured on a second thread meanwhile:
-    /// at 32,768 GPUs that is ~30 ms of encoded lengths.
+    /// at 32,768 GPUs that is ~30 ms of encoded lengths. `make` has the
+    /// job apart, to change as it judges ([`Self::verdict`]).
     pub(super) fn measuring_telemetry<T: Send>(
-        &self,
-        make: impl FnOnce(&ReportInputs) -> T + Send,
+        &mut self,
+        make: impl FnOnce(&ReportInputs, &mut Job) -> T + Send,
     ) -> (T, u64) {
-        std::thread::scope(|s| {
-            let bytes = s.spawn(|| self.telemetry.stored_bytes(&self.job.id));
-            let made = make(self);
+        let mut job = std::mem::take(&mut self.job);
+        let id = job.id.clone();
+        let this = &*self;
+        let made = std::thread::scope(|s| {
+            let bytes = s.spawn(|| this.telemetry.stored_bytes(&id));
+            let made = make(this, &mut job);
             let bytes = bytes
                 .join()
                 .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
             (made, bytes)
-        })
+        });
+        self.job = job;
+        made
     }
 
     /// Built once as if the job succeeded (what almost every complete job
     /// does); a job that does not pass is judged as a running job, as always
     /// (a succeeded job is also held to the figures it was expected to
     /// produce, a running one not yet), and built again with its failure.
-    pub(super) fn verdict(&self, now: u64) -> (JobState, String, (Report, Figures)) {
-        let mut job = self.job.clone();
-        job.set_state(JobState::Succeeded);
-        job.finished_unix_ms = now;
-        job.results_in = self.results.len() as u32;
-        let judged = self.build(&job, now);
+    /// `job` is changed in place, not copied, and left as the verdict ends
+    /// it: a copy of a 131,072-rank plan is ~30 MB, held beside the
+    /// results while the verdict is made.
+    pub(super) fn verdict(&self, job: &mut Job, now: u64) -> (JobState, String, (Report, Figures)) {
+        let results_in = self.results.len() as u32;
+        let running = (job.state, job.finished_unix_ms, job.results_in);
+        let end = |job: &mut Job, state: JobState| {
+            job.set_state(state);
+            job.finished_unix_ms = now;
+            job.results_in = results_in;
+        };
+        end(job, JobState::Succeeded);
+        let judged = self.build(job, now);
         if report::ranks_verdict(&judged.0).0 == Verdict::Pass {
             return (JobState::Succeeded, String::new(), judged);
         }
-        let (running, _) = self.build(&self.job, now);
-        let (verdict, why) = report::ranks_verdict(&running);
+        (job.state, job.finished_unix_ms, job.results_in) = running;
+        let (as_running, _) = self.build(job, now);
+        let (verdict, why) = report::ranks_verdict(&as_running);
         let (state, message) = if verdict == Verdict::Pass {
             (JobState::Succeeded, String::new())
         } else {
             (JobState::Failed, why)
         };
-        job.set_state(state);
+        end(job, state);
         job.message = message.clone();
-        (state, message, self.build(&job, now))
+        (state, message, self.build(job, now))
     }
 }
 
