@@ -43,8 +43,18 @@ pub fn host_file_refaults() -> Option<u64> {
 
 /// Resident set size in bytes.
 pub fn rss_bytes(pid: u32) -> Option<u64> {
+    status_bytes(pid, "VmRSS:")
+}
+
+/// The kernel's high-water mark of a process's resident memory: the peak
+/// over its whole life, which no sampling misses.
+pub fn hwm_bytes(pid: u32) -> Option<u64> {
+    status_bytes(pid, "VmHWM:")
+}
+
+fn status_bytes(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
 }
