@@ -185,21 +185,16 @@ async fn a_jobs_plan_is_stored_apart_once_and_read_back_with_it() {
         "the caller's job is as it was"
     );
     assert_eq!(job.progress.len(), 1);
-    let record = Job::decode(
-        s.raw()
-            .get(keys::job("job-000003"))
-            .await
-            .unwrap()
-            .unwrap()
-            .as_slice(),
-    )
-    .unwrap();
+    let record = stored_record(&s, "job-000003").await;
     assert!(record.plan.is_none() && record.progress.is_empty());
 
     // The end: the record again, its plan cut in memory as a retired job's is.
     job.set_state(JobState::Succeeded);
     job.plan.as_mut().unwrap().ranks.clear();
     s.write(Batch::default().job(&mut job)).await.unwrap();
+    // Read raw: `job` puts the stored plan back over whatever the record holds.
+    let record = stored_record(&s, "job-000003").await;
+    assert!(record.plan.is_none(), "the end's record carries no plan");
     let read = s.job("job-000003").await.unwrap().unwrap();
     assert_eq!(read.state(), JobState::Succeeded);
     assert_eq!(
@@ -233,6 +228,12 @@ async fn a_jobs_plan_is_stored_apart_once_and_read_back_with_it() {
         .unwrap()
         .is_none());
     assert_eq!(s.jobs().await.unwrap(), vec![old]);
+}
+
+/// Job `id`'s record as stored, without the plan reads put back.
+async fn stored_record(s: &StateStore, id: &str) -> Job {
+    let bytes = s.raw().get(keys::job(id)).await.unwrap().unwrap();
+    Job::decode(bytes.as_slice()).unwrap()
 }
 
 #[tokio::test]
