@@ -188,6 +188,10 @@ impl ReportInputs {
     /// does); a job that does not pass is judged as a running job, as always
     /// (a succeeded job is also held to the figures it was expected to
     /// produce, a running one not yet), and built again with its failure.
+    /// One that passes as running failed only on those figures: it fails
+    /// with the first build, which names the ranks that lacked them. (It
+    /// ended "succeeded" beside a report whose ranks failed, and the fleet
+    /// history, made from the report, already counted them failed.)
     /// `job` is changed in place, not copied, and left as the verdict ends
     /// it: a copy of a 131,072-rank plan is ~30 MB, held beside the
     /// results while the verdict is made.
@@ -201,20 +205,23 @@ impl ReportInputs {
         };
         end(job, JobState::Succeeded);
         let judged = self.build(job, now);
-        if report::ranks_verdict(&judged.0).0 == Verdict::Pass {
+        let (first, first_why) = report::ranks_verdict(&judged.0);
+        if first == Verdict::Pass {
             return (JobState::Succeeded, String::new(), judged);
         }
         (job.state, job.finished_unix_ms, job.results_in) = running;
         let (as_running, _) = self.build(job, now);
         let (verdict, why) = report::ranks_verdict(&as_running);
-        let (state, message) = if verdict == Verdict::Pass {
-            (JobState::Succeeded, String::new())
-        } else {
-            (JobState::Failed, why)
-        };
-        end(job, state);
-        job.message = message.clone();
-        (state, message, self.build(job, now))
+        if verdict == Verdict::Pass {
+            end(job, JobState::Failed);
+            job.message = first_why.clone();
+            let (mut report, figures) = judged;
+            report.state = job.state;
+            return (JobState::Failed, first_why, (report, figures));
+        }
+        end(job, JobState::Failed);
+        job.message = why.clone();
+        (JobState::Failed, why, self.build(job, now))
     }
 }
 
@@ -247,4 +254,148 @@ pub(super) async fn from_store(
     })
     .await
     .map_err(|e| StoreError::Backend(format!("building the report failed: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuctl_proto::pb::{rank_result::Detail, JobSpec, Plan, RankPlacement, StressResult};
+
+    const NOW: u64 = 9_000;
+
+    /// A running stress job of `ranks` ranks, one a node, with a GPU each.
+    fn running(ranks: u32) -> Job {
+        let mut plan = Plan {
+            world_size: ranks,
+            ..Default::default()
+        };
+        for r in 0..ranks {
+            plan.nodes.push(format!("node-{r}"));
+            plan.ranks.push(RankPlacement {
+                rank: r,
+                node: format!("node-{r}"),
+                node_rank: r,
+                gpu_index: Some(0),
+                ..Default::default()
+            });
+        }
+        Job {
+            id: "job-000001".into(),
+            state: JobState::Running as i32,
+            spec: Some(JobSpec {
+                workload: "stress".into(),
+                ..Default::default()
+            }),
+            plan: Some(plan),
+            started_unix_ms: 1_000,
+            ..Default::default()
+        }
+    }
+
+    /// A stress result of an H100 (which has a built-in floor) that agrees
+    /// with the others; with `figures`, the TFLOP/s a stress job that ran
+    /// to its end is bound to report.
+    fn stress(rank: u32, figures: bool) -> RankResult {
+        let tflops = if figures { vec![600.0; 5] } else { vec![] };
+        RankResult {
+            rank,
+            ok: true,
+            device_name: "NVIDIA H100 80GB HBM3".into(),
+            detail: Some(Detail::Stress(StressResult {
+                digest: "d".into(),
+                device_class: "H100".into(),
+                checks: 10,
+                dtype: "bf16".into(),
+                matrix_size: 8192,
+                tflops_median: if figures { 600.0 } else { 0.0 },
+                tflops_per_interval: tflops,
+                ..Default::default()
+            })),
+            ..Default::default()
+        }
+    }
+
+    fn inputs(job: Job, results: Vec<RankResult>) -> ReportInputs {
+        ReportInputs {
+            since: Instant::now(),
+            job,
+            results: results.into_iter().map(|r| (r.rank, r)).collect(),
+            exits: BTreeMap::new(),
+            progress: BTreeMap::new(),
+            watch: Watch::default(),
+            telemetry: Telemetry::default(),
+            health: Arc::new(HealthRules::default()),
+            perf: Arc::new(PerfRules::default()),
+            clock: Clock::manual(NOW),
+        }
+    }
+
+    /// The verdict changes the judge's job in place: ended as judged, with
+    /// its plan and start as they were, whichever way it is reached.
+    #[test]
+    fn the_verdict_ends_the_job_in_place_as_judged() {
+        // Every rank agrees: passed on the first build.
+        let mut w = inputs(running(4), (0..4).map(|r| stress(r, true)).collect());
+        let mut job = std::mem::take(&mut w.job);
+        let (state, message, (report, _)) = w.verdict(&mut job, NOW);
+        assert_eq!((state, message.as_str()), (JobState::Succeeded, ""));
+        assert_eq!(job.state(), JobState::Succeeded);
+        assert_eq!((job.finished_unix_ms, job.results_in), (NOW, 4));
+        assert_eq!(report::ranks_verdict(&report).0, Verdict::Pass);
+
+        // One rank failed, and another ended well without its figures:
+        // failed on the build as a running job, which names the failed rank
+        // alone (a job that failed is not held to every figure; as
+        // succeeded, rank 1 would be named for its figures too).
+        let mut results: Vec<_> = (0..4).map(|r| stress(r, true)).collect();
+        results[1] = stress(1, false);
+        results[2] = stress(2, false);
+        results[2].ok = false;
+        results[2].error = "CUDA error: an illegal memory access".into();
+        let mut w = inputs(running(4), results);
+        let mut job = std::mem::take(&mut w.job);
+        let (state, message, (report, _)) = w.verdict(&mut job, NOW);
+        assert_eq!(state, JobState::Failed);
+        assert!(message.contains("rank 2"), "{message}");
+        assert!(!message.contains("rank 1"), "{message}");
+        assert_eq!(job.state(), JobState::Failed);
+        assert_eq!(
+            (job.message.as_str(), job.finished_unix_ms, job.results_in),
+            (message.as_str(), NOW, 4)
+        );
+        assert_eq!(report.state(), JobState::Failed);
+        assert_eq!(report::ranks_verdict(&report).0, Verdict::Fail);
+
+        // Every rank ended well but none reported the figures a stress job
+        // that ran to its end is bound to: it passes as a running job, and
+        // fails on the first build, which names each rank.
+        let mut w = inputs(running(4), (0..4).map(|r| stress(r, false)).collect());
+        let mut job = std::mem::take(&mut w.job);
+        let (state, message, (report, _)) = w.verdict(&mut job, NOW);
+        assert_eq!(state, JobState::Failed);
+        assert!(
+            message.contains("rank 3") && message.contains("no stress_tflops"),
+            "{message}"
+        );
+        assert_eq!(job.state(), JobState::Failed);
+        assert_eq!(
+            (job.message.as_str(), job.finished_unix_ms),
+            (message.as_str(), NOW)
+        );
+        assert_eq!(
+            report.state(),
+            JobState::Failed,
+            "the report says what the job is"
+        );
+        assert_eq!(
+            (report.verdict(), report.reason.as_str()),
+            (Verdict::Fail, message.as_str())
+        );
+        assert_eq!(job.started_unix_ms, 1_000);
+        assert_eq!(
+            job.plan,
+            running(4).plan,
+            "the plan is the job's own, untouched"
+        );
+    }
 }
