@@ -169,6 +169,9 @@ impl ReportInputs {
         &mut self,
         make: impl FnOnce(&ReportInputs, &mut Job) -> T + Send,
     ) -> (T, u64) {
+        // The job's running view, no part of its report, goes before the
+        // report's memory is taken.
+        self.telemetry.forget_latest();
         let mut job = std::mem::take(&mut self.job);
         let id = job.id.clone();
         let this = &*self;

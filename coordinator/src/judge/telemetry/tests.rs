@@ -404,3 +404,24 @@ fn the_latest_is_each_gpus_newest_sample_across_batches() {
     assert_eq!(kept, [(0, 8_000), (1, 8_000), (2, 8_000)]);
     assert_eq!(t.series().map(|s| s.totals().n).sum::<u32>(), 8 + 8 + 2);
 }
+
+/// What a job's judging lets go of first: the newest samples go, the
+/// series (what the report and the store take) stay as they were.
+#[test]
+fn forgetting_the_newest_samples_keeps_every_series() {
+    let mut t = Telemetry::default();
+    for i in 0..20u64 {
+        t.add(
+            "n0",
+            batch(vec![sample(1_000 + i * 1_000, 90.0, 0, vec![])]),
+            0,
+        );
+    }
+    let (series, stored) = (t.series().collect::<Vec<_>>(), t.stored_bytes("j"));
+    assert_eq!(t.latest().len(), 1);
+    t.forget_latest();
+    assert!(t.latest().is_empty());
+    assert_eq!(t.series().collect::<Vec<_>>(), series);
+    assert_eq!(t.stored_bytes("j"), stored);
+    assert!(t.is_dirty());
+}
