@@ -18,6 +18,8 @@
 # is 15m), SHORT_JOBS (5), SHORT (5s), PART (both|bench|listing),
 # FLEET_NICE (the simulated fleet's nice, default 19: on a host other work keeps
 # busy at nice 0, 0 keeps the fleet from starving and losing its sessions),
+# CLI_NICE (the nice of the thread making the CLI calls, -20..19; below 0 as root:
+# a person's CLI has a machine of its own, here it shares two cores with the fleet),
 # COORDINATOR_LOG (the coordinator's RUST_LOG; gpuctl-sim's default when unset),
 # CONNECTIONS (HTTP/2 connections the simulated agents share; default one each,
 # as a real fleet: on a starved host, fewer keep their pings answered),
@@ -45,6 +47,7 @@ if [ "$PART" = both ] || [ "$PART" = bench ]; then
   /usr/bin/time -v "$BIN/gpuctl-sim" bench --nodes "$NODES" --gpus "$GPUS" --idle "$IDLE" \
     --long "$LONG" --short-jobs "$SHORT_JOBS" --short "$SHORT" --json "$OUT/bench.json" ${KEEP_DIR:+--keep-dir} \
     ${FLEET_NICE:+--fleet-nice "$FLEET_NICE"} ${CONNECTIONS:+--connections "$CONNECTIONS"} \
+    ${CLI_NICE:+--cli-nice "$CLI_NICE"} \
     ${COORDINATOR_LOG:+--coordinator-log "$COORDINATOR_LOG"} \
     > "$OUT/bench.txt" 2> "$OUT/bench.err"
   echo "bench: exit $?"; cat "$OUT/bench.txt"

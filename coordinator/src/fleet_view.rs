@@ -204,6 +204,7 @@ impl FleetView {
     /// The page of `gpuctl fleet` asked for by `req`, cut from the kept
     /// answer when `req` asks for the whole fleet.
     pub async fn page(&self, req: GetFleetRequest) -> Result<GetFleetResponse, CoordinatorError> {
+        let started = Instant::now();
         let (after, listing) = cursor(&req.after);
         let ask = Ask {
             after: after.to_string(),
@@ -237,6 +238,10 @@ impl FleetView {
         if !page.next_after.is_empty() {
             b.paged();
         }
+        // Beside the caller's own time: what of it was this call's, and
+        // what was the wait for its connection and the runtime.
+        let ms = started.elapsed().as_secs_f64() * 1e3;
+        debug!(ms, bytes = page.rows_packed.len(), "fleet page");
         Ok(page)
     }
 

@@ -7,6 +7,7 @@ pub mod counters;
 pub mod culprits;
 pub mod fleet;
 pub mod host;
+pub mod priority;
 pub mod probe;
 pub mod ranks;
 pub mod search;

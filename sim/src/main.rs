@@ -154,6 +154,14 @@ enum Cmd {
         /// Pause between rounds of CLI calls (nodes, jobs, status).
         #[arg(long, default_value = "200ms", value_parser = humantime::parse_duration)]
         cli_every: Duration,
+        /// The CPU priority (nice, -20..19) of the thread that makes the CLI
+        /// calls. 0: the bench's own. A person's CLI runs on a machine of its
+        /// own; here its decoding of a 16,384-row `fleet` (7 ms of CPU) shares
+        /// the two cores with the simulated ranks at `--fleet-nice` 0, and
+        /// took up to 275 ms. Below 0 needs root (CAP_SYS_NICE).
+        #[arg(long, default_value_t = 0, allow_hyphen_values = true,
+              value_parser = clap::value_parser!(i32).range(-20..=19))]
+        cli_nice: i32,
         /// The coordinator's log filter (`RUST_LOG` syntax): its log is read
         /// for when each report was stored, so keep `scheduler::reports` at info.
         #[arg(long, default_value = bench::COORDINATOR_LOG)]
@@ -352,6 +360,7 @@ fn main() -> Result<()> {
                 short_jobs,
                 short,
                 cli_every,
+                cli_nice,
                 coordinator_log,
             } => {
                 let cfg = BenchConfig {
@@ -366,6 +375,7 @@ fn main() -> Result<()> {
                     connections: connections(&shape),
                     rank_connections: shape.rank_connections,
                     cli_every,
+                    cli_nice,
                     coordinator_log,
                 };
                 let dir = run_dir("gpuctl-sim")?;
@@ -487,12 +497,6 @@ const BENCH_FLEET_NICE: i32 = 19;
 /// runs the bench and starts its other threads and the coordinator, keeps
 /// its own.
 fn lower_priority(nice: i32) {
-    if nice == 0 {
-        return;
-    }
-    // SAFETY: gettid and setpriority on the calling thread, no pointers.
-    unsafe {
-        let tid = libc::gettid();
-        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice);
-    }
+    // Raising a nice (0..=19 here) needs no privilege.
+    let _ = gpuctl_sim::priority::set_thread_nice(nice);
 }

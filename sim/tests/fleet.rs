@@ -42,6 +42,7 @@ async fn two_hundred_nodes_report_every_rank_and_memory_comes_back() {
         // As gpuctl-agent's relay, the default.
         rank_connections: RankConnections::Agent,
         cli_every: Duration::from_millis(200),
+        cli_nice: 0,
         coordinator_log: bench::COORDINATOR_LOG.into(),
     };
     let dir = tempfile_dir("bench");
@@ -86,7 +87,8 @@ async fn two_hundred_nodes_report_every_rank_and_memory_comes_back() {
         (0, 0, 0),
         "sessions lost, rank calls failed, results refused"
     );
-    // Every CLI call answered (an error is counted under its own key).
+    // Every CLI call answered (an error is counted under its own key),
+    // and each one listed, to be laid beside the coordinator's log.
     for p in &r.phases {
         assert!(
             p.cli.keys().all(|k| !k.contains("error")),
@@ -94,6 +96,10 @@ async fn two_hundred_nodes_report_every_rank_and_memory_comes_back() {
             p.name,
             p.cli
         );
+        for (call, &(_, _, n)) in &p.cli {
+            let listed = p.calls.iter().filter(|c| &c.0 == call).count();
+            assert_eq!(listed, n, "{}: {call} calls listed", p.name);
+        }
     }
 }
 

@@ -15,6 +15,10 @@ use gpuctl_proto::pb::{
     ListNodesRequest,
 };
 
+/// A `fleet` page's rows decoded by the caller (in [`Latencies::calls`]
+/// only: part of its `fleet` call).
+pub(super) const DECODE: &str = "fleet decode";
+
 /// CLI latencies, by call, for the phase running now.
 #[derive(Default)]
 pub(super) struct Latencies {
@@ -63,7 +67,7 @@ async fn cli_load(
             record(&lat, "status", t, ok);
         }
         let t = Instant::now();
-        let ok = whole_fleet(&mut c).await.is_ok();
+        let ok = whole_fleet(&mut c, &lat).await.is_ok();
         record(&lat, "fleet", t, ok);
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
@@ -74,7 +78,10 @@ async fn cli_load(
 
 /// `gpuctl fleet`'s calls: every row, page after page, as the CLI asks for
 /// its table (drift only where flagged).
-async fn whole_fleet(c: &mut JobServiceClient<Channel>) -> Result<usize, tonic::Status> {
+async fn whole_fleet(
+    c: &mut JobServiceClient<Channel>,
+    lat: &Mutex<Latencies>,
+) -> Result<usize, tonic::Status> {
     let (mut rows, mut after) = (0, String::new());
     loop {
         let mut page = c
@@ -88,9 +95,13 @@ async fn whole_fleet(c: &mut JobServiceClient<Channel>) -> Result<usize, tonic::
             })
             .await?
             .into_inner();
-        // Decoded as the CLI decodes it: part of what a call costs.
+        // Decoded as the CLI decodes it: part of what a call costs, and
+        // timed apart, to tell this side's CPU from the wait for the answer.
+        let t = Instant::now();
         page.unpack()
             .map_err(|e| tonic::Status::internal(format!("a packed fleet page: {e}")))?;
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        lat.lock().unwrap().calls.push((t, DECODE.into(), ms));
         rows += page.rows.len();
         // A page that does not move on ends the listing, as in the CLI.
         if page.next_after.is_empty() || page.next_after <= after {
@@ -103,13 +114,14 @@ async fn whole_fleet(c: &mut JobServiceClient<Channel>) -> Result<usize, tonic::
 /// Runs [`cli_load`] on a thread and runtime of its own, as the CLI is a
 /// process of its own: on the simulator's runtime, busy with 32,768 ranks
 /// at a job's end, its calls waited for the simulator and not only for the
-/// coordinator.
+/// coordinator. `every`: the pause between rounds, and the thread's nice.
 pub(super) fn cli_thread(
     url: String,
     lat: Arc<Mutex<Latencies>>,
-    every: Duration,
+    (every, nice): (Duration, i32),
     stop: Shutdown,
 ) -> Result<()> {
+    let (niced_tx, niced_rx) = std::sync::mpsc::channel();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -117,6 +129,12 @@ pub(super) fn cli_thread(
     std::thread::Builder::new()
         .name("cli-calls".into())
         .spawn(move || {
+            let set = crate::priority::set_thread_nice(nice);
+            let ok = set.is_ok();
+            let _ = niced_tx.send(set);
+            if !ok {
+                return;
+            }
             rt.block_on(async move {
                 let builder =
                     gpuctl_core::client::builder(&url).request_timeout(Duration::from_secs(60));
@@ -130,7 +148,11 @@ pub(super) fn cli_thread(
             })
         })
         .context("starting the CLI calls' thread")?;
-    Ok(())
+    // A priority asked for and not had would change what is measured.
+    niced_rx
+        .recv()
+        .context("the CLI calls' thread ended before it started")?
+        .with_context(|| format!("--cli-nice {nice} (below 0 needs root)"))
 }
 
 fn record(lat: &Mutex<Latencies>, call: &str, t: Instant, ok: bool) {

@@ -41,6 +41,8 @@ pub struct BenchReport {
 #[derive(Debug, Default, Clone)]
 pub struct PhaseFigures {
     pub name: String,
+    /// When it began, ms since the Unix epoch.
+    pub started_unix_ms: u64,
     pub seconds: f64,
     pub cpu_per_s: f64,
     /// The simulator's own CPU (fleet, workers and CLI calls), apart.
@@ -60,6 +62,11 @@ pub struct PhaseFigures {
     pub cli: BTreeMap<String, (f64, f64, usize)>,
     /// The slowest calls: name, seconds into the phase, ms.
     pub slowest: Vec<(String, f64, f64)>,
+    /// Every call as `slowest`, in the order each ended (the JSON's
+    /// `calls`): to see a slow call beside the job's own moments. Each
+    /// `fleet` call's decoding of its rows, named [`super::calls::DECODE`],
+    /// ends before the call does and comes before it.
+    pub calls: Vec<(String, f64, f64)>,
 }
 
 #[derive(Debug, Default, Clone)]

@@ -52,6 +52,8 @@ pub struct BenchConfig {
     pub rank_connections: RankConnections,
     /// The CLI calls' pause between rounds.
     pub cli_every: Duration,
+    /// The CLI calls' thread's nice (0: the bench's own).
+    pub cli_nice: i32,
     /// The coordinator's `RUST_LOG`.
     pub coordinator_log: String,
 }
@@ -94,7 +96,8 @@ pub async fn run(cfg: &BenchConfig, dir: PathBuf) -> Result<BenchReport> {
     out.register_ms = t.elapsed().as_secs_f64() * 1e3;
     out.phases.push(phase.end(&co, &lat));
 
-    cli_thread(co.url.clone(), lat.clone(), cfg.cli_every, stop.clone())?;
+    let every = (cfg.cli_every, cfg.cli_nice);
+    cli_thread(co.url.clone(), lat.clone(), every, stop.clone())?;
 
     eprintln!("idle for {}…", humantime::format_duration(cfg.idle));
     let mut phase = Phase::begin("idle", pid, &lat, &watch);

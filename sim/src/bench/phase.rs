@@ -6,7 +6,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::calls::{percentile, Latencies};
+use super::calls::{percentile, Latencies, DECODE};
 use super::coordinator::Coordinator;
 use super::figures::PhaseFigures;
 use crate::probe;
@@ -15,6 +15,8 @@ use crate::probe;
 pub(super) struct Phase {
     name: String,
     start: Instant,
+    /// `start` on the wall clock, to lay the calls beside the coordinator's log.
+    started_unix_ms: u64,
     cpu0: f64,
     sim_cpu0: f64,
     majflt0: u64,
@@ -45,6 +47,9 @@ impl Phase {
         Phase {
             name: name.into(),
             start: Instant::now(),
+            started_unix_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
             cpu0: probe::cpu_seconds(pid).unwrap_or(0.0),
             sim_cpu0: probe::cpu_seconds(std::process::id()).unwrap_or(0.0),
             majflt0: probe::major_faults(pid).unwrap_or(0),
@@ -96,18 +101,20 @@ impl Phase {
                 (k.clone(), (med, percentile(v, 0.99), n))
             })
             .collect();
-        let mut calls = std::mem::take(&mut l.calls);
-        calls.sort_by(|a, b| b.2.total_cmp(&a.2));
-        let slowest = calls
-            .iter()
-            .take(5)
+        let calls: Vec<(String, f64, f64)> = std::mem::take(&mut l.calls)
+            .into_iter()
             .map(|(t, name, ms)| {
                 let at = t.saturating_duration_since(self.start).as_secs_f64();
-                (name.clone(), at, *ms)
+                (name, at, ms)
             })
             .collect();
+        let mut slowest: Vec<_> = calls.iter().filter(|c| c.0 != DECODE).cloned().collect();
+        slowest.sort_by(|a, b| b.2.total_cmp(&a.2));
+        slowest.truncate(5);
         PhaseFigures {
             slowest,
+            calls,
+            started_unix_ms: self.started_unix_ms,
             name: self.name,
             seconds: secs,
             cpu_per_s: cpu / secs.max(1e-9),

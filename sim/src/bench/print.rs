@@ -34,6 +34,8 @@ impl BenchReport {
                 "rss_bytes_over_time": p.rss_series.iter().map(|(t, b)| json!([t, b])).collect::<Vec<_>>(),
                 "cli_ms": p.cli.iter().map(|(k, (p50, p99, n))| (k.clone(), json!({"p50": p50, "p99": p99, "calls": n}))).collect::<serde_json::Map<_, _>>(),
                 "slowest_calls": p.slowest.iter().map(|(k, at, ms)| json!({"call": k, "at_s": at, "ms": ms})).collect::<Vec<_>>(),
+                "started_unix_ms": p.started_unix_ms,
+                "calls": p.calls.iter().map(|(k, at, ms)| json!([k, (at * 1e3).round() / 1e3, (ms * 1e3).round() / 1e3])).collect::<Vec<_>>(),
             })).collect::<Vec<_>>(),
             "store_by_prefix": self.store_use.iter().map(|(k, (n, b))| (k.clone(), json!({"keys": n, "bytes": b}))).collect::<serde_json::Map<_, _>>(),
             "jobs": self.jobs.iter().map(|j| json!({
@@ -107,6 +109,17 @@ impl BenchReport {
                 .collect();
             println!("slowest calls, {}: {}", p.name, calls.join("; "));
         }
+        for (name, split) in self
+            .phases
+            .iter()
+            .filter_map(|p| Some((&p.name, fleet_split(p)?)))
+        {
+            let [(d50, d99), (r50, r99)] = split;
+            println!(
+                "fleet calls, {name}: decoding the rows here p50/p99 {d50:.1}/{d99:.1} ms, \
+                 the rest of the call {r50:.1}/{r99:.1} ms"
+            );
+        }
         println!();
         let mut t = comfy_table::Table::new();
         t.load_preset(comfy_table::presets::NOTHING).set_header([
@@ -168,4 +181,32 @@ impl BenchReport {
             }
         }
     }
+}
+
+/// A phase's `fleet` calls split in two, each as p50 and p99: the caller's
+/// decoding of the rows (its own CPU, on this shared host) and the rest of
+/// the call (the coordinator and the connection). `None` without calls.
+fn fleet_split(p: &super::figures::PhaseFigures) -> Option<[(f64, f64); 2]> {
+    // Each call's decodes are recorded before the call itself, which is
+    // recorded at its end.
+    let (mut decode, mut rest, mut pending) = (Vec::new(), Vec::new(), 0.0);
+    for (name, _, ms) in &p.calls {
+        match name.as_str() {
+            super::calls::DECODE => pending += ms,
+            "fleet" => {
+                decode.push(pending);
+                rest.push(ms - pending);
+                pending = 0.0;
+            }
+            _ => {}
+        }
+    }
+    if decode.is_empty() {
+        return None;
+    }
+    let q = |v: &mut Vec<f64>| {
+        let p50 = super::calls::percentile(v, 0.5);
+        (p50, super::calls::percentile(v, 0.99))
+    };
+    Some([q(&mut decode), q(&mut rest)])
 }
