@@ -2,6 +2,7 @@
 //! to a real coordinator) and the coordinator's scale bench built on it
 //! (docs/benchmarks.md, "Coordinator at fleet scale").
 
+pub mod allocator;
 pub mod bench;
 pub mod counters;
 pub mod culprits;

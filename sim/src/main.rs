@@ -309,6 +309,9 @@ fn main() -> Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
+    if let Err(e) = gpuctl_sim::allocator::keep_freed_pages() {
+        tracing::warn!("the simulator gives its freed pages back to the OS: {e}");
+    }
     let cli = Cli::parse();
     if let Cmd::Search {
         draws,
