@@ -310,7 +310,7 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     if let Err(e) = gpuctl_sim::allocator::keep_freed_pages() {
-        tracing::warn!("the simulator gives its freed pages back to the OS: {e}");
+        tracing::warn!("mimalloc's purge delay left as it was: {e}");
     }
     let cli = Cli::parse();
     if let Cmd::Search {
