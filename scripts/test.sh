@@ -7,6 +7,17 @@
 # first. CI (.ci/run) calls this too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# A clean build and its test binaries take 5.6 GB in target/ (2026-12-06) and
+# libtorch 1 GB more. A disk that fills mid-build shows only as the linker
+# dying of SIGBUS (a CI run on 2026-12-05), so the room is checked first.
+target="${CARGO_TARGET_DIR:-target}"
+need_mb=8000
+there_mb="$(du -sm "$target" 2>/dev/null | cut -f1 || true)"
+free_mb="$(df -Pm . | awk 'NR == 2 { print $4 }')"
+if [ "$((free_mb + ${there_mb:-0}))" -lt "$need_mb" ]; then
+    echo "error: $free_mb MB free here and ${there_mb:-0} MB in $target; the build and the tests need about $need_mb MB: free disk space, or set CARGO_TARGET_DIR to a larger disk" >&2
+    exit 1
+fi
 bash scripts/install-libtorch.sh
 sudo=()
 if [ "$(id -u)" -ne 0 ]; then
