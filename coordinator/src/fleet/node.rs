@@ -21,19 +21,23 @@
 //! lost by a coordinator restart keeps it, so that the agent can hand its
 //! workers back when it registers again.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use gpuctl_proto::pb::NodeState;
 
 /// What the machine reads and writes of a node (the rest of `Node` is its
-/// registration, which no event changes).
+/// registration, which no event changes). Its words are borrowed from the
+/// node until a transition changes them: every node's heartbeat and the
+/// scheduler's tick over the whole fleet pass through here, and copying
+/// them each time was most of the machine's cost (4 strings an event).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Life {
+pub struct Life<'a> {
     pub state: NodeState,
     /// Why it is in that state, for `gpuctl nodes` (empty when Ready or Busy).
-    pub reason: String,
+    pub reason: Cow<'a, str>,
     /// The job the node is part of; empty when none.
-    pub job: String,
+    pub job: Cow<'a, str>,
     pub heard_unix_ms: u64,
 }
 
@@ -82,7 +86,7 @@ fn working(job: &str) -> NodeState {
 }
 
 /// The node's next life after `event` at `now` (Unix ms), and what to do.
-pub fn transition(life: &Life, event: NodeEvent<'_>, now: u64) -> (Life, Effects) {
+pub fn transition<'a>(life: &Life<'a>, event: NodeEvent<'a>, now: u64) -> (Life<'a>, Effects) {
     let mut next = life.clone();
     let mut fx = Effects::default();
     let lost = life.state == NodeState::Lost;
@@ -90,8 +94,8 @@ pub fn transition(life: &Life, event: NodeEvent<'_>, now: u64) -> (Life, Effects
         NodeEvent::Registered { job } => {
             next = Life {
                 state: working(job),
-                reason: String::new(),
-                job: job.to_string(),
+                reason: Cow::Borrowed(""),
+                job: Cow::Borrowed(job),
                 heard_unix_ms: now,
             };
             fx.save = true;
@@ -100,7 +104,7 @@ pub fn transition(life: &Life, event: NodeEvent<'_>, now: u64) -> (Life, Effects
             next.heard_unix_ms = heard_unix_ms.max(now);
             if lost {
                 next.state = working(&life.job);
-                next.reason.clear();
+                next.reason = Cow::Borrowed("");
                 fx.save = true;
             }
         }
@@ -108,13 +112,13 @@ pub fn transition(life: &Life, event: NodeEvent<'_>, now: u64) -> (Life, Effects
             next.heard_unix_ms = now;
             if lost {
                 next.state = working(&life.job);
-                next.reason.clear();
+                next.reason = Cow::Borrowed("");
                 fx.save = true;
                 fx.log = Some("heartbeats resumed".into());
             }
         }
         NodeEvent::JobSet { job } => {
-            next.job = job.to_string();
+            next.job = Cow::Borrowed(job);
             if !lost {
                 next.state = working(job);
             }
@@ -123,20 +127,20 @@ pub fn transition(life: &Life, event: NodeEvent<'_>, now: u64) -> (Life, Effects
             if !lost && now.saturating_sub(life.heard_unix_ms) > timeout.as_millis() as u64 {
                 let why = format!("no heartbeat for {}", humantime::format_duration(timeout));
                 next.state = NodeState::Lost;
-                next.reason = why.clone();
-                next.job = String::new();
+                next.reason = Cow::Owned(why.clone());
+                next.job = Cow::Borrowed("");
                 fx.save = true;
                 fx.close_session = true;
                 fx.log = Some(format!("node lost: {why}"));
                 if !life.job.is_empty() {
-                    fx.fail_job = Some((life.job.clone(), why));
+                    fx.fail_job = Some((life.job.to_string(), why));
                 }
             }
         }
         NodeEvent::Restarted { job } => {
             next.state = NodeState::Lost;
             next.reason = "coordinator restarted; waiting for the agent to register again".into();
-            next.job = job.to_string();
+            next.job = Cow::Borrowed(job);
             fx.save = true;
         }
     }
@@ -150,10 +154,10 @@ mod tests {
     const T0: u64 = 1_700_000_000_000;
     const TIMEOUT: Duration = Duration::from_secs(30);
 
-    fn life(state: NodeState, job: &str, heard: u64) -> Life {
+    fn life(state: NodeState, job: &str, heard: u64) -> Life<'_> {
         Life {
             state,
-            reason: String::new(),
+            reason: Cow::Borrowed(""),
             job: job.into(),
             heard_unix_ms: heard,
         }
@@ -169,13 +173,13 @@ mod tests {
         .0;
         let (fresh, fx) = transition(&stored, NodeEvent::Registered { job: "" }, T0 + 5);
         assert_eq!(
-            (fresh.state, fresh.job.as_str(), fresh.heard_unix_ms),
+            (fresh.state, fresh.job.as_ref(), fresh.heard_unix_ms),
             (NodeState::Ready, "", T0 + 5)
         );
         assert!(fx.save && fresh.reason.is_empty());
         let (adopting, _) = transition(&stored, NodeEvent::Registered { job: "job-1" }, T0 + 5);
         assert_eq!(
-            (adopting.state, adopting.job.as_str()),
+            (adopting.state, adopting.job.as_ref()),
             (NodeState::Busy, "job-1")
         );
     }
@@ -190,7 +194,7 @@ mod tests {
             "at the timeout, not past it"
         );
         let (lost, fx) = transition(&busy, NodeEvent::Tick { timeout: TIMEOUT }, T0 + 30_001);
-        assert_eq!((lost.state, lost.job.as_str()), (NodeState::Lost, ""));
+        assert_eq!((lost.state, lost.job.as_ref()), (NodeState::Lost, ""));
         assert_eq!(lost.reason, "no heartbeat for 30s");
         assert!(fx.save && fx.close_session);
         assert_eq!(
@@ -213,10 +217,10 @@ mod tests {
             T0,
         )
         .0;
-        assert_eq!((lost.state, lost.job.as_str()), (NodeState::Lost, "job-2"));
+        assert_eq!((lost.state, lost.job.as_ref()), (NodeState::Lost, "job-2"));
         let (back, fx) = transition(&lost, NodeEvent::Heard, T0 + 10);
         assert_eq!(
-            (back.state, back.reason.as_str(), back.heard_unix_ms),
+            (back.state, back.reason.as_ref(), back.heard_unix_ms),
             (NodeState::Busy, "", T0 + 10)
         );
         assert!(fx.save && fx.log.is_some());
@@ -244,13 +248,13 @@ mod tests {
         let ready = life(NodeState::Ready, "", T0);
         let (busy, fx) = transition(&ready, NodeEvent::JobSet { job: "job-3" }, T0);
         assert_eq!(
-            (busy.state, busy.job.as_str(), fx.save),
+            (busy.state, busy.job.as_ref(), fx.save),
             (NodeState::Busy, "job-3", false)
         );
         let (done, _) = transition(&busy, NodeEvent::JobSet { job: "" }, T0);
         assert_eq!(done.state, NodeState::Ready);
         let lost = life(NodeState::Lost, "job-3", T0);
         let (still, _) = transition(&lost, NodeEvent::JobSet { job: "" }, T0);
-        assert_eq!((still.state, still.job.as_str()), (NodeState::Lost, ""));
+        assert_eq!((still.state, still.job.as_ref()), (NodeState::Lost, ""));
     }
 }

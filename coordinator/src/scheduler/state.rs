@@ -1,6 +1,7 @@
 //! The scheduler's in-memory state: nodes with their sessions, jobs with their
 //! live progress and results. Only the scheduler task touches it.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -119,20 +120,27 @@ impl NodeEntry {
     pub fn on(&mut self, event: NodeEvent<'_>, now: u64, listing: &NodeListing) -> Effects {
         let life = Life {
             state: self.node.state(),
-            reason: self.node.state_reason.clone(),
-            job: self.node.current_job.clone(),
+            reason: Cow::Borrowed(&self.node.state_reason),
+            job: Cow::Borrowed(&self.node.current_job),
             heard_unix_ms: self.node.last_heartbeat_unix_ms,
         };
         let (next, fx) = fleet::transition(&life, event, now);
-        listing.changed_if(
-            next.state != life.state || next.reason != life.reason || next.job != life.job,
-        );
-        if next != life {
+        // Only the words that changed are copied, before the node is
+        // written (they may borrow from it).
+        let reason = (next.reason != life.reason).then(|| next.reason.into_owned());
+        let job = (next.job != life.job).then(|| next.job.into_owned());
+        let (state, heard) = (next.state, next.heard_unix_ms);
+        listing.changed_if(state != life.state || reason.is_some() || job.is_some());
+        if state != life.state || heard != life.heard_unix_ms || reason.is_some() || job.is_some() {
             let n = self.node_mut();
-            n.set_state(next.state);
-            n.state_reason = next.reason;
-            n.current_job = next.job;
-            n.last_heartbeat_unix_ms = next.heard_unix_ms;
+            n.set_state(state);
+            if let Some(reason) = reason {
+                n.state_reason = reason;
+            }
+            if let Some(job) = job {
+                n.current_job = job;
+            }
+            n.last_heartbeat_unix_ms = heard;
         }
         if fx.close_session {
             self.session = None;
