@@ -1,7 +1,6 @@
 //! The scheduler's in-memory state: nodes with their sessions, jobs with their
 //! live progress and results. Only the scheduler task touches it.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -112,35 +111,30 @@ impl NodeEntry {
     }
 
     /// What happened to the node, through its state machine
-    /// ([`crate::fleet::node`]); the node is copied only when its life
-    /// changed. The caller carries out the effects that reach beyond the
-    /// node (storing it, failing its job); the session is dropped here.
-    /// A change `gpuctl nodes` shows (not a heartbeat's time) is counted in
-    /// `listing`.
+    /// ([`crate::fleet::node`]); the node, and each word it borrows from
+    /// it, copied only when changed. The caller carries out the effects
+    /// that reach beyond the node (storing it, failing its job); the
+    /// session is dropped here. A change `gpuctl nodes` shows (not a
+    /// heartbeat's time) is counted in `listing`.
     pub fn on(&mut self, event: NodeEvent<'_>, now: u64, listing: &NodeListing) -> Effects {
         let life = Life {
             state: self.node.state(),
-            reason: Cow::Borrowed(&self.node.state_reason),
-            job: Cow::Borrowed(&self.node.current_job),
+            reason: self.node.state_reason.as_str().into(),
+            job: self.node.current_job.as_str().into(),
             heard_unix_ms: self.node.last_heartbeat_unix_ms,
         };
         let (next, fx) = fleet::transition(&life, event, now);
-        // Only the words that changed are copied, before the node is
-        // written (they may borrow from it).
+        let (state, heard) = (next.state, next.heard_unix_ms);
         let reason = (next.reason != life.reason).then(|| next.reason.into_owned());
         let job = (next.job != life.job).then(|| next.job.into_owned());
-        let (state, heard) = (next.state, next.heard_unix_ms);
-        listing.changed_if(state != life.state || reason.is_some() || job.is_some());
-        if state != life.state || heard != life.heard_unix_ms || reason.is_some() || job.is_some() {
+        let shown = state != life.state || reason.is_some() || job.is_some();
+        listing.changed_if(shown);
+        if shown || heard != life.heard_unix_ms {
             let n = self.node_mut();
             n.set_state(state);
-            if let Some(reason) = reason {
-                n.state_reason = reason;
-            }
-            if let Some(job) = job {
-                n.current_job = job;
-            }
             n.last_heartbeat_unix_ms = heard;
+            n.state_reason = reason.unwrap_or_else(|| std::mem::take(&mut n.state_reason));
+            n.current_job = job.unwrap_or_else(|| std::mem::take(&mut n.current_job));
         }
         if fx.close_session {
             self.session = None;
