@@ -13,9 +13,12 @@ cd "$(dirname "$0")/.."
 target="${CARGO_TARGET_DIR:-target}"
 need_mb=8000
 there_mb="$(du -sm "$target" 2>/dev/null | cut -f1 || true)"
-free_mb="$(df -Pm . | awk 'NR == 2 { print $4 }')"
+# The disk target/ is on (or will be: its nearest folder that exists).
+on="$target"
+while [ ! -d "$on" ]; do on="$(dirname "$on")"; done
+free_mb="$(df -Pm "$on" | awk 'NR == 2 { print $4 }')"
 if [ "$((free_mb + ${there_mb:-0}))" -lt "$need_mb" ]; then
-    echo "error: $free_mb MB free here and ${there_mb:-0} MB in $target; the build and the tests need about $need_mb MB: free disk space, or set CARGO_TARGET_DIR to a larger disk" >&2
+    echo "error: $free_mb MB free on $on and ${there_mb:-0} MB in $target; the build and the tests need about $need_mb MB: free disk space, or set CARGO_TARGET_DIR to a larger disk" >&2
     exit 1
 fi
 bash scripts/install-libtorch.sh

@@ -30,7 +30,7 @@ use gpuctl_proto::pb::NodeState;
 /// registration, which no event changes). Its words are borrowed from the
 /// node until a transition changes them: every node's heartbeat and the
 /// scheduler's tick over the whole fleet pass through here, and copying
-/// them each time was most of the machine's cost (4 strings an event).
+/// them each time (4 strings an event) was two fifths of its samples.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Life<'a> {
     pub state: NodeState,
