@@ -272,6 +272,12 @@ pub mod outage {
     /// that never arrives fails the rank, so a coordinator blip is worth
     /// waiting out.
     pub const MIN_RESULT_RETRY: Duration = Duration::from_secs(30);
+    /// The exit code of a worker that gave up sending its result (EX_TEMPFAIL
+    /// of sysexits.h): the coordinator did not take it in time, which says
+    /// nothing of the rank's node, so the coordinator calls that rank
+    /// unknown, not failed. A node could exit so to hide a failure of its
+    /// own: its ranks are then unknown, never passed, and no other node's.
+    pub const UNDELIVERED_EXIT: i32 = 75;
     /// Backoff between tries of a call the coordinator did not answer.
     pub const RETRY_START: Duration = Duration::from_millis(200);
     pub const RETRY_CAP: Duration = Duration::from_secs(2);

@@ -36,6 +36,9 @@ pub enum Outcome {
     Done,
     Cancelled,
     Failed,
+    /// The coordinator did not take the result for the whole wait: the
+    /// worker's `outage::UNDELIVERED_EXIT`.
+    Undelivered,
 }
 
 /// An H200's bf16 GEMM rate, give or take a little.
@@ -325,7 +328,7 @@ pub(crate) async fn deliver(
             }
         }
     }
-    Outcome::Failed
+    Outcome::Undelivered
 }
 
 #[cfg(test)]

@@ -4,7 +4,9 @@
 //! process"). The worker opens its device, meets the other ranks through the
 //! coordinator's rendezvous, runs the workload while reporting progress about
 //! once a second, and sends one `RankResult` at the end: exit code 0 when it is
-//! ok, 1 otherwise. Every error names the node and the rank.
+//! ok, 1 otherwise, and `outage::UNDELIVERED_EXIT` when the coordinator did
+//! not take the result for the whole of its wait. Every error names the node
+//! and the rank.
 
 pub mod client;
 pub mod comm;
@@ -290,8 +292,9 @@ pub fn run_worker(args: Args) -> i32 {
         }
         Ok(_) => {}
         Err(e) => {
-            tracing::error!("{who}: could not report the result: {e:#}");
-            return 1;
+            // The last error line is what the report shows for this rank.
+            tracing::error!("{who}: the result did not reach the coordinator: {e:#}");
+            return gpuctl_core::retry::outage::UNDELIVERED_EXIT;
         }
     }
     if ok {

@@ -68,8 +68,12 @@ pub struct Cluster {
     coordinator: Option<Child>,
     agents: Vec<Option<Child>>,
     node_timeout: String,
-    /// More `gpuctl-agent` flags, for every agent.
+    /// More `gpuctl-agent` flags, for every agent...
     agent_args: Vec<String>,
+    /// ...and for agent `i` alone.
+    each_agent: Vec<Vec<String>>,
+    /// More environment of the coordinator.
+    coordinator_env: Vec<(String, String)>,
 }
 
 impl Cluster {
@@ -88,8 +92,34 @@ impl Cluster {
         node_timeout: &str,
         agent_args: &[&str],
     ) -> Cluster {
+        let each = vec![&[][..]; agents];
+        Self::start_each(&each, cpu_ranks, node_timeout, agent_args, &[])
+    }
+
+    /// A fleet of `each.len()` agents, agent `i` with `each[i]` beside
+    /// `agent_args` (its own `--coordinator` instead of the fleet's, if
+    /// there), and a coordinator with `env` in its environment, listening
+    /// on its `GPUCTL_LISTEN` if there (else on a free port).
+    pub fn start_each(
+        each: &[&[&str]],
+        cpu_ranks: u32,
+        node_timeout: &str,
+        agent_args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (coordinator, url, port) = spawn_coordinator(dir.path(), "127.0.0.1:0", node_timeout);
+        let strings = |args: &[&str]| args.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+        let coordinator_env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let listen = env
+            .iter()
+            .find(|(k, _)| *k == "GPUCTL_LISTEN")
+            .map_or("127.0.0.1:0", |(_, v)| v);
+        let (coordinator, url, port) =
+            spawn_coordinator(dir.path(), listen, node_timeout, &coordinator_env);
+        let agents = each.len();
         let mut cluster = Cluster {
             dir,
             url,
@@ -97,7 +127,9 @@ impl Cluster {
             coordinator: Some(coordinator),
             agents: Vec::new(),
             node_timeout: node_timeout.to_string(),
-            agent_args: agent_args.iter().map(|a| a.to_string()).collect(),
+            agent_args: strings(agent_args),
+            each_agent: each.iter().map(|a| strings(a)).collect(),
+            coordinator_env,
         };
         for i in 0..agents {
             let child = cluster.spawn_agent(i, cpu_ranks);
@@ -115,14 +147,24 @@ impl Cluster {
         let work = self.dir.path().join(format!("agent-{i}"));
         std::fs::create_dir_all(&work).unwrap();
         let log = std::fs::File::create(self.dir.path().join(format!("agent-{i}.log"))).unwrap();
+        let own = self.each_agent.get(i).map_or(&[][..], |a| &a[..]);
+        // An agent given its own way to the coordinator takes that one.
+        let (url, own): (&str, Vec<&String>) = match own.iter().position(|a| a == "--coordinator") {
+            Some(at) => (
+                &own[at + 1],
+                own[..at].iter().chain(&own[at + 2..]).collect(),
+            ),
+            None => (&self.url, own.iter().collect()),
+        };
         Command::new(bin("gpuctl-agent"))
-            .args(["--coordinator", &self.url, "--name", &Self::agent_name(i)])
+            .args(["--coordinator", url, "--name", &Self::agent_name(i)])
             .args(["--cpu-ranks", &cpu_ranks.to_string()])
             .arg("--work-dir")
             .arg(&work)
             .args(["--heartbeat-interval", "500ms"])
             .args(["--metrics-listen", "127.0.0.1:0"])
             .args(&self.agent_args)
+            .args(own)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)
@@ -304,7 +346,12 @@ impl Cluster {
     pub fn restart_coordinator(&mut self) {
         self.kill_coordinator();
         let listen = format!("127.0.0.1:{}", self.port);
-        let (child, url, _) = spawn_coordinator(self.dir.path(), &listen, &self.node_timeout);
+        let (child, url, _) = spawn_coordinator(
+            self.dir.path(),
+            &listen,
+            &self.node_timeout,
+            &self.coordinator_env,
+        );
         assert_eq!(url, self.url, "restarted coordinator must keep its address");
         self.coordinator = Some(child);
     }
@@ -345,7 +392,12 @@ impl Drop for Cluster {
     }
 }
 
-fn spawn_coordinator(dir: &Path, listen: &str, node_timeout: &str) -> (Child, String, u16) {
+fn spawn_coordinator(
+    dir: &Path,
+    listen: &str,
+    node_timeout: &str,
+    env: &[(String, String)],
+) -> (Child, String, u16) {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -356,6 +408,7 @@ fn spawn_coordinator(dir: &Path, listen: &str, node_timeout: &str) -> (Child, St
         .arg("--data-dir")
         .arg(dir.join("coordinator"))
         .env("RUST_LOG", "info")
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdout(Stdio::piped())
         .stderr(log)
         .spawn()

@@ -238,6 +238,8 @@ impl Scheduler {
             .flatten()
             .map(|why| gpuctl_core::request::job_message(why, ""));
         entry.results.insert(rank, result);
+        // A call that timed out at the worker may still be taken later.
+        entry.undelivered.remove(&rank);
         entry.job.results_in = entry.results.len() as u32;
         if !self.judge_if_complete(&id) {
             if let Some(why) = request {
@@ -274,6 +276,14 @@ impl Scheduler {
         if entry.state() != JobState::Running || has_result || entry.judging() {
             return;
         }
+        let id = ex.job_id.clone();
+        if report::undelivered(&ex) {
+            // No fault of the node's: the job goes on, and is judged once
+            // every other rank ended, this one unknown.
+            entry.undelivered.insert(ex.rank);
+            self.judge_if_complete(&id);
+            return;
+        }
         let label = entry
             .placement(ex.rank)
             .map(report::rank_label)
@@ -284,7 +294,6 @@ impl Scheduler {
         } else {
             report::exit_text(&ex)
         };
-        let id = ex.job_id.clone();
         self.finish(&id, JobState::Failed, format!("{label} {how}"), None)
             .await;
     }

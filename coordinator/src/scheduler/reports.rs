@@ -134,7 +134,7 @@ impl Scheduler {
         if entry.state() != JobState::Running
             || entry.pending.is_some()
             || world == 0
-            || (entry.results.len() as u32) < world
+            || ((entry.results.len() + entry.undelivered.len()) as u32) < world
         {
             return false;
         }

@@ -1,7 +1,7 @@
 //! The scheduler's in-memory state: nodes with their sessions, jobs with their
 //! live progress and results. Only the scheduler task touches it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use fixedbitset::FixedBitSet;
@@ -193,6 +193,9 @@ pub struct JobEntry {
     /// is stored.
     pub results: BTreeMap<u32, RankResult>,
     pub exits: BTreeMap<u32, WorkerExited>,
+    /// Ranks whose worker gave up sending its result (`UNDELIVERED_EXIT`)
+    /// and whose result never came: unknown, and the job ends without them.
+    pub undelivered: BTreeSet<u32>,
     /// Progress clocks and process states of the ranks, for hang detection.
     pub watch: Watch,
     pub telemetry: Telemetry,
@@ -571,30 +574,4 @@ impl JobEntry {
 /// `job-000001`: sortable and easy to type.
 pub fn job_id(seq: u64) -> String {
     format!("job-{seq:06}")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn plan(nodes: std::ops::Range<u32>) -> Plan {
-        Plan {
-            nodes: nodes.map(|i| format!("n{i}")).collect(),
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn a_plans_nodes_are_known_and_a_new_plan_replaces_them() {
-        let mut e = JobEntry::default();
-        assert!(!e.has_node("n1"), "no plan, no node");
-        e.set_plan(plan(0..40));
-        assert!(e.has_node("n0") && e.has_node("n39"));
-        assert!(!e.has_node("n40") && !e.has_node("n"));
-        e.set_plan(plan(100..140));
-        assert!(!e.has_node("n0"), "the set of the plan before");
-        assert!(e.has_node("n139"));
-        e.set_plan(plan(0..3));
-        assert!(e.has_node("n2") && !e.has_node("n139"));
-    }
 }

@@ -662,3 +662,26 @@ async fn a_submit_does_not_hold_the_scheduler_while_its_record_is_committed() {
         .message
         .contains("could not store the job"));
 }
+
+// A job's entry (`state`).
+
+fn plan_of(nodes: std::ops::Range<u32>) -> gpuctl_proto::pb::Plan {
+    gpuctl_proto::pb::Plan {
+        nodes: nodes.map(|i| format!("n{i}")).collect(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_plans_nodes_are_known_and_a_new_plan_replaces_them() {
+    let mut e = super::state::JobEntry::default();
+    assert!(!e.has_node("n1"), "no plan, no node");
+    e.set_plan(plan_of(0..40));
+    assert!(e.has_node("n0") && e.has_node("n39"));
+    assert!(!e.has_node("n40") && !e.has_node("n"));
+    e.set_plan(plan_of(100..140));
+    assert!(!e.has_node("n0"), "the set of the plan before");
+    assert!(e.has_node("n139"));
+    e.set_plan(plan_of(0..3));
+    assert!(e.has_node("n2") && !e.has_node("n139"));
+}

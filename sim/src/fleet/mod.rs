@@ -498,6 +498,10 @@ impl Agent {
                     ranks::Outcome::Done => (0, StopReason::Unspecified),
                     ranks::Outcome::Cancelled => (-1, StopReason::Cancel),
                     ranks::Outcome::Failed => (1, StopReason::Unspecified),
+                    ranks::Outcome::Undelivered => (
+                        gpuctl_core::retry::outage::UNDELIVERED_EXIT,
+                        StopReason::Unspecified,
+                    ),
                 };
                 let _ = tx
                     .send(AgentMessage {
@@ -511,7 +515,12 @@ impl Agent {
                             } else {
                                 String::new()
                             },
-                            stderr_tail: String::new(),
+                            // As gpuctl-worker's last line says it.
+                            stderr_tail: if outcome == ranks::Outcome::Undelivered {
+                                "ERROR the result did not reach the coordinator".into()
+                            } else {
+                                String::new()
+                            },
                             stopped_by: stopped_by as i32,
                         })),
                     })

@@ -55,7 +55,7 @@ use super::figures::Figures;
 use super::telemetry::Telemetry;
 
 pub use collectives::{aggregate_collectives, algbw_gbps, busbw_factor};
-pub use ranks::{exit_text, rank_label};
+pub use ranks::{exit_text, rank_label, undelivered};
 pub use verdict::ranks_verdict;
 
 /// From this many GPUs on, their telemetry is summarised on a thread of

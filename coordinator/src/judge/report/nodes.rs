@@ -1,14 +1,15 @@
 //! Node verdicts: each node is judged on its own ranks, GPUs and findings. A
 //! node fails when any of its ranks, GPUs or findings fails; warns when only
 //! warnings were found; is incomplete when a rank has no result for a reason
-//! of its own; and passes otherwise, also when its workers were stopped only
+//! of its own; is not judged when a rank's result did not reach the
+//! coordinator; and passes otherwise, also when its workers were stopped only
 //! because another node failed the job.
 
 use std::collections::{BTreeMap, HashMap};
 
 use gpuctl_proto::pb::{Finding, NodeReport, Plan, RankReport, RankResult, Verdict};
 
-use super::ranks::RankStates;
+use super::ranks::{RankStates, UNREACHED};
 
 /// One report per planned node, in plan order. `gpu_faults` are the failures
 /// of GPUs that no rank ran on, by node; `findings` every finding of the job
@@ -66,6 +67,11 @@ pub(super) fn verdicts(
             with(Verdict::Warn),
             with(Verdict::Incomplete),
         );
+        let unreached: Vec<String> = ranks
+            .iter()
+            .filter(|r| r.verdict() == Verdict::Unspecified && r.reason.starts_with(UNREACHED))
+            .map(|r| r.rank.to_string())
+            .collect();
         let mut faults = gpu_faults.remove(name).unwrap_or_default();
         // Findings of the node itself (a job figure of a one-node job, a
         // preflight check at start); rank findings are in the ranks' verdicts.
@@ -89,6 +95,15 @@ pub(super) fn verdicts(
             (
                 Verdict::Incomplete,
                 format!("{} incomplete", ranks_word(&incomplete)),
+            )
+        } else if !unreached.is_empty() {
+            // What it measured never reached us: neither passed nor failed.
+            (
+                Verdict::Unspecified,
+                format!(
+                    "not judged: the result of {} did not reach the coordinator",
+                    ranks_word(&unreached)
+                ),
             )
         } else if !warned.is_empty() || warned_health || !own(Verdict::Warn).is_empty() {
             let mut why = own(Verdict::Warn);

@@ -74,6 +74,18 @@ pub fn rank_label(p: &RankPlacement) -> String {
     format!("rank {} on node {} ({})", p.rank, p.node, p.device_label())
 }
 
+/// How the reason of a rank whose result did not reach the coordinator starts.
+pub const UNREACHED: &str = "unknown: its result did not reach the coordinator";
+
+/// Whether a worker ended saying the coordinator did not take its result
+/// (`outage::UNDELIVERED_EXIT`, by itself, not stopped): what is known of
+/// that rank is then nothing, not a failure.
+pub fn undelivered(ex: &WorkerExited) -> bool {
+    ex.exit_code == gpuctl_core::retry::outage::UNDELIVERED_EXIT
+        && ex.signal.is_empty()
+        && ex.stopped_by() == StopReason::Unspecified
+}
+
 /// How a worker ended, for messages: "exited with code 1: <last stderr line>".
 pub fn exit_text(ex: &WorkerExited) -> String {
     let how = if ex.stopped_by() != StopReason::Unspecified {
@@ -110,7 +122,8 @@ fn last_error_line(stderr: &str) -> Option<&str> {
 }
 
 /// Pass for an ok result, fail for an error result, incomplete without one
-/// (why: the worker's exit if one was seen, else the job's state). When the
+/// (why: the worker's exit if one was seen, else the job's state), unknown
+/// (unspecified) when its worker said the coordinator did not take it. When the
 /// job hung, the blamed rank fails and the others without a result were only
 /// stopped. In a job that failed for its request (`request`) nothing a rank
 /// did is its own: a rank without an ok result is not judged (unspecified),
@@ -159,6 +172,15 @@ pub(super) fn from_results(
                 vec![(
                     Source::Result,
                     hung.as_ref().map(|h| h.why.clone()).unwrap_or_default(),
+                )],
+            ),
+            None if exits.get(&p.rank).is_some_and(undelivered) => RankState::new(
+                Verdict::Unspecified,
+                vec![(
+                    Source::Result,
+                    format!(
+                        "{UNREACHED} (the worker gave up after its wait; its node is not judged)"
+                    ),
                 )],
             ),
             None => {

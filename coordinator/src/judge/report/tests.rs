@@ -812,3 +812,80 @@ fn a_job_failed_on_thousands_of_nodes_keeps_each_reason_short() {
     let longest = r.nodes.iter().map(|n| n.reason.len()).max().unwrap();
     assert!(longest < 300, "a node's reason of {longest} bytes");
 }
+
+/// A coordinator too busy to take a result failed the healthy node whose
+/// worker gave up waiting ("rank 27027 on node sim-03378 exited with code
+/// 1", 16,384 × 8 on a starved host). The worker now says so by its exit
+/// code: that rank is unknown, its node not judged and left out of the
+/// fleet history, the job incomplete; every other node is judged as ever.
+#[test]
+fn a_result_that_did_not_reach_the_coordinator_blames_no_node() {
+    use gpuctl_core::retry::outage::UNDELIVERED_EXIT;
+    let gave_up = |rank: u32| WorkerExited {
+        rank,
+        exit_code: UNDELIVERED_EXIT,
+        stderr_tail: "ERROR node node-1 rank 1: the result did not reach the coordinator\n".into(),
+        ..Default::default()
+    };
+    let mut j = job(JobState::Running, 3, 1);
+    j.finished_unix_ms = 0;
+    let results: BTreeMap<u32, RankResult> = [(0, stress(0, "X", "aa")), (2, stress(2, "X", "aa"))]
+        .into_iter()
+        .collect();
+    let exits: BTreeMap<u32, WorkerExited> = [(1, gave_up(1))].into_iter().collect();
+    // As the scheduler ends it: failed, with the ranks' own words.
+    let (_, why) = ranks_verdict(&build_at(&j, &results, &exits, 3_000));
+    j.state = JobState::Failed as i32;
+    j.finished_unix_ms = 3_000;
+    j.message = why.clone();
+    let r = build_at(&j, &results, &exits, 3_000);
+    assert_eq!(r.verdict(), Verdict::Incomplete, "{}", r.reason);
+    assert_eq!(r.reason, why);
+    assert!(
+        why.starts_with(
+            "1 of 3 ranks' results did not reach the coordinator (rank 1 on node node-1"
+        ),
+        "{why}"
+    );
+    assert!(why.contains("no node is blamed"), "{why}");
+    assert_eq!(rank(&r, 1).verdict(), Verdict::Unspecified);
+    assert!(
+        rank(&r, 1).reason.starts_with("unknown: "),
+        "{}",
+        rank(&r, 1).reason
+    );
+    let verdicts: Vec<Verdict> = r.nodes.iter().map(|n| n.verdict()).collect();
+    assert_eq!(
+        verdicts,
+        [Verdict::Pass, Verdict::Unspecified, Verdict::Pass]
+    );
+    assert!(
+        r.nodes[1].reason.starts_with("not judged"),
+        "{}",
+        r.nodes[1].reason
+    );
+    let runs: Vec<String> = crate::judge::fleet::runs_of(&r)
+        .into_iter()
+        .map(|run| run.node)
+        .collect();
+    assert_eq!(runs, ["node-0", "node-2"]);
+
+    // Beside a rank that did fail, the job fails on that one alone.
+    let mut bad = stress(2, "X", "aa");
+    (bad.ok, bad.error) = (false, "CUDA error: an illegal memory access".into());
+    let results: BTreeMap<u32, RankResult> =
+        [(0, stress(0, "X", "aa")), (2, bad)].into_iter().collect();
+    j.message = String::new();
+    let r = build_at(&j, &results, &exits, 3_000);
+    assert_eq!(r.verdict(), Verdict::Fail);
+    assert!(r.reason.contains("rank 2 on node node-2"), "{}", r.reason);
+    assert!(!r.reason.contains("node-1"), "{}", r.reason);
+    assert_eq!(r.nodes[1].verdict(), Verdict::Unspecified);
+
+    // A worker its agent stopped, whatever its code, is no such rank.
+    let mut stopped = gave_up(1);
+    stopped.stopped_by = gpuctl_proto::pb::StopReason::Cancel as i32;
+    let exits: BTreeMap<u32, WorkerExited> = [(1, stopped)].into_iter().collect();
+    let r = build_at(&j, &results, &exits, 3_000);
+    assert_eq!(rank(&r, 1).verdict(), Verdict::Incomplete);
+}

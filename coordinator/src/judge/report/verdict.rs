@@ -53,6 +53,11 @@ pub(super) fn judge_job(report: &mut Report, job: &Job, reported: usize) {
     let (ranks_verdict, ranks_reason) = ranks_verdict(report);
     let (verdict, reason) = match state {
         JobState::Succeeded => with_warnings(report, ranks_verdict, ranks_reason),
+        // Ended only because results did not reach this coordinator: no
+        // rank or node failed, so neither does the job (`ranks::UNREACHED`).
+        JobState::Failed if ranks_verdict != Verdict::Fail && unreached_only(report) => {
+            (Verdict::Incomplete, ranks_reason)
+        }
         JobState::Failed => {
             let why = if ranks_verdict == Verdict::Fail && job.message.is_empty() {
                 ranks_reason
@@ -161,5 +166,33 @@ pub fn ranks_verdict(report: &Report) -> (Verdict, String) {
             format!("{incomplete} of {} ranks have no result", all.len()),
         );
     }
+    let unreached: Vec<String> = all
+        .iter()
+        .filter(|(_, r)| is_unreached(r))
+        .map(|(n, r)| format!("rank {} on node {} ({})", r.rank, n.name, r.device))
+        .collect();
+    if !unreached.is_empty() {
+        return (
+            Verdict::Incomplete,
+            format!(
+                "{} of {} ranks' results did not reach the coordinator ({}); no node is blamed, and theirs are not judged",
+                unreached.len(),
+                all.len(),
+                gpuctl_core::listing::names(&unreached)
+            ),
+        );
+    }
     (Verdict::Pass, format!("all {} ranks passed", all.len()))
+}
+
+fn is_unreached(r: &RankReport) -> bool {
+    r.verdict() == Verdict::Unspecified && r.reason.starts_with(super::ranks::UNREACHED)
+}
+
+/// Whether all the report lacks is results that did not reach the
+/// coordinator: some did not, and no rank failed or lacks one otherwise.
+fn unreached_only(report: &Report) -> bool {
+    let ranks = || report.nodes.iter().flat_map(|n| &n.ranks);
+    ranks().any(is_unreached)
+        && !ranks().any(|r| matches!(r.verdict(), Verdict::Fail | Verdict::Incomplete))
 }
