@@ -9,7 +9,7 @@ use std::time::Duration;
 use gpuctl_core::spec::DEADLINE_GRACE_MS;
 use gpuctl_proto::pb::{
     CoordinatorMessage, Heartbeat, HostFacts, JobSpec, JobState, NodeState, RankProgress,
-    RankProgressReport, RankResult, RegisterRequest,
+    RankProgressReport, RankResult, RegisterRequest, WorkerExited,
 };
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::oneshot;
@@ -684,4 +684,46 @@ fn a_plans_nodes_are_known_and_a_new_plan_replaces_them() {
     assert!(e.has_node("n139"));
     e.set_plan(plan_of(0..3));
     assert!(e.has_node("n2") && !e.has_node("n139"));
+}
+
+/// A worker that gave up sending its result (`UNDELIVERED_EXIT`) does not
+/// end the job as a worker that exited 1 does: it is judged once every
+/// other rank reported, without that one.
+#[tokio::test]
+async fn a_rank_whose_result_did_not_reach_us_leaves_the_job_running_until_the_rest_reported() {
+    use gpuctl_core::retry::outage::UNDELIVERED_EXIT;
+    let exited = |id: &str, rank: u32, exit_code: i32| RankEvent::WorkerExited {
+        node: "n1".into(),
+        exited: WorkerExited {
+            job_id: id.into(),
+            attempt: 1,
+            rank,
+            exit_code,
+            ..Default::default()
+        },
+    };
+    let (mut f, id, world) = watched_stress(120_000).await;
+    let last = world - 1;
+    f.sched
+        .dispatch(exited(&id, last, UNDELIVERED_EXIT).into())
+        .await;
+    let e = f.job(&id);
+    assert_eq!(e.state(), JobState::Running, "{}", e.job.message);
+    assert!(e.undelivered.contains(&last) && !e.judging());
+    for rank in 0..last {
+        let (ok, why) = f.result(&id, rank).await;
+        assert!(ok, "{why}");
+    }
+    assert!(f.job(&id).judging(), "every other rank reported: judged");
+
+    // The same exit with code 1 ends the job at once, naming the rank.
+    let (mut f, id, world) = watched_stress(120_000).await;
+    f.sched.dispatch(exited(&id, world - 1, 1).into()).await;
+    let e = f.job(&id);
+    assert_eq!(e.state(), JobState::Failed);
+    assert!(
+        e.job.message.contains("exited with code 1"),
+        "{}",
+        e.job.message
+    );
 }
