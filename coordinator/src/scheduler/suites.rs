@@ -461,7 +461,14 @@ impl Scheduler {
                     } else {
                         r.reason.clone()
                     };
-                    mark(suite, &n, r.verdict(), &name, reason);
+                    // One whose result did not reach us could not take
+                    // part: out, not failed, and the stage names it.
+                    let v = if crate::judge::report::unreached(r) {
+                        Verdict::Incomplete
+                    } else {
+                        r.verdict()
+                    };
+                    mark(suite, &n, v, &name, reason);
                 }
                 None => {
                     let why = format!("not in the stage's job {job_id} ({})", report.reason);

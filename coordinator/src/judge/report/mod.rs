@@ -55,6 +55,7 @@ use super::figures::Figures;
 use super::telemetry::Telemetry;
 
 pub use collectives::{aggregate_collectives, algbw_gbps, busbw_factor};
+pub use nodes::unreached;
 pub use ranks::{exit_text, rank_label, undelivered};
 pub use verdict::ranks_verdict;
 

@@ -145,6 +145,13 @@ pub(super) fn verdicts(
     nodes
 }
 
+/// Whether `n` is not judged because a result of its own did not reach the
+/// coordinator (`ranks::UNREACHED`): it could not take part, through no
+/// fault of its own.
+pub fn unreached(n: &NodeReport) -> bool {
+    n.verdict() == Verdict::Unspecified && n.ranks.iter().any(|r| r.reason.starts_with(UNREACHED))
+}
+
 /// In a job that failed for its request no node was measured: every node
 /// that its own GPUs or figures did not fail is not judged (unspecified),
 /// which leaves it out of the fleet history and of acceptance.

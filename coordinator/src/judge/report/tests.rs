@@ -864,6 +864,8 @@ fn a_result_that_did_not_reach_the_coordinator_blames_no_node() {
         "{}",
         r.nodes[1].reason
     );
+    let unreached: Vec<bool> = r.nodes.iter().map(unreached).collect();
+    assert_eq!(unreached, [false, true, false], "what a suite takes as out");
     let runs: Vec<String> = crate::judge::fleet::runs_of(&r)
         .into_iter()
         .map(|run| run.node)
