@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use gpuctl_proto::pb::{Finding, NodeReport, Plan, RankReport, RankResult, Verdict};
 
-use super::ranks::{RankStates, UNREACHED};
+use super::ranks::{is_unreached, RankStates};
 
 /// One report per planned node, in plan order. `gpu_faults` are the failures
 /// of GPUs that no rank ran on, by node; `findings` every finding of the job
@@ -69,7 +69,7 @@ pub(super) fn verdicts(
         );
         let unreached: Vec<String> = ranks
             .iter()
-            .filter(|r| r.verdict() == Verdict::Unspecified && r.reason.starts_with(UNREACHED))
+            .filter(|r| is_unreached(r))
             .map(|r| r.rank.to_string())
             .collect();
         let mut faults = gpu_faults.remove(name).unwrap_or_default();
@@ -146,10 +146,9 @@ pub(super) fn verdicts(
 }
 
 /// Whether `n` is not judged because a result of its own did not reach the
-/// coordinator (`ranks::UNREACHED`): it could not take part, through no
-/// fault of its own.
+/// coordinator: it could not take part, through no fault of its own.
 pub fn unreached(n: &NodeReport) -> bool {
-    n.verdict() == Verdict::Unspecified && n.ranks.iter().any(|r| r.reason.starts_with(UNREACHED))
+    n.verdict() == Verdict::Unspecified && n.ranks.iter().any(is_unreached)
 }
 
 /// In a job that failed for its request no node was measured: every node

@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 
 use gpuctl_proto::pb::{
-    Job, JobState, NodeReport, Plan, RankPlacement, RankProgress, RankResult, StopReason, Verdict,
-    WorkerExited,
+    Job, JobState, NodeReport, Plan, RankPlacement, RankProgress, RankReport, RankResult,
+    StopReason, Verdict, WorkerExited,
 };
 
 use crate::jobs::hang::{Hung, Watch};
@@ -75,7 +75,14 @@ pub fn rank_label(p: &RankPlacement) -> String {
 }
 
 /// How the reason of a rank whose result did not reach the coordinator starts.
-pub const UNREACHED: &str = "unknown: its result did not reach the coordinator";
+const UNREACHED: &str = "unknown: its result did not reach the coordinator";
+
+/// Whether a report's rank is unknown because its result did not reach the
+/// coordinator ([`undelivered`]): the one test the node's and the job's
+/// verdicts share.
+pub(super) fn is_unreached(r: &RankReport) -> bool {
+    r.verdict() == Verdict::Unspecified && r.reason.starts_with(UNREACHED)
+}
 
 /// Whether a worker ended saying the coordinator did not take its result
 /// (`outage::UNDELIVERED_EXIT`, by itself, not stopped): what is known of

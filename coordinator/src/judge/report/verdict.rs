@@ -4,6 +4,8 @@
 
 use gpuctl_proto::pb::{Job, JobState, NodeReport, RankReport, Report, Verdict};
 
+use super::ranks::is_unreached;
+
 /// The findings of the job as a whole (a job figure of several nodes, a
 /// slow link between two good nodes) at `level`.
 fn job_level(report: &Report, level: Verdict) -> Vec<&str> {
@@ -54,7 +56,7 @@ pub(super) fn judge_job(report: &mut Report, job: &Job, reported: usize) {
     let (verdict, reason) = match state {
         JobState::Succeeded => with_warnings(report, ranks_verdict, ranks_reason),
         // Ended only because results did not reach this coordinator: no
-        // rank or node failed, so neither does the job (`ranks::UNREACHED`).
+        // rank or node failed, so neither does the job (`ranks::is_unreached`).
         JobState::Failed if ranks_verdict != Verdict::Fail && unreached_only(report) => {
             (Verdict::Incomplete, ranks_reason)
         }
@@ -183,10 +185,6 @@ pub fn ranks_verdict(report: &Report) -> (Verdict, String) {
         );
     }
     (Verdict::Pass, format!("all {} ranks passed", all.len()))
-}
-
-fn is_unreached(r: &RankReport) -> bool {
-    r.verdict() == Verdict::Unspecified && r.reason.starts_with(super::ranks::UNREACHED)
 }
 
 /// Whether all the report lacks is results that did not reach the
